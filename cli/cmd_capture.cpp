@@ -1,0 +1,11 @@
+// PLACEHOLDER: replaced by the real command.
+#include "cli/commands.h"
+#include "engine/error.h"
+
+namespace kvscope::cli {
+void add_capture_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("capture", "(not implemented yet)");
+  sub->allow_extras();
+  sub->callback([] { throw InputError("capture: not implemented yet"); });
+}
+}  // namespace kvscope::cli

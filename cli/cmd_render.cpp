@@ -1,0 +1,11 @@
+// PLACEHOLDER: replaced by the real command.
+#include "cli/commands.h"
+#include "engine/error.h"
+
+namespace kvscope::cli {
+void add_render_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("render", "(not implemented yet)");
+  sub->allow_extras();
+  sub->callback([] { throw InputError("render: not implemented yet"); });
+}
+}  // namespace kvscope::cli

@@ -1,0 +1,81 @@
+// The capture file (DESIGN.md 2.1): keys, values and queries of one prompt run through one model.
+// Format of record: safetensors (memory-mapped, layers read on demand); .npz is also read.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace kvscope {
+
+enum class DType { F32, F16, BF16 };
+const char* dtype_name(DType t);
+
+struct CaptureInfo {
+  std::string path;
+  std::string format = "kvscope/1";
+  std::string model;
+  std::string prompt;
+  std::string source;  // what produced it (e.g. "kvscope-cli capture", "capture_hf.py", "synthetic")
+  int num_layers = 0;
+  int q_heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int value_dim = 0;
+  int num_tokens = 0;
+  DType dtype = DType::F32;
+  bool has_queries = false;
+  bool synthetic = false;  // metadata "synthetic" == "true": always labelled in the UI
+  std::vector<std::string> tokens;
+  std::map<std::string, std::string> metadata;  // every __metadata__ entry as stored
+  std::string file_format;                      // "safetensors" or "npz"
+  long long file_bytes = 0;
+
+  int group_size() const { return kv_heads > 0 ? q_heads / kv_heads : 1; }
+  // Query head h reads kv head h / group_size (GQA).
+  int kv_head_of(int q_head) const { return q_head / group_size(); }
+};
+
+// One layer, converted to float32. keys/values are indexed by kv head, queries by query head.
+struct LayerData {
+  int layer = 0;
+  std::vector<MatrixF> keys;     // [kv_heads] n x d
+  std::vector<MatrixF> values;   // [kv_heads] n x d_v
+  std::vector<MatrixF> queries;  // [q_heads] n x d, empty when the capture has none
+  // Per kv head: empty when usable, else why it is refused (e.g. NaN in layers.3.key head 1).
+  std::vector<std::string> refused;
+
+  // The query heads of kv head `kv` (GQA group), as pointers into `queries`.
+  std::vector<const MatrixF*> group_queries(int kv) const;
+};
+
+// An open capture. Opening parses and validates the header and every tensor's shape, dtype and
+// byte range; tensor data is read (and checked for NaN/Inf) only when a layer is asked for.
+class CaptureFile {
+ public:
+  virtual ~CaptureFile() = default;
+  // Throws InputError naming the file, the tensor and the problem.
+  static std::unique_ptr<CaptureFile> open(const std::string& path);
+
+  virtual const CaptureInfo& info() const = 0;
+  // Loads layer L (cached; at most `max_cached_layers` stay resident). Thread-safe.
+  virtual std::shared_ptr<const LayerData> layer(int L) = 0;
+  // Bytes of tensor data currently resident in the layer cache.
+  virtual long long resident_bytes() const = 0;
+  virtual void set_max_cached_layers(int n) = 0;
+};
+
+// A whole capture in memory, for writers (capture command, synth, tests).
+struct CaptureData {
+  CaptureInfo info;
+  std::vector<LayerData> layers;
+};
+
+// Writes .safetensors or .npz (chosen by extension) in `dtype`. Throws InputError on I/O failure.
+void write_capture(const std::string& path, const CaptureData& data, DType dtype = DType::F32);
+
+}  // namespace kvscope

@@ -1,0 +1,16 @@
+// The CPU implementations behind the Backend seam, one per module that owns the maths:
+// walk (balance_walk.cpp), attention error (attention.cpp), t-SNE gradient (tsne.cpp),
+// k-center (kcenter.cpp). They are the double-precision references the CUDA kernels are tested
+// against.
+#pragma once
+
+#include "engine/backend.h"
+
+namespace kvscope {
+
+void cpu_walk_blocks(const WalkBatch& batch);
+void cpu_attention_errors(const ErrorBatch& batch);
+double cpu_tsne_gradient(const TsneGradInput& in, float* grad);
+std::vector<int> cpu_kcenter(const float* x, int n, int d, int k, int first);
+
+}  // namespace kvscope

@@ -1,0 +1,104 @@
+// The interface every compression method implements (DESIGN.md section 4), and the registry.
+// A method sees one kv head of one layer and returns a weighted selection of the middle.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+#include "engine/walk_trace.h"
+
+namespace kvscope {
+
+class Backend;
+
+// Parameters are data: the CLI (--param method.name=value) and the GUI list and edit them
+// without knowing the method.
+struct ParamSpec {
+  enum class Type { Int, Float, Bool, Choice };
+  std::string name;
+  Type type = Type::Float;
+  double min = 0, max = 1, default_value = 0;
+  std::string help;
+  std::vector<std::string> choices;  // for Choice: value is the index
+  bool log_scale = false;            // hint for sliders
+};
+using ParamValues = std::map<std::string, double>;
+
+// Value of `name`: from `values` when present, else the spec default. Throws InputError for an
+// unknown name.
+double param_value(const std::vector<ParamSpec>& specs, const ParamValues& values,
+                   const std::string& name);
+
+struct MethodInput {
+  const MatrixF* keys = nullptr;    // n x d, all tokens of this kv head
+  const MatrixF* values = nullptr;  // n x d_v
+  std::vector<const MatrixF*> queries;  // the GQA group's query heads (n x d each), may be empty
+  int n = 0;
+  int sink = 0;        // s: tokens [0, s) always kept
+  int eval = 0;        // E: tokens [n-E, n) are the evaluation queries, kept as they arrive
+  int mid_begin = 0;   // = sink
+  int mid_end = 0;     // = n - eval
+  int budget = 0;      // m: how many middle tokens to keep
+  double keep_ratio = 0.5;
+  int layer = 0, num_layers = 1, kv_head = 0;
+  uint64_t seed = 0;
+  ParamValues params;
+  bool want_trace = false;
+  int trace_query = -1;                      // query position used in walk traces (-1: last)
+  const std::atomic<bool>* cancel = nullptr;
+  Backend* backend = nullptr;                // nullptr: CPU
+};
+
+struct Selection {
+  // Absolute token indices in [mid_begin, mid_end), unique, and their positive weights.
+  std::vector<int> indices;
+  std::vector<double> weights;
+  // When `separate`, indices/weights are the numerator selection and den_* the denominator's.
+  bool separate = false;
+  std::vector<int> den_indices;
+  std::vector<double> den_weights;
+  // Scores a method ranked by (same length as indices of the middle, or empty), for hover.
+  std::vector<double> middle_scores;  // indexed by token - mid_begin
+  std::vector<int> cluster;           // optional cluster id per middle token (-1: none)
+  std::string note;                   // shown to users: FAIL cases, top-ups, scaled defaults
+  std::shared_ptr<WalkTrace> trace;
+};
+
+class Method {
+ public:
+  virtual ~Method() = default;
+  virtual std::string name() const = 0;     // e.g. "balancekv"
+  virtual std::string summary() const = 0;  // one line
+  virtual std::vector<ParamSpec> params() const { return {}; }
+  virtual bool needs_queries() const { return false; }
+  virtual Selection select(const MethodInput& in) const = 0;
+};
+
+// Every method the engine has, in display order.
+const std::vector<const Method*>& all_methods();
+// nullptr when unknown.
+const Method* find_method(const std::string& name);
+// Parses "a,b,c" or "all"; throws InputError naming the unknown method.
+std::vector<const Method*> parse_method_list(const std::string& list);
+
+// Factories, one per method file in engine/methods/.
+std::unique_ptr<Method> make_exact();
+std::unique_ptr<Method> make_uniform();
+std::unique_ptr<Method> make_streaming();
+std::unique_ptr<Method> make_h2o();
+std::unique_ptr<Method> make_snapkv();
+std::unique_ptr<Method> make_pyramidkv();
+std::unique_ptr<Method> make_tova();
+std::unique_ptr<Method> make_knorm();
+std::unique_ptr<Method> make_subgen();
+std::unique_ptr<Method> make_subgen_kcenter();
+std::unique_ptr<Method> make_buzz();
+std::unique_ptr<Method> make_balancekv();
+std::unique_ptr<Method> make_balancekv_stream();
+
+}  // namespace kvscope

@@ -1,0 +1,111 @@
+// The evaluation protocol (DESIGN.md section 3): sinks, middle, evaluation window, keep ratio,
+// seeds, GQA groups; per head and summarised. Reductions are double precision.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/attention.h"
+#include "engine/capture.h"
+#include "engine/method.h"
+
+namespace kvscope {
+
+struct EvalWindow {
+  int n = 0;
+  int sink = 0;       // s
+  int eval = 0;       // E
+  int mid_begin = 0;  // s
+  int mid_end = 0;    // n - E
+  int n_mid = 0;
+  int budget = 0;     // m = round(keep_ratio * n_mid)
+  double keep_ratio = 0.5;
+  // s = min(256, floor(n/32)), E = min(256, floor(n/8)) unless overridden (>= 0).
+  static EvalWindow make(int n, double keep_ratio, int sink_override = -1, int eval_override = -1);
+  bool scaled_down() const { return sink < 256 || eval < 256; }
+  std::string describe() const;  // "n=512 s=16 E=64 middle=432 m=216 (scaled down from 256/256)"
+};
+
+// Everything that picks how one method runs.
+struct MethodSettings {
+  const Method* method = nullptr;
+  double keep_ratio = 0.5;
+  ParamValues params;
+  int sink = -1, eval = -1;  // overrides, -1 = protocol default
+};
+
+// One method on one kv head for one seed: its selection and the errors of every evaluation query
+// of every query head in the group.
+struct HeadRun {
+  EvalWindow window;
+  Selection selection;
+  std::vector<std::vector<QueryError>> per_query_head;  // [group head][E]
+  double mean_relative = 0;  // over group heads and queries
+  double mean_normalized = 0;
+  double mean_mass = 0;
+};
+
+MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
+                              const EvalWindow& w, const MethodSettings& s, uint64_t seed);
+HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
+                 uint64_t seed, bool want_trace = false, Backend* backend = nullptr,
+                 const std::atomic<bool>* cancel = nullptr);
+
+// Result of one (method, ratio, layer, kv head) over R seeds.
+struct HeadEval {
+  std::string method;
+  double ratio = 0;
+  int layer = 0, kv_head = 0;
+  double mean = 0, std = 0;              // relative error: mean/std over seeds of the seed means
+  double normalized_mean = 0, mass_mean = 0;
+  std::vector<double> per_seed;          // seed means
+  std::vector<double> per_query;         // [E] relative error by query position (over heads, seeds)
+  std::string note;
+  bool refused = false;                  // head refused (NaN/Inf) or method not applicable
+};
+
+struct EvalSpec {
+  std::vector<const Method*> methods;
+  std::vector<double> ratios{0.5, 0.25, 0.125, 0.0625};
+  int seeds = 10;
+  uint64_t base_seed = 0;
+  std::vector<int> layers;  // empty: all
+  std::vector<int> heads;   // kv heads, empty: all
+  std::map<std::string, ParamValues> params;  // by method name
+  int sink = -1, eval = -1;
+  int shard_index = 0, shard_count = 1;  // --shard i/N: this process runs work items i, i+N, ...
+  int threads = 0;                       // 0: hardware concurrency
+};
+
+struct EvalSummary {
+  std::string method;
+  double ratio = 0;
+  double mean = 0, std = 0;  // mean over heads of head means; std over seeds of the mean over heads
+  int heads = 0;
+};
+
+struct EvalReport {
+  std::string capture_path;
+  CaptureInfo info;
+  EvalSpec spec;
+  EvalWindow window_example;  // the window at the first ratio (for printing s and E)
+  std::vector<HeadEval> results;
+  std::vector<EvalSummary> summary() const;
+  nlohmann::json to_json() const;
+  static EvalReport from_json(const nlohmann::json& j);  // throws InputError
+};
+
+using ProgressFn = std::function<void(int done, int total)>;
+
+EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec, const ProgressFn& progress = {},
+                    const std::atomic<bool>* cancel = nullptr, Backend* backend = nullptr);
+
+// Combines shard reports of the same spec exactly; throws InputError on mismatch or overlap.
+EvalReport merge_reports(const std::vector<EvalReport>& parts);
+
+}  // namespace kvscope

@@ -1,0 +1,39 @@
+// What a self-balancing walk did, block by block and round by round (DESIGN.md section 4, last
+// paragraph). Recorded by balancekv / balancekv-stream when MethodInput::want_trace is set.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+struct WalkBlockTrace {
+  int round = 0;             // 0-based halving round
+  int block = 0;             // block index within the round
+  std::vector<int> tokens;   // absolute token index of each walked element, in walk order
+  std::vector<double> p;     // p_i before clipping
+  std::vector<int> sigma;    // +1 / -1
+  std::vector<double> partial;  // sum_{j<i} K_ij sigma_j
+  // Discrepancy of the prefix along the trace query q: sum_{j<=i} sigma_j exp(<k_j,q>/sqrt d) v_j
+  // (its norm), and the kernel-space norm sqrt(sigma^T K sigma) of the prefix.
+  std::vector<double> disc_query;
+  std::vector<double> disc_kernel;
+  // The same two for random +-1 signs on the same block.
+  std::vector<double> random_disc_query;
+  std::vector<double> random_disc_kernel;
+  // Prefix signed sum projected on the block's top two kernel-PCA directions.
+  std::vector<std::array<double, 2>> path;
+  std::vector<std::array<double, 2>> random_path;
+  std::vector<int> kept;     // 1 where the token survived this round's halving
+  int halving_cut = -1;      // the index c where the majority sign reached n/2
+};
+
+struct WalkTrace {
+  int rounds = 0;
+  int trace_query = -1;  // absolute position of the query used for disc_query
+  std::vector<WalkBlockTrace> blocks;
+  std::string note;
+};
+
+}  // namespace kvscope
