@@ -76,6 +76,9 @@ class Method {
   virtual std::string summary() const = 0;  // one line
   virtual std::vector<ParamSpec> params() const { return {}; }
   virtual bool needs_queries() const { return false; }
+  // Whether the selection stays within MethodInput::budget (checked by the protocol). Only the
+  // uncompressed reference "exact" says no.
+  virtual bool respects_budget() const { return true; }
   virtual Selection select(const MethodInput& in) const = 0;
 };
 

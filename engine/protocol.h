@@ -25,7 +25,9 @@ struct EvalWindow {
   int n_mid = 0;
   int budget = 0;     // m = round(keep_ratio * n_mid)
   double keep_ratio = 0.5;
+  bool sink_overridden = false, eval_overridden = false;  // set by --sink / --eval
   // s = min(256, floor(n/32)), E = min(256, floor(n/8)) unless overridden (>= 0).
+  // Throws InputError naming --ratios / --sink / --eval when the window does not fit n.
   static EvalWindow make(int n, double keep_ratio, int sink_override = -1, int eval_override = -1);
   bool scaled_down() const { return sink < 256 || eval < 256; }
   std::string describe() const;  // "n=512 s=16 E=64 middle=432 m=216 (scaled down from 256/256)"
@@ -67,6 +69,7 @@ struct HeadEval {
   std::vector<double> per_query;         // [E] relative error by query position (over heads, seeds)
   std::string note;
   bool refused = false;                  // head refused (NaN/Inf) or method not applicable
+  std::string error;                     // non-empty when the method threw (what it said)
 };
 
 struct EvalSpec {
@@ -95,11 +98,21 @@ struct EvalReport {
   EvalSpec spec;
   EvalWindow window_example;  // the window at the first ratio (for printing s and E)
   std::vector<HeadEval> results;
+  // The capture has no queries: errors use the keys as proxy queries (and say so in notes).
+  bool proxy_queries = false;
+  std::vector<std::string> notes;  // shown once to users: proxy queries, refused methods
   std::vector<EvalSummary> summary() const;
+  // One line per method that threw on some work items (how many, and the first message).
+  std::vector<std::string> failures() const;
   nlohmann::json to_json() const;
   static EvalReport from_json(const nlohmann::json& j);  // throws InputError
 };
 
+// Checks --param values against the method's ParamSpec (known name, within [min, max], integer
+// for Int/Bool/Choice); throws InputError naming --param, the method and the parameter.
+void validate_method_params(const Method& method, const ParamValues& values);
+
+// Called from worker threads (never two at once) after each finished work item.
 using ProgressFn = std::function<void(int done, int total)>;
 
 EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec, const ProgressFn& progress = {},

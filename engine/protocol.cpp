@@ -1,0 +1,747 @@
+// The evaluation protocol of DESIGN.md section 3: window, per-head runs, the multithreaded
+// evaluation over (method, ratio, layer, kv head) work items and R seeds, its JSON form and the
+// exact merge of shard reports.
+#include "engine/protocol.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <tuple>
+
+#include "engine/backend.h"
+#include "engine/error.h"
+
+namespace kvscope {
+namespace {
+
+std::string fmt_double(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+// Mean and sample standard deviation (n - 1 in the denominator; 0 for a single value).
+std::pair<double, double> mean_std(const std::vector<double>& x) {
+  if (x.empty()) return {0, 0};
+  double mean = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  if (x.size() < 2) return {mean, 0};
+  double ss = 0;
+  for (double v : x) ss += (v - mean) * (v - mean);
+  return {mean, std::sqrt(ss / static_cast<double>(x.size() - 1))};
+}
+
+// A method's selection must obey the protocol before it is scored: a bug in a method must not
+// turn into a plausible-looking error figure.
+void check_selection(const Selection& sel, const EvalWindow& w, const Method& m) {
+  const std::string method = m.name();
+  auto check_set = [&](const std::vector<int>& idx, const std::vector<double>& wt,
+                       const char* which) {
+    if (idx.size() != wt.size())
+      throw std::runtime_error(method + ": " + which + " selection has " +
+                               std::to_string(idx.size()) + " indices but " +
+                               std::to_string(wt.size()) + " weights");
+    std::vector<char> seen(static_cast<size_t>(std::max(w.n_mid, 0)), 0);
+    for (size_t i = 0; i < idx.size(); ++i) {
+      if (idx[i] < w.mid_begin || idx[i] >= w.mid_end)
+        throw std::runtime_error(method + ": " + which + " index " + std::to_string(idx[i]) +
+                                 " is outside the middle [" + std::to_string(w.mid_begin) + ", " +
+                                 std::to_string(w.mid_end) + ")");
+      if (seen[idx[i] - w.mid_begin]++)
+        throw std::runtime_error(method + ": " + which + " selection holds token " +
+                                 std::to_string(idx[i]) + " twice");
+      if (!(wt[i] > 0) || !std::isfinite(wt[i]))
+        throw std::runtime_error(method + ": weight " + fmt_double(wt[i]) + " of token " +
+                                 std::to_string(idx[i]) + " is not positive and finite");
+    }
+  };
+  check_set(sel.indices, sel.weights, sel.separate ? "numerator" : "");
+  if (sel.separate) {
+    check_set(sel.den_indices, sel.den_weights, "denominator");
+  } else if (m.respects_budget() && static_cast<int>(sel.indices.size()) > w.budget) {
+    throw std::runtime_error(method + ": kept " + std::to_string(sel.indices.size()) +
+                             " middle tokens, over the budget m = " + std::to_string(w.budget));
+  }
+}
+
+std::vector<float> log_weights(const std::vector<double>& w) {
+  std::vector<float> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) out[i] = static_cast<float>(std::log(w[i]));
+  return out;
+}
+
+// Query heads of kv head `kv` (GQA), or its keys when the capture has no queries.
+std::vector<const MatrixF*> error_queries(const LayerData& layer, int kv) {
+  if (layer.queries.empty()) return {&layer.keys[kv]};
+  const size_t group = layer.queries.size() / layer.keys.size();
+  std::vector<const MatrixF*> q;
+  for (size_t g = 0; g < group; ++g) q.push_back(&layer.queries[kv * group + g]);
+  return q;
+}
+
+nlohmann::json params_json(const std::map<std::string, ParamValues>& p) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [method, values] : p) {
+    nlohmann::json v = nlohmann::json::object();
+    for (const auto& [name, value] : values) v[name] = value;
+    j[method] = v;
+  }
+  return j;
+}
+
+std::vector<std::string> method_names(const std::vector<const Method*>& methods) {
+  std::vector<std::string> names;
+  for (const Method* m : methods) names.push_back(m->name());
+  return names;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Window
+
+EvalWindow EvalWindow::make(int n, double keep_ratio, int sink_override, int eval_override) {
+  if (!(keep_ratio > 0 && keep_ratio <= 1))
+    throw InputError("--ratios: keep ratio " + fmt_double(keep_ratio) + " is not in (0, 1]");
+  if (n <= 0) throw InputError("capture has no tokens to evaluate");
+  EvalWindow w;
+  w.n = n;
+  w.keep_ratio = keep_ratio;
+  w.sink_overridden = sink_override >= 0;
+  w.eval_overridden = eval_override >= 0;
+  w.sink = w.sink_overridden ? sink_override : std::min(256, n / 32);
+  w.eval = w.eval_overridden ? eval_override : std::min(256, n / 8);
+  if (w.eval < 1)
+    throw InputError(w.eval_overridden
+                         ? std::string("--eval: needs at least 1 evaluation query")
+                         : "capture has only " + std::to_string(n) +
+                               " tokens: E = floor(n/8) = 0 evaluation queries (pass --eval)");
+  if (w.sink + w.eval > n)
+    throw InputError("--sink/--eval: s + E = " + std::to_string(w.sink) + " + " +
+                     std::to_string(w.eval) + " exceeds the capture's " + std::to_string(n) +
+                     " tokens");
+  w.mid_begin = w.sink;
+  w.mid_end = n - w.eval;
+  w.n_mid = w.mid_end - w.mid_begin;
+  w.budget = static_cast<int>(std::llround(keep_ratio * w.n_mid));
+  return w;
+}
+
+std::string EvalWindow::describe() const {
+  std::string s = "n=" + std::to_string(n) + " s=" + std::to_string(sink) +
+                  " E=" + std::to_string(eval) + " middle=" + std::to_string(n_mid) +
+                  " m=" + std::to_string(budget);
+  std::vector<std::string> why;
+  if (sink_overridden) why.push_back("s set by --sink");
+  if (eval_overridden) why.push_back("E set by --eval");
+  if (!sink_overridden && !eval_overridden && scaled_down())
+    why.push_back("scaled down from 256/256 for a short capture: s = floor(n/32), E = floor(n/8)");
+  else if (scaled_down() && (!sink_overridden || !eval_overridden))
+    why.push_back("defaults scaled down for a short capture");
+  if (!why.empty()) s += " (" + join(why, "; ") + ")";
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters
+
+void validate_method_params(const Method& method, const ParamValues& values) {
+  const std::vector<ParamSpec> specs = method.params();
+  for (const auto& [name, value] : values) {
+    const std::string flag = "--param " + method.name() + "." + name;
+    auto it = std::find_if(specs.begin(), specs.end(),
+                           [&](const ParamSpec& p) { return p.name == name; });
+    if (it == specs.end()) {
+      std::vector<std::string> known;
+      for (const ParamSpec& p : specs) known.push_back(p.name);
+      throw InputError(
+          flag + ": unknown parameter (" +
+          (known.empty() ? method.name() + " has no parameters" : "known: " + join(known)) + ")");
+    }
+    if (!std::isfinite(value)) throw InputError(flag + ": value is not a finite number");
+    double lo = it->min, hi = it->max;
+    if (it->type == ParamSpec::Type::Bool) lo = 0, hi = 1;
+    if (it->type == ParamSpec::Type::Choice)
+      lo = 0, hi = static_cast<double>(it->choices.size()) - 1;
+    if (it->type != ParamSpec::Type::Float && value != std::floor(value))
+      throw InputError(flag + ": " + fmt_double(value) + " is not an integer");
+    if (value < lo || value > hi)
+      throw InputError(flag + ": " + fmt_double(value) + " is outside [" + fmt_double(lo) + ", " +
+                       fmt_double(hi) + "]");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One head
+
+MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
+                              const EvalWindow& w, const MethodSettings& s, uint64_t seed) {
+  if (kv_head < 0 || kv_head >= static_cast<int>(layer.keys.size()))
+    throw InputError("kv head " + std::to_string(kv_head) + " out of range: layer " +
+                     std::to_string(layer.layer) + " has " + std::to_string(layer.keys.size()) +
+                     " kv heads");
+  MethodInput in;
+  in.keys = &layer.keys[kv_head];
+  in.values = &layer.values[kv_head];
+  if (!layer.queries.empty()) in.queries = error_queries(layer, kv_head);
+  in.n = w.n;
+  in.sink = w.sink;
+  in.eval = w.eval;
+  in.mid_begin = w.mid_begin;
+  in.mid_end = w.mid_end;
+  in.budget = w.budget;
+  in.keep_ratio = w.keep_ratio;
+  in.layer = layer.layer;
+  in.num_layers = num_layers;
+  in.kv_head = kv_head;
+  in.seed = seed;
+  in.params = s.params;
+  return in;
+}
+
+HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
+                 uint64_t seed, bool want_trace, Backend* backend,
+                 const std::atomic<bool>* cancel) {
+  if (!s.method) throw std::invalid_argument("run_head: no method");
+  if (kv_head < 0 || kv_head >= static_cast<int>(layer.keys.size()))
+    throw InputError("kv head " + std::to_string(kv_head) + " out of range: layer " +
+                     std::to_string(layer.layer) + " has " + std::to_string(layer.keys.size()) +
+                     " kv heads");
+  if (kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[kv_head].empty())
+    throw InputError("layer " + std::to_string(layer.layer) + " kv head " +
+                     std::to_string(kv_head) + " is refused: " + layer.refused[kv_head]);
+  if (s.method->needs_queries() && layer.queries.empty())
+    throw InputError(s.method->name() + " needs queries and the capture has none");
+
+  const MatrixF& K = layer.keys[kv_head];
+  const MatrixF& V = layer.values[kv_head];
+  HeadRun run;
+  run.window = EvalWindow::make(static_cast<int>(K.rows()), s.keep_ratio, s.sink, s.eval);
+  MethodInput in = make_method_input(layer, num_layers, kv_head, run.window, s, seed);
+  in.want_trace = want_trace;
+  in.cancel = cancel;
+  in.backend = backend;
+  run.selection = s.method->select(in);
+  check_selection(run.selection, run.window, *s.method);
+  if (cancel && cancel->load()) throw Cancelled();
+
+  // Errors of every query head in the group through the Backend seam (one kv head per batch).
+  const std::vector<const MatrixF*> queries = error_queries(layer, kv_head);
+  const EvalWindow& w = run.window;
+  ErrorBatch b;
+  b.n = w.n;
+  b.d = static_cast<int>(K.cols());
+  b.dv = static_cast<int>(V.cols());
+  b.q_heads = static_cast<int>(queries.size());
+  b.kv_heads = 1;
+  b.sink = w.sink;
+  b.eval = w.eval;
+  b.keys = {K.data()};
+  b.values = {V.data()};
+  for (const MatrixF* q : queries) b.queries.push_back(q->data());
+  const Selection& sel = run.selection;
+  b.num_idx = {sel.indices};
+  b.num_logw = {log_weights(sel.weights)};
+  b.den_idx = {sel.separate ? sel.den_indices : sel.indices};
+  b.den_logw = {sel.separate ? log_weights(sel.den_weights) : b.num_logw[0]};
+  const size_t count = queries.size() * static_cast<size_t>(w.eval);
+  std::vector<double> rel(count), nrm(count), mass(count);
+  b.relative = rel.data();
+  b.normalized = nrm.data();
+  b.mass = mass.data();
+  (backend ? *backend : cpu_backend()).attention_errors(b);
+
+  run.per_query_head.assign(queries.size(), std::vector<QueryError>(w.eval));
+  for (size_t h = 0; h < queries.size(); ++h) {
+    for (int e = 0; e < w.eval; ++e) {
+      const size_t o = h * w.eval + e;
+      QueryError& qe = run.per_query_head[h][e];
+      qe.position = w.n - w.eval + e;
+      qe.relative = rel[o];
+      qe.normalized = nrm[o];
+      qe.mass = mass[o];
+      run.mean_relative += rel[o];
+      run.mean_normalized += nrm[o];
+      run.mean_mass += mass[o];
+    }
+  }
+  run.mean_relative /= static_cast<double>(count);
+  run.mean_normalized /= static_cast<double>(count);
+  run.mean_mass /= static_cast<double>(count);
+  return run;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Many heads
+
+namespace {
+
+struct WorkItem {
+  int method = 0, ratio = 0, layer = 0, head = 0;  // positions in the spec's lists
+};
+
+// Work items in canonical order: layer, kv head, method, ratio (layer-major, so concurrent
+// workers share the loader's layer cache). Results are always reported in this order.
+std::vector<WorkItem> all_items(const EvalSpec& spec) {
+  std::vector<WorkItem> items;
+  for (int l = 0; l < static_cast<int>(spec.layers.size()); ++l)
+    for (int h = 0; h < static_cast<int>(spec.heads.size()); ++h)
+      for (int m = 0; m < static_cast<int>(spec.methods.size()); ++m)
+        for (int r = 0; r < static_cast<int>(spec.ratios.size()); ++r)
+          items.push_back({m, r, l, h});
+  return items;
+}
+
+HeadEval evaluate_item(CaptureFile& capture, const EvalSpec& spec, const WorkItem& it,
+                       bool method_refused, const std::atomic<bool>* cancel, Backend* backend) {
+  const Method* method = spec.methods[it.method];
+  HeadEval he;
+  he.method = method->name();
+  he.ratio = spec.ratios[it.ratio];
+  he.layer = spec.layers[it.layer];
+  he.kv_head = spec.heads[it.head];
+  if (method_refused) {
+    he.refused = true;
+    he.note = method->name() + " needs queries and the capture has none";
+    return he;
+  }
+  std::shared_ptr<const LayerData> layer = capture.layer(he.layer);
+  if (he.kv_head < static_cast<int>(layer->refused.size()) && !layer->refused[he.kv_head].empty()) {
+    he.refused = true;
+    he.note = layer->refused[he.kv_head];
+    return he;
+  }
+  MethodSettings settings;
+  settings.method = method;
+  settings.keep_ratio = he.ratio;
+  settings.sink = spec.sink;
+  settings.eval = spec.eval;
+  if (auto p = spec.params.find(method->name()); p != spec.params.end())
+    settings.params = p->second;
+
+  std::vector<double> norm_seeds, mass_seeds;
+  for (int r = 0; r < spec.seeds; ++r) {
+    if (cancel && cancel->load()) throw Cancelled();
+    HeadRun run;
+    try {
+      run = run_head(*layer, capture.info().num_layers, he.kv_head, settings,
+                     spec.base_seed + static_cast<uint64_t>(r), false, backend, cancel);
+    } catch (const Cancelled&) {
+      throw;
+    } catch (const std::exception& e) {
+      // A method that throws is reported, not fatal: the other methods' figures still stand.
+      he.error = e.what();
+      he.per_seed.clear();
+      he.per_query.clear();
+      return he;
+    }
+    if (he.note.empty()) he.note = run.selection.note;
+    he.per_seed.push_back(run.mean_relative);
+    norm_seeds.push_back(run.mean_normalized);
+    mass_seeds.push_back(run.mean_mass);
+    if (he.per_query.empty()) he.per_query.assign(run.window.eval, 0.0);
+    for (const auto& head : run.per_query_head)
+      for (int e = 0; e < run.window.eval; ++e) he.per_query[e] += head[e].relative;
+    if (r == spec.seeds - 1)
+      for (double& v : he.per_query)
+        v /= static_cast<double>(spec.seeds * run.per_query_head.size());
+  }
+  std::tie(he.mean, he.std) = mean_std(he.per_seed);
+  he.normalized_mean = mean_std(norm_seeds).first;
+  he.mass_mean = mean_std(mass_seeds).first;
+  return he;
+}
+
+std::vector<int> resolve_list(const std::vector<int>& given, int count, const char* flag,
+                              const char* what) {
+  if (given.empty()) {
+    std::vector<int> all(count);
+    for (int i = 0; i < count; ++i) all[i] = i;
+    return all;
+  }
+  std::set<int> seen;
+  for (int v : given) {
+    if (v < 0 || v >= count)
+      throw InputError(std::string(flag) + ": " + what + " " + std::to_string(v) +
+                       " out of range (the capture has " + std::to_string(count) + ")");
+    if (!seen.insert(v).second)
+      throw InputError(std::string(flag) + ": " + what + " " + std::to_string(v) + " given twice");
+  }
+  return given;
+}
+
+}  // namespace
+
+EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const ProgressFn& progress,
+                    const std::atomic<bool>* cancel, Backend* backend) {
+  const CaptureInfo& info = capture.info();
+  EvalReport report;
+  report.capture_path = info.path;
+  report.info = info;
+  EvalSpec& spec = report.spec;
+  spec = spec_in;
+
+  // Validate everything before any work starts, naming the flag.
+  if (spec.methods.empty()) throw InputError("--methods: no method given");
+  if (spec.ratios.empty()) throw InputError("--ratios: no keep ratio given");
+  if (spec.seeds < 1) throw InputError("--seeds: needs at least 1 seed");
+  if (spec.shard_count < 1 || spec.shard_index < 0 || spec.shard_index >= spec.shard_count)
+    throw InputError("--shard: " + std::to_string(spec.shard_index) + "/" +
+                     std::to_string(spec.shard_count) + " is not i/N with 0 <= i < N");
+  if (spec.threads < 0) throw InputError("--threads: must be 0 (all cores) or more");
+  spec.layers = resolve_list(spec.layers, info.num_layers, "--layers", "layer");
+  spec.heads = resolve_list(spec.heads, info.kv_heads, "--heads", "kv head");
+  for (const Method* m : spec.methods)
+    if (std::count(spec.methods.begin(), spec.methods.end(), m) > 1)
+      throw InputError("--methods: " + m->name() + " given twice");
+  for (double r : spec.ratios)
+    if (std::count(spec.ratios.begin(), spec.ratios.end(), r) > 1)
+      throw InputError("--ratios: " + fmt_double(r) + " given twice");
+  for (const auto& [name, values] : spec.params) {
+    auto it = std::find_if(spec.methods.begin(), spec.methods.end(),
+                           [&](const Method* m) { return m->name() == name; });
+    if (it == spec.methods.end())
+      throw InputError("--param " + name + ".*: " + name + " is not among the evaluated methods");
+    validate_method_params(**it, values);
+  }
+  for (double r : spec.ratios) EvalWindow::make(info.num_tokens, r, spec.sink, spec.eval);
+  report.window_example = EvalWindow::make(info.num_tokens, spec.ratios[0], spec.sink, spec.eval);
+
+  report.proxy_queries = !info.has_queries;
+  std::vector<char> method_refused(spec.methods.size(), 0);
+  if (report.proxy_queries) {
+    std::vector<std::string> refused;
+    for (size_t m = 0; m < spec.methods.size(); ++m)
+      if (spec.methods[m]->needs_queries()) {
+        method_refused[m] = 1;
+        refused.push_back(spec.methods[m]->name());
+      }
+    report.notes.push_back(
+        "the capture has no queries: errors use the keys as proxy queries (q_j = k_j)");
+    if (!refused.empty())
+      report.notes.push_back("refused (they need queries, the capture has none): " + join(refused));
+  }
+
+  // This shard's items: i, i+N, i+2N, ... of the canonical list.
+  const std::vector<WorkItem> items = all_items(spec);
+  std::vector<WorkItem> mine;
+  for (size_t i = spec.shard_index; i < items.size(); i += spec.shard_count)
+    mine.push_back(items[i]);
+  report.results.resize(mine.size());
+
+  const int total = static_cast<int>(mine.size());
+  int threads = spec.threads > 0
+                    ? spec.threads
+                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  threads = std::max(1, std::min(threads, total));
+
+  std::atomic<int> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;  // guards done, first_error and progress calls
+  int done = 0;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    for (;;) {
+      if (stop.load() || (cancel && cancel->load())) return;
+      const int i = next.fetch_add(1);
+      if (i >= total) return;
+      try {
+        report.results[i] =
+            evaluate_item(capture, spec, mine[i], method_refused[mine[i].method], cancel, backend);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) first_error = std::current_exception();
+        stop = true;
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      ++done;
+      if (progress) progress(done, total);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (cancel && cancel->load()) throw Cancelled();
+  if (first_error) std::rethrow_exception(first_error);
+
+  return report;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summary and JSON
+
+std::vector<std::string> EvalReport::failures() const {
+  std::vector<std::string> out;
+  for (const Method* m : spec.methods) {
+    int failed = 0, of = 0;
+    std::string first;
+    for (const HeadEval& he : results) {
+      if (he.method != m->name()) continue;
+      ++of;
+      if (!he.error.empty() && failed++ == 0) first = he.error;
+    }
+    if (failed)
+      out.push_back(m->name() + " failed on " + std::to_string(failed) + " of " +
+                    std::to_string(of) + " work items: " + first);
+  }
+  return out;
+}
+
+std::vector<EvalSummary> EvalReport::summary() const {
+  std::vector<EvalSummary> out;
+  for (const Method* m : spec.methods) {
+    for (double ratio : spec.ratios) {
+      EvalSummary s;
+      s.method = m->name();
+      s.ratio = ratio;
+      std::vector<const HeadEval*> heads;
+      for (const HeadEval& he : results)
+        if (he.method == s.method && he.ratio == ratio && !he.refused && he.error.empty())
+          heads.push_back(&he);
+      s.heads = static_cast<int>(heads.size());
+      if (!heads.empty()) {
+        double mean = 0;
+        for (const HeadEval* he : heads) mean += he->mean;
+        s.mean = mean / static_cast<double>(heads.size());
+        // Spread over seeds: the mean over heads, one value per seed.
+        std::vector<double> per_seed(heads[0]->per_seed.size(), 0.0);
+        for (const HeadEval* he : heads)
+          for (size_t r = 0; r < per_seed.size() && r < he->per_seed.size(); ++r)
+            per_seed[r] += he->per_seed[r] / static_cast<double>(heads.size());
+        s.std = mean_std(per_seed).second;
+      }
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+nlohmann::json EvalReport::to_json() const {
+  using nlohmann::json;
+  json j;
+  j["format"] = "kvscope-eval/1";
+  j["capture"] = {{"path", capture_path},           {"model", info.model},
+                  {"source", info.source},          {"synthetic", info.synthetic},
+                  {"num_layers", info.num_layers},  {"q_heads", info.q_heads},
+                  {"kv_heads", info.kv_heads},      {"head_dim", info.head_dim},
+                  {"value_dim", info.value_dim},    {"num_tokens", info.num_tokens},
+                  {"has_queries", info.has_queries}};
+  const EvalWindow& w = window_example;
+  json budgets = json::array();
+  for (double r : spec.ratios)
+    if (w.n > 0) budgets.push_back(static_cast<int>(std::llround(r * w.n_mid)));
+  j["window"] = {{"n", w.n},
+                 {"s", w.sink},
+                 {"E", w.eval},
+                 {"n_mid", w.n_mid},
+                 {"budgets", budgets},
+                 {"scaled_down", w.scaled_down()},
+                 {"describe", w.describe()}};
+  j["spec"] = {{"methods", method_names(spec.methods)},
+               {"ratios", spec.ratios},
+               {"seeds", spec.seeds},
+               {"base_seed", spec.base_seed},
+               {"layers", spec.layers},
+               {"heads", spec.heads},
+               {"params", params_json(spec.params)},
+               {"sink", spec.sink},
+               {"eval", spec.eval},
+               {"shard_index", spec.shard_index},
+               {"shard_count", spec.shard_count}};
+  j["proxy_queries"] = proxy_queries;
+  j["notes"] = notes;
+  j["failures"] = failures();
+  json sum = json::array();
+  for (const EvalSummary& s : summary())
+    sum.push_back({{"method", s.method},
+                   {"ratio", s.ratio},
+                   {"mean", s.mean},
+                   {"std", s.std},
+                   {"heads", s.heads}});
+  j["summary"] = sum;
+  json res = json::array();
+  for (const HeadEval& he : results) {
+    json r = {{"method", he.method},
+              {"ratio", he.ratio},
+              {"layer", he.layer},
+              {"kv_head", he.kv_head},
+              {"mean", he.mean},
+              {"std", he.std},
+              {"normalized_mean", he.normalized_mean},
+              {"mass_mean", he.mass_mean},
+              {"per_seed", he.per_seed},
+              {"per_query", he.per_query},
+              {"refused", he.refused}};
+    if (!he.note.empty()) r["note"] = he.note;
+    if (!he.error.empty()) r["error"] = he.error;
+    res.push_back(r);
+  }
+  j["results"] = res;
+  return j;
+}
+
+EvalReport EvalReport::from_json(const nlohmann::json& j) {
+  EvalReport rep;
+  try {
+    if (!j.is_object() || j.value("format", "") != "kvscope-eval/1")
+      throw InputError("not a kvscope eval report (\"format\" is not \"kvscope-eval/1\")");
+    const auto& c = j.at("capture");
+    rep.capture_path = c.at("path").get<std::string>();
+    rep.info.path = rep.capture_path;
+    rep.info.model = c.at("model").get<std::string>();
+    rep.info.source = c.value("source", "");
+    rep.info.synthetic = c.value("synthetic", false);
+    rep.info.num_layers = c.at("num_layers").get<int>();
+    rep.info.q_heads = c.at("q_heads").get<int>();
+    rep.info.kv_heads = c.at("kv_heads").get<int>();
+    rep.info.head_dim = c.at("head_dim").get<int>();
+    rep.info.value_dim = c.value("value_dim", rep.info.head_dim);
+    rep.info.num_tokens = c.at("num_tokens").get<int>();
+    rep.info.has_queries = c.at("has_queries").get<bool>();
+
+    const auto& s = j.at("spec");
+    for (const std::string& name : s.at("methods").get<std::vector<std::string>>()) {
+      const Method* m = find_method(name);
+      if (!m) throw InputError("unknown method '" + name + "' in \"spec\".\"methods\"");
+      rep.spec.methods.push_back(m);
+    }
+    rep.spec.ratios = s.at("ratios").get<std::vector<double>>();
+    rep.spec.seeds = s.at("seeds").get<int>();
+    rep.spec.base_seed = s.at("base_seed").get<uint64_t>();
+    rep.spec.layers = s.at("layers").get<std::vector<int>>();
+    rep.spec.heads = s.at("heads").get<std::vector<int>>();
+    for (const auto& [method, values] : s.at("params").items())
+      for (const auto& [name, value] : values.items())
+        rep.spec.params[method][name] = value.get<double>();
+    rep.spec.sink = s.at("sink").get<int>();
+    rep.spec.eval = s.at("eval").get<int>();
+    rep.spec.shard_index = s.at("shard_index").get<int>();
+    rep.spec.shard_count = s.at("shard_count").get<int>();
+    if (rep.spec.ratios.empty()) throw InputError("\"spec\".\"ratios\" is empty");
+    if (rep.info.num_tokens > 0)
+      rep.window_example =
+          EvalWindow::make(rep.info.num_tokens, rep.spec.ratios[0], rep.spec.sink, rep.spec.eval);
+
+    rep.proxy_queries = j.value("proxy_queries", false);
+    rep.notes = j.value("notes", std::vector<std::string>{});
+    for (const auto& r : j.at("results")) {
+      HeadEval he;
+      he.method = r.at("method").get<std::string>();
+      he.ratio = r.at("ratio").get<double>();
+      he.layer = r.at("layer").get<int>();
+      he.kv_head = r.at("kv_head").get<int>();
+      he.mean = r.at("mean").get<double>();
+      he.std = r.at("std").get<double>();
+      he.normalized_mean = r.value("normalized_mean", 0.0);
+      he.mass_mean = r.value("mass_mean", 0.0);
+      he.per_seed = r.value("per_seed", std::vector<double>{});
+      he.per_query = r.value("per_query", std::vector<double>{});
+      he.refused = r.value("refused", false);
+      he.note = r.value("note", "");
+      he.error = r.value("error", "");
+      rep.results.push_back(std::move(he));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(std::string("eval report: ") + e.what());
+  }
+  return rep;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merge
+
+EvalReport merge_reports(const std::vector<EvalReport>& parts) {
+  if (parts.empty()) throw InputError("merge: no reports given");
+  const EvalReport& first = parts[0];
+  const EvalSpec& fs = first.spec;
+  auto same_spec = [&](const EvalSpec& s) {
+    return method_names(s.methods) == method_names(fs.methods) && s.ratios == fs.ratios &&
+           s.seeds == fs.seeds && s.base_seed == fs.base_seed && s.layers == fs.layers &&
+           s.heads == fs.heads && s.params == fs.params && s.sink == fs.sink && s.eval == fs.eval &&
+           s.shard_count == fs.shard_count;
+  };
+  std::set<int> shards;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const EvalReport& r = parts[p];
+    const std::string which = "merge: report " + std::to_string(p + 1);
+    if (r.info.model != first.info.model || r.info.num_tokens != first.info.num_tokens ||
+        r.info.num_layers != first.info.num_layers || r.info.kv_heads != first.info.kv_heads ||
+        r.info.q_heads != first.info.q_heads)
+      throw InputError(which + " is of a different capture (" + r.info.model + ", " +
+                       std::to_string(r.info.num_tokens) + " tokens) than report 1 (" +
+                       first.info.model + ", " + std::to_string(first.info.num_tokens) +
+                       " tokens)");
+    if (!same_spec(r.spec))
+      throw InputError(which +
+                       " was run with a different spec (methods, ratios, seeds, layers, "
+                       "heads, params, window or shard count) than report 1");
+    if (!shards.insert(r.spec.shard_index).second)
+      throw InputError(which + ": shard " + std::to_string(r.spec.shard_index) + "/" +
+                       std::to_string(fs.shard_count) + " is given twice");
+  }
+  std::vector<std::string> missing;
+  for (int i = 0; i < fs.shard_count; ++i)
+    if (!shards.count(i))
+      missing.push_back(std::to_string(i) + "/" + std::to_string(fs.shard_count));
+  if (!missing.empty()) throw InputError("merge: missing shard(s) " + join(missing));
+
+  EvalReport out = first;
+  out.spec.shard_index = 0;
+  out.spec.shard_count = 1;
+  out.results.clear();
+  out.notes.clear();
+
+  // Put every result at its canonical position; each must be filled exactly once.
+  EvalSpec canon = fs;
+  const std::vector<WorkItem> items = all_items(canon);
+  auto pos = [](const auto& list, const auto& v) {
+    return static_cast<int>(std::find(list.begin(), list.end(), v) - list.begin());
+  };
+  const std::vector<std::string> names = method_names(fs.methods);
+  std::vector<HeadEval> slots(items.size());
+  std::vector<char> filled(items.size(), 0);
+  const size_t nr = fs.ratios.size(), nm = names.size(), nh = fs.heads.size();
+  for (const EvalReport& r : parts) {
+    for (const std::string& note : r.notes)
+      if (std::find(out.notes.begin(), out.notes.end(), note) == out.notes.end())
+        out.notes.push_back(note);
+    for (const HeadEval& he : r.results) {
+      const size_t l = pos(fs.layers, he.layer), h = pos(fs.heads, he.kv_head),
+                   m = pos(names, he.method), q = pos(fs.ratios, he.ratio);
+      if (l >= fs.layers.size() || h >= nh || m >= nm || q >= nr)
+        throw InputError("merge: result " + he.method + " ratio " + fmt_double(he.ratio) +
+                         " layer " + std::to_string(he.layer) + " kv head " +
+                         std::to_string(he.kv_head) + " is not part of the spec");
+      const size_t index = ((l * nh + h) * nm + m) * nr + q;
+      if (filled[index]++)
+        throw InputError("merge: result " + he.method + " ratio " + fmt_double(he.ratio) +
+                         " layer " + std::to_string(he.layer) + " kv head " +
+                         std::to_string(he.kv_head) + " appears in more than one report");
+      slots[index] = he;
+    }
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    if (!filled[i])
+      throw InputError("merge: no result for " + names[items[i].method] + " ratio " +
+                       fmt_double(fs.ratios[items[i].ratio]) + " layer " +
+                       std::to_string(fs.layers[items[i].layer]) + " kv head " +
+                       std::to_string(fs.heads[items[i].head]) + " (a shard is incomplete)");
+  out.results = std::move(slots);
+  return out;
+}
+
+}  // namespace kvscope
