@@ -1,16 +1,37 @@
-// PLACEHOLDER: replaced by the real implementation.
-#include <stdexcept>
+// K-norm (Devoto et al., "A Simple and Effective L2 Norm-Based Strategy for KV Cache
+// Compression", EMNLP 2024): keys with a low L2 norm tend to receive high attention, so keep the
+// m middle tokens whose keys have the lowest L2 norm; weight 1. Needs no queries. The hover score
+// is the key norm itself (lower = kept first).
+#include <cmath>
 
+#include "engine/attention_scores.h"
 #include "engine/method.h"
 
 namespace kvscope {
 namespace {
-class Placeholder final : public Method {
+
+class KNorm final : public Method {
  public:
   std::string name() const override { return "knorm"; }
-  std::string summary() const override { return "not implemented yet"; }
-  Selection select(const MethodInput&) const override { throw std::runtime_error("knorm: not implemented"); }
+  std::string summary() const override { return "the m keys of lowest L2 norm"; }
+  Selection select(const MethodInput& in) const override {
+    check_method_input(in, name(), false);
+    const int n_mid = in.mid_end - in.mid_begin;
+    std::vector<double> norms(n_mid), negated(n_mid);
+    for (int i = 0; i < n_mid; ++i) {
+      norms[i] = in.keys->row(in.mid_begin + i).cast<double>().norm();
+      negated[i] = -norms[i];
+    }
+    Selection sel = top_m_selection(in, std::move(negated), in.budget);
+    sel.middle_scores = std::move(norms);
+    return sel;
+  }
 };
+
 }  // namespace
-std::unique_ptr<Method> make_knorm() { return std::make_unique<Placeholder>(); }
+
+std::unique_ptr<Method> make_knorm() {
+  return std::make_unique<KNorm>();
+}
+
 }  // namespace kvscope

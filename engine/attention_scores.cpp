@@ -1,0 +1,186 @@
+#include "engine/attention_scores.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "engine/error.h"
+
+namespace kvscope {
+
+ParamSpec param_spec(std::string name, ParamSpec::Type type, double min, double max,
+                     double default_value, std::string help, std::vector<std::string> choices,
+                     bool log_scale) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.type = type;
+  p.min = min;
+  p.max = max;
+  p.default_value = default_value;
+  p.help = std::move(help);
+  p.choices = std::move(choices);
+  p.log_scale = log_scale;
+  return p;
+}
+
+void check_method_input(const MethodInput& in, const std::string& method, bool needs_queries) {
+  const std::string who = method + ": ";
+  if (!in.keys || !in.values) throw InputError(who + "no keys/values given");
+  if (in.n <= 0) throw InputError(who + "empty head (n = " + std::to_string(in.n) + ")");
+  if (in.keys->rows() != in.n || in.values->rows() != in.n)
+    throw InputError(who + "keys have " + std::to_string(in.keys->rows()) + " rows and values " +
+                     std::to_string(in.values->rows()) + ", expected n = " + std::to_string(in.n));
+  if (in.mid_begin < 0 || in.mid_begin > in.mid_end || in.mid_end > in.n)
+    throw InputError(who + "middle [" + std::to_string(in.mid_begin) + ", " +
+                     std::to_string(in.mid_end) + ") is not inside [0, " + std::to_string(in.n) +
+                     ")");
+  const int n_mid = in.mid_end - in.mid_begin;
+  if (in.budget < 0 || in.budget > n_mid)
+    throw InputError(who + "budget m = " + std::to_string(in.budget) + " is outside [0, " +
+                     std::to_string(n_mid) + "] (the middle's length)");
+  if (!needs_queries) return;
+  if (in.queries.empty())
+    throw InputError(who + "needs the capture's queries (tensors layers." +
+                     std::to_string(in.layer) +
+                     ".query), but this capture has none; capture with queries or pick a "
+                     "method that does not need them");
+  for (const MatrixF* q : in.queries) {
+    if (!q) throw InputError(who + "a query head of the group is missing");
+    if (q->rows() != in.n || q->cols() != in.keys->cols())
+      throw InputError(who + "query head has shape " + std::to_string(q->rows()) + " x " +
+                       std::to_string(q->cols()) + ", expected " + std::to_string(in.n) + " x " +
+                       std::to_string(in.keys->cols()) + " like the keys");
+  }
+}
+
+void for_each_attention_row(const std::vector<const MatrixF*>& queries, const MatrixF& keys,
+                            int row_begin, int row_end, const AttentionRowFn& fn,
+                            const std::atomic<bool>* cancel) {
+  row_begin = std::max(row_begin, 0);
+  row_end = std::min<int>(row_end, static_cast<int>(keys.rows()));
+  if (row_begin >= row_end || queries.empty()) return;
+  const int d = static_cast<int>(keys.cols());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // Keys 0..row_end-1 in double, once; logits of a block of rows by one matrix product per head.
+  const MatrixD k_d = keys.topRows(row_end).cast<double>();
+  constexpr int kBlockRows = 64;
+  std::vector<double> mean(row_end);
+  MatrixD logits;
+  std::vector<MatrixD> block_logits(queries.size());
+  for (int b0 = row_begin; b0 < row_end; b0 += kBlockRows) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) throw Cancelled();
+    const int b1 = std::min(row_end, b0 + kBlockRows);
+    const int cols = b1;  // the last row of the block sees keys 0..b1-1
+    for (size_t h = 0; h < queries.size(); ++h) {
+      const MatrixD q_d = queries[h]->middleRows(b0, b1 - b0).cast<double>();
+      block_logits[h].noalias() = (q_d * k_d.topRows(cols).transpose()) * scale;
+    }
+    for (int j = b0; j < b1; ++j) {
+      std::fill(mean.begin(), mean.begin() + j + 1, 0.0);
+      for (size_t h = 0; h < queries.size(); ++h) {
+        const double* row = block_logits[h].row(j - b0).data();
+        const double mx = *std::max_element(row, row + j + 1);
+        double z = 0;
+        for (int i = 0; i <= j; ++i) z += std::exp(row[i] - mx);
+        const double norm = 1.0 / (z * static_cast<double>(queries.size()));
+        for (int i = 0; i <= j; ++i) mean[i] += std::exp(row[i] - mx) * norm;
+      }
+      fn(j, mean.data());
+    }
+  }
+}
+
+std::vector<double> attention_column_sums(const std::vector<const MatrixF*>& queries,
+                                          const MatrixF& keys, int row_begin, int row_end,
+                                          const std::atomic<bool>* cancel) {
+  std::vector<double> sums(std::max(0, std::min<int>(row_end, static_cast<int>(keys.rows()))), 0.0);
+  for_each_attention_row(
+      queries, keys, row_begin, row_end,
+      [&](int j, const double* p) {
+        for (int i = 0; i <= j; ++i) sums[i] += p[i];
+      },
+      cancel);
+  return sums;
+}
+
+std::vector<double> h2o_scores(const MethodInput& in) {
+  // Rows before mid_begin only see sinks, so the middle's scores need rows [mid_begin, mid_end).
+  const std::vector<double> sums =
+      attention_column_sums(in.queries, *in.keys, in.mid_begin, in.mid_end, in.cancel);
+  std::vector<double> scores(in.mid_end - in.mid_begin);
+  for (int i = in.mid_begin; i < in.mid_end; ++i)
+    scores[i - in.mid_begin] = sums[i] / static_cast<double>(in.mid_end - i);
+  return scores;
+}
+
+std::vector<double> observation_window_scores(const MethodInput& in, int window) {
+  return attention_column_sums(in.queries, *in.keys, std::max(0, in.mid_end - window), in.mid_end,
+                               in.cancel);
+}
+
+std::vector<double> avg_pool_same(const std::vector<double>& x, int kernel) {
+  if (kernel < 1 || kernel % 2 == 0)
+    throw InputError("pooling kernel must be a positive odd number, got " + std::to_string(kernel));
+  const int n = static_cast<int>(x.size());
+  const int half = kernel / 2;
+  std::vector<double> out(n, 0.0);
+  for (int i = 0; i < n; ++i) {
+    double s = 0;
+    for (int t = std::max(0, i - half); t <= std::min(n - 1, i + half); ++t) s += x[t];
+    out[i] = s / kernel;
+  }
+  return out;
+}
+
+std::vector<double> max_pool_same(const std::vector<double>& x, int kernel) {
+  if (kernel < 1 || kernel % 2 == 0)
+    throw InputError("pooling kernel must be a positive odd number, got " + std::to_string(kernel));
+  const int n = static_cast<int>(x.size());
+  const int half = kernel / 2;
+  std::vector<double> out(n, 0.0);
+  for (int i = 0; i < n; ++i) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (int t = std::max(0, i - half); t <= std::min(n - 1, i + half); ++t) m = std::max(m, x[t]);
+    out[i] = m;
+  }
+  return out;
+}
+
+std::vector<double> snapkv_scores(const MethodInput& in, int window, int kernel, bool max_pool) {
+  const std::vector<double> votes = observation_window_scores(in, window);
+  const std::vector<double> pooled =
+      max_pool ? max_pool_same(votes, kernel) : avg_pool_same(votes, kernel);
+  return std::vector<double>(pooled.begin() + in.mid_begin, pooled.begin() + in.mid_end);
+}
+
+std::vector<int> top_m_indices(const std::vector<double>& scores, int m) {
+  const int n = static_cast<int>(scores.size());
+  m = std::clamp(m, 0, n);
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  // NaN ranks last so the ordering stays a strict weak order.
+  auto value = [&](int a) {
+    return std::isnan(scores[a]) ? -std::numeric_limits<double>::infinity() : scores[a];
+  };
+  auto better = [&](int a, int b) {
+    const double va = value(a), vb = value(b);
+    return va > vb || (va == vb && a < b);
+  };
+  std::partial_sort(order.begin(), order.begin() + m, order.end(), better);
+  order.resize(m);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+Selection top_m_selection(const MethodInput& in, std::vector<double> scores, int m) {
+  Selection sel;
+  for (int i : top_m_indices(scores, m)) {
+    sel.indices.push_back(in.mid_begin + i);
+    sel.weights.push_back(1.0);
+  }
+  sel.middle_scores = std::move(scores);
+  return sel;
+}
+
+}  // namespace kvscope
