@@ -1,15 +1,399 @@
-// PLACEHOLDER until the kernels land: probes the device and reports none usable.
+// The CUDA backend: device probe, device memory (grow-only buffers per op), op dispatch, and the
+// CPU fallback. Every CUDA failure (out of memory, a rejected launch, an execution error, a shape
+// the kernels do not handle) becomes a clear message and that call runs on the CPU reference
+// instead; an error that leaves the CUDA context unusable sends every later call to the CPU too.
+// Input errors (the same checks the CPU reference makes) propagate unchanged.
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "engine/cpu_ops.h"
+#include "kernels/attention_error.cuh"
 #include "kernels/cuda_backend.h"
+#include "kernels/cuda_check.cuh"
+#include "kernels/kcenter.cuh"
+#include "kernels/tsne_grad.cuh"
+#include "kernels/walk.cuh"
 
 namespace kvscope {
+namespace {
 
-Backend* cuda_backend_instance(std::string* why) {
+using cuda::CudaFailure;
+using cuda::Unsupported;
+
+// Launched once by the probe: proves the driver, the device and this build's kernel image agree.
+__global__ void probe_kernel(int* out) {
+  *out = 42;
+}
+
+std::mutex g_fallback_mutex;
+std::string g_last_fallback;
+std::set<std::string> g_reported;
+
+void record_fallback(const std::string& why) {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  g_last_fallback = why;
+  if (!why.empty() && g_reported.insert(why).second)
+    std::fprintf(stderr, "kvscope: %s\n", why.c_str());
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const cudaDeviceProp& prop, cudaStream_t stream)
+      : device_(device), stream_(stream) {
+    const double gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", sm_%d%d, %.0f GiB)", prop.major, prop.minor, gib);
+    name_ = std::string("cuda (") + prop.name + buf;
+    smem_optin_ = static_cast<int>(prop.sharedMemPerBlockOptin);
+  }
+
+  std::string name() const override { return name_; }
+  bool is_gpu() const override { return true; }
+
+  void walk_blocks(const WalkBatch& b) override {
+    guarded(
+        "walk_blocks",
+        [&] {
+          const cuda::WalkDeviceArgs a = cuda::upload_walk_batch(b, walk_ws_, stream_);
+          if (a.num_blocks == 0) return;
+          cuda::launch_walk_blocks(a, stream_);
+          cuda::download_walk_outputs(a, b, stream_);
+        },
+        [&] { cpu_walk_blocks(b); });
+  }
+
+  void attention_errors(const ErrorBatch& b) override {
+    guarded(
+        "attention_errors",
+        [&] {
+          if (cuda::attention_error_smem_bytes(b.d, b.dv, smem_optin_) == 0 && b.d > 0 && b.dv > 0)
+            throw Unsupported("attention_errors: head dims d=" + std::to_string(b.d) +
+                              ", dv=" + std::to_string(b.dv) + " exceed the CUDA kernel's tiles");
+          const cuda::ErrorDeviceArgs a = cuda::upload_error_batch(b, error_ws_, stream_);
+          cuda::launch_attention_errors(a, smem_optin_, stream_);
+          cuda::download_error_outputs(a, b, stream_);
+        },
+        [&] { cpu_attention_errors(b); });
+  }
+
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    if (in.n <= 0) return cpu_tsne_gradient(in, grad);  // nothing to do; same answer as the CPU
+    return guarded(
+        "tsne_gradient",
+        [&] {
+          if (!grad) throw std::invalid_argument("tsne_gradient: no output array");
+          const cuda::TsneDeviceArgs a = cuda::upload_tsne_input(in, tsne_ws_, stream_);
+          cuda::launch_tsne_gradient(a, stream_);
+          return cuda::download_tsne_gradient(a, grad, stream_);
+        },
+        [&] { return cpu_tsne_gradient(in, grad); });
+  }
+
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return guarded(
+        "kcenter",
+        [&] {
+          const cuda::KcenterDeviceArgs a =
+              cuda::upload_kcenter_input(x, n, d, k, first, kcenter_ws_, stream_);
+          if (a.k == 0) return std::vector<int>{};
+          cuda::launch_kcenter(a, stream_);
+          return cuda::download_kcenter_picks(a, stream_);
+        },
+        [&] { return cpu_kcenter(x, n, d, k, first); });
+  }
+
+ private:
+  // Runs `gpu`; on a CUDA failure or an unsupported shape reports why and returns `cpu()`.
+  // One op at a time: the app's worker and background jobs may call concurrently.
+  template <typename Gpu, typename Cpu>
+  auto guarded(const char* op, Gpu&& gpu, Cpu&& cpu) -> decltype(cpu()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    std::string why;
+    if (!broken_.empty()) {
+      why = std::string("cuda ") + op +
+            ": the CUDA context is unusable since an earlier failure (" + broken_ +
+            "); ran on the CPU";
+    } else {
+      try {
+        const cudaError_t set = cudaSetDevice(device_);  // the calling thread may be new
+        if (set != cudaSuccess) cuda::check_cuda(set, "cudaSetDevice", __FILE__, __LINE__);
+        if constexpr (std::is_void_v<decltype(cpu())>) {
+          gpu();
+          record_fallback("");
+          return;
+        } else {
+          auto result = gpu();
+          record_fallback("");
+          return result;
+        }
+      } catch (const Unsupported& e) {
+        why = std::string("cuda ") + op + ": " + e.what() + "; ran on the CPU";
+      } catch (const CudaFailure& e) {
+        if (e.out_of_memory()) {
+          release_buffers();
+          why = std::string("cuda ") + op + ": out of device memory (" + e.what() +
+                "); ran on the CPU";
+        } else {
+          // Launch configuration errors leave the context usable; execution errors (illegal
+          // address, launch failure) are sticky. Ask the device which it is.
+          const cudaError_t sync = cudaDeviceSynchronize();
+          (void)cudaGetLastError();
+          if (sync != cudaSuccess)
+            broken_ = e.what();
+          else
+            release_buffers();
+          why = std::string("cuda ") + op + ": " + e.what() + "; ran on the CPU";
+        }
+      }
+    }
+    lock.unlock();
+    record_fallback(why);
+    return cpu();
+  }
+
+  void release_buffers() {
+    walk_ws_.release();
+    error_ws_.release();
+    tsne_ws_.release();
+    kcenter_ws_.release();
+  }
+
+  int device_;
+  cudaStream_t stream_;
+  std::string name_;
+  int smem_optin_ = 48 * 1024;
+  std::mutex mutex_;
+  std::string broken_;  // the failure that made the context unusable, when one did
+  cuda::WalkWorkspace walk_ws_;
+  cuda::ErrorWorkspace error_ws_;
+  cuda::TsneWorkspace tsne_ws_;
+  cuda::KcenterWorkspace kcenter_ws_;
+};
+
+struct Probe {
+  CudaBackend* backend = nullptr;
+  std::string why;
+};
+
+std::string error_text(cudaError_t err) {
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+}
+
+Probe probe_device() {
+  Probe p;
+  if (const char* off = std::getenv("KVSCOPE_DISABLE_CUDA");
+      off && *off && std::string(off) != "0") {
+    p.why = "CUDA disabled by KVSCOPE_DISABLE_CUDA";
+    return p;
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
-  if (why) *why = err != cudaSuccess ? cudaGetErrorString(err) : "kernels not implemented yet";
-  return nullptr;
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    p.why = "cudaGetDeviceCount failed (" + error_text(err) +
+            "): no usable NVIDIA driver or device on this machine";
+    return p;
+  }
+  if (count == 0) {
+    p.why = "the CUDA driver reports no device";
+    return p;
+  }
+  const int device = 0;
+  cudaDeviceProp prop{};
+  if ((err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
+      (err = cudaSetDevice(device)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    p.why = "CUDA device 0 cannot be opened (" + error_text(err) + ")";
+    return p;
+  }
+  // A test launch: fails with "no kernel image" on GPUs older than this build's sm_90 target.
+  int* flag = nullptr;
+  int value = 0;
+  err = cudaMalloc(&flag, sizeof(int));
+  if (err == cudaSuccess) {
+    probe_kernel<<<1, 1>>>(flag);
+    err = cudaGetLastError();
+    if (err == cudaSuccess) err = cudaMemcpy(&value, flag, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(flag);
+  }
+  if (err != cudaSuccess || value != 42) {
+    (void)cudaGetLastError();
+    p.why = std::string("CUDA device ") + prop.name + " (sm_" + std::to_string(prop.major) +
+            std::to_string(prop.minor) + ") cannot run this build's kernels (built for sm_90): " +
+            (err != cudaSuccess ? error_text(err) : std::string("probe kernel wrote nothing"));
+    return p;
+  }
+  cudaStream_t stream = nullptr;
+  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    p.why = "cudaStreamCreate failed (" + error_text(err) + ")";
+    return p;
+  }
+  // Intentionally never destroyed: it lives for the program, and CUDA's own teardown at exit
+  // must not race a destructor that frees device memory.
+  p.backend = new CudaBackend(device, prop, stream);
+  p.why = p.backend->name();
+  return p;
+}
+
+const Probe& probe() {
+  static const Probe p = probe_device();
+  return p;
+}
+
+// ---- benchmark timers --------------------------------------------------------------------------
+
+class EventTimer {
+ public:
+  EventTimer() {
+    KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KVS_CUDA_CHECK(cudaEventCreate(&start_));
+    KVS_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  cudaStream_t stream() const { return stream_; }
+  template <typename Launch>
+  double time(Launch&& launch) {
+    KVS_CUDA_CHECK(cudaEventRecord(start_, stream_));
+    launch();
+    KVS_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    KVS_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+void require_device() {
+  if (!probe().backend) throw std::runtime_error("no CUDA device: " + probe().why);
+  KVS_CUDA_CHECK(cudaSetDevice(0));
+}
+
+class WalkTimer final : public GpuOpTimer {
+ public:
+  explicit WalkTimer(const WalkBatch& b) {
+    args_ = cuda::upload_walk_batch(b, ws_, timer_.stream());
+    KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_walk_blocks(args_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::WalkWorkspace ws_;
+  cuda::WalkDeviceArgs args_;
+};
+
+class ErrorTimer final : public GpuOpTimer {
+ public:
+  explicit ErrorTimer(const ErrorBatch& b) {
+    cudaDeviceProp prop{};
+    KVS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    smem_optin_ = static_cast<int>(prop.sharedMemPerBlockOptin);
+    args_ = cuda::upload_error_batch(b, ws_, timer_.stream());
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_attention_errors(args_, smem_optin_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::ErrorWorkspace ws_;
+  cuda::ErrorDeviceArgs args_;
+  int smem_optin_ = 0;
+};
+
+class TsneTimer final : public GpuOpTimer {
+ public:
+  explicit TsneTimer(const TsneGradInput& in) {
+    args_ = cuda::upload_tsne_input(in, ws_, timer_.stream());
+    KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_tsne_gradient(args_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::TsneWorkspace ws_;
+  cuda::TsneDeviceArgs args_;
+};
+
+class KcenterTimer final : public GpuOpTimer {
+ public:
+  KcenterTimer(const float* x, int n, int d, int k, int first) {
+    args_ = cuda::upload_kcenter_input(x, n, d, k, first, ws_, timer_.stream());
+    KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_kcenter(args_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::KcenterWorkspace ws_;
+  cuda::KcenterDeviceArgs args_;
+};
+
+template <typename T, typename... Args>
+std::unique_ptr<GpuOpTimer> make_timer(Args&&... args) {
+  require_device();
+  try {
+    return std::make_unique<T>(std::forward<Args>(args)...);
+  } catch (const CudaFailure& e) {
+    throw std::runtime_error(e.what());
+  } catch (const Unsupported& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
+}  // namespace
+
+Backend* cuda_backend_instance(std::string* why) {
+  const Probe& p = probe();
+  if (why) *why = p.why;
+  return p.backend;
+}
+
+std::string cuda_last_fallback() {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  return g_last_fallback;
+}
+
+void cuda_fail_next_allocation_for_testing() {
+  cuda::g_fail_next_allocation = true;
+}
+
+std::unique_ptr<GpuOpTimer> cuda_walk_timer(const WalkBatch& batch) {
+  return make_timer<WalkTimer>(batch);
+}
+std::unique_ptr<GpuOpTimer> cuda_error_timer(const ErrorBatch& batch) {
+  return make_timer<ErrorTimer>(batch);
+}
+std::unique_ptr<GpuOpTimer> cuda_tsne_timer(const TsneGradInput& in) {
+  return make_timer<TsneTimer>(in);
+}
+std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int k, int first) {
+  return make_timer<KcenterTimer>(x, n, d, k, first);
 }
 
 }  // namespace kvscope

@@ -1,0 +1,422 @@
+// Weighted-attention error kernels; see attention_error.cuh for the design.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_error.cuh"
+
+namespace kvscope::cuda {
+namespace {
+
+constexpr int kWarps = kErrThreads / 32;
+static_assert(kErrKeys == 32, "the bookkeeping phase maps one key to one lane");
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// exp(old - now) for a running max that moved from `old` to `now` (0 when nothing was there).
+__device__ __forceinline__ float rescale(float old, float now) {
+  return old == -INFINITY ? 0.0f : expf(old - now);
+}
+
+// sum_{i<=j} ||v_i||^2 for each evaluation position j, per kv head, in double. One block per kv
+// head: a tree reduction over [0, n-E), then a sequential scan over the window (E is small).
+__global__ void v_sq_prefix_kernel(ErrorDeviceArgs a) {
+  const int kvh = blockIdx.x;
+  const float* v = a.values + static_cast<size_t>(kvh) * a.n * a.dv;
+  const int win = a.n - a.eval;
+  __shared__ double partial[kErrThreads];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < win; i += blockDim.x)
+    for (int c = 0; c < a.dv; ++c) {
+      const double x = v[static_cast<size_t>(i) * a.dv + c];
+      s += x * x;
+    }
+  partial[threadIdx.x] = s;
+  double* out = a.v_sq_prefix + static_cast<size_t>(kvh) * a.eval;
+  for (int e = threadIdx.x; e < a.eval; e += blockDim.x) {
+    double r = 0.0;
+    for (int c = 0; c < a.dv; ++c) {
+      const double x = v[static_cast<size_t>(win + e) * a.dv + c];
+      r += x * x;
+    }
+    out[e] = r;
+  }
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    double acc = partial[0];
+    for (int e = 0; e < a.eval; ++e) {
+      acc += out[e];
+      out[e] = acc;
+    }
+  }
+}
+
+// Shared memory layout of the main kernel (byte offsets; the double arrays come first so every
+// region stays 8-byte aligned).
+struct ErrSmem {
+  size_t state_d, state_f, q, s, px, pn, k, v, total;
+  __host__ __device__ ErrSmem(int d, int dv) {
+    state_d = 0;                                           // 4 x kErrQueries doubles
+    state_f = state_d + 4 * kErrQueries * sizeof(double);  // 5 x kErrQueries floats
+    q = state_f + 5 * kErrQueries * sizeof(float);         // kErrQueries x d
+    s = q + static_cast<size_t>(kErrQueries) * d * sizeof(float);
+    px = s + kErrQueries * kErrKeys * sizeof(float);
+    pn = px + kErrQueries * kErrKeys * sizeof(float);
+    k = pn + kErrQueries * kErrKeys * sizeof(float);  // kErrKeys x (d + 1), padded
+    k = (k + 7) / 8 * 8;
+    v = k + static_cast<size_t>(kErrKeys) * (d + 1) * sizeof(float);
+    const size_t tiles_end = v + static_cast<size_t>(kErrKeys) * dv * sizeof(float);
+    // The final reduction reuses the tile region for 2 x kErrQueries x dv doubles.
+    const size_t final_end = k + 2 * static_cast<size_t>(kErrQueries) * dv * sizeof(double);
+    total = tiles_end > final_end ? tiles_end : final_end;
+  }
+};
+
+template <int kMaxOut>  // outputs (query, dim) per thread: kErrQueries * dv / kErrThreads
+__global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDeviceArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const ErrSmem L(a.d, a.dv);
+  double* st_sx = reinterpret_cast<double*>(smem + L.state_d);  // exact normaliser
+  double* st_sq = st_sx + kErrQueries;                          // sum of squared exact weights
+  double* st_sd = st_sq + kErrQueries;                          // denominator of z
+  double* st_mass = st_sd + kErrQueries;                        // exact weight on the kept set
+  float* st_mx = reinterpret_cast<float*>(smem + L.state_f);    // running maxima
+  float* st_mn = st_mx + kErrQueries;
+  float* st_md = st_mn + kErrQueries;
+  float* st_ax = st_md + kErrQueries;  // this tile's rescale factors (exact, numerator)
+  float* st_an = st_ax + kErrQueries;
+  float* Qs = reinterpret_cast<float*>(smem + L.q);
+  float* S = reinterpret_cast<float*>(smem + L.s);
+  float* Px = reinterpret_cast<float*>(smem + L.px);
+  float* Pn = reinterpret_cast<float*>(smem + L.pn);
+  float* Ks = reinterpret_cast<float*>(smem + L.k);
+  float* Vs = reinterpret_cast<float*>(smem + L.v);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int qh = blockIdx.y;
+  const int kvh = qh / (a.q_heads / a.kv_heads);
+  const int e0 = blockIdx.x * kErrQueries;
+  const int nq = min(kErrQueries, a.eval - e0);
+  const int win = a.n - a.eval;
+  const int n_mid = win - a.sink;
+  const int j_last = win + e0 + nq - 1;
+  const int d = a.d, dv = a.dv, kpitch = d + 1;
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  const float* keys = a.keys + static_cast<size_t>(kvh) * a.n * d;
+  const float* values = a.values + static_cast<size_t>(kvh) * a.n * dv;
+  const float* lw_num = a.lw_num + static_cast<size_t>(kvh) * n_mid;
+  const float* lw_den = a.lw_den + static_cast<size_t>(kvh) * n_mid;
+
+  if (tid < kErrQueries) {
+    st_sx[tid] = st_sq[tid] = st_sd[tid] = st_mass[tid] = 0.0;
+    st_mx[tid] = st_mn[tid] = st_md[tid] = -INFINITY;
+  }
+  for (int e = tid; e < kErrQueries * d; e += kErrThreads) {
+    const int q = e / d;
+    Qs[e] = q < nq ? a.queries[(static_cast<size_t>(qh) * a.eval + e0 + q) * d + e % d] : 0.0f;
+  }
+
+  double acc_x[kMaxOut], acc_n[kMaxOut];
+#pragma unroll
+  for (int r = 0; r < kMaxOut; ++r) acc_x[r] = acc_n[r] = 0.0;
+
+  for (int k0 = 0; k0 <= j_last; k0 += kErrKeys) {
+    const int kt = min(kErrKeys, j_last + 1 - k0);
+    __syncthreads();  // the previous tile is consumed (and the set-up above is visible)
+    for (int e = tid; e < kErrKeys * d; e += kErrThreads) {
+      const int r = e / d, c = e % d;
+      Ks[r * kpitch + c] = r < kt ? keys[static_cast<size_t>(k0 + r) * d + c] : 0.0f;
+    }
+    for (int e = tid; e < kErrKeys * dv; e += kErrThreads)
+      Vs[e] = e < kt * dv ? values[static_cast<size_t>(k0) * dv + e] : 0.0f;
+    __syncthreads();
+
+    // Logits of every (query, key) pair of the tile; -inf where the key is after the query.
+    for (int p = tid; p < kErrQueries * kErrKeys; p += kErrThreads) {
+      const int q = p / kErrKeys, kk = p % kErrKeys;
+      const int i = k0 + kk, j = win + e0 + q;
+      float l = -INFINITY;
+      if (q < nq && kk < kt && i <= j) {
+        const float* qv = Qs + q * d;
+        const float* kv = Ks + kk * kpitch;
+        float dot = 0.0f;
+        for (int c = 0; c < d; ++c) dot = fmaf(qv[c], kv[c], dot);
+        l = dot * scale;
+      }
+      S[p] = l;
+    }
+    __syncthreads();
+
+    // Per query: the tile's weights against the running maxima, and the scalar sums.
+    for (int q = warp; q < kErrQueries; q += kWarps) {
+      const int i = k0 + lane;
+      const float l = S[q * kErrKeys + lane];
+      const bool valid = l > -INFINITY;
+      float lwn = -INFINITY, lwd = -INFINITY;
+      bool kept = false;
+      if (valid) {
+        if (i < a.sink || i >= win) {  // sinks and window: weight 1 in both sums
+          lwn = lwd = 0.0f;
+          kept = true;
+        } else {
+          lwn = lw_num[i - a.sink];
+          lwd = lw_den[i - a.sink];
+          kept = lwn > -INFINITY || lwd > -INFINITY;
+        }
+      }
+      const float ln = valid ? l + lwn : -INFINITY;
+      const float ld = valid ? l + lwd : -INFINITY;
+      const float old_x = st_mx[q], old_n = st_mn[q], old_d = st_md[q];
+      const float mx = fmaxf(old_x, warp_max(l));
+      const float mn = fmaxf(old_n, warp_max(ln));
+      const float md = fmaxf(old_d, warp_max(ld));
+      const float px = valid ? expf(l - mx) : 0.0f;
+      const float pn = ln > -INFINITY ? expf(ln - mn) : 0.0f;
+      const float pd = ld > -INFINITY ? expf(ld - md) : 0.0f;
+      Px[q * kErrKeys + lane] = px;
+      Pn[q * kErrKeys + lane] = pn;
+      const float sum_x = warp_sum(px), sum_sq = warp_sum(px * px), sum_d = warp_sum(pd);
+      const float sum_kept = warp_sum(kept ? px : 0.0f);
+      __syncwarp();
+      if (lane == 0) {
+        const float ax = rescale(old_x, mx), an = rescale(old_n, mn), ad = rescale(old_d, md);
+        st_sx[q] = st_sx[q] * ax + sum_x;
+        st_sq[q] = st_sq[q] * (static_cast<double>(ax) * ax) + sum_sq;
+        st_sd[q] = st_sd[q] * ad + sum_d;
+        st_mass[q] = st_mass[q] * ax + sum_kept;
+        st_mx[q] = mx;
+        st_mn[q] = mn;
+        st_md[q] = md;
+        st_ax[q] = ax;
+        st_an[q] = an;
+      }
+    }
+    __syncthreads();
+
+    // Output vectors: thread owns (query, dim) pairs o = tid + r * kErrThreads.
+#pragma unroll
+    for (int r = 0; r < kMaxOut; ++r) {
+      const int o = tid + r * kErrThreads;
+      if (o < kErrQueries * dv) {
+        const int q = o / dv, c = o % dv;
+        float sx = 0.0f, sn = 0.0f;
+        for (int kk = 0; kk < kt; ++kk) {
+          const float v = Vs[kk * dv + c];
+          sx = fmaf(Px[q * kErrKeys + kk], v, sx);
+          sn = fmaf(Pn[q * kErrKeys + kk], v, sn);
+        }
+        acc_x[r] = acc_x[r] * st_ax[q] + sx;
+        acc_n[r] = acc_n[r] * st_an[q] + sn;
+      }
+    }
+  }
+  __syncthreads();
+
+  // z_j = acc_n e^{mn} / (sd e^{md}); Attn_j = acc_x / sx. Squared differences per (query, dim)
+  // go to shared memory and are summed per query in a fixed order (deterministic).
+  double* fin_d2 = reinterpret_cast<double*>(smem + L.k);
+  double* fin_a2 = fin_d2 + kErrQueries * dv;
+#pragma unroll
+  for (int r = 0; r < kMaxOut; ++r) {
+    const int o = tid + r * kErrThreads;
+    if (o < kErrQueries * dv) {
+      const int q = o / dv;
+      double d2 = 0.0, a2 = 0.0;
+      if (q < nq) {
+        const double exact = acc_x[r] / st_sx[q];
+        const double approx = acc_n[r] * exp(static_cast<double>(st_mn[q]) - st_md[q]) / st_sd[q];
+        d2 = (approx - exact) * (approx - exact);
+        a2 = exact * exact;
+      }
+      fin_d2[o] = d2;
+      fin_a2[o] = a2;
+    }
+  }
+  __syncthreads();
+  for (int q = warp; q < nq; q += kWarps) {
+    double d2 = 0.0, a2 = 0.0;
+    for (int c = lane; c < dv; c += 32) {
+      d2 += fin_d2[q * dv + c];
+      a2 += fin_a2[q * dv + c];
+    }
+    d2 = warp_sum(d2);
+    a2 = warp_sum(a2);
+    if (lane == 0) {
+      const int e = e0 + q;
+      const double diff = sqrt(d2), exact_norm = sqrt(a2);
+      const double softmax_norm = sqrt(st_sq[q]) / st_sx[q];
+      const double v_frob = sqrt(a.v_sq_prefix[static_cast<size_t>(kvh) * a.eval + e]);
+      const size_t out = static_cast<size_t>(qh) * a.eval + e;
+      // As the CPU reference: a zero scale reports the absolute difference.
+      a.relative[out] = exact_norm > 0 ? diff / exact_norm : diff;
+      a.normalized[out] = v_frob > 0 ? diff / (softmax_norm * v_frob) : diff;
+      a.mass[out] = st_mass[q] / st_sx[q];
+    }
+  }
+}
+
+void check_set(const std::vector<int>& idx, const std::vector<float>& logw, int kvh, int mid_begin,
+               int mid_end, const char* which, std::vector<float>& dense) {
+  if (idx.size() != logw.size())
+    throw std::invalid_argument("attention_errors: kv head " + std::to_string(kvh) +
+                                ": indices and log weights differ in length");
+  for (size_t t = 0; t < idx.size(); ++t) {
+    const int i = idx[t];
+    if (i < mid_begin || i >= mid_end)
+      throw std::out_of_range(std::string(which) + " selection index " + std::to_string(i) +
+                              " is outside the middle [" + std::to_string(mid_begin) + ", " +
+                              std::to_string(mid_end) + ")");
+    float& slot = dense[static_cast<size_t>(i - mid_begin)];
+    if (slot != -std::numeric_limits<float>::infinity())
+      throw std::invalid_argument(std::string(which) + " selection holds token " +
+                                  std::to_string(i) + " twice");
+    slot = logw[t];
+  }
+}
+
+}  // namespace
+
+ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cudaStream_t stream) {
+  if (b.kv_heads <= 0 || b.q_heads <= 0 || b.q_heads % b.kv_heads != 0)
+    throw std::invalid_argument("attention_errors: " + std::to_string(b.q_heads) +
+                                " query heads do not form groups over " +
+                                std::to_string(b.kv_heads) + " kv heads");
+  if (b.n <= 0 || b.sink < 0 || b.eval <= 0 || b.sink + b.eval > b.n)
+    throw std::invalid_argument("attention: bad window n=" + std::to_string(b.n) +
+                                " s=" + std::to_string(b.sink) + " E=" + std::to_string(b.eval));
+  const auto kv = static_cast<size_t>(b.kv_heads);
+  if (b.keys.size() != kv || b.values.size() != kv || b.num_idx.size() != kv ||
+      b.den_idx.size() != kv || b.num_logw.size() != kv || b.den_logw.size() != kv ||
+      b.queries.size() != static_cast<size_t>(b.q_heads))
+    throw std::invalid_argument("attention_errors: per-head arrays do not match the head counts");
+  if (b.d <= 0 || b.dv <= 0) throw std::invalid_argument("attention_errors: d and dv must be > 0");
+  for (size_t h = 0; h < kv; ++h)
+    if (!b.keys[h] || !b.values[h])
+      throw std::invalid_argument("attention_errors: kv head " + std::to_string(h) +
+                                  " has no keys or values");
+  for (const float* q : b.queries)
+    if (!q) throw std::invalid_argument("attention_errors: a query head has no queries");
+
+  const size_t n = b.n, d = b.d, dv = b.dv, E = b.eval;
+  const int mid_begin = b.sink, mid_end = b.n - b.eval;
+  const size_t n_mid = static_cast<size_t>(mid_end - mid_begin);
+  std::vector<float> num(kv * n_mid, -std::numeric_limits<float>::infinity());
+  std::vector<float> den(num);
+  for (size_t h = 0; h < kv; ++h) {
+    std::vector<float> row(n_mid, -std::numeric_limits<float>::infinity());
+    check_set(b.num_idx[h], b.num_logw[h], static_cast<int>(h), mid_begin, mid_end, "numerator",
+              row);
+    std::copy(row.begin(), row.end(), num.begin() + h * n_mid);
+    row.assign(n_mid, -std::numeric_limits<float>::infinity());
+    check_set(b.den_idx[h], b.den_logw[h], static_cast<int>(h), mid_begin, mid_end, "denominator",
+              row);
+    std::copy(row.begin(), row.end(), den.begin() + h * n_mid);
+  }
+
+  ErrorDeviceArgs a;
+  a.n = b.n;
+  a.d = b.d;
+  a.dv = b.dv;
+  a.q_heads = b.q_heads;
+  a.kv_heads = b.kv_heads;
+  a.sink = b.sink;
+  a.eval = b.eval;
+  float* keys = ws.keys.reserve_as<float>(kv * n * d);
+  float* values = ws.values.reserve_as<float>(kv * n * dv);
+  float* queries = ws.queries.reserve_as<float>(b.q_heads * E * d);
+  float* lw_num = ws.lw_num.reserve_as<float>(std::max<size_t>(1, kv * n_mid));
+  float* lw_den = ws.lw_den.reserve_as<float>(std::max<size_t>(1, kv * n_mid));
+  double* v_sq = ws.v_sq.reserve_as<double>(kv * E);
+  double* out = ws.out.reserve_as<double>(3 * b.q_heads * E);
+  for (size_t h = 0; h < kv; ++h) {
+    KVS_CUDA_CHECK(cudaMemcpyAsync(keys + h * n * d, b.keys[h], n * d * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+    KVS_CUDA_CHECK(cudaMemcpyAsync(values + h * n * dv, b.values[h], n * dv * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+  }
+  for (size_t h = 0; h < static_cast<size_t>(b.q_heads); ++h)  // the evaluation rows only
+    KVS_CUDA_CHECK(cudaMemcpyAsync(queries + h * E * d, b.queries[h] + (n - E) * d,
+                                   E * d * sizeof(float), cudaMemcpyHostToDevice, stream));
+  if (n_mid > 0) {
+    KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, num.data(), num.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+    KVS_CUDA_CHECK(cudaMemcpyAsync(lw_den, den.data(), den.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+  }
+  // The host vectors die with this function: finish the copies first.
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  a.keys = keys;
+  a.values = values;
+  a.queries = queries;
+  a.lw_num = lw_num;
+  a.lw_den = lw_den;
+  a.v_sq_prefix = v_sq;
+  a.relative = out;
+  a.normalized = out + b.q_heads * E;
+  a.mass = out + 2 * b.q_heads * E;
+  return a;
+}
+
+size_t attention_error_smem_bytes(int d, int dv, int device_smem_optin) {
+  if (dv > kErrMaxDv || d <= 0 || dv <= 0) return 0;
+  const size_t bytes = ErrSmem(d, dv).total;
+  return bytes <= static_cast<size_t>(device_smem_optin) ? bytes : 0;
+}
+
+void launch_attention_errors(const ErrorDeviceArgs& a, int device_smem_optin, cudaStream_t stream) {
+  const size_t smem = attention_error_smem_bytes(a.d, a.dv, device_smem_optin);
+  if (smem == 0)
+    throw Unsupported("attention_errors: head dims d=" + std::to_string(a.d) +
+                      ", dv=" + std::to_string(a.dv) +
+                      " exceed what the CUDA kernel supports (dv <= " + std::to_string(kErrMaxDv) +
+                      ", shared memory)");
+  v_sq_prefix_kernel<<<a.kv_heads, kErrThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("v_sq_prefix_kernel");
+  const dim3 grid((a.eval + kErrQueries - 1) / kErrQueries, a.q_heads);
+  const int outputs_per_thread = (kErrQueries * a.dv + kErrThreads - 1) / kErrThreads;
+  if (outputs_per_thread <= 8) {
+    auto* k = attention_error_kernel<8>;
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    k<<<grid, kErrThreads, smem, stream>>>(a);
+  } else {
+    auto* k = attention_error_kernel<16>;
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    k<<<grid, kErrThreads, smem, stream>>>(a);
+  }
+  KVS_CUDA_CHECK_LAUNCH("attention_error_kernel");
+}
+
+void download_error_outputs(const ErrorDeviceArgs& a, const ErrorBatch& b, cudaStream_t stream) {
+  const size_t count = static_cast<size_t>(b.q_heads) * b.eval;
+  if (b.relative)
+    KVS_CUDA_CHECK(cudaMemcpyAsync(b.relative, a.relative, count * sizeof(double),
+                                   cudaMemcpyDeviceToHost, stream));
+  if (b.normalized)
+    KVS_CUDA_CHECK(cudaMemcpyAsync(b.normalized, a.normalized, count * sizeof(double),
+                                   cudaMemcpyDeviceToHost, stream));
+  if (b.mass)
+    KVS_CUDA_CHECK(
+        cudaMemcpyAsync(b.mass, a.mass, count * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace kvscope::cuda

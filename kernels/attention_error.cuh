@@ -1,0 +1,67 @@
+// Weighted-attention error on the GPU (DESIGN.md section 3, engine/backend.h ErrorBatch): for
+// every evaluation query j in [n-E, n) of every query head of one layer, the exact output
+// Attn_j over keys [0, j], the estimator z_j over sinks + selection + window [n-E, j] (separate
+// numerator and denominator sets, log weights as logit biases), and the three figures
+// cpu_attention_errors reports: relative error, the paper's normalised error, kept mass.
+//
+// One thread block per (query head, tile of kErrQueries consecutive evaluation queries). Keys and
+// values stream through shared memory in tiles of kErrKeys; each query keeps three running
+// log-sum-exp states (exact, numerator, denominator: flash-attention style online rescaling), so
+// there is no limit on n and nothing overflows. Logits and per-tile sums are float; everything
+// carried across tiles (output vectors, normalisers, masses) is double.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "engine/backend.h"
+#include "kernels/cuda_check.cuh"
+
+namespace kvscope::cuda {
+
+constexpr int kErrQueries = 16;  // evaluation queries per thread block
+constexpr int kErrKeys = 32;     // keys per shared-memory tile (one per lane)
+constexpr int kErrThreads = 256;
+constexpr int kErrMaxDv = 256;  // value dims the register accumulators are sized for
+
+struct ErrorDeviceArgs {
+  int n = 0, d = 0, dv = 0, q_heads = 0, kv_heads = 0, sink = 0, eval = 0;
+  const float* keys = nullptr;     // [kv_heads][n][d]
+  const float* values = nullptr;   // [kv_heads][n][dv]
+  const float* queries = nullptr;  // [q_heads][eval][d]: only the evaluation rows
+  const float* lw_num = nullptr;   // [kv_heads][n_mid], -inf where the token is not selected
+  const float* lw_den = nullptr;
+  double* v_sq_prefix = nullptr;  // [kv_heads][eval]: sum_{i<=j} ||v_i||^2 (filled on device)
+  double* relative = nullptr;     // [q_heads][eval]
+  double* normalized = nullptr;
+  double* mass = nullptr;
+};
+
+// Device copies of one ErrorBatch, reused across calls.
+struct ErrorWorkspace {
+  DeviceBuffer keys, values, queries, lw_num, lw_den, v_sq, out;
+  void release() {
+    keys.release();
+    values.release();
+    queries.release();
+    lw_num.release();
+    lw_den.release();
+    v_sq.release();
+    out.release();
+  }
+};
+
+// Checks `b` exactly as cpu_attention_errors does (same exception types and messages), uploads
+// it into `ws` and returns the device view. Selections become dense per-token log-weight rows.
+ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cudaStream_t stream);
+
+// Dynamic shared memory the main kernel needs for these shapes, or 0 when they are beyond what
+// this kernel supports (dv > kErrMaxDv, or more shared memory than the device allows).
+size_t attention_error_smem_bytes(int d, int dv, int device_smem_optin);
+
+// Enqueues the kernels; throws CudaFailure when a launch is rejected.
+void launch_attention_errors(const ErrorDeviceArgs& a, int device_smem_optin, cudaStream_t stream);
+
+// Copies the outputs back into the batch's (non-null) output arrays.
+void download_error_outputs(const ErrorDeviceArgs& a, const ErrorBatch& b, cudaStream_t stream);
+
+}  // namespace kvscope::cuda

@@ -1,0 +1,137 @@
+// Greedy k-center kernels; see kcenter.cuh.
+#include <algorithm>
+#include <climits>
+#include <string>
+
+#include "engine/error.h"
+#include "kernels/kcenter.cuh"
+
+namespace kvscope::cuda {
+namespace {
+
+constexpr int kKcThreads = 256;
+constexpr int kKcMaxBlocks = 1024;
+
+// (value, row) maximum with ties to the lower row.
+__device__ __forceinline__ bool better(double v, int i, double bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+// Block-wide argmax; every thread gets the result.
+__device__ void block_argmax(double v, int i, double* out_v, int* out_i) {
+  __shared__ double sv[kKcThreads];
+  __shared__ int si[kKcThreads];
+  sv[threadIdx.x] = v;
+  si[threadIdx.x] = i;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w &&
+        better(sv[threadIdx.x + w], si[threadIdx.x + w], sv[threadIdx.x], si[threadIdx.x])) {
+      sv[threadIdx.x] = sv[threadIdx.x + w];
+      si[threadIdx.x] = si[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  *out_v = sv[0];
+  *out_i = si[0];
+  __syncthreads();  // sv/si may be reused by the caller's next reduction
+}
+
+__global__ void __launch_bounds__(kKcThreads) kcenter_pick_kernel(KcenterDeviceArgs a, int pick) {
+  extern __shared__ float centre_row[];
+  int centre = a.first;
+  if (pick > 0) {
+    const double* prev_v = a.block_best + ((pick - 1) & 1) * a.blocks;
+    const int* prev_i = a.block_arg + ((pick - 1) & 1) * a.blocks;
+    double v = -INFINITY;
+    int i = INT_MAX;
+    for (int b = threadIdx.x; b < a.blocks; b += blockDim.x)
+      if (better(prev_v[b], prev_i[b], v, i)) {
+        v = prev_v[b];
+        i = prev_i[b];
+      }
+    double best_v;
+    block_argmax(v, i, &best_v, &centre);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) a.picks[pick] = centre;
+  for (int c = threadIdx.x; c < a.d; c += blockDim.x)
+    centre_row[c] = a.x[static_cast<size_t>(centre) * a.d + c];
+  __syncthreads();
+
+  double best_v = -INFINITY;
+  int best_i = INT_MAX;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += gridDim.x * blockDim.x) {
+    const float* xi = a.x + static_cast<size_t>(i) * a.d;
+    double d2 = 0.0;
+    for (int c = 0; c < a.d; ++c) {
+      const double diff = static_cast<double>(xi[c]) - static_cast<double>(centre_row[c]);
+      d2 += diff * diff;
+    }
+    // Chosen rows hold -1, which min() keeps; the new centre joins them.
+    double nearest = pick == 0 ? d2 : fmin(a.nearest[i], d2);
+    if (i == centre) nearest = -1.0;
+    a.nearest[i] = nearest;
+    if (better(nearest, i, best_v, best_i)) {
+      best_v = nearest;
+      best_i = i;
+    }
+  }
+  double bv;
+  int bi;
+  block_argmax(best_v, best_i, &bv, &bi);
+  if (threadIdx.x == 0) {
+    a.block_best[(pick & 1) * a.blocks + blockIdx.x] = bv;
+    a.block_arg[(pick & 1) * a.blocks + blockIdx.x] = bi;
+  }
+}
+
+}  // namespace
+
+KcenterDeviceArgs upload_kcenter_input(const float* x, int n, int d, int k, int first,
+                                       KcenterWorkspace& ws, cudaStream_t stream) {
+  if (n < 0 || d < 0) throw InputError("k-center: negative shape");
+  if (n > 0 && !x) throw InputError("k-center: no points given");
+  if (k < 0) throw InputError("k-center: k must be >= 0, got " + std::to_string(k));
+  KcenterDeviceArgs a;
+  if (n == 0 || k == 0) return a;  // k == 0: nothing to pick
+  if (first < 0 || first >= n)
+    throw InputError("k-center: first point " + std::to_string(first) + " is not a row of the " +
+                     std::to_string(n) + " points");
+  a.n = n;
+  a.d = d;
+  a.k = std::min(k, n);
+  a.first = first;
+  a.blocks = std::min(kKcMaxBlocks, (n + kKcThreads - 1) / kKcThreads);
+  const size_t count = static_cast<size_t>(n) * d;
+  float* dx = ws.x.reserve_as<float>(std::max<size_t>(count, 1));
+  if (count > 0)
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dx, x, count * sizeof(float), cudaMemcpyHostToDevice, stream));
+  a.x = dx;
+  a.nearest = ws.nearest.reserve_as<double>(n);
+  a.block_best = ws.best.reserve_as<double>(2 * a.blocks);
+  a.block_arg = ws.arg.reserve_as<int>(2 * a.blocks);
+  a.picks = ws.picks.reserve_as<int>(a.k);
+  return a;
+}
+
+void launch_kcenter(const KcenterDeviceArgs& a, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(a.d) * sizeof(float);
+  if (smem > 48 * 1024)
+    throw Unsupported("k-center: " + std::to_string(a.d) +
+                      " features exceed the CUDA kernel's shared-memory centre row");
+  for (int pick = 0; pick < a.k; ++pick) {
+    kcenter_pick_kernel<<<a.blocks, kKcThreads, smem, stream>>>(a, pick);
+    KVS_CUDA_CHECK_LAUNCH("kcenter_pick_kernel");
+  }
+}
+
+std::vector<int> download_kcenter_picks(const KcenterDeviceArgs& a, cudaStream_t stream) {
+  std::vector<int> picks(a.k);
+  if (a.k > 0)
+    KVS_CUDA_CHECK(
+        cudaMemcpyAsync(picks.data(), a.picks, a.k * sizeof(int), cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return picks;
+}
+
+}  // namespace kvscope::cuda

@@ -1,0 +1,175 @@
+// Exact t-SNE gradient kernels; see tsne_grad.cuh.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/tsne_grad.cuh"
+
+namespace kvscope::cuda {
+namespace {
+
+constexpr int kTsneThreads = 256;
+constexpr int kReduceThreads = 1024;
+
+// Repulsion and the row's share of Z: sum_{j != i} q_ij^2 (y_i - y_j) and sum_{j != i} q_ij.
+__global__ void __launch_bounds__(kTsneThreads) tsne_repulsive_kernel(TsneDeviceArgs a) {
+  __shared__ float2 tile[kTsneThreads];
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float2 yi = make_float2(0.0f, 0.0f);
+  if (i < a.n) yi = make_float2(a.y[2 * i], a.y[2 * i + 1]);
+  double fx = 0.0, fy = 0.0, z = 0.0;
+  for (int base = 0; base < a.n; base += kTsneThreads) {
+    const int j = base + threadIdx.x;
+    __syncthreads();
+    tile[threadIdx.x] = j < a.n ? make_float2(a.y[2 * j], a.y[2 * j + 1]) : make_float2(0.0f, 0.0f);
+    __syncthreads();
+    const int count = min(kTsneThreads, a.n - base);
+    float tfx = 0.0f, tfy = 0.0f, tz = 0.0f;
+    for (int t = 0; t < count; ++t) {
+      const float dx = yi.x - tile[t].x, dy = yi.y - tile[t].y;
+      float q = 1.0f / (1.0f + dx * dx + dy * dy);
+      q = (base + t == i) ? 0.0f : q;  // j == i is not a pair
+      tz += q;
+      tfx = fmaf(q * q, dx, tfx);
+      tfy = fmaf(q * q, dy, tfy);
+    }
+    fx += tfx;
+    fy += tfy;
+    z += tz;
+  }
+  if (i < a.n) {
+    a.rep[2 * i] = fx;
+    a.rep[2 * i + 1] = fy;
+    a.z_row[i] = z;
+  }
+}
+
+// Attraction over the sparse P and the row's KL pieces, in double like the CPU reference.
+__global__ void tsne_attractive_kernel(TsneDeviceArgs a) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.n) return;
+  const double xi = a.y[2 * i], yi = a.y[2 * i + 1];
+  double fx = 0.0, fy = 0.0, kl = 0.0, ps = 0.0;
+  for (int k = a.rowptr[i]; k < a.rowptr[i + 1]; ++k) {
+    const int j = a.col[k];
+    const double p = a.val[k];
+    const double dx = xi - a.y[2 * j], dy = yi - a.y[2 * j + 1];
+    const double q = 1.0 / (1.0 + dx * dx + dy * dy);
+    fx += p * q * dx;
+    fy += p * q * dy;
+    if (p > 0) kl += p * (log(p) - log(q));
+    ps += p;
+  }
+  a.attr[2 * i] = fx;
+  a.attr[2 * i + 1] = fy;
+  a.kl_row[i] = kl;
+  a.p_row[i] = ps;
+}
+
+// Z, the KL sum and the P total in a fixed order (one block: deterministic).
+__global__ void __launch_bounds__(kReduceThreads) tsne_totals_kernel(TsneDeviceArgs a) {
+  __shared__ double part[3][kReduceThreads];
+  double z = 0.0, kl = 0.0, ps = 0.0;
+  for (int i = threadIdx.x; i < a.n; i += blockDim.x) {
+    z += a.z_row[i];
+    kl += a.kl_row[i];
+    ps += a.p_row[i];
+  }
+  part[0][threadIdx.x] = z;
+  part[1][threadIdx.x] = kl;
+  part[2][threadIdx.x] = ps;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w)
+      for (int c = 0; c < 3; ++c) part[c][threadIdx.x] += part[c][threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    a.totals[0] = fmax(part[0][0], DBL_MIN);
+    a.totals[1] = part[1][0];
+    a.totals[2] = part[2][0];
+  }
+}
+
+__global__ void tsne_combine_kernel(TsneDeviceArgs a) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 2 * a.n) return;
+  const double z = a.totals[0];
+  a.grad[i] = static_cast<float>(4.0 * (a.exaggeration * a.attr[i] - a.rep[i] / z));
+}
+
+}  // namespace
+
+TsneDeviceArgs upload_tsne_input(const TsneGradInput& in, TsneWorkspace& ws, cudaStream_t stream) {
+  const int n = in.n;
+  if (n <= 0) throw std::invalid_argument("tsne_gradient: no points");
+  if (!in.y || !in.p_rowptr || (in.p_rowptr[n] > 0 && (!in.p_col || !in.p_val)))
+    throw std::invalid_argument("tsne_gradient: missing input array");
+  if (in.p_rowptr[0] != 0)
+    throw std::invalid_argument("tsne_gradient: P row pointer does not start at 0");
+  for (int i = 0; i < n; ++i)
+    if (in.p_rowptr[i + 1] < in.p_rowptr[i])
+      throw std::invalid_argument("tsne_gradient: P row pointer decreases at row " +
+                                  std::to_string(i));
+  const int nnz = in.p_rowptr[n];
+  for (int k = 0; k < nnz; ++k)
+    if (in.p_col[k] < 0 || in.p_col[k] >= n)
+      throw std::invalid_argument("tsne_gradient: P column " + std::to_string(in.p_col[k]) +
+                                  " is not one of the " + std::to_string(n) + " points");
+
+  TsneDeviceArgs a;
+  a.n = n;
+  a.exaggeration = in.exaggeration;
+  const size_t un = static_cast<size_t>(n);
+  float* y = ws.y.reserve_as<float>(2 * un);
+  int* rowptr = ws.rowptr.reserve_as<int>(un + 1);
+  int* col = ws.col.reserve_as<int>(std::max(nnz, 1));
+  float* val = ws.val.reserve_as<float>(std::max(nnz, 1));
+  double* scratch = ws.scratch.reserve_as<double>(7 * un);
+  KVS_CUDA_CHECK(cudaMemcpyAsync(y, in.y, 2 * un * sizeof(float), cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(
+      cudaMemcpyAsync(rowptr, in.p_rowptr, (un + 1) * sizeof(int), cudaMemcpyHostToDevice, stream));
+  if (nnz > 0) {
+    KVS_CUDA_CHECK(
+        cudaMemcpyAsync(col, in.p_col, nnz * sizeof(int), cudaMemcpyHostToDevice, stream));
+    KVS_CUDA_CHECK(
+        cudaMemcpyAsync(val, in.p_val, nnz * sizeof(float), cudaMemcpyHostToDevice, stream));
+  }
+  a.y = y;
+  a.rowptr = rowptr;
+  a.col = col;
+  a.val = val;
+  a.rep = scratch;
+  a.attr = scratch + 2 * un;
+  a.z_row = scratch + 4 * un;
+  a.kl_row = scratch + 5 * un;
+  a.p_row = scratch + 6 * un;
+  a.totals = ws.totals.reserve_as<double>(3);
+  a.grad = ws.grad.reserve_as<float>(2 * un);
+  return a;
+}
+
+void launch_tsne_gradient(const TsneDeviceArgs& a, cudaStream_t stream) {
+  const int blocks = (a.n + kTsneThreads - 1) / kTsneThreads;
+  tsne_repulsive_kernel<<<blocks, kTsneThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("tsne_repulsive_kernel");
+  tsne_attractive_kernel<<<blocks, kTsneThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("tsne_attractive_kernel");
+  tsne_totals_kernel<<<1, kReduceThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("tsne_totals_kernel");
+  tsne_combine_kernel<<<(2 * a.n + kTsneThreads - 1) / kTsneThreads, kTsneThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("tsne_combine_kernel");
+}
+
+double download_tsne_gradient(const TsneDeviceArgs& a, float* grad, cudaStream_t stream) {
+  double totals[3] = {0, 0, 0};
+  KVS_CUDA_CHECK(cudaMemcpyAsync(grad, a.grad, 2 * static_cast<size_t>(a.n) * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(totals, a.totals, sizeof(totals), cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return totals[1] + totals[2] * std::log(totals[0]);
+}
+
+}  // namespace kvscope::cuda

@@ -1,0 +1,274 @@
+// Practical BalanceKV walk kernels; see walk.cuh for the design.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/walk.cuh"
+
+namespace kvscope::cuda {
+namespace {
+
+constexpr int kTile = 8;                                            // 8x8 outputs per thread
+constexpr int kTileRows = kWalkFastRows / kTile;                    // 16 tile rows
+constexpr int kLowerTiles = kTileRows * (kTileRows + 1) / 2;        // 136 tiles with row >= col
+constexpr int kTriangle = kWalkFastRows * (kWalkFastRows + 1) / 2;  // packed lower triangle
+constexpr int kChunk = 16;                                          // feature dims staged per pass
+constexpr int kStagePitch = kWalkFastRows + 1;  // +1: conflict-free staging stores
+
+static_assert(kLowerTiles <= kWalkThreads, "one thread per lower-triangle tile");
+static_assert(kWalkFastRows <= kWalkThreads, "one thread per walked row");
+
+// Column-major packed lower triangle: column c holds rows c..kWalkFastRows-1, so at walk step i
+// the threads t > i read consecutive words K(t, i) (no bank conflicts).
+__device__ __forceinline__ int tri_index(int row, int col) {
+  return col * kWalkFastRows - (col * (col - 1)) / 2 + (row - col);
+}
+
+// Tile number -> (tile row, tile col) with row >= col, row-major over the lower triangle.
+__device__ __forceinline__ void lower_tile(int t, int* tr, int* tc) {
+  int r = static_cast<int>((sqrtf(8.0f * static_cast<float>(t) + 1.0f) - 1.0f) * 0.5f);
+  while (r * (r + 1) / 2 > t) --r;
+  while ((r + 1) * (r + 2) / 2 <= t) ++r;
+  *tr = r;
+  *tc = t - r * (r + 1) / 2;
+}
+
+// acc[a][b] = <x_{tr*8+a}, x_{tc*8+b}> over all `dim` features of the block's rows (zero rows
+// past `rows`). All threads must call it (it holds barriers); only `active` ones accumulate.
+__device__ void gram_tile(const float* __restrict__ x, int rows, int dim, float* stage, bool active,
+                          int tr, int tc, float acc[kTile][kTile]) {
+#pragma unroll
+  for (int a = 0; a < kTile; ++a)
+#pragma unroll
+    for (int b = 0; b < kTile; ++b) acc[a][b] = 0.0f;
+  for (int c0 = 0; c0 < dim; c0 += kChunk) {
+    const int width = min(kChunk, dim - c0);
+    __syncthreads();  // the previous chunk has been consumed
+    for (int e = threadIdx.x; e < kChunk * kWalkFastRows; e += blockDim.x) {
+      const int row = e / kChunk, k = e % kChunk;
+      float v = 0.0f;
+      if (row < rows && k < width) v = x[static_cast<size_t>(row) * dim + c0 + k];
+      stage[k * kStagePitch + row] = v;
+    }
+    __syncthreads();
+    if (!active) continue;
+    for (int k = 0; k < width; ++k) {
+      const float* s = stage + k * kStagePitch;
+      float ra[kTile], cb[kTile];
+#pragma unroll
+      for (int a = 0; a < kTile; ++a) {
+        ra[a] = s[tr * kTile + a];
+        cb[a] = s[tc * kTile + a];
+      }
+#pragma unroll
+      for (int a = 0; a < kTile; ++a)
+#pragma unroll
+        for (int b = 0; b < kTile; ++b) acc[a][b] = fmaf(ra[a], cb[b], acc[a][b]);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kWalkThreads) walk_fast_kernel(WalkDeviceArgs a) {
+  const int b = blockIdx.x;
+  const int off = a.block_offset[b];
+  const int rows = a.block_offset[b + 1] - off;
+  const int tid = threadIdx.x;
+  if (rows > kWalkFastRows) {
+    if (tid == 0) a.needs_exact[b] = 1;
+    return;
+  }
+  if (rows <= 0) {
+    if (tid == 0) a.needs_exact[b] = 0;
+    return;
+  }
+
+  __shared__ float tri[kTriangle];
+  __shared__ float stage[kChunk * kStagePitch];
+  __shared__ double sigma_s[kWalkFastRows];
+  __shared__ int overflow;
+  if (tid == 0) overflow = 0;
+
+  // The step's uniform is drawn up front by the row's owner (Philox is stateless).
+  double u = 0.0;
+  if (tid < rows)
+    u = counter_uniform(a.seed, kRandWalk, a.layer, a.block_head[b], a.round, a.block_id[b],
+                        static_cast<uint32_t>(tid));
+
+  int tr = 0, tc = 0;
+  if (tid < kLowerTiles) lower_tile(tid, &tr, &tc);
+  const bool active = tid < kLowerTiles && tr * kTile < rows;
+  // Same expression as the CPU reference: scale = temp / sqrt(d), exponent scale * <k,k> - beta.
+  const double scale = a.temp / sqrt(static_cast<double>(a.d));
+
+  float acc[kTile][kTile];
+  gram_tile(a.keys + static_cast<size_t>(off) * a.d, rows, a.d, stage, active, tr, tc, acc);
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < kTile; ++i)
+#pragma unroll
+      for (int j = 0; j < kTile; ++j) {
+        const int r = tr * kTile + i, c = tc * kTile + j;
+        if (r < rows && c <= r) {
+          const double arg = scale * static_cast<double>(acc[i][j]) - a.beta;
+          if (!(arg <= kWalkMaxFloatExp)) overflow = 1;  // also catches NaN
+          tri[tri_index(r, c)] = static_cast<float>(exp(arg));
+        }
+      }
+  }
+  gram_tile(a.values + static_cast<size_t>(off) * a.dv, rows, a.dv, stage, active, tr, tc, acc);
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < kTile; ++i)
+#pragma unroll
+      for (int j = 0; j < kTile; ++j) {
+        const int r = tr * kTile + i, c = tc * kTile + j;
+        if (r < rows && c <= r) {
+          const int at = tri_index(r, c);
+          tri[at] = static_cast<float>(static_cast<double>(tri[at]) *
+                                       (static_cast<double>(acc[i][j]) + a.value_bias));
+        }
+      }
+  }
+  __syncthreads();
+  const bool exact = overflow != 0;
+  if (tid == 0) a.needs_exact[b] = exact ? 1 : 0;
+  if (exact) return;  // uniform across the block: walk_exact_kernel redoes it in double
+
+  // The walk. Thread t < rows owns row t: running = sum_{j<t} K_tj sigma_j, in double, summed in
+  // the order j = 0, 1, ... as the CPU reference does.
+  double running = 0.0;
+  for (int i = 0; i < rows; ++i) {
+    if (tid == i) {
+      const double p = 0.5 - a.gamma * running;
+      const int s = walk_sign(i, p, u);
+      sigma_s[i] = static_cast<double>(s);
+      a.sigma[off + i] = static_cast<int8_t>(s);
+      if (a.p) a.p[off + i] = static_cast<float>(p);
+      if (a.partial) a.partial[off + i] = static_cast<float>(running);
+    }
+    __syncthreads();
+    if (tid > i && tid < rows)
+      running = fma(static_cast<double>(tri[tri_index(tid, i)]), sigma_s[i], running);
+  }
+}
+
+__global__ void __launch_bounds__(kWalkThreads) walk_exact_kernel(WalkDeviceArgs a) {
+  const int b = blockIdx.x;
+  if (!a.needs_exact[b]) return;
+  const int off = a.block_offset[b];
+  const int rows = a.block_offset[b + 1] - off;
+  const int tid = threadIdx.x;
+  double* running = a.exact_acc + off;
+  for (int t = tid; t < rows; t += blockDim.x) running[t] = 0.0;
+  __shared__ double sigma_i;
+  const double scale = a.temp / sqrt(static_cast<double>(a.d));
+  __syncthreads();
+  for (int i = 0; i < rows; ++i) {
+    if (tid == 0) {
+      const double sum = running[i];
+      const double p = 0.5 - a.gamma * sum;
+      const double u = counter_uniform(a.seed, kRandWalk, a.layer, a.block_head[b], a.round,
+                                       a.block_id[b], static_cast<uint32_t>(i));
+      const int s = walk_sign(i, p, u);
+      sigma_i = static_cast<double>(s);
+      a.sigma[off + i] = static_cast<int8_t>(s);
+      if (a.p) a.p[off + i] = static_cast<float>(p);
+      if (a.partial) a.partial[off + i] = static_cast<float>(sum);
+    }
+    __syncthreads();
+    const double s = sigma_i;
+    const float* ki = a.keys + static_cast<size_t>(off + i) * a.d;
+    const float* vi = a.values + static_cast<size_t>(off + i) * a.dv;
+    // Row i of K against every later row, one row per thread, all in double.
+    for (int t = i + 1 + tid; t < rows; t += blockDim.x) {
+      const float* kt = a.keys + static_cast<size_t>(off + t) * a.d;
+      const float* vt = a.values + static_cast<size_t>(off + t) * a.dv;
+      double kd = 0.0, vd = 0.0;
+      for (int c = 0; c < a.d; ++c) kd += static_cast<double>(kt[c]) * ki[c];
+      for (int c = 0; c < a.dv; ++c) vd += static_cast<double>(vt[c]) * vi[c];
+      const double k = exp(scale * kd - a.beta) * (vd + a.value_bias);
+      running[t] += k * s;
+    }
+    __syncthreads();  // running[i + 1] is complete before thread 0 reads it
+  }
+}
+
+}  // namespace
+
+WalkDeviceArgs upload_walk_batch(const WalkBatch& b, WalkWorkspace& ws, cudaStream_t stream) {
+  WalkDeviceArgs a;
+  if (b.num_blocks <= 0) return a;
+  if (!b.keys || !b.values || !b.block_offset || !b.block_head || !b.block_id || !b.sigma)
+    throw std::invalid_argument("cpu_walk_blocks: missing input or output array");
+  if (b.d <= 0 || b.dv <= 0) throw std::invalid_argument("cpu_walk_blocks: d and dv must be > 0");
+  if (b.block_offset[0] != 0)
+    throw Unsupported("walk_blocks: the first block does not start at row 0");
+  for (int i = 0; i < b.num_blocks; ++i)
+    if (b.block_offset[i + 1] < b.block_offset[i])
+      throw Unsupported("walk_blocks: block offsets decrease at block " + std::to_string(i));
+  const size_t total = static_cast<size_t>(b.block_offset[b.num_blocks]);
+  const size_t blocks = static_cast<size_t>(b.num_blocks);
+  a.d = b.d;
+  a.dv = b.dv;
+  a.num_blocks = b.num_blocks;
+  a.total_rows = static_cast<int>(total);
+  a.seed = b.seed;
+  a.layer = b.layer;
+  a.round = b.round;
+  a.gamma = b.gamma;
+  a.temp = b.temp;
+  a.beta = b.beta;
+  a.value_bias = b.value_bias;
+  float* keys = ws.keys.reserve_as<float>(total * b.d);
+  float* values = ws.values.reserve_as<float>(total * b.dv);
+  int* offsets = ws.offsets.reserve_as<int>(blocks + 1);
+  uint32_t* heads = ws.heads.reserve_as<uint32_t>(blocks);
+  uint32_t* ids = ws.ids.reserve_as<uint32_t>(blocks);
+  a.sigma = ws.sigma.reserve_as<int8_t>(total);
+  a.p = b.p ? ws.p.reserve_as<float>(total) : nullptr;
+  a.partial = b.partial ? ws.partial.reserve_as<float>(total) : nullptr;
+  a.needs_exact = ws.flags.reserve_as<int>(blocks);
+  a.exact_acc = ws.acc.reserve_as<double>(total);
+  KVS_CUDA_CHECK(
+      cudaMemcpyAsync(keys, b.keys, total * b.d * sizeof(float), cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(values, b.values, total * b.dv * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(offsets, b.block_offset, (blocks + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(heads, b.block_head, blocks * sizeof(uint32_t),
+                                 cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(
+      cudaMemcpyAsync(ids, b.block_id, blocks * sizeof(uint32_t), cudaMemcpyHostToDevice, stream));
+  a.keys = keys;
+  a.values = values;
+  a.block_offset = offsets;
+  a.block_head = heads;
+  a.block_id = ids;
+  return a;
+}
+
+void download_walk_outputs(const WalkDeviceArgs& a, const WalkBatch& b, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(a.total_rows);
+  if (a.num_blocks > 0 && total > 0) {
+    KVS_CUDA_CHECK(
+        cudaMemcpyAsync(b.sigma, a.sigma, total * sizeof(int8_t), cudaMemcpyDeviceToHost, stream));
+    if (b.p && a.p)
+      KVS_CUDA_CHECK(
+          cudaMemcpyAsync(b.p, a.p, total * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (b.partial && a.partial)
+      KVS_CUDA_CHECK(cudaMemcpyAsync(b.partial, a.partial, total * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream));
+  }
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void launch_walk_blocks(const WalkDeviceArgs& args, cudaStream_t stream) {
+  if (args.num_blocks <= 0) return;
+  walk_fast_kernel<<<args.num_blocks, kWalkThreads, 0, stream>>>(args);
+  KVS_CUDA_CHECK_LAUNCH("walk_fast_kernel");
+  walk_exact_kernel<<<args.num_blocks, kWalkThreads, 0, stream>>>(args);
+  KVS_CUDA_CHECK_LAUNCH("walk_exact_kernel");
+}
+
+}  // namespace kvscope::cuda
