@@ -78,4 +78,21 @@ struct CaptureData {
 // Writes .safetensors or .npz (chosen by extension) in `dtype`. Throws InputError on I/O failure.
 void write_capture(const std::string& path, const CaptureData& data, DType dtype = DType::F32);
 
+// Writes a capture one layer at a time, so memory stays bounded by one layer (synth, large
+// captures). `info` fixes the shapes (num_layers, q_heads, kv_heads, head_dim, value_dim,
+// num_tokens, has_queries), the tokens and the metadata; layers must then come in order 0, 1, ...
+// The file appears under `path` only when finish() succeeds.
+class CaptureWriter {
+ public:
+  static std::unique_ptr<CaptureWriter> create(const std::string& path, const CaptureInfo& info,
+                                               DType dtype = DType::F32);
+  virtual ~CaptureWriter() = default;
+  virtual void write_layer(const LayerData& layer) = 0;  // throws InputError on shape mismatch
+  virtual void finish() = 0;
+};
+
+// The __metadata__ strings a writer stores for `info` (format, model, shapes, rope, tokens,
+// prompt, source, synthetic), on top of any extra keys in info.metadata.
+std::map<std::string, std::string> capture_metadata(const CaptureInfo& info);
+
 }  // namespace kvscope

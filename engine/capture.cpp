@@ -1,0 +1,552 @@
+// CaptureFile (DESIGN.md 2.1): validates the capture layout on top of a container reader
+// (safetensors.cpp, npz.cpp), converts one layer at a time to float on demand and keeps the
+// most recently used layers in a small LRU cache.
+#include "engine/capture.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <list>
+#include <nlohmann/json.hpp>
+
+#include "engine/error.h"
+#include "engine/half.h"
+#include "engine/npz.h"
+#include "engine/safetensors.h"
+#include "engine/tensor_archive.h"
+
+namespace kvscope {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+std::vector<const MatrixF*> LayerData::group_queries(int kv) const {
+  std::vector<const MatrixF*> out;
+  if (queries.empty() || keys.empty() || kv < 0 || kv >= static_cast<int>(keys.size())) return out;
+  const int group = static_cast<int>(queries.size() / keys.size());
+  for (int h = kv * group; h < (kv + 1) * group && h < static_cast<int>(queries.size()); ++h)
+    out.push_back(&queries[h]);
+  return out;
+}
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int kMaxDimension = 1 << 24;  // sanity bound on head counts, dims and layer counts
+
+enum class TensorKind { Key, Value, Query };
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// "layers.{L}.{key,value,query}" -> (L, kind); other names are not capture tensors.
+bool parse_tensor_name(const std::string& name, int* layer, TensorKind* kind) {
+  static const std::string prefix = "layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size()) return false;
+  const char* first = name.data() + prefix.size();
+  const char* last = name.data() + dot;
+  if (last - first > 1 && *first == '0') return false;  // "layers.01.key" is not layer 1
+  auto [end, ec] = std::from_chars(first, last, *layer);
+  if (ec != std::errc() || end != last || *layer < 0) return false;
+  std::string rest = name.substr(dot + 1);
+  if (rest == "key")
+    *kind = TensorKind::Key;
+  else if (rest == "value")
+    *kind = TensorKind::Value;
+  else if (rest == "query")
+    *kind = TensorKind::Query;
+  else
+    return false;
+  return true;
+}
+
+class MetadataReader {
+ public:
+  MetadataReader(const TensorArchive& archive) : archive_(archive) {
+    where_ = archive.path() + ": " +
+             (std::string(archive.format_name()) == "npz" ? "metadata.json" : "__metadata__");
+  }
+  const std::string* find(const std::string& key) const {
+    auto it = archive_.metadata().find(key);
+    return it == archive_.metadata().end() ? nullptr : &it->second;
+  }
+  const std::string& required(const std::string& key) const {
+    const std::string* v = find(key);
+    if (!v) throw InputError(where_ + " has no \"" + key + "\" entry");
+    return *v;
+  }
+  int positive_int(const std::string& key) const {
+    const std::string& text = required(key);
+    int value = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size() || value <= 0 ||
+        value > kMaxDimension)
+      throw InputError(where_ + " entry \"" + key + "\" = \"" + text +
+                       "\" is not a positive integer");
+    return value;
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  const TensorArchive& archive_;
+  std::string where_;
+};
+
+struct LayerTensors {
+  int key = -1, value = -1, query = -1;  // indices into archive tensors()
+};
+
+class ArchiveCapture final : public CaptureFile {
+ public:
+  explicit ArchiveCapture(std::unique_ptr<TensorArchive> archive) : archive_(std::move(archive)) {
+    validate();
+  }
+
+  const CaptureInfo& info() const override { return info_; }
+
+  std::shared_ptr<const LayerData> layer(int L) override {
+    if (L < 0 || L >= info_.num_layers)
+      throw InputError(info_.path + ": layer " + std::to_string(L) + " out of range (capture has " +
+                       std::to_string(info_.num_layers) + " layers)");
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = cache_.find(L);
+      if (it != cache_.end()) {
+        touch(L);
+        return it->second;
+      }
+    }
+    // Load outside the lock so other layers stay available meanwhile; if two threads race for
+    // the same layer, the first insertion wins and the other copy is dropped.
+    std::shared_ptr<const LayerData> loaded = load(L);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(L);
+    if (it != cache_.end()) {
+      touch(L);
+      return it->second;
+    }
+    if (max_cached_ > 0) {
+      cache_[L] = loaded;
+      lru_.push_front(L);
+      evict();
+    }
+    return loaded;
+  }
+
+  long long resident_bytes() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    long long total = 0;
+    for (const auto& [index, data] : cache_) {
+      for (const MatrixF& m : data->keys) total += static_cast<long long>(m.size()) * 4;
+      for (const MatrixF& m : data->values) total += static_cast<long long>(m.size()) * 4;
+      for (const MatrixF& m : data->queries) total += static_cast<long long>(m.size()) * 4;
+    }
+    return total;
+  }
+
+  void set_max_cached_layers(int n) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    max_cached_ = std::max(0, n);
+    evict();
+  }
+
+ private:
+  void touch(int L) {
+    lru_.remove(L);
+    lru_.push_front(L);
+  }
+  void evict() {
+    while (static_cast<int>(lru_.size()) > max_cached_) {
+      cache_.erase(lru_.back());
+      lru_.pop_back();
+    }
+  }
+
+  std::string tensor_where(int index) const {
+    return info_.path + ": tensor " + archive_->tensors()[index].name;
+  }
+
+  // Checks a tensor's shape is [heads, n, dim]; n < 0 means "learn it from this tensor".
+  void check_shape(int index, int heads, const char* heads_key, int* n, int* dim,
+                   const char* dim_what) const {
+    const TensorDesc& t = archive_->tensors()[index];
+    const std::string where = tensor_where(index);
+    if (t.shape.size() != 3)
+      throw InputError(where + ": shape " + shape_string(t.shape) + " has rank " +
+                       std::to_string(t.shape.size()) + ", expected 3 [heads, tokens, dim]");
+    if (t.shape[0] != heads)
+      throw InputError(where + ": shape " + shape_string(t.shape) + " has " +
+                       std::to_string(t.shape[0]) + " heads but metadata " + heads_key + " = " +
+                       std::to_string(heads));
+    if (t.shape[1] > kMaxDimension || t.shape[2] > kMaxDimension)
+      throw InputError(where + ": shape " + shape_string(t.shape) + " is implausibly large");
+    if (*n < 0) {
+      *n = static_cast<int>(t.shape[1]);
+    } else if (t.shape[1] != *n) {
+      throw InputError(where + ": shape " + shape_string(t.shape) + " has " +
+                       std::to_string(t.shape[1]) + " tokens but layers.0.key has " +
+                       std::to_string(*n));
+    }
+    if (*dim < 0) {
+      *dim = static_cast<int>(t.shape[2]);
+    } else if (t.shape[2] != *dim) {
+      throw InputError(where + ": shape " + shape_string(t.shape) + " has " + dim_what + " " +
+                       std::to_string(t.shape[2]) + ", expected " + std::to_string(*dim));
+    }
+  }
+
+  void validate() {
+    const TensorArchive& a = *archive_;
+    info_.path = a.path();
+    info_.file_format = a.format_name();
+    info_.file_bytes = static_cast<long long>(a.file_bytes());
+    MetadataReader meta(a);
+    if (!a.has_metadata())
+      throw InputError(meta.where() +
+                       " is missing: a KVScope capture needs format, num_layers, q_heads, "
+                       "kv_heads, head_dim and tokens");
+    info_.metadata = a.metadata();
+    const std::string& format = meta.required("format");
+    if (format != "kvscope/1")
+      throw InputError(meta.where() + " entry \"format\" = \"" + format +
+                       "\", expected \"kvscope/1\"");
+    info_.format = format;
+    info_.num_layers = meta.positive_int("num_layers");
+    info_.q_heads = meta.positive_int("q_heads");
+    info_.kv_heads = meta.positive_int("kv_heads");
+    info_.head_dim = meta.positive_int("head_dim");
+    if (info_.q_heads % info_.kv_heads != 0)
+      throw InputError(meta.where() + ": q_heads = " + std::to_string(info_.q_heads) +
+                       " is not a multiple of kv_heads = " + std::to_string(info_.kv_heads));
+    if (const std::string* rope = meta.find("rope"); rope && *rope != "applied")
+      throw InputError(meta.where() + " entry \"rope\" = \"" + *rope +
+                       "\": KVScope needs keys and queries after RoPE (\"applied\")");
+    if (const std::string* v = meta.find("model")) info_.model = *v;
+    if (const std::string* v = meta.find("prompt")) info_.prompt = *v;
+    if (const std::string* v = meta.find("source")) info_.source = *v;
+    if (const std::string* v = meta.find("synthetic")) info_.synthetic = (*v == "true");
+
+    const std::string& tokens_text = meta.required("tokens");
+    try {
+      json tokens = json::parse(tokens_text);
+      if (!tokens.is_array()) throw InputError("");
+      for (const json& t : tokens) {
+        if (!t.is_string()) throw InputError("");
+        info_.tokens.push_back(t.get<std::string>());
+      }
+    } catch (const std::exception&) {
+      throw InputError(meta.where() + " entry \"tokens\" is not a JSON array of strings");
+    }
+
+    // Sort the tensors into layers.
+    layers_.assign(info_.num_layers, LayerTensors{});
+    bool any_query = false;
+    for (size_t i = 0; i < a.tensors().size(); ++i) {
+      int L = 0;
+      TensorKind kind{};
+      if (!parse_tensor_name(a.tensors()[i].name, &L, &kind)) continue;  // extra tensors: ignored
+      if (L >= info_.num_layers)
+        throw InputError(tensor_where(static_cast<int>(i)) + ": layer " + std::to_string(L) +
+                         " but metadata num_layers = " + std::to_string(info_.num_layers));
+      int& slot = kind == TensorKind::Key     ? layers_[L].key
+                  : kind == TensorKind::Value ? layers_[L].value
+                                              : layers_[L].query;
+      slot = static_cast<int>(i);
+      any_query |= kind == TensorKind::Query;
+    }
+    for (int L = 0; L < info_.num_layers; ++L) {
+      const std::string missing = info_.path + ": missing tensor layers." + std::to_string(L) + ".";
+      const std::string why = " (metadata num_layers = " + std::to_string(info_.num_layers) + ")";
+      if (layers_[L].key < 0) throw InputError(missing + "key" + why);
+      if (layers_[L].value < 0) throw InputError(missing + "value" + why);
+      if (any_query && layers_[L].query < 0)
+        throw InputError(missing + "query (other layers have queries; all or none must)");
+    }
+    info_.has_queries = any_query;
+
+    int n = -1, d = info_.head_dim, dv = -1;
+    for (int L = 0; L < info_.num_layers; ++L) {
+      check_shape(layers_[L].key, info_.kv_heads, "kv_heads", &n, &d,
+                  "head dim (metadata head_dim)");
+      check_shape(layers_[L].value, info_.kv_heads, "kv_heads", &n, &dv, "value dim");
+      if (any_query)
+        check_shape(layers_[L].query, info_.q_heads, "q_heads", &n, &d,
+                    "head dim (metadata head_dim)");
+    }
+    if (n <= 0) throw InputError(tensor_where(layers_[0].key) + ": capture has no tokens");
+    if (dv <= 0) throw InputError(tensor_where(layers_[0].value) + ": value dim is 0");
+    info_.num_tokens = n;
+    info_.value_dim = dv;
+    if (static_cast<int>(info_.tokens.size()) != n)
+      throw InputError(meta.where() + " entry \"tokens\" has " +
+                       std::to_string(info_.tokens.size()) +
+                       " token strings but the tensors have " + std::to_string(n) + " tokens");
+    info_.dtype = a.tensors()[layers_[0].key].dtype;
+  }
+
+  // Converts tensor `index` ([heads, n, dim]) to one float matrix per head, recording heads with
+  // NaN/Inf in `bad` (message per head, empty when finite).
+  void convert(int index, std::vector<MatrixF>* out, std::vector<std::string>* bad) const {
+    const TensorDesc& t = archive_->tensors()[index];
+    const int heads = static_cast<int>(t.shape[0]);
+    const int64_t rows = t.shape[1], cols = t.shape[2];
+    std::vector<uint8_t> scratch;
+    const uint8_t* bytes = archive_->tensor_bytes(index, scratch);
+    const size_t per_head = static_cast<size_t>(rows * cols);
+    out->assign(heads, MatrixF());
+    bad->assign(heads, std::string());
+    for (int h = 0; h < heads; ++h) {
+      MatrixF& m = (*out)[h];
+      m.resize(rows, cols);
+      float* dst = m.data();
+      const uint8_t* src = bytes + static_cast<size_t>(h) * per_head * dtype_size(t.dtype);
+      if (t.dtype == DType::F32) {
+        std::memcpy(dst, src, per_head * 4);
+      } else {
+        for (size_t i = 0; i < per_head; ++i) {
+          uint16_t half;
+          std::memcpy(&half, src + 2 * i, 2);
+          dst[i] = t.dtype == DType::F16 ? f16_to_float(half) : bf16_to_float(half);
+        }
+      }
+      if (!m.allFinite()) {
+        for (size_t i = 0; i < per_head; ++i) {
+          if (!std::isfinite(dst[i])) {
+            (*bad)[h] = std::string(std::isnan(dst[i]) ? "NaN" : "Inf") + " at token " +
+                        std::to_string(i / cols) + ", channel " + std::to_string(i % cols);
+            break;
+          }
+        }
+      }
+    }
+    archive_->release(index);
+  }
+
+  std::shared_ptr<const LayerData> load(int L) const {
+    auto data = std::make_shared<LayerData>();
+    data->layer = L;
+    data->refused.assign(info_.kv_heads, std::string());
+    auto refuse = [&](int kv, const std::string& reason) {
+      std::string& r = data->refused[kv];
+      r += (r.empty() ? "" : "; ") + reason;
+    };
+    std::vector<std::string> bad;
+    const LayerTensors& t = layers_[L];
+    convert(t.key, &data->keys, &bad);
+    for (int h = 0; h < info_.kv_heads; ++h)
+      if (!bad[h].empty())
+        refuse(h, tensor_where(t.key) + ": kv head " + std::to_string(h) + " has " + bad[h] +
+                      "; head refused");
+    convert(t.value, &data->values, &bad);
+    for (int h = 0; h < info_.kv_heads; ++h)
+      if (!bad[h].empty())
+        refuse(h, tensor_where(t.value) + ": kv head " + std::to_string(h) + " has " + bad[h] +
+                      "; head refused");
+    if (t.query >= 0) {
+      convert(t.query, &data->queries, &bad);
+      for (int h = 0; h < info_.q_heads; ++h)
+        if (!bad[h].empty())
+          refuse(info_.kv_head_of(h), tensor_where(t.query) + ": query head " + std::to_string(h) +
+                                          " has " + bad[h] + "; kv head " +
+                                          std::to_string(info_.kv_head_of(h)) + " refused");
+    }
+    return data;
+  }
+
+  std::unique_ptr<TensorArchive> archive_;
+  CaptureInfo info_;
+  std::vector<LayerTensors> layers_;
+
+  mutable std::mutex mutex_;
+  std::map<int, std::shared_ptr<const LayerData>> cache_;
+  std::list<int> lru_;  // most recently used first
+  int max_cached_ = 4;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  if (s.size() < suffix.size()) return false;
+  for (size_t i = 0; i < suffix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(s[s.size() - suffix.size() + i])) != suffix[i])
+      return false;
+  return true;
+}
+
+bool is_npz_path(const std::string& path) {
+  return ends_with(path, ".npz");
+}
+
+// ---- writing
+
+void append_converted(TensorFileWriter& out, const MatrixF& m, DType dtype,
+                      std::vector<uint16_t>& buffer) {
+  const size_t count = static_cast<size_t>(m.size());
+  if (dtype == DType::F32) {
+    out.append(m.data(), count * 4);
+    return;
+  }
+  buffer.resize(count);
+  const float* src = m.data();
+  if (dtype == DType::F16) {
+    for (size_t i = 0; i < count; ++i) buffer[i] = float_to_f16(src[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) buffer[i] = float_to_bf16(src[i]);
+  }
+  out.append(buffer.data(), count * 2);
+}
+
+class StreamingCaptureWriter final : public CaptureWriter {
+ public:
+  StreamingCaptureWriter(const std::string& path, const CaptureInfo& info, DType dtype)
+      : path_(path), info_(info), dtype_(dtype) {
+    const std::string where = path + ": cannot write capture: ";
+    if (info_.value_dim <= 0) info_.value_dim = info_.head_dim;
+    if (info_.num_layers <= 0 || info_.kv_heads <= 0 || info_.q_heads <= 0 || info_.head_dim <= 0 ||
+        info_.num_tokens <= 0)
+      throw InputError(where + "num_layers, q_heads, kv_heads, head_dim and tokens must be > 0");
+    if (info_.q_heads % info_.kv_heads != 0)
+      throw InputError(where + "q_heads = " + std::to_string(info_.q_heads) +
+                       " is not a multiple of kv_heads = " + std::to_string(info_.kv_heads));
+    if (static_cast<int>(info_.tokens.size()) != info_.num_tokens)
+      throw InputError(where + std::to_string(info_.tokens.size()) + " token strings for " +
+                       std::to_string(info_.num_tokens) + " tokens");
+    std::vector<TensorPlan> plan;
+    const int64_t n = info_.num_tokens;
+    for (int L = 0; L < info_.num_layers; ++L) {
+      const std::string prefix = "layers." + std::to_string(L) + ".";
+      plan.push_back({prefix + "key", dtype, {info_.kv_heads, n, info_.head_dim}});
+      plan.push_back({prefix + "value", dtype, {info_.kv_heads, n, info_.value_dim}});
+      if (info_.has_queries)
+        plan.push_back({prefix + "query", dtype, {info_.q_heads, n, info_.head_dim}});
+    }
+    const auto metadata = capture_metadata(info_);
+    out_ = is_npz_path(path) ? create_npz_writer(path, metadata, plan)
+                             : create_safetensors_writer(path, metadata, plan);
+  }
+
+  void write_layer(const LayerData& layer) override {
+    const std::string where = path_ + ": cannot write layer " + std::to_string(next_layer_) + ": ";
+    if (next_layer_ >= info_.num_layers)
+      throw InputError(where + "all " + std::to_string(info_.num_layers) +
+                       " layers already written");
+    check(layer.keys, info_.kv_heads, info_.head_dim, "key", where);
+    check(layer.values, info_.kv_heads, info_.value_dim, "value", where);
+    if (info_.has_queries) check(layer.queries, info_.q_heads, info_.head_dim, "query", where);
+    for (const MatrixF& m : layer.keys) append_converted(*out_, m, dtype_, buffer_);
+    for (const MatrixF& m : layer.values) append_converted(*out_, m, dtype_, buffer_);
+    if (info_.has_queries)
+      for (const MatrixF& m : layer.queries) append_converted(*out_, m, dtype_, buffer_);
+    ++next_layer_;
+  }
+
+  void finish() override {
+    if (next_layer_ != info_.num_layers)
+      throw InputError(path_ + ": cannot finish capture: " + std::to_string(next_layer_) + " of " +
+                       std::to_string(info_.num_layers) + " layers written");
+    out_->finish();
+  }
+
+ private:
+  void check(const std::vector<MatrixF>& heads, int count, int cols, const char* what,
+             const std::string& where) const {
+    if (static_cast<int>(heads.size()) != count)
+      throw InputError(where + std::to_string(heads.size()) + " " + what + " heads, expected " +
+                       std::to_string(count));
+    for (size_t h = 0; h < heads.size(); ++h)
+      if (heads[h].rows() != info_.num_tokens || heads[h].cols() != cols)
+        throw InputError(where + what + " head " + std::to_string(h) + " is " +
+                         std::to_string(heads[h].rows()) + " x " + std::to_string(heads[h].cols()) +
+                         ", expected " + std::to_string(info_.num_tokens) + " x " +
+                         std::to_string(cols));
+  }
+
+  std::string path_;
+  CaptureInfo info_;
+  DType dtype_;
+  std::unique_ptr<TensorFileWriter> out_;
+  std::vector<uint16_t> buffer_;
+  int next_layer_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CaptureFile> open_capture_archive(std::unique_ptr<TensorArchive> archive) {
+  return std::make_unique<ArchiveCapture>(std::move(archive));
+}
+
+std::unique_ptr<CaptureFile> CaptureFile::open(const std::string& path) {
+  std::shared_ptr<const MappedFile> file = MappedFile::open(path);
+  // Zip archives start with a local file header (or, when empty, the end record).
+  const bool zip_magic = file->size() >= 4 && file->data()[0] == 'P' && file->data()[1] == 'K' &&
+                         ((file->data()[2] == 3 && file->data()[3] == 4) ||
+                          (file->data()[2] == 5 && file->data()[3] == 6));
+  const bool npz = is_npz_path(path) || (!ends_with(path, ".safetensors") && zip_magic);
+  return open_capture_archive(npz ? open_npz(std::move(file)) : open_safetensors(std::move(file)));
+}
+
+std::map<std::string, std::string> capture_metadata(const CaptureInfo& info) {
+  std::map<std::string, std::string> m = info.metadata;
+  const bool synthetic = info.synthetic || (m.count("synthetic") && m["synthetic"] == "true");
+  m["format"] = "kvscope/1";
+  m["model"] = info.model;
+  m["num_layers"] = std::to_string(info.num_layers);
+  m["q_heads"] = std::to_string(info.q_heads);
+  m["kv_heads"] = std::to_string(info.kv_heads);
+  m["head_dim"] = std::to_string(info.head_dim);
+  m["rope"] = "applied";
+  // Token strings may hold partial UTF-8 (byte tokens); replace invalid bytes rather than fail.
+  m["tokens"] = json(info.tokens).dump(-1, ' ', false, json::error_handler_t::replace);
+  m["prompt"] = info.prompt;
+  m["source"] = info.source;
+  if (synthetic)
+    m["synthetic"] = "true";
+  else
+    m.erase("synthetic");
+  return m;
+}
+
+std::unique_ptr<CaptureWriter> CaptureWriter::create(const std::string& path,
+                                                     const CaptureInfo& info, DType dtype) {
+  return std::make_unique<StreamingCaptureWriter>(path, info, dtype);
+}
+
+void write_capture(const std::string& path, const CaptureData& data, DType dtype) {
+  // Shapes come from the tensors themselves; info supplies the text fields (and q_heads when
+  // there are no queries to count).
+  CaptureInfo info = data.info;
+  const std::string where = path + ": cannot write capture: ";
+  if (data.layers.empty()) throw InputError(where + "no layers");
+  const LayerData& first = data.layers[0];
+  if (first.keys.empty() || first.values.empty()) throw InputError(where + "layer 0 has no heads");
+  info.num_layers = static_cast<int>(data.layers.size());
+  info.kv_heads = static_cast<int>(first.keys.size());
+  info.head_dim = static_cast<int>(first.keys[0].cols());
+  info.value_dim = static_cast<int>(first.values[0].cols());
+  info.num_tokens = static_cast<int>(first.keys[0].rows());
+  info.has_queries = !first.queries.empty();
+  if (info.has_queries)
+    info.q_heads = static_cast<int>(first.queries.size());
+  else if (info.q_heads <= 0)
+    info.q_heads = info.kv_heads;
+  auto writer = CaptureWriter::create(path, info, dtype);
+  for (const LayerData& layer : data.layers) writer->write_layer(layer);
+  writer->finish();
+}
+
+}  // namespace kvscope

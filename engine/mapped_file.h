@@ -1,0 +1,45 @@
+// A read-only view of a whole file's bytes: memory-mapped for real files (so a 2 GiB capture
+// costs nothing until a layer is read), or an owned buffer for bytes already in memory (tests,
+// the fuzz target). Readers index into data() only after checking ranges against size().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvscope {
+
+class MappedFile {
+ public:
+  // Throws InputError naming the file when it cannot be opened or mapped.
+  static std::shared_ptr<const MappedFile> open(const std::string& path);
+  // Wraps bytes in memory; `name` stands for the file in error messages.
+  static std::shared_ptr<const MappedFile> from_bytes(std::vector<uint8_t> bytes,
+                                                      const std::string& name);
+
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  bool is_mapped() const { return mapping_ != nullptr; }
+
+  // Tells the kernel the process is done with [offset, offset + length) for now: the pages
+  // leave this process's resident set (the page cache may keep them). Keeps RSS bounded by the
+  // layers converted to float, not by the layers ever read. No-op for in-memory bytes.
+  void release(size_t offset, size_t length) const;
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  void* mapping_ = nullptr;
+  std::vector<uint8_t> owned_;
+};
+
+}  // namespace kvscope
