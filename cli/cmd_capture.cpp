@@ -1,4 +1,6 @@
 // kvscope-cli capture: run a llama2.c checkpoint on the CPU and write a capture (DESIGN.md 2.2).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -57,15 +59,18 @@ void run_capture(const CaptureOptions& o) {
   options.topp = o.topp;
   options.seed = o.seed;
   // The generated text goes to stdout as it appears (as run.c prints it); progress to stderr.
-  const int progress_every = std::max(1, o.steps / 10);
+  // On a terminal the counter rewrites one line; in a log it prints every tenth of the run.
+  const bool terminal = isatty(fileno(stderr)) != 0;
+  const int progress_every = terminal ? 1 : std::max(1, o.steps / 10);
   options.on_token = [&](int pos, int, const std::string&) {
     if (!o.quiet && ((pos + 1) % progress_every == 0 || pos + 1 == o.steps)) {
-      std::fprintf(stderr, "\r[%d/%d positions]", pos + 1, o.steps);
+      std::fprintf(stderr, terminal ? "\r[%d/%d positions]" : "[%d/%d positions]\n", pos + 1,
+                   o.steps);
       std::fflush(stderr);
     }
   };
   const llama2c::Generation generation = llama2c::generate(model, tokenizer, o.prompt, options);
-  if (!o.quiet) std::fprintf(stderr, "\n");
+  if (!o.quiet && terminal) std::fprintf(stderr, "\n");
   std::printf("%s\n", generation.decoded.c_str());
 
   const std::string sampling = o.temperature == 0.0f
