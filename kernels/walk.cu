@@ -109,10 +109,14 @@ __global__ void __launch_bounds__(kWalkThreads) walk_fast_kernel(WalkDeviceArgs 
 #pragma unroll
       for (int j = 0; j < kTile; ++j) {
         const int r = tr * kTile + i, c = tc * kTile + j;
-        if (r < rows && c <= r) {
+        if (r < rows && c < r) {
           const double arg = scale * static_cast<double>(acc[i][j]) - a.beta;
           if (!(arg <= kWalkMaxFloatExp)) overflow = 1;  // also catches NaN
           tri[tri_index(r, c)] = static_cast<float>(exp(arg));
+        } else if (r == c && r < rows) {
+          // The diagonal K_ii is never used by the walk (it would only trip the overflow check
+          // for long keys: |k|^2 / sqrt(d) is large for real heads).
+          tri[tri_index(r, c)] = 0.0f;
         }
       }
   }
@@ -123,7 +127,7 @@ __global__ void __launch_bounds__(kWalkThreads) walk_fast_kernel(WalkDeviceArgs 
 #pragma unroll
       for (int j = 0; j < kTile; ++j) {
         const int r = tr * kTile + i, c = tc * kTile + j;
-        if (r < rows && c <= r) {
+        if (r < rows && c < r) {
           const int at = tri_index(r, c);
           tri[at] = static_cast<float>(static_cast<double>(tri[at]) *
                                        (static_cast<double>(acc[i][j]) + a.value_bias));

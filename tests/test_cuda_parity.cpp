@@ -1,0 +1,420 @@
+// CUDA backend against the CPU reference (DESIGN.md section 7): the same random inputs through
+// cpu_backend() and the CUDA backend. Walk signs agree except for rare draws that land within
+// float rounding of p_i, attention errors within 1e-4 relative, the t-SNE gradient closely,
+// k-center picks exactly on well-separated data. Every device test skips with a message when no
+// CUDA device is present; the probe's "no device" path itself is tested everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cpu_ops.h"
+#include "engine/error.h"
+#include "engine/random.h"
+
+#ifdef KVSCOPE_HAVE_CUDA
+#include "kernels/cuda_backend.h"
+#endif
+
+using namespace kvscope;
+
+namespace {
+
+Backend* gpu_or_null(std::string* why) {
+  if (!cuda_available(why)) return nullptr;
+  return &select_backend("cuda");
+}
+
+#define REQUIRE_GPU(var)                  \
+  std::string why_##var;                  \
+  Backend* var = gpu_or_null(&why_##var); \
+  if (!var) GTEST_SKIP() << "no CUDA device: " << why_##var;
+
+std::vector<float> normal(size_t count, double sd, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, static_cast<float>(sd));
+  std::vector<float> out(count);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Walk inputs: blocks of several lengths: full 128-row blocks and a short tail (the fast kernel),
+// a 200-row block and a block with huge logits (both on the exact double kernel).
+struct WalkCase {
+  int d = 48, dv = 40;
+  std::vector<float> keys, values;
+  std::vector<int> offset{0};
+  std::vector<uint32_t> head, id;
+  int rows() const { return offset.back(); }
+
+  void add_block(int len, uint32_t h, uint32_t b, double key_sd, uint32_t seed) {
+    std::vector<float> k = normal(static_cast<size_t>(len) * d, key_sd, seed);
+    // Centre the keys within the block, as the practical walk does before calling the backend.
+    for (int c = 0; c < d; ++c) {
+      double mean = 0;
+      for (int r = 0; r < len; ++r) mean += k[static_cast<size_t>(r) * d + c];
+      mean /= len;
+      for (int r = 0; r < len; ++r) k[static_cast<size_t>(r) * d + c] -= static_cast<float>(mean);
+    }
+    const std::vector<float> v = normal(static_cast<size_t>(len) * dv, 0.12, seed + 1);
+    keys.insert(keys.end(), k.begin(), k.end());
+    values.insert(values.end(), v.begin(), v.end());
+    offset.push_back(offset.back() + len);
+    head.push_back(h);
+    id.push_back(b);
+  }
+
+  WalkBatch batch(std::vector<int8_t>& sigma, std::vector<float>& p, std::vector<float>& partial,
+                  uint64_t seed) const {
+    sigma.assign(rows(), 0);
+    p.assign(rows(), NAN);
+    partial.assign(rows(), NAN);
+    WalkBatch b;
+    b.d = d;
+    b.dv = dv;
+    b.num_blocks = static_cast<int>(head.size());
+    b.keys = keys.data();
+    b.values = values.data();
+    b.block_offset = offset.data();
+    b.block_head = head.data();
+    b.block_id = id.data();
+    b.seed = seed;
+    b.layer = 3;
+    b.round = 1;
+    b.sigma = sigma.data();
+    b.p = p.data();
+    b.partial = partial.data();
+    return b;
+  }
+};
+
+WalkCase standard_walk_case() {
+  WalkCase w;
+  uint32_t seed = 100;
+  for (uint32_t h = 0; h < 3; ++h)
+    for (uint32_t b = 0; b < 4; ++b) w.add_block(128, h, b, 0.35, seed += 7);
+  w.add_block(77, 3, 0, 0.35, seed += 7);   // short tail block
+  w.add_block(200, 3, 1, 0.35, seed += 7);  // longer than the fast kernel's 128 rows
+  w.add_block(64, 3, 2, 8.0, seed += 7);    // exponents far beyond float range
+  return w;
+}
+
+TEST(CudaProbe, ReportsWhyWhenNoDeviceAndSelectBackendFollows) {
+  std::string why;
+  const bool available = cuda_available(&why);
+  EXPECT_FALSE(why.empty()) << "cuda_available must always say what it found";
+  EXPECT_EQ(&select_backend("cpu"), &cpu_backend());
+  if (available) {
+    Backend& gpu = select_backend("cuda");
+    EXPECT_TRUE(gpu.is_gpu());
+    EXPECT_NE(gpu.name().find("cuda"), std::string::npos) << gpu.name();
+    EXPECT_TRUE(select_backend("auto").is_gpu());
+  } else {
+    EXPECT_EQ(&select_backend("auto"), &cpu_backend());
+    try {
+      select_backend("cuda");
+      ADD_FAILURE() << "select_backend(\"cuda\") without a device must throw";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos)
+          << "the error should carry the probe's reason: " << e.what();
+    }
+  }
+#ifdef KVSCOPE_HAVE_CUDA
+  std::string direct;
+  Backend* instance = cuda_backend_instance(&direct);
+  EXPECT_EQ(instance != nullptr, available);
+  EXPECT_EQ(direct, why);
+#endif
+}
+
+TEST(CudaParity, WalkSignsMatchCpu) {
+  REQUIRE_GPU(gpu);
+  const WalkCase w = standard_walk_case();
+  std::vector<int8_t> s_cpu, s_gpu;
+  std::vector<float> p_cpu, p_gpu, part_cpu, part_gpu;
+  for (uint64_t seed : {1ull, 0x9e3779b97f4a7c15ull}) {
+    cpu_backend().walk_blocks(w.batch(s_cpu, p_cpu, part_cpu, seed));
+    gpu->walk_blocks(w.batch(s_gpu, p_gpu, part_gpu, seed));
+    // A sign may only differ where the draw u_i lies within float rounding of the CPU's
+    // clip(p_i): there the first difference of a block is allowed, and everything after it in
+    // that block follows a different walk. Such draws must stay rare (< 0.1% of rows).
+    int flipped_blocks = 0;
+    for (size_t b = 0; b + 1 < w.offset.size(); ++b) {
+      const int r0 = w.offset[b], r1 = w.offset[b + 1];
+      int first_diff = -1;
+      for (int i = r0; i < r1; ++i) {
+        ASSERT_TRUE(s_gpu[i] == 1 || s_gpu[i] == -1) << "row " << i << " has no sign";
+        if (s_gpu[i] != s_cpu[i]) {
+          first_diff = i;
+          break;
+        }
+      }
+      const int compare_end = first_diff < 0 ? r1 : first_diff;
+      if (first_diff >= 0) {
+        ++flipped_blocks;
+        const double u = counter_uniform(seed, kRandWalk, 3, w.head[b], 1, w.id[b],
+                                         static_cast<uint32_t>(first_diff - r0));
+        const double clipped = std::clamp(static_cast<double>(p_cpu[first_diff]), 0.0, 1.0);
+        EXPECT_LT(std::fabs(u - clipped), 1e-4)
+            << "block " << b << " row " << first_diff - r0 << ": sign differs although u = " << u
+            << " is far from clip(p) = " << clipped;
+      }
+      // Up to the first difference, p and the partial sums agree to float accuracy.
+      double scale = 1;
+      for (int i = r0; i < compare_end; ++i)
+        if (std::isfinite(part_cpu[i])) scale = std::max(scale, std::fabs(double(part_cpu[i])));
+      for (int i = r0; i < compare_end; ++i) {
+        if (!std::isfinite(part_cpu[i])) {  // beyond float range on both backends
+          EXPECT_EQ(part_gpu[i], part_cpu[i]) << "block " << b << " row " << i - r0;
+          continue;
+        }
+        EXPECT_NEAR(part_gpu[i], part_cpu[i], 1e-4 * scale) << "block " << b << " row " << i - r0;
+        EXPECT_NEAR(p_gpu[i], p_cpu[i], 4e-4 * scale) << "block " << b << " row " << i - r0;
+      }
+    }
+    EXPECT_LE(flipped_blocks, std::max(1, w.rows() / 1000)) << "seed " << seed;
+  }
+}
+
+TEST(CudaParity, WalkIsDeterministicAndIndependentOfBatching) {
+  REQUIRE_GPU(gpu);
+  const WalkCase w = standard_walk_case();
+  std::vector<int8_t> all, again;
+  std::vector<float> p, part;
+  gpu->walk_blocks(w.batch(all, p, part, 7));
+  gpu->walk_blocks(w.batch(again, p, part, 7));
+  EXPECT_EQ(all, again);
+  // Block 5 alone (same head / block id keys) gives the same signs as inside the batch.
+  WalkCase one;
+  one.d = w.d;
+  one.dv = w.dv;
+  const int r0 = w.offset[5], r1 = w.offset[6];
+  one.keys.assign(w.keys.begin() + r0 * w.d, w.keys.begin() + r1 * w.d);
+  one.values.assign(w.values.begin() + r0 * w.dv, w.values.begin() + r1 * w.dv);
+  one.offset = {0, r1 - r0};
+  one.head = {w.head[5]};
+  one.id = {w.id[5]};
+  std::vector<int8_t> alone;
+  WalkBatch b = one.batch(alone, p, part, 7);
+  b.p = nullptr;  // untraced call: p / partial not requested
+  b.partial = nullptr;
+  gpu->walk_blocks(b);
+  EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + r0));
+}
+
+TEST(CudaParity, WalkRejectsBadInputLikeCpu) {
+  REQUIRE_GPU(gpu);
+  WalkCase w = standard_walk_case();
+  std::vector<int8_t> s;
+  std::vector<float> p, part;
+  WalkBatch b = w.batch(s, p, part, 1);
+  b.dv = 0;
+  EXPECT_THROW(cpu_backend().walk_blocks(b), std::invalid_argument);
+  EXPECT_THROW(gpu->walk_blocks(b), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------------------------
+struct ErrorCase {
+  int n, d, dv, q_heads, kv_heads, sink, eval;
+  std::vector<std::vector<float>> keys, values, queries;
+  ErrorBatch batch;
+  std::vector<double> relative, normalized, mass;
+
+  ErrorCase(int n_, int d_, int dv_, int qh, int kvh, int s, int e, double keep, bool separate,
+            uint32_t seed)
+      : n(n_), d(d_), dv(dv_), q_heads(qh), kv_heads(kvh), sink(s), eval(e) {
+    for (int h = 0; h < kv_heads; ++h) {
+      keys.push_back(normal(static_cast<size_t>(n) * d, 1.0, seed + 10 * h));
+      values.push_back(normal(static_cast<size_t>(n) * dv, 1.0, seed + 10 * h + 1));
+    }
+    for (int h = 0; h < q_heads; ++h)
+      queries.push_back(normal(static_cast<size_t>(n) * d, 1.2, seed + 1000 + h));
+    batch.n = n;
+    batch.d = d;
+    batch.dv = dv;
+    batch.q_heads = q_heads;
+    batch.kv_heads = kv_heads;
+    batch.sink = sink;
+    batch.eval = eval;
+    std::mt19937 rng(seed + 77);
+    const int mid_begin = sink, mid_end = n - eval;
+    for (int h = 0; h < kv_heads; ++h) {
+      batch.keys.push_back(keys[h].data());
+      batch.values.push_back(values[h].data());
+      std::vector<int> middle(mid_end - mid_begin);
+      for (int i = 0; i < mid_end - mid_begin; ++i) middle[i] = mid_begin + i;
+      std::shuffle(middle.begin(), middle.end(), rng);
+      const int m = static_cast<int>(std::lround(keep * middle.size()));
+      std::vector<int> idx(middle.begin(), middle.begin() + m);
+      std::uniform_real_distribution<float> lw(0.2f, 1.2f);
+      std::vector<float> logw(m);
+      for (float& x : logw) x = lw(rng);
+      batch.num_idx.push_back(idx);
+      batch.num_logw.push_back(logw);
+      if (separate && h % 2 == 1) {  // a different denominator set on odd heads
+        std::shuffle(middle.begin(), middle.end(), rng);
+        std::vector<int> didx(middle.begin(), middle.begin() + m / 2);
+        std::vector<float> dlogw(didx.size(), std::log(2.0f / static_cast<float>(keep)));
+        batch.den_idx.push_back(didx);
+        batch.den_logw.push_back(dlogw);
+      } else {
+        batch.den_idx.push_back(idx);
+        batch.den_logw.push_back(logw);
+      }
+    }
+    for (int h = 0; h < q_heads; ++h) batch.queries.push_back(queries[h].data());
+  }
+
+  void run(Backend& backend) {
+    const size_t count = static_cast<size_t>(q_heads) * eval;
+    relative.assign(count, NAN);
+    normalized.assign(count, NAN);
+    mass.assign(count, NAN);
+    batch.relative = relative.data();
+    batch.normalized = normalized.data();
+    batch.mass = mass.data();
+    backend.attention_errors(batch);
+  }
+};
+
+void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, double rel,
+                  double abs, const char* what) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  int bad = 0;
+  for (size_t i = 0; i < gpu.size(); ++i)
+    if (!(std::fabs(gpu[i] - cpu[i]) <= rel * std::fabs(cpu[i]) + abs) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: gpu " << gpu[i] << " cpu " << cpu[i];
+  EXPECT_EQ(bad, 0) << what;
+}
+
+void check_error_parity(ErrorCase c, Backend& gpu) {
+  c.run(cpu_backend());
+  const auto rel = c.relative, nrm = c.normalized, mass = c.mass;
+  c.run(gpu);
+  expect_close(c.relative, rel, 1e-4, 1e-7, "relative");
+  expect_close(c.normalized, nrm, 1e-4, 1e-7, "normalized");
+  expect_close(c.mass, mass, 1e-5, 1e-7, "mass");
+}
+
+TEST(CudaParity, AttentionErrorsMatchCpu) {
+  REQUIRE_GPU(gpu);
+  // GQA groups of 2, separate numerator/denominator sets on odd kv heads, several key tiles.
+  check_error_parity(ErrorCase(300, 32, 24, 4, 2, 8, 40, 0.5, true, 11), *gpu);
+  // Llama-like head dims, E not a multiple of the 16-query tile.
+  check_error_parity(ErrorCase(700, 128, 128, 2, 1, 21, 87, 0.25, false, 12), *gpu);
+  // dv above 128 takes the wider accumulator variant.
+  check_error_parity(ErrorCase(260, 16, 200, 1, 1, 0, 33, 0.125, false, 13), *gpu);
+}
+
+TEST(CudaParity, AttentionErrorOfFullSelectionIsZero) {
+  REQUIRE_GPU(gpu);
+  ErrorCase c(400, 64, 64, 2, 2, 12, 50, 1.0, false, 21);
+  for (auto& lw : c.batch.num_logw) std::fill(lw.begin(), lw.end(), 0.0f);
+  c.batch.den_logw = c.batch.num_logw;
+  c.run(*gpu);
+  for (size_t i = 0; i < c.relative.size(); ++i) {
+    EXPECT_LT(c.relative[i], 1e-5) << i;
+    EXPECT_NEAR(c.mass[i], 1.0, 1e-6) << i;
+  }
+}
+
+TEST(CudaParity, AttentionErrorsRejectBadSelectionsLikeCpu) {
+  REQUIRE_GPU(gpu);
+  ErrorCase c(200, 16, 16, 1, 1, 4, 20, 0.5, false, 31);
+  c.batch.num_idx[0][0] = 2;  // a sink, not the middle
+  EXPECT_THROW(c.run(cpu_backend()), std::out_of_range);
+  EXPECT_THROW(c.run(*gpu), std::out_of_range);
+}
+
+#ifdef KVSCOPE_HAVE_CUDA
+TEST(CudaParity, OutOfMemoryFallsBackToCpuAndSaysSo) {
+  REQUIRE_GPU(gpu);
+  ErrorCase c(300, 32, 32, 2, 1, 8, 40, 0.5, false, 41);
+  c.run(cpu_backend());
+  const auto rel = c.relative;
+  cuda_fail_next_allocation_for_testing();
+  c.run(*gpu);
+  EXPECT_EQ(c.relative, rel) << "the fallback must give the CPU reference's figures";
+  EXPECT_NE(cuda_last_fallback().find("out of device memory"), std::string::npos)
+      << cuda_last_fallback();
+  c.run(*gpu);  // the next call is back on the device
+  EXPECT_EQ(cuda_last_fallback(), "");
+  expect_close(c.relative, rel, 1e-4, 1e-7, "relative after recovery");
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+TEST(CudaParity, TsneGradientMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  const int n = 700;
+  const std::vector<float> y = normal(2 * n, 3.0, 51);
+  // A symmetric sparse P over ring neighbours, normalised to sum 1.
+  std::vector<int> rowptr{0}, col;
+  std::vector<float> val;
+  std::mt19937 rng(52);
+  std::uniform_real_distribution<float> w(0.5f, 1.5f);
+  std::vector<std::vector<std::pair<int, float>>> rows(n);
+  for (int i = 0; i < n; ++i)
+    for (int off : {1, 2, 5, 17}) {
+      const int j = (i + off) % n;
+      const float v = w(rng);
+      rows[i].push_back({j, v});
+      rows[j].push_back({i, v});
+    }
+  double total = 0;
+  for (const auto& r : rows)
+    for (const auto& e : r) total += e.second;
+  for (const auto& r : rows) {
+    for (const auto& e : r) {
+      col.push_back(e.first);
+      val.push_back(static_cast<float>(e.second / total));
+    }
+    rowptr.push_back(static_cast<int>(col.size()));
+  }
+  TsneGradInput in;
+  in.n = n;
+  in.y = y.data();
+  in.p_rowptr = rowptr.data();
+  in.p_col = col.data();
+  in.p_val = val.data();
+  in.exaggeration = 12;
+  in.theta = 0;
+  std::vector<float> g_cpu(2 * n), g_gpu(2 * n);
+  const double kl_cpu = cpu_backend().tsne_gradient(in, g_cpu.data());
+  const double kl_gpu = gpu->tsne_gradient(in, g_gpu.data());
+  double scale = 0;
+  for (float g : g_cpu) scale = std::max(scale, std::fabs(double(g)));
+  for (int i = 0; i < 2 * n; ++i) EXPECT_NEAR(g_gpu[i], g_cpu[i], 1e-4 * scale) << i;
+  EXPECT_NEAR(kl_gpu, kl_cpu, 1e-6 * std::fabs(kl_cpu) + 1e-9);
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(CudaParity, KcenterPicksMatchCpuOnSeparatedData) {
+  REQUIRE_GPU(gpu);
+  const int clusters = 24, per = 40, d = 16, n = clusters * per;
+  const std::vector<float> centres = normal(static_cast<size_t>(clusters) * d, 20.0, 61);
+  const std::vector<float> noise = normal(static_cast<size_t>(n) * d, 0.5, 62);
+  std::vector<float> x(static_cast<size_t>(n) * d);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c)
+      x[static_cast<size_t>(i) * d + c] = centres[(i % clusters) * d + c] + noise[i * d + c];
+  for (int k : {1, clusters, 3 * clusters}) {
+    const std::vector<int> cpu = cpu_backend().kcenter(x.data(), n, d, k, 5);
+    const std::vector<int> gpu_picks = gpu->kcenter(x.data(), n, d, k, 5);
+    EXPECT_EQ(gpu_picks, cpu) << "k = " << k;
+  }
+  // k beyond n picks every row once, like the CPU.
+  std::vector<int> all = gpu->kcenter(x.data(), 30, d, 50, 0);
+  EXPECT_EQ(all, cpu_backend().kcenter(x.data(), 30, d, 50, 0));
+  EXPECT_THROW(gpu->kcenter(x.data(), n, d, -1, 0), InputError);
+  EXPECT_THROW(gpu->kcenter(x.data(), n, d, 3, n), InputError);
+}
+
+}  // namespace
