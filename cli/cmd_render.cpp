@@ -1,11 +1,47 @@
-// PLACEHOLDER: replaced by the real command.
+// kvscope-cli render: a PNG of one app view without a window. The app's own view code draws into
+// ImGui draw lists, which a small software rasteriser (app/soft_render.cpp) fills on the CPU, so
+// no display, X server or GL context is needed. Built when the app is (KVSCOPE_BUILD_APP).
+#include <memory>
+
 #include "cli/commands.h"
 #include "engine/error.h"
 
+#ifdef KVSCOPE_HAVE_UI
+#include "app/headless.h"
+#endif
+
 namespace kvscope::cli {
+
 void add_render_command(CLI::App& app) {
-  auto* sub = app.add_subcommand("render", "(not implemented yet)");
+  auto* sub = app.add_subcommand("render", "Write a PNG of one KVScope view without a window");
+#ifdef KVSCOPE_HAVE_UI
+  auto opt = std::make_shared<app::HeadlessOptions>();
+  sub->add_option("file", opt->capture, "capture file (.safetensors or .npz)")->required();
+  sub->add_option("--view", opt->view, "capture, method, tokens, error, geometry, walk or teaching")
+      ->default_val("capture");
+  sub->add_option("--out", opt->out, "PNG to write")->required();
+  sub->add_option("--method", opt->method, "method A (default balancekv)");
+  sub->add_option("--method-b", opt->method_b, "method B of the A/B comparison");
+  sub->add_option("--ratio", opt->keep_ratio, "keep ratio in (0, 1]");
+  sub->add_option("--backend", opt->backend, "cpu, cuda or auto");
+  sub->add_option("--session", opt->session, "session JSON to apply first");
+  sub->add_option("--width", opt->width, "window width in pixels")->default_val(1600);
+  sub->add_option("--height", opt->height, "window height in pixels")->default_val(1000);
+  sub->add_option("--timeout", opt->timeout_s, "seconds to wait for the view's work")
+      ->default_val(300);
+  sub->add_flag("--full-window", opt->full_window, "whole window instead of the view's panel");
+  sub->callback([opt] {
+    int rc = app::render_view_software(*opt);
+    if (rc != 0) throw InputError("render: the view was not ready before --timeout");
+  });
+#else
   sub->allow_extras();
-  sub->callback([] { throw InputError("render: not implemented yet"); });
+  sub->callback([] {
+    throw InputError(
+        "render: this kvscope-cli was built without the app (configure with "
+        "-DKVSCOPE_BUILD_APP=ON and the Debian packages libimgui-dev, libglfw3-dev, libstb-dev)");
+  });
+#endif
 }
+
 }  // namespace kvscope::cli

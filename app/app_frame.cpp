@@ -1,0 +1,410 @@
+#include "app/app_frame.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "app/app_state.h"
+#include "app/colormap.h"
+#include "app/export.h"
+#include "app/view.h"
+#include "engine/error.h"
+
+namespace kvscope::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr float kLeftPanelWidth = 470.0f;
+
+// A clear empty panel for a view whose source file has not been written yet.
+class PendingView final : public View {
+ public:
+  PendingView(const char* name, const char* title, const char* what)
+      : name_(name), title_(title), what_(what) {}
+  const char* name() const override { return name_; }
+  const char* title() const override { return title_; }
+  void draw(AppState&) override {
+    ImGui::TextDisabled("The %s view is not part of this build yet.", title_);
+    ImGui::TextWrapped("%s", what_);
+  }
+
+ private:
+  const char *name_, *title_, *what_;
+};
+
+std::string human_bytes(long long b) {
+  char buf[64];
+  if (b >= (1LL << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1LL << 30));
+  else if (b >= (1LL << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1LL << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024.0);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<View>> make_views() {
+  std::vector<std::unique_ptr<View>> v;
+  v.push_back(make_capture_view());
+  v.push_back(make_method_view());
+  v.push_back(make_tokens_view());
+#ifdef KVSCOPE_HAVE_VIEW_GEOMETRY
+  v.push_back(make_geometry_view());
+#else
+  v.push_back(std::make_unique<PendingView>(
+      "geometry", "Geometry",
+      "2-D maps of the focused head's keys (PCA, t-SNE), coloured by kept/dropped, position, "
+      "cluster or norm."));
+#endif
+#ifdef KVSCOPE_HAVE_VIEW_WALK
+  v.push_back(make_walk_view());
+#else
+  v.push_back(std::make_unique<PendingView>(
+      "walk", "Walk",
+      "The self-balancing walk of BalanceKV block by block: path, p_i, partial sums and "
+      "discrepancy against random signs."));
+#endif
+  v.push_back(make_error_view());
+#ifdef KVSCOPE_HAVE_VIEW_TEACHING
+  v.push_back(make_teaching_view());
+#endif
+  return v;
+}
+
+void setup_style_and_fonts(float font_px) {
+  ImGuiIO& io = ImGui::GetIO();
+  io.IniFilename = nullptr;  // layout is fixed; sessions hold what persists
+  ImGui::StyleColorsDark();
+  ImGuiStyle& st = ImGui::GetStyle();
+  st.WindowRounding = 0;
+  st.FrameRounding = 3;
+  st.TabRounding = 3;
+  st.GrabRounding = 3;
+  st.WindowPadding = ImVec2(8, 8);
+  st.ItemSpacing = ImVec2(8, 5);
+  st.Colors[ImGuiCol_WindowBg] = ImVec4(0.09f, 0.10f, 0.11f, 1.0f);
+  st.Colors[ImGuiCol_ChildBg] = ImVec4(0.11f, 0.12f, 0.13f, 1.0f);
+  const char* candidates[] = {
+#ifdef KVSCOPE_SOURCE_DIR
+      KVSCOPE_SOURCE_DIR "/assets/DejaVuSans.ttf",
+#endif
+      "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"};
+  for (const char* path : candidates) {
+    std::error_code ec;
+    if (fs::exists(path, ec)) {
+      ImFontConfig cfg;
+      cfg.OversampleH = 2;
+      if (io.Fonts->AddFontFromFileTTF(path, font_px, &cfg, io.Fonts->GetGlyphRangesDefault()))
+        return;
+    }
+  }
+  io.Fonts->AddFontDefault();  // ImGui's built-in ProggyClean
+}
+
+AppUi::AppUi(AppState& s) : s_(s), views_(make_views()) {
+  rects_.resize(views_.size());
+  drawn_frames_.assign(views_.size(), 0);
+  shown_[0] = "capture";
+  shown_[1] = "tokens";
+  show_view(s.active_view);
+}
+
+View* AppUi::find_view(const std::string& name) const {
+  for (const auto& v : views_)
+    if (name == v->name()) return v.get();
+  return nullptr;
+}
+
+void AppUi::show_view(const std::string& name) {
+  if (!find_view(name)) return;
+  requested_view_ = name;
+}
+
+ScreenRect AppUi::view_rect(const std::string& name) const {
+  for (size_t i = 0; i < views_.size(); ++i)
+    if (name == views_[i]->name()) return rects_[i];
+  return {};
+}
+
+bool AppUi::ready_for_screenshot(const std::string& view_name) {
+  View* v = find_view(view_name);
+  if (!v) return true;
+  size_t i = 0;
+  while (views_[i].get() != v) ++i;
+  bool idle = !s_.worker.busy() && s_.worker.pending_applies() == 0 && s_.loading_path.empty();
+  idle_frames_ = idle ? idle_frames_ + 1 : 0;
+  // Several idle frames: a view may queue work on its first draw, and ImGui needs a frame or
+  // two to settle sizes of auto-fitting items.
+  return idle_frames_ >= 4 && drawn_frames_[i] >= 4 && v->ready(s_);
+}
+
+std::vector<AppUi::PngRequest> AppUi::take_png_requests() {
+  std::vector<PngRequest> out;
+  out.swap(png_requests_);
+  return out;
+}
+
+void AppUi::save_session(const std::string& path) const {
+  nlohmann::json j = s_.to_session();
+  nlohmann::json vs = nlohmann::json::object();
+  for (const auto& v : views_) {
+    nlohmann::json st = v->save_state();
+    if (!st.is_null()) vs[v->name()] = st;
+  }
+  j["views"] = vs;
+  j["panels"] = {shown_[0], shown_[1]};
+  std::ofstream f(path);
+  if (!f) throw InputError(path + ": cannot open for writing");
+  f << j.dump(2) << "\n";
+  if (!f) throw InputError(path + ": write failed");
+}
+
+void AppUi::load_session(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InputError(path + ": cannot open session file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not valid JSON: " + e.what());
+  }
+  try {
+    s_.apply_session(j);
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+  if (j.contains("views") && j["views"].is_object())
+    for (const auto& v : views_)
+      if (j["views"].contains(v->name())) v->load_state(j["views"][v->name()]);
+  if (j.contains("panels") && j["panels"].is_array())
+    for (const auto& p : j["panels"])
+      if (p.is_string()) show_view(p.get<std::string>());
+  show_view(s_.active_view);
+}
+
+void AppUi::draw() {
+  s_.hovered_token = -1;
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  ImGui::SetNextWindowPos(vp->Pos);
+  ImGui::SetNextWindowSize(vp->Size);
+  ImGuiWindowFlags flags = ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
+                           ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_MenuBar |
+                           ImGuiWindowFlags_NoSavedSettings;
+  ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(6, 6));
+  ImGui::Begin("KVScope", nullptr, flags);
+  ImGui::PopStyleVar();
+  draw_menu();
+
+  // Load errors stay visible until dismissed; the capture that was open stays open.
+  if (!s_.load_error.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_ChildBg, ImVec4(0.35f, 0.08f, 0.08f, 1.0f));
+    float h = ImGui::GetTextLineHeightWithSpacing() * 2 + 8;
+    ImGui::BeginChild("##loaderror", ImVec2(0, h), true);
+    ImGui::TextWrapped("Could not open: %s", s_.load_error.c_str());
+    ImGui::SameLine();
+    if (ImGui::SmallButton("Dismiss")) s_.load_error.clear();
+    ImGui::EndChild();
+    ImGui::PopStyleColor();
+  }
+
+  const float status_h = ImGui::GetFrameHeightWithSpacing() + 6;
+  ImVec2 avail = ImGui::GetContentRegionAvail();
+  draw_panel(Panel::Left, "##left", ImVec2(kLeftPanelWidth, avail.y - status_h));
+  ImGui::SameLine();
+  draw_panel(Panel::Main, "##main", ImVec2(0, avail.y - status_h));
+  draw_status_bar();
+  draw_dialogs();
+  ImGui::End();
+}
+
+void AppUi::draw_menu() {
+  if (!ImGui::BeginMenuBar()) return;
+  if (ImGui::BeginMenu("File")) {
+    if (ImGui::MenuItem("Open capture...")) {
+      std::string start =
+          s_.capture_path.empty() ? "" : fs::path(s_.capture_path).parent_path().string();
+      browser_.open("Open capture", start, {".safetensors", ".npz"},
+                    [this](const std::string& p) { s_.request_open(p); });
+    }
+    if (ImGui::MenuItem("Open session...")) {
+      browser_.open("Open session", "", {".json"}, [this](const std::string& p) {
+        try {
+          load_session(p);
+          s_.status_message = "session loaded from " + p;
+        } catch (const std::exception& e) {
+          s_.load_error = e.what();
+        }
+      });
+    }
+    if (ImGui::MenuItem("Save session...")) {
+      path_action_ = PathAction::SaveSession;
+      path_buf_ = "kvscope_session.json";
+      open_path_popup_ = true;
+    }
+    ImGui::Separator();
+    if (ImGui::MenuItem("Export view as PNG...")) {
+      path_action_ = PathAction::ExportPng;
+      path_buf_ = "kvscope_" + s_.active_view + ".png";
+      open_path_popup_ = true;
+    }
+    if (ImGui::MenuItem("Export view numbers (CSV/JSON)...")) {
+      path_action_ = PathAction::ExportData;
+      path_buf_ = "kvscope_" + s_.active_view + ".csv";
+      open_path_popup_ = true;
+    }
+    if (on_quit) {
+      ImGui::Separator();
+      if (ImGui::MenuItem("Quit")) on_quit();
+    }
+    ImGui::EndMenu();
+  }
+  if (ImGui::BeginMenu("View")) {
+    for (const auto& v : views_)
+      if (ImGui::MenuItem(v->title(), nullptr, s_.active_view == v->name())) show_view(v->name());
+    ImGui::EndMenu();
+  }
+  if (ImGui::BeginMenu("Help")) {
+    ImGui::TextUnformatted("KVScope: looking inside KV-cache compression.");
+    ImGui::TextDisabled("Drop a .safetensors / .npz capture on the window to open it.");
+    ImGui::TextDisabled("Click a grid cell (Capture) to focus a layer and kv head.");
+    ImGui::TextDisabled("Every setting change re-runs the focused head at once and the grid");
+    ImGui::TextDisabled("in the background (status bar: progress and cancel).");
+    ImGui::EndMenu();
+  }
+  // Right side: what is open.
+  std::string right;
+  if (const CaptureInfo* ci = s_.info())
+    right = fs::path(s_.capture_path).filename().string() + (ci->synthetic ? "  [SYNTHETIC]" : "");
+  if (!s_.loading_path.empty())
+    right = "opening " + fs::path(s_.loading_path).filename().string() + "...";
+  if (!right.empty()) {
+    float w = ImGui::CalcTextSize(right.c_str()).x;
+    ImGui::SameLine(ImGui::GetWindowWidth() - w - 20);
+    ImGui::TextDisabled("%s", right.c_str());
+  }
+  ImGui::EndMenuBar();
+}
+
+void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
+  ImGui::BeginChild(id, size, true);
+  const int pi = panel == Panel::Left ? 0 : 1;
+  if (ImGui::BeginTabBar(id)) {
+    for (size_t i = 0; i < views_.size(); ++i) {
+      View& v = *views_[i];
+      if (v.panel() != panel) continue;
+      ImGuiTabItemFlags tf = requested_view_ == v.name() ? ImGuiTabItemFlags_SetSelected : 0;
+      if (ImGui::BeginTabItem(v.title(), nullptr, tf)) {
+        if (shown_[pi] != v.name()) {
+          shown_[pi] = v.name();
+          s_.active_view = v.name();  // a tab the user picked is the active (exported) view
+        }
+        if (!requested_view_.empty() && requested_view_ == v.name()) {
+          s_.active_view = v.name();
+          requested_view_.clear();
+        }
+        ImVec2 p0 = ImGui::GetCursorScreenPos();
+        ImVec2 av = ImGui::GetContentRegionAvail();
+        // The rectangle covers the panel (tab bar included) so exported PNGs read on their own.
+        ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
+        rects_[i] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
+        (void)p0;
+        (void)av;
+        ImGui::BeginChild("##view", ImVec2(0, 0), false);
+        v.draw(s_);
+        ImGui::EndChild();
+        ++drawn_frames_[i];
+        ImGui::EndTabItem();
+      } else {
+        drawn_frames_[i] = 0;
+      }
+    }
+    ImGui::EndTabBar();
+  }
+  ImGui::EndChild();
+}
+
+void AppUi::draw_status_bar() {
+  ImGui::Separator();
+  if (const CaptureInfo* ci = s_.info()) {
+    ImGui::Text("%s | L%d H%d | resident %s | backend %s", ci->model.c_str(), s_.focus.layer,
+                s_.focus.kv_head, human_bytes(s_.capture->resident_bytes()).c_str(),
+                s_.backend_active.c_str());
+  } else {
+    ImGui::TextDisabled("no capture open (File > Open capture, or drop a file on the window)");
+  }
+  auto jobs = s_.worker.jobs();
+  for (const auto& j : jobs) {
+    if (!j.running) continue;
+    ImGui::SameLine();
+    ImGui::TextDisabled("|");
+    ImGui::SameLine();
+    float frac = j.total > 0 ? static_cast<float>(j.done) / static_cast<float>(j.total) : 0.0f;
+    char overlay[160];
+    if (j.total > 0)
+      std::snprintf(overlay, sizeof overlay, "%s %d/%d", j.label.c_str(), j.done, j.total);
+    else
+      std::snprintf(overlay, sizeof overlay, "%s...", j.label.c_str());
+    ImGui::ProgressBar(j.total > 0 ? frac : 0.0f, ImVec2(220, 0), overlay);
+    ImGui::SameLine();
+    ImGui::PushID(j.key.c_str());
+    if (ImGui::SmallButton("cancel")) s_.worker.cancel(j.key);
+    ImGui::PopID();
+  }
+  int queued = 0;
+  for (const auto& j : jobs) queued += j.running ? 0 : 1;
+  if (queued) {
+    ImGui::SameLine();
+    ImGui::TextDisabled("(+%d queued)", queued);
+  }
+  if (!s_.status_message.empty()) {
+    ImGui::SameLine();
+    ImGui::TextDisabled("| %s", s_.status_message.c_str());
+  }
+}
+
+void AppUi::draw_dialogs() {
+  browser_.draw();
+  if (open_path_popup_) {
+    ImGui::OpenPopup("Save as");
+    open_path_popup_ = false;
+  }
+  ImGui::SetNextWindowSize(ImVec2(620, 0), ImGuiCond_Appearing);
+  if (ImGui::BeginPopupModal("Save as", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) {
+    const char* what = path_action_ == PathAction::ExportPng ? "PNG of the active view"
+                       : path_action_ == PathAction::ExportData
+                           ? "numbers of the active view (.csv or .json)"
+                           : "session (.json)";
+    ImGui::Text("Write the %s to:", what);
+    char buf[1024];
+    std::snprintf(buf, sizeof buf, "%s", path_buf_.c_str());
+    ImGui::SetNextItemWidth(600);
+    if (ImGui::InputText("##savepath", buf, sizeof buf)) path_buf_ = buf;
+    if (ImGui::Button("Save", ImVec2(90, 0))) {
+      try {
+        View* v = find_view(s_.active_view);
+        if (path_action_ == PathAction::ExportPng) {
+          png_requests_.push_back({path_buf_, v ? view_rect(v->name()) : ScreenRect{}});
+        } else if (path_action_ == PathAction::ExportData) {
+          if (!v) throw InputError("export: no active view");
+          export_view_data(*v, s_, path_buf_);
+          s_.status_message = "wrote " + path_buf_;
+        } else {
+          save_session(path_buf_);
+          s_.status_message = "session saved to " + path_buf_;
+        }
+      } catch (const std::exception& e) {
+        s_.status_message = e.what();
+      }
+      ImGui::CloseCurrentPopup();
+    }
+    ImGui::SameLine();
+    if (ImGui::Button("Cancel", ImVec2(90, 0))) ImGui::CloseCurrentPopup();
+    ImGui::EndPopup();
+  }
+}
+
+}  // namespace kvscope::app

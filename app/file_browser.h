@@ -1,0 +1,36 @@
+// A small in-app file browser (ImGui modal): directories, then files with the wanted extensions;
+// double-click or Open picks a file. Used for captures (.safetensors, .npz) and sessions (.json).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvscope::app {
+
+class FileBrowser {
+ public:
+  // Opens the dialog next frame. `exts` like {".safetensors", ".npz"}; empty = every file.
+  void open(const std::string& title, const std::string& start_dir, std::vector<std::string> exts,
+            std::function<void(const std::string&)> on_pick);
+  // Call every frame.
+  void draw();
+  bool is_open() const { return visible_; }
+
+ private:
+  void refresh();
+  struct Entry {
+    std::string name;
+    bool dir = false;
+    long long bytes = 0;
+  };
+  std::string title_, dir_, error_;
+  std::vector<std::string> exts_;
+  std::vector<Entry> entries_;
+  std::function<void(const std::string&)> on_pick_;
+  bool visible_ = false, open_next_ = false;
+  int selected_ = -1;
+  char path_buf_[1024] = {};
+};
+
+}  // namespace kvscope::app

@@ -1,0 +1,203 @@
+#include "app/grid_values.h"
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "app/plot.h"
+
+namespace kvscope::app {
+
+GridValues grid_values(const AppState& s, GridMetric metric) {
+  GridValues gv;
+  const CaptureInfo* ci = s.info();
+  if (!ci) return gv;
+  gv.layers = ci->num_layers;
+  gv.heads = ci->kv_heads;
+  const size_t cells = static_cast<size_t>(gv.layers * gv.heads);
+  gv.mean.assign(cells, NAN);
+  gv.spread.assign(cells, NAN);
+  gv.note.assign(cells, "");
+  if (metric == GridMetric::Entropy) {
+    gv.unit = "nats";
+    gv.map = Colormap::Magma;
+    if (!ci->has_queries) {
+      gv.caption = "attention entropy needs queries; this capture has none";
+    } else if (!s.entropy) {
+      gv.caption = s.worker.busy("entropy") ? "computing attention entropy..." : "no entropy yet";
+    } else {
+      gv.caption = "mean attention entropy of the evaluation queries (nats)";
+      for (size_t i = 0; i < cells && i < s.entropy->values.size(); ++i)
+        gv.mean[i] = s.entropy->values[i];
+    }
+  } else {
+    gv.unit = "rel. error";
+    gv.map = Colormap::Viridis;
+    if (!s.grid_error.empty()) {
+      gv.caption = "grid failed: " + s.grid_error;
+    } else if (!s.grid) {
+      gv.caption = s.worker.busy("grid") ? "running " + s.method_name[0] + " on every head..."
+                                         : "no grid yet";
+    } else {
+      const HeadEval* first = s.grid->results.empty() ? nullptr : &s.grid->results.front();
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s at keep ratio %s: relative error, mean of %d seed%s",
+                    first ? first->method.c_str() : "?",
+                    ratio_label(first ? first->ratio : s.keep_ratio).c_str(), s.grid->spec.seeds,
+                    s.grid->spec.seeds == 1 ? "" : "s");
+      gv.caption = buf;
+      for (const HeadEval& h : s.grid->results) {
+        if (h.layer < 0 || h.layer >= gv.layers || h.kv_head < 0 || h.kv_head >= gv.heads) continue;
+        size_t i = static_cast<size_t>(h.layer * gv.heads + h.kv_head);
+        gv.mean[i] = h.refused ? NAN : h.mean;
+        gv.spread[i] = h.refused ? NAN : h.std;
+        gv.note[i] = h.note;
+      }
+    }
+  }
+  std::vector<double> finite;
+  for (double v : gv.mean)
+    if (std::isfinite(v)) finite.push_back(v);
+  gv.have_values = !finite.empty();
+  if (gv.have_values) {
+    gv.vmin = *std::min_element(finite.begin(), finite.end());
+    gv.vmax = *std::max_element(finite.begin(), finite.end());
+    if (gv.vmax - gv.vmin < 1e-12) {
+      gv.vmin -= 0.5 * std::max(1e-6, std::fabs(gv.vmin));
+      gv.vmax += 0.5 * std::max(1e-6, std::fabs(gv.vmax));
+    }
+  }
+  return gv;
+}
+
+void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_height) {
+  if (gv.layers <= 0 || gv.heads <= 0) return;
+  ImGui::PushID(id);
+  const float label_w = 34, bar_w = 84;
+  const float lh = ImGui::GetTextLineHeight();
+  ImVec2 avail = ImGui::GetContentRegionAvail();
+  float grid_w = std::max(60.0f, avail.x - label_w - bar_w - 8);
+  float cell = grid_w / static_cast<float>(gv.heads);
+  float grid_h = std::min({cell * gv.layers, max_height, std::max(60.0f, avail.y - lh - 8)});
+  float cell_h = grid_h / static_cast<float>(gv.layers);
+  // Column labels.
+  ImVec2 o = ImGui::GetCursorScreenPos();
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  for (int h = 0; h < gv.heads; ++h) {
+    char b[16];
+    std::snprintf(b, sizeof b, "H%d", h);
+    float w = ImGui::CalcTextSize(b).x;
+    if (cell > w + 2)
+      dl->AddText(ImVec2(o.x + label_w + (h + 0.5f) * cell - w / 2, o.y), kColAxisText, b);
+  }
+  ImGui::Dummy(ImVec2(grid_w + label_w, lh + 2));
+  ImVec2 g0 = ImGui::GetCursorScreenPos();
+  for (int l = 0; l < gv.layers; ++l) {
+    char b[16];
+    std::snprintf(b, sizeof b, "L%d", l);
+    if (cell_h > lh)
+      dl->AddText(ImVec2(g0.x, g0.y + (l + 0.5f) * cell_h - lh / 2), kColAxisText, b);
+  }
+  ImGui::SetCursorScreenPos(ImVec2(g0.x + label_w, g0.y));
+  auto norm = [&](double v) { return (v - gv.vmin) / (gv.vmax - gv.vmin); };
+  HeatmapHit hit = heatmap(
+      "##cells", ImVec2(grid_w, grid_h), gv.layers, gv.heads,
+      [&](int r, int c) -> ImU32 {
+        double v = gv.mean[static_cast<size_t>(r * gv.heads + c)];
+        if (!gv.have_values) return IM_COL32(45, 48, 54, 255);
+        return std::isfinite(v) ? colormap(gv.map, norm(v)) : kColRefused;
+      },
+      [&](int r, int c) -> std::string {
+        double v = gv.mean[static_cast<size_t>(r * gv.heads + c)];
+        if (!std::isfinite(v)) return gv.have_values ? "n/a" : "";
+        char b[32];
+        std::snprintf(b, sizeof b, "%.3g", v);
+        return b;
+      });
+  // Outline the focused head.
+  {
+    int l = s.focus.layer, h = s.focus.kv_head;
+    if (l >= 0 && l < gv.layers && h >= 0 && h < gv.heads) {
+      ImVec2 a(g0.x + label_w + h * (grid_w / gv.heads), g0.y + l * cell_h);
+      dl->AddRect(a, ImVec2(a.x + grid_w / gv.heads, a.y + cell_h), kColSelect, 0, 0, 3.0f);
+    }
+  }
+  if (hit.row >= 0) {
+    size_t i = static_cast<size_t>(hit.row * gv.heads + hit.col);
+    ImGui::BeginTooltip();
+    ImGui::Text("layer %d, kv head %d", hit.row, hit.col);
+    if (std::isfinite(gv.mean[i])) {
+      if (std::isfinite(gv.spread[i]))
+        ImGui::Text("%s %.4g  (std over seeds %.2g)", gv.unit.c_str(), gv.mean[i], gv.spread[i]);
+      else
+        ImGui::Text("%s %.4g", gv.unit.c_str(), gv.mean[i]);
+    } else if (gv.have_values) {
+      ImGui::TextDisabled("no value (head refused or method not applicable)");
+    }
+    if (!gv.note[i].empty()) ImGui::TextWrapped("%s", gv.note[i].c_str());
+    ImGui::TextDisabled("click to focus");
+    ImGui::EndTooltip();
+    if (hit.clicked) s.set_focus(Focus{hit.row, hit.col});
+  }
+  ImGui::SameLine(0, 8);
+  if (gv.have_values)
+    colour_bar("##bar", ImVec2(bar_w, grid_h), gv.map, gv.vmin, gv.vmax, gv.unit);
+  else
+    ImGui::Dummy(ImVec2(bar_w, grid_h));
+  ImGui::PopID();
+}
+
+nlohmann::json grid_json(const AppState& s) {
+  nlohmann::json cells = nlohmann::json::array();
+  if (s.grid)
+    for (const HeadEval& h : s.grid->results)
+      cells.push_back({{"layer", h.layer},
+                       {"kv_head", h.kv_head},
+                       {"method", h.method},
+                       {"ratio", h.ratio},
+                       {"relative_error_mean", h.mean},
+                       {"relative_error_std", h.std},
+                       {"normalized_mean", h.normalized_mean},
+                       {"mass_mean", h.mass_mean},
+                       {"refused", h.refused},
+                       {"note", h.note}});
+  nlohmann::json ent = nlohmann::json::array();
+  if (s.entropy)
+    for (int l = 0; l < s.entropy->layers; ++l)
+      for (int h = 0; h < s.entropy->heads; ++h) {
+        double v = s.entropy->at(l, h);
+        ent.push_back({{"layer", l},
+                       {"kv_head", h},
+                       {"entropy_nats", std::isfinite(v) ? nlohmann::json(v) : nlohmann::json()}});
+      }
+  return {{"error_grid", cells}, {"entropy_grid", ent}, {"seeds", s.grid_seeds}};
+}
+
+std::string grid_csv(const AppState& s) {
+  if (!s.grid && !s.entropy) return {};
+  std::ostringstream o;
+  o << "layer,kv_head,method,keep_ratio,relative_error_mean,relative_error_std,entropy_nats\n";
+  const CaptureInfo* ci = s.info();
+  if (!ci) return {};
+  for (int l = 0; l < ci->num_layers; ++l)
+    for (int h = 0; h < ci->kv_heads; ++h) {
+      o << l << "," << h << ",";
+      const HeadEval* he = nullptr;
+      if (s.grid)
+        for (const HeadEval& x : s.grid->results)
+          if (x.layer == l && x.kv_head == h) he = &x;
+      if (he && !he->refused)
+        o << he->method << "," << he->ratio << "," << he->mean << "," << he->std;
+      else
+        o << s.method_name[0] << "," << s.keep_ratio << ",,";
+      o << ",";
+      if (s.entropy && std::isfinite(s.entropy->at(l, h))) o << s.entropy->at(l, h);
+      o << "\n";
+    }
+  return o.str();
+}
+
+}  // namespace kvscope::app

@@ -1,0 +1,32 @@
+// The layer x kv-head grid shared by the Capture view and the Error view's heatmap: values from
+// the background grid run (method A's error) or the entropy job, drawn as clickable cells with
+// row/column labels and a colour bar.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "app/app_state.h"
+#include "app/colormap.h"
+
+namespace kvscope::app {
+
+struct GridValues {
+  int layers = 0, heads = 0;
+  std::vector<double> mean, spread;  // [layer * heads + head], NaN when missing / refused
+  std::vector<std::string> note;     // method note or refusal reason per cell
+  double vmin = 0, vmax = 1;
+  bool have_values = false;
+  std::string caption;  // what is shown, or why nothing is
+  std::string unit;
+  Colormap map = Colormap::Viridis;
+};
+
+GridValues grid_values(const AppState& s, GridMetric metric);
+// Draws the grid filling the available width (cells square-ish, at most `max_height` tall).
+void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_height = 420.0f);
+nlohmann::json grid_json(const AppState& s);
+std::string grid_csv(const AppState& s);
+
+}  // namespace kvscope::app

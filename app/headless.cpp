@@ -1,0 +1,93 @@
+#include "app/headless.h"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "app/app_frame.h"
+#include "app/app_state.h"
+#include "app/export.h"
+#include "app/soft_render.h"
+#include "engine/error.h"
+#include "engine/method.h"
+
+namespace kvscope::app {
+
+void validate_options(const HeadlessOptions& o) {
+  const char* names[] = {"capture", "method", "tokens", "error", "geometry", "walk", "teaching"};
+  bool known = false;
+  for (const char* n : names) known = known || o.view == n;
+  if (!known)
+    throw InputError("--view: '" + o.view +
+                     "' is not one of capture, method, tokens, error, geometry, walk, teaching");
+  if (o.keep_ratio != -1 && !(o.keep_ratio > 0 && o.keep_ratio <= 1))
+    throw InputError("--ratio: " + std::to_string(o.keep_ratio) + " is not in (0, 1]");
+  if (!o.method.empty() && !find_method(o.method))
+    throw InputError("--method: unknown method '" + o.method + "'");
+  if (!o.method_b.empty() && !find_method(o.method_b))
+    throw InputError("--method-b: unknown method '" + o.method_b + "'");
+  if (o.width < 320 || o.height < 240 || o.width > 8192 || o.height > 8192)
+    throw InputError("--size: " + std::to_string(o.width) + "x" + std::to_string(o.height) +
+                     " is outside 320x240 .. 8192x8192");
+}
+
+void apply_options(AppState& s, AppUi& ui, const HeadlessOptions& o) {
+  if (!o.session.empty()) ui.load_session(o.session);
+  if (!o.method.empty()) s.method_name[0] = o.method;
+  if (!o.method_b.empty()) {
+    s.method_name[1] = o.method_b;
+    s.ab_enabled = true;
+  }
+  if (o.keep_ratio > 0) s.keep_ratio = o.keep_ratio;
+  if (!o.backend.empty()) {
+    s.set_backend(o.backend);
+    if (s.backend_choice != o.backend) throw InputError(s.backend_note);
+  }
+  s.active_view = o.view;
+  ui.show_view(o.view);
+  if (!o.capture.empty()) s.request_open(o.capture);
+}
+
+int render_view_software(const HeadlessOptions& o) {
+  validate_options(o);
+  SoftTexture font = soft_init(o.width, o.height);
+  int rc = 0;
+  {
+    AppState s;
+    AppUi ui(s);
+    apply_options(s, ui, o);
+    auto t0 = std::chrono::steady_clock::now();
+    bool ready = false;
+    while (!ready) {
+      s.worker.drain(s);
+      ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+      ready = ui.ready_for_screenshot(o.view);
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!ready && waited > o.timeout_s) {
+        std::fprintf(stderr,
+                     "render: the %s view's work did not finish in %.0f s; writing what "
+                     "is there\n",
+                     o.view.c_str(), o.timeout_s);
+        rc = 3;
+        break;
+      }
+      if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!s.load_error.empty()) {
+      std::string msg = s.load_error;
+      ImGui::DestroyContext();
+      throw InputError(msg);
+    }
+    std::vector<uint8_t> px;
+    soft_render(ImGui::GetDrawData(), font, o.width, o.height, px, IM_COL32(23, 25, 28, 255));
+    ScreenRect rect = o.full_window ? ScreenRect{} : ui.view_rect(o.view);
+    write_png(o.out, px, o.width, o.height, false, rect);
+  }
+  ImGui::DestroyContext();
+  return rc;
+}
+
+}  // namespace kvscope::app

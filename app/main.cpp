@@ -1,0 +1,180 @@
+// kvscope: the desktop app. One GLFW window with an OpenGL 3.3 core context; Dear ImGui draws the
+// views (app/app_frame.cpp), a worker computes (app/worker.cpp). With --screenshot it renders the
+// chosen view once its work has finished, writes the PNG and exits.
+#include <GLFW/glfw3.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "app/app_frame.h"
+#include "app/app_state.h"
+#include "app/headless.h"
+#include "app/screenshot.h"
+#include "backends/imgui_impl_glfw.h"
+#include "backends/imgui_impl_opengl3.h"
+#include "engine/error.h"
+
+namespace {
+
+kvscope::app::AppState* g_state = nullptr;
+
+void on_drop(GLFWwindow*, int count, const char** paths) {
+  // Several files dropped at once: the last one wins (one capture is open at a time).
+  if (g_state && count > 0) g_state->request_open(paths[count - 1]);
+}
+
+void on_glfw_error(int code, const char* what) {
+  std::fprintf(stderr, "kvscope: GLFW error %d: %s\n", code, what);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kvscope::app;
+  CLI::App cli{"kvscope: look inside KV-cache compression (BalanceKV, SubGen, BUZZ, baselines)"};
+  HeadlessOptions opt;
+  opt.view = "";
+  std::string screenshot;
+  cli.add_option("file", opt.capture,
+                 "capture to open (.safetensors or .npz); default: the "
+                 "bundled stories260K sample");
+  cli.add_option("--view", opt.view,
+                 "view to show: capture, method, tokens, error, geometry, "
+                 "walk, teaching");
+  cli.add_option("--screenshot", screenshot,
+                 "render the view once its work has finished, write this PNG and exit");
+  cli.add_option("--method", opt.method, "method A");
+  cli.add_option("--method-b", opt.method_b, "method B of the A/B comparison");
+  cli.add_option("--ratio", opt.keep_ratio, "keep ratio in (0, 1]");
+  cli.add_option("--backend", opt.backend, "cpu, cuda or auto");
+  cli.add_option("--session", opt.session, "session JSON to open");
+  cli.add_option("--width", opt.width, "window width")->default_val(1600);
+  cli.add_option("--height", opt.height, "window height")->default_val(1000);
+  cli.add_option("--timeout", opt.timeout_s, "screenshot: seconds to wait for the view's work")
+      ->default_val(300);
+  cli.add_flag("--full-window", opt.full_window, "screenshot the whole window");
+  CLI11_PARSE(cli, argc, argv);
+
+  const bool headless = !screenshot.empty();
+  if (opt.view.empty()) opt.view = "capture";
+  if (opt.capture.empty() && opt.session.empty()) opt.capture = default_capture_path(argv[0]);
+  try {
+    validate_options(opt);
+  } catch (const kvscope::InputError& e) {
+    std::fprintf(stderr, "kvscope: error: %s\n", e.what());
+    return 1;
+  }
+
+  glfwSetErrorCallback(on_glfw_error);
+  if (!glfwInit()) {
+    std::fprintf(stderr,
+                 "kvscope: cannot initialise GLFW (no display? try xvfb-run, or "
+                 "kvscope-cli render for PNGs without a window)\n");
+    return 1;
+  }
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
+  glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
+  glfwWindowHint(GLFW_OPENGL_FORWARD_COMPAT, GLFW_TRUE);
+  GLFWwindow* window = glfwCreateWindow(opt.width, opt.height, "KVScope", nullptr, nullptr);
+  if (!window) {
+    std::fprintf(stderr, "kvscope: cannot create an OpenGL 3.3 core window\n");
+    glfwTerminate();
+    return 1;
+  }
+  glfwMakeContextCurrent(window);
+  glfwSwapInterval(headless ? 0 : 1);
+
+  IMGUI_CHECKVERSION();
+  ImGui::CreateContext();
+  setup_style_and_fonts();
+  ImGui_ImplGlfw_InitForOpenGL(window, true);
+  ImGui_ImplOpenGL3_Init("#version 330 core");
+
+  int rc = 0;
+  {
+    AppState state;
+    g_state = &state;
+    state.worker.set_wakeup([] { glfwPostEmptyEvent(); });
+    AppUi ui(state);
+    bool quit = false;
+    ui.on_quit = [&quit] { quit = true; };
+    glfwSetDropCallback(window, on_drop);
+    try {
+      apply_options(state, ui, opt);
+    } catch (const kvscope::InputError& e) {
+      if (headless) {
+        std::fprintf(stderr, "kvscope: error: %s\n", e.what());
+        quit = true;
+        rc = 1;
+      } else {
+        state.load_error = e.what();
+      }
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    while (!quit && !glfwWindowShouldClose(window)) {
+      bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
+      if (headless || busy)
+        glfwPollEvents();
+      else
+        glfwWaitEventsTimeout(0.5);  // idle: sleep until input or a worker result
+      state.worker.drain(state);
+      ImGui_ImplOpenGL3_NewFrame();
+      ImGui_ImplGlfw_NewFrame();
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+      int fw = 0, fh = 0;
+      glfwGetFramebufferSize(window, &fw, &fh);
+      glViewport(0, 0, fw, fh);
+      glClearColor(0.09f, 0.10f, 0.11f, 1.0f);
+      glClear(GL_COLOR_BUFFER_BIT);
+      ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+      const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
+      for (const auto& req : ui.take_png_requests()) {
+        try {
+          save_framebuffer_png(req.path, fw, fh, scale.x, scale.y, req.rect);
+          state.status_message = "wrote " + req.path;
+        } catch (const std::exception& e) {
+          state.status_message = e.what();
+        }
+      }
+      if (headless) {
+        bool ready = ui.ready_for_screenshot(opt.view);
+        double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (ready && !state.load_error.empty()) {
+          std::fprintf(stderr, "kvscope: error: %s\n", state.load_error.c_str());
+          rc = 1;
+          quit = true;
+        } else if (ready || waited > opt.timeout_s) {
+          if (!ready) {
+            std::fprintf(stderr, "kvscope: the %s view's work did not finish in %.0f s\n",
+                         opt.view.c_str(), opt.timeout_s);
+            rc = 3;
+          }
+          try {
+            save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y,
+                                 opt.full_window ? ScreenRect{} : ui.view_rect(opt.view));
+            std::printf("kvscope: wrote %s\n", screenshot.c_str());
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "kvscope: error: %s\n", e.what());
+            rc = 1;
+          }
+          quit = true;
+        }
+      }
+      glfwSwapBuffers(window);
+    }
+    state.worker.cancel("");
+    g_state = nullptr;
+  }
+  ImGui_ImplOpenGL3_Shutdown();
+  ImGui_ImplGlfw_Shutdown();
+  ImGui::DestroyContext();
+  glfwDestroyWindow(window);
+  glfwTerminate();
+  return rc;
+}

@@ -1,0 +1,424 @@
+#include "app/plot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace kvscope::app {
+namespace {
+
+constexpr float kLeftMargin = 56.0f;    // room for y tick labels and the rotated-free y label
+constexpr float kBottomMargin = 36.0f;  // x tick labels + x label
+constexpr float kTopMargin = 22.0f;     // title
+constexpr float kRightMargin = 12.0f;
+
+std::string format_tick(double v) {
+  char buf[32];
+  double a = std::fabs(v);
+  if (v == 0)
+    std::snprintf(buf, sizeof buf, "0");
+  else if (a >= 1e4 || a < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.0e", v);
+  else if (a >= 100)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+// "Nice" linear ticks (1, 2, 5 x 10^k steps), about `target` of them.
+std::vector<double> linear_ticks(double lo, double hi, int target) {
+  std::vector<double> t;
+  if (!(hi > lo)) return t;
+  double raw = (hi - lo) / std::max(1, target);
+  double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+    t.push_back(std::fabs(v) < step * 1e-9 ? 0.0 : v);
+  return t;
+}
+
+}  // namespace
+
+std::string ratio_label(double r) {
+  if (r > 0) {
+    double inv = 1.0 / r;
+    double k = std::round(inv);
+    if (std::fabs(inv - k) < 1e-6 && k >= 1) {
+      char buf[32];
+      if (k == 1) return "1";
+      std::snprintf(buf, sizeof buf, "1/%.0f", k);
+      return buf;
+    }
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", r);
+  return buf;
+}
+
+void finite_range(const std::vector<double>& v, double* lo, double* hi, double pad) {
+  double a = INFINITY, b = -INFINITY;
+  for (double x : v)
+    if (std::isfinite(x)) {
+      a = std::min(a, x);
+      b = std::max(b, x);
+    }
+  if (!std::isfinite(a)) {
+    *lo = 0;
+    *hi = 1;
+    return;
+  }
+  double span = b - a;
+  if (span <= 0) span = a != 0 ? std::fabs(a) * 0.2 : 1.0;
+  *lo = a - span * pad;
+  *hi = b + span * pad;
+}
+
+double Plot::tx(double v, const Axis& a) const {
+  switch (a.scale) {
+    case Scale::Log2:
+      return v > 0 ? std::log2(v) : -INFINITY;
+    case Scale::Log10:
+      return v > 0 ? std::log10(v) : -INFINITY;
+    default:
+      return v;
+  }
+}
+
+float Plot::sx(double x) const {
+  double a = tx(x_.min, x_), b = tx(x_.max, x_);
+  double t = b != a ? (tx(x, x_) - a) / (b - a) : 0.5;
+  return p0_.x + static_cast<float>(t) * (p1_.x - p0_.x);
+}
+
+float Plot::sy(double y) const {
+  double a = tx(y_.min, y_), b = tx(y_.max, y_);
+  double t = b != a ? (tx(y, y_) - a) / (b - a) : 0.5;
+  return p1_.y - static_cast<float>(t) * (p1_.y - p0_.y);
+}
+
+double Plot::data_x(float px) const {
+  double a = tx(x_.min, x_), b = tx(x_.max, x_);
+  double v = a + (px - p0_.x) / std::max(1.0f, p1_.x - p0_.x) * (b - a);
+  if (x_.scale == Scale::Log2) return std::exp2(v);
+  if (x_.scale == Scale::Log10) return std::pow(10.0, v);
+  return v;
+}
+
+double Plot::data_y(float py) const {
+  double a = tx(y_.min, y_), b = tx(y_.max, y_);
+  double v = a + (p1_.y - py) / std::max(1.0f, p1_.y - p0_.y) * (b - a);
+  if (y_.scale == Scale::Log2) return std::exp2(v);
+  if (y_.scale == Scale::Log10) return std::pow(10.0, v);
+  return v;
+}
+
+ImVec2 Plot::mouse_data() const {
+  ImVec2 m = ImGui::GetIO().MousePos;
+  return ImVec2(static_cast<float>(data_x(m.x)), static_cast<float>(data_y(m.y)));
+}
+
+Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y)
+    : x_(std::move(x)), y_(std::move(y)) {
+  // Log axes need positive ranges.
+  for (Axis* a : {&x_, &y_}) {
+    if (a->scale != Scale::Linear) {
+      if (!(a->min > 0)) a->min = a->max > 0 ? a->max / 1000 : 1e-3;
+      if (!(a->max > a->min)) a->max = a->min * 10;
+    } else if (!(a->max > a->min)) {
+      a->max = a->min + 1;
+    }
+  }
+  ImVec2 avail = ImGui::GetContentRegionAvail();
+  if (size.x <= 0) size.x = std::max(80.0f, avail.x + size.x);
+  if (size.y <= 0) size.y = std::max(60.0f, avail.y + size.y);
+  ImVec2 o = ImGui::GetCursorScreenPos();
+  ImGui::InvisibleButton(id, size);
+  hovered_ = ImGui::IsItemHovered();
+  clicked_ = ImGui::IsItemClicked(ImGuiMouseButton_Left);
+  dl_ = ImGui::GetWindowDrawList();
+  p0_ = ImVec2(o.x + kLeftMargin, o.y + kTopMargin);
+  p1_ = ImVec2(o.x + size.x - kRightMargin, o.y + size.y - kBottomMargin);
+  if (p1_.x < p0_.x + 10) p1_.x = p0_.x + 10;
+  if (p1_.y < p0_.y + 10) p1_.y = p0_.y + 10;
+  hovered_ = hovered_ && ImGui::IsMouseHoveringRect(p0_, p1_);
+
+  dl_->AddRectFilled(p0_, p1_, kColPlotBg);
+  const float font = ImGui::GetFontSize();
+
+  // x ticks
+  std::vector<std::pair<double, std::string>> xt;
+  if (x_.scale == Scale::Linear) {
+    for (double v :
+         linear_ticks(x_.min, x_.max, std::max(2, static_cast<int>((p1_.x - p0_.x) / 80))))
+      xt.emplace_back(v, format_tick(v));
+  } else {
+    double base = x_.scale == Scale::Log2 ? 2.0 : 10.0;
+    int a = static_cast<int>(std::ceil(tx(x_.min, x_) - 1e-9));
+    int b = static_cast<int>(std::floor(tx(x_.max, x_) + 1e-9));
+    for (int k = a; k <= b; ++k) {
+      double v = std::pow(base, k);
+      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : format_tick(v));
+    }
+  }
+  for (auto& [v, s] : xt) {
+    float px = sx(v);
+    dl_->AddLine(ImVec2(px, p0_.y), ImVec2(px, p1_.y), kColGrid);
+    ImVec2 ts = ImGui::CalcTextSize(s.c_str());
+    dl_->AddText(ImVec2(px - ts.x / 2, p1_.y + 3), kColAxisText, s.c_str());
+  }
+  // y ticks
+  std::vector<std::pair<double, std::string>> yt;
+  if (y_.scale == Scale::Linear) {
+    for (double v :
+         linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>((p1_.y - p0_.y) / 40))))
+      yt.emplace_back(v, format_tick(v));
+  } else {
+    double base = y_.scale == Scale::Log2 ? 2.0 : 10.0;
+    int a = static_cast<int>(std::ceil(tx(y_.min, y_) - 1e-9));
+    int b = static_cast<int>(std::floor(tx(y_.max, y_) + 1e-9));
+    if (b < a) {  // less than one decade: label the ends instead
+      yt.emplace_back(y_.min, format_tick(y_.min));
+      yt.emplace_back(y_.max, format_tick(y_.max));
+    }
+    for (int k = a; k <= b; ++k) {
+      double v = std::pow(base, k);
+      yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
+      // Minor ticks at 2..9 x 10^k on log10 axes help reading values.
+      if (y_.scale == Scale::Log10)
+        for (int m = 2; m <= 9; ++m) {
+          double mv = m * v;
+          if (mv > y_.min && mv < y_.max)
+            dl_->AddLine(ImVec2(p0_.x, sy(mv)), ImVec2(p0_.x + 4, sy(mv)), kColAxisText);
+        }
+    }
+  }
+  for (auto& [v, s] : yt) {
+    float py = sy(v);
+    dl_->AddLine(ImVec2(p0_.x, py), ImVec2(p1_.x, py), kColGrid);
+    ImVec2 ts = ImGui::CalcTextSize(s.c_str());
+    dl_->AddText(ImVec2(p0_.x - ts.x - 4, py - ts.y / 2), kColAxisText, s.c_str());
+  }
+  dl_->AddRect(p0_, p1_, kColAxisText);
+  // Labels: x centred below the ticks, y above the axis (ImGui cannot rotate text).
+  if (!x_.label.empty()) {
+    ImVec2 ts = ImGui::CalcTextSize(x_.label.c_str());
+    dl_->AddText(ImVec2((p0_.x + p1_.x - ts.x) / 2, p1_.y + font + 4), kColAxisText,
+                 x_.label.c_str());
+  }
+  if (!y_.label.empty()) dl_->AddText(ImVec2(o.x + 2, o.y + 3), kColAxisText, y_.label.c_str());
+  if (!title.empty()) {
+    ImVec2 ts = ImGui::CalcTextSize(title.c_str());
+    dl_->AddText(ImVec2(std::max(o.x + 2 + ImGui::CalcTextSize(y_.label.c_str()).x + 16,
+                                 (p0_.x + p1_.x - ts.x) / 2),
+                        o.y + 3),
+                 IM_COL32(235, 235, 240, 255), title.c_str());
+  }
+}
+
+void Plot::line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
+                float thickness) const {
+  dl_->PushClipRect(p0_, p1_, true);
+  std::vector<ImVec2> pts;
+  auto flush = [&] {
+    if (pts.size() >= 2)
+      dl_->AddPolyline(pts.data(), static_cast<int>(pts.size()), col, 0, thickness);
+    pts.clear();
+  };
+  size_t n = std::min(x.size(), y.size());
+  for (size_t i = 0; i < n; ++i) {
+    bool ok = std::isfinite(x[i]) && std::isfinite(y[i]) &&
+              (y_.scale == Scale::Linear || y[i] > 0) && (x_.scale == Scale::Linear || x[i] > 0);
+    if (!ok) {
+      flush();
+      continue;
+    }
+    pts.push_back(to_screen(x[i], y[i]));
+  }
+  flush();
+  dl_->PopClipRect();
+}
+
+void Plot::markers(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
+                   float radius) const {
+  dl_->PushClipRect(p0_, p1_, true);
+  size_t n = std::min(x.size(), y.size());
+  for (size_t i = 0; i < n; ++i)
+    if (std::isfinite(x[i]) && std::isfinite(y[i]))
+      dl_->AddCircleFilled(to_screen(x[i], y[i]), radius, col, 12);
+  dl_->PopClipRect();
+}
+
+void Plot::band(const std::vector<double>& x, const std::vector<double>& lo,
+                const std::vector<double>& hi, ImU32 col) const {
+  dl_->PushClipRect(p0_, p1_, true);
+  size_t n = std::min({x.size(), lo.size(), hi.size()});
+  auto safe = [&](double v) { return y_.scale == Scale::Linear ? v : std::max(v, y_.min); };
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (!std::isfinite(lo[i]) || !std::isfinite(hi[i]) || !std::isfinite(lo[i + 1]) ||
+        !std::isfinite(hi[i + 1]))
+      continue;
+    // Two triangles per segment (the band need not be convex overall).
+    ImVec2 a = to_screen(x[i], safe(lo[i])), b = to_screen(x[i], safe(hi[i]));
+    ImVec2 c = to_screen(x[i + 1], safe(hi[i + 1])), d = to_screen(x[i + 1], safe(lo[i + 1]));
+    dl_->AddTriangleFilled(a, b, c, col);
+    dl_->AddTriangleFilled(a, c, d, col);
+  }
+  dl_->PopClipRect();
+}
+
+void Plot::bars(const std::vector<double>& x, const std::vector<double>& y, double w,
+                ImU32 col) const {
+  dl_->PushClipRect(p0_, p1_, true);
+  double base = y_.scale == Scale::Linear ? std::max(y_.min, 0.0) : y_.min;
+  size_t n = std::min(x.size(), y.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(y[i])) continue;
+    float xa = sx(x[i] - w / 2), xb = sx(x[i] + w / 2);
+    if (xb - xa < 1) xb = xa + 1;
+    dl_->AddRectFilled(ImVec2(xa, sy(y[i])), ImVec2(xb, sy(base)), col);
+  }
+  dl_->PopClipRect();
+}
+
+void Plot::vline(double x, ImU32 col, float thickness) const {
+  float px = sx(x);
+  if (px >= p0_.x && px <= p1_.x)
+    dl_->AddLine(ImVec2(px, p0_.y), ImVec2(px, p1_.y), col, thickness);
+}
+
+void Plot::hline(double y, ImU32 col, float thickness) const {
+  float py = sy(y);
+  if (py >= p0_.y && py <= p1_.y)
+    dl_->AddLine(ImVec2(p0_.x, py), ImVec2(p1_.x, py), col, thickness);
+}
+
+int Plot::nearest_x(const std::vector<double>& x) const {
+  if (!hovered_) return -1;
+  float mx = ImGui::GetIO().MousePos.x;
+  int best = -1;
+  float bd = 1e30f;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) continue;
+    float d = std::fabs(sx(x[i]) - mx);
+    if (d < bd) {
+      bd = d;
+      best = static_cast<int>(i);
+    }
+  }
+  return best;
+}
+
+void Plot::legend(const std::vector<LegendEntry>& entries) const {
+  if (entries.empty()) return;
+  const float line = ImGui::GetTextLineHeight() + 2;
+  float w = 0;
+  for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.label.c_str()).x);
+  w += 26;
+  float h = line * static_cast<float>(entries.size()) + 6;
+  ImVec2 a(p1_.x - w - 6, p0_.y + 6), b(p1_.x - 6, p0_.y + 6 + h);
+  dl_->AddRectFilled(a, b, IM_COL32(16, 18, 22, 220));
+  dl_->AddRect(a, b, kColGrid);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    float y = a.y + 3 + line * static_cast<float>(i);
+    dl_->AddRectFilled(ImVec2(a.x + 5, y + 3), ImVec2(a.x + 17, y + line - 4), entries[i].colour);
+    dl_->AddText(ImVec2(a.x + 22, y), IM_COL32(230, 230, 235, 255), entries[i].label.c_str());
+  }
+}
+
+HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,
+                   const std::function<ImU32(int, int)>& colour,
+                   const std::function<std::string(int, int)>& cell_text) {
+  HeatmapHit hit;
+  ImVec2 avail = ImGui::GetContentRegionAvail();
+  if (size.x <= 0) size.x = std::max(40.0f, avail.x + size.x);
+  if (size.y <= 0) size.y = std::max(40.0f, avail.y + size.y);
+  ImVec2 o = ImGui::GetCursorScreenPos();
+  ImGui::InvisibleButton(id, size);
+  bool hovered = ImGui::IsItemHovered();
+  bool clicked = ImGui::IsItemClicked(ImGuiMouseButton_Left);
+  if (rows <= 0 || cols <= 0) return hit;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float cw = size.x / static_cast<float>(cols), ch = size.y / static_cast<float>(rows);
+  const float gap = (cw > 12 && ch > 12) ? 2.0f : 0.0f;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      ImVec2 a(o.x + c * cw + gap / 2, o.y + r * ch + gap / 2);
+      ImVec2 b(o.x + (c + 1) * cw - gap / 2, o.y + (r + 1) * ch - gap / 2);
+      ImU32 col = colour(r, c);
+      dl->AddRectFilled(a, b, col);
+      if (cell_text && cw > 30 && ch > ImGui::GetTextLineHeight()) {
+        std::string t = cell_text(r, c);
+        if (!t.empty()) {
+          ImVec2 ts = ImGui::CalcTextSize(t.c_str());
+          // Dark text on light cells, light text on dark cells.
+          float lum = 0.299f * ((col >> IM_COL32_R_SHIFT) & 0xFF) +
+                      0.587f * ((col >> IM_COL32_G_SHIFT) & 0xFF) +
+                      0.114f * ((col >> IM_COL32_B_SHIFT) & 0xFF);
+          ImU32 tc = lum > 140 ? IM_COL32(10, 10, 10, 255) : IM_COL32(240, 240, 240, 255);
+          if (ts.x < cw - 4)
+            dl->AddText(ImVec2((a.x + b.x - ts.x) / 2, (a.y + b.y - ts.y) / 2), tc, t.c_str());
+        }
+      }
+    }
+  if (hovered) {
+    ImVec2 m = ImGui::GetIO().MousePos;
+    int c = static_cast<int>((m.x - o.x) / cw), r = static_cast<int>((m.y - o.y) / ch);
+    if (r >= 0 && r < rows && c >= 0 && c < cols) {
+      hit.row = r;
+      hit.col = c;
+      hit.clicked = clicked;
+      dl->AddRect(ImVec2(o.x + c * cw, o.y + r * ch),
+                  ImVec2(o.x + (c + 1) * cw, o.y + (r + 1) * ch), kColHover, 0, 0, 2.0f);
+    }
+  }
+  return hit;
+}
+
+void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double vmax,
+                const std::string& label) {
+  ImVec2 avail = ImGui::GetContentRegionAvail();
+  if (size.x <= 0) size.x = std::max(40.0f, avail.x + size.x);
+  if (size.y <= 0) size.y = std::max(40.0f, avail.y + size.y);
+  ImVec2 o = ImGui::GetCursorScreenPos();
+  ImGui::Dummy(size);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float lh = ImGui::GetTextLineHeight();
+  const float bar_w = 14;
+  ImVec2 a(o.x, o.y + lh + 4), b(o.x + bar_w, o.y + size.y - lh / 2);
+  dl->AddText(o, kColAxisText, label.c_str());
+  const int steps = 48;
+  for (int i = 0; i < steps; ++i) {
+    float y0 = b.y - (b.y - a.y) * static_cast<float>(i + 1) / steps;
+    float y1 = b.y - (b.y - a.y) * static_cast<float>(i) / steps;
+    dl->AddRectFilled(ImVec2(a.x, y0), ImVec2(b.x, y1 + 1),
+                      colormap(map, (i + 0.5) / static_cast<double>(steps)));
+  }
+  dl->AddRect(a, b, kColAxisText);
+  for (int k = 0; k <= 4; ++k) {
+    double v = vmin + (vmax - vmin) * k / 4.0;
+    float y = b.y - (b.y - a.y) * static_cast<float>(k) / 4.0f;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+    dl->AddLine(ImVec2(b.x, y), ImVec2(b.x + 4, y), kColAxisText);
+    dl->AddText(ImVec2(b.x + 6, y - lh / 2), kColAxisText, buf);
+  }
+  (void)id;
+}
+
+void legend_swatch(ImU32 colour, const char* text) {
+  ImVec2 p = ImGui::GetCursorScreenPos();
+  float h = ImGui::GetTextLineHeight();
+  ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + 2), ImVec2(p.x + h - 2, p.y + h - 2),
+                                            colour);
+  ImGui::Dummy(ImVec2(h, h));
+  ImGui::SameLine(0, 4);
+  ImGui::TextUnformatted(text);
+}
+
+}  // namespace kvscope::app

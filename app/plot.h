@@ -1,0 +1,99 @@
+// Plot helpers drawn by hand with ImDrawList (ImGui 1.86 has no ImPlot): a plot frame with
+// axes, ticks, labels, linear or log axes, and lines, markers, bands, bars, heatmaps, colour bars,
+// legends and hover lookup on top. Pure ImGui, so plots also render headless.
+#pragma once
+
+#include <imgui.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "app/colormap.h"
+
+namespace kvscope::app {
+
+enum class Scale { Linear, Log2, Log10 };
+
+struct Axis {
+  std::string label;  // with units, e.g. "keep ratio (log2)"
+  double min = 0, max = 1;
+  Scale scale = Scale::Linear;
+  bool fraction_ticks = false;  // Log2 axis ticks written as 1/2, 1/4, ... (keep ratios)
+};
+
+// min/max of finite values, padded by `pad` of the span (span 0 gets +-0.5 or +-10%).
+void finite_range(const std::vector<double>& v, double* lo, double* hi, double pad = 0.05);
+
+class Plot {
+ public:
+  // Reserves `size` in the layout (a component <= 0 fills the available region), draws the
+  // background, grid, ticks, axis labels and the title. The id must be unique in the window.
+  Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y);
+
+  ImDrawList* draw_list() const { return dl_; }
+  ImVec2 inner_min() const { return p0_; }
+  ImVec2 inner_max() const { return p1_; }
+  const Axis& x_axis() const { return x_; }
+  const Axis& y_axis() const { return y_; }
+
+  float sx(double x) const;  // data -> screen
+  float sy(double y) const;
+  ImVec2 to_screen(double x, double y) const { return ImVec2(sx(x), sy(y)); }
+  double data_x(float screen_x) const;
+  double data_y(float screen_y) const;
+
+  bool hovered() const { return hovered_; }
+  bool clicked() const { return clicked_; }
+  ImVec2 mouse_data() const;  // data coordinates of the mouse (valid when hovered)
+
+  // Series. Non-finite points break a line; points outside the axes are clipped.
+  void line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
+            float thickness = 2.0f) const;
+  void markers(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
+               float radius = 3.0f) const;
+  void band(const std::vector<double>& x, const std::vector<double>& lo,
+            const std::vector<double>& hi, ImU32 col) const;
+  // Vertical bars from the x axis baseline (y = max(y_min, 0)) centred on x with data width w.
+  void bars(const std::vector<double>& x, const std::vector<double>& y, double w, ImU32 col) const;
+  void vline(double x, ImU32 col, float thickness = 1.0f) const;
+  void hline(double y, ImU32 col, float thickness = 1.0f) const;
+  // Index of the point whose x is nearest the mouse in screen space, -1 when not hovered.
+  int nearest_x(const std::vector<double>& x) const;
+
+  struct LegendEntry {
+    std::string label;
+    ImU32 colour;
+  };
+  // Top-right corner box.
+  void legend(const std::vector<LegendEntry>& entries) const;
+
+ private:
+  ImDrawList* dl_ = nullptr;
+  ImVec2 p0_, p1_;  // inner (data) rectangle
+  Axis x_, y_;
+  bool hovered_ = false, clicked_ = false;
+  double tx(double v, const Axis& a) const;  // axis transform (log for log axes)
+};
+
+// Heatmap of rows x cols cells in [p0, p1]: value(r, c) -> colour. Returns the hovered cell as
+// (row, col) or (-1, -1). Draws cell borders when cells are large enough.
+struct HeatmapHit {
+  int row = -1, col = -1;
+  bool clicked = false;
+};
+HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,
+                   const std::function<ImU32(int, int)>& colour,
+                   const std::function<std::string(int, int)>& cell_text = {});
+
+// Vertical colour bar with min/max/mid labels; `size` as for Plot.
+void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double vmax,
+                const std::string& label);
+
+// Small coloured square + text on one line (for legends outside plots).
+void legend_swatch(ImU32 colour, const char* text);
+
+// Keep-ratio labels: 0.25 -> "1/4", 0.3 -> "0.3".
+std::string ratio_label(double r);
+
+}  // namespace kvscope::app

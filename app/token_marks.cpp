@@ -1,0 +1,81 @@
+#include "app/token_marks.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvscope::app {
+
+TokenMarks token_marks(const HeadRun& run) {
+  const EvalWindow& w = run.window;
+  TokenMarks m;
+  const size_t n = static_cast<size_t>(std::max(0, w.n));
+  m.kind.assign(n, TokenKind::Dropped);
+  m.weight.assign(n, 0.0);
+  m.den_weight.assign(n, 0.0);
+  m.score.assign(n, NAN);
+  for (int i = 0; i < std::min(w.sink, w.n); ++i) {
+    m.kind[static_cast<size_t>(i)] = TokenKind::Sink;
+    m.weight[static_cast<size_t>(i)] = m.den_weight[static_cast<size_t>(i)] = 1;
+  }
+  for (int i = std::max(0, w.n - w.eval); i < w.n; ++i) {
+    m.kind[static_cast<size_t>(i)] = TokenKind::Window;
+    m.weight[static_cast<size_t>(i)] = m.den_weight[static_cast<size_t>(i)] = 1;
+  }
+  const Selection& sel = run.selection;
+  m.separate = sel.separate;
+  auto mark = [&](const std::vector<int>& idx, const std::vector<double>& wts, bool den) {
+    for (size_t t = 0; t < idx.size(); ++t) {
+      int i = idx[t];
+      if (i < w.mid_begin || i >= w.mid_end) continue;
+      double wt = t < wts.size() ? wts[t] : 1.0;
+      m.kind[static_cast<size_t>(i)] = TokenKind::Kept;
+      (den ? m.den_weight : m.weight)[static_cast<size_t>(i)] = wt;
+      m.max_weight = std::max(m.max_weight, wt);
+    }
+  };
+  mark(sel.indices, sel.weights, false);
+  if (sel.separate)
+    mark(sel.den_indices, sel.den_weights, true);
+  else
+    m.den_weight = m.weight;
+  for (size_t t = 0; t < sel.middle_scores.size(); ++t) {
+    size_t i = static_cast<size_t>(w.mid_begin) + t;
+    if (i < n) m.score[i] = sel.middle_scores[t];
+  }
+  return m;
+}
+
+ImU32 token_colour(const TokenMarks& m, int i) {
+  if (i < 0 || i >= static_cast<int>(m.kind.size())) return kColDropped;
+  switch (m.kind[static_cast<size_t>(i)]) {
+    case TokenKind::Sink:
+      return kColSink;
+    case TokenKind::Window:
+      return kColWindow;
+    case TokenKind::Dropped:
+      return kColDropped;
+    case TokenKind::Kept: {
+      double w = std::max(m.weight[static_cast<size_t>(i)], m.den_weight[static_cast<size_t>(i)]);
+      double t = m.max_weight > 1 ? std::log(std::max(w, 1e-9)) / std::log(m.max_weight) : 1.0;
+      return lerp_colour(IM_COL32(150, 215, 165, 255), IM_COL32(20, 150, 60, 255),
+                         static_cast<float>(std::clamp(t, 0.0, 1.0)));
+    }
+  }
+  return kColDropped;
+}
+
+const char* token_kind_name(TokenKind k) {
+  switch (k) {
+    case TokenKind::Sink:
+      return "sink (always kept)";
+    case TokenKind::Window:
+      return "evaluation window (kept as it arrives)";
+    case TokenKind::Kept:
+      return "kept";
+    case TokenKind::Dropped:
+      return "dropped";
+  }
+  return "?";
+}
+
+}  // namespace kvscope::app

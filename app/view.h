@@ -1,0 +1,55 @@
+// A view is one tab of the KVScope window: it draws the app state with ImGui / ImDrawList (no GL
+// calls, so the very same code renders headless through the software rasteriser of
+// kvscope-cli render), may queue worker jobs, and can export its numbers.
+//
+// Adding a view: write app/view_<name>.cpp defining `std::unique_ptr<View> make_<name>_view()`.
+// The Geometry, Walk and Teaching views are picked up automatically when their files exist
+// (app/CMakeLists.txt defines KVSCOPE_HAVE_VIEW_<NAME>); see make_views() in app_frame.cpp.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvscope::app {
+
+struct AppState;
+
+enum class Panel { Left, Main };
+
+class View {
+ public:
+  virtual ~View() = default;
+  // Short lower-case id used by --view and in sessions: "capture", "geometry", ...
+  virtual const char* name() const = 0;
+  // Tab label.
+  virtual const char* title() const = 0;
+  // Which panel's tab bar holds this view.
+  virtual Panel panel() const { return Panel::Main; }
+  // Draws into the current ImGui window; the available region is the view's area.
+  virtual void draw(AppState& s) = 0;
+  // Headless screenshots wait until the worker is idle AND ready() holds (e.g. a t-SNE that is
+  // still converging through intermediate posts can say "not yet").
+  virtual bool ready(const AppState& s) const { return true; }
+  // The view's numbers for File > Export (null / empty when it has none).
+  virtual nlohmann::json export_json(const AppState& s) const { return nullptr; }
+  virtual std::string export_csv(const AppState& s) const { return {}; }
+  // Per-view UI state saved in sessions.
+  virtual nlohmann::json save_state() const { return nullptr; }
+  virtual void load_state(const nlohmann::json& j) {}
+};
+
+std::unique_ptr<View> make_capture_view();
+std::unique_ptr<View> make_method_view();
+std::unique_ptr<View> make_tokens_view();
+std::unique_ptr<View> make_error_view();
+// Written by engineer "geometry" (app/view_geometry.cpp, view_walk.cpp, view_teaching.cpp).
+std::unique_ptr<View> make_geometry_view();
+std::unique_ptr<View> make_walk_view();
+std::unique_ptr<View> make_teaching_view();
+
+// All views in display order (placeholder panels for views whose file is not there yet).
+std::vector<std::unique_ptr<View>> make_views();
+
+}  // namespace kvscope::app

@@ -1,0 +1,434 @@
+// Error view (DESIGN.md 5): error against keep ratio per method (mean and spread over seeds, log2
+// x axis), error per layer and head (heatmap), error against query position for the focused head,
+// and exact vs approximate attention for one chosen query (weights over keys and output vector).
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "app/app_state.h"
+#include "app/colormap.h"
+#include "app/grid_values.h"
+#include "app/plot.h"
+#include "app/view.h"
+
+namespace kvscope::app {
+namespace {
+
+int method_index(const std::string& name) {
+  const auto& all = all_methods();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i]->name() == name) return static_cast<int>(i);
+  return -1;
+}
+
+// Mean over the group's query heads of the relative error at each evaluation position.
+void per_position(const HeadRun& r, std::vector<double>* x, std::vector<double>* y) {
+  x->clear();
+  y->clear();
+  if (r.per_query_head.empty()) return;
+  size_t E = r.per_query_head[0].size();
+  for (size_t t = 0; t < E; ++t) {
+    double sum = 0;
+    int cnt = 0;
+    for (const auto& head : r.per_query_head)
+      if (t < head.size()) {
+        sum += head[t].relative;
+        ++cnt;
+      }
+    x->push_back(r.per_query_head[0][t].position);
+    y->push_back(cnt ? sum / cnt : NAN);
+  }
+}
+
+class ErrorView final : public View {
+ public:
+  const char* name() const override { return "error"; }
+  const char* title() const override { return "Error"; }
+
+  bool ready(const AppState& s) const override {
+    if (!s.capture) return true;
+    bool sweep_done = s.sweep || !s.sweep_error.empty();
+    bool run_done = s.run[0] || !s.run_error[0].empty();
+    bool grid_done = s.grid || !s.grid_error.empty();
+    return sweep_done && run_done && grid_done;
+  }
+
+  void draw(AppState& s) override {
+    if (!s.info()) {
+      ImGui::TextDisabled("No capture open.");
+      return;
+    }
+    // The first visit starts the sweep with the protocol's ratios.
+    if (s.sweep_request.methods.empty()) {
+      SweepRequest r;
+      r.methods = {"uniform", "streaming", "snapkv", "subgen-kcenter", "balancekv"};
+      r.methods.erase(std::remove_if(r.methods.begin(), r.methods.end(),
+                                     [](const std::string& m) { return !find_method(m); }),
+                      r.methods.end());
+      for (int k = 0; k < 2; ++k)
+        if ((k == 0 || s.ab_enabled) &&
+            std::find(r.methods.begin(), r.methods.end(), s.method_name[k]) == r.methods.end())
+          r.methods.push_back(s.method_name[k]);
+      s.request_sweep(r);
+    }
+    ImVec2 avail = ImGui::GetContentRegionAvail();
+    const float gap = 8;
+    const float w2 = (avail.x - gap) / 2, h2 = (avail.y - gap) / 2;
+    ImGui::BeginChild("##sweep", ImVec2(w2, h2), true);
+    draw_sweep(s);
+    ImGui::EndChild();
+    ImGui::SameLine(0, gap);
+    ImGui::BeginChild("##heat", ImVec2(w2, h2), true);
+    draw_heatmap(s);
+    ImGui::EndChild();
+    ImGui::BeginChild("##position", ImVec2(w2, h2), true);
+    draw_positions(s);
+    ImGui::EndChild();
+    ImGui::SameLine(0, gap);
+    ImGui::BeginChild("##query", ImVec2(w2, h2), true);
+    draw_query(s);
+    ImGui::EndChild();
+  }
+
+  nlohmann::json export_json(const AppState& s) const override {
+    nlohmann::json j;
+    if (s.sweep) {
+      nlohmann::json sum = nlohmann::json::array();
+      for (const EvalSummary& e : s.sweep->summary())
+        sum.push_back({{"method", e.method},
+                       {"ratio", e.ratio},
+                       {"mean", e.mean},
+                       {"std", e.std},
+                       {"heads", e.heads}});
+      j["sweep_summary"] = sum;
+      j["sweep_report"] = s.sweep->to_json();
+    }
+    j["grid"] = grid_json(s);
+    nlohmann::json runs = nlohmann::json::array();
+    for (int k = 0; k < 2; ++k) {
+      if (!s.run[k]) continue;
+      std::vector<double> x, y;
+      per_position(*s.run[k], &x, &y);
+      runs.push_back({{"method", s.method_name[k]}, {"position", x}, {"relative_error", y}});
+    }
+    j["focused_head"] = {
+        {"layer", s.focus.layer}, {"kv_head", s.focus.kv_head}, {"by_position", runs}};
+    if (s.query_cmp) {
+      const QueryComparison& q = *s.query_cmp;
+      j["query"] = {{"position", q.position},
+                    {"q_head", q.q_head},
+                    {"exact_weights", q.exact_weights},
+                    {"approx_weights", q.approx_weights},
+                    {"exact_output", q.exact_output},
+                    {"approx_output", q.approx_output},
+                    {"relative_error", q.relative_error}};
+    }
+    if (j.is_null()) return nullptr;
+    return j;
+  }
+
+  std::string export_csv(const AppState& s) const override {
+    if (!s.sweep) return {};
+    std::ostringstream o;
+    o << "method,keep_ratio,relative_error_mean,relative_error_std,heads\n";
+    for (const EvalSummary& e : s.sweep->summary())
+      o << e.method << "," << e.ratio << "," << e.mean << "," << e.std << "," << e.heads << "\n";
+    return o.str();
+  }
+
+ private:
+  void draw_sweep(AppState& s) {
+    SweepRequest req = s.sweep_request;
+    bool changed = false;
+    if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
+    if (ImGui::BeginPopup("##methods")) {
+      for (const Method* m : all_methods()) {
+        bool on = std::find(req.methods.begin(), req.methods.end(), m->name()) != req.methods.end();
+        if (ImGui::Checkbox(m->name().c_str(), &on)) {
+          if (on)
+            req.methods.push_back(m->name());
+          else
+            req.methods.erase(std::find(req.methods.begin(), req.methods.end(), m->name()));
+          changed = true;
+        }
+      }
+      ImGui::EndPopup();
+    }
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(90);
+    if (ImGui::SliderInt("seeds", &req.seeds, 1, 10)) changed = true;
+    ImGui::SameLine();
+    if (ImGui::Checkbox("focused layer only", &req.focused_layer_only)) changed = true;
+    ImGui::SameLine();
+    bool busy = s.worker.busy("sweep");
+    if (ImGui::Button(busy ? "restart" : "run")) changed = true;
+    if (busy) {
+      for (const auto& j : s.worker.jobs())
+        if (j.key == "sweep" && j.running) {
+          ImGui::SameLine();
+          char ov[64];
+          std::snprintf(ov, sizeof ov, "%d/%d", j.done, j.total);
+          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(110, 0),
+                             ov);
+        }
+      ImGui::SameLine();
+      if (ImGui::SmallButton("cancel")) s.worker.cancel("sweep");
+    } else if (s.sweep_stale) {
+      ImGui::SameLine();
+      ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "settings changed: run again");
+    }
+    if (changed) s.request_sweep(req);
+    if (!s.sweep_error.empty())
+      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.sweep_error.c_str());
+
+    // Series from the summary: mean over heads, spread = std over seeds of the head mean.
+    struct Series {
+      std::string method;
+      std::vector<double> x, y, lo, hi, sd;
+    };
+    std::vector<Series> series;
+    std::vector<double> all_y;
+    std::vector<double> ratios;
+    if (s.sweep) {
+      std::map<std::string, Series> by;
+      for (const EvalSummary& e : s.sweep->summary()) {
+        Series& sr = by[e.method];
+        sr.method = e.method;
+        sr.x.push_back(e.ratio);
+        sr.y.push_back(e.mean);
+        sr.sd.push_back(e.std);
+        sr.lo.push_back(std::max(e.mean - e.std, e.mean * 0.05));
+        sr.hi.push_back(e.mean + e.std);
+        all_y.push_back(sr.lo.back());
+        all_y.push_back(sr.hi.back());
+        ratios.push_back(e.ratio);
+      }
+      for (const std::string& m : s.sweep_request.methods)
+        if (by.count(m)) {
+          Series sr = by[m];
+          std::vector<size_t> ord(sr.x.size());
+          for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
+          std::sort(ord.begin(), ord.end(), [&](size_t a, size_t b) { return sr.x[a] < sr.x[b]; });
+          Series sorted;
+          sorted.method = m;
+          for (size_t i : ord) {
+            sorted.x.push_back(sr.x[i]);
+            sorted.y.push_back(sr.y[i]);
+            sorted.lo.push_back(sr.lo[i]);
+            sorted.hi.push_back(sr.hi[i]);
+            sorted.sd.push_back(sr.sd[i]);
+          }
+          series.push_back(sorted);
+        }
+    }
+    double ylo = 1e-3, yhi = 1;
+    std::vector<double> pos;
+    for (double v : all_y)
+      if (v > 0 && std::isfinite(v)) pos.push_back(v);
+    if (!pos.empty()) {
+      ylo = *std::min_element(pos.begin(), pos.end()) / 1.3;
+      yhi = *std::max_element(pos.begin(), pos.end()) * 1.3;
+    }
+    double xlo = 1.0 / 16, xhi = 0.5;
+    if (!ratios.empty()) {
+      xlo = *std::min_element(ratios.begin(), ratios.end());
+      xhi = *std::max_element(ratios.begin(), ratios.end());
+    }
+    Axis xa{"keep ratio (log2 axis)", xlo / 1.25, xhi * 1.25, Scale::Log2, true};
+    Axis ya{"relative error", ylo, yhi, Scale::Log10};
+    std::string title = s.sweep
+                            ? "error vs keep ratio: mean over heads, band = +-1 std over " +
+                                  std::to_string(s.sweep->spec.seeds) + " seeds"
+                            : (busy ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    Plot plot("##sweepplot", ImVec2(0, 0), title, xa, ya);
+    std::vector<Plot::LegendEntry> legend;
+    for (const Series& sr : series) {
+      ImU32 c = method_colour(method_index(sr.method));
+      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, 0.18f));
+    }
+    for (const Series& sr : series) {
+      ImU32 c = method_colour(method_index(sr.method));
+      plot.line(sr.x, sr.y, c, 2.0f);
+      plot.markers(sr.x, sr.y, c, 3.5f);
+      legend.push_back({sr.method, c});
+    }
+    plot.legend(legend);
+    if (plot.hovered() && !series.empty()) {
+      int i = plot.nearest_x(series[0].x);
+      if (i >= 0) {
+        double r = series[0].x[static_cast<size_t>(i)];
+        plot.vline(r, IM_COL32(255, 255, 255, 90));
+        ImGui::BeginTooltip();
+        ImGui::Text("keep ratio %s", ratio_label(r).c_str());
+        for (const Series& sr : series)
+          for (size_t t = 0; t < sr.x.size(); ++t)
+            if (std::fabs(sr.x[t] - r) < 1e-12) {
+              ImGui::TextColored(
+                  ImGui::ColorConvertU32ToFloat4(method_colour(method_index(sr.method))),
+                  "%-16s %.4f +- %.4f", sr.method.c_str(), sr.y[t], sr.sd[t]);
+            }
+        ImGui::EndTooltip();
+      }
+    }
+  }
+
+  void draw_heatmap(AppState& s) {
+    GridValues gv = grid_values(s, GridMetric::Error);
+    ImGui::TextUnformatted("error per layer and kv head");
+    ImGui::TextDisabled("%s", gv.caption.c_str());
+    draw_grid(s, gv, "##errgrid", 10000.0f);
+  }
+
+  void draw_positions(AppState& s) {
+    std::vector<std::vector<double>> xs(2), ys(2);
+    std::vector<double> all;
+    double xmin = 0, xmax = 1;
+    for (int k = 0; k < 2; ++k)
+      if (s.run[k] && (k == 0 || s.ab_enabled)) {
+        per_position(*s.run[k], &xs[k], &ys[k]);
+        for (double v : ys[k])
+          if (v > 0 && std::isfinite(v)) all.push_back(v);
+        if (!xs[k].empty()) {
+          xmin = xs[k].front();
+          xmax = xs[k].back();
+        }
+      }
+    double ylo = 1e-3, yhi = 1;
+    if (!all.empty()) {
+      ylo = *std::min_element(all.begin(), all.end()) / 1.3;
+      yhi = *std::max_element(all.begin(), all.end()) * 1.3;
+    }
+    char title[160];
+    std::snprintf(title, sizeof title, "error vs query position (L%d H%d, mean over the GQA group)",
+                  s.focus.layer, s.focus.kv_head);
+    Plot plot("##posplot", ImVec2(0, 0), title,
+              Axis{"query position j (token index)", xmin - 0.5, xmax + 0.5},
+              Axis{"relative error", ylo, yhi, Scale::Log10});
+    std::vector<Plot::LegendEntry> legend;
+    for (int k = 0; k < 2; ++k) {
+      if (xs[k].empty()) continue;
+      plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
+      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name[k], kColSlot[k]});
+    }
+    int q = s.effective_query();
+    plot.vline(q, kColQuery, 1.5f);
+    plot.legend(legend);
+    if (plot.hovered() && !xs[0].empty()) {
+      int i = plot.nearest_x(xs[0]);
+      if (i >= 0) {
+        int j = static_cast<int>(xs[0][static_cast<size_t>(i)]);
+        plot.vline(j, IM_COL32(255, 255, 255, 90));
+        ImGui::BeginTooltip();
+        ImGui::Text("query %d \"%s\"", j, s.token_text(j).c_str());
+        for (int k = 0; k < 2; ++k)
+          if (static_cast<size_t>(i) < ys[k].size())
+            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name[k].c_str(),
+                        ys[k][static_cast<size_t>(i)]);
+        ImGui::TextDisabled("click: compare exact and approximate attention for this query");
+        ImGui::EndTooltip();
+        if (plot.clicked()) {
+          s.selected_query = j;
+          s.request_query_comparison();
+        }
+      }
+    }
+    if (!s.run_error[0].empty())
+      plot.draw_list()->AddText(ImVec2(plot.inner_min().x + 8, plot.inner_min().y + 8),
+                                IM_COL32(255, 120, 120, 255), s.run_error[0].c_str());
+  }
+
+  void draw_query(AppState& s) {
+    if (!s.info()->has_queries) {
+      ImGui::TextWrapped("This capture has no queries: exact attention needs them.");
+      return;
+    }
+    int group = s.info()->group_size();
+    if (group > 1) {
+      ImGui::SetNextItemWidth(120);
+      if (ImGui::SliderInt("query head in group", &s.selected_q_head, 0, group - 1))
+        s.request_query_comparison();
+      ImGui::SameLine();
+    }
+    ImGui::TextDisabled("query %d \"%s\"", s.effective_query(),
+                        s.token_text(s.effective_query()).c_str());
+    if (!s.query_cmp) {
+      if (!s.query_cmp_error.empty())
+        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.query_cmp_error.c_str());
+      else
+        ImGui::TextDisabled("computing...");
+      return;
+    }
+    const QueryComparison& qc = *s.query_cmp;
+    ImVec2 avail = ImGui::GetContentRegionAvail();
+    float top_h = avail.y * 0.62f;
+    {
+      const size_t n = qc.exact_weights.size();
+      std::vector<double> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<double>(i);
+      double ymax = 0;
+      for (size_t i = 0; i < n; ++i)
+        ymax = std::max({ymax, qc.exact_weights[i], qc.approx_weights[i]});
+      char title[200];
+      std::snprintf(title, sizeof title,
+                    "attention of query %d (q head %d) over keys: rel. error %.4f", qc.position,
+                    qc.q_head, qc.relative_error);
+      Plot plot("##attn", ImVec2(0, top_h), title, Axis{"key position", -0.5, n - 0.5},
+                Axis{"weight", 0, ymax * 1.1});
+      plot.bars(x, qc.exact_weights, 1.0, with_alpha(kColExact, 0.55f));
+      plot.line(x, qc.approx_weights, kColSlot[0], 1.5f);
+      plot.legend({{"exact softmax", with_alpha(kColExact, 0.8f)},
+                   {"approx (A): w e^s / sum", kColSlot[0]}});
+      int i = plot.nearest_x(x);
+      if (i >= 0) {
+        s.hovered_token = i;
+        plot.vline(i, IM_COL32(255, 255, 255, 90));
+        ImGui::SetTooltip("key %d \"%s\"\nexact %.4g\napprox %.4g", i, s.token_text(i).c_str(),
+                          qc.exact_weights[static_cast<size_t>(i)],
+                          qc.approx_weights[static_cast<size_t>(i)]);
+      }
+    }
+    {
+      const size_t d = qc.exact_output.size();
+      std::vector<double> xe(d), xa(d);
+      double lo = 0, hi = 0;
+      for (size_t c = 0; c < d; ++c) {
+        xe[c] = c - 0.2;
+        xa[c] = c + 0.2;
+        lo = std::min({lo, qc.exact_output[c], qc.approx_output[c]});
+        hi = std::max({hi, qc.exact_output[c], qc.approx_output[c]});
+      }
+      double pad = (hi - lo) * 0.1 + 1e-9;
+      Plot plot("##out", ImVec2(0, 0), "output vector: exact Attn_j vs approximation z_j",
+                Axis{"value dimension", -0.7, d - 0.3}, Axis{"value", lo - pad, hi + pad});
+      plot.hline(0, kColAxisText);
+      // Bars grow from the zero line: draw them as thin rectangles by hand for negative values.
+      for (size_t c = 0; c < d; ++c) {
+        for (int k = 0; k < 2; ++k) {
+          double xc = k == 0 ? xe[c] : xa[c];
+          double v = k == 0 ? qc.exact_output[c] : qc.approx_output[c];
+          ImVec2 a = plot.to_screen(xc - 0.18, std::max(v, 0.0)),
+                 b = plot.to_screen(xc + 0.18, std::min(v, 0.0));
+          plot.draw_list()->AddRectFilled(a, b, k == 0 ? with_alpha(kColExact, 0.7f) : kColSlot[0]);
+        }
+      }
+      plot.legend({{"exact", kColExact}, {"approx (A)", kColSlot[0]}});
+      int c = plot.nearest_x(std::vector<double>(xe.begin(), xe.end()));
+      if (c >= 0)
+        ImGui::SetTooltip("dimension %d\nexact %.5g\napprox %.5g", c,
+                          qc.exact_output[static_cast<size_t>(c)],
+                          qc.approx_output[static_cast<size_t>(c)]);
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<View> make_error_view() {
+  return std::make_unique<ErrorView>();
+}
+
+}  // namespace kvscope::app

@@ -1,0 +1,124 @@
+// The compute side of the app (Tracy/Polyscope style): the UI thread never blocks on compute or
+// file loading. Jobs run on worker lanes (one thread each, FIFO within a lane), can be cancelled
+// through the std::atomic<bool> handed to the engine (MethodInput::cancel, run_eval's cancel), and
+// report progress. A job does not touch AppState: it returns an "apply" closure that the UI thread
+// runs at the start of the next frame, so results are swapped in whole.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kvscope::app {
+
+struct AppState;
+
+// Lanes are independent queues so that a long background job (the whole grid, an error sweep, a
+// t-SNE) never delays the interactive re-run of the focused head.
+enum class Lane : int {
+  Focus = 0,     // file loading, the focused head (must feel instant)
+  Grid = 1,      // the whole layer x head grid for the current method
+  Analysis = 2,  // error sweeps over methods, ratios and seeds
+  Geometry = 3,  // projections (PCA, t-SNE), walk replays
+};
+constexpr int kNumLanes = 4;
+const char* lane_name(Lane lane);
+
+// Runs on the UI thread with the app state; the only way a job changes what is shown.
+using ApplyFn = std::function<void(AppState&)>;
+
+// What a running job sees.
+class JobContext {
+ public:
+  // Pass to the engine (MethodInput::cancel, run_head, run_eval).
+  const std::atomic<bool>* cancel_flag() const { return cancel_.get(); }
+  bool cancelled() const { return cancel_->load(std::memory_order_relaxed); }
+  // Throws kvscope::Cancelled when the job has been cancelled; call between steps.
+  void check_cancel() const;
+  void progress(int done, int total) {
+    done_.store(done, std::memory_order_relaxed);
+    total_.store(total, std::memory_order_relaxed);
+  }
+  // Posts an intermediate result (e.g. a t-SNE frame while it converges).
+  void post(ApplyFn fn);
+
+ private:
+  friend class Worker;
+  std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<int> done_{0}, total_{0};
+  class Worker* worker_ = nullptr;
+};
+
+// The job body: computes from immutable inputs it captured (shared_ptrs), returns what to apply.
+// Throwing kvscope::InputError / std::exception reports the message under the job's key
+// (AppState::job_errors); throwing kvscope::Cancelled drops the job silently.
+using JobFn = std::function<ApplyFn(JobContext&)>;
+
+struct JobInfo {
+  Lane lane = Lane::Focus;
+  std::string key;    // identifies what the job computes ("focus.A", "grid", ...)
+  std::string label;  // shown to users
+  bool running = false;
+  int done = 0, total = 0;
+};
+
+class Worker {
+ public:
+  Worker();
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Queues a job. A queued job with the same key (any lane) is dropped and a running one is
+  // cancelled: the newest request for the same result wins.
+  void submit(Lane lane, const std::string& key, const std::string& label, JobFn fn);
+  // Cancels queued and running jobs whose key starts with `key_prefix` ("" = all).
+  void cancel(const std::string& key_prefix);
+  // Queued + running jobs, for progress bars.
+  std::vector<JobInfo> jobs() const;
+  // True when a job whose key starts with `key_prefix` is queued or running.
+  bool busy(const std::string& key_prefix = "") const;
+  // Number of apply closures waiting for the UI thread.
+  size_t pending_applies() const;
+  // Runs the waiting apply closures on the UI thread. Returns how many ran.
+  int drain(AppState& state);
+  // Called (from a worker thread) whenever something was posted, e.g. glfwPostEmptyEvent.
+  void set_wakeup(std::function<void()> wake) { wake_ = std::move(wake); }
+  // Incremented every time a job finishes (ok, failed or cancelled).
+  uint64_t finished_count() const { return finished_.load(); }
+
+ private:
+  friend class JobContext;
+  struct Job {
+    Lane lane;
+    std::string key, label;
+    JobFn fn;
+    std::shared_ptr<JobContext> ctx;
+  };
+  struct LaneState {
+    std::deque<Job> queue;
+    std::shared_ptr<Job> running;
+    std::thread thread;
+  };
+  void lane_loop(int lane);
+  void post(ApplyFn fn);
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  LaneState lanes_[kNumLanes];
+  std::mutex apply_mutex_;
+  std::vector<ApplyFn> applies_;
+  std::atomic<size_t> pending_{0};
+  std::atomic<uint64_t> finished_{0};
+  std::function<void()> wake_;
+};
+
+}  // namespace kvscope::app
