@@ -25,6 +25,7 @@ class H2O final : public Method {
   bool needs_queries() const override { return true; }
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);
+    check_params(params(), in.params, name());
     return top_m_selection(in, h2o_scores(in), in.budget);
   }
 };

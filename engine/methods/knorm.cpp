@@ -16,6 +16,7 @@ class KNorm final : public Method {
   std::string summary() const override { return "the m keys of lowest L2 norm"; }
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), false);
+    check_params(params(), in.params, name());
     const int n_mid = in.mid_end - in.mid_begin;
     std::vector<double> norms(n_mid), negated(n_mid);
     for (int i = 0; i < n_mid; ++i) {

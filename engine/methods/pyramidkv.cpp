@@ -60,8 +60,12 @@ class PyramidKV final : public Method {
     };
   }
   bool needs_queries() const override { return true; }
+  // A lower layer keeps up to 2m - m/beta tokens: the budget holds for the sum over layers, not
+  // per head, so the protocol's per-head check does not apply.
+  bool respects_budget() const override { return false; }
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);
+    check_params(params(), in.params, name());
     const auto specs = params();
     const int window = static_cast<int>(param_value(specs, in.params, "window"));
     const int kernel = static_cast<int>(param_value(specs, in.params, "kernel"));

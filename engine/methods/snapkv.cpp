@@ -42,6 +42,7 @@ class SnapKV final : public Method {
   bool needs_queries() const override { return true; }
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);
+    check_params(params(), in.params, name());
     const auto specs = params();
     const int window = static_cast<int>(param_value(specs, in.params, "window"));
     const int kernel = static_cast<int>(param_value(specs, in.params, "kernel"));

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <stdexcept>
 
 #include "engine/attention_scores.h"
 #include "engine/error.h"
@@ -97,7 +98,7 @@ class SubGen final : public Method {
                    "uniform samples kept per key cluster (denominator)"),
         param_spec("split", ParamSpec::Type::Float, 0.05, 0.95, 0.5,
                    "share of the budget reserved for the numerator's ||v||^2 samples"),
-        param_spec("delta", ParamSpec::Type::Float, 0, 1000, 0,
+        param_spec("delta", ParamSpec::Type::Float, 0, 1e6, 0,
                    "cluster radius; 0 = choose by bisection so the budget is met", {}, false),
         param_spec("literal_reservoir", ParamSpec::Type::Bool, 0, 1, 0,
                    "run the numerator reservoir's coin flips token by token (same distribution, "
@@ -107,6 +108,7 @@ class SubGen final : public Method {
 
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), false);
+    check_params(params(), in.params, name());
     const auto specs = params();
     int t = static_cast<int>(param_value(specs, in.params, "t"));
     const double split = param_value(specs, in.params, "split");
@@ -151,7 +153,9 @@ class SubGen final : public Method {
     }
     if (need_auto) {
       double lo = 0;
-      double hi = (keys.rowwise() - keys.row(0)).rowwise().norm().maxCoeff();  // one cluster
+      // Every key within hi of the first one: a single cluster (padded against rounding, since
+      // the clustering compares squared distances).
+      double hi = (keys.rowwise() - keys.row(0)).rowwise().norm().maxCoeff() * (1 + 1e-9) + 1e-12;
       clusters = cluster_stream(keys, lo, t, den_share);
       if (!clusters.over) {
         delta = lo;
@@ -171,6 +175,8 @@ class SubGen final : public Method {
     } else {
       note << " delta " << delta << ";";
     }
+    if (clusters.over)  // cannot happen: a single cluster always fits once t <= den_share
+      throw std::logic_error("subgen: no delta fits the denominator's share");
     const int num_clusters = static_cast<int>(clusters.size.size());
     const int slots = m - static_cast<int>(clusters.capacity);  // numerator's s
 

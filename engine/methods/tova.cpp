@@ -20,6 +20,7 @@ class Tova final : public Method {
   bool needs_queries() const override { return true; }
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);
+    check_params(params(), in.params, name());
     std::vector<double> scores(in.mid_end - in.mid_begin, 0.0);
     if (in.mid_end > in.mid_begin) {
       const int last = in.mid_end - 1;

@@ -1,0 +1,347 @@
+// Defining behaviour of the score-ranking baselines (h2o, snapkv, pyramidkv, tova, knorm) checked
+// against direct computations written out here, plus the properties every baseline method must
+// have (budgets, unique in-range indices, positive weights, determinism, missing queries).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "engine/attention_scores.h"
+#include "engine/capture.h"
+#include "engine/error.h"
+#include "engine/method.h"
+#include "engine/protocol.h"
+
+namespace kvscope {
+namespace {
+
+// A random head: keys with a few strong directions so attention is peaked, GQA group of 2.
+struct Head {
+  MatrixF keys, values;
+  std::vector<MatrixF> queries;
+  MethodInput input(int budget, uint64_t seed = 1) const {
+    MethodInput in;
+    in.keys = &keys;
+    in.values = &values;
+    for (const MatrixF& q : queries) in.queries.push_back(&q);
+    in.n = static_cast<int>(keys.rows());
+    in.sink = 8;
+    in.eval = 24;
+    in.mid_begin = in.sink;
+    in.mid_end = in.n - in.eval;
+    in.budget = budget;
+    in.keep_ratio = static_cast<double>(budget) / (in.mid_end - in.mid_begin);
+    in.seed = seed;
+    return in;
+  }
+};
+
+Head random_head(int n, int d, int dv, int group, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  Head h;
+  h.keys.resize(n, d);
+  h.values.resize(n, dv);
+  for (int i = 0; i < n; ++i) {
+    const float scale = 1.5f + (i % 7) * 0.3f;
+    for (int j = 0; j < d; ++j) h.keys(i, j) = scale * normal(gen);
+    for (int j = 0; j < dv; ++j) h.values(i, j) = normal(gen);
+  }
+  for (int g = 0; g < group; ++g) {
+    MatrixF q(n, d);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j) q(i, j) = 1.2f * normal(gen);
+    h.queries.push_back(std::move(q));
+  }
+  return h;
+}
+
+// Softmax of query row j over keys 0..j, computed directly (double, max-subtracted).
+std::vector<double> direct_softmax(const MatrixF& q, const MatrixF& k, int j) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(k.cols()));
+  std::vector<double> logits(j + 1);
+  for (int i = 0; i <= j; ++i) {
+    double dot = 0;
+    for (int c = 0; c < k.cols(); ++c) dot += static_cast<double>(q(j, c)) * k(i, c);
+    logits[i] = dot * scale;
+  }
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double z = 0;
+  for (double& x : logits) z += (x = std::exp(x - mx));
+  for (double& x : logits) x /= z;
+  return logits;
+}
+
+// The middle indices (absolute) of the m largest scores, computed with a full sort.
+std::vector<int> expected_top(const std::vector<double>& middle_scores, int mid_begin, int m) {
+  std::vector<int> order(middle_scores.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return middle_scores[a] > middle_scores[b]; });
+  std::vector<int> top(order.begin(), order.begin() + m);
+  for (int& i : top) i += mid_begin;
+  std::sort(top.begin(), top.end());
+  return top;
+}
+
+const Method& method(const std::string& name) {
+  const Method* m = find_method(name);
+  if (!m) throw std::runtime_error("no method " + name);
+  return *m;
+}
+
+void expect_valid(const MethodInput& in, const std::vector<int>& idx, const std::vector<double>& w,
+                  const std::string& what) {
+  ASSERT_EQ(idx.size(), w.size()) << what;
+  std::set<int> seen;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    EXPECT_GE(idx[i], in.mid_begin) << what;
+    EXPECT_LT(idx[i], in.mid_end) << what;
+    EXPECT_TRUE(seen.insert(idx[i]).second) << what << ": duplicate index " << idx[i];
+    EXPECT_TRUE(std::isfinite(w[i]) && w[i] > 0) << what << ": weight " << w[i];
+  }
+}
+
+const std::vector<std::string> kBaselines = {"h2o",   "snapkv", "pyramidkv",      "tova",
+                                             "knorm", "subgen", "subgen-kcenter", "buzz"};
+
+TEST(Baselines, EveryMethodKeepsValidSelectionsOfTheBudget) {
+  const Head h = random_head(200, 8, 8, 2, 11);
+  for (const std::string& name : kBaselines) {
+    for (int budget : {1, 7, 40, 84, 168}) {
+      MethodInput in = h.input(budget);
+      const Selection sel = method(name).select(in);
+      const std::string what = name + " m=" + std::to_string(budget);
+      expect_valid(in, sel.indices, sel.weights, what);
+      if (name == "subgen") {
+        ASSERT_TRUE(sel.separate);
+        expect_valid(in, sel.den_indices, sel.den_weights, what + " (denominator)");
+        EXPECT_LE(sel.indices.size() + sel.den_indices.size(), static_cast<size_t>(budget)) << what;
+        if (budget >= 2) {
+          EXPECT_FALSE(sel.indices.empty()) << what;
+          EXPECT_FALSE(sel.den_indices.empty()) << what;
+        }
+      } else if (name != "pyramidkv") {  // pyramidkv's per-layer budget: its own test
+        EXPECT_EQ(sel.indices.size(), static_cast<size_t>(budget)) << what << " " << sel.note;
+      }
+      if (!sel.middle_scores.empty()) {
+        EXPECT_EQ(sel.middle_scores.size(), static_cast<size_t>(in.mid_end - in.mid_begin));
+      }
+    }
+  }
+}
+
+TEST(Baselines, DeterministicPerSeed) {
+  const Head h = random_head(160, 8, 8, 2, 12);
+  for (const std::string& name : kBaselines) {
+    const Selection a = method(name).select(h.input(30, 5));
+    const Selection b = method(name).select(h.input(30, 5));
+    EXPECT_EQ(a.indices, b.indices) << name;
+    EXPECT_EQ(a.weights, b.weights) << name;
+    EXPECT_EQ(a.den_indices, b.den_indices) << name;
+    EXPECT_EQ(a.den_weights, b.den_weights) << name;
+  }
+}
+
+TEST(Baselines, QueryAwareMethodsRefuseCapturesWithoutQueries) {
+  const Head h = random_head(120, 8, 8, 2, 13);
+  for (const std::string& name : kBaselines) {
+    MethodInput in = h.input(20);
+    in.queries.clear();
+    if (method(name).needs_queries()) {
+      try {
+        method(name).select(in);
+        ADD_FAILURE() << name << " ran without queries";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("quer"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      }
+    } else {
+      EXPECT_NO_THROW(method(name).select(in)) << name;
+    }
+  }
+  for (const char* name : {"h2o", "snapkv", "pyramidkv", "tova", "buzz"})
+    EXPECT_TRUE(method(name).needs_queries()) << name;
+  for (const char* name : {"knorm", "subgen", "subgen-kcenter"})
+    EXPECT_FALSE(method(name).needs_queries()) << name;
+}
+
+TEST(Baselines, BadBudgetIsAnInputError) {
+  const Head h = random_head(100, 8, 8, 2, 14);
+  for (const std::string& name : kBaselines) {
+    MethodInput in = h.input(10);
+    in.budget = in.mid_end - in.mid_begin + 1;
+    EXPECT_THROW(method(name).select(in), InputError) << name;
+  }
+}
+
+TEST(H2O, KeepsTopScoresOfCausalAttentionNormalisedByQueryCount) {
+  const Head h = random_head(150, 8, 8, 2, 21);
+  const MethodInput in = h.input(30);
+  std::vector<double> expected(in.mid_end - in.mid_begin, 0.0);
+  for (const MatrixF& q : h.queries)
+    for (int j = 0; j < in.mid_end; ++j) {
+      const std::vector<double> p = direct_softmax(q, h.keys, j);
+      for (int i = in.mid_begin; i <= j; ++i)
+        expected[i - in.mid_begin] += p[i] / (in.mid_end - i) / h.queries.size();
+    }
+  const Selection sel = method("h2o").select(in);
+  ASSERT_EQ(sel.middle_scores.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(sel.middle_scores[i], expected[i], 1e-9 * std::max(1.0, expected[i]));
+  EXPECT_EQ(sel.indices, expected_top(expected, in.mid_begin, in.budget));
+}
+
+TEST(SnapKV, KeepsTopPooledObservationWindowVotes) {
+  const Head h = random_head(180, 8, 8, 2, 22);
+  const MethodInput in = h.input(40);
+  const int window = 32, kernel = 5;
+  std::vector<double> votes(in.mid_end, 0.0);
+  for (const MatrixF& q : h.queries)
+    for (int j = in.mid_end - window; j < in.mid_end; ++j) {
+      const std::vector<double> p = direct_softmax(q, h.keys, j);
+      for (int i = 0; i <= j; ++i) votes[i] += p[i] / h.queries.size();
+    }
+  std::vector<double> expected(in.mid_end - in.mid_begin);
+  for (int i = in.mid_begin; i < in.mid_end; ++i) {
+    double s = 0;
+    for (int t = i - kernel / 2; t <= i + kernel / 2; ++t)
+      if (t >= 0 && t < in.mid_end) s += votes[t];
+    expected[i - in.mid_begin] = s / kernel;  // zero padding, divisor = kernel
+  }
+  const Selection sel = method("snapkv").select(in);
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(sel.middle_scores[i], expected[i], 1e-9);
+  EXPECT_EQ(sel.indices, expected_top(expected, in.mid_begin, in.budget));
+
+  // Pooling matters: without it the ranking is by raw votes.
+  MethodInput raw = in;
+  raw.params["kernel"] = 1;
+  const Selection unpooled = method("snapkv").select(raw);
+  std::vector<double> raw_mid(votes.begin() + in.mid_begin, votes.begin() + in.mid_end);
+  EXPECT_EQ(unpooled.indices, expected_top(raw_mid, in.mid_begin, in.budget));
+}
+
+TEST(Tova, KeepsTopAttentionOfTheLastQueryBeforeTheWindow) {
+  const Head h = random_head(140, 8, 8, 2, 23);
+  const MethodInput in = h.input(25);
+  std::vector<double> expected(in.mid_end - in.mid_begin, 0.0);
+  for (const MatrixF& q : h.queries) {
+    const std::vector<double> p = direct_softmax(q, h.keys, in.mid_end - 1);
+    for (int i = in.mid_begin; i < in.mid_end; ++i)
+      expected[i - in.mid_begin] += p[i] / h.queries.size();
+  }
+  const Selection sel = method("tova").select(in);
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(sel.middle_scores[i], expected[i], 1e-12);
+  EXPECT_EQ(sel.indices, expected_top(expected, in.mid_begin, in.budget));
+}
+
+TEST(KNorm, KeepsTheLowestKeyNorms) {
+  const Head h = random_head(130, 8, 8, 1, 24);
+  const MethodInput in = h.input(33);
+  const Selection sel = method("knorm").select(in);
+  std::set<int> kept(sel.indices.begin(), sel.indices.end());
+  double max_kept = 0, min_dropped = 1e300;
+  for (int i = in.mid_begin; i < in.mid_end; ++i) {
+    const double norm = h.keys.row(i).cast<double>().norm();
+    if (kept.count(i))
+      max_kept = std::max(max_kept, norm);
+    else
+      min_dropped = std::min(min_dropped, norm);
+  }
+  EXPECT_LE(max_kept, min_dropped);
+  EXPECT_EQ(sel.indices.size(), 33u);
+}
+
+TEST(PyramidKV, LayerBudgetsFallLinearlyAndSumToTheCommonTotal) {
+  const Head h = random_head(300, 8, 8, 2, 25);
+  for (int layers : {1, 2, 5, 32}) {
+    for (int m : {3, 40, 120, 250}) {
+      MethodInput in = h.input(m);
+      const int n_mid = in.mid_end - in.mid_begin;
+      in.num_layers = layers;
+      std::vector<int> budgets;
+      for (int l = 0; l < layers; ++l) {
+        in.layer = l;
+        const Selection sel = method("pyramidkv").select(in);
+        budgets.push_back(static_cast<int>(sel.indices.size()));
+        if (l == 0 || l == layers - 1) {
+          // The layer's selection is SnapKV's top m_l.
+          MethodInput snap = in;
+          snap.budget = budgets.back();
+          EXPECT_EQ(sel.indices, method("snapkv").select(snap).indices);
+        }
+      }
+      const std::string what = "L=" + std::to_string(layers) + " m=" + std::to_string(m);
+      long long total = 0;
+      for (int b : budgets) total += b;
+      EXPECT_EQ(total, static_cast<long long>(layers) * m) << what;
+      // The line the budgets follow (PyramidKV's min = m/beta, max = 2m - min, clamped).
+      double lo = m / 20.0, hi = 2.0 * m - lo;
+      if (hi > n_mid) {
+        hi = n_mid;
+        lo = 2.0 * m - n_mid;
+      }
+      if (lo < 1) {
+        lo = 1;
+        hi = 2.0 * m - 1;
+      }
+      for (int l = 0; l < layers; ++l) {
+        EXPECT_GE(budgets[l], 1) << what;
+        EXPECT_LE(budgets[l], n_mid) << what;
+        if (l > 0) {
+          EXPECT_LE(budgets[l], budgets[l - 1] + 1) << what;
+        }
+        const double line = layers == 1 ? m : hi - l * (hi - lo) / (layers - 1);
+        EXPECT_NEAR(budgets[l], line, 1.0) << what << " layer " << l;
+      }
+      if (layers > 1 && m >= 40) {
+        EXPECT_GT(budgets.front(), budgets.back()) << what;
+      }
+    }
+  }
+}
+
+TEST(AttentionScores, PoolingMatchesPyTorchSamePadding) {
+  const std::vector<double> x = {1, 2, 3, 4, 5, 6};
+  const std::vector<double> avg = avg_pool_same(x, 5);
+  EXPECT_DOUBLE_EQ(avg[0], (1 + 2 + 3) / 5.0);
+  EXPECT_DOUBLE_EQ(avg[2], (1 + 2 + 3 + 4 + 5) / 5.0);
+  EXPECT_DOUBLE_EQ(avg[5], (4 + 5 + 6) / 5.0);
+  const std::vector<double> mx = max_pool_same(x, 3);
+  EXPECT_EQ(mx, (std::vector<double>{2, 3, 4, 5, 6, 6}));
+  EXPECT_THROW(avg_pool_same(x, 4), InputError);
+  EXPECT_EQ(top_m_indices({0.5, 0.9, 0.1, 0.9}, 2), (std::vector<int>{1, 3}));
+}
+
+// On the real stories260K sample capture (made by `kvscope-cli capture`), each baseline runs
+// through the protocol and its error is finite; the query-aware score methods cover more exact
+// attention mass than the worst case of keeping nothing.
+TEST(Baselines, RunOnTheSampleCapture) {
+  const std::filesystem::path dir = std::filesystem::path(KVSCOPE_SOURCE_DIR) / "sample_data";
+  std::string path;
+  if (std::filesystem::exists(dir))
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") path = e.path().string();
+  if (path.empty()) GTEST_SKIP() << "no sample_data/*.safetensors yet";
+  auto capture = CaptureFile::open(path);
+  if (!capture->info().has_queries) GTEST_SKIP() << path << " has no queries";
+  auto layer = capture->layer(capture->info().num_layers - 1);
+  for (const std::string& name : kBaselines) {
+    MethodSettings s;
+    s.method = &method(name);
+    s.keep_ratio = 0.25;
+    const HeadRun run = run_head(*layer, capture->info().num_layers, 0, s, 3);
+    EXPECT_TRUE(std::isfinite(run.mean_relative)) << name;
+    EXPECT_GT(run.mean_mass, 0.0) << name;
+    const MethodInput in =
+        make_method_input(*layer, capture->info().num_layers, 0, run.window, s, 3);
+    expect_valid(in, run.selection.indices, run.selection.weights, name + " on " + path);
+  }
+}
+
+}  // namespace
+}  // namespace kvscope
