@@ -1,0 +1,281 @@
+// Capture I/O: round trips through safetensors and npz in every dtype, the layer cache, the
+// streaming writer, half-precision conversion, and the CLI info command on a valid file.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "engine/capture.h"
+#include "engine/error.h"
+#include "engine/half.h"
+#include "engine/random.h"
+
+namespace fs = std::filesystem;
+using namespace kvscope;
+
+namespace {
+
+// Removes the test's scratch directory when the test program ends.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override;
+};
+
+fs::path temp_dir() {
+  fs::path dir =
+      fs::temp_directory_path() / ("kvscope_test_capture_io_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+void ScratchCleanup::TearDown() {
+  fs::remove_all(temp_dir());
+}
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
+float test_value(int layer, int kind, int head, int row, int col) {
+  // Deterministic values in [-2, 2), in general exactly representable in neither F16 nor BF16,
+  // so the half-precision round trips are really exercised.
+  double u = counter_uniform(7, kRandMisc, layer * 3 + kind, head, row, col, 0);
+  return static_cast<float>(4.0 * u - 2.0);
+}
+
+CaptureData make_capture(int layers, int q_heads, int kv_heads, int n, int d, int dv,
+                         bool queries) {
+  CaptureData c;
+  c.info.model = "unit-test-model";
+  c.info.prompt = "a prompt";
+  c.info.source = "test_capture_io";
+  c.info.q_heads = q_heads;
+  for (int i = 0; i < n; ++i) c.info.tokens.push_back("tok" + std::to_string(i));
+  for (int L = 0; L < layers; ++L) {
+    LayerData ld;
+    ld.layer = L;
+    auto fill = [&](int kind, int heads, int cols, std::vector<MatrixF>& out) {
+      for (int h = 0; h < heads; ++h) {
+        MatrixF m(n, cols);
+        for (int r = 0; r < n; ++r)
+          for (int col = 0; col < cols; ++col) m(r, col) = test_value(L, kind, h, r, col);
+        out.push_back(m);
+      }
+    };
+    fill(0, kv_heads, d, ld.keys);
+    fill(1, kv_heads, dv, ld.values);
+    if (queries) fill(2, q_heads, d, ld.queries);
+    c.layers.push_back(std::move(ld));
+  }
+  return c;
+}
+
+float round_trip(float x, DType t) {
+  if (t == DType::F16) return f16_to_float(float_to_f16(x));
+  if (t == DType::BF16) return bf16_to_float(float_to_bf16(x));
+  return x;
+}
+
+void expect_same_layer(const LayerData& want, const LayerData& got, DType t) {
+  ASSERT_EQ(want.keys.size(), got.keys.size());
+  ASSERT_EQ(want.values.size(), got.values.size());
+  ASSERT_EQ(want.queries.size(), got.queries.size());
+  auto same = [&](const std::vector<MatrixF>& a, const std::vector<MatrixF>& b) {
+    for (size_t h = 0; h < a.size(); ++h) {
+      ASSERT_EQ(a[h].rows(), b[h].rows());
+      ASSERT_EQ(a[h].cols(), b[h].cols());
+      for (Eigen::Index i = 0; i < a[h].size(); ++i)
+        ASSERT_EQ(round_trip(a[h].data()[i], t), b[h].data()[i]) << "head " << h << " elem " << i;
+    }
+  };
+  same(want.keys, got.keys);
+  same(want.values, got.values);
+  same(want.queries, got.queries);
+}
+
+struct RoundTripCase {
+  const char* extension;
+  DType dtype;
+};
+
+class CaptureRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
+
+TEST_P(CaptureRoundTrip, WritesAndReadsBackEveryTensorAndField) {
+  const RoundTripCase param = GetParam();
+  CaptureData data = make_capture(3, 4, 2, 11, 8, 6, true);
+  const fs::path path =
+      temp_dir() / (std::string("rt_") + dtype_name(param.dtype) + param.extension);
+  write_capture(path.string(), data, param.dtype);
+  EXPECT_FALSE(fs::exists(path.string() + ".partial"));
+
+  auto cap = CaptureFile::open(path.string());
+  const CaptureInfo& info = cap->info();
+  EXPECT_EQ(info.path, path.string());
+  EXPECT_EQ(info.format, "kvscope/1");
+  EXPECT_EQ(info.model, "unit-test-model");
+  EXPECT_EQ(info.prompt, "a prompt");
+  EXPECT_EQ(info.source, "test_capture_io");
+  EXPECT_EQ(info.num_layers, 3);
+  EXPECT_EQ(info.q_heads, 4);
+  EXPECT_EQ(info.kv_heads, 2);
+  EXPECT_EQ(info.head_dim, 8);
+  EXPECT_EQ(info.value_dim, 6);
+  EXPECT_EQ(info.num_tokens, 11);
+  EXPECT_EQ(info.dtype, param.dtype);
+  EXPECT_TRUE(info.has_queries);
+  EXPECT_FALSE(info.synthetic);
+  EXPECT_EQ(info.tokens, data.info.tokens);
+  EXPECT_EQ(info.metadata.at("rope"), "applied");
+  EXPECT_EQ(info.file_bytes, static_cast<long long>(fs::file_size(path)));
+  EXPECT_EQ(info.file_format, std::string(param.extension) == ".npz" ? "npz" : "safetensors");
+
+  for (int L = 0; L < 3; ++L) {
+    auto layer = cap->layer(L);
+    EXPECT_EQ(layer->layer, L);
+    ASSERT_EQ(layer->refused.size(), 2u);
+    EXPECT_TRUE(layer->refused[0].empty());
+    EXPECT_TRUE(layer->refused[1].empty());
+    expect_same_layer(data.layers[L], *layer, param.dtype);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, CaptureRoundTrip,
+                         ::testing::Values(RoundTripCase{".safetensors", DType::F32},
+                                           RoundTripCase{".safetensors", DType::F16},
+                                           RoundTripCase{".safetensors", DType::BF16},
+                                           RoundTripCase{".npz", DType::F32},
+                                           RoundTripCase{".npz", DType::F16}),
+                         [](const auto& info) {
+                           return std::string(info.param.extension + 1) + "_" +
+                                  dtype_name(info.param.dtype);
+                         });
+
+TEST(CaptureIo, CapturesWithoutQueriesOpen) {
+  CaptureData data = make_capture(2, 4, 2, 5, 4, 4, false);
+  const fs::path path = temp_dir() / "noq.safetensors";
+  write_capture(path.string(), data);
+  auto cap = CaptureFile::open(path.string());
+  EXPECT_FALSE(cap->info().has_queries);
+  EXPECT_EQ(cap->info().q_heads, 4);
+  auto layer = cap->layer(1);
+  EXPECT_TRUE(layer->queries.empty());
+  EXPECT_TRUE(layer->group_queries(0).empty());
+}
+
+TEST(CaptureIo, GroupQueriesFollowGqa) {
+  CaptureData data = make_capture(1, 6, 2, 4, 4, 4, true);
+  const fs::path path = temp_dir() / "gqa.safetensors";
+  write_capture(path.string(), data);
+  auto layer = CaptureFile::open(path.string())->layer(0);
+  auto group = layer->group_queries(1);
+  ASSERT_EQ(group.size(), 3u);
+  EXPECT_EQ(group[0], &layer->queries[3]);
+  EXPECT_EQ(group[2], &layer->queries[5]);
+}
+
+TEST(CaptureIo, LayerCacheIsBoundedAndLru) {
+  CaptureData data = make_capture(5, 2, 2, 16, 8, 8, true);
+  const fs::path path = temp_dir() / "cache.safetensors";
+  write_capture(path.string(), data);
+  auto cap = CaptureFile::open(path.string());
+  const long long per_layer = (2 * 16 * 8 * 3) * 4;
+  EXPECT_EQ(cap->resident_bytes(), 0);
+  auto first = cap->layer(0);
+  EXPECT_EQ(cap->resident_bytes(), per_layer);
+  EXPECT_EQ(cap->layer(0), first);  // served from the cache
+  for (int L = 0; L < 5; ++L) cap->layer(L);
+  EXPECT_EQ(cap->resident_bytes(), 4 * per_layer);  // default: at most 4 layers
+  cap->set_max_cached_layers(2);
+  EXPECT_EQ(cap->resident_bytes(), 2 * per_layer);
+  // Layers 3 and 4 are the most recent; touching 3 then loading 0 must evict 4.
+  auto three = cap->layer(3);
+  cap->layer(0);
+  EXPECT_EQ(cap->layer(3), three);
+  EXPECT_EQ(cap->resident_bytes(), 2 * per_layer);
+  // A layer held by the caller outlives its eviction.
+  cap->set_max_cached_layers(0);
+  EXPECT_EQ(cap->resident_bytes(), 0);
+  EXPECT_EQ(three->keys[0].rows(), 16);
+  EXPECT_THROW(cap->layer(5), InputError);
+  EXPECT_THROW(cap->layer(-1), InputError);
+}
+
+TEST(CaptureIo, StreamingWriterChecksShapesAndOrder) {
+  CaptureData data = make_capture(2, 2, 2, 6, 4, 4, true);
+  CaptureInfo info = data.info;
+  info.num_layers = 2;
+  info.kv_heads = 2;
+  info.q_heads = 2;
+  info.head_dim = 4;
+  info.value_dim = 4;
+  info.num_tokens = 6;
+  info.has_queries = true;
+  info.synthetic = true;
+  const fs::path path = temp_dir() / "stream.safetensors";
+  {
+    auto writer = CaptureWriter::create(path.string(), info, DType::BF16);
+    LayerData wrong = data.layers[0];
+    wrong.keys[1].resize(5, 4);
+    EXPECT_THROW(writer->write_layer(wrong), InputError);
+    writer->write_layer(data.layers[0]);
+    EXPECT_THROW(writer->finish(), InputError);  // one layer short
+  }
+  EXPECT_FALSE(fs::exists(path));  // an unfinished writer leaves nothing behind
+  EXPECT_FALSE(fs::exists(path.string() + ".partial"));
+  auto writer = CaptureWriter::create(path.string(), info, DType::BF16);
+  writer->write_layer(data.layers[0]);
+  writer->write_layer(data.layers[1]);
+  EXPECT_THROW(writer->write_layer(data.layers[1]), InputError);
+  writer->finish();
+  auto cap = CaptureFile::open(path.string());
+  EXPECT_TRUE(cap->info().synthetic);
+  EXPECT_EQ(cap->info().dtype, DType::BF16);
+  expect_same_layer(data.layers[1], *cap->layer(1), DType::BF16);
+}
+
+TEST(CaptureIo, WriterRejectsTokenCountMismatch) {
+  CaptureData data = make_capture(1, 2, 2, 6, 4, 4, true);
+  data.info.tokens.pop_back();
+  EXPECT_THROW(write_capture((temp_dir() / "bad_tokens.safetensors").string(), data), InputError);
+}
+
+TEST(CaptureIo, TokenStringsSurviveUnicodeAndQuotes) {
+  CaptureData data = make_capture(1, 2, 2, 3, 4, 4, true);
+  data.info.tokens = {"\"quoted\"", "caf\xc3\xa9 \xe2\x86\x92", "\n"};
+  const fs::path path = temp_dir() / "unicode.npz";
+  write_capture(path.string(), data);
+  EXPECT_EQ(CaptureFile::open(path.string())->info().tokens, data.info.tokens);
+}
+
+TEST(HalfConversion, F16RoundTripsAndRoundsToNearestEven) {
+  EXPECT_EQ(float_to_f16(1.0f), 0x3C00);
+  EXPECT_EQ(float_to_f16(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7BFF);
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7C00);  // rounds up past the largest half: Inf
+  EXPECT_EQ(float_to_f16(1e-8f), 0x0000);
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);             // smallest subnormal
+  EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // tie -> even
+  EXPECT_EQ(float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // tie -> even (up)
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(f16_to_float(0x7C00)));
+  // Every finite half survives half -> float -> half.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7C00) == 0x7C00) continue;
+    ASSERT_EQ(float_to_f16(f16_to_float(static_cast<uint16_t>(h))), h) << h;
+  }
+}
+
+TEST(HalfConversion, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(bf16_to_float(0x3F80), 1.0f);
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);      // tie -> even
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);  // tie -> even (up)
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7F80) == 0x7F80) continue;
+    ASSERT_EQ(float_to_bf16(bf16_to_float(static_cast<uint16_t>(h))), h) << h;
+  }
+}
+
+}  // namespace
