@@ -17,9 +17,21 @@ namespace {
 // llama2.c's newer export formats (version 1 and 2) start with this magic instead of a Config.
 constexpr uint32_t kLlama2cMagic = 0x616b3432;  // "ak42"
 
-std::vector<char> read_whole_file(const std::string& path, const char* what) {
+// Opens `path` positioned at its end (tellg() = size). A directory would open on Linux and
+// report a bogus size, so anything but a regular file is refused up front.
+std::ifstream open_at_end(const std::string& path, const char* what) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw InputError(path + ": cannot open " + what + ": " +
+                     (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file"));
+  }
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw InputError(path + ": cannot open " + what);
+  return in;
+}
+
+std::vector<char> read_whole_file(const std::string& path, const char* what) {
+  std::ifstream in = open_at_end(path, what);
   const std::streamoff size = in.tellg();
   std::vector<char> bytes(static_cast<size_t>(size));
   in.seekg(0);
@@ -134,14 +146,19 @@ int sample_topp(const std::vector<float>& probabilities, float topp, float coin)
 // Transformer
 
 Transformer::Transformer(const std::string& path) : path_(path) {
-  const std::vector<char> bytes = read_whole_file(path, "llama2.c checkpoint");
+  // The weights are read straight into data_ (no second copy: stories110M is 440 MB).
+  std::ifstream in = open_at_end(path, "llama2.c checkpoint");
+  const uint64_t file_bytes = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
   constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
-  if (bytes.size() < kHeaderBytes) {
-    throw InputError(path + ": truncated llama2.c checkpoint: " + std::to_string(bytes.size()) +
+  if (file_bytes < kHeaderBytes) {
+    throw InputError(path + ": truncated llama2.c checkpoint: " + std::to_string(file_bytes) +
                      " bytes, shorter than the 28-byte Config header");
   }
   int32_t header[7];
-  std::memcpy(header, bytes.data(), kHeaderBytes);
+  if (!in.read(reinterpret_cast<char*>(header), kHeaderBytes)) {
+    throw InputError(path + ": cannot read the llama2.c Config header");
+  }
   if (static_cast<uint32_t>(header[0]) == kLlama2cMagic) {
     throw InputError(path +
                      ": llama2.c version 1/2 export (magic \"ak42\"); KVScope reads the legacy "
@@ -186,15 +203,18 @@ Transformer::Transformer(const std::string& path) : path_(path) {
                                    seq_len * head_size /*unused freq_cis_real + freq_cis_imag*/ +
                                    (c.shared_classifier ? 0 : vocab * dim);
   const uint64_t expected_bytes = kHeaderBytes + expected_floats * sizeof(float);
-  if (bytes.size() != expected_bytes) {
-    const std::string what = bytes.size() < expected_bytes ? "truncated or config mismatch"
-                                                           : "trailing bytes or config mismatch";
-    throw InputError(path + ": " + what + ": the file has " + std::to_string(bytes.size()) +
+  if (file_bytes != expected_bytes) {
+    const std::string what = file_bytes < expected_bytes ? "truncated or config mismatch"
+                                                         : "trailing bytes or config mismatch";
+    throw InputError(path + ": " + what + ": the file has " + std::to_string(file_bytes) +
                      " bytes but its Config (" + config_string(c) + ") needs " +
                      std::to_string(expected_bytes));
   }
   data_.resize(expected_floats);
-  std::memcpy(data_.data(), bytes.data() + kHeaderBytes, expected_floats * sizeof(float));
+  if (!in.read(reinterpret_cast<char*>(data_.data()),
+               static_cast<std::streamsize>(expected_floats * sizeof(float)))) {
+    throw InputError(path + ": cannot read the checkpoint weights");
+  }
   for (float v : data_) {
     if (!std::isfinite(v)) throw InputError(path + ": checkpoint weights contain NaN or Inf");
   }

@@ -340,6 +340,8 @@ TEST(Llama2cMalformed, MissingFiles) {
   const std::string missing = (fs::temp_directory_path() / "kvscope_no_such_model.bin").string();
   expect_input_error([&] { llama2c::Transformer m(missing); }, missing, "cannot open");
   expect_input_error([&] { llama2c::Tokenizer t(missing, 512); }, missing, "cannot open");
+  const std::string directory = fs::temp_directory_path().string();
+  expect_input_error([&] { llama2c::Transformer m(directory); }, directory, "not a regular file");
 }
 
 TEST(Llama2cMalformed, CheckpointErrorsNameTheFileAndProblem) {
