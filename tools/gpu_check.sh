@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# One-shot check of the CUDA backend on a machine with an NVIDIA GPU (written for an H100):
+#   1. configure + build (Release, CUDA on) the parity test, the GPU benchmarks and the CLI
+#   2. run the CUDA tests through CTest (they must RUN, not skip, when a device is present)
+#   3. compute-sanitizer memcheck, racecheck and synccheck on the parity test
+#   4. bench/bench_gpu (Google Benchmark, JSON) and bench/torch_walk.py (PyTorch baseline)
+#   5. write a markdown table (GPU time, CPU time, ratios, DESIGN.md targets) and print it
+# Usage: tools/gpu_check.sh [build-dir]      (default: build-gpu; results in <build-dir>/gpu-report,
+#        or in $OUT when set). Exit status is non-zero when a step fails; later steps still run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUILD=${1:-build-gpu}
+REPORT=${OUT:-$BUILD/gpu-report}
+mkdir -p "$REPORT"
+LOG="$REPORT/gpu_check.log"
+: >"$LOG"
+status=0
+step() { echo "== $*" | tee -a "$LOG"; }
+fail() {
+  echo "FAILED: $*" | tee -a "$LOG"
+  status=1
+}
+
+step "device"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 >"$REPORT/device.txt"
+else
+  echo "nvidia-smi not found" | tee -a "$LOG"
+fi
+
+step "configure + build (Release, CUDA)"
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+if ! cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DKVSCOPE_ENABLE_CUDA=ON \
+  -DKVSCOPE_BUILD_APP=OFF -DCMAKE_CUDA_COMPILER="$NVCC" >>"$LOG" 2>&1; then
+  fail "cmake configure (see $LOG)"
+  tail -30 "$LOG"
+  exit 1
+fi
+grep -q "KVScope CUDA kernels: ON" "$BUILD/CMakeCache.txt" "$LOG" 2>/dev/null ||
+  echo "warning: configure did not report CUDA kernels ON" | tee -a "$LOG"
+if ! cmake --build "$BUILD" -j "$(nproc)" --target test_cuda_parity bench_gpu kvscope-cli \
+  >>"$LOG" 2>&1; then
+  fail "build (see $LOG)"
+  tail -40 "$LOG"
+  exit 1
+fi
+
+step "CUDA tests (ctest -R Cuda)"
+TEST_LOG="$REPORT/ctest_cuda.log"
+(cd "$BUILD" && ctest -R 'Cuda|cuda' --output-on-failure -V) >"$TEST_LOG" 2>&1 || fail "CUDA tests"
+grep -E "tests passed|tests failed|Skipped|no CUDA device" "$TEST_LOG" | sort | uniq -c | tee -a "$LOG"
+if grep -q "no CUDA device" "$TEST_LOG"; then
+  fail "CUDA tests skipped: the device was not usable (see $TEST_LOG)"
+fi
+
+step "compute-sanitizer"
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$SAN" ]; then
+  for tool in memcheck racecheck synccheck; do
+    if "$SAN" --tool "$tool" --error-exitcode 3 "$BUILD/tests/test_cuda_parity" \
+      >"$REPORT/sanitizer_$tool.log" 2>&1; then
+      echo "$tool: clean" | tee -a "$LOG"
+    else
+      fail "compute-sanitizer $tool (see $REPORT/sanitizer_$tool.log)"
+      tail -20 "$REPORT/sanitizer_$tool.log"
+    fi
+  done
+else
+  fail "compute-sanitizer not found (install the CUDA toolkit's sanitizer)"
+fi
+
+step "bench_gpu"
+"$BUILD/bench/bench_gpu" --benchmark_out="$REPORT/bench_gpu.json" \
+  --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  >"$REPORT/bench_gpu.txt" 2>&1 || fail "bench_gpu"
+tail -25 "$REPORT/bench_gpu.txt"
+
+step "torch_walk.py"
+python3 bench/torch_walk.py >"$REPORT/torch_walk.json" 2>"$REPORT/torch_walk.err" ||
+  echo "torch baseline not measured: $(cat "$REPORT/torch_walk.json" "$REPORT/torch_walk.err" | tail -3)" |
+  tee -a "$LOG"
+
+step "report"
+python3 - "$REPORT" <<'PY' | tee "$REPORT/gpu_report.md"
+import json, os, sys
+rep = sys.argv[1]
+bench = {}
+device = "?"
+try:
+    data = json.load(open(os.path.join(rep, "bench_gpu.json")))
+    for b in data.get("benchmarks", []):
+        name = b["name"]
+        if b.get("aggregate_name") not in (None, "median"):
+            continue
+        name = name.replace("_median", "").replace("/manual_time", "")
+        unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
+        bench[name] = None if b.get("error_occurred") else b["real_time"] * unit
+except (OSError, ValueError) as e:
+    print(f"(no benchmark JSON: {e})")
+try:
+    device = open(os.path.join(rep, "device.txt")).read().strip() or device
+except OSError:
+    pass
+try:
+    torch = json.load(open(os.path.join(rep, "torch_walk.json")))
+except (OSError, ValueError):
+    torch = {}
+
+def ms(name):
+    v = bench.get(name)
+    return "n/a" if v is None else f"{v:.3f}"
+
+def ratio(a, b):
+    if a is None or b is None or a == 0:
+        return "n/a"
+    return f"{b / a:.1f}x"
+
+def met(v, target):
+    return "n/a" if v is None else ("yes" if v < target else "NO")
+
+rows = [
+    ("walk, layer 32 heads x 32768 tok, d 128, 2 rounds", "BM_GpuWalkLayerTwoRounds", None, 2.0),
+    ("walk, round 1 only", "BM_GpuWalkLayerRound/0", None, None),
+    ("walk, round 2 only", "BM_GpuWalkLayerRound/1", None, None),
+    ("walk, 1 head x 32768 tok, 2 rounds", "BM_GpuWalkHead", "BM_CpuWalkHead", None),
+    ("errors, 256 queries x 32 heads, n 8192", "BM_GpuErrorsLayer/8192", None, 1.0),
+    ("errors, 256 queries x 32 heads, n 32768", "BM_GpuErrorsLayer/32768", None, 1.0),
+    ("errors, 256 queries x 1 head, n 8192", "BM_GpuErrorsHead/8192", "BM_CpuErrorsHead/8192", None),
+    ("t-SNE exact gradient, 8192 points", "BM_GpuTsneGradient/8192", "BM_CpuTsneGradientExact/8192", None),
+    ("t-SNE exact gradient, 32768 points (x1000 < 1 s)", "BM_GpuTsneGradient/32768", None, 1.0),
+    ("k-center, 32768 x 128, 256 centres", "BM_GpuKcenter", "BM_CpuKcenter", None),
+]
+print(f"### GPU measurements ({device})\n")
+print("| operation | GPU ms | CPU ms | GPU speed-up | target | met |")
+print("|---|---|---|---|---|---|")
+for label, g, c, target in rows:
+    gv = bench.get(g)
+    cv = bench.get(c) if c else None
+    print(f"| {label} | {ms(g)} | {ms(c) if c else '-'} | {ratio(gv, cv) if c else '-'} | "
+          f"{'< %g ms' % target if target else '-'} | {met(gv, target) if target else '-'} |")
+tw = torch.get("torch_walk_ms")
+kw = bench.get("BM_GpuWalkLayerTwoRounds")
+print()
+if tw is not None:
+    print(f"PyTorch walk (same layer, 2 rounds): {tw:.3f} ms; CUDA kernel speed-up: "
+          f"{ratio(kw, tw)} (target >= 20x)")
+else:
+    print(f"PyTorch walk: not measured ({torch.get('error', 'no output')})")
+PY
+
+if [ $status -eq 0 ]; then echo "gpu_check: all steps passed"; else echo "gpu_check: some steps FAILED"; fi
+exit $status
