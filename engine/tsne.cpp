@@ -1,0 +1,636 @@
+#include "engine/tsne.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <nanoflann.hpp>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "engine/backend.h"
+#include "engine/cpu_ops.h"
+#include "engine/error.h"
+#include "engine/pca.h"
+
+namespace kvscope {
+namespace {
+
+// Static split of [0, n) over the machine's cores. Each index is handled by exactly one thread
+// and every reduction is done afterwards in index order, so results do not depend on the thread
+// count.
+template <class Fn>
+void parallel_for(int n, int min_per_thread, Fn&& fn) {
+  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = std::max(1, std::min(hw, n / std::max(1, min_per_thread)));
+  if (threads <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  const int chunk = (n + threads - 1) / threads;
+  for (int t = 1; t < threads; ++t) {
+    const int b = t * chunk, e = std::min(n, b + chunk);
+    if (b < e) pool.emplace_back([&fn, b, e] { fn(b, e); });
+  }
+  fn(0, std::min(n, chunk));
+  for (auto& th : pool) th.join();
+}
+
+bool is_set(const std::atomic<bool>* flag) {
+  return flag && flag->load(std::memory_order_relaxed);
+}
+
+// ---- nearest neighbours (squared Euclidean) -------------------------------------------------
+
+struct RowsAdaptor {
+  const MatrixF& m;
+  size_t kdtree_get_point_count() const { return static_cast<size_t>(m.rows()); }
+  float kdtree_get_pt(size_t idx, size_t dim) const {
+    return m(static_cast<Eigen::Index>(idx), static_cast<Eigen::Index>(dim));
+  }
+  template <class BBox>
+  bool kdtree_get_bbox(BBox&) const {
+    return false;
+  }
+};
+
+// neighbours[i * k + r], dist2[i * k + r]: the k nearest other points of i, nearest first
+// (ties broken by index).
+void knn(const MatrixF& x, int k, std::vector<int>& neighbours, std::vector<float>& dist2,
+         const std::atomic<bool>* cancel) {
+  const int n = static_cast<int>(x.rows());
+  const int d = static_cast<int>(x.cols());
+  neighbours.assign(static_cast<size_t>(n) * k, 0);
+  dist2.assign(static_cast<size_t>(n) * k, 0.f);
+
+  auto keep_k_nearest = [&](int i, std::vector<std::pair<float, int>>& cand) {
+    // Drop the point itself (duplicates of it are legitimate neighbours at distance 0).
+    cand.erase(std::remove_if(cand.begin(), cand.end(), [i](auto& c) { return c.second == i; }),
+               cand.end());
+    const size_t kk = static_cast<size_t>(k);
+    if (cand.size() > kk) {
+      std::nth_element(cand.begin(), cand.begin() + kk, cand.end());
+      cand.resize(kk);
+    }
+    std::sort(cand.begin(), cand.end());
+    for (int r = 0; r < k; ++r) {
+      neighbours[static_cast<size_t>(i) * k + r] = cand[r].second;
+      dist2[static_cast<size_t>(i) * k + r] = std::max(0.f, cand[r].first);
+    }
+  };
+
+  if (d <= 32) {
+    // Low dimension: an exact k-d tree search is far cheaper than all pairs.
+    RowsAdaptor adaptor{x};
+    using Tree =
+        nanoflann::KDTreeSingleIndexAdaptor<nanoflann::L2_Simple_Adaptor<float, RowsAdaptor>,
+                                            RowsAdaptor, -1, uint32_t>;
+    Tree tree(d, adaptor, nanoflann::KDTreeSingleIndexAdaptorParams(16));
+    parallel_for(n, 256, [&](int b, int e) {
+      std::vector<uint32_t> idx(k + 1);
+      std::vector<float> dd(k + 1);
+      std::vector<std::pair<float, int>> cand;
+      for (int i = b; i < e; ++i) {
+        if ((i & 255) == 0 && is_set(cancel)) return;
+        const size_t found = tree.knnSearch(x.row(i).data(), k + 1, idx.data(), dd.data());
+        cand.clear();
+        for (size_t r = 0; r < found; ++r) cand.emplace_back(dd[r], static_cast<int>(idx[r]));
+        keep_k_nearest(i, cand);
+      }
+    });
+  } else {
+    // High dimension: k-d trees degenerate; blocked brute force with a GEMM per block.
+    const VectorF norms = x.rowwise().squaredNorm();
+    constexpr int kBlock = 256;
+    const int blocks = (n + kBlock - 1) / kBlock;
+    parallel_for(blocks, 1, [&](int bb, int be) {
+      std::vector<std::pair<float, int>> cand;
+      for (int blk = bb; blk < be; ++blk) {
+        if (is_set(cancel)) return;
+        const int r0 = blk * kBlock, r1 = std::min(n, r0 + kBlock);
+        MatrixF dots = x.middleRows(r0, r1 - r0) * x.transpose();
+        for (int i = r0; i < r1; ++i) {
+          cand.resize(n);
+          for (int j = 0; j < n; ++j) cand[j] = {norms(i) + norms(j) - 2.f * dots(i - r0, j), j};
+          keep_k_nearest(i, cand);
+        }
+      }
+    });
+  }
+  if (is_set(cancel)) throw Cancelled();
+}
+
+// sklearn's _binary_search_perplexity for one point: finds the precision beta so that
+// p_j ~ exp(-beta d_j) has entropy log(perplexity). Distances are shifted by their minimum first
+// (it cancels in the normalisation) so large raw distances do not underflow every exp().
+void calibrate_row(const float* d2, int count, double log_perplexity, float* out) {
+  constexpr double kTol = 1e-5;
+  constexpr int kSteps = 100;
+  double dmin = std::numeric_limits<double>::infinity();
+  for (int j = 0; j < count; ++j) dmin = std::min(dmin, static_cast<double>(d2[j]));
+  double mean_gap = 0;
+  for (int j = 0; j < count; ++j) mean_gap += d2[j] - dmin;
+  mean_gap /= count;
+  // Start where the scale of the distances says, so the search needs few steps.
+  double beta = mean_gap > 0 ? 1.0 / mean_gap : 1.0;
+  double beta_min = -std::numeric_limits<double>::infinity();
+  double beta_max = std::numeric_limits<double>::infinity();
+  std::vector<double> p(count);
+  for (int step = 0; step < kSteps; ++step) {
+    double sum = 0;
+    for (int j = 0; j < count; ++j) {
+      p[j] = std::exp(-(d2[j] - dmin) * beta);
+      sum += p[j];
+    }
+    double weighted = 0;
+    for (int j = 0; j < count; ++j) {
+      p[j] /= sum;
+      weighted += (d2[j] - dmin) * p[j];
+    }
+    const double entropy = std::log(sum) + beta * weighted;
+    const double diff = entropy - log_perplexity;
+    if (std::abs(diff) <= kTol) break;
+    if (diff > 0) {
+      beta_min = beta;
+      beta = std::isinf(beta_max) ? beta * 2 : (beta + beta_max) / 2;
+    } else {
+      beta_max = beta;
+      beta = std::isinf(beta_min) ? beta / 2 : (beta + beta_min) / 2;
+    }
+  }
+  for (int j = 0; j < count; ++j) out[j] = static_cast<float>(p[j]);
+}
+
+// ---- Barnes-Hut quadtree --------------------------------------------------------------------
+
+struct QuadNode {
+  double cx, cy, half;        // the cell: centre and half side length
+  double comx = 0, comy = 0;  // centre of mass of its points
+  int count = 0;
+  int child = -1;          // index of the first of 4 consecutive children; -1 for a leaf
+  int begin = 0, end = 0;  // its points: order[begin, end)
+};
+
+class QuadTree {
+ public:
+  QuadTree(const float* y, int n) : y_(y) {
+    order_.resize(n);
+    std::iota(order_.begin(), order_.end(), 0);
+    double minx = y[0], maxx = y[0], miny = y[1], maxy = y[1];
+    for (int i = 1; i < n; ++i) {
+      minx = std::min(minx, double(y[2 * i]));
+      maxx = std::max(maxx, double(y[2 * i]));
+      miny = std::min(miny, double(y[2 * i + 1]));
+      maxy = std::max(maxy, double(y[2 * i + 1]));
+    }
+    const double half = std::max({maxx - minx, maxy - miny, 1e-12}) / 2 * (1 + 1e-9);
+    nodes_.reserve(static_cast<size_t>(2 * n + 8));
+    nodes_.push_back(QuadNode{(minx + maxx) / 2, (miny + maxy) / 2, half});
+    build(0, 0, n, 0);
+  }
+
+  // Repulsive force sum_j q_ij^2 (y_i - y_j) and sum_j q_ij (q = 1/(1 + |y_i - y_j|^2)) for
+  // point i, summarising a cell by its centre of mass when side / distance < theta.
+  void repulsion(int i, double theta, double& fx, double& fy, double& z) const {
+    const double xi = y_[2 * i], yi = y_[2 * i + 1];
+    const double theta2 = theta * theta;
+    int stack[256];
+    int top = 0;
+    stack[top++] = 0;
+    while (top > 0) {
+      const QuadNode& nd = nodes_[stack[--top]];
+      if (nd.count == 0) continue;
+      if (nd.child < 0) {
+        for (int k = nd.begin; k < nd.end; ++k) {
+          const int j = order_[k];
+          if (j == i) continue;
+          const double dx = xi - y_[2 * j], dy = yi - y_[2 * j + 1];
+          const double q = 1.0 / (1.0 + dx * dx + dy * dy);
+          z += q;
+          fx += q * q * dx;
+          fy += q * q * dy;
+        }
+        continue;
+      }
+      const double dx = xi - nd.comx, dy = yi - nd.comy;
+      const double dist2 = dx * dx + dy * dy;
+      const double side = 2 * nd.half;
+      if (side * side < theta2 * dist2) {
+        const double q = 1.0 / (1.0 + dist2);
+        z += nd.count * q;
+        fx += nd.count * q * q * dx;
+        fy += nd.count * q * q * dy;
+      } else {
+        for (int c = 0; c < 4; ++c) stack[top++] = nd.child + c;
+      }
+    }
+  }
+
+ private:
+  static constexpr int kMaxDepth = 48;  // stack depth above stays below 4 * 48 + 4
+
+  void build(int node, int begin, int end, int depth) {
+    double sx = 0, sy = 0;
+    for (int k = begin; k < end; ++k) {
+      sx += y_[2 * order_[k]];
+      sy += y_[2 * order_[k] + 1];
+    }
+    QuadNode& nd = nodes_[node];
+    nd.begin = begin;
+    nd.end = end;
+    nd.count = end - begin;
+    if (nd.count > 0) {
+      nd.comx = sx / nd.count;
+      nd.comy = sy / nd.count;
+    }
+    // Leaves hold one point, or several when they coincide (depth cap).
+    if (nd.count <= 1 || depth >= kMaxDepth) return;
+    const double cx = nd.cx, cy = nd.cy, h = nd.half / 2;
+    // Partition order_[begin, end) into the quadrants SW, SE, NW, NE.
+    auto quadrant = [&](int idx) {
+      return (y_[2 * idx] >= cx ? 1 : 0) + (y_[2 * idx + 1] >= cy ? 2 : 0);
+    };
+    int* first = order_.data() + begin;
+    int* last = order_.data() + end;
+    int* m2 = std::stable_partition(first, last, [&](int j) { return quadrant(j) < 2; });
+    int* m1 = std::stable_partition(first, m2, [&](int j) { return quadrant(j) == 0; });
+    int* m3 = std::stable_partition(m2, last, [&](int j) { return quadrant(j) == 2; });
+    const int bounds[5] = {begin, int(m1 - order_.data()), int(m2 - order_.data()),
+                           int(m3 - order_.data()), end};
+    const int child = static_cast<int>(nodes_.size());
+    nodes_[node].child = child;
+    for (int c = 0; c < 4; ++c)
+      nodes_.push_back(QuadNode{cx + ((c & 1) ? h : -h), cy + ((c & 2) ? h : -h), h});
+    for (int c = 0; c < 4; ++c) build(child + c, bounds[c], bounds[c + 1], depth + 1);
+  }
+
+  const float* y_;
+  std::vector<int> order_;
+  std::vector<QuadNode> nodes_;
+};
+
+}  // namespace
+
+// ---- the gradient (CPU reference behind Backend::tsne_gradient) -----------------------------
+
+// dC/dy_i = 4 (exaggeration * sum_j p_ij q_ij Zq (y_i - y_j) - sum_j q_ij^2 Z (y_i - y_j)) with
+// unnormalised q_ij = 1 / (1 + |y_i - y_j|^2) and Z = sum_{k != l} q_kl; all sums in double.
+// Returns KL(P || Q) of the un-exaggerated P (with the Barnes-Hut estimate of Z when theta > 0).
+double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
+  const int n = in.n;
+  if (n <= 0) return 0;
+  const float* y = in.y;
+  std::vector<double> rep(2 * static_cast<size_t>(n)), attr(2 * static_cast<size_t>(n));
+  std::vector<double> zi(n), kl_terms(n);
+
+  if (in.theta > 0) {
+    const QuadTree tree(y, n);
+    parallel_for(n, 512, [&](int b, int e) {
+      for (int i = b; i < e; ++i) {
+        double fx = 0, fy = 0, z = 0;
+        tree.repulsion(i, in.theta, fx, fy, z);
+        rep[2 * i] = fx;
+        rep[2 * i + 1] = fy;
+        zi[i] = z;
+      }
+    });
+  } else {
+    parallel_for(n, 128, [&](int b, int e) {
+      for (int i = b; i < e; ++i) {
+        const double xi = y[2 * i], yi = y[2 * i + 1];
+        double fx = 0, fy = 0, z = 0;
+        for (int j = 0; j < n; ++j) {
+          if (j == i) continue;
+          const double dx = xi - y[2 * j], dy = yi - y[2 * j + 1];
+          const double q = 1.0 / (1.0 + dx * dx + dy * dy);
+          z += q;
+          fx += q * q * dx;
+          fy += q * q * dy;
+        }
+        rep[2 * i] = fx;
+        rep[2 * i + 1] = fy;
+        zi[i] = z;
+      }
+    });
+  }
+
+  // Attractive forces over the sparse P, plus the per-row pieces of the KL divergence:
+  // KL = sum p log p - sum p log q_unnorm + (sum p) log Z.
+  std::vector<double> psum(n);
+  parallel_for(n, 512, [&](int b, int e) {
+    for (int i = b; i < e; ++i) {
+      const double xi = y[2 * i], yi = y[2 * i + 1];
+      double fx = 0, fy = 0, kl = 0, ps = 0;
+      for (int k = in.p_rowptr[i]; k < in.p_rowptr[i + 1]; ++k) {
+        const int j = in.p_col[k];
+        const double p = in.p_val[k];
+        const double dx = xi - y[2 * j], dy = yi - y[2 * j + 1];
+        const double q = 1.0 / (1.0 + dx * dx + dy * dy);
+        fx += p * q * dx;
+        fy += p * q * dy;
+        if (p > 0) kl += p * (std::log(p) - std::log(q));
+        ps += p;
+      }
+      attr[2 * i] = fx;
+      attr[2 * i + 1] = fy;
+      kl_terms[i] = kl;
+      psum[i] = ps;
+    }
+  });
+
+  double z = 0, kl = 0, ptotal = 0;
+  for (int i = 0; i < n; ++i) {
+    z += zi[i];
+    kl += kl_terms[i];
+    ptotal += psum[i];
+  }
+  z = std::max(z, std::numeric_limits<double>::min());
+  for (int i = 0; i < n; ++i) {
+    for (int c = 0; c < 2; ++c)
+      grad[2 * i + c] =
+          static_cast<float>(4.0 * (in.exaggeration * attr[2 * i + c] - rep[2 * i + c] / z));
+  }
+  return kl + ptotal * std::log(z);
+}
+
+// ---- affinities ----------------------------------------------------------------------------
+
+TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neighbours,
+                               const std::atomic<bool>* cancel) {
+  const int n = static_cast<int>(x_in.rows());
+  if (n < 3) throw InputError("t-SNE: needs at least 3 points, got " + std::to_string(n));
+  if (x_in.cols() < 1) throw InputError("t-SNE: the points have no features");
+  if (!x_in.allFinite()) throw InputError("t-SNE: the points hold NaN or Inf");
+  if (!(perplexity > 0)) throw InputError("t-SNE: --perplexity must be > 0");
+
+  TsneAffinities out;
+  out.n = n;
+  // A perplexity near n cannot be reached; sklearn refuses it, we clamp (and say which we used).
+  out.perplexity = std::min(perplexity, (n - 1) / 3.0);
+  const double log_perp = std::log(out.perplexity);
+
+  // Centre once: distances are unchanged, and the GEMM form |a|^2 + |b|^2 - 2ab loses far less
+  // precision without the large common offset real keys carry.
+  const Eigen::RowVectorXf mean = x_in.colwise().mean();
+  const MatrixF x = x_in.rowwise() - mean;
+
+  const bool all_pairs = neighbours <= 0 || neighbours >= n - 1;
+  const double scale = 1.0 / (2.0 * n);
+  if (all_pairs) {
+    // Exact t-SNE: every other point is a neighbour. Dense conditional matrix, then
+    // p_ij = (p_{j|i} + p_{i|j}) / (2n) for all j != i.
+    const VectorF norms = x.rowwise().squaredNorm();
+    const MatrixF dots = x * x.transpose();
+    MatrixF pc = MatrixF::Zero(n, n);
+    parallel_for(n, 64, [&](int b, int e) {
+      std::vector<float> d2(n - 1), p(n - 1);
+      for (int i = b; i < e; ++i) {
+        if ((i & 63) == 0 && is_set(cancel)) return;
+        for (int j = 0, w = 0; j < n; ++j)
+          if (j != i) d2[w++] = std::max(0.f, norms(i) + norms(j) - 2.f * dots(i, j));
+        calibrate_row(d2.data(), n - 1, log_perp, p.data());
+        for (int j = 0, w = 0; j < n; ++j)
+          if (j != i) pc(i, j) = p[w++];
+      }
+    });
+    if (is_set(cancel)) throw Cancelled();
+    out.rowptr.assign(n + 1, 0);
+    out.col.reserve(static_cast<size_t>(n) * (n - 1));
+    out.val.reserve(static_cast<size_t>(n) * (n - 1));
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) {
+        if (j == i) continue;
+        out.col.push_back(j);
+        out.val.push_back(static_cast<float>((double(pc(i, j)) + pc(j, i)) * scale));
+      }
+      out.rowptr[i + 1] = static_cast<int>(out.col.size());
+    }
+    return out;
+  }
+
+  // Sparse (BH-SNE): the k nearest neighbours of each point carry all its affinity.
+  const int k = neighbours;
+  std::vector<int> nb;
+  std::vector<float> d2;
+  knn(x, k, nb, d2, cancel);
+
+  // Conditional p_{j|i} over each point's neighbour list.
+  std::vector<float> pcond(static_cast<size_t>(n) * k);
+  parallel_for(n, 256, [&](int b, int e) {
+    for (int i = b; i < e; ++i)
+      calibrate_row(&d2[static_cast<size_t>(i) * k], k, log_perp,
+                    &pcond[static_cast<size_t>(i) * k]);
+  });
+  if (is_set(cancel)) throw Cancelled();
+
+  // Symmetrise: p_ij = (p_{j|i} + p_{i|j}) / (2n), as CSR with sorted columns.
+  std::vector<std::vector<std::pair<int, float>>> rows(n);
+  for (int i = 0; i < n; ++i) rows[i].reserve(2 * k);
+  for (int i = 0; i < n; ++i) {
+    for (int r = 0; r < k; ++r) {
+      const size_t at = static_cast<size_t>(i) * k + r;
+      const int j = nb[at];
+      const float v = pcond[at];
+      rows[i].emplace_back(j, v);
+      rows[j].emplace_back(i, v);
+    }
+  }
+  out.rowptr.assign(n + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    auto& row = rows[i];
+    std::sort(row.begin(), row.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t w = 0;
+    for (size_t r = 0; r < row.size(); ++r) {
+      if (w > 0 && row[w - 1].first == row[r].first) {
+        row[w - 1].second += row[r].second;
+      } else {
+        row[w++] = row[r];
+      }
+    }
+    row.resize(w);
+    for (auto& [j, v] : row) {
+      out.col.push_back(j);
+      out.val.push_back(static_cast<float>(v * scale));
+    }
+    out.rowptr[i + 1] = static_cast<int>(out.col.size());
+    std::vector<std::pair<int, float>>().swap(row);
+  }
+  return out;
+}
+
+// ---- the optimisation ----------------------------------------------------------------------
+
+TsneRun::TsneRun(const MatrixF& x, const TsneParams& params, Backend* backend,
+                 const std::atomic<bool>* cancel)
+    : params_(params),
+      backend_(backend ? backend : &cpu_backend()),
+      external_cancel_(cancel),
+      kl_(std::numeric_limits<double>::quiet_NaN()) {
+  const int n = static_cast<int>(x.rows());
+  if (params_.iterations < 0) throw InputError("t-SNE: --iterations must be >= 0");
+  if (params_.early_exaggeration <= 0) throw InputError("t-SNE: early exaggeration must be > 0");
+  if (params_.exaggeration_iterations < 0)
+    throw InputError("t-SNE: exaggeration iterations must be >= 0");
+  theta_ = params_.theta >= 0 ? params_.theta : (n <= params_.exact_threshold ? 0.0 : 0.5);
+  const int neighbours =
+      theta_ == 0 && n <= params_.exact_threshold
+          ? 0
+          : static_cast<int>(std::min<double>(n - 1, std::floor(3 * params_.perplexity + 1)));
+  affinities_ = tsne_affinities(x, params_.perplexity, neighbours, cancel);
+
+  learning_rate_ = params_.learning_rate > 0 ? params_.learning_rate
+                                             : std::max(n / params_.early_exaggeration / 4.0, 50.0);
+
+  // PCA initialisation scaled to std 1e-4 along the first axis (sklearn's init="pca").
+  y_ = pca_2d(x);
+  const double mean0 = y_.col(0).cast<double>().mean();
+  const double std0 = std::sqrt((y_.col(0).cast<double>().array() - mean0).square().mean());
+  if (std0 > 0) {
+    y_ *= static_cast<float>(1e-4 / std0);
+  } else {
+    // All points identical along every direction: spread them on a tiny deterministic spiral.
+    for (int i = 0; i < n; ++i) {
+      y_(i, 0) = static_cast<float>(1e-4 * std::cos(i * 2.399963));
+      y_(i, 1) = static_cast<float>(1e-4 * std::sin(i * 2.399963) * (1.0 + i) / n);
+    }
+  }
+  update_ = MatrixF::Zero(n, 2);
+  gains_ = MatrixF::Ones(n, 2);
+  grad_ = MatrixF::Zero(n, 2);
+}
+
+bool TsneRun::cancelled() const {
+  return own_cancel_.load() || is_set(external_cancel_);
+}
+
+void TsneRun::iterate_once() {
+  const bool early = iteration_ < params_.exaggeration_iterations;
+  if (iteration_ == params_.exaggeration_iterations && iteration_ > 0) {
+    // sklearn runs the two phases as separate descents: momentum state and gains start afresh.
+    update_.setZero();
+    gains_.setOnes();
+  }
+  TsneGradInput in;
+  in.n = num_points();
+  in.y = y_.data();
+  in.p_rowptr = affinities_.rowptr.data();
+  in.p_col = affinities_.col.data();
+  in.p_val = affinities_.val.data();
+  in.exaggeration = early ? params_.early_exaggeration : 1.0;
+  in.theta = theta_;
+  const double kl = backend_->tsne_gradient(in, grad_.data());
+  if (std::isfinite(kl)) kl_ = kl;
+
+  const float momentum = static_cast<float>(early ? params_.momentum_early : params_.momentum_late);
+  const float lr = static_cast<float>(learning_rate_);
+  const float min_gain = static_cast<float>(params_.min_gain);
+  float* g = grad_.data();
+  float* u = update_.data();
+  float* gain = gains_.data();
+  float* y = y_.data();
+  const Eigen::Index size = y_.size();
+  for (Eigen::Index c = 0; c < size; ++c) {
+    // Gains grow where the gradient changed sign against the last step, shrink where it agrees.
+    gain[c] = (u[c] * g[c] < 0) ? gain[c] + 0.2f : gain[c] * 0.8f;
+    gain[c] = std::max(gain[c], min_gain);
+    u[c] = momentum * u[c] - lr * gain[c] * g[c];
+    y[c] += u[c];
+  }
+  const Eigen::RowVector2f centre = y_.colwise().mean();
+  y_.rowwise() -= centre;
+  ++iteration_;
+}
+
+int TsneRun::step(int iters) {
+  int done_now = 0;
+  while (done_now < iters && iteration_ < params_.iterations && !cancelled()) {
+    iterate_once();
+    ++done_now;
+  }
+  return done_now;
+}
+
+void TsneRun::run_to_end() {
+  step(params_.iterations - iteration_);
+  if (iteration_ < params_.iterations && cancelled()) throw Cancelled();
+}
+
+MatrixF tsne(const MatrixF& x, const TsneParams& params, Backend* backend,
+             const std::atomic<bool>* cancel) {
+  TsneRun run(x, params, backend, cancel);
+  run.run_to_end();
+  return run.embedding();
+}
+
+// ---- joint key/query space -----------------------------------------------------------------
+
+MatrixF joint_keys_queries(const MatrixF& keys, const MatrixF& queries, const JointOptions& opt) {
+  if (keys.cols() != queries.cols())
+    throw InputError("joint embedding: keys have " + std::to_string(keys.cols()) +
+                     " features but queries have " + std::to_string(queries.cols()));
+  if (keys.rows() == 0 || queries.rows() == 0)
+    throw InputError("joint embedding: keys or queries are empty");
+  MatrixF k = keys, q = queries;
+  if (opt.scale) {
+    const double kn = k.rowwise().norm().cast<double>().mean();
+    const double qn = q.rowwise().norm().cast<double>().mean();
+    if (kn > 0 && qn > 0) {
+      const float a = static_cast<float>(std::sqrt(kn / qn));
+      q *= a;
+      k /= a;
+    }
+  }
+  if (opt.translate) {
+    const Eigen::RowVectorXf shift = q.colwise().mean() - k.colwise().mean();
+    k.rowwise() += shift;
+  }
+  MatrixF out(k.rows() + q.rows(), k.cols());
+  out << k, q;
+  return out;
+}
+
+// ---- trustworthiness -----------------------------------------------------------------------
+
+double trustworthiness(const MatrixF& high, const MatrixF& low, int k) {
+  const int n = static_cast<int>(high.rows());
+  if (low.rows() != n) throw InputError("trustworthiness: the two point sets differ in size");
+  if (k < 1 || k >= n / 2)
+    throw InputError("trustworthiness: k must be in [1, n/2), got " + std::to_string(k));
+  auto squared_distances = [](const MatrixF& m, int i) {
+    return ((m.rowwise() - m.row(i)).cast<double>().rowwise().squaredNorm()).eval();
+  };
+  std::vector<double> penalty(n);
+  parallel_for(n, 64, [&](int b, int e) {
+    std::vector<int> order(n), rank(n);
+    for (int i = b; i < e; ++i) {
+      // Rank of every point in the input-space ordering around i (1 = nearest other point).
+      const VectorD dh = squared_distances(high, i);
+      order.resize(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int a, int c) {
+        if (a == i || c == i) return c != i && a == i;  // i itself first, rank 0
+        return dh(a) < dh(c) || (dh(a) == dh(c) && a < c);
+      });
+      for (int r = 0; r < n; ++r) rank[order[r]] = r;
+      // The k nearest in the embedding.
+      const VectorD dl = squared_distances(low, i);
+      order.resize(n);
+      std::iota(order.begin(), order.end(), 0);
+      order.erase(order.begin() + i);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int a, int c) { return dl(a) < dl(c) || (dl(a) == dl(c) && a < c); });
+      double p = 0;
+      for (int r = 0; r < k; ++r) p += std::max(0, rank[order[r]] - k);
+      penalty[i] = p;
+    }
+  });
+  double total = 0;
+  for (double p : penalty) total += p;
+  return 1.0 - total * 2.0 / (double(n) * k * (2.0 * n - 3.0 * k - 1.0));
+}
+
+}  // namespace kvscope

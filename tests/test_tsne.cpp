@@ -1,0 +1,284 @@
+// t-SNE: neighbourhood preservation on labelled blobs, Barnes-Hut against the exact gradient,
+// the gradient against finite differences of the KL divergence, affinities, determinism,
+// the AttentionViz joint space, cancellation and bad input.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cpu_ops.h"
+#include "engine/error.h"
+#include "engine/random.h"
+#include "engine/tsne.h"
+
+namespace kvscope {
+namespace {
+
+double gaussian(CounterRng& rng) {
+  // Box-Muller from the project's counter-based generator.
+  const double u1 = std::max(rng.uniform(), 1e-300), u2 = rng.uniform();
+  return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+// `blobs` isotropic Gaussian clusters in d dimensions, centres 8 apart on average.
+MatrixF gaussian_blobs(int n, int d, int blobs, uint64_t seed, std::vector<int>* labels) {
+  CounterRng rng(seed, kRandMisc, 1, 2);
+  MatrixF centres(blobs, d);
+  for (int b = 0; b < blobs; ++b)
+    for (int c = 0; c < d; ++c) centres(b, c) = static_cast<float>(8 * (rng.uniform() - 0.5) * 2);
+  MatrixF x(n, d);
+  labels->resize(n);
+  for (int i = 0; i < n; ++i) {
+    const int b = i % blobs;
+    (*labels)[i] = b;
+    for (int c = 0; c < d; ++c) x(i, c) = centres(b, c) + static_cast<float>(gaussian(rng));
+  }
+  return x;
+}
+
+// Share of points whose nearest embedded neighbour has their label.
+double nearest_neighbour_label_agreement(const MatrixF& y, const std::vector<int>& labels) {
+  const int n = static_cast<int>(y.rows());
+  int agree = 0;
+  for (int i = 0; i < n; ++i) {
+    int best = -1;
+    float best_d = 0;
+    for (int j = 0; j < n; ++j) {
+      if (j == i) continue;
+      const float dd = (y.row(i) - y.row(j)).squaredNorm();
+      if (best < 0 || dd < best_d) best = j, best_d = dd;
+    }
+    agree += labels[best] == labels[i];
+  }
+  return double(agree) / n;
+}
+
+TEST(Tsne, ExactGradientPreservesBlobNeighbourhoods) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(400, 12, 5, 7, &labels);
+  TsneParams params;
+  params.iterations = 500;
+  TsneRun run(x, params);
+  EXPECT_EQ(run.theta(), 0.0);                  // small n: exact gradient, all-pairs affinities
+  EXPECT_DOUBLE_EQ(run.learning_rate(), 50.0);  // max(400 / 12 / 4, 50)
+  run.run_to_end();
+  EXPECT_EQ(run.iteration(), 500);
+  const double t = trustworthiness(x, run.embedding(), 10);
+  EXPECT_GE(t, 0.9);
+  EXPECT_GE(nearest_neighbour_label_agreement(run.embedding(), labels), 0.97);
+  EXPECT_TRUE(std::isfinite(run.kl()));
+  EXPECT_LT(run.kl(), 2.0);
+}
+
+TEST(Tsne, BarnesHutPreservesBlobNeighbourhoods) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(1000, 10, 6, 21, &labels);
+  TsneParams params;
+  params.iterations = 400;
+  params.theta = 0.5;  // sparse kNN affinities + quadtree, as for large n
+  TsneRun run(x, params);
+  EXPECT_EQ(run.theta(), 0.5);
+  EXPECT_DOUBLE_EQ(run.learning_rate(), 50.0);  // max(1000 / 12 / 4, 50)
+  run.run_to_end();
+  EXPECT_GE(trustworthiness(x, run.embedding(), 10), 0.9);
+  EXPECT_GE(nearest_neighbour_label_agreement(run.embedding(), labels), 0.97);
+}
+
+// Relative error of the Barnes-Hut gradient against the exact one on a converged-looking
+// embedding (blobs, so the tree has both near and far cells).
+TEST(Tsne, BarnesHutGradientApproachesExact) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(1000, 8, 4, 3, &labels);
+  TsneParams params;
+  params.iterations = 300;
+  params.theta = 0.5;
+  TsneRun run(x, params);
+  run.run_to_end();
+  const MatrixF y = run.embedding();
+  const TsneAffinities p = tsne_affinities(x, 30, 91);
+
+  auto gradient = [&](double theta, double* kl) {
+    TsneGradInput in;
+    in.n = static_cast<int>(y.rows());
+    in.y = y.data();
+    in.p_rowptr = p.rowptr.data();
+    in.p_col = p.col.data();
+    in.p_val = p.val.data();
+    in.theta = theta;
+    MatrixF g(y.rows(), 2);
+    *kl = cpu_tsne_gradient(in, g.data());
+    return g;
+  };
+  double kl_exact, kl_05, kl_02;
+  const MatrixF exact = gradient(0, &kl_exact);
+  const MatrixF bh05 = gradient(0.5, &kl_05);
+  const MatrixF bh02 = gradient(0.2, &kl_02);
+  const double err05 = (bh05 - exact).norm() / exact.norm();
+  const double err02 = (bh02 - exact).norm() / exact.norm();
+  RecordProperty("bh_error_theta_0.5", std::to_string(err05));
+  RecordProperty("bh_error_theta_0.2", std::to_string(err02));
+  std::printf("Barnes-Hut gradient relative error: theta 0.5: %.4f, theta 0.2: %.4f\n", err05,
+              err02);
+  EXPECT_LT(err05, 0.1);
+  EXPECT_LT(err02, 0.5 * err05);
+  EXPECT_NEAR(kl_05, kl_exact, 0.02 * kl_exact);
+  EXPECT_NEAR(kl_02, kl_exact, 0.005 * kl_exact);
+}
+
+TEST(Tsne, ExactGradientIsTheDerivativeOfKl) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(60, 5, 3, 9, &labels);
+  const TsneAffinities p = tsne_affinities(x, 10, 0);
+  CounterRng rng(4, kRandMisc, 0, 0);
+  MatrixF y(60, 2);
+  for (int i = 0; i < y.size(); ++i) y.data()[i] = static_cast<float>(2 * gaussian(rng));
+
+  auto kl_and_grad = [&](const MatrixF& at, MatrixF* g) {
+    TsneGradInput in;
+    in.n = 60;
+    in.y = at.data();
+    in.p_rowptr = p.rowptr.data();
+    in.p_col = p.col.data();
+    in.p_val = p.val.data();
+    MatrixF scratch(60, 2);
+    return cpu_tsne_gradient(in, g ? g->data() : scratch.data());
+  };
+  MatrixF g(60, 2);
+  kl_and_grad(y, &g);
+  const float h = 1e-2f;
+  for (int probe : {0, 17, 59}) {
+    for (int c = 0; c < 2; ++c) {
+      MatrixF plus = y, minus = y;
+      plus(probe, c) += h;
+      minus(probe, c) -= h;
+      const double numeric = (kl_and_grad(plus, nullptr) - kl_and_grad(minus, nullptr)) / (2 * h);
+      EXPECT_NEAR(g(probe, c), numeric, 2e-3 * std::abs(numeric) + 1e-5)
+          << "point " << probe << " coord " << c;
+    }
+  }
+}
+
+TEST(Tsne, AffinitiesAreSymmetricAndNormalised) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(300, 6, 3, 5, &labels);
+  for (int neighbours : {0, 60}) {
+    const TsneAffinities p = tsne_affinities(x, 20, neighbours);
+    ASSERT_EQ(p.n, 300);
+    double total = 0;
+    MatrixD dense = MatrixD::Zero(300, 300);
+    for (int i = 0; i < 300; ++i)
+      for (int k = p.rowptr[i]; k < p.rowptr[i + 1]; ++k) {
+        ASSERT_NE(p.col[k], i);
+        ASSERT_GE(p.val[k], 0.f);
+        dense(i, p.col[k]) = p.val[k];
+        total += p.val[k];
+      }
+    EXPECT_NEAR(total, 1.0, 1e-4);
+    EXPECT_LT((dense - dense.transpose()).cwiseAbs().maxCoeff(), 1e-9);
+    // Each conditional row sums to 1, so row sums of P average 1/n.
+    EXPECT_NEAR(dense.rowwise().sum().mean(), 1.0 / 300, 1e-7);
+  }
+  // Perplexity is clamped for tiny inputs and reported.
+  const TsneAffinities tiny = tsne_affinities(x.topRows(10), 30, 0);
+  EXPECT_DOUBLE_EQ(tiny.perplexity, 3.0);
+}
+
+TEST(Tsne, DeterministicAcrossRunsAndSteps) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(400, 6, 4, 13, &labels);
+  TsneParams params;
+  params.iterations = 120;
+  params.exaggeration_iterations = 60;
+  const MatrixF a = tsne(x, params);
+  // Same run, stepped in uneven chunks as the view does.
+  TsneRun run(x, params);
+  while (!run.done()) run.step(7);
+  EXPECT_EQ(run.iteration(), 120);
+  EXPECT_EQ((a - run.embedding()).cwiseAbs().maxCoeff(), 0.f);
+  // Barnes-Hut is deterministic too (threads reduce in index order).
+  params.theta = 0.5;
+  EXPECT_EQ((tsne(x, params) - tsne(x, params)).cwiseAbs().maxCoeff(), 0.f);
+}
+
+TEST(Tsne, CancelStopsTheRun) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(100, 4, 2, 1, &labels);
+  std::atomic<bool> cancel{false};
+  TsneParams params;
+  params.iterations = 100;
+  TsneRun run(x, params, nullptr, &cancel);
+  EXPECT_EQ(run.step(10), 10);
+  cancel = true;
+  EXPECT_EQ(run.step(10), 0);
+  EXPECT_TRUE(run.done());
+  EXPECT_THROW(run.run_to_end(), Cancelled);
+  EXPECT_THROW(TsneRun(x, params, nullptr, &cancel), Cancelled);
+}
+
+TEST(Tsne, JointSpaceKeepsEveryQueriesSoftmax) {
+  CounterRng rng(2, kRandMisc, 0, 0);
+  MatrixF keys(40, 8), queries(30, 8);
+  for (int i = 0; i < keys.size(); ++i) keys.data()[i] = static_cast<float>(3 + gaussian(rng));
+  for (int i = 0; i < queries.size(); ++i)
+    queries.data()[i] = static_cast<float>(0.2 * gaussian(rng) - 1);
+  const MatrixF joint = joint_keys_queries(keys, queries);
+  ASSERT_EQ(joint.rows(), 70);
+  const MatrixF k2 = joint.topRows(40), q2 = joint.bottomRows(30);
+  // Same centroid, same mean norm... (scaling first, then translation, so norms are compared
+  // before the shift; the centroid equality is exact).
+  EXPECT_LT((k2.colwise().mean() - q2.colwise().mean()).norm(), 1e-4);
+  // Logits change by a per-query constant only: softmax unchanged.
+  const MatrixD before = (queries * keys.transpose()).cast<double>();
+  const MatrixD after = (q2 * k2.transpose()).cast<double>();
+  for (int q = 0; q < 30; ++q) {
+    const Eigen::RowVectorXd diff = after.row(q) - before.row(q);
+    EXPECT_LT(diff.maxCoeff() - diff.minCoeff(), 1e-3 * before.row(q).cwiseAbs().maxCoeff());
+  }
+  JointOptions none;
+  none.translate = false;
+  none.scale = false;
+  const MatrixF raw = joint_keys_queries(keys, queries, none);
+  EXPECT_EQ((raw.topRows(40) - keys).cwiseAbs().maxCoeff(), 0.f);
+  EXPECT_THROW(joint_keys_queries(keys, queries.leftCols(4)), InputError);
+}
+
+TEST(Tsne, TrustworthinessSeparatesGoodFromBadMaps) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(300, 2, 3, 8, &labels);
+  EXPECT_NEAR(trustworthiness(x, x, 10), 1.0, 1e-12);
+  CounterRng rng(6, kRandMisc, 0, 0);
+  MatrixF noise(300, 2);
+  for (int i = 0; i < noise.size(); ++i) noise.data()[i] = static_cast<float>(rng.uniform());
+  EXPECT_LT(trustworthiness(x, noise, 10), 0.7);
+  EXPECT_THROW(trustworthiness(x, noise, 200), InputError);
+}
+
+TEST(Tsne, BadInputIsAnInputError) {
+  EXPECT_THROW(tsne_affinities(MatrixF::Ones(2, 3), 30, 0), InputError);
+  MatrixF x = MatrixF::Random(20, 3);
+  x(3, 2) = INFINITY;
+  EXPECT_THROW(tsne_affinities(x, 30, 0), InputError);
+  EXPECT_THROW(tsne_affinities(MatrixF::Random(20, 3), -1, 0), InputError);
+  TsneParams bad;
+  bad.iterations = -5;
+  EXPECT_THROW(TsneRun(MatrixF::Random(20, 3), bad), InputError);
+}
+
+TEST(Tsne, CoincidentPointsDoNotBreakTheTree) {
+  // Many duplicates: the quadtree must stop splitting and the run must stay finite.
+  MatrixF x(300, 3);
+  for (int i = 0; i < 300; ++i) x.row(i) << float(i % 3), float(i % 3 == 1), 0.f;
+  TsneParams params;
+  params.iterations = 50;
+  params.exaggeration_iterations = 20;
+  params.theta = 0.5;
+  const MatrixF y = tsne(x, params);
+  EXPECT_TRUE(y.allFinite());
+}
+
+}  // namespace
+}  // namespace kvscope
