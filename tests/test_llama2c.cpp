@@ -286,6 +286,28 @@ TEST(Llama2cModel, CaptureSurvivesWriteAndReopen) {
   for (int h = 0; h < 8; ++h) EXPECT_EQ(layer->queries[h], capture.layers[3].queries[h]);
 }
 
+TEST(Llama2cModel, UnsharedClassifierIsReadFromTheEndOfTheFile) {
+  REQUIRE_STORIES260K();
+  // The same model stored with vocab_size = -512 and the embedding appended as its own
+  // classifier must give the same logits as the shared original.
+  std::vector<char> bytes = read_bytes(kModelPath);
+  const size_t embedding_bytes = 512 * 64 * sizeof(float);
+  const std::vector<char> embedding(bytes.begin() + 28, bytes.begin() + 28 + embedding_bytes);
+  const int32_t unshared = -512;
+  std::memcpy(bytes.data() + 20, &unshared, 4);
+  bytes.insert(bytes.end(), embedding.begin(), embedding.end());
+  TempFile file("unshared.bin");
+  file.write(bytes);
+  llama2c::Transformer shared(kModelPath), separate(file.path());
+  EXPECT_FALSE(separate.config().shared_classifier);
+  for (int pos = 0; pos < 4; ++pos) {
+    const int token = pos == 0 ? llama2c::kBosToken : 300 + pos;
+    const std::vector<float> a = shared.forward(token, pos);
+    const std::vector<float> b = separate.forward(token, pos);
+    EXPECT_EQ(a, b) << pos;
+  }
+}
+
 // ---- tokenizer
 
 TEST(Llama2cTokenizer, EncodeDecodeRoundTrip) {
