@@ -37,7 +37,8 @@ std::pair<double, double> mean_std(const std::vector<double>& x) {
   double mean = 0;
   for (double v : x) mean += v;
   mean /= static_cast<double>(x.size());
-  if (x.size() < 2) return {mean, 0};
+  // Identical values (a deterministic method) have no spread; don't report rounding noise.
+  if (std::all_of(x.begin(), x.end(), [&](double v) { return v == x[0]; })) return {x[0], 0};
   double ss = 0;
   for (double v : x) ss += (v - mean) * (v - mean);
   return {mean, std::sqrt(ss / static_cast<double>(x.size() - 1))};

@@ -1,0 +1,421 @@
+// The evaluation protocol (DESIGN.md 3): window, run_eval over seeds/threads/shards, refused
+// heads and methods, failures, cancellation, JSON and merge.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+#include "engine/error.h"
+#include "engine/protocol.h"
+
+namespace kvscope {
+namespace {
+
+// A capture held in memory (no file): the protocol only needs CaptureFile's interface.
+class MemoryCapture final : public CaptureFile {
+ public:
+  explicit MemoryCapture(CaptureData data) : data_(std::move(data)) {}
+  const CaptureInfo& info() const override { return data_.info; }
+  std::shared_ptr<const LayerData> layer(int L) override {
+    return std::shared_ptr<const LayerData>(&data_.layers.at(L), [](const LayerData*) {});
+  }
+  long long resident_bytes() const override { return 0; }
+  void set_max_cached_layers(int) override {}
+
+ private:
+  CaptureData data_;
+};
+
+MemoryCapture make_capture(int n, int layers, int kv_heads, int q_heads, bool queries,
+                           uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  auto rnd = [&](int r, int c) {
+    MatrixF m(r, c);
+    for (int i = 0; i < r; ++i)
+      for (int j = 0; j < c; ++j) m(i, j) = dist(rng);
+    return m;
+  };
+  CaptureData data;
+  data.info.path = "memory";
+  data.info.model = "random";
+  data.info.source = "test";
+  data.info.synthetic = true;
+  data.info.num_layers = layers;
+  data.info.q_heads = q_heads;
+  data.info.kv_heads = kv_heads;
+  data.info.head_dim = 8;
+  data.info.value_dim = 8;
+  data.info.num_tokens = n;
+  data.info.has_queries = queries;
+  for (int l = 0; l < layers; ++l) {
+    LayerData L;
+    L.layer = l;
+    for (int h = 0; h < kv_heads; ++h) {
+      L.keys.push_back(rnd(n, 8));
+      L.values.push_back(rnd(n, 8));
+    }
+    if (queries)
+      for (int h = 0; h < q_heads; ++h) L.queries.push_back(rnd(n, 8));
+    L.refused.assign(kv_heads, "");
+    data.layers.push_back(std::move(L));
+  }
+  return MemoryCapture(std::move(data));
+}
+
+// Test doubles with the protocol's view of a method.
+class Throwing final : public Method {
+ public:
+  std::string name() const override { return "throwing"; }
+  std::string summary() const override { return "throws"; }
+  Selection select(const MethodInput&) const override {
+    throw std::runtime_error("deliberate failure");
+  }
+};
+class NeedsQueries final : public Method {
+ public:
+  std::string name() const override { return "query-aware"; }
+  std::string summary() const override { return "needs queries"; }
+  bool needs_queries() const override { return true; }
+  Selection select(const MethodInput&) const override { return {}; }
+};
+class OverBudget final : public Method {
+ public:
+  std::string name() const override { return "over-budget"; }
+  std::string summary() const override { return "keeps too much"; }
+  Selection select(const MethodInput& in) const override {
+    Selection s;
+    for (int i = in.mid_begin; i < in.mid_begin + in.budget + 1; ++i) {
+      s.indices.push_back(i);
+      s.weights.push_back(1);
+    }
+    return s;
+  }
+};
+
+TEST(Window, ProtocolDefaults) {
+  EvalWindow w = EvalWindow::make(512, 0.5);
+  EXPECT_EQ(w.sink, 16);
+  EXPECT_EQ(w.eval, 64);
+  EXPECT_EQ(w.mid_begin, 16);
+  EXPECT_EQ(w.mid_end, 448);
+  EXPECT_EQ(w.n_mid, 432);
+  EXPECT_EQ(w.budget, 216);
+  EXPECT_TRUE(w.scaled_down());
+  EXPECT_NE(w.describe().find("scaled down"), std::string::npos) << w.describe();
+  EXPECT_NE(w.describe().find("s=16 E=64"), std::string::npos) << w.describe();
+
+  w = EvalWindow::make(8192, 0.125);
+  EXPECT_EQ(w.sink, 256);
+  EXPECT_EQ(w.eval, 256);
+  EXPECT_EQ(w.budget, static_cast<int>(std::llround(0.125 * (8192 - 512))));
+  EXPECT_FALSE(w.scaled_down());
+  EXPECT_EQ(w.describe().find("scaled down"), std::string::npos);
+  EXPECT_EQ(EvalWindow::make(100000, 0.5).sink, 256);
+
+  // m = round(ratio * n_mid): 0.3 * 432 = 129.6 -> 130.
+  EXPECT_EQ(EvalWindow::make(512, 0.3).budget, 130);
+}
+
+TEST(Window, OverridesAndBadInput) {
+  const EvalWindow w = EvalWindow::make(512, 0.5, 4, 32);
+  EXPECT_EQ(w.sink, 4);
+  EXPECT_EQ(w.eval, 32);
+  EXPECT_NE(w.describe().find("--sink"), std::string::npos);
+  EXPECT_EQ(EvalWindow::make(512, 0.5, 0).sink, 0);
+  EXPECT_THROW(EvalWindow::make(512, 0.0), InputError);
+  EXPECT_THROW(EvalWindow::make(512, 1.5), InputError);
+  EXPECT_THROW(EvalWindow::make(512, 0.5, 300, 300), InputError);
+  EXPECT_THROW(EvalWindow::make(512, 0.5, -1, 0), InputError);
+  EXPECT_THROW(EvalWindow::make(5, 0.5), InputError);  // E = floor(5/8) = 0
+  try {
+    EvalWindow::make(512, -0.25);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--ratios"), std::string::npos);
+  }
+}
+
+TEST(Window, MethodInputMatchesWindow) {
+  MemoryCapture cap = make_capture(256, 1, 2, 4, true);
+  const auto L = cap.layer(0);
+  MethodSettings s;
+  s.method = find_method("uniform");
+  s.keep_ratio = 0.25;
+  s.params = {{"x", 1.0}};
+  const EvalWindow w = EvalWindow::make(256, 0.25);
+  const MethodInput in = make_method_input(*L, 1, 1, w, s, 42);
+  EXPECT_EQ(in.keys, &L->keys[1]);
+  ASSERT_EQ(in.queries.size(), 2u);
+  EXPECT_EQ(in.queries[0], &L->queries[2]);
+  EXPECT_EQ(in.queries[1], &L->queries[3]);
+  EXPECT_EQ(in.mid_begin, w.mid_begin);
+  EXPECT_EQ(in.mid_end, w.mid_end);
+  EXPECT_EQ(in.budget, w.budget);
+  EXPECT_EQ(in.seed, 42u);
+  EXPECT_EQ(in.params.at("x"), 1.0);
+}
+
+EvalSpec simple_spec(int seeds = 3) {
+  EvalSpec spec;
+  spec.methods = {find_method("exact"), find_method("uniform"), find_method("streaming")};
+  spec.ratios = {0.5, 0.125};
+  spec.seeds = seeds;
+  return spec;
+}
+
+TEST(RunEval, ResultsSeedsAndSummary) {
+  MemoryCapture cap = make_capture(256, 2, 2, 4, true);
+  EvalSpec spec = simple_spec();
+  spec.base_seed = 5;
+  int calls = 0, last_total = 0;
+  const EvalReport rep = run_eval(cap, spec, [&](int, int total) {
+    ++calls;
+    last_total = total;
+  });
+  ASSERT_EQ(rep.results.size(), 2u * 2u * 3u * 2u);
+  EXPECT_EQ(calls, 24);
+  EXPECT_EQ(last_total, 24);
+  EXPECT_EQ(rep.window_example.sink, 8);
+  EXPECT_EQ(rep.window_example.eval, 32);
+  for (const HeadEval& he : rep.results) {
+    ASSERT_EQ(he.per_seed.size(), 3u);
+    EXPECT_EQ(he.per_query.size(), 32u);
+    if (he.method == "exact") {
+      EXPECT_EQ(he.mean, 0.0);
+    }
+    if (he.method == "streaming") {
+      EXPECT_EQ(he.std, 0.0);  // deterministic method
+    }
+  }
+  // Seed r of the run is base_seed + r.
+  const HeadEval& u = rep.results[2];  // layer 0, kv head 0, uniform, ratio 0.5
+  ASSERT_EQ(u.method, "uniform");
+  ASSERT_EQ(u.ratio, 0.5);
+  MethodSettings s;
+  s.method = find_method("uniform");
+  s.keep_ratio = 0.5;
+  EXPECT_EQ(u.per_seed[1], run_head(*cap.layer(0), 2, 0, s, 6).mean_relative);
+  EXPECT_GT(u.std, 0.0);
+
+  const std::vector<EvalSummary> sum = rep.summary();
+  ASSERT_EQ(sum.size(), 6u);
+  EXPECT_EQ(sum[2].method, "uniform");
+  double mean = 0;
+  for (const HeadEval& he : rep.results)
+    if (he.method == "uniform" && he.ratio == 0.5) mean += he.mean / 4;
+  EXPECT_NEAR(sum[2].mean, mean, 1e-15);
+  EXPECT_EQ(sum[2].heads, 4);
+  // Less budget, more error.
+  EXPECT_GT(sum[3].mean, sum[2].mean);
+}
+
+TEST(RunEval, DeterministicRegardlessOfThreads) {
+  MemoryCapture cap = make_capture(256, 2, 2, 2, true);
+  EvalSpec spec = simple_spec();
+  spec.threads = 1;
+  const nlohmann::json one = run_eval(cap, spec).to_json();
+  spec.threads = 3;
+  const nlohmann::json three = run_eval(cap, spec).to_json();
+  EXPECT_EQ(one["results"], three["results"]);
+  EXPECT_EQ(one["summary"], three["summary"]);
+}
+
+TEST(RunEval, ShardsMergeToTheUnshardedReport) {
+  MemoryCapture cap = make_capture(192, 2, 2, 2, true);
+  EvalSpec spec = simple_spec(2);
+  const EvalReport full = run_eval(cap, spec);
+  std::vector<EvalReport> parts;
+  for (int i = 0; i < 3; ++i) {
+    spec.shard_index = i;
+    spec.shard_count = 3;
+    parts.push_back(EvalReport::from_json(run_eval(cap, spec).to_json()));  // via JSON, as on disk
+  }
+  EXPECT_EQ(parts[0].results.size() + parts[1].results.size() + parts[2].results.size(),
+            full.results.size());
+  const EvalReport merged = merge_reports({parts[2], parts[0], parts[1]});
+  EXPECT_EQ(merged.to_json()["results"], full.to_json()["results"]);
+  EXPECT_EQ(merged.to_json()["summary"], full.to_json()["summary"]);
+  EXPECT_EQ(merged.spec.shard_count, 1);
+
+  EXPECT_THROW(merge_reports({parts[0], parts[1]}), InputError);            // missing shard
+  EXPECT_THROW(merge_reports({parts[0], parts[0], parts[1]}), InputError);  // duplicate shard
+  EvalReport other = parts[1];
+  other.spec.seeds = 3;
+  EXPECT_THROW(merge_reports({parts[0], other, parts[2]}), InputError);  // different spec
+  EvalReport overlap = parts[1];
+  overlap.results.push_back(parts[0].results[0]);
+  EXPECT_THROW(merge_reports({parts[0], overlap, parts[2]}), InputError);  // item twice
+  EvalReport incomplete = parts[1];
+  incomplete.results.pop_back();
+  EXPECT_THROW(merge_reports({parts[0], incomplete, parts[2]}), InputError);
+}
+
+TEST(RunEval, JsonRoundTrip) {
+  MemoryCapture cap = make_capture(128, 1, 1, 2, true);
+  EvalSpec spec = simple_spec(2);
+  spec.layers = {0};
+  const EvalReport rep = run_eval(cap, spec);
+  const nlohmann::json j = rep.to_json();
+  EXPECT_EQ(EvalReport::from_json(j).to_json(), j);
+  EXPECT_EQ(j["window"]["s"], 4);
+  EXPECT_EQ(j["window"]["E"], 16);
+  ASSERT_TRUE(j["summary"].is_array());
+  for (const char* key : {"method", "ratio", "mean", "std"})
+    EXPECT_TRUE(j["summary"][0].contains(key)) << key;
+  for (const char* key : {"method", "ratio", "layer", "kv_head", "mean", "std", "per_query"})
+    EXPECT_TRUE(j["results"][0].contains(key)) << key;
+  EXPECT_THROW(EvalReport::from_json(nlohmann::json{{"format", "other"}}), InputError);
+  nlohmann::json bad = j;
+  bad["spec"]["methods"] = {"no-such-method"};
+  EXPECT_THROW(EvalReport::from_json(bad), InputError);
+}
+
+TEST(RunEval, RefusedHeadIsReportedNotCrashed) {
+  CaptureData data;
+  MemoryCapture base = make_capture(128, 1, 2, 2, true);
+  data.info = base.info();
+  LayerData L = *base.layer(0);
+  L.refused[1] = "NaN in layers.0.key head 1";
+  L.keys[1](5, 0) = std::numeric_limits<float>::quiet_NaN();
+  data.layers.push_back(L);
+  MemoryCapture cap(std::move(data));
+  const EvalReport rep = run_eval(cap, simple_spec(1));
+  int refused = 0;
+  for (const HeadEval& he : rep.results) {
+    if (he.kv_head == 1) {
+      EXPECT_TRUE(he.refused);
+      EXPECT_NE(he.note.find("NaN"), std::string::npos);
+      ++refused;
+    } else {
+      EXPECT_FALSE(he.refused);
+    }
+  }
+  EXPECT_EQ(refused, 6);
+  for (const EvalSummary& s : rep.summary()) EXPECT_EQ(s.heads, 1);
+}
+
+TEST(RunEval, NoQueriesRefusesQueryAwareMethodsOnceAndUsesKeysAsProxy) {
+  MemoryCapture cap = make_capture(128, 1, 2, 4, false);
+  static NeedsQueries needs;
+  EvalSpec spec = simple_spec(1);
+  spec.methods.push_back(&needs);
+  const EvalReport rep = run_eval(cap, spec);
+  EXPECT_TRUE(rep.proxy_queries);
+  int mentions = 0;
+  for (const std::string& note : rep.notes)
+    if (note.find("query-aware") != std::string::npos) ++mentions;
+  EXPECT_EQ(mentions, 1);
+  for (const HeadEval& he : rep.results) {
+    EXPECT_EQ(he.refused, he.method == "query-aware");
+    if (he.method == "uniform") {
+      EXPECT_GT(he.mean, 0.0);
+    }
+  }
+  // Direct run_head refuses too, with the method's name.
+  MethodSettings s;
+  s.method = &needs;
+  try {
+    run_head(*cap.layer(0), 1, 0, s, 0);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("query-aware"), std::string::npos);
+  }
+}
+
+TEST(RunEval, ThrowingMethodIsReportedAsError) {
+  MemoryCapture cap = make_capture(128, 1, 2, 2, true);
+  static Throwing throwing;
+  static OverBudget over;
+  EvalSpec spec;
+  spec.methods = {&throwing, find_method("uniform"), &over};
+  spec.ratios = {0.25};
+  spec.seeds = 2;
+  const EvalReport rep = run_eval(cap, spec);
+  for (const HeadEval& he : rep.results) {
+    if (he.method == "uniform") {
+      EXPECT_TRUE(he.error.empty());
+    } else {
+      EXPECT_FALSE(he.error.empty()) << he.method;
+    }
+  }
+  const std::vector<std::string> f = rep.failures();
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_NE(f[0].find("deliberate failure"), std::string::npos);
+  EXPECT_NE(f[1].find("budget"), std::string::npos);
+}
+
+TEST(RunEval, CancelThrowsCancelled) {
+  MemoryCapture cap = make_capture(256, 2, 2, 2, true);
+  std::atomic<bool> cancel{false};
+  EXPECT_THROW(run_eval(
+                   cap, simple_spec(),
+                   [&](int done, int) {
+                     if (done >= 2) cancel = true;
+                   },
+                   &cancel),
+               Cancelled);
+}
+
+TEST(RunEval, BadSpecNamesTheFlag) {
+  MemoryCapture cap = make_capture(128, 2, 2, 2, true);
+  auto expect_flag = [&](EvalSpec spec, const std::string& flag) {
+    try {
+      run_eval(cap, spec);
+      FAIL() << flag;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  EvalSpec s = simple_spec(1);
+  s.layers = {2};
+  expect_flag(s, "--layers");
+  s = simple_spec(1);
+  s.heads = {0, 0};
+  expect_flag(s, "--heads");
+  s = simple_spec(1);
+  s.seeds = 0;
+  expect_flag(s, "--seeds");
+  s = simple_spec(1);
+  s.shard_index = 2;
+  s.shard_count = 2;
+  expect_flag(s, "--shard");
+  s = simple_spec(1);
+  s.ratios = {0.5, 2.0};
+  expect_flag(s, "--ratios");
+  s = simple_spec(1);
+  s.params["uniform"]["gamma"] = 1;
+  expect_flag(s, "--param uniform.gamma");
+  s = simple_spec(1);
+  s.params["balancekv"]["gamma"] = 1;
+  expect_flag(s, "--param balancekv");
+}
+
+TEST(Params, ValidatedAgainstSpec) {
+  class Tunable final : public Method {
+   public:
+    std::string name() const override { return "tunable"; }
+    std::string summary() const override { return ""; }
+    std::vector<ParamSpec> params() const override {
+      ParamSpec g{"gamma", ParamSpec::Type::Float, 0, 10, 4, "", {}, false};
+      ParamSpec b{"block", ParamSpec::Type::Int, 8, 1024, 128, "", {}, false};
+      return {g, b};
+    }
+    Selection select(const MethodInput&) const override { return {}; }
+  } m;
+  EXPECT_NO_THROW(validate_method_params(m, {{"gamma", 0.5}, {"block", 64}}));
+  EXPECT_THROW(validate_method_params(m, {{"gamma", 11}}), InputError);
+  EXPECT_THROW(validate_method_params(m, {{"block", 64.5}}), InputError);
+  EXPECT_THROW(validate_method_params(m, {{"blocks", 64}}), InputError);
+  try {
+    validate_method_params(m, {{"gamma", -1}});
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--param tunable.gamma"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[0, 10]"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kvscope
