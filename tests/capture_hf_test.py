@@ -174,8 +174,9 @@ def model_test(cli, workdir):
         h.remove()
 
     _, meta, tensors = read_safetensors(out)
-    check(meta.get("num_layers") == "2" and meta.get("q_heads") == "4" and meta.get("kv_heads") == "2"
-          and meta.get("head_dim") == "16", "metadata shapes: %s" % {k: meta.get(k) for k in ("num_layers", "q_heads", "kv_heads", "head_dim")})
+    shapes = {k: meta.get(k) for k in ("num_layers", "q_heads", "kv_heads", "head_dim")}
+    check(shapes == {"num_layers": "2", "q_heads": "4", "kv_heads": "2", "head_dim": "16"},
+          "metadata shapes: %s" % shapes)
     check(len(json.loads(meta["tokens"])) == n, "one token string per position")
     d, group = 16, 2
     worst = 0.0

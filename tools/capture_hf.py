@@ -179,7 +179,8 @@ def model_dims(config):
     kv_heads = getattr(config, "num_key_value_heads", None) or q_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // q_heads
     if q_heads % kv_heads != 0:
-        raise CaptureError("config: num_attention_heads %d is not a multiple of num_key_value_heads %d" % (q_heads, kv_heads))
+        raise CaptureError("config: num_attention_heads %d is not a multiple of "
+                           "num_key_value_heads %d" % (q_heads, kv_heads))
     return q_heads, kv_heads, head_dim
 
 
@@ -241,8 +242,9 @@ def capture_model(model, input_ids, layers=None, keep_dtype=None):
         modeling = sys.modules[module_name]
         original = getattr(modeling, "apply_rotary_pos_emb", None)
         if original is None:
-            raise CaptureError("--model: %s (%s) has no apply_rotary_pos_emb to hook; supported are "
-                               "Llama-style attention modules (Llama, Qwen2, Mistral, ...)" % (type(attn).__name__, module_name))
+            raise CaptureError("--model: %s (%s) has no apply_rotary_pos_emb to hook; supported "
+                               "are Llama-style attention modules (Llama, Qwen2, Mistral, ...)"
+                               % (type(attn).__name__, module_name))
 
         def rope_hook(q, k, *args, _original=original, **kwargs):
             q_rot, k_rot = _original(q, k, *args, **kwargs)
@@ -301,8 +303,10 @@ def token_strings(tokenizer, ids):
     out = []
     for i in range(len(ids)):
         start = max(0, i - 6)
-        before = tokenizer.decode(ids[start:i], skip_special_tokens=False, clean_up_tokenization_spaces=False) if i > start else ""
-        after = tokenizer.decode(ids[start:i + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        def text(window):
+            return tokenizer.decode(window, skip_special_tokens=False,
+                                    clean_up_tokenization_spaces=False) if window else ""
+        before, after = text(ids[start:i]), text(ids[start:i + 1])
         out.append(after[len(before):] if after.startswith(before) else str(raw[i]))
     return out
 
@@ -321,7 +325,8 @@ def main(argv=None):
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
     parser.add_argument("--out", required=True, help="output .safetensors")
-    parser.add_argument("--layers", help="comma-separated layers to capture (default: all); stored as layers.0.. in this order")
+    parser.add_argument("--layers", help="comma-separated layers to capture (default: all); "
+                        "stored as layers.0, layers.1, ... in this order")
     parser.add_argument("--dtype", default="f32", choices=sorted(DTYPES), help="tensor dtype in the file")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--max-tokens", type=int, help="keep only the first N prompt tokens")
