@@ -27,6 +27,11 @@ struct WalkBlockTrace {
   std::vector<std::array<double, 2>> random_path;
   std::vector<int> kept;     // 1 where the token survived this round's halving
   int halving_cut = -1;      // the index c where the majority sign reached n/2
+  // Where this block sits in its round's whole walk order (the halving runs over the whole
+  // round): halving_cut above is the round's cut when it falls inside this block, else -1;
+  // round_cut is the round's cut as a position in the round's walk order.
+  int block_start = 0;
+  int round_cut = -1;
 };
 
 struct WalkTrace {

@@ -1,16 +1,27 @@
-// PLACEHOLDER: replaced by the real implementation.
-#include <stdexcept>
-
+// Practical BalanceKV (DESIGN.md section 4): the authors' blocked self-balancing walk with exact
+// halving, T = log2(1/ratio) rounds. The algorithm lives in engine/balance_walk.cpp so the
+// layer-level entry point (balancekv_layer) and this per-head method share one implementation.
+#include "engine/balance_walk.h"
 #include "engine/method.h"
 
 namespace kvscope {
 namespace {
-class Placeholder final : public Method {
+
+class BalanceKV final : public Method {
  public:
   std::string name() const override { return "balancekv"; }
-  std::string summary() const override { return "not implemented yet"; }
-  Selection select(const MethodInput&) const override { throw std::runtime_error("balancekv: not implemented"); }
+  std::string summary() const override {
+    return "BalanceKV (practical): blocked self-balancing walk on the exp kernel x value kernel, "
+           "exact halving per round, weights 2 / 1";
+  }
+  std::vector<ParamSpec> params() const override { return balancekv_param_specs(); }
+  Selection select(const MethodInput& in) const override { return balancekv_select(in); }
 };
+
 }  // namespace
-std::unique_ptr<Method> make_balancekv() { return std::make_unique<Placeholder>(); }
+
+std::unique_ptr<Method> make_balancekv() {
+  return std::make_unique<BalanceKV>();
+}
+
 }  // namespace kvscope

@@ -1,0 +1,115 @@
+// Practical BalanceKV walk timings (DESIGN.md section 6: one head, n = 8192, d = 128, B = 128,
+// two rounds, under 30 ms on one CPU core). The backend comes from the environment variable
+// KVSCOPE_BENCH_BACKEND (cpu | cuda | auto; default cpu), so the same binary times the CUDA
+// kernels where they are built and a device answers.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/balance_walk.h"
+#include "engine/cpu_ops.h"
+
+using namespace kvscope;
+
+namespace {
+
+Backend& bench_backend() {
+  const char* env = std::getenv("KVSCOPE_BENCH_BACKEND");
+  static Backend& b = select_backend(env && *env ? env : "cpu");
+  return b;
+}
+
+struct Head {
+  MatrixF keys, values;
+};
+
+// Keys with a shared offset (as real keys have) plus Gaussian spread, values Gaussian.
+Head make_head(int n, int d, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  Head h{MatrixF(n, d), MatrixF(n, d)};
+  std::vector<float> offset(d);
+  for (float& o : offset) o = g(rng);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c) {
+      h.keys(i, c) = offset[c] + g(rng);
+      h.values(i, c) = g(rng) * 0.5f;
+    }
+  return h;
+}
+
+void run_heads(benchmark::State& state, int heads) {
+  const int n = static_cast<int>(state.range(0));
+  const int d = 128;
+  std::vector<Head> data;
+  for (int h = 0; h < heads; ++h) data.push_back(make_head(n, d, 17u + h));
+  std::vector<WalkJob> jobs(heads);
+  for (int h = 0; h < heads; ++h) {
+    jobs[h].keys = &data[h].keys;
+    jobs[h].values = &data[h].values;
+    jobs[h].kv_head = h;
+    for (int t = 0; t < n; ++t) jobs[h].tokens.push_back(t);
+    jobs[h].target = n / 4;  // two halving rounds
+  }
+  BalanceParams prm;
+  Backend& backend = bench_backend();
+  uint64_t seed = 0;
+  for (auto _ : state) {
+    auto out = run_balance_walks(jobs, 0, seed++, prm, &backend);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(backend.name());
+  state.counters["tokens"] = static_cast<double>(n) * heads;
+}
+
+void BM_BalanceKVHead(benchmark::State& state) {
+  run_heads(state, 1);
+}
+void BM_BalanceKVLayer32(benchmark::State& state) {
+  run_heads(state, 32);
+}
+
+// The walk op alone on one round of one head (64 blocks of 128 rows, keys used as given), to
+// separate the op from block preparation and halving.
+void BM_WalkOpOneRound(benchmark::State& state) {
+  const int n = 8192, d = 128, block = 128;
+  Head h = make_head(n, d, 5);
+  std::vector<int> offset;
+  std::vector<uint32_t> head, id;
+  for (int b = 0; b * block <= n; ++b) offset.push_back(std::min(n, b * block));
+  for (int b = 0; b + 1 < static_cast<int>(offset.size()); ++b) {
+    head.push_back(0);
+    id.push_back(static_cast<uint32_t>(b));
+  }
+  std::vector<int8_t> sigma(n);
+  WalkBatch batch;
+  batch.d = d;
+  batch.dv = d;
+  batch.num_blocks = static_cast<int>(head.size());
+  batch.keys = h.keys.data();
+  batch.values = h.values.data();
+  batch.block_offset = offset.data();
+  batch.block_head = head.data();
+  batch.block_id = id.data();
+  batch.sigma = sigma.data();
+  Backend& backend = bench_backend();
+  for (auto _ : state) {
+    backend.walk_blocks(batch);
+    benchmark::DoNotOptimize(sigma.data());
+    ++batch.seed;
+  }
+  state.SetLabel(backend.name());
+}
+
+}  // namespace
+
+BENCHMARK(BM_WalkOpOneRound)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BalanceKVHead)->Arg(8192)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BalanceKVLayer32)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(2);
+
+BENCHMARK_MAIN();

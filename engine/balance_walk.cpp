@@ -1,0 +1,895 @@
+#include "engine/balance_walk.h"
+
+#include <Eigen/Eigenvalues>
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+#include "engine/backend.h"
+#include "engine/capture.h"
+#include "engine/cpu_ops.h"
+#include "engine/error.h"
+#include "engine/protocol.h"
+#include "engine/random.h"
+
+namespace kvscope {
+
+// ---------------------------------------------------------------------------------------------
+// The CPU reference of Backend::walk_blocks.
+//
+// Per block the walk needs K_ij for j < i only (the strictly lower triangle), so we form the two
+// block Gram matrices <k_i,k_j> and <v_i,v_j> in double (the product of two floats is exact in
+// double; only the accumulation rounds), then run the sequential walk on them. Cost per block of
+// L rows: L^2 (d + dv) / 2 multiply-adds for the Grams, L^2 / 2 exponentials and L^2 / 2
+// multiply-adds for the walk. The Grams dominate; the build targets baseline x86-64 (SSE2), so on
+// CPUs with AVX2+FMA (or AVX-512) a hand-blocked kernel compiled for that target is chosen at
+// run time (same
+// double arithmetic, fused multiply-adds; results agree with the portable path to ~1e-16
+// relative). Buffers are thread-local so repeated calls (live slider moves) do not allocate.
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVS_GRAM_AVX2 1
+// G[i][j] = <x_i, x_j> for j <= i (and a few entries above the diagonal inside the 4 x 2 tiles
+// that straddle it). x: rows4 x dim4 row-major, zero-padded (rows4 % 4 == 0, dim4 % 4 == 0);
+// g: rows4 x rows4 row-major. Tiles of 2 rows i by 4 rows j keep 8 accumulators over c.
+// [sum a, sum b, sum c, sum d] of four 4-lane accumulators.
+__attribute__((target("avx2,fma"))) inline __m256d reduce4(__m256d a, __m256d b, __m256d c,
+                                                           __m256d d) {
+  const __m256d t0 = _mm256_hadd_pd(a, b), t1 = _mm256_hadd_pd(c, d);
+  return _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20), _mm256_permute2f128_pd(t0, t1, 0x31));
+}
+
+__attribute__((target("avx2,fma"))) void gram_lower_avx2(const double* x, int rows4, int dim4,
+                                                         double* g) {
+  for (int i0 = 0; i0 < rows4; i0 += 2) {
+    const double* xi0 = x + static_cast<long>(i0) * dim4;
+    const double* xi1 = xi0 + dim4;
+    for (int j0 = 0; j0 <= i0 + 1; j0 += 4) {
+      const double* xj = x + static_cast<long>(j0) * dim4;
+      __m256d a00 = _mm256_setzero_pd(), a01 = _mm256_setzero_pd();
+      __m256d a02 = _mm256_setzero_pd(), a03 = _mm256_setzero_pd();
+      __m256d a10 = _mm256_setzero_pd(), a11 = _mm256_setzero_pd();
+      __m256d a12 = _mm256_setzero_pd(), a13 = _mm256_setzero_pd();
+      for (int c = 0; c < dim4; c += 4) {
+        const __m256d u0 = _mm256_loadu_pd(xi0 + c), u1 = _mm256_loadu_pd(xi1 + c);
+        __m256d v = _mm256_loadu_pd(xj + c);
+        a00 = _mm256_fmadd_pd(u0, v, a00);
+        a10 = _mm256_fmadd_pd(u1, v, a10);
+        v = _mm256_loadu_pd(xj + dim4 + c);
+        a01 = _mm256_fmadd_pd(u0, v, a01);
+        a11 = _mm256_fmadd_pd(u1, v, a11);
+        v = _mm256_loadu_pd(xj + 2 * dim4 + c);
+        a02 = _mm256_fmadd_pd(u0, v, a02);
+        a12 = _mm256_fmadd_pd(u1, v, a12);
+        v = _mm256_loadu_pd(xj + 3 * dim4 + c);
+        a03 = _mm256_fmadd_pd(u0, v, a03);
+        a13 = _mm256_fmadd_pd(u1, v, a13);
+      }
+      _mm256_storeu_pd(g + static_cast<long>(i0) * rows4 + j0, reduce4(a00, a01, a02, a03));
+      _mm256_storeu_pd(g + static_cast<long>(i0 + 1) * rows4 + j0, reduce4(a10, a11, a12, a13));
+    }
+  }
+}
+
+// The same tiles with 8-lane vectors where AVX-512 is present (half the multiply-add count).
+// GCC 12's AVX-512 intrinsic headers trip -Wmaybe-uninitialized on their own
+// _mm*_undefined_pd() placeholders (a known false positive); silence it for these two functions.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Sum of the two 4-lane halves of an 8-lane vector.
+__attribute__((target("avx512f,avx2,fma"))) inline __m256d halves(__m512d a) {
+  return _mm256_add_pd(_mm512_castpd512_pd256(a),
+                       _mm512_castpd512_pd256(_mm512_shuffle_f64x2(a, a, 0xEE)));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) void gram_lower_avx512(const double* x, int rows4,
+                                                                   int dim8, double* g) {
+  for (int i0 = 0; i0 < rows4; i0 += 2) {
+    const double* xi0 = x + static_cast<long>(i0) * dim8;
+    const double* xi1 = xi0 + dim8;
+    for (int j0 = 0; j0 <= i0 + 1; j0 += 4) {
+      const double* xj = x + static_cast<long>(j0) * dim8;
+      __m512d a00 = _mm512_setzero_pd(), a01 = _mm512_setzero_pd();
+      __m512d a02 = _mm512_setzero_pd(), a03 = _mm512_setzero_pd();
+      __m512d a10 = _mm512_setzero_pd(), a11 = _mm512_setzero_pd();
+      __m512d a12 = _mm512_setzero_pd(), a13 = _mm512_setzero_pd();
+      for (int c = 0; c < dim8; c += 8) {
+        const __m512d u0 = _mm512_loadu_pd(xi0 + c), u1 = _mm512_loadu_pd(xi1 + c);
+        __m512d v = _mm512_loadu_pd(xj + c);
+        a00 = _mm512_fmadd_pd(u0, v, a00);
+        a10 = _mm512_fmadd_pd(u1, v, a10);
+        v = _mm512_loadu_pd(xj + dim8 + c);
+        a01 = _mm512_fmadd_pd(u0, v, a01);
+        a11 = _mm512_fmadd_pd(u1, v, a11);
+        v = _mm512_loadu_pd(xj + 2 * dim8 + c);
+        a02 = _mm512_fmadd_pd(u0, v, a02);
+        a12 = _mm512_fmadd_pd(u1, v, a12);
+        v = _mm512_loadu_pd(xj + 3 * dim8 + c);
+        a03 = _mm512_fmadd_pd(u0, v, a03);
+        a13 = _mm512_fmadd_pd(u1, v, a13);
+      }
+      _mm256_storeu_pd(g + static_cast<long>(i0) * rows4 + j0,
+                       reduce4(halves(a00), halves(a01), halves(a02), halves(a03)));
+      _mm256_storeu_pd(g + static_cast<long>(i0 + 1) * rows4 + j0,
+                       reduce4(halves(a10), halves(a11), halves(a12), halves(a13)));
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+bool cpu_has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+bool cpu_has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+// Lower triangle of the Gram matrix of `len` float rows (dim wide) into g (row stride ldg()).
+class BlockGram {
+ public:
+  void compute(const float* rows, int len, int dim) {
+#ifdef KVS_GRAM_AVX2
+    if (cpu_has_avx2_fma()) {
+      const bool wide = cpu_has_avx512();
+      const int rows4 = (len + 3) / 4 * 4, dim4 = wide ? (dim + 7) / 8 * 8 : (dim + 3) / 4 * 4;
+      ld_ = rows4;
+      x_.resize(static_cast<size_t>(rows4) * dim4);
+      for (int i = 0; i < rows4; ++i) {
+        double* dst = x_.data() + static_cast<size_t>(i) * dim4;
+        const float* src = rows + static_cast<long>(i) * dim;
+        const int have = i < len ? dim : 0;
+        for (int c = 0; c < have; ++c) dst[c] = src[c];
+        for (int c = have; c < dim4; ++c) dst[c] = 0.0;
+      }
+      g_.resize(static_cast<size_t>(rows4) * rows4);
+      if (wide)
+        gram_lower_avx512(x_.data(), rows4, dim4, g_.data());
+      else
+        gram_lower_avx2(x_.data(), rows4, dim4, g_.data());
+      return;
+    }
+#endif
+    ld_ = len;
+    xd_ = Eigen::Map<const MatrixF>(rows, len, dim).cast<double>();
+    gm_.setZero(len, len);
+    gm_.selfadjointView<Eigen::Lower>().rankUpdate(xd_);
+    g_.assign(gm_.data(), gm_.data() + static_cast<size_t>(len) * len);
+  }
+  const double* row(int i) const {
+    return g_.data() + static_cast<size_t>(i) * ld_;
+  }
+
+ private:
+  int ld_ = 0;
+  std::vector<double> x_, g_;
+  MatrixD xd_, gm_;
+};
+
+}  // namespace
+
+void cpu_walk_blocks(const WalkBatch& b) {
+  if (b.num_blocks <= 0) return;
+  if (!b.keys || !b.values || !b.block_offset || !b.block_head || !b.block_id || !b.sigma)
+    throw std::invalid_argument("cpu_walk_blocks: missing input or output array");
+  if (b.d <= 0 || b.dv <= 0) throw std::invalid_argument("cpu_walk_blocks: d and dv must be > 0");
+  const double scale = b.temp / std::sqrt(static_cast<double>(b.d));
+  thread_local BlockGram gk, gv;
+  thread_local std::vector<double> sig;
+  for (int blk = 0; blk < b.num_blocks; ++blk) {
+    const int r0 = b.block_offset[blk];
+    const int r1 = b.block_offset[blk + 1];
+    const int len = r1 - r0;
+    if (len <= 0) continue;
+    gk.compute(b.keys + static_cast<long>(r0) * b.d, len, b.d);
+    gv.compute(b.values + static_cast<long>(r0) * b.dv, len, b.dv);
+    sig.assign(len, 0.0);
+    const uint32_t head = b.block_head[blk];
+    const uint32_t bid = b.block_id[blk];
+    for (int i = 0; i < len; ++i) {
+      double partial = 0;
+      const double* gki = gk.row(i);
+      const double* gvi = gv.row(i);
+      for (int j = 0; j < i; ++j)
+        partial += std::exp(scale * gki[j] - b.beta) * (gvi[j] + b.value_bias) * sig[j];
+      const double p = 0.5 - b.gamma * partial;
+      int8_t s;
+      if (i == 0) {
+        s = +1;  // sigma_0 = +1 by definition; its uniform is never drawn
+      } else {
+        const double u = counter_uniform(b.seed, kRandWalk, b.layer, head, b.round, bid,
+                                         static_cast<uint32_t>(i));
+        s = u < std::clamp(p, 0.0, 1.0) ? int8_t{+1} : int8_t{-1};
+      }
+      sig[i] = s;
+      b.sigma[r0 + i] = s;
+      if (b.p) b.p[r0 + i] = static_cast<float>(p);
+      if (b.partial) b.partial[r0 + i] = static_cast<float>(partial);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters.
+
+std::vector<ParamSpec> balancekv_param_specs() {
+  std::vector<ParamSpec> s;
+  s.push_back({"gamma",
+               ParamSpec::Type::Float,
+               0,
+               100,
+               4,
+               "walk strength: p_i = 1/2 - gamma * sum_{j<i} K_ij sigma_j; 0 is the authors' "
+               "uniform-sign ablation (same halving rule)",
+               {},
+               false});
+  s.push_back({"temp",
+               ParamSpec::Type::Float,
+               0,
+               10,
+               1,
+               "kernel temperature: exp(temp <k_i,k_j>/sqrt d - beta)",
+               {},
+               false});
+  s.push_back({"beta", ParamSpec::Type::Float, -50, 50, 0, "kernel log-offset beta", {}, false});
+  s.push_back({"value_bias",
+               ParamSpec::Type::Float,
+               0,
+               10,
+               0.025,
+               "added to <v_i,v_j> in the kernel",
+               {},
+               false});
+  s.push_back({"block", ParamSpec::Type::Int, 2, 4096, 128, "walk block length B", {}, true});
+  s.push_back({"protect_anticorrelated",
+               ParamSpec::Type::Bool,
+               0,
+               1,
+               0,
+               "needle variant: keep keys whose mean inner product with their block is <= 0 "
+               "(and +-25 neighbours) at weight 1, outside the walk; at most half the budget",
+               {},
+               false});
+  return s;
+}
+
+BalanceParams balance_params_from(const ParamValues& values) {
+  const std::vector<ParamSpec> specs = balancekv_param_specs();
+  for (const auto& [name, v] : values) {
+    auto it = std::find_if(specs.begin(), specs.end(),
+                           [&](const ParamSpec& s) { return s.name == name; });
+    if (it == specs.end()) {
+      std::string known;
+      for (const ParamSpec& s : specs) known += (known.empty() ? "" : ", ") + s.name;
+      throw InputError("balancekv: unknown parameter '" + name + "' (known: " + known + ")");
+    }
+    if (!std::isfinite(v) || v < it->min || v > it->max) {
+      std::ostringstream os;
+      os << "balancekv: parameter " << name << " = " << v << " is outside [" << it->min << ", "
+         << it->max << "]";
+      throw InputError(os.str());
+    }
+    if ((it->type == ParamSpec::Type::Int || it->type == ParamSpec::Type::Bool) &&
+        v != std::floor(v)) {
+      std::ostringstream os;
+      os << "balancekv: parameter " << name << " = " << v << " must be an integer";
+      throw InputError(os.str());
+    }
+  }
+  BalanceParams p;
+  p.gamma = param_value(specs, values, "gamma");
+  p.temp = param_value(specs, values, "temp");
+  p.beta = param_value(specs, values, "beta");
+  p.value_bias = param_value(specs, values, "value_bias");
+  p.block = static_cast<int>(param_value(specs, values, "block"));
+  p.protect_anticorrelated = param_value(specs, values, "protect_anticorrelated") != 0;
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Halving.
+
+Halving exact_halving(const std::vector<int8_t>& sigma, int keep) {
+  const int n = static_cast<int>(sigma.size());
+  if (n < 2 || (keep != n / 2 && keep != (n + 1) / 2))
+    throw std::invalid_argument("exact_halving: keep must be floor(n/2) or ceil(n/2), n >= 2");
+  const int quota = n - keep;  // how many the majority sign gives up
+  Halving h;
+  int plus = 0, minus = 0;
+  for (int i = 0; i < n; ++i) {
+    (sigma[i] > 0 ? plus : minus)++;
+    if (plus == quota || minus == quota) {
+      h.cut = i;
+      h.majority_sign = plus == quota ? +1 : -1;
+      break;
+    }
+  }
+  // A sign always reaches the quota: quota <= ceil(n/2) <= max(plus, minus) at the end.
+  h.kept.reserve(keep);
+  h.factor.reserve(keep);
+  for (int i = 0; i <= h.cut; ++i)
+    if (sigma[i] != h.majority_sign) {
+      h.kept.push_back(i);
+      h.factor.push_back(2.0);
+    }
+  for (int i = h.cut + 1; i < n; ++i) {
+    h.kept.push_back(i);
+    h.factor.push_back(1.0);
+  }
+  return h;
+}
+
+std::vector<int> halving_schedule(int n0, int target) {
+  std::vector<int> s;
+  if (target <= 0 || target >= n0) return s;
+  for (int r = 1; r < 63; ++r) {
+    const int size = static_cast<int>(std::floor(std::ldexp(static_cast<double>(n0), -r) + 0.5));
+    s.push_back(size);
+    if (size <= target) break;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Needle variant.
+
+std::vector<int> protected_anticorrelated(const MatrixF& keys, int mid_begin, int mid_end,
+                                          int block, int cap) {
+  std::vector<int> out;
+  if (cap <= 0 || mid_end <= mid_begin) return out;
+  struct Flag {
+    double score;
+    int token;
+  };
+  std::vector<Flag> flagged;
+  for (int b0 = mid_begin; b0 < mid_end; b0 += block) {
+    const int b1 = std::min(mid_end, b0 + block);
+    // mean_j <k_i, k_j> over the block (j = i included) is <k_i, mean of the block>.
+    VectorD mean = keys.middleRows(b0, b1 - b0).cast<double>().colwise().mean().transpose();
+    for (int i = b0; i < b1; ++i) {
+      const double score = keys.row(i).cast<double>().dot(mean.transpose());
+      if (score <= 0) flagged.push_back({score, i});
+    }
+  }
+  std::stable_sort(flagged.begin(), flagged.end(),
+                   [](const Flag& a, const Flag& b) { return a.score < b.score; });
+  std::vector<char> taken(mid_end - mid_begin, 0);
+  int count = 0;
+  for (const Flag& f : flagged) {
+    for (int off = 0; off <= kProtectDilation && count < cap; ++off) {
+      for (int t : {f.token - off, f.token + off}) {
+        if (t < mid_begin || t >= mid_end || taken[t - mid_begin] || count >= cap) continue;
+        taken[t - mid_begin] = 1;
+        ++count;
+        if (off == 0) break;  // f.token - 0 == f.token + 0
+      }
+    }
+    if (count >= cap) break;
+  }
+  for (int i = 0; i < mid_end - mid_begin; ++i)
+    if (taken[i]) out.push_back(mid_begin + i);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traces.
+
+void fill_block_trace(WalkBlockTrace& t, const MatrixD& kernel, const MatrixD& query_terms,
+                      uint64_t seed, uint32_t layer, uint32_t head, uint32_t round,
+                      uint32_t block) {
+  const int len = static_cast<int>(t.sigma.size());
+  const int dv = static_cast<int>(query_terms.cols());
+  t.disc_query.assign(len, 0);
+  t.disc_kernel.assign(len, 0);
+  t.random_disc_query.assign(len, 0);
+  t.random_disc_kernel.assign(len, 0);
+  t.path.assign(len, {0, 0});
+  t.random_path.assign(len, {0, 0});
+  if (len == 0) return;
+
+  std::vector<int> rnd(len);
+  for (int i = 0; i < len; ++i)
+    rnd[i] = counter_uniform(seed, kRandRandomSigns, layer, head, round, block,
+                             static_cast<uint32_t>(i)) < 0.5
+                 ? +1
+                 : -1;
+
+  // Kernel-PCA coordinates. With H = I - 11^T/L and HKH alpha_a = lambda_a alpha_a (unit
+  // alpha_a, so sum(alpha_a) = 0 for lambda_a > 0), the a-th principal direction in feature space
+  // is u_a = sum_j alpha_aj (phi_j - mean phi) / sqrt(lambda_a). For one element,
+  // <phi_l, u_a> = sum_j alpha_aj (K_lj - mean_m K_lm) / sqrt(lambda_a) = (K alpha_a)_l /
+  // sqrt(lambda_a) because sum_j alpha_aj = 0. The prefix signed sum sum_{l<=i} sigma_l phi_l
+  // therefore projects to sum_{l<=i} sigma_l (K alpha_a)_l / sqrt(lambda_a).
+  MatrixD coord = MatrixD::Zero(len, 2);
+  if (len >= 2) {
+    Eigen::MatrixXd centred = kernel;
+    const Eigen::VectorXd row_mean = centred.rowwise().mean();
+    const Eigen::RowVectorXd col_mean = centred.colwise().mean();
+    const double all_mean = centred.mean();
+    centred.colwise() -= row_mean;
+    centred.rowwise() -= col_mean;
+    centred.array() += all_mean;
+    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(centred);
+    if (eig.info() == Eigen::Success) {
+      const double floor_eig = 1e-12 * std::max(1.0, std::abs(centred.trace()));
+      for (int a = 0; a < 2; ++a) {
+        const int idx = len - 1 - a;  // eigenvalues ascend
+        const double lambda = eig.eigenvalues()(idx);
+        if (idx < 0 || !(lambda > floor_eig)) continue;
+        Eigen::VectorXd alpha = eig.eigenvectors().col(idx);
+        Eigen::Index big = 0;
+        alpha.cwiseAbs().maxCoeff(&big);
+        if (alpha(big) < 0) alpha = -alpha;  // fix the eigenvector's sign for reproducible plots
+        const Eigen::VectorXd c = kernel * alpha / std::sqrt(lambda);
+        for (int l = 0; l < len; ++l) coord(l, a) = c(l);
+      }
+    }
+  }
+
+  Eigen::VectorXd acc = Eigen::VectorXd::Zero(dv), racc = Eigen::VectorXd::Zero(dv);
+  double quad = 0, rquad = 0;
+  std::array<double, 2> pth{0, 0}, rpth{0, 0};
+  for (int i = 0; i < len; ++i) {
+    double part = 0, rpart = 0;
+    for (int j = 0; j < i; ++j) {
+      part += kernel(i, j) * t.sigma[j];
+      rpart += kernel(i, j) * rnd[j];
+    }
+    // sigma^T K sigma grows by 2 sigma_i sum_{j<i} K_ij sigma_j + K_ii.
+    quad += 2.0 * t.sigma[i] * part + kernel(i, i);
+    rquad += 2.0 * rnd[i] * rpart + kernel(i, i);
+    t.disc_kernel[i] = std::sqrt(std::max(0.0, quad));
+    t.random_disc_kernel[i] = std::sqrt(std::max(0.0, rquad));
+    acc += t.sigma[i] * query_terms.row(i).transpose();
+    racc += rnd[i] * query_terms.row(i).transpose();
+    t.disc_query[i] = acc.norm();
+    t.random_disc_query[i] = racc.norm();
+    for (int a = 0; a < 2; ++a) {
+      pth[a] += t.sigma[i] * coord(i, a);
+      rpth[a] += rnd[i] * coord(i, a);
+    }
+    t.path[i] = pth;
+    t.random_path[i] = rpth;
+  }
+}
+
+std::vector<float> trace_query_vector(const MethodInput& in, int* position_out) {
+  int pos = in.trace_query < 0 ? in.n - 1 : in.trace_query;
+  if (pos < 0 || pos >= in.n) {
+    std::ostringstream os;
+    os << "trace query position " << in.trace_query << " is outside the capture's " << in.n
+       << " tokens";
+    throw InputError(os.str());
+  }
+  const MatrixF& src = in.queries.empty() || !in.queries[0] ? *in.keys : *in.queries[0];
+  if (position_out) *position_out = pos;
+  return std::vector<float>(src.row(pos).data(), src.row(pos).data() + src.cols());
+}
+
+namespace {
+
+// The walk's kernel for one block of prepared rows (centred keys, weighted values), full and
+// symmetric, in double; used only for traces.
+MatrixD block_kernel(const float* keys, const float* values, int len, int d, int dv,
+                     const BalanceParams& prm) {
+  const MatrixD kd = Eigen::Map<const MatrixF>(keys, len, d).cast<double>();
+  const MatrixD vd = Eigen::Map<const MatrixF>(values, len, dv).cast<double>();
+  const double scale = prm.temp / std::sqrt(static_cast<double>(d));
+  MatrixD gk = kd * kd.transpose();
+  MatrixD gv = vd * vd.transpose();
+  return ((scale * gk.array() - prm.beta).exp() * (gv.array() + prm.value_bias)).matrix();
+}
+
+// The trace's query terms exp(<k_j,q>/sqrt d) w_j v_j for raw (uncentred) keys and the current
+// accumulated weights, in units of the block's largest term so blocks are comparable (and
+// nothing overflows): a single term has norm at most 1.
+MatrixD query_terms(const WalkJob& job, const std::vector<int>& tokens, const double* weights,
+                    int len) {
+  const int d = static_cast<int>(job.keys->cols());
+  const int dv = static_cast<int>(job.values->cols());
+  Eigen::Map<const VectorF> q(job.trace_query.data(), d);
+  std::vector<double> logit(len);
+  double top = -INFINITY;
+  for (int j = 0; j < len; ++j) {
+    logit[j] = job.keys->row(tokens[j]).cast<double>().dot(q.cast<double>()) /
+               std::sqrt(static_cast<double>(d));
+    top = std::max(top, logit[j]);
+  }
+  MatrixD z(len, dv);
+  double biggest = 0;
+  for (int j = 0; j < len; ++j) {
+    z.row(j) = std::exp(logit[j] - top) * weights[j] * job.values->row(tokens[j]).cast<double>();
+    biggest = std::max(biggest, z.row(j).norm());
+  }
+  if (biggest > 0) z /= biggest;
+  return z;
+}
+
+struct JobState {
+  std::vector<int> seq;   // tokens still in play, walk order (ascending)
+  std::vector<double> w;  // their accumulated weights
+  std::vector<int> schedule;
+  WalkOutcome out;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Rounds.
+
+std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int layer,
+                                           uint64_t seed, const BalanceParams& prm,
+                                           Backend* backend) {
+  std::vector<JobState> st(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const WalkJob& job = jobs[j];
+    if (!job.keys || !job.values) throw std::invalid_argument("run_balance_walks: no keys/values");
+    st[j].seq = job.tokens;
+    st[j].w.assign(job.tokens.size(), 1.0);
+    st[j].schedule = halving_schedule(static_cast<int>(job.tokens.size()), job.target);
+    if (job.target <= 0) st[j].seq.clear(), st[j].w.clear();
+  }
+  const int block = std::max(2, prm.block);
+
+  // Prepared rows of one round, reused across rounds and calls.
+  thread_local std::vector<float> keys, values, p, partial;
+  thread_local std::vector<int8_t> sigma;
+  thread_local std::vector<int> offset;
+  thread_local std::vector<uint32_t> head, bid;
+  struct Span {
+    size_t job;
+    int first_block;  // index into offset/head/bid
+    int num_blocks;
+  };
+
+  for (int round = 0;; ++round) {
+    std::vector<Span> spans;
+    keys.clear(), values.clear(), offset.assign(1, 0), head.clear(), bid.clear();
+    int d = -1, dv = -1;
+    std::vector<double> mean;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (round >= static_cast<int>(st[j].schedule.size())) continue;
+      const WalkJob& job = jobs[j];
+      const int jd = static_cast<int>(job.keys->cols()), jdv = static_cast<int>(job.values->cols());
+      if (d < 0) d = jd, dv = jdv;
+      if (jd != d || jdv != dv)
+        throw std::invalid_argument("run_balance_walks: jobs with different head dimensions");
+      const int n = static_cast<int>(st[j].seq.size());
+      Span sp{j, static_cast<int>(head.size()), 0};
+      for (int b0 = 0, blk = 0; b0 < n; b0 += block, ++blk) {
+        // The last block is shorter instead of zero-padded: padding rows would sit at the end of
+        // the walk order, so they could never change a real row's sign; leaving them out (and
+        // out of the block mean) makes them unselectable by construction.
+        const int b1 = std::min(n, b0 + block);
+        const size_t kpos = keys.size(), vpos = values.size();
+        keys.resize(kpos + static_cast<size_t>(b1 - b0) * d);
+        values.resize(vpos + static_cast<size_t>(b1 - b0) * dv);
+        mean.assign(d, 0.0);
+        for (int i = b0; i < b1; ++i) {
+          const float* k = job.keys->data() + static_cast<long>(st[j].seq[i]) * d;
+          for (int c = 0; c < d; ++c) mean[c] += k[c];
+        }
+        for (double& m : mean) m /= (b1 - b0);
+        for (int i = b0; i < b1; ++i) {
+          const long tok = st[j].seq[i];
+          const float* k = job.keys->data() + tok * d;
+          const float* v = job.values->data() + tok * dv;
+          float* kd = keys.data() + kpos + static_cast<size_t>(i - b0) * d;
+          float* vd = values.data() + vpos + static_cast<size_t>(i - b0) * dv;
+          for (int c = 0; c < d; ++c) kd[c] = static_cast<float>(k[c] - mean[c]);
+          const double w = st[j].w[i];
+          for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
+        }
+        offset.push_back(offset.back() + (b1 - b0));
+        head.push_back(static_cast<uint32_t>(job.kv_head));
+        bid.push_back(static_cast<uint32_t>(blk));
+        ++sp.num_blocks;
+      }
+      spans.push_back(sp);
+    }
+    if (spans.empty()) break;
+
+    const int rows = offset.back();
+    sigma.assign(rows, 0);
+    p.assign(rows, 0);
+    partial.assign(rows, 0);
+    WalkBatch batch;
+    batch.d = d;
+    batch.dv = dv;
+    batch.num_blocks = static_cast<int>(head.size());
+    batch.keys = keys.data();
+    batch.values = values.data();
+    batch.block_offset = offset.data();
+    batch.block_head = head.data();
+    batch.block_id = bid.data();
+    batch.seed = seed;
+    batch.layer = static_cast<uint32_t>(layer);
+    batch.round = static_cast<uint32_t>(round);
+    batch.gamma = prm.gamma;
+    batch.temp = prm.temp;
+    batch.beta = prm.beta;
+    batch.value_bias = prm.value_bias;
+    batch.sigma = sigma.data();
+    batch.p = p.data();
+    batch.partial = partial.data();
+    if (backend)
+      backend->walk_blocks(batch);
+    else
+      cpu_walk_blocks(batch);
+
+    for (const Span& sp : spans) {
+      JobState& s = st[sp.job];
+      const WalkJob& job = jobs[sp.job];
+      const int row0 = offset[sp.first_block];
+      const int n = static_cast<int>(s.seq.size());
+      std::vector<int8_t> sg(sigma.begin() + row0, sigma.begin() + row0 + n);
+      const bool last = round + 1 == static_cast<int>(s.schedule.size());
+      const int keep = s.schedule[round];
+      Halving h = exact_halving(sg, keep);
+
+      // Top-up after the last round when the schedule undershoots the target (ratios that are
+      // not powers of two): draw the missing tokens uniformly without replacement from this
+      // round's dropped tokens (all are prefix-majority tokens), keep them at their accumulated
+      // weight, and lower the prefix-minority factor from 2 to f = 2 - W_added / W_dropped so
+      // the prefix is still represented once: f = 2 when nothing is added, f = 1 when every
+      // dropped token comes back.
+      std::vector<int> added;
+      if (last && keep < job.target) {
+        std::vector<int> dropped;
+        for (int i = 0; i <= h.cut; ++i)
+          if (sg[i] == h.majority_sign) dropped.push_back(i);
+        const int need = std::min<int>(job.target - keep, static_cast<int>(dropped.size()));
+        for (int i = 0; i < need; ++i) {
+          const double u = counter_uniform(
+              seed, kRandTopUp, static_cast<uint32_t>(layer), static_cast<uint32_t>(job.kv_head),
+              static_cast<uint32_t>(round), 0, static_cast<uint32_t>(i));
+          const int rem = static_cast<int>(dropped.size()) - i;
+          const int pick = i + std::min(rem - 1, static_cast<int>(u * rem));
+          std::swap(dropped[i], dropped[pick]);
+        }
+        added.assign(dropped.begin(), dropped.begin() + need);
+        double w_dropped = 0, w_added = 0;
+        for (int pos : dropped) w_dropped += s.w[pos];
+        for (int pos : added) w_added += s.w[pos];
+        const double f = w_dropped > 0 ? 2.0 - w_added / w_dropped : 2.0;
+        for (size_t k = 0; k < h.kept.size(); ++k)
+          if (h.factor[k] == 2.0) h.factor[k] = f;
+        s.out.topped_up = need;
+      }
+
+      // Trace the round before the sequence is replaced.
+      if (!job.trace_query.empty()) {
+        std::vector<int> kept_flag(n, 0);
+        for (int pos : h.kept) kept_flag[pos] = 1;
+        for (int pos : added) kept_flag[pos] = 2;
+        for (int b = 0; b < sp.num_blocks; ++b) {
+          const int gb = sp.first_block + b;
+          const int r0 = offset[gb], r1 = offset[gb + 1], len = r1 - r0, start = r0 - row0;
+          WalkBlockTrace t;
+          t.round = round;
+          t.block = b;
+          t.block_start = start;
+          t.round_cut = h.cut;
+          t.halving_cut = h.cut >= start && h.cut < start + len ? h.cut - start : -1;
+          t.tokens.assign(s.seq.begin() + start, s.seq.begin() + start + len);
+          t.p.assign(p.begin() + r0, p.begin() + r1);
+          t.partial.assign(partial.begin() + r0, partial.begin() + r1);
+          t.sigma.assign(sigma.begin() + r0, sigma.begin() + r1);
+          t.kept.assign(kept_flag.begin() + start, kept_flag.begin() + start + len);
+          const MatrixD kern =
+              block_kernel(keys.data() + static_cast<long>(r0) * d,
+                           values.data() + static_cast<long>(r0) * dv, len, d, dv, prm);
+          const MatrixD qt = query_terms(job, t.tokens, s.w.data() + start, len);
+          fill_block_trace(t, kern, qt, seed, static_cast<uint32_t>(layer),
+                           static_cast<uint32_t>(job.kv_head), static_cast<uint32_t>(round),
+                           static_cast<uint32_t>(b));
+          s.out.trace_blocks.push_back(std::move(t));
+        }
+      }
+
+      std::vector<std::pair<int, double>> next;  // (position, factor)
+      next.reserve(h.kept.size() + added.size());
+      for (size_t k = 0; k < h.kept.size(); ++k) next.push_back({h.kept[k], h.factor[k]});
+      for (int pos : added) next.push_back({pos, 1.0});
+      std::sort(next.begin(), next.end());
+      std::vector<int> seq;
+      std::vector<double> w;
+      seq.reserve(next.size());
+      w.reserve(next.size());
+      for (auto [pos, f] : next) {
+        seq.push_back(s.seq[pos]);
+        w.push_back(s.w[pos] * f);
+      }
+      s.seq = std::move(seq);
+      s.w = std::move(w);
+      s.out.rounds = round + 1;
+    }
+  }
+
+  std::vector<WalkOutcome> out(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    out[j] = std::move(st[j].out);
+    out[j].indices = std::move(st[j].seq);
+    out[j].weights = std::move(st[j].w);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The method for one head, and the whole layer.
+
+namespace {
+
+struct HeadPlan {
+  bool trivial = false;  // nothing to walk: `result` is final
+  Selection result;
+  std::vector<int> protected_tokens;
+  bool protect_capped = false;
+  WalkJob job;
+  int trace_position = -1;
+};
+
+void check_input(const MethodInput& in) {
+  if (!in.keys || !in.values) throw InputError("balancekv: no keys/values given");
+  std::ostringstream os;
+  if (in.keys->rows() != in.n || in.values->rows() != in.n) {
+    os << "balancekv: keys have " << in.keys->rows() << " rows and values " << in.values->rows()
+       << ", expected n = " << in.n;
+    throw InputError(os.str());
+  }
+  if (in.mid_begin < 0 || in.mid_end < in.mid_begin || in.mid_end > in.n) {
+    os << "balancekv: middle [" << in.mid_begin << ", " << in.mid_end
+       << ") does not fit n = " << in.n;
+    throw InputError(os.str());
+  }
+  if (in.budget < 0 || in.budget > in.mid_end - in.mid_begin) {
+    os << "balancekv: budget m = " << in.budget << " is outside [0, " << in.mid_end - in.mid_begin
+       << "] (the middle's length)";
+    throw InputError(os.str());
+  }
+}
+
+HeadPlan plan_head(const MethodInput& in, const BalanceParams& prm) {
+  check_input(in);
+  HeadPlan plan;
+  const int n_mid = in.mid_end - in.mid_begin;
+  const int m = in.budget;
+  if (m == 0 || m >= n_mid) {
+    plan.trivial = true;
+    if (m > 0) {
+      for (int t = in.mid_begin; t < in.mid_end; ++t) {
+        plan.result.indices.push_back(t);
+        plan.result.weights.push_back(1.0);
+      }
+      plan.result.note = "budget covers the whole middle: nothing to compress";
+    } else {
+      plan.result.note = "budget 0: nothing kept from the middle";
+    }
+    return plan;
+  }
+  if (prm.protect_anticorrelated) {
+    plan.protected_tokens =
+        protected_anticorrelated(*in.keys, in.mid_begin, in.mid_end, prm.block, m / 2);
+    plan.protect_capped = static_cast<int>(plan.protected_tokens.size()) == m / 2;
+  }
+  plan.job.keys = in.keys;
+  plan.job.values = in.values;
+  plan.job.kv_head = in.kv_head;
+  plan.job.target = m - static_cast<int>(plan.protected_tokens.size());
+  size_t k = 0;
+  for (int t = in.mid_begin; t < in.mid_end; ++t) {
+    if (k < plan.protected_tokens.size() && plan.protected_tokens[k] == t) {
+      ++k;
+      continue;
+    }
+    plan.job.tokens.push_back(t);
+  }
+  if (in.want_trace) plan.job.trace_query = trace_query_vector(in, &plan.trace_position);
+  return plan;
+}
+
+Selection finish_head(HeadPlan& plan, WalkOutcome& out, const MethodInput& in) {
+  Selection sel;
+  std::vector<std::pair<int, double>> all;
+  for (int t : plan.protected_tokens) all.push_back({t, 1.0});
+  for (size_t i = 0; i < out.indices.size(); ++i) all.push_back({out.indices[i], out.weights[i]});
+  std::sort(all.begin(), all.end());
+  for (auto [t, w] : all) {
+    sel.indices.push_back(t);
+    sel.weights.push_back(w);
+  }
+  std::ostringstream note;
+  note << out.rounds << " halving round" << (out.rounds == 1 ? "" : "s") << " over "
+       << plan.job.tokens.size() << " tokens";
+  if (out.topped_up > 0)
+    note << "; keep ratio is not a power of two: topped up " << out.topped_up
+         << " tokens uniformly from the last round's dropped tokens (their partners' weight "
+            "lowered from 2 so the prefix stays represented once)";
+  if (!plan.protected_tokens.empty())
+    note << "; " << plan.protected_tokens.size()
+         << " anti-correlated keys protected at weight 1 outside the walk"
+         << (plan.protect_capped ? " (capped at half the budget)" : "");
+  sel.note = note.str();
+  if (in.want_trace) {
+    auto tr = std::make_shared<WalkTrace>();
+    tr->rounds = out.rounds;
+    tr->trace_query = plan.trace_position;
+    tr->blocks = std::move(out.trace_blocks);
+    tr->note = sel.note;
+    sel.trace = std::move(tr);
+  }
+  return sel;
+}
+
+}  // namespace
+
+Selection balancekv_select(const MethodInput& in) {
+  const BalanceParams prm = balance_params_from(in.params);
+  HeadPlan plan = plan_head(in, prm);
+  if (plan.trivial) return plan.result;
+  std::vector<WalkOutcome> out = run_balance_walks({plan.job}, in.layer, in.seed, prm, in.backend);
+  return finish_head(plan, out[0], in);
+}
+
+std::vector<Selection> balancekv_layer(const LayerData& layer, int num_layers, const EvalWindow& w,
+                                       uint64_t seed, const ParamValues& params, Backend& backend,
+                                       bool want_trace, int trace_query) {
+  const BalanceParams prm = balance_params_from(params);
+  const int heads = static_cast<int>(layer.keys.size());
+  std::vector<Selection> result(heads);
+  std::vector<MethodInput> inputs(heads);
+  std::vector<HeadPlan> plans(heads);
+  std::vector<WalkJob> jobs;
+  std::vector<int> job_head;
+  for (int h = 0; h < heads; ++h) {
+    if (h < static_cast<int>(layer.refused.size()) && !layer.refused[h].empty()) {
+      result[h].note = "head refused: " + layer.refused[h];
+      continue;
+    }
+    MethodInput& in = inputs[h];
+    in.keys = &layer.keys[h];
+    in.values = &layer.values[h];
+    in.queries = layer.group_queries(h);
+    in.n = w.n;
+    in.sink = w.sink;
+    in.eval = w.eval;
+    in.mid_begin = w.mid_begin;
+    in.mid_end = w.mid_end;
+    in.budget = w.budget;
+    in.keep_ratio = w.keep_ratio;
+    in.layer = layer.layer;
+    in.num_layers = num_layers;
+    in.kv_head = h;
+    in.seed = seed;
+    in.params = params;
+    in.want_trace = want_trace;
+    in.trace_query = trace_query;
+    in.backend = &backend;
+    plans[h] = plan_head(in, prm);
+    if (plans[h].trivial) {
+      result[h] = plans[h].result;
+      continue;
+    }
+    jobs.push_back(plans[h].job);
+    job_head.push_back(h);
+  }
+  std::vector<WalkOutcome> out = run_balance_walks(jobs, layer.layer, seed, prm, &backend);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int h = job_head[j];
+    result[h] = finish_head(plans[h], out[j], inputs[h]);
+  }
+  return result;
+}
+
+}  // namespace kvscope

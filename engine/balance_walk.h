@@ -1,0 +1,117 @@
+// Practical BalanceKV (DESIGN.md section 4, "balancekv"): the self-balancing walk over blocks of
+// keys and values, exact halving, weights across rounds, the top-up for ratios that are not
+// powers of two, the needle variant's protected keys, and walk traces. The walk itself goes
+// through Backend::walk_blocks; cpu_walk_blocks (engine/cpu_ops.h) is implemented here as the
+// double-precision reference. See docs/balancekv.md for the exact rules.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/method.h"
+#include "engine/tensor.h"
+#include "engine/walk_trace.h"
+
+namespace kvscope {
+
+class Backend;
+struct EvalWindow;
+struct LayerData;
+
+// Parameters of the practical walk (defaults are the authors').
+struct BalanceParams {
+  double gamma = 4;  // p_i = 1/2 - gamma * sum_{j<i} K_ij sigma_j; 0 = uniform-sign ablation
+  double temp = 1;   // K_ij = exp(temp <k_i,k_j>/sqrt d - beta) * (<v_i,v_j> + value_bias)
+  double beta = 0;
+  double value_bias = 0.025;
+  int block = 128;                      // B: walk block length
+  bool protect_anticorrelated = false;  // the needle variant
+};
+
+// The ParamSpecs of the `balancekv` method, and the parsed, validated values (InputError names
+// the parameter and the allowed range).
+std::vector<ParamSpec> balancekv_param_specs();
+BalanceParams balance_params_from(const ParamValues& values);
+
+// ---- Exact halving of one round (DESIGN.md 4). Given the round's signs in walk order and how
+// many elements to keep (keep = floor(n/2) or ceil(n/2), n >= 2), find the first position `cut`
+// where one sign (the "majority") has been drawn n - keep times. Up to and including `cut` the
+// minority sign is kept with factor 2; every element after `cut` is kept with factor 1. For even n
+// and keep = n/2 this is the rule "majority reaches n/2". Exactly `keep` elements are kept.
+struct Halving {
+  std::vector<int> kept;       // positions (walk order) that survive, ascending
+  std::vector<double> factor;  // weight factor of each kept position (2 or 1)
+  int cut = -1;                // position where the majority count reached n - keep
+  int majority_sign = +1;      // the sign that reached it first (dropped before the cut)
+};
+Halving exact_halving(const std::vector<int8_t>& sigma, int keep);
+
+// How many elements survive each round when walking n0 elements down to `target` (0 < target <
+// n0): s_r = round(n0 / 2^r), for rounds r = 1..R where R is the first round with s_r <= target.
+// Each s_r is floor or ceil of s_{r-1}/2, so every round is a halving. The last entry may be
+// below `target`; the remainder is topped up from that round's dropped elements.
+std::vector<int> halving_schedule(int n0, int target);
+
+// Protected keys of the needle variant for the middle [mid_begin, mid_end): a key is flagged when
+// its mean raw inner product with its block of B consecutive middle keys is <= 0, and every key
+// within +-25 positions of a flagged key is protected. At most `cap` keys are protected: flagged
+// keys are taken most anti-correlated first, each with its +-25 neighbourhood nearest first.
+// Returns sorted absolute token indices.
+std::vector<int> protected_anticorrelated(const MatrixF& keys, int mid_begin, int mid_end,
+                                          int block, int cap);
+constexpr int kProtectDilation = 25;
+
+// One head's walk: walk `tokens` (absolute indices, ascending) down to `target` kept tokens.
+struct WalkJob {
+  const MatrixF* keys = nullptr;    // n x d, the whole head
+  const MatrixF* values = nullptr;  // n x dv
+  int kv_head = 0;
+  std::vector<int> tokens;
+  int target = 0;
+  // Traces: when `trace_query` is non-empty (length d), every block of every round is recorded
+  // with the discrepancy measured along this query vector.
+  std::vector<float> trace_query;
+};
+
+struct WalkOutcome {
+  std::vector<int> indices;     // kept absolute token indices, ascending
+  std::vector<double> weights;  // accumulated weights
+  int rounds = 0;
+  int topped_up = 0;  // how many tokens the top-up added after the last round
+  std::vector<WalkBlockTrace> trace_blocks;
+};
+
+// Runs every job round by round; each round walks all blocks of all jobs still halving in ONE
+// Backend::walk_blocks call (backend nullptr: the CPU reference). Results do not depend on which
+// jobs share a call: the walk's random numbers are keyed by (seed, layer, head, round, block, i).
+std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int layer,
+                                           uint64_t seed, const BalanceParams& params,
+                                           Backend* backend);
+
+// The `balancekv` method's selection for one kv head (validates `in`, throws InputError).
+Selection balancekv_select(const MethodInput& in);
+
+// The whole layer at once for live GPU use: every kv head of `layer` with the window `w` and
+// `seed`; all heads' blocks of a round go to the backend in one walk_blocks call. Entry h equals
+// balancekv_select for kv head h with the same inputs. Refused heads get an empty selection whose
+// note says why.
+std::vector<Selection> balancekv_layer(const LayerData& layer, int num_layers, const EvalWindow& w,
+                                       uint64_t seed, const ParamValues& params, Backend& backend,
+                                       bool want_trace = false, int trace_query = -1);
+
+// ---- Traces. Fills the derived series of a block trace from the block's full symmetric kernel
+// matrix K (L x L, the walk's kernel), its signs, and the per-element query terms
+// z_j = exp(<k_j,q>/sqrt d) v_j (L x dv): discrepancy along q, kernel-space norm
+// sqrt(sigma^T K sigma), the same two for random signs drawn from
+// counter_uniform(seed, kRandRandomSigns, layer, head, round, block, i), and the 2-D kernel-PCA
+// path of the prefix signed sums (docs/balancekv.md derives the projection). `t.sigma` must be
+// set; p/partial are left as they are.
+void fill_block_trace(WalkBlockTrace& t, const MatrixD& kernel, const MatrixD& query_terms,
+                      uint64_t seed, uint32_t layer, uint32_t head, uint32_t round, uint32_t block);
+
+// The query vector a trace measures discrepancy along: row `position` (-1: n-1) of the group's
+// first query head, or of the keys when there are no queries. Throws InputError when out of range.
+std::vector<float> trace_query_vector(const MethodInput& in, int* position_out);
+
+}  // namespace kvscope
