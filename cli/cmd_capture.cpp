@@ -42,8 +42,19 @@ std::string format_float(float v) {
 }
 
 void run_capture(const CaptureOptions& o) {
-  if (o.out.empty()) throw InputError("--out: an output path is required");
+  // Output problems are caught before the model runs (a large checkpoint takes minutes).
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
   const DType dtype = parse_dtype(o.dtype);
+  const bool npz = ends_with(o.out, ".npz");
+  if (!npz && !ends_with(o.out, ".safetensors")) {
+    throw InputError("--out " + o.out + ": must end in .safetensors or .npz");
+  }
+  if (npz && dtype == DType::BF16) {
+    throw InputError("--out " + o.out + ": .npz cannot hold bf16; use .safetensors or --dtype f16");
+  }
   llama2c::Transformer model(o.model);
   const llama2c::Config& c = model.config();
   llama2c::Tokenizer tokenizer(o.tokenizer, c.vocab_size);
