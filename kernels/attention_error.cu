@@ -306,7 +306,9 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cuda
       b.den_idx.size() != kv || b.num_logw.size() != kv || b.den_logw.size() != kv ||
       b.queries.size() != static_cast<size_t>(b.q_heads))
     throw std::invalid_argument("attention_errors: per-head arrays do not match the head counts");
-  if (b.d <= 0 || b.dv <= 0) throw std::invalid_argument("attention_errors: d and dv must be > 0");
+  if (b.d <= 0 || b.dv <= 0)  // degenerate heads: leave them to the CPU reference
+    throw Unsupported("attention_errors: d=" + std::to_string(b.d) +
+                      ", dv=" + std::to_string(b.dv) + " heads are not handled by the CUDA kernel");
   for (size_t h = 0; h < kv; ++h)
     if (!b.keys[h] || !b.values[h])
       throw std::invalid_argument("attention_errors: kv head " + std::to_string(h) +
