@@ -241,10 +241,12 @@ Transformer::Transformer(const std::string& path) : path_(path) {
   take(seq_len * head_size);  // freq_cis_real and freq_cis_imag: RoPE is computed instead
   classifier_ = c.shared_classifier ? token_embedding_ : take(vocab * dim);
 
-  key_cache_.assign(c.n_layers, MatrixF::Zero(c.seq_len, c.kv_dim()));
-  value_cache_.assign(c.n_layers, MatrixF::Zero(c.seq_len, c.kv_dim()));
-  query_record_.assign(c.n_layers, MatrixF::Zero(c.seq_len, q_dim));
-  head_output_record_.assign(c.n_layers, MatrixF::Zero(c.seq_len, q_dim));
+  // The per-position records start empty and grow with the positions actually run (a header may
+  // claim a long seq_len that no capture uses).
+  key_cache_.assign(c.n_layers, MatrixF(0, c.kv_dim()));
+  value_cache_.assign(c.n_layers, MatrixF(0, c.kv_dim()));
+  query_record_.assign(c.n_layers, MatrixF(0, q_dim));
+  head_output_record_.assign(c.n_layers, MatrixF(0, q_dim));
   x_.resize(c.dim);
   xb_.resize(std::max<uint64_t>(dim, q_dim));
   xb2_.resize(c.dim);
@@ -270,6 +272,18 @@ const std::vector<float>& Transformer::forward(int token, int pos) {
     throw std::invalid_argument("llama2c::Transformer::forward: position " + std::to_string(pos) +
                                 " run before position " + std::to_string(positions_));
   }
+  if (pos >= key_cache_[0].rows()) {
+    // Double the rows (capped at seq_len); row-major conservativeResize keeps earlier rows.
+    const Eigen::Index rows =
+        std::min<Eigen::Index>(c.seq_len, std::max<Eigen::Index>(64, 2 * key_cache_[0].rows()));
+    for (int l = 0; l < c.n_layers; ++l) {
+      key_cache_[l].conservativeResize(rows, Eigen::NoChange);
+      value_cache_[l].conservativeResize(rows, Eigen::NoChange);
+      query_record_[l].conservativeResize(rows, Eigen::NoChange);
+      head_output_record_[l].conservativeResize(rows, Eigen::NoChange);
+    }
+  }
+
   const int dim = c.dim, kv_dim = c.kv_dim(), head_size = c.head_size();
   const int q_dim = c.n_heads * head_size, hidden = c.hidden_dim, kv_mul = c.kv_group();
   const float inv_sqrt_head = 1.0f / std::sqrt(static_cast<float>(head_size));

@@ -58,7 +58,8 @@ class Transformer {
   // Number of positions whose keys/values (and recorded activations) are valid.
   int positions() const { return positions_; }
 
-  // Per layer, rows = positions (only the first positions() rows are valid):
+  // Per layer, row t = position t (the matrices grow as positions run; only the first
+  // positions() rows are valid):
   // keys/values after RoPE as attention uses them, columns = kv head * head_size + i.
   const MatrixF& keys(int layer) const { return key_cache_[layer]; }
   const MatrixF& values(int layer) const { return value_cache_[layer]; }
