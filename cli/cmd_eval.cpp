@@ -1,11 +1,285 @@
-// PLACEHOLDER: replaced by the real command.
+// kvscope-cli eval: the evaluation protocol of DESIGN.md 3 over a capture (methods x keep ratios
+// x layers x kv heads x seeds), printed as tables and written as JSON/CSV; shardable (--shard i/N)
+// for job arrays, merged exactly by `kvscope-cli merge`.
+// kvscope-cli sweep: the same protocol over a grid of one method's parameters (for tuning).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "cli/eval_output.h"
+#include "engine/backend.h"
+#include "engine/capture.h"
 #include "engine/error.h"
+#include "engine/protocol.h"
 
 namespace kvscope::cli {
-void add_eval_command(CLI::App& app) {
-  auto* sub = app.add_subcommand("eval", "(not implemented yet)");
-  sub->allow_extras();
-  sub->callback([] { throw InputError("eval: not implemented yet"); });
+namespace {
+
+// Options both commands share.
+struct CommonOptions {
+  std::string path;
+  std::string ratios = "0.5,0.25,0.125,0.0625";
+  int seeds = 10;
+  unsigned long long base_seed = 0;
+  std::string layers, heads;
+  int sink = -1, eval = -1;
+  std::string backend = "cpu";
+  int threads = 0;
+  std::string json_out;
+};
+
+struct EvalOptions {
+  CommonOptions common;
+  std::string methods = "all";
+  std::vector<std::string> params;
+  std::string shard;
+  std::string csv_out;
+};
+
+struct SweepOptions {
+  CommonOptions common;
+  std::string method;
+  std::vector<std::string> params;
+};
+
+void add_common(CLI::App* sub, CommonOptions& o) {
+  sub->add_option("file", o.path, "capture (.safetensors or .npz)")->required();
+  sub->add_option("--ratios", o.ratios, "keep ratios, comma separated (0.5 or 1/2)")
+      ->capture_default_str();
+  sub->add_option("--seeds", o.seeds, "seeds R: seed r runs with base-seed + r")
+      ->capture_default_str();
+  sub->add_option("--base-seed", o.base_seed, "first seed")->capture_default_str();
+  sub->add_option("--layers", o.layers, "layers, e.g. 0,2,4-7 (default all)");
+  sub->add_option("--heads", o.heads, "kv heads, e.g. 0-3 (default all)");
+  sub->add_option("--sink", o.sink, "sink tokens s (default min(256, n/32))");
+  sub->add_option("--eval", o.eval, "evaluation queries E (default min(256, n/8))");
+  sub->add_option("--backend", o.backend, "cpu | cuda | auto")->capture_default_str();
+  sub->add_option("--threads", o.threads, "worker threads (0: all cores)")->capture_default_str();
+  sub->add_option("--json", o.json_out, "write the report as JSON");
 }
+
+EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
+  EvalSpec spec;
+  spec.ratios = parse_number_list(o.ratios, "--ratios");
+  spec.seeds = o.seeds;
+  spec.base_seed = o.base_seed;
+  if (!o.layers.empty()) spec.layers = parse_index_list(o.layers, "--layers");
+  if (!o.heads.empty()) spec.heads = parse_index_list(o.heads, "--heads");
+  spec.sink = o.sink;
+  spec.eval = o.eval;
+  spec.threads = o.threads;
+  (void)info;
+  return spec;
+}
+
+// "method.name=value" -> spec.params[method][name].
+void parse_param(const std::string& text, const std::vector<const Method*>& methods,
+                 EvalSpec& spec) {
+  const std::string flag = "--param " + text;
+  const size_t dot = text.find('.'), eq = text.find('=');
+  if (dot == std::string::npos || eq == std::string::npos || dot > eq)
+    throw InputError(flag + ": expected method.name=value");
+  const std::string method = text.substr(0, dot), name = text.substr(dot + 1, eq - dot - 1);
+  const Method* m = find_method(method);
+  if (!m) throw InputError(flag + ": unknown method '" + method + "'");
+  const std::vector<ParamSpec> specs = m->params();
+  double value = 0;
+  auto it =
+      std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& p) { return p.name == name; });
+  if (it == specs.end()) {
+    validate_method_params(*m, {{name, 0.0}});  // throws the "unknown parameter" message
+  } else {
+    value = parse_param_value(*it, text.substr(eq + 1), flag);
+  }
+  (void)methods;
+  spec.params[method][name] = value;
+}
+
+// Progress on stderr when it is a terminal.
+ProgressFn progress_printer() {
+  if (!isatty(2)) return {};
+  return [](int done, int total) {
+    std::fprintf(stderr, "\r%d/%d work items", done, total);
+    if (done == total) std::fprintf(stderr, "\r%*s\r", 30, "");
+  };
+}
+
+void run_eval_command(const EvalOptions& o) {
+  auto capture = CaptureFile::open(o.common.path);
+  EvalSpec spec = base_spec(o.common, capture->info());
+  spec.methods = parse_method_list(o.methods);
+  for (const std::string& p : o.params) parse_param(p, spec.methods, spec);
+  if (!o.shard.empty()) {
+    const size_t slash = o.shard.find('/');
+    const std::vector<int> parts =
+        slash == std::string::npos
+            ? std::vector<int>{}
+            : std::vector<int>{parse_index_list(o.shard.substr(0, slash), "--shard")[0],
+                               parse_index_list(o.shard.substr(slash + 1), "--shard")[0]};
+    if (parts.size() != 2 || o.shard.find(',') != std::string::npos ||
+        o.shard.find('-') != std::string::npos)
+      throw InputError("--shard: '" + o.shard + "' is not i/N");
+    spec.shard_index = parts[0];
+    spec.shard_count = parts[1];
+    if (spec.shard_count < 1 || spec.shard_index >= spec.shard_count)
+      throw InputError("--shard: '" + o.shard + "' needs 0 <= i < N");
+  }
+  Backend& backend = select_backend(o.common.backend);
+  std::printf("backend  %s\n", backend.name().c_str());
+  const EvalReport report = run_eval(*capture, spec, progress_printer(), nullptr, &backend);
+  print_report(report);
+  if (!o.common.json_out.empty()) write_json_file(o.common.json_out, report.to_json(), "--json");
+  if (!o.csv_out.empty()) write_csv_file(o.csv_out, report, "--csv");
+  fail_on_method_errors(report);
+}
+
+// "name=v1,v2,v3" or "method.name=v1,v2" -> (name, values).
+std::pair<std::string, std::vector<double>> parse_grid(const std::string& text, const Method& m) {
+  const std::string flag = "--param " + text;
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos) throw InputError(flag + ": expected name=v1,v2,...");
+  std::string name = text.substr(0, eq);
+  if (name.rfind(m.name() + ".", 0) == 0) name = name.substr(m.name().size() + 1);
+  const std::vector<ParamSpec> specs = m.params();
+  auto it =
+      std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& p) { return p.name == name; });
+  if (it == specs.end()) validate_method_params(m, {{name, 0.0}});  // unknown-name message
+  std::vector<double> values;
+  std::string rest = text.substr(eq + 1);
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = rest.find(',', start);
+    values.push_back(parse_param_value(
+        *it, rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start),
+        flag));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (double v : values) validate_method_params(m, {{name, v}});
+  return {name, values};
+}
+
+void run_sweep_command(const SweepOptions& o) {
+  const Method* m = find_method(o.method);
+  if (!m) {
+    parse_method_list(o.method);  // throws the "unknown method (known: ...)" message
+    throw InputError("--method: no method given");
+  }
+  if (o.params.empty()) throw InputError("--param: give at least one name=v1,v2,... to sweep");
+  std::vector<std::pair<std::string, std::vector<double>>> grid;
+  for (const std::string& p : o.params) grid.push_back(parse_grid(p, *m));
+
+  auto capture = CaptureFile::open(o.common.path);
+  EvalSpec spec = base_spec(o.common, capture->info());
+  spec.methods = {m};
+  Backend& backend = select_backend(o.common.backend);
+
+  // Cartesian product of the grid, last parameter fastest.
+  std::vector<ParamValues> points(1);
+  for (const auto& [name, values] : grid) {
+    std::vector<ParamValues> next;
+    for (const ParamValues& p : points)
+      for (double v : values) {
+        ParamValues q = p;
+        q[name] = v;
+        next.push_back(q);
+      }
+    points = std::move(next);
+  }
+
+  nlohmann::json out;
+  out["format"] = "kvscope-sweep/1";
+  out["method"] = m->name();
+  out["points"] = nlohmann::json::array();
+  bool header = false;
+  std::vector<double> best(spec.ratios.size(), 1e300);
+  std::vector<std::string> best_at(spec.ratios.size());
+  std::vector<std::string> failures;
+  for (const ParamValues& point : points) {
+    spec.params = {{m->name(), point}};
+    const EvalReport rep = run_eval(*capture, spec, {}, nullptr, &backend);
+    if (!header) {
+      std::printf("method   %s\nwindow   %s\nseeds    %d\n\n", m->name().c_str(),
+                  rep.window_example.describe().c_str(), spec.seeds);
+      for (const std::string& note : rep.notes) std::printf("note     %s\n", note.c_str());
+      std::printf("%-28s", "parameters");
+      for (double r : spec.ratios) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "ratio %g", r);
+        std::printf("  %-19s", buf);
+      }
+      std::printf("\n");
+      out["capture"] = rep.to_json()["capture"];
+      out["window"] = rep.to_json()["window"];
+      out["spec"] = rep.to_json()["spec"];
+      header = true;
+    }
+    std::string label;
+    nlohmann::json pj = nlohmann::json::object();
+    for (const auto& [name, v] : point) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%s=%g", name.c_str(), v);
+      label += (label.empty() ? "" : " ") + std::string(buf);
+      pj[name] = v;
+    }
+    std::printf("%-28s", label.c_str());
+    const std::vector<EvalSummary> sum = rep.summary();
+    nlohmann::json sj = nlohmann::json::array();
+    for (size_t r = 0; r < sum.size(); ++r) {
+      char buf[64];
+      if (sum[r].heads > 0) {
+        std::snprintf(buf, sizeof buf, "%.4f +- %.4f", sum[r].mean, sum[r].std);
+        if (sum[r].mean < best[r]) best[r] = sum[r].mean, best_at[r] = label;
+      } else {
+        std::snprintf(buf, sizeof buf, "%s", "failed/refused");
+      }
+      std::printf("  %-19s", buf);
+      sj.push_back({{"ratio", sum[r].ratio},
+                    {"mean", sum[r].mean},
+                    {"std", sum[r].std},
+                    {"heads", sum[r].heads}});
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    for (const std::string& f : rep.failures()) failures.push_back(label + ": " + f);
+    out["points"].push_back({{"params", pj}, {"summary", sj}, {"failures", rep.failures()}});
+  }
+  std::printf("\n");
+  for (size_t r = 0; r < spec.ratios.size(); ++r)
+    if (!best_at[r].empty())
+      std::printf("best at ratio %g: %s (%.4f)\n", spec.ratios[r], best_at[r].c_str(), best[r]);
+  if (!o.common.json_out.empty()) write_json_file(o.common.json_out, out, "--json");
+  for (const std::string& f : failures) std::fprintf(stderr, "kvscope-cli: %s\n", f.c_str());
+  if (!failures.empty())
+    throw std::runtime_error(m->name() + " failed at some grid points (see the lines above)");
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto eo = std::make_shared<EvalOptions>();
+  auto* ev = app.add_subcommand(
+      "eval", "attention-approximation error of compression methods (DESIGN.md 3)");
+  add_common(ev, eo->common);
+  ev->add_option("--methods", eo->methods, "comma-separated methods, or all")
+      ->capture_default_str();
+  ev->add_option("--param", eo->params, "method.name=value (repeatable)");
+  ev->add_option("--shard", eo->shard, "i/N: run work items i, i+N, ... (merge with `merge`)");
+  ev->add_option("--csv", eo->csv_out, "write one row per (method, ratio, layer, kv head)");
+  ev->callback([eo] { run_eval_command(*eo); });
+
+  auto so = std::make_shared<SweepOptions>();
+  auto* sw = app.add_subcommand("sweep", "error of one method over a grid of its parameters");
+  add_common(sw, so->common);
+  sw->add_option("--method", so->method, "the method to tune")->required();
+  sw->add_option("--param", so->params, "name=v1,v2,... (repeatable: the grid is their product)");
+  sw->callback([so] { run_sweep_command(*so); });
+}
+
 }  // namespace kvscope::cli

@@ -1,0 +1,227 @@
+#include "cli/eval_output.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+#include "engine/error.h"
+
+namespace kvscope::cli {
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string ratio_label(double r) {
+  return fmt("%g", r);
+}
+
+// Strict number parse: the whole string must be a finite number (or a fraction a/b).
+bool parse_double(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  const size_t slash = s.find('/');
+  if (slash != std::string::npos) {
+    double a = 0, b = 0;
+    if (!parse_double(s.substr(0, slash), &a) || !parse_double(s.substr(slash + 1), &b) || b == 0)
+      return false;
+    *out = a / b;
+    return true;
+  }
+  try {
+    size_t used = 0;
+    *out = std::stod(s, &used);
+    return used == s.size() && std::isfinite(*out);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t p = text.find(sep, start);
+    out.push_back(text.substr(start, p == std::string::npos ? std::string::npos : p - start));
+    if (p == std::string::npos) return out;
+    start = p + 1;
+  }
+}
+
+}  // namespace
+
+std::vector<double> parse_number_list(const std::string& text, const std::string& flag) {
+  std::vector<double> out;
+  for (const std::string& item : split(text, ',')) {
+    double v = 0;
+    if (!parse_double(item, &v))
+      throw InputError(flag + ": '" + item + "' is not a number (in '" + text + "')");
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<int> parse_index_list(const std::string& text, const std::string& flag) {
+  std::vector<int> out;
+  auto to_int = [&](const std::string& s) {
+    try {
+      size_t used = 0;
+      const int v = std::stoi(s, &used);
+      if (used == s.size() && v >= 0) return v;
+    } catch (const std::exception&) {
+    }
+    throw InputError(flag + ": '" + s + "' is not a non-negative integer (in '" + text + "')");
+  };
+  for (const std::string& item : split(text, ',')) {
+    const size_t dash = item.find('-');
+    if (dash == std::string::npos) {
+      out.push_back(to_int(item));
+      continue;
+    }
+    const int a = to_int(item.substr(0, dash)), b = to_int(item.substr(dash + 1));
+    if (b < a) throw InputError(flag + ": range '" + item + "' runs backwards");
+    for (int v = a; v <= b; ++v) out.push_back(v);
+  }
+  return out;
+}
+
+double parse_param_value(const ParamSpec& spec, const std::string& text, const std::string& flag) {
+  double v = 0;
+  if (parse_double(text, &v)) return v;
+  if (spec.type == ParamSpec::Type::Bool) {
+    if (text == "true" || text == "on") return 1;
+    if (text == "false" || text == "off") return 0;
+  }
+  if (spec.type == ParamSpec::Type::Choice) {
+    for (size_t i = 0; i < spec.choices.size(); ++i)
+      if (spec.choices[i] == text) return static_cast<double>(i);
+    std::string known;
+    for (const std::string& c : spec.choices) known += (known.empty() ? "" : ", ") + c;
+    throw InputError(flag + ": '" + text + "' is not one of " + known);
+  }
+  throw InputError(flag + ": '" + text + "' is not a number");
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag) {
+  std::ofstream out(path);
+  if (!out) throw InputError(flag + " " + path + ": cannot open for writing");
+  out << j.dump(1) << "\n";
+  if (!out) throw InputError(flag + " " + path + ": write failed");
+}
+
+void write_csv_file(const std::string& path, const EvalReport& report, const std::string& flag) {
+  std::ofstream out(path);
+  if (!out) throw InputError(flag + " " + path + ": cannot open for writing");
+  out << "method,ratio,layer,kv_head,mean,std,normalized_mean,mass_mean,refused,error\n";
+  out.precision(17);
+  for (const HeadEval& he : report.results) {
+    std::string err = he.error.empty() ? he.note : he.error;
+    for (char& c : err)
+      if (c == '"') c = '\'';
+    out << he.method << ',' << he.ratio << ',' << he.layer << ',' << he.kv_head << ',' << he.mean
+        << ',' << he.std << ',' << he.normalized_mean << ',' << he.mass_mean << ','
+        << (he.refused ? 1 : 0) << ",\"" << (he.error.empty() ? "" : err) << "\"\n";
+  }
+  if (!out) throw InputError(flag + " " + path + ": write failed");
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not valid JSON: " + e.what());
+  }
+}
+
+void print_report(const EvalReport& rep) {
+  const CaptureInfo& info = rep.info;
+  std::printf("capture  %s (%s, %d tokens, %d layers, %d query / %d kv heads, d=%d)%s\n",
+              rep.capture_path.c_str(),
+              info.model.empty() ? "model not recorded" : info.model.c_str(), info.num_tokens,
+              info.num_layers, info.q_heads, info.kv_heads, info.head_dim,
+              info.synthetic ? " [SYNTHETIC]" : "");
+  std::printf("window   %s\n", rep.window_example.describe().c_str());
+  std::string budgets;
+  for (double r : rep.spec.ratios)
+    budgets += (budgets.empty() ? "" : ", ") + ratio_label(r) +
+               " -> m=" + std::to_string(std::llround(r * rep.window_example.n_mid));
+  std::printf("budgets  %s\n", budgets.c_str());
+  std::printf("seeds    %d (seed r = %llu + r)", rep.spec.seeds,
+              static_cast<unsigned long long>(rep.spec.base_seed));
+  if (rep.spec.shard_count > 1)
+    std::printf(", shard %d/%d", rep.spec.shard_index, rep.spec.shard_count);
+  std::printf("\n");
+  for (const std::string& note : rep.notes) std::printf("note     %s\n", note.c_str());
+
+  // method x ratio
+  std::printf("\nrelative error ||z_j - Attn_j|| / ||Attn_j||, mean +- std over seeds\n");
+  std::printf("%-18s", "method");
+  for (double r : rep.spec.ratios) std::printf("  %-19s", ("ratio " + ratio_label(r)).c_str());
+  std::printf("\n");
+  const std::vector<EvalSummary> sum = rep.summary();
+  auto cell_status = [&](const std::string& method, double ratio, int layer) -> std::string {
+    bool any = false, failed = false;
+    for (const HeadEval& he : rep.results) {
+      if (he.method != method || he.ratio != ratio || (layer >= 0 && he.layer != layer)) continue;
+      any = true;
+      failed |= !he.error.empty();
+    }
+    return !any ? "-" : failed ? "failed" : "refused";
+  };
+  size_t k = 0;
+  for (const Method* m : rep.spec.methods) {
+    std::printf("%-18s", m->name().c_str());
+    for (double r : rep.spec.ratios) {
+      const EvalSummary& s = sum[k++];
+      const std::string cell = s.heads > 0 ? fmt("%.4f", s.mean) + " +- " + fmt("%.4f", s.std)
+                                           : cell_status(m->name(), r, -1);
+      std::printf("  %-19s", cell.c_str());
+    }
+    std::printf("\n");
+  }
+
+  // Per-layer means (over kv heads and seeds).
+  std::set<int> layer_set;
+  for (const HeadEval& he : rep.results) layer_set.insert(he.layer);
+  if (layer_set.size() > 1 || !rep.results.empty()) {
+    std::printf("\nper-layer mean relative error\n%-18s %-7s", "method", "ratio");
+    for (int l : layer_set) std::printf(" %9s", ("L" + std::to_string(l)).c_str());
+    std::printf("\n");
+    for (const Method* m : rep.spec.methods) {
+      for (double r : rep.spec.ratios) {
+        std::printf("%-18s %-7s", m->name().c_str(), ratio_label(r).c_str());
+        for (int l : layer_set) {
+          double acc = 0;
+          int count = 0;
+          for (const HeadEval& he : rep.results)
+            if (he.method == m->name() && he.ratio == r && he.layer == l && !he.refused &&
+                he.error.empty()) {
+              acc += he.mean;
+              ++count;
+            }
+          std::printf(" %9s", count ? fmt("%.4f", acc / count).c_str()
+                                    : cell_status(m->name(), r, l).c_str());
+        }
+        std::printf("\n");
+      }
+    }
+  }
+  for (const std::string& f : rep.failures()) std::fprintf(stderr, "kvscope-cli: %s\n", f.c_str());
+  std::fflush(stdout);
+}
+
+void fail_on_method_errors(const EvalReport& report) {
+  const std::vector<std::string> f = report.failures();
+  if (!f.empty())
+    throw std::runtime_error(std::to_string(f.size()) +
+                             " method(s) failed on some heads (see the lines above); the other "
+                             "figures were written");
+}
+
+}  // namespace kvscope::cli

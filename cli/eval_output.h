@@ -1,0 +1,30 @@
+// Printing and writing evaluation reports, shared by `eval`, `sweep` and `merge`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/protocol.h"
+
+namespace kvscope::cli {
+
+// Capture line, window (s, E, scaled-down note), notes, the method x ratio table (mean +- std
+// over seeds) and the per-layer means, on stdout. Failures go to stderr.
+void print_report(const EvalReport& report);
+
+// "0.5,0.25,1/8" -> {0.5, 0.25, 0.125}; throws InputError naming `flag`.
+std::vector<double> parse_number_list(const std::string& text, const std::string& flag);
+// "0,2,5-7" -> {0, 2, 5, 6, 7}; throws InputError naming `flag`.
+std::vector<int> parse_index_list(const std::string& text, const std::string& flag);
+// Parses one parameter value: a number, or for Choice/Bool params a choice name/true/false.
+double parse_param_value(const ParamSpec& spec, const std::string& text, const std::string& flag);
+
+void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag);
+// One row per (method, ratio, layer, kv head).
+void write_csv_file(const std::string& path, const EvalReport& report, const std::string& flag);
+nlohmann::json read_json_file(const std::string& path);
+
+// A method's failures make the command fail (exit 2) after its outputs are written.
+void fail_on_method_errors(const EvalReport& report);
+
+}  // namespace kvscope::cli
