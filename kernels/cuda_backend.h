@@ -19,8 +19,9 @@ Backend* cuda_backend_instance(std::string* why);
 // op ran on the GPU. Each distinct reason is also printed once to stderr.
 std::string cuda_last_fallback();
 
-// Test hook: the next device allocation fails as if the device were out of memory, so tests can
-// check that the op still returns the CPU result and reports why.
+// Test hook: the next op's first device-buffer request fails as if the device were out of memory
+// (whether or not it needed to allocate), so tests can check that the op still returns the CPU
+// result and reports why.
 void cuda_fail_next_allocation_for_testing();
 
 // Device-resident timing for bench/bench_gpu.cpp: the constructor uploads the inputs once; each

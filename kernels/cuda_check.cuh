@@ -30,8 +30,8 @@ class Unsupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Test hook (cuda_fail_next_allocation_for_testing): the next DeviceBuffer allocation fails as
-// if the device were out of memory, so the CPU fallback can be exercised on a real device.
+// Test hook (cuda_fail_next_allocation_for_testing): the next DeviceBuffer request fails as if
+// the device were out of memory, so the CPU fallback can be exercised on a real device.
 inline std::atomic<bool> g_fail_next_allocation{false};
 
 inline void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
@@ -68,13 +68,15 @@ class DeviceBuffer {
 
   // Ensures at least `bytes` bytes; previous contents are not kept.
   void* reserve(size_t bytes) {
-    if (bytes <= capacity_) return ptr_;
-    release();
-    if (bytes == 0) return nullptr;
+    // Checked before the capacity test so that the next op fails even when its buffers are
+    // already big enough.
     if (g_fail_next_allocation.exchange(false))
       throw CudaFailure(cudaErrorMemoryAllocation,
                         "cudaMalloc(" + std::to_string(bytes >> 20) +
                             " MiB) failed: cudaErrorMemoryAllocation (simulated for a test)");
+    if (bytes <= capacity_) return ptr_;
+    release();
+    if (bytes == 0) return nullptr;
     void* p = nullptr;
     check_cuda(cudaMalloc(&p, bytes),
                ("cudaMalloc(" + std::to_string(bytes >> 20) + " MiB)").c_str(), __FILE__, __LINE__);
