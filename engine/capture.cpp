@@ -184,8 +184,9 @@ class ArchiveCapture final : public CaptureFile {
   }
 
   // Checks a tensor's shape is [heads, n, dim]; n < 0 means "learn it from this tensor".
+  // `dim_source` says where the expected dim comes from, for the message.
   void check_shape(int index, int heads, const char* heads_key, int* n, int* dim,
-                   const char* dim_what) const {
+                   const char* dim_what, const char* dim_source) const {
     const TensorDesc& t = archive_->tensors()[index];
     const std::string where = tensor_where(index);
     if (t.shape.size() != 3)
@@ -208,7 +209,8 @@ class ArchiveCapture final : public CaptureFile {
       *dim = static_cast<int>(t.shape[2]);
     } else if (t.shape[2] != *dim) {
       throw InputError(where + ": shape " + shape_string(t.shape) + " has " + dim_what + " " +
-                       std::to_string(t.shape[2]) + ", expected " + std::to_string(*dim));
+                       std::to_string(t.shape[2]) + " but " + dim_source + " " +
+                       std::to_string(*dim));
     }
   }
 
@@ -283,12 +285,13 @@ class ArchiveCapture final : public CaptureFile {
 
     int n = -1, d = info_.head_dim, dv = -1;
     for (int L = 0; L < info_.num_layers; ++L) {
-      check_shape(layers_[L].key, info_.kv_heads, "kv_heads", &n, &d,
-                  "head dim (metadata head_dim)");
-      check_shape(layers_[L].value, info_.kv_heads, "kv_heads", &n, &dv, "value dim");
+      check_shape(layers_[L].key, info_.kv_heads, "kv_heads", &n, &d, "head dim",
+                  "metadata head_dim =");
+      check_shape(layers_[L].value, info_.kv_heads, "kv_heads", &n, &dv, "value dim",
+                  "layers.0.value has");
       if (any_query)
-        check_shape(layers_[L].query, info_.q_heads, "q_heads", &n, &d,
-                    "head dim (metadata head_dim)");
+        check_shape(layers_[L].query, info_.q_heads, "q_heads", &n, &d, "head dim",
+                    "metadata head_dim =");
     }
     if (n <= 0) throw InputError(tensor_where(layers_[0].key) + ": capture has no tokens");
     if (dv <= 0) throw InputError(tensor_where(layers_[0].value) + ": value dim is 0");
