@@ -1,0 +1,303 @@
+// The walk op (cpu_walk_blocks), exact halving, the round schedule, traces, and the walk's
+// discrepancy claim (flat along fixed directions, random signs grow like sqrt n).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/balance_walk.h"
+#include "engine/cpu_ops.h"
+#include "engine/random.h"
+
+using namespace kvscope;
+
+namespace {
+
+MatrixF random_matrix(int rows, int cols, uint32_t seed, float scale = 1.f, float offset = 0.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  MatrixF m(rows, cols);
+  for (int i = 0; i < rows; ++i)
+    for (int c = 0; c < cols; ++c) m(i, c) = offset + scale * g(rng);
+  return m;
+}
+
+struct OneBatch {
+  std::vector<int> offset;
+  std::vector<uint32_t> head, id;
+  std::vector<int8_t> sigma;
+  std::vector<float> p, partial;
+  WalkBatch batch;
+};
+
+// A batch over `keys`/`values` split into blocks of the given lengths.
+OneBatch make_batch(const MatrixF& keys, const MatrixF& values, const std::vector<int>& lengths,
+                    uint64_t seed, double gamma = 4) {
+  OneBatch b;
+  b.offset.push_back(0);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    b.offset.push_back(b.offset.back() + lengths[i]);
+    b.head.push_back(static_cast<uint32_t>(i % 3));
+    b.id.push_back(static_cast<uint32_t>(i));
+  }
+  const int rows = b.offset.back();
+  b.sigma.assign(rows, 0);
+  b.p.assign(rows, 0);
+  b.partial.assign(rows, 0);
+  WalkBatch& w = b.batch;
+  w.d = static_cast<int>(keys.cols());
+  w.dv = static_cast<int>(values.cols());
+  w.num_blocks = static_cast<int>(lengths.size());
+  w.keys = keys.data();
+  w.values = values.data();
+  w.block_offset = b.offset.data();
+  w.block_head = b.head.data();
+  w.block_id = b.id.data();
+  w.seed = seed;
+  w.layer = 2;
+  w.round = 1;
+  w.gamma = gamma;
+  w.temp = 0.7;
+  w.beta = 0.3;
+  w.sigma = b.sigma.data();
+  w.p = b.p.data();
+  w.partial = b.partial.data();
+  return b;
+}
+
+}  // namespace
+
+TEST(ExactHalving, MajorityReachesHalfThenTailKept) {
+  // + - + - + + - - : '+' reaches 4 = n/2 at position 5.
+  Halving h = exact_halving({+1, -1, +1, -1, +1, +1, -1, -1}, 4);
+  EXPECT_EQ(h.cut, 5);
+  EXPECT_EQ(h.majority_sign, +1);
+  EXPECT_EQ(h.kept, (std::vector<int>{1, 3, 6, 7}));
+  EXPECT_EQ(h.factor, (std::vector<double>{2, 2, 1, 1}));
+}
+
+TEST(ExactHalving, AllSameSignKeepsTail) {
+  Halving h = exact_halving({+1, +1, +1, +1, +1, +1}, 3);
+  EXPECT_EQ(h.cut, 2);
+  EXPECT_EQ(h.kept, (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(h.factor, (std::vector<double>{1, 1, 1}));
+}
+
+TEST(ExactHalving, OddLengthFloorAndCeil) {
+  const std::vector<int8_t> s{+1, -1, -1, +1, -1, -1, +1};
+  Halving lo = exact_halving(s, 3);  // quota 4: '-' reaches 4 at position 5
+  EXPECT_EQ(lo.cut, 5);
+  EXPECT_EQ(lo.majority_sign, -1);
+  EXPECT_EQ(lo.kept, (std::vector<int>{0, 3, 6}));
+  EXPECT_EQ(lo.factor, (std::vector<double>{2, 2, 1}));
+  Halving hi = exact_halving(s, 4);  // quota 3: '-' reaches 3 at position 4
+  EXPECT_EQ(hi.cut, 4);
+  EXPECT_EQ(hi.kept, (std::vector<int>{0, 3, 5, 6}));
+  EXPECT_EQ(hi.factor, (std::vector<double>{2, 2, 1, 1}));
+}
+
+TEST(ExactHalving, RejectsNonHalvingKeep) {
+  EXPECT_THROW(exact_halving({+1, -1, +1, -1}, 1), std::invalid_argument);
+  EXPECT_THROW(exact_halving({+1}, 0), std::invalid_argument);
+}
+
+TEST(ExactHalving, KeepsExactlyKeepOnRandomSequences) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 300);
+    std::vector<int8_t> s(n);
+    for (auto& v : s) v = (rng() & 1) ? 1 : -1;
+    for (int keep : {n / 2, (n + 1) / 2}) {
+      Halving h = exact_halving(s, keep);
+      ASSERT_EQ(static_cast<int>(h.kept.size()), keep);
+      for (size_t k = 0; k < h.kept.size(); ++k) {
+        if (h.kept[k] <= h.cut) {
+          EXPECT_NE(s[h.kept[k]], h.majority_sign);
+          EXPECT_EQ(h.factor[k], 2.0);
+        } else {
+          EXPECT_EQ(h.factor[k], 1.0);
+        }
+      }
+    }
+  }
+}
+
+TEST(HalvingSchedule, PowersOfTwoAndTopUps) {
+  EXPECT_EQ(halving_schedule(432, 216), (std::vector<int>{216}));
+  EXPECT_EQ(halving_schedule(432, 108), (std::vector<int>{216, 108}));
+  EXPECT_EQ(halving_schedule(432, 54), (std::vector<int>{216, 108, 54}));
+  EXPECT_EQ(halving_schedule(432, 130), (std::vector<int>{216, 108}));  // then top up 22
+  EXPECT_EQ(halving_schedule(11, 6), (std::vector<int>{6}));
+  EXPECT_TRUE(halving_schedule(10, 10).empty());
+  for (int n0 = 2; n0 < 700; n0 += 7)
+    for (int target = 1; target < n0; target += 5) {
+      auto s = halving_schedule(n0, target);
+      ASSERT_FALSE(s.empty());
+      EXPECT_LE(s.back(), target);
+      int prev = n0;
+      for (size_t r = 0; r < s.size(); ++r) {
+        EXPECT_TRUE(s[r] == prev / 2 || s[r] == (prev + 1) / 2) << n0 << " " << target;
+        if (r + 1 < s.size()) {
+          EXPECT_GT(s[r], target);
+        }
+        prev = s[r];
+      }
+    }
+}
+
+TEST(CpuWalk, MatchesTheWalkFormulaInDouble) {
+  const MatrixF keys = random_matrix(300, 12, 1, 0.8f);
+  const MatrixF values = random_matrix(300, 5, 2, 0.5f);
+  OneBatch b = make_batch(keys, values, {128, 100, 72}, 7, 4.0);
+  cpu_walk_blocks(b.batch);
+  const double scale = b.batch.temp / std::sqrt(12.0);
+  for (int blk = 0; blk < 3; ++blk) {
+    const int r0 = b.offset[blk], r1 = b.offset[blk + 1];
+    EXPECT_EQ(b.sigma[r0], 1) << "sigma_0 = +1";
+    for (int i = r0; i < r1; ++i) {
+      double partial = 0;
+      for (int j = r0; j < i; ++j) {
+        const double kk = keys.row(i).cast<double>().dot(keys.row(j).cast<double>());
+        const double vv = values.row(i).cast<double>().dot(values.row(j).cast<double>());
+        partial += std::exp(scale * kk - b.batch.beta) * (vv + b.batch.value_bias) * b.sigma[j];
+      }
+      EXPECT_NEAR(b.partial[i], partial, 1e-5 * (1 + std::abs(partial)));
+      const double p = 0.5 - b.batch.gamma * partial;
+      EXPECT_NEAR(b.p[i], p, 1e-5 * (1 + std::abs(p)));
+      if (i > r0 && std::abs(p) > 1e-6 && std::abs(p - 1) > 1e-6) {
+        const double u = counter_uniform(7, kRandWalk, 2, b.head[blk], 1, b.id[blk],
+                                         static_cast<uint32_t>(i - r0));
+        // The sign is the uniform compared with the clipped probability.
+        if (std::abs(u - std::clamp(p, 0.0, 1.0)) > 1e-6) {
+          EXPECT_EQ(b.sigma[i], u < std::clamp(p, 0.0, 1.0) ? 1 : -1) << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuWalk, DeterministicPerSeedAndDifferentAcrossSeeds) {
+  const MatrixF keys = random_matrix(256, 16, 4);
+  const MatrixF values = random_matrix(256, 16, 5);
+  OneBatch a = make_batch(keys, values, {128, 128}, 11, 0.05);
+  OneBatch b = make_batch(keys, values, {128, 128}, 11, 0.05);
+  OneBatch c = make_batch(keys, values, {128, 128}, 12, 0.05);
+  cpu_walk_blocks(a.batch);
+  cpu_walk_blocks(b.batch);
+  cpu_walk_blocks(c.batch);
+  EXPECT_EQ(a.sigma, b.sigma);
+  EXPECT_NE(a.sigma, c.sigma);
+}
+
+TEST(CpuWalk, GammaZeroIsFairCoin) {
+  const MatrixF keys = random_matrix(2048, 8, 6);
+  const MatrixF values = random_matrix(2048, 8, 7);
+  OneBatch b = make_batch(keys, values, std::vector<int>(16, 128), 3, 0.0);
+  cpu_walk_blocks(b.batch);
+  int plus = 0;
+  for (int i = 0; i < 2048; ++i) {
+    EXPECT_FLOAT_EQ(b.p[i], 0.5f);
+    plus += b.sigma[i] > 0;
+  }
+  // 16 forced +1s plus 2032 fair coins: mean 1032, sd ~22.5.
+  EXPECT_NEAR(plus, 1032, 5 * 22.5);
+}
+
+// Least-squares slope of log(y) against log(x).
+static double loglog_slope(const std::vector<double>& x, const std::vector<double>& y) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double k = static_cast<double>(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double lx = std::log(x[i]), ly = std::log(y[i]);
+    sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly;
+  }
+  return (k * sxy - sx * sy) / (k * sxx - sx * sx);
+}
+
+// The paper's claim on the walk: run as one block on n random unit keys with values 1, the
+// signed sum sum_i sigma_i exp(<k_i,q>/sqrt d) along fixed query directions stays nearly flat in
+// n while random signs grow like sqrt n.
+TEST(CpuWalk, DiscrepancyFlatAlongQueriesWhileRandomSignsGrowLikeSqrtN) {
+  const int d = 16, num_queries = 6, seeds = 3;
+  std::mt19937 rng(99);
+  std::normal_distribution<double> g(0, 1);
+  auto unit = [&](int rows) {
+    MatrixF m(rows, d);
+    for (int i = 0; i < rows; ++i) {
+      Eigen::VectorXd v(d);
+      for (int c = 0; c < d; ++c) v(c) = g(rng);
+      v.normalize();
+      for (int c = 0; c < d; ++c) m(i, c) = static_cast<float>(v(c));
+    }
+    return m;
+  };
+  const MatrixF queries = unit(num_queries);
+  std::vector<double> ns, walk_disc, random_disc;
+  for (int n = 64; n <= 4096; n *= 4) {
+    double walk_sum = 0, random_sum = 0;
+    for (int s = 0; s < seeds; ++s) {
+      const MatrixF keys = unit(n);
+      const MatrixF ones = MatrixF::Ones(n, 1);
+      OneBatch b = make_batch(keys, ones, {n}, 1000 + s, 4.0);
+      b.batch.temp = 1;
+      b.batch.beta = 0;
+      cpu_walk_blocks(b.batch);
+      for (int q = 0; q < num_queries; ++q) {
+        double walk = 0, random = 0;
+        for (int i = 0; i < n; ++i) {
+          const double term =
+              std::exp(keys.row(i).cast<double>().dot(queries.row(q).cast<double>()) /
+                       std::sqrt(static_cast<double>(d)));
+          walk += b.sigma[i] * term;
+          const double u = counter_uniform(1000 + s, kRandRandomSigns, 0, q, 0, 0, i);
+          random += (u < 0.5 ? 1 : -1) * term;
+        }
+        walk_sum += std::abs(walk);
+        random_sum += std::abs(random);
+      }
+    }
+    ns.push_back(n);
+    walk_disc.push_back(walk_sum / (seeds * num_queries));
+    random_disc.push_back(random_sum / (seeds * num_queries));
+  }
+  const double walk_slope = loglog_slope(ns, walk_disc);
+  const double random_slope = loglog_slope(ns, random_disc);
+  EXPECT_LT(walk_slope, 0.2) << "walk discrepancy grows too fast";
+  EXPECT_GT(random_slope, 0.35) << "random signs should grow like sqrt n";
+  RecordProperty("walk_slope", std::to_string(walk_slope));
+  RecordProperty("random_slope", std::to_string(random_slope));
+}
+
+TEST(BlockTrace, KernelNormQueryDiscrepancyAndPcaPath) {
+  // A linear kernel K = X X^T: kernel PCA is ordinary PCA of the centred rows, so the path must
+  // be the prefix signed sum projected on the top principal directions of X.
+  const int len = 40, d = 3;
+  const MatrixF xf = random_matrix(len, d, 21, 1.f);
+  const MatrixD x = xf.cast<double>();
+  // Stretch the axes so the principal directions are well separated.
+  MatrixD xs = x;
+  xs.col(0) *= 5;
+  xs.col(1) *= 2;
+  const MatrixD kernel = xs * xs.transpose();
+  WalkBlockTrace t;
+  for (int i = 0; i < len; ++i) t.sigma.push_back((i * 7 % 3) ? 1 : -1);
+  const MatrixD terms = MatrixD::Ones(len, 1);
+  fill_block_trace(t, kernel, terms, 5, 0, 0, 0, 0);
+  ASSERT_EQ(static_cast<int>(t.disc_kernel.size()), len);
+  ASSERT_EQ(static_cast<int>(t.path.size()), len);
+  ASSERT_EQ(static_cast<int>(t.random_path.size()), len);
+
+  Eigen::VectorXd sig(len);
+  for (int i = 0; i < len; ++i) sig(i) = t.sigma[i];
+  EXPECT_NEAR(t.disc_kernel.back(), std::sqrt(sig.dot(kernel * sig)), 1e-9);
+  EXPECT_NEAR(t.disc_query.back(), std::abs(sig.sum()), 1e-12);
+
+  MatrixD centred = xs.rowwise() - xs.colwise().mean();
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(centred.transpose() * centred);
+  const Eigen::VectorXd sum = xs.transpose() * sig;  // prefix sum of the whole block
+  for (int a = 0; a < 2; ++a) {
+    const Eigen::VectorXd dir = eig.eigenvectors().col(d - 1 - a);
+    EXPECT_NEAR(std::abs(t.path.back()[a]), std::abs(sum.dot(dir)), 1e-8) << "component " << a;
+  }
+}
