@@ -111,12 +111,12 @@ void for_each_attention_row(const std::vector<const MatrixF*>& queries, const Ma
     for (int j = b0; j < b1; ++j) {
       std::fill(mean.begin(), mean.begin() + j + 1, 0.0);
       for (size_t h = 0; h < queries.size(); ++h) {
-        const double* row = block_logits[h].row(j - b0).data();
+        double* row = block_logits[h].row(j - b0).data();  // overwritten by exp(logit - max)
         const double mx = *std::max_element(row, row + j + 1);
         double z = 0;
-        for (int i = 0; i <= j; ++i) z += std::exp(row[i] - mx);
+        for (int i = 0; i <= j; ++i) z += (row[i] = std::exp(row[i] - mx));
         const double norm = 1.0 / (z * static_cast<double>(queries.size()));
-        for (int i = 0; i <= j; ++i) mean[i] += std::exp(row[i] - mx) * norm;
+        for (int i = 0; i <= j; ++i) mean[i] += row[i] * norm;
       }
       fn(j, mean.data());
     }

@@ -160,7 +160,8 @@ class SubGen final : public Method {
       if (!clusters.over) {
         delta = lo;
       } else {
-        for (int iter = 0; iter < 60 && hi - lo > 1e-6 * std::max(hi, 1e-30); ++iter) {
+        // cap(delta) is a step function; 0.1% of delta is as close as the budget needs.
+        for (int iter = 0; iter < 60 && hi - lo > 1e-3 * std::max(hi, 1e-30); ++iter) {
           if (in.cancel && in.cancel->load(std::memory_order_relaxed)) throw Cancelled();
           const double mid = 0.5 * (lo + hi);
           if (cluster_stream(keys, mid, t, den_share).over)
