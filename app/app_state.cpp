@@ -94,6 +94,23 @@ int AppState::effective_query() const {
   if (n <= 0) return -1;
   EvalWindow w = window();
   if (selected_query >= w.n - w.eval && selected_query < w.n) return selected_query;
+  // Default: the evaluation query where method A errs most (the most telling one to inspect;
+  // the last query mostly attends to itself).
+  if (run[0] && !run[0]->per_query_head.empty()) {
+    const auto& heads = run[0]->per_query_head;
+    int best = n - 1;
+    double best_err = -1;
+    for (size_t t = 0; t < heads[0].size(); ++t) {
+      double sum = 0;
+      for (const auto& h : heads)
+        if (t < h.size()) sum += h[t].relative;
+      if (sum > best_err) {
+        best_err = sum;
+        best = heads[0][t].position;
+      }
+    }
+    return best;
+  }
   return n - 1;
 }
 

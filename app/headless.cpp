@@ -46,6 +46,13 @@ void apply_options(AppState& s, AppUi& ui, const HeadlessOptions& o) {
   s.active_view = o.view;
   ui.show_view(o.view);
   if (!o.capture.empty()) s.request_open(o.capture);
+  if (!o.then_open.empty()) {
+    // Queued behind the first open on the same lane, so it runs once that one has been applied.
+    std::string path = o.then_open;
+    s.worker.submit(Lane::Focus, "script.open", "scripted open", [path](JobContext&) -> ApplyFn {
+      return [path](AppState& st) { st.request_open(path); };
+    });
+  }
 }
 
 int render_view_software(const HeadlessOptions& o) {
@@ -76,7 +83,7 @@ int render_view_software(const HeadlessOptions& o) {
       }
       if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (!s.load_error.empty()) {
+    if (!s.load_error.empty() && !s.capture) {
       std::string msg = s.load_error;
       ImGui::DestroyContext();
       throw InputError(msg);

@@ -18,6 +18,7 @@ struct HeadlessOptions {
   std::string method_b;    // optional method B override
   double keep_ratio = -1;  // optional keep-ratio override
   std::string backend;     // optional backend override (cpu|cuda|auto)
+  std::string then_open;   // scripted session: open this file once `capture` has loaded
   int width = 1600, height = 1000;
   double timeout_s = 300;    // give up waiting for the view's work after this long
   bool full_window = false;  // PNG of the whole window instead of the view's panel

@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
   cli.add_option("--ratio", opt.keep_ratio, "keep ratio in (0, 1]");
   cli.add_option("--backend", opt.backend, "cpu, cuda or auto");
   cli.add_option("--session", opt.session, "session JSON to open");
+  cli.add_option("--then-open", opt.then_open,
+                 "scripted session: open this file after the first one (tests the error path)");
   cli.add_option("--width", opt.width, "window width")->default_val(1600);
   cli.add_option("--height", opt.height, "window height")->default_val(1000);
   cli.add_option("--timeout", opt.timeout_s, "screenshot: seconds to wait for the view's work")
@@ -145,7 +147,7 @@ int main(int argc, char** argv) {
         bool ready = ui.ready_for_screenshot(opt.view);
         double waited =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (ready && !state.load_error.empty()) {
+        if (ready && !state.load_error.empty() && !state.capture) {
           std::fprintf(stderr, "kvscope: error: %s\n", state.load_error.c_str());
           rc = 1;
           quit = true;

@@ -213,11 +213,13 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   }
   if (!y_.label.empty()) dl_->AddText(ImVec2(o.x + 2, o.y + 3), kColAxisText, y_.label.c_str());
   if (!title.empty()) {
+    // Centred over the data area when it fits, else after the y label; clipped to the frame.
     ImVec2 ts = ImGui::CalcTextSize(title.c_str());
-    dl_->AddText(ImVec2(std::max(o.x + 2 + ImGui::CalcTextSize(y_.label.c_str()).x + 16,
-                                 (p0_.x + p1_.x - ts.x) / 2),
-                        o.y + 3),
+    float after_label = o.x + 2 + ImGui::CalcTextSize(y_.label.c_str()).x + 16;
+    dl_->PushClipRect(o, ImVec2(o.x + size.x, o.y + size.y), true);
+    dl_->AddText(ImVec2(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.y + 3),
                  IM_COL32(235, 235, 240, 255), title.c_str());
+    dl_->PopClipRect();
   }
 }
 

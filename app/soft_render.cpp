@@ -138,6 +138,9 @@ SoftTexture soft_init(int width, int height) {
   io.DisplaySize = ImVec2(static_cast<float>(width), static_cast<float>(height));
   io.DeltaTime = 1.0f / 60.0f;
   setup_style_and_fonts();
+  // Textured anti-aliased lines expect bilinear filtering; the rasteriser samples nearest, so
+  // let ImGui build line fringes from geometry instead.
+  ImGui::GetStyle().AntiAliasedLinesUseTex = false;
   SoftTexture t;
   unsigned char* px = nullptr;
   io.Fonts->GetTexDataAsRGBA32(&px, &t.width, &t.height);

@@ -131,6 +131,11 @@ class ErrorView final : public View {
     return j;
   }
 
+  nlohmann::json save_state() const override { return {{"log_attention", log_attention_}}; }
+  void load_state(const nlohmann::json& j) override {
+    log_attention_ = j.value("log_attention", log_attention_);
+  }
+
   std::string export_csv(const AppState& s) const override {
     if (!s.sweep) return {};
     std::ostringstream o;
@@ -355,6 +360,8 @@ class ErrorView final : public View {
     }
     ImGui::TextDisabled("query %d \"%s\"", s.effective_query(),
                         s.token_text(s.effective_query()).c_str());
+    ImGui::SameLine();
+    ImGui::Checkbox("log scale", &log_attention_);
     if (!s.query_cmp) {
       if (!s.query_cmp_error.empty())
         ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.query_cmp_error.c_str());
@@ -369,15 +376,21 @@ class ErrorView final : public View {
       const size_t n = qc.exact_weights.size();
       std::vector<double> x(n);
       for (size_t i = 0; i < n; ++i) x[i] = static_cast<double>(i);
-      double ymax = 0;
-      for (size_t i = 0; i < n; ++i)
+      double ymax = 0, ymin_pos = 1;
+      for (size_t i = 0; i < n; ++i) {
         ymax = std::max({ymax, qc.exact_weights[i], qc.approx_weights[i]});
+        if (qc.exact_weights[i] > 0) ymin_pos = std::min(ymin_pos, qc.exact_weights[i]);
+      }
       char title[200];
       std::snprintf(title, sizeof title,
-                    "attention of query %d (q head %d) over keys: rel. error %.4f", qc.position,
+                    "attention of query %d (q head %d) over keys: rel. error %.4g", qc.position,
                     qc.q_head, qc.relative_error);
-      Plot plot("##attn", ImVec2(0, top_h), title, Axis{"key position", -0.5, n - 0.5},
-                Axis{"weight", 0, ymax * 1.1});
+      // Log scale by default: a few keys (sinks, the query itself) take most of the mass and
+      // would flatten everything else on a linear axis.
+      Axis ya = log_attention_
+                    ? Axis{"weight (log)", std::max(ymin_pos, 1e-7) / 2, ymax * 2, Scale::Log10}
+                    : Axis{"weight", 0, ymax * 1.1};
+      Plot plot("##attn", ImVec2(0, top_h), title, Axis{"key position", -0.5, n - 0.5}, ya);
       plot.bars(x, qc.exact_weights, 1.0, with_alpha(kColExact, 0.55f));
       plot.line(x, qc.approx_weights, kColSlot[0], 1.5f);
       plot.legend({{"exact softmax", with_alpha(kColExact, 0.8f)},
@@ -423,6 +436,8 @@ class ErrorView final : public View {
                           qc.approx_output[static_cast<size_t>(c)]);
     }
   }
+
+  bool log_attention_ = true;
 };
 
 }  // namespace
