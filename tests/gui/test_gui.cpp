@@ -193,7 +193,9 @@ TEST_P(SoftwareRender, ViewShowsContent) {
   ASSERT_EQ(r.rc, 0) << r.output;
   Image im = load_png(png.string());
   expect_content(im, png.string());
-  if (view == "capture") EXPECT_EQ(count_grid_cells(im), kSampleCells) << png;
+  if (view == "capture") {
+    EXPECT_EQ(count_grid_cells(im), kSampleCells) << png;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Views, SoftwareRender, ::testing::ValuesIn(kViews));
@@ -238,7 +240,9 @@ TEST_P(AppUnderXvfb, ViewShowsContent) {
   ASSERT_EQ(r.rc, 0) << r.output;
   Image im = load_png(png.string());
   expect_content(im, png.string());
-  if (view == "capture") EXPECT_EQ(count_grid_cells(im), kSampleCells) << png;
+  if (view == "capture") {
+    EXPECT_EQ(count_grid_cells(im), kSampleCells) << png;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Views, AppUnderXvfb, ::testing::ValuesIn(kViews));
