@@ -343,5 +343,32 @@ TEST(Baselines, RunOnTheSampleCapture) {
   }
 }
 
+// The attention-score methods exist to keep the tokens attention goes to: on the real capture
+// their kept set covers more of the evaluation queries' exact attention mass than a uniform
+// sample of the same size, on every layer.
+TEST(Baselines, ScoreMethodsCoverMoreAttentionMassThanUniformOnTheSampleCapture) {
+  const std::string path =
+      std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not there yet";
+  auto capture = CaptureFile::open(path);
+  const int layers = capture->info().num_layers;
+  for (int l = 0; l < layers; ++l) {
+    auto layer = capture->layer(l);
+    auto mass = [&](const std::string& name, uint64_t seed) {
+      MethodSettings s;
+      s.method = &method(name);
+      s.keep_ratio = 0.25;
+      double total = 0;
+      for (int kv = 0; kv < capture->info().kv_heads; ++kv)
+        total += run_head(*layer, layers, kv, s, seed).mean_mass;
+      return total / capture->info().kv_heads;
+    };
+    double uniform = 0;
+    for (uint64_t seed = 0; seed < 3; ++seed) uniform += mass("uniform", seed) / 3;
+    for (const char* name : {"h2o", "snapkv", "tova", "buzz"})
+      EXPECT_GT(mass(name, 0), uniform) << name << " layer " << l;
+  }
+}
+
 }  // namespace
 }  // namespace kvscope
