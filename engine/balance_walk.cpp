@@ -36,9 +36,10 @@ namespace {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVS_GRAM_AVX2 1
-// G[i][j] = <x_i, x_j> for j <= i (and a few entries above the diagonal inside the 4 x 2 tiles
-// that straddle it). x: rows4 x dim4 row-major, zero-padded (rows4 % 4 == 0, dim4 % 4 == 0);
-// g: rows4 x rows4 row-major. Tiles of 2 rows i by 4 rows j keep 8 accumulators over c.
+// G[i][j] = <x_i, x_j> for rows i in [ibegin, iend) and j <= i (plus a few entries above the
+// diagonal inside the 2 x 4 tiles that straddle it). x: row-major, dim4 wide, zero-padded to a
+// multiple of 4 rows (ibegin % 4 == 0, iend % 2 == 0, dim4 % 4 == 0); row i of the result goes to
+// g + (i - ibegin) * ldg. Tiles of 2 rows i by 4 rows j keep 8 accumulators over c.
 // [sum a, sum b, sum c, sum d] of four 4-lane accumulators.
 __attribute__((target("avx2,fma"))) inline __m256d reduce4(__m256d a, __m256d b, __m256d c,
                                                            __m256d d) {
@@ -46,9 +47,9 @@ __attribute__((target("avx2,fma"))) inline __m256d reduce4(__m256d a, __m256d b,
   return _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20), _mm256_permute2f128_pd(t0, t1, 0x31));
 }
 
-__attribute__((target("avx2,fma"))) void gram_lower_avx2(const double* x, int rows4, int dim4,
-                                                         double* g) {
-  for (int i0 = 0; i0 < rows4; i0 += 2) {
+__attribute__((target("avx2,fma"))) void gram_lower_avx2(const double* x, int ibegin, int iend,
+                                                         int dim4, int ldg, double* g) {
+  for (int i0 = ibegin; i0 < iend; i0 += 2) {
     const double* xi0 = x + static_cast<long>(i0) * dim4;
     const double* xi1 = xi0 + dim4;
     for (int j0 = 0; j0 <= i0 + 1; j0 += 4) {
@@ -72,8 +73,9 @@ __attribute__((target("avx2,fma"))) void gram_lower_avx2(const double* x, int ro
         a03 = _mm256_fmadd_pd(u0, v, a03);
         a13 = _mm256_fmadd_pd(u1, v, a13);
       }
-      _mm256_storeu_pd(g + static_cast<long>(i0) * rows4 + j0, reduce4(a00, a01, a02, a03));
-      _mm256_storeu_pd(g + static_cast<long>(i0 + 1) * rows4 + j0, reduce4(a10, a11, a12, a13));
+      _mm256_storeu_pd(g + static_cast<long>(i0 - ibegin) * ldg + j0, reduce4(a00, a01, a02, a03));
+      _mm256_storeu_pd(g + static_cast<long>(i0 + 1 - ibegin) * ldg + j0,
+                       reduce4(a10, a11, a12, a13));
     }
   }
 }
@@ -89,9 +91,10 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m256d halves(__m512d a) {
                        _mm512_castpd512_pd256(_mm512_shuffle_f64x2(a, a, 0xEE)));
 }
 
-__attribute__((target("avx512f,avx2,fma"))) void gram_lower_avx512(const double* x, int rows4,
-                                                                   int dim8, double* g) {
-  for (int i0 = 0; i0 < rows4; i0 += 2) {
+__attribute__((target("avx512f,avx2,fma"))) void gram_lower_avx512(const double* x, int ibegin,
+                                                                   int iend, int dim8, int ldg,
+                                                                   double* g) {
+  for (int i0 = ibegin; i0 < iend; i0 += 2) {
     const double* xi0 = x + static_cast<long>(i0) * dim8;
     const double* xi1 = xi0 + dim8;
     for (int j0 = 0; j0 <= i0 + 1; j0 += 4) {
@@ -115,9 +118,9 @@ __attribute__((target("avx512f,avx2,fma"))) void gram_lower_avx512(const double*
         a03 = _mm512_fmadd_pd(u0, v, a03);
         a13 = _mm512_fmadd_pd(u1, v, a13);
       }
-      _mm256_storeu_pd(g + static_cast<long>(i0) * rows4 + j0,
+      _mm256_storeu_pd(g + static_cast<long>(i0 - ibegin) * ldg + j0,
                        reduce4(halves(a00), halves(a01), halves(a02), halves(a03)));
-      _mm256_storeu_pd(g + static_cast<long>(i0 + 1) * rows4 + j0,
+      _mm256_storeu_pd(g + static_cast<long>(i0 + 1 - ibegin) * ldg + j0,
                        reduce4(halves(a10), halves(a11), halves(a12), halves(a13)));
     }
   }
@@ -137,42 +140,64 @@ bool cpu_has_avx2_fma() {
 #endif
 
 // Lower triangle of the Gram matrix of `len` float rows (dim wide) into g (row stride ldg()).
+// Rows of the lower-triangular Gram matrix of one block, computed a panel of rows at a time so
+// memory stays panel x L even for long blocks.
 class BlockGram {
  public:
-  void compute(const float* rows, int len, int dim) {
+  static constexpr int kPanel = 256;  // multiple of 4
+
+  // Loads `len` float rows of width `dim`.
+  void load(const float* rows, int len, int dim) {
+    len_ = len;
 #ifdef KVS_GRAM_AVX2
-    if (cpu_has_avx2_fma()) {
-      const bool wide = cpu_has_avx512();
-      const int rows4 = (len + 3) / 4 * 4, dim4 = wide ? (dim + 7) / 8 * 8 : (dim + 3) / 4 * 4;
+    simd_ = cpu_has_avx2_fma();
+    wide_ = simd_ && cpu_has_avx512();
+    if (simd_) {
+      const int rows4 = (len + 3) / 4 * 4;
+      dimp_ = wide_ ? (dim + 7) / 8 * 8 : (dim + 3) / 4 * 4;
       ld_ = rows4;
-      x_.resize(static_cast<size_t>(rows4) * dim4);
+      x_.resize(static_cast<size_t>(rows4) * dimp_);
       for (int i = 0; i < rows4; ++i) {
-        double* dst = x_.data() + static_cast<size_t>(i) * dim4;
+        double* dst = x_.data() + static_cast<size_t>(i) * dimp_;
         const float* src = rows + static_cast<long>(i) * dim;
         const int have = i < len ? dim : 0;
         for (int c = 0; c < have; ++c) dst[c] = src[c];
-        for (int c = have; c < dim4; ++c) dst[c] = 0.0;
+        for (int c = have; c < dimp_; ++c) dst[c] = 0.0;
       }
-      g_.resize(static_cast<size_t>(rows4) * rows4);
-      if (wide)
-        gram_lower_avx512(x_.data(), rows4, dim4, g_.data());
-      else
-        gram_lower_avx2(x_.data(), rows4, dim4, g_.data());
       return;
     }
 #endif
     ld_ = len;
     xd_ = Eigen::Map<const MatrixF>(rows, len, dim).cast<double>();
-    gm_.setZero(len, len);
-    gm_.selfadjointView<Eigen::Lower>().rankUpdate(xd_);
-    g_.assign(gm_.data(), gm_.data() + static_cast<size_t>(len) * len);
   }
+
+  // Makes rows [p0, min(p0 + kPanel, len)) available through row(); p0 % kPanel == 0.
+  void panel(int p0) {
+    p0_ = p0;
+    const int p1 = std::min(len_, p0 + kPanel);
+#ifdef KVS_GRAM_AVX2
+    if (simd_) {
+      const int iend = (p1 + 1) / 2 * 2;
+      g_.resize(static_cast<size_t>(kPanel) * ld_);
+      if (wide_)
+        gram_lower_avx512(x_.data(), p0, iend, dimp_, ld_, g_.data());
+      else
+        gram_lower_avx2(x_.data(), p0, iend, dimp_, ld_, g_.data());
+      return;
+    }
+#endif
+    gm_.noalias() = xd_.middleRows(p0, p1 - p0) * xd_.topRows(p1).transpose();
+    g_.assign(gm_.data(), gm_.data() + gm_.size());
+    ld_ = p1;
+  }
+  // <x_i, x_j> for j < i, i in the current panel.
   const double* row(int i) const {
-    return g_.data() + static_cast<size_t>(i) * ld_;
+    return g_.data() + static_cast<size_t>(i - p0_) * ld_;
   }
 
  private:
-  int ld_ = 0;
+  int len_ = 0, ld_ = 0, p0_ = 0, dimp_ = 0;
+  bool simd_ = false, wide_ = false;
   std::vector<double> x_, g_;
   MatrixD xd_, gm_;
 };
@@ -192,12 +217,16 @@ void cpu_walk_blocks(const WalkBatch& b) {
     const int r1 = b.block_offset[blk + 1];
     const int len = r1 - r0;
     if (len <= 0) continue;
-    gk.compute(b.keys + static_cast<long>(r0) * b.d, len, b.d);
-    gv.compute(b.values + static_cast<long>(r0) * b.dv, len, b.dv);
+    gk.load(b.keys + static_cast<long>(r0) * b.d, len, b.d);
+    gv.load(b.values + static_cast<long>(r0) * b.dv, len, b.dv);
     sig.assign(len, 0.0);
     const uint32_t head = b.block_head[blk];
     const uint32_t bid = b.block_id[blk];
     for (int i = 0; i < len; ++i) {
+      if (i % BlockGram::kPanel == 0) {
+        gk.panel(i);
+        gv.panel(i);
+      }
       double partial = 0;
       const double* gki = gk.row(i);
       const double* gvi = gv.row(i);
