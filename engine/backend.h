@@ -58,6 +58,9 @@ struct TsneGradInput {
   const float* p_val = nullptr;
   double exaggeration = 1;
   double theta = 0;  // Barnes-Hut opening angle; 0 = exact O(n^2)
+  // Whether the caller wants the KL divergence returned (a log per P entry: skipped on most
+  // iterations by TsneRun). A backend may compute it anyway or return NaN when false.
+  bool want_kl = true;
 };
 
 class Backend {

@@ -278,7 +278,8 @@ class QuadTree {
 
 // dC/dy_i = 4 (exaggeration * sum_j p_ij q_ij Zq (y_i - y_j) - sum_j q_ij^2 Z (y_i - y_j)) with
 // unnormalised q_ij = 1 / (1 + |y_i - y_j|^2) and Z = sum_{k != l} q_kl; all sums in double.
-// Returns KL(P || Q) of the un-exaggerated P (with the Barnes-Hut estimate of Z when theta > 0).
+// Returns KL(P || Q) of the un-exaggerated P (with the Barnes-Hut estimate of Z when theta > 0),
+// or NaN when !in.want_kl (the logs cost as much as the forces).
 double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
   const int n = in.n;
   if (n <= 0) return 0;
@@ -301,18 +302,30 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
     parallel_for(n, 128, [&](int b, int e) {
       for (int i = b; i < e; ++i) {
         const double xi = y[2 * i], yi = y[2 * i + 1];
-        double fx = 0, fy = 0, z = 0;
-        for (int j = 0; j < n; ++j) {
-          if (j == i) continue;
+        // No j != i branch, and four independent partial sums (combined in a fixed order), so
+        // the compiler can keep several divisions in flight: the self term adds exactly q = 1
+        // to z and nothing to the force, and is taken back out below.
+        double fx[4] = {0, 0, 0, 0}, fy[4] = {0, 0, 0, 0}, z[4] = {0, 0, 0, 0};
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+          for (int l = 0; l < 4; ++l) {
+            const double dx = xi - y[2 * (j + l)], dy = yi - y[2 * (j + l) + 1];
+            const double q = 1.0 / (1.0 + dx * dx + dy * dy);
+            z[l] += q;
+            fx[l] += q * q * dx;
+            fy[l] += q * q * dy;
+          }
+        }
+        for (; j < n; ++j) {
           const double dx = xi - y[2 * j], dy = yi - y[2 * j + 1];
           const double q = 1.0 / (1.0 + dx * dx + dy * dy);
-          z += q;
-          fx += q * q * dx;
-          fy += q * q * dy;
+          z[0] += q;
+          fx[0] += q * q * dx;
+          fy[0] += q * q * dy;
         }
-        rep[2 * i] = fx;
-        rep[2 * i + 1] = fy;
-        zi[i] = z;
+        rep[2 * i] = (fx[0] + fx[1]) + (fx[2] + fx[3]);
+        rep[2 * i + 1] = (fy[0] + fy[1]) + (fy[2] + fy[3]);
+        zi[i] = (z[0] + z[1]) + (z[2] + z[3]) - 1.0;
       }
     });
   }
@@ -320,6 +333,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
   // Attractive forces over the sparse P, plus the per-row pieces of the KL divergence:
   // KL = sum p log p - sum p log q_unnorm + (sum p) log Z.
   std::vector<double> psum(n);
+  const bool want_kl = in.want_kl;
   parallel_for(n, 512, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
       const double xi = y[2 * i], yi = y[2 * i + 1];
@@ -331,7 +345,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
         const double q = 1.0 / (1.0 + dx * dx + dy * dy);
         fx += p * q * dx;
         fy += p * q * dy;
-        if (p > 0) kl += p * (std::log(p) - std::log(q));
+        if (want_kl && p > 0) kl += p * (std::log(p) - std::log(q));
         ps += p;
       }
       attr[2 * i] = fx;
@@ -353,6 +367,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
       grad[2 * i + c] =
           static_cast<float>(4.0 * (in.exaggeration * attr[2 * i + c] - rep[2 * i + c] / z));
   }
+  if (!want_kl) return std::numeric_limits<double>::quiet_NaN();
   return kl + ptotal * std::log(z);
 }
 
@@ -522,6 +537,8 @@ void TsneRun::iterate_once() {
   in.p_val = affinities_.val.data();
   in.exaggeration = early ? params_.early_exaggeration : 1.0;
   in.theta = theta_;
+  in.want_kl = params_.kl_every > 0 &&
+               ((iteration_ + 1) % params_.kl_every == 0 || iteration_ + 1 == params_.iterations);
   const double kl = backend_->tsne_gradient(in, grad_.data());
   if (std::isfinite(kl)) kl_ = kl;
 

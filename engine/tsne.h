@@ -40,6 +40,9 @@ struct TsneParams {
   // Barnes-Hut opening angle. < 0: automatic (0 = exact when n <= exact_threshold, else 0.5).
   double theta = -1;
   int exact_threshold = 2000;
+  // Every how many iterations the backend is asked for the KL divergence (and on the last one);
+  // 0: never. It costs a log per P entry, as much as the forces themselves.
+  int kl_every = 25;
 };
 
 // The input affinities in CSR form (symmetric, sums to 1).
