@@ -67,6 +67,14 @@ void check_method_input(const MethodInput& in, const std::string& method, bool n
     throw InputError(who + "middle [" + std::to_string(in.mid_begin) + ", " +
                      std::to_string(in.mid_end) + ") is not inside [0, " + std::to_string(in.n) +
                      ")");
+  // The loader refuses NaN/Inf heads; hand-built inputs get the same clear refusal here instead
+  // of NaN scores or clusterings that never meet their budget.
+  if (!in.keys->allFinite())
+    throw InputError(who + "layer " + std::to_string(in.layer) + " kv head " +
+                     std::to_string(in.kv_head) + ": keys contain NaN or Inf");
+  if (!in.values->allFinite())
+    throw InputError(who + "layer " + std::to_string(in.layer) + " kv head " +
+                     std::to_string(in.kv_head) + ": values contain NaN or Inf");
   const int n_mid = in.mid_end - in.mid_begin;
   if (in.budget < 0 || in.budget > n_mid)
     throw InputError(who + "budget m = " + std::to_string(in.budget) + " is outside [0, " +
@@ -83,6 +91,9 @@ void check_method_input(const MethodInput& in, const std::string& method, bool n
       throw InputError(who + "query head has shape " + std::to_string(q->rows()) + " x " +
                        std::to_string(q->cols()) + ", expected " + std::to_string(in.n) + " x " +
                        std::to_string(in.keys->cols()) + " like the keys");
+    if (!q->allFinite())
+      throw InputError(who + "layer " + std::to_string(in.layer) + ": a query head of kv head " +
+                       std::to_string(in.kv_head) + " contains NaN or Inf");
   }
 }
 

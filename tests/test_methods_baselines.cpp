@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -175,6 +176,39 @@ TEST(Baselines, BadBudgetIsAnInputError) {
     MethodInput in = h.input(10);
     in.budget = in.mid_end - in.mid_begin + 1;
     EXPECT_THROW(method(name).select(in), InputError) << name;
+  }
+}
+
+TEST(Baselines, NonFiniteInputIsAnInputError) {
+  for (const std::string& name : kBaselines) {
+    Head h = random_head(100, 8, 8, 2, 15);
+    h.keys(50, 3) = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_THROW(method(name).select(h.input(10)), InputError) << name;
+    Head g = random_head(100, 8, 8, 2, 15);
+    g.values(20, 1) = std::numeric_limits<float>::infinity();
+    EXPECT_THROW(method(name).select(g.input(10)), InputError) << name;
+  }
+}
+
+TEST(Baselines, UnknownOrOutOfRangeParametersAreInputErrors) {
+  const Head h = random_head(100, 8, 8, 2, 16);
+  for (const std::string& name : kBaselines) {
+    MethodInput in = h.input(10);
+    in.params["no_such_parameter"] = 1;
+    try {
+      method(name).select(in);
+      ADD_FAILURE() << name << " accepted an unknown parameter";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(name + ".no_such_parameter"), std::string::npos)
+          << e.what();
+    }
+    for (const ParamSpec& spec : method(name).params()) {
+      MethodInput bad = h.input(10);
+      bad.params[spec.name] = spec.type == ParamSpec::Type::Choice
+                                  ? static_cast<double>(spec.choices.size())
+                                  : spec.max + 1;
+      EXPECT_THROW(method(name).select(bad), InputError) << name << "." << spec.name;
+    }
   }
 }
 
