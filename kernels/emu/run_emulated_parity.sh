@@ -18,7 +18,9 @@ WORK=${KVSCOPE_EMU_DIR:-${TMPDIR:-/tmp}/kvscope-cuda-emu}
 mkdir -p "$WORK/src" "$WORK/include"
 cp "$ROOT/kernels/emu/emulated_cuda_runtime.h" "$WORK/include/cuda_runtime.h"
 CXX=${CXX:-g++}
-FLAGS=(-std=c++20 -O1 -g -w -I"$WORK/include" -I"$ROOT" -I/usr/include/eigen3)
+# Extra flags, e.g. EMU_CXXFLAGS="-fsanitize=address" for bounds checks on device buffers.
+read -r -a EXTRA <<<"${EMU_CXXFLAGS:-}"
+FLAGS=(-std=c++20 -O1 -g -w "${EXTRA[@]}" -I"$WORK/include" -I"$ROOT" -I/usr/include/eigen3)
 objs=()
 for f in "$ROOT"/kernels/*.cu; do
   base=$(basename "$f" .cu)
