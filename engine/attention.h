@@ -15,10 +15,10 @@ VectorD exact_attention(const float* q, const MatrixF& K, const MatrixF& V, int 
 
 // Errors for one evaluation query j.
 struct QueryError {
-  int position = 0;        // j
-  double relative = 0;     // ||z_j - Attn_j|| / ||Attn_j||
-  double normalized = 0;   // ||z_j - Attn_j|| / (||softmax_j|| * ||V_j||_F), the paper's Eq. (2)
-  double mass = 0;         // exact attention mass on the kept set (sinks + selection + window)
+  int position = 0;       // j
+  double relative = 0;    // ||z_j - Attn_j|| / ||Attn_j||
+  double normalized = 0;  // ||z_j - Attn_j|| / (||softmax_j|| * ||V_j||_F), the paper's Eq. (2)
+  double mass = 0;        // exact attention mass on the kept set (sinks + selection + window)
 };
 
 // The approximation z_j of DESIGN.md 3 for query q at position j: sinks [0, s) and window
@@ -33,5 +33,56 @@ std::vector<QueryError> evaluate_query_head(const MatrixF& Q, const MatrixF& K, 
 
 // Softmax attention weights of query position j over keys [0, j] (for views).
 std::vector<double> attention_row(const float* q, const MatrixF& K, int j);
+
+// The exact side of the errors of one kv head: for every evaluation query j of every given query
+// head, Attn_j with its log-sum-exp shift, normaliser and the norms Eq. (2) needs. It does not
+// depend on the method, keep ratio or seed, so the protocol computes it once per head and scores
+// each selection against it, touching only the kept tokens. Every error figure in the engine
+// (evaluate_query_head, cpu_attention_errors, run_head, run_eval) comes out of `evaluate`.
+class ExactReference {
+ public:
+  // queries: n x d each (the GQA group, or the keys as proxy queries); sink s and eval E as in
+  // EvalWindow. Throws std::invalid_argument on inconsistent shapes or window.
+  ExactReference(const std::vector<const float*>& queries, const float* K, const float* V, int n,
+                 int d, int dv, int sink, int eval);
+  ExactReference(const std::vector<const MatrixF*>& queries, const MatrixF& K, const MatrixF& V,
+                 int sink, int eval);
+
+  int num_heads() const { return static_cast<int>(heads_.size()); }
+  int n() const { return n_; }
+  int eval() const { return eval_; }
+  // Exact output Attn_j of head h at evaluation query e (j = n - E + e).
+  const VectorD& exact_output(int h, int e) const { return heads_[h].rows[e].exact; }
+
+  // Errors of a selection: [head][E]. Indices must be in the middle [s, n-E) and unique (throws
+  // std::out_of_range / std::invalid_argument otherwise); weights enter as log w.
+  std::vector<std::vector<QueryError>> evaluate(const Selection& sel) const;
+  std::vector<std::vector<QueryError>> evaluate_log(const std::vector<int>& num_idx,
+                                                    const std::vector<double>& num_logw,
+                                                    const std::vector<int>& den_idx,
+                                                    const std::vector<double>& den_logw) const;
+  // The approximation z_j for query q (d floats) at evaluation position j in [n-E, n).
+  VectorD approximation(const Selection& sel, const float* q, int j) const;
+
+ private:
+  struct Row {
+    VectorD q;                                                 // the query, double
+    VectorD exact;                                             // Attn_j
+    double shift = 0, norm = 0, softmax_norm = 0, v_frob = 0;  // max logit, sum exp(l - shift)
+  };
+  struct Head {
+    std::vector<Row> rows;  // [E]
+  };
+  struct Kept;  // a validated selection, merged over numerator and denominator
+  Kept prepare(const std::vector<int>& num_idx, const std::vector<double>& num_logw,
+               const std::vector<int>& den_idx, const std::vector<double>& den_logw) const;
+  Row make_row(const VectorD& q, int j) const;
+  QueryError score(const Kept& kept, const Row& row, int j, VectorD* approx) const;
+  double logit(const VectorD& q, int i) const;
+
+  int n_ = 0, d_ = 0, dv_ = 0, sink_ = 0, eval_ = 0;
+  MatrixD K_, V_;
+  std::vector<Head> heads_;
+};
 
 }  // namespace kvscope

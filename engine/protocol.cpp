@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -212,9 +214,13 @@ MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_hea
   return in;
 }
 
-HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
-                 uint64_t seed, bool want_trace, Backend* backend,
-                 const std::atomic<bool>* cancel) {
+namespace {
+
+// run_head, optionally scoring against a precomputed exact reference of this kv head (run_eval
+// shares one across methods, ratios and seeds). A GPU backend scores through the Backend seam.
+HeadRun run_head_with(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
+                      uint64_t seed, bool want_trace, Backend* backend,
+                      const std::atomic<bool>* cancel, const ExactReference* reference) {
   if (!s.method) throw std::invalid_argument("run_head: no method");
   if (kv_head < 0 || kv_head >= static_cast<int>(layer.keys.size()))
     throw InputError("kv head " + std::to_string(kv_head) + " out of range: layer " +
@@ -238,50 +244,64 @@ HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const Meth
   check_selection(run.selection, run.window, *s.method);
   if (cancel && cancel->load()) throw Cancelled();
 
-  // Errors of every query head in the group through the Backend seam (one kv head per batch).
   const std::vector<const MatrixF*> queries = error_queries(layer, kv_head);
   const EvalWindow& w = run.window;
-  ErrorBatch b;
-  b.n = w.n;
-  b.d = static_cast<int>(K.cols());
-  b.dv = static_cast<int>(V.cols());
-  b.q_heads = static_cast<int>(queries.size());
-  b.kv_heads = 1;
-  b.sink = w.sink;
-  b.eval = w.eval;
-  b.keys = {K.data()};
-  b.values = {V.data()};
-  for (const MatrixF* q : queries) b.queries.push_back(q->data());
   const Selection& sel = run.selection;
-  b.num_idx = {sel.indices};
-  b.num_logw = {log_weights(sel.weights)};
-  b.den_idx = {sel.separate ? sel.den_indices : sel.indices};
-  b.den_logw = {sel.separate ? log_weights(sel.den_weights) : b.num_logw[0]};
-  const size_t count = queries.size() * static_cast<size_t>(w.eval);
-  std::vector<double> rel(count), nrm(count), mass(count);
-  b.relative = rel.data();
-  b.normalized = nrm.data();
-  b.mass = mass.data();
-  (backend ? *backend : cpu_backend()).attention_errors(b);
-
-  run.per_query_head.assign(queries.size(), std::vector<QueryError>(w.eval));
-  for (size_t h = 0; h < queries.size(); ++h) {
-    for (int e = 0; e < w.eval; ++e) {
-      const size_t o = h * w.eval + e;
-      QueryError& qe = run.per_query_head[h][e];
-      qe.position = w.n - w.eval + e;
-      qe.relative = rel[o];
-      qe.normalized = nrm[o];
-      qe.mass = mass[o];
-      run.mean_relative += rel[o];
-      run.mean_normalized += nrm[o];
-      run.mean_mass += mass[o];
-    }
+  if (backend && backend->is_gpu()) {
+    // Through the Backend seam, one kv head per batch.
+    ErrorBatch b;
+    b.n = w.n;
+    b.d = static_cast<int>(K.cols());
+    b.dv = static_cast<int>(V.cols());
+    b.q_heads = static_cast<int>(queries.size());
+    b.kv_heads = 1;
+    b.sink = w.sink;
+    b.eval = w.eval;
+    b.keys = {K.data()};
+    b.values = {V.data()};
+    for (const MatrixF* q : queries) b.queries.push_back(q->data());
+    b.num_idx = {sel.indices};
+    b.num_logw = {log_weights(sel.weights)};
+    b.den_idx = {sel.separate ? sel.den_indices : sel.indices};
+    b.den_logw = {sel.separate ? log_weights(sel.den_weights) : b.num_logw[0]};
+    const size_t count = queries.size() * static_cast<size_t>(w.eval);
+    std::vector<double> rel(count), nrm(count), mass(count);
+    b.relative = rel.data();
+    b.normalized = nrm.data();
+    b.mass = mass.data();
+    backend->attention_errors(b);
+    run.per_query_head.assign(queries.size(), std::vector<QueryError>(w.eval));
+    for (size_t h = 0; h < queries.size(); ++h)
+      for (int e = 0; e < w.eval; ++e) {
+        const size_t o = h * w.eval + e;
+        run.per_query_head[h][e] = {w.n - w.eval + e, rel[o], nrm[o], mass[o]};
+      }
+  } else if (reference) {
+    run.per_query_head = reference->evaluate(sel);
+  } else {
+    run.per_query_head = ExactReference(queries, K, V, w.sink, w.eval).evaluate(sel);
   }
+
+  size_t count = 0;
+  for (const auto& head : run.per_query_head)
+    for (const QueryError& qe : head) {
+      run.mean_relative += qe.relative;
+      run.mean_normalized += qe.normalized;
+      run.mean_mass += qe.mass;
+      ++count;
+    }
   run.mean_relative /= static_cast<double>(count);
   run.mean_normalized /= static_cast<double>(count);
   run.mean_mass /= static_cast<double>(count);
   return run;
+}
+
+}  // namespace
+
+HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
+                 uint64_t seed, bool want_trace, Backend* backend,
+                 const std::atomic<bool>* cancel) {
+  return run_head_with(layer, num_layers, kv_head, s, seed, want_trace, backend, cancel, nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,6 +312,37 @@ namespace {
 struct WorkItem {
   int method = 0, ratio = 0, layer = 0, head = 0;  // positions in the spec's lists
 };
+
+// fn(0 .. count-1) on `threads` threads (the caller's included). The first exception stops the
+// others from starting new indices and is rethrown; a set cancel flag stops them too (the caller
+// then throws Cancelled).
+void parallel_for(int count, int threads, const std::atomic<bool>* cancel,
+                  const std::function<void(int)>& fn) {
+  std::atomic<int> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    for (;;) {
+      if (stop.load() || (cancel && cancel->load())) return;
+      const int i = next.fetch_add(1);
+      if (i >= count) return;
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) first_error = std::current_exception();
+        stop = true;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, count); ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
 
 // Work items in canonical order: layer, kv head, method, ratio (layer-major, so concurrent
 // workers share the loader's layer cache). Results are always reported in this order.
@@ -305,8 +356,9 @@ std::vector<WorkItem> all_items(const EvalSpec& spec) {
   return items;
 }
 
-HeadEval evaluate_item(CaptureFile& capture, const EvalSpec& spec, const WorkItem& it,
-                       bool method_refused, const std::atomic<bool>* cancel, Backend* backend) {
+HeadEval evaluate_item(const LayerData& layer, int num_layers, const EvalSpec& spec,
+                       const WorkItem& it, bool method_refused, const std::atomic<bool>* cancel,
+                       Backend* backend, const ExactReference* reference) {
   const Method* method = spec.methods[it.method];
   HeadEval he;
   he.method = method->name();
@@ -318,10 +370,9 @@ HeadEval evaluate_item(CaptureFile& capture, const EvalSpec& spec, const WorkIte
     he.note = method->name() + " needs queries and the capture has none";
     return he;
   }
-  std::shared_ptr<const LayerData> layer = capture.layer(he.layer);
-  if (he.kv_head < static_cast<int>(layer->refused.size()) && !layer->refused[he.kv_head].empty()) {
+  if (he.kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[he.kv_head].empty()) {
     he.refused = true;
-    he.note = layer->refused[he.kv_head];
+    he.note = layer.refused[he.kv_head];
     return he;
   }
   MethodSettings settings;
@@ -337,8 +388,9 @@ HeadEval evaluate_item(CaptureFile& capture, const EvalSpec& spec, const WorkIte
     if (cancel && cancel->load()) throw Cancelled();
     HeadRun run;
     try {
-      run = run_head(*layer, capture.info().num_layers, he.kv_head, settings,
-                     spec.base_seed + static_cast<uint64_t>(r), false, backend, cancel);
+      run = run_head_with(layer, num_layers, he.kv_head, settings,
+                          spec.base_seed + static_cast<uint64_t>(r), false, backend, cancel,
+                          reference);
     } catch (const Cancelled&) {
       throw;
     } catch (const std::exception& e) {
@@ -448,37 +500,42 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
                     : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   threads = std::max(1, std::min(threads, total));
 
-  std::atomic<int> next{0};
-  std::atomic<bool> stop{false};
-  std::mutex mu;  // guards done, first_error and progress calls
+  // Layer by layer (memory stays bounded by one layer): first the exact reference of each kv head
+  // in view, then every work item of the layer against it, both spread over the threads.
+  const bool cpu_scoring = !(backend && backend->is_gpu());
+  std::mutex mu;  // guards done and progress calls
   int done = 0;
-  std::exception_ptr first_error;
-  auto worker = [&] {
-    for (;;) {
-      if (stop.load() || (cancel && cancel->load())) return;
-      const int i = next.fetch_add(1);
-      if (i >= total) return;
-      try {
-        report.results[i] =
-            evaluate_item(capture, spec, mine[i], method_refused[mine[i].method], cancel, backend);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first_error) first_error = std::current_exception();
-        stop = true;
-        return;
-      }
+  for (size_t begin = 0; begin < mine.size();) {
+    size_t end = begin;
+    while (end < mine.size() && mine[end].layer == mine[begin].layer) ++end;
+    const std::shared_ptr<const LayerData> layer = capture.layer(spec.layers[mine[begin].layer]);
+    std::vector<std::unique_ptr<ExactReference>> refs(spec.heads.size());
+    if (cpu_scoring) {
+      std::vector<int> needed;
+      for (size_t i = begin; i < end; ++i)
+        if (!method_refused[mine[i].method] &&
+            std::find(needed.begin(), needed.end(), mine[i].head) == needed.end())
+          needed.push_back(mine[i].head);
+      parallel_for(static_cast<int>(needed.size()), threads, cancel, [&](int k) {
+        const int kv = spec.heads[needed[k]];
+        if (kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty()) return;
+        refs[needed[k]] = std::make_unique<ExactReference>(
+            error_queries(*layer, kv), layer->keys[kv], layer->values[kv],
+            report.window_example.sink, report.window_example.eval);
+      });
+    }
+    parallel_for(static_cast<int>(end - begin), threads, cancel, [&](int k) {
+      const size_t i = begin + k;
+      report.results[i] =
+          evaluate_item(*layer, info.num_layers, spec, mine[i], method_refused[mine[i].method],
+                        cancel, backend, refs[mine[i].head].get());
       std::lock_guard<std::mutex> lock(mu);
       ++done;
       if (progress) progress(done, total);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+    });
+    begin = end;
+  }
   if (cancel && cancel->load()) throw Cancelled();
-  if (first_error) std::rethrow_exception(first_error);
-
   return report;
 }
 
