@@ -1,16 +1,28 @@
-// PLACEHOLDER: replaced by the real implementation.
-#include <stdexcept>
-
+// The theorem's BalanceKV (DESIGN.md section 4, "balancekv-stream"): SoftmaxBalance inside
+// MergeAndReduce, numerator instances per value-norm bucket and one denominator instance, with
+// separate numerator and denominator selections. The algorithm lives in
+// engine/softmax_balance.cpp.
 #include "engine/method.h"
+#include "engine/softmax_balance.h"
 
 namespace kvscope {
 namespace {
-class Placeholder final : public Method {
+
+class BalanceKVStream final : public Method {
  public:
   std::string name() const override { return "balancekv-stream"; }
-  std::string summary() const override { return "not implemented yet"; }
-  Selection select(const MethodInput&) const override { throw std::runtime_error("balancekv-stream: not implemented"); }
+  std::string summary() const override {
+    return "BalanceKV (theorem): SoftmaxBalance in MergeAndReduce, value-norm buckets, separate "
+           "numerator / denominator sets";
+  }
+  std::vector<ParamSpec> params() const override { return balancekv_stream_param_specs(); }
+  Selection select(const MethodInput& in) const override { return balancekv_stream_select(in); }
 };
+
 }  // namespace
-std::unique_ptr<Method> make_balancekv_stream() { return std::make_unique<Placeholder>(); }
+
+std::unique_ptr<Method> make_balancekv_stream() {
+  return std::make_unique<BalanceKVStream>();
+}
+
 }  // namespace kvscope
