@@ -1,0 +1,747 @@
+// Geometry view: the focused head's keys in 2-D (PCA or t-SNE; optionally joint with one query
+// head's queries, as AttentionViz does), coloured by what method A kept, by position, by cluster
+// or by key norm. t-SNE runs on the worker's Geometry lane and posts frames while it converges,
+// so the map animates; finished maps are cached per (capture, layer, head, parameters). Hover
+// names the token and shows it in the context strip below the map; dragging a box selects
+// tokens (shared with the Tokens view through AppState::selected_tokens).
+#include <imgui.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "app/app_state.h"
+#include "app/colormap.h"
+#include "app/plot.h"
+#include "app/point_renderer.h"
+#include "app/token_marks.h"
+#include "app/view.h"
+#include "engine/error.h"
+#include "engine/kcenter.h"
+#include "engine/projection_cache.h"
+
+namespace kvscope::app {
+namespace {
+
+enum class ColourBy { Kept = 0, Position = 1, Cluster = 2, Norm = 3 };
+const char* const kColourNames[] = {"kept / dropped (method A)", "position", "cluster", "key norm"};
+
+struct GeometrySettings {
+  ProjectionMethod method = ProjectionMethod::Tsne;
+  bool with_queries = false;
+  int perplexity = 30;
+  int iterations = 1000;
+  int clusters = 8;  // k of the view's own k-center colouring
+};
+
+// One map, swapped in whole (intermediate t-SNE frames included).
+struct GeometryFrame {
+  std::string key;
+  MatrixF coords;  // (num_keys + num_queries) x 2
+  int num_keys = 0, num_queries = 0, query_head = -1;
+  ProjectionMethod method = ProjectionMethod::Tsne;
+  int iteration = 0, total = 0;
+  bool done = false;
+  bool from_cache = false;
+  double kl = std::numeric_limits<double>::quiet_NaN();
+  double perplexity = 0, theta = 0, explained[2] = {0, 0};
+  double seconds = 0;
+  std::vector<int> kcenter_cluster;  // per key: index of its nearest greedy k-center centre
+  std::vector<float> key_norm;
+};
+
+// What the worker's apply closures write into; shared so a closure never outlives its target.
+struct GeometryShared {
+  std::string requested_key;
+  std::shared_ptr<const GeometryFrame> frame;
+  std::string error;  // for requested_key
+};
+
+constexpr ImU32 kClusterPalette[] = {
+    IM_COL32(230, 97, 92, 255),   IM_COL32(86, 160, 229, 255),  IM_COL32(120, 200, 90, 255),
+    IM_COL32(240, 180, 60, 255),  IM_COL32(190, 120, 240, 255), IM_COL32(70, 210, 200, 255),
+    IM_COL32(240, 130, 200, 255), IM_COL32(170, 140, 100, 255), IM_COL32(150, 220, 240, 255),
+    IM_COL32(220, 220, 120, 255), IM_COL32(140, 150, 250, 255), IM_COL32(250, 160, 120, 255)};
+constexpr int kPaletteSize = sizeof(kClusterPalette) / sizeof(kClusterPalette[0]);
+
+ImU32 cluster_colour(int c) {
+  return c < 0 ? kColDropped : kClusterPalette[c % kPaletteSize];
+}
+
+std::string short_text(const std::string& t, size_t max_chars = 14) {
+  return t.size() <= max_chars ? t : t.substr(0, max_chars - 1) + "~";
+}
+
+class GeometryView final : public View {
+ public:
+  const char* name() const override { return "geometry"; }
+  const char* title() const override { return "Geometry"; }
+
+  bool ready(const AppState& s) const override {
+    if (!s.capture || !s.focus_layer || s.focus_refused()) return true;
+    if (shared_->requested_key.empty()) return false;  // the first draw has not asked yet
+    if (!shared_->error.empty()) return true;
+    return shared_->frame && shared_->frame->key == shared_->requested_key &&
+           shared_->frame->done &&
+           (colour_ != ColourBy::Kept || s.run[0] || !s.run_error[0].empty());
+  }
+
+  void draw(AppState& s) override {
+    if (!s.info()) {
+      ImGui::TextDisabled("No capture open.");
+      return;
+    }
+    draw_controls(s);
+    std::string why;
+    if (s.focus_refused(&why)) {
+      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "This head is refused: %s", why.c_str());
+      return;
+    }
+    if (!s.focus_layer) {
+      ImGui::TextDisabled("Loading layer %d ...", s.focus.layer);
+      return;
+    }
+    request_if_needed(s);
+    draw_status(s);
+    const auto frame = shared_->frame;
+    const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.6f;
+    ImVec2 avail = ImGui::GetContentRegionAvail();
+    const ImVec2 canvas_size(std::max(100.0f, avail.x), std::max(100.0f, avail.y - strip_h));
+    if (!frame || frame->key != shared_->requested_key) {
+      // Nothing for this head yet (first t-SNE frame pending): keep the space, say so.
+      ImGui::Dummy(canvas_size);
+      ImGui::GetWindowDrawList()->AddText(
+          ImVec2(ImGui::GetItemRectMin().x + 10, ImGui::GetItemRectMin().y + 10), kColAxisText,
+          shared_->error.empty() ? "Computing the map ..." : "No map (see the message above).");
+      if (frame) draw_canvas(s, *frame, canvas_size, /*stale=*/true);
+    } else {
+      draw_canvas(s, *frame, canvas_size, false);
+    }
+    draw_token_strip(s);
+  }
+
+  nlohmann::json export_json(const AppState& s) const override {
+    const auto f = shared_->frame;
+    if (!f) return nullptr;
+    nlohmann::json j;
+    j["view"] = "geometry";
+    j["capture"] = s.capture_path;
+    j["layer"] = s.focus.layer;
+    j["kv_head"] = s.focus.kv_head;
+    j["projection"] = projection_method_name(f->method);
+    j["num_keys"] = f->num_keys;
+    j["num_queries"] = f->num_queries;
+    if (f->num_queries > 0) j["query_head"] = f->query_head;
+    if (f->method == ProjectionMethod::Tsne) {
+      j["perplexity"] = f->perplexity;
+      j["iterations"] = f->iteration;
+      j["theta"] = f->theta;
+      j["kl"] = std::isfinite(f->kl) ? nlohmann::json(f->kl) : nlohmann::json(nullptr);
+    } else {
+      j["explained_variance_share"] = {f->explained[0], f->explained[1]};
+    }
+    j["selected_tokens"] = std::vector<int>(s.selected_tokens.begin(), s.selected_tokens.end());
+    return j;
+  }
+
+  std::string export_csv(const AppState& s) const override {
+    const auto f = shared_->frame;
+    if (!f) return {};
+    std::unique_ptr<TokenMarks> marks;
+    if (s.run[0]) marks = std::make_unique<TokenMarks>(token_marks(*s.run[0]));
+    std::ostringstream out;
+    out << "token,kind,x,y,status,cluster,key_norm\n";
+    for (int i = 0; i < f->coords.rows(); ++i) {
+      const bool query = i >= f->num_keys;
+      const int t = query ? i - f->num_keys : i;
+      out << t << ',' << (query ? "query" : "key") << ',' << f->coords(i, 0) << ','
+          << f->coords(i, 1) << ',';
+      out << (marks && t < static_cast<int>(marks->kind.size()) ? token_kind_name(marks->kind[t])
+                                                                : "")
+          << ',';
+      out << (query || f->kcenter_cluster.empty() ? -1 : f->kcenter_cluster[t]) << ',';
+      out << (query || f->key_norm.empty() ? 0.f : f->key_norm[t]) << '\n';
+    }
+    return out.str();
+  }
+
+  nlohmann::json save_state() const override {
+    return {{"projection", projection_method_name(settings_.method)},
+            {"with_queries", settings_.with_queries},
+            {"perplexity", settings_.perplexity},
+            {"iterations", settings_.iterations},
+            {"clusters", settings_.clusters},
+            {"colour", static_cast<int>(colour_)},
+            {"point_px", point_px_}};
+  }
+
+  void load_state(const nlohmann::json& j) override {
+    if (!j.is_object()) return;
+    try {
+      if (j.contains("projection"))
+        settings_.method =
+            parse_projection_method(j["projection"].get<std::string>(), "projection");
+      settings_.with_queries = j.value("with_queries", settings_.with_queries);
+      settings_.perplexity = std::clamp(j.value("perplexity", settings_.perplexity), 2, 200);
+      settings_.iterations = std::clamp(j.value("iterations", settings_.iterations), 0, 20000);
+      settings_.clusters = std::clamp(j.value("clusters", settings_.clusters), 1, 64);
+      colour_ = static_cast<ColourBy>(std::clamp(j.value("colour", 0), 0, 3));
+      point_px_ = std::clamp(j.value("point_px", point_px_), 1.0f, 12.0f);
+      edit_perplexity_ = settings_.perplexity;
+      edit_iterations_ = settings_.iterations;
+      edit_clusters_ = settings_.clusters;
+    } catch (const std::exception&) {
+      // A malformed view entry keeps the defaults; the session itself still opens.
+    }
+  }
+
+ private:
+  void draw_controls(AppState& s) {
+    ImGui::SetNextItemWidth(90);
+    int m = settings_.method == ProjectionMethod::Pca ? 0 : 1;
+    if (ImGui::Combo("map", &m, "PCA\0t-SNE\0"))
+      settings_.method = m == 0 ? ProjectionMethod::Pca : ProjectionMethod::Tsne;
+    ImGui::SameLine();
+    const bool has_queries = s.info() && s.info()->has_queries;
+    if (!has_queries) ImGui::BeginDisabled();
+    ImGui::Checkbox("with queries", &settings_.with_queries);
+    if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+      ImGui::SetTooltip(
+          "Embed the keys together with the queries of the selected query head (AttentionViz):\n"
+          "keys are translated so their centroid meets the queries', and both are rescaled to\n"
+          "the same mean norm. Neither changes any query's softmax over the keys.");
+    if (!has_queries) {
+      ImGui::EndDisabled();
+      settings_.with_queries = false;
+    }
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(215);
+    int c = static_cast<int>(colour_);
+    if (ImGui::Combo("colour", &c, kColourNames, 4)) colour_ = static_cast<ColourBy>(c);
+    if (settings_.method == ProjectionMethod::Tsne) {
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(110);
+      ImGui::SliderInt("perplexity", &edit_perplexity_, 2, 100);
+      if (ImGui::IsItemDeactivatedAfterEdit()) settings_.perplexity = edit_perplexity_;
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(110);
+      ImGui::SliderInt("iterations", &edit_iterations_, 250, 5000);
+      if (ImGui::IsItemDeactivatedAfterEdit()) settings_.iterations = edit_iterations_;
+    }
+    if (colour_ == ColourBy::Cluster && !method_clusters(s)) {
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(90);
+      ImGui::SliderInt("k", &edit_clusters_, 2, 32);
+      if (ImGui::IsItemDeactivatedAfterEdit()) settings_.clusters = edit_clusters_;
+    }
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(80);
+    ImGui::SliderFloat("point", &point_px_, 1.0f, 8.0f, "%.1f px");
+    if (!s.selected_tokens.empty()) {
+      ImGui::SameLine();
+      if (ImGui::SmallButton("clear selection")) s.selected_tokens.clear();
+    }
+  }
+
+  // Clusters from method A when it reports them (subgen, subgen-kcenter), else null.
+  const std::vector<int>* method_clusters(const AppState& s) const {
+    if (!s.run[0] || s.run[0]->selection.cluster.empty()) return nullptr;
+    return &s.run[0]->selection.cluster;
+  }
+
+  ProjectionRequest request_for(const AppState& s) const {
+    ProjectionRequest r;
+    r.method = settings_.method;
+    r.tsne.perplexity = settings_.perplexity;
+    r.tsne.iterations = settings_.iterations;
+    r.tsne.exaggeration_iterations = std::min(250, settings_.iterations);
+    r.with_queries = settings_.with_queries;
+    if (r.with_queries && s.info())
+      r.query_head = s.focus.kv_head * s.info()->group_size() + s.selected_q_head;
+    return r;
+  }
+
+  void request_if_needed(AppState& s) {
+    const ProjectionRequest req = request_for(s);
+    const std::string pkey = projection_key(s.capture_path, s.focus.layer, s.focus.kv_head, req);
+    const std::string key = pkey + "|k=" + std::to_string(settings_.clusters) +
+                            "|gen=" + std::to_string(s.focus_generation);
+    if (key == shared_->requested_key) return;
+    shared_->requested_key = key;
+    shared_->error.clear();
+
+    auto layer = s.focus_layer;
+    const CaptureInfo info = *s.info();
+    const int head = s.focus.kv_head;
+    const int k = settings_.clusters;
+    Backend* backend = s.backend();
+    auto shared = shared_;
+    const char* label = req.method == ProjectionMethod::Pca ? "Geometry: PCA" : "Geometry: t-SNE";
+    s.worker.submit(Lane::Geometry, "geometry.projection", label, [=](JobContext& ctx) -> ApplyFn {
+      auto fail = [&](const std::string& msg) -> ApplyFn {
+        return [shared, key, msg](AppState&) {
+          if (shared->requested_key == key) shared->error = msg;
+        };
+      };
+      const auto t0 = std::chrono::steady_clock::now();
+      auto base = std::make_shared<GeometryFrame>();
+      base->key = key;
+      base->method = req.method;
+      MatrixF points;
+      try {
+        points = projection_input(info, *layer, head, req, &base->query_head);
+        const MatrixF& keys = layer->keys[head];
+        base->num_keys = static_cast<int>(keys.rows());
+        base->num_queries = static_cast<int>(points.rows()) - base->num_keys;
+        base->key_norm.resize(keys.rows());
+        for (int i = 0; i < keys.rows(); ++i) base->key_norm[i] = keys.row(i).norm();
+        const std::vector<int> centres =
+            greedy_kcenter(keys, std::min<int>(k, static_cast<int>(keys.rows())), 0);
+        base->kcenter_cluster = assign_to_centres(keys, centres);
+      } catch (const InputError& e) {
+        return fail(e.what());
+      }
+      auto publish = [shared, key](std::shared_ptr<const GeometryFrame> f) -> ApplyFn {
+        return [shared, key, f](AppState&) {
+          if (shared->requested_key == key) shared->frame = f;
+        };
+      };
+      if (auto cached = projection_cache().find(pkey)) {
+        auto f = std::make_shared<GeometryFrame>(*base);
+        f->coords = cached->coords;
+        f->iteration = f->total = cached->iterations;
+        f->kl = cached->kl;
+        f->perplexity = cached->perplexity;
+        f->theta = cached->theta;
+        f->explained[0] = cached->explained[0];
+        f->explained[1] = cached->explained[1];
+        f->done = true;
+        f->from_cache = true;
+        return publish(f);
+      }
+      auto seconds = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      try {
+        if (req.method == ProjectionMethod::Pca) {
+          auto p = std::make_shared<Projection>(
+              compute_projection(info, *layer, head, req, backend, ctx.cancel_flag()));
+          projection_cache().put(pkey, p);
+          auto f = std::make_shared<GeometryFrame>(*base);
+          f->coords = p->coords;
+          f->explained[0] = p->explained[0];
+          f->explained[1] = p->explained[1];
+          f->done = true;
+          f->seconds = seconds();
+          return publish(f);
+        }
+        TsneRun run(points, req.tsne, backend, ctx.cancel_flag());
+        const int total = run.total_iterations();
+        auto last_post = std::chrono::steady_clock::now();
+        while (!run.done()) {
+          run.step(10);
+          ctx.progress(run.iteration(), total);
+          // About 20 frames a second is plenty for the animation.
+          const auto now = std::chrono::steady_clock::now();
+          if (!run.done() && now - last_post > std::chrono::milliseconds(50)) {
+            last_post = now;
+            auto f = std::make_shared<GeometryFrame>(*base);
+            f->coords = run.embedding();
+            f->iteration = run.iteration();
+            f->total = total;
+            f->kl = run.kl();
+            f->perplexity = run.perplexity();
+            f->theta = run.theta();
+            f->seconds = seconds();
+            ctx.post(publish(f));
+          }
+        }
+        ctx.check_cancel();
+        auto p = std::make_shared<Projection>();
+        p->coords = run.embedding();
+        p->num_keys = base->num_keys;
+        p->num_queries = base->num_queries;
+        p->query_head = base->query_head;
+        p->method = ProjectionMethod::Tsne;
+        p->kl = run.kl();
+        p->iterations = run.iteration();
+        p->perplexity = run.perplexity();
+        p->theta = run.theta();
+        p->learning_rate = run.learning_rate();
+        projection_cache().put(pkey, p);
+        auto f = std::make_shared<GeometryFrame>(*base);
+        f->coords = p->coords;
+        f->iteration = f->total = p->iterations;
+        f->kl = p->kl;
+        f->perplexity = p->perplexity;
+        f->theta = p->theta;
+        f->done = true;
+        f->seconds = seconds();
+        return publish(f);
+      } catch (const InputError& e) {
+        return fail(e.what());
+      }
+    });
+  }
+
+  void draw_status(const AppState& s) {
+    const auto f = shared_->frame;
+    if (!shared_->error.empty()) {
+      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", shared_->error.c_str());
+      return;
+    }
+    if (!f || f->key != shared_->requested_key) {
+      ImGui::TextDisabled("layer %d, kv head %d: computing ...", s.focus.layer, s.focus.kv_head);
+      return;
+    }
+    char line[512];
+    const char* synth = s.info()->synthetic ? "  [synthetic capture]" : "";
+    std::string points = std::to_string(f->num_keys) + " keys";
+    if (f->num_queries > 0)
+      points += " + " + std::to_string(f->num_queries) + " queries (q head " +
+                std::to_string(f->query_head) + ", joint space)";
+    if (f->method == ProjectionMethod::Pca) {
+      std::snprintf(line, sizeof line,
+                    "layer %d, kv head %d: %s. PCA: the axes show %.1f%% and %.1f%% of the "
+                    "variance.%s",
+                    s.focus.layer, s.focus.kv_head, points.c_str(), 100 * f->explained[0],
+                    100 * f->explained[1], synth);
+    } else {
+      std::snprintf(line, sizeof line,
+                    "layer %d, kv head %d: %s. t-SNE perplexity %g, %s, iteration %d/%d%s, KL "
+                    "%.3f%s%s",
+                    s.focus.layer, s.focus.kv_head, points.c_str(), f->perplexity,
+                    f->theta > 0 ? "Barnes-Hut" : "exact gradient", f->iteration, f->total,
+                    f->iteration < 250 ? " (early exaggeration)" : "", f->kl,
+                    f->from_cache ? " (cached)" : "", synth);
+    }
+    ImGui::TextUnformatted(line);
+    if (!f->done) {
+      ImGui::SameLine();
+      ImGui::ProgressBar(f->total > 0 ? float(f->iteration) / f->total : 0.f, ImVec2(120, 0));
+    }
+  }
+
+  ImU32 point_colour(const AppState& s, const GeometryFrame& f, const TokenMarks* marks, int token,
+                     bool query) const {
+    const int n = f.num_keys;
+    switch (colour_) {
+      case ColourBy::Kept:
+        if (query) return with_alpha(kColQuery, 0.8f);
+        return marks ? token_colour(*marks, token) : IM_COL32(150, 150, 150, 255);
+      case ColourBy::Position:
+        return colormap(Colormap::Viridis, n > 1 ? double(token) / (n - 1) : 0.0);
+      case ColourBy::Cluster: {
+        if (query) return with_alpha(kColQuery, 0.8f);
+        if (const auto* mc = method_clusters(s)) {
+          const int mid = token - s.run[0]->window.mid_begin;
+          return mid >= 0 && mid < static_cast<int>(mc->size()) ? cluster_colour((*mc)[mid])
+                                                                : kColDropped;
+        }
+        return token < static_cast<int>(f.kcenter_cluster.size())
+                   ? cluster_colour(f.kcenter_cluster[token])
+                   : kColDropped;
+      }
+      case ColourBy::Norm: {
+        if (query) return with_alpha(kColQuery, 0.8f);
+        return colormap(
+            Colormap::Viridis,
+            norm_hi_ > norm_lo_ ? (f.key_norm[token] - norm_lo_) / (norm_hi_ - norm_lo_) : 0.5);
+      }
+    }
+    return kColDropped;
+  }
+
+  void draw_canvas(AppState& s, const GeometryFrame& f, ImVec2 size, bool stale) {
+    const int total = static_cast<int>(f.coords.rows());
+    if (total == 0) return;
+    if (!stale) {
+      ImGui::InvisibleButton("##geometry_canvas", size,
+                             ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonRight);
+    }
+    const ImVec2 p0 = ImGui::GetItemRectMin();
+    const ImVec2 p1(p0.x + size.x, p0.y + size.y);
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    dl->AddRectFilled(p0, p1, kColPlotBg);
+
+    // Equal-aspect fit with a margin: distances on screen mean the same in x and y.
+    float xmin = f.coords.col(0).minCoeff(), xmax = f.coords.col(0).maxCoeff();
+    float ymin = f.coords.col(1).minCoeff(), ymax = f.coords.col(1).maxCoeff();
+    const float margin = 14;
+    const float span = std::max({xmax - xmin, ymax - ymin, 1e-12f});
+    const float scale = std::min((size.x - 2 * margin) / std::max(xmax - xmin, 1e-12f * span),
+                                 (size.y - 2 * margin) / std::max(ymax - ymin, 1e-12f * span));
+    const float cx = 0.5f * (xmin + xmax), cy = 0.5f * (ymin + ymax);
+    auto to_canvas = [&](int i) {
+      return ImVec2(size.x * 0.5f + (f.coords(i, 0) - cx) * scale,
+                    size.y * 0.5f - (f.coords(i, 1) - cy) * scale);
+    };
+
+    std::unique_ptr<TokenMarks> marks;
+    if (s.run[0]) marks = std::make_unique<TokenMarks>(token_marks(*s.run[0]));
+    if (!f.key_norm.empty()) {
+      norm_lo_ = *std::min_element(f.key_norm.begin(), f.key_norm.end());
+      norm_hi_ = *std::max_element(f.key_norm.begin(), f.key_norm.end());
+    }
+
+    // Draw order: queries, then dropped keys, then everything else, so kept tokens stay visible.
+    auto layer_of = [&](int i) {
+      if (i >= f.num_keys) return 0;
+      if (colour_ == ColourBy::Kept && marks && i < static_cast<int>(marks->kind.size()) &&
+          marks->kind[i] == TokenKind::Dropped)
+        return 1;
+      return 2;
+    };
+    order_.resize(total);
+    for (int i = 0; i < total; ++i) order_[i] = i;
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](int a, int b) { return layer_of(a) < layer_of(b); });
+
+    points_.clear();
+    points_.reserve(total + 8);
+    const float r = point_px_;
+    for (int i : order_) {
+      const bool query = i >= f.num_keys;
+      const int token = query ? i - f.num_keys : i;
+      PointInstance p;
+      const ImVec2 c = to_canvas(i);
+      p.x = c.x;
+      p.y = c.y;
+      p.colour = point_colour(s, f, marks.get(), token, query);
+      p.radius = query ? r * 0.9f : r;
+      p.shape = query ? PointShape::Ring : PointShape::Disc;
+      if (stale) p.colour = with_alpha(p.colour, 0.35f);
+      points_.push_back(p);
+    }
+    // Linked highlights on top: the box selection, the clicked token, the hovered token.
+    for (int t : s.selected_tokens)
+      if (t >= 0 && t < f.num_keys) {
+        const ImVec2 c = to_canvas(t);
+        points_.push_back({c.x, c.y, kColSelect, r + 2.5f, PointShape::Ring});
+      }
+    hovered_ = -1;
+    if (!stale && ImGui::IsItemHovered()) {
+      const ImVec2 mouse = ImGui::GetIO().MousePos;
+      float best = std::max(8.0f, r + 3) * std::max(8.0f, r + 3);
+      for (int i = 0; i < total; ++i) {
+        const ImVec2 c = to_canvas(i);
+        const float dx = c.x + p0.x - mouse.x, dy = c.y + p0.y - mouse.y;
+        if (dx * dx + dy * dy < best) best = dx * dx + dy * dy, hovered_ = i;
+      }
+    }
+    const int hovered_token = hovered_ < 0 ? -1 : hovered_ % std::max(1, f.num_keys);
+    if (hovered_token >= 0) s.hovered_token = hovered_token;
+    const int highlight = s.hovered_token >= 0 ? s.hovered_token : s.selected_token;
+    if (highlight >= 0 && highlight < f.num_keys) {
+      const ImVec2 c = to_canvas(highlight);
+      points_.push_back({c.x, c.y, kColHover, r + 4.0f, PointShape::Ring});
+      if (f.num_queries > 0) {
+        const ImVec2 q = to_canvas(f.num_keys + highlight);
+        points_.push_back({q.x, q.y, kColHover, r + 3.0f, PointShape::Ring});
+      }
+    }
+    renderer_.draw(dl, p0, p1, points_);
+
+    if (!stale) handle_mouse(s, f, p0, to_canvas);
+    if (hovered_ >= 0 && !dragging_) hover_tooltip(s, f, marks.get(), hovered_);
+    draw_legend(s, f, p0, p1);
+    dl->AddText(ImVec2(p0.x + 6, p1.y - ImGui::GetTextLineHeight() - 4), kColAxisText,
+                renderer_.path_description().c_str());
+  }
+
+  template <class ToCanvas>
+  void handle_mouse(AppState& s, const GeometryFrame& f, ImVec2 p0, const ToCanvas& to_canvas) {
+    ImGuiIO& io = ImGui::GetIO();
+    if (ImGui::IsItemClicked(ImGuiMouseButton_Left)) {
+      drag_start_ = io.MousePos;
+      dragging_ = false;
+    }
+    if (ImGui::IsItemActive() && ImGui::IsMouseDragging(ImGuiMouseButton_Left, 3.0f))
+      dragging_ = true;
+    if (dragging_) {
+      const ImVec2 a(std::min(drag_start_.x, io.MousePos.x),
+                     std::min(drag_start_.y, io.MousePos.y));
+      const ImVec2 b(std::max(drag_start_.x, io.MousePos.x),
+                     std::max(drag_start_.y, io.MousePos.y));
+      ImDrawList* dl = ImGui::GetWindowDrawList();
+      dl->AddRectFilled(a, b, with_alpha(kColSelect, 0.12f));
+      dl->AddRect(a, b, kColSelect);
+      if (ImGui::IsMouseReleased(ImGuiMouseButton_Left)) {
+        if (!io.KeyShift) s.selected_tokens.clear();
+        for (int i = 0; i < f.num_keys; ++i) {
+          const ImVec2 c = to_canvas(i);
+          const float x = c.x + p0.x, y = c.y + p0.y;
+          if (x >= a.x && x <= b.x && y >= a.y && y <= b.y) s.selected_tokens.insert(i);
+        }
+        if (f.num_queries > 0)  // a query inside the box selects its position's token
+          for (int i = f.num_keys; i < f.coords.rows(); ++i) {
+            const ImVec2 c = to_canvas(i);
+            const float x = c.x + p0.x, y = c.y + p0.y;
+            if (x >= a.x && x <= b.x && y >= a.y && y <= b.y)
+              s.selected_tokens.insert(i - f.num_keys);
+          }
+        dragging_ = false;
+      }
+    } else if (ImGui::IsItemDeactivated() && hovered_ >= 0) {
+      s.selected_token = hovered_ % std::max(1, f.num_keys);
+    }
+    if (ImGui::IsItemClicked(ImGuiMouseButton_Right)) {
+      s.selected_tokens.clear();
+      s.selected_token = -1;
+    }
+  }
+
+  void hover_tooltip(const AppState& s, const GeometryFrame& f, const TokenMarks* marks, int i) {
+    const bool query = i >= f.num_keys;
+    const int t = query ? i - f.num_keys : i;
+    ImGui::BeginTooltip();
+    ImGui::Text("%s of token %d  \"%s\"", query ? "query" : "key", t, s.token_text(t).c_str());
+    if (!query) {
+      if (marks && t < static_cast<int>(marks->kind.size())) {
+        const TokenKind k = marks->kind[t];
+        if (k == TokenKind::Kept)
+          ImGui::Text("kept by %s, weight %.3g", s.method_name[0].c_str(), marks->weight[t]);
+        else
+          ImGui::Text("%s (%s)", token_kind_name(k), s.method_name[0].c_str());
+      }
+      if (t < static_cast<int>(f.key_norm.size())) ImGui::Text("|k| = %.3f", f.key_norm[t]);
+      if (colour_ == ColourBy::Cluster && t < static_cast<int>(f.kcenter_cluster.size()))
+        ImGui::Text("k-center cluster %d", f.kcenter_cluster[t]);
+    }
+    ImGui::TextDisabled("drag: box-select, right click: clear");
+    ImGui::EndTooltip();
+  }
+
+  void draw_legend(const AppState& s, const GeometryFrame& f, ImVec2 p0, ImVec2 p1) {
+    struct Entry {
+      ImU32 colour;
+      std::string text;
+    };
+    std::vector<Entry> entries;
+    switch (colour_) {
+      case ColourBy::Kept:
+        entries = {{kColSink, "sink"},
+                   {kColWindow, "eval window"},
+                   {IM_COL32(150, 215, 165, 255), "kept (weight 1)"},
+                   {IM_COL32(20, 150, 60, 255), "kept (max weight)"},
+                   {kColDropped, "dropped"}};
+        if (!s.run[0]) entries.push_back({IM_COL32(150, 150, 150, 255), "(method A not run yet)"});
+        break;
+      case ColourBy::Position:
+        entries = {{colormap(Colormap::Viridis, 0), "token 0"},
+                   {colormap(Colormap::Viridis, 0.5), "middle"},
+                   {colormap(Colormap::Viridis, 1), "token " + std::to_string(f.num_keys - 1)}};
+        break;
+      case ColourBy::Cluster: {
+        if (method_clusters(s)) {
+          entries = {{kClusterPalette[0], s.method_name[0] + "'s clusters (middle tokens)"},
+                     {kColDropped, "outside the middle"}};
+        } else {
+          entries = {{kClusterPalette[0],
+                      "greedy k-center, k = " + std::to_string(settings_.clusters) + " (keys)"}};
+        }
+        break;
+      }
+      case ColourBy::Norm: {
+        char lo[64], hi[64];
+        std::snprintf(lo, sizeof lo, "|k| = %.3g", norm_lo_);
+        std::snprintf(hi, sizeof hi, "|k| = %.3g", norm_hi_);
+        entries = {{colormap(Colormap::Viridis, 0), lo}, {colormap(Colormap::Viridis, 1), hi}};
+        break;
+      }
+    }
+    if (f.num_queries > 0) entries.push_back({kColQuery, "query (ring)"});
+    if (!s.selected_tokens.empty())
+      entries.push_back({kColSelect, std::to_string(s.selected_tokens.size()) + " selected"});
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const float lh = ImGui::GetTextLineHeight() + 3;
+    float w = 0;
+    for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.text.c_str()).x);
+    const ImVec2 a(p1.x - w - 34, p0.y + 6);
+    const ImVec2 b(p1.x - 6, p0.y + 10 + lh * entries.size());
+    dl->AddRectFilled(a, b, IM_COL32(16, 17, 20, 220), 3.0f);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const ImVec2 c(a.x + 12, a.y + 4 + lh * (i + 0.5f));
+      dl->AddCircleFilled(c, 4.5f, entries[i].colour, 10);
+      dl->AddText(ImVec2(a.x + 22, a.y + 4 + lh * i), kColAxisText, entries[i].text.c_str());
+    }
+  }
+
+  // A one-line token strip around the hovered (else clicked, else first selected) token, in the
+  // Tokens view's colours, so hover in the map shows the token in its context.
+  void draw_token_strip(const AppState& s) {
+    const int n = s.num_tokens();
+    int centre = s.hovered_token >= 0 ? s.hovered_token : s.selected_token;
+    if (centre < 0 && !s.selected_tokens.empty()) centre = *s.selected_tokens.begin();
+    if (centre < 0 || centre >= n) {
+      ImGui::TextDisabled(
+          "Hover a point to see its token in context; drag a box to select tokens.");
+      return;
+    }
+    std::unique_ptr<TokenMarks> marks;
+    if (s.run[0]) marks = std::make_unique<TokenMarks>(token_marks(*s.run[0]));
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const float width = ImGui::GetContentRegionAvail().x;
+    const float h = ImGui::GetTextLineHeight() + 6;
+    const ImVec2 origin = ImGui::GetCursorScreenPos();
+    // Lay out tokens left and right of the centre until the row is full.
+    float x_centre = origin.x + width * 0.5f;
+    auto token_w = [&](int i) {
+      return ImGui::CalcTextSize(short_text(s.token_text(i)).c_str()).x + 8;
+    };
+    int lo = centre, hi = centre;
+    float left = x_centre - token_w(centre) * 0.5f, right = x_centre + token_w(centre) * 0.5f;
+    while (true) {
+      bool grew = false;
+      if (lo > 0 && left - token_w(lo - 1) - 2 > origin.x) left -= token_w(--lo) + 2, grew = true;
+      if (hi < n - 1 && right + token_w(hi + 1) + 2 < origin.x + width)
+        right += token_w(++hi) + 2, grew = true;
+      if (!grew) break;
+    }
+    float x = left;
+    for (int i = lo; i <= hi; ++i) {
+      const std::string text = short_text(s.token_text(i));
+      const float w = token_w(i);
+      const ImVec2 a(x, origin.y), b(x + w, origin.y + h);
+      const ImU32 bg = marks ? token_colour(*marks, i) : IM_COL32(80, 80, 90, 255);
+      dl->AddRectFilled(a, b, with_alpha(bg, 0.85f), 3.0f);
+      dl->AddText(ImVec2(a.x + 4, a.y + 3), IM_COL32(10, 10, 12, 255), text.c_str());
+      if (s.selected_tokens.count(i)) dl->AddRect(a, b, kColSelect, 3.0f, 0, 2.0f);
+      if (i == centre) dl->AddRect(a, b, kColHover, 3.0f, 0, 2.0f);
+      x += w + 2;
+    }
+    ImGui::Dummy(ImVec2(width, h));
+    ImGui::TextDisabled(
+        "token %d of %d%s", centre, n,
+        s.selected_tokens.empty()
+            ? ""
+            : ("; " + std::to_string(s.selected_tokens.size()) + " selected").c_str());
+  }
+
+  GeometrySettings settings_;
+  int edit_perplexity_ = 30, edit_iterations_ = 1000, edit_clusters_ = 8;
+  ColourBy colour_ = ColourBy::Kept;
+  float point_px_ = 3.0f;
+  std::shared_ptr<GeometryShared> shared_ = std::make_shared<GeometryShared>();
+  PointRenderer renderer_;
+  std::vector<PointInstance> points_;
+  std::vector<int> order_;
+  int hovered_ = -1;
+  bool dragging_ = false;
+  ImVec2 drag_start_;
+  float norm_lo_ = 0, norm_hi_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<View> make_geometry_view() {
+  return std::make_unique<GeometryView>();
+}
+
+}  // namespace kvscope::app
