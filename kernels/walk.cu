@@ -14,7 +14,10 @@ constexpr int kTileRows = kWalkFastRows / kTile;                    // 16 tile r
 constexpr int kLowerTiles = kTileRows * (kTileRows + 1) / 2;        // 136 tiles with row >= col
 constexpr int kTriangle = kWalkFastRows * (kWalkFastRows + 1) / 2;  // packed lower triangle
 constexpr int kChunk = 16;                                          // feature dims staged per pass
-constexpr int kStagePitch = kWalkFastRows + 1;  // +1: conflict-free staging stores
+// Staged features are read as float4 (8 rows = two 16-byte loads per operand); the +4 keeps rows
+// 16-byte aligned and leaves the staging stores at most 2-way bank-conflicted.
+constexpr int kStagePitch = kWalkFastRows + 4;
+static_assert(kStagePitch % 4 == 0 && kTile == 8, "float4 reads of 8-row tile slices");
 
 static_assert(kLowerTiles <= kWalkThreads, "one thread per lower-triangle tile");
 static_assert(kWalkFastRows <= kWalkThreads, "one thread per walked row");
@@ -54,13 +57,10 @@ __device__ void gram_tile(const float* __restrict__ x, int rows, int dim, float*
     __syncthreads();
     if (!active) continue;
     for (int k = 0; k < width; ++k) {
-      const float* s = stage + k * kStagePitch;
-      float ra[kTile], cb[kTile];
-#pragma unroll
-      for (int a = 0; a < kTile; ++a) {
-        ra[a] = s[tr * kTile + a];
-        cb[a] = s[tc * kTile + a];
-      }
+      const float4* s = reinterpret_cast<const float4*>(stage + k * kStagePitch);
+      const float4 r0 = s[tr * 2], r1 = s[tr * 2 + 1], c0v = s[tc * 2], c1v = s[tc * 2 + 1];
+      const float ra[kTile] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+      const float cb[kTile] = {c0v.x, c0v.y, c0v.z, c0v.w, c1v.x, c1v.y, c1v.z, c1v.w};
 #pragma unroll
       for (int a = 0; a < kTile; ++a)
 #pragma unroll
@@ -69,7 +69,9 @@ __device__ void gram_tile(const float* __restrict__ x, int rows, int dim, float*
   }
 }
 
-__global__ void __launch_bounds__(kWalkThreads) walk_fast_kernel(WalkDeviceArgs a) {
+// At most 96 registers so four blocks share an SM (more blocks hide the sequential walk's
+// barrier latency; ptxas spills a few bytes outside the hot loops for it).
+__global__ void __launch_bounds__(kWalkThreads, 4) walk_fast_kernel(WalkDeviceArgs a) {
   const int b = blockIdx.x;
   const int off = a.block_offset[b];
   const int rows = a.block_offset[b + 1] - off;
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(kWalkThreads) walk_fast_kernel(WalkDeviceArgs 
   }
 
   __shared__ float tri[kTriangle];
-  __shared__ float stage[kChunk * kStagePitch];
+  __shared__ __align__(16) float stage[kChunk * kStagePitch];
   __shared__ double sigma_s[kWalkFastRows];
   __shared__ int overflow;
   if (tid == 0) overflow = 0;

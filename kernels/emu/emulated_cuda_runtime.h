@@ -27,7 +27,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3e {
   unsigned x = 0, y = 0, z = 0;
@@ -268,3 +268,6 @@ struct float2 {
 inline float2 make_float2(float a, float b) {
   return float2{a, b};
 }
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
