@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "engine/attention.h"
@@ -313,6 +314,53 @@ TEST(Attention, CpuAttentionErrorsMatchesPerHeadEvaluation) {
       EXPECT_NEAR(mass[h * w.eval + e], bf.mass, 1e-12);
     }
   }
+}
+
+// The protocol scores many selections against one precomputed reference: reusing it must give
+// exactly what a fresh evaluation gives, for every selection, in any order.
+TEST(Attention, ExactReferenceIsReusableAcrossSelections) {
+  std::mt19937 rng(12);
+  const int n = 128;
+  const MatrixF Q0 = random_matrix(n, 8, rng), Q1 = random_matrix(n, 8, rng);
+  const MatrixF K = random_matrix(n, 8, rng), V = random_matrix(n, 4, rng);
+  const EvalWindow w = EvalWindow::make(n, 0.25);
+  const ExactReference ref({&Q0, &Q1}, K, V, w.sink, w.eval);
+  ASSERT_EQ(ref.num_heads(), 2);
+  for (int e = 0; e < w.eval; e += 5) {
+    const VectorD a = exact_attention(Q1.row(n - w.eval + e).data(), K, V, n - w.eval + e);
+    EXPECT_LT((ref.exact_output(1, e) - a).norm(), 1e-12);
+  }
+  std::vector<Selection> sels;
+  for (int t = 0; t < 4; ++t) sels.push_back(random_selection(w, 5 + 10 * t, rng));
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Selection& sel : sels) {
+      const auto errs = ref.evaluate(sel);
+      ASSERT_EQ(errs.size(), 2u);
+      const auto fresh = evaluate_query_head(Q1, K, V, w, sel);
+      for (int e = 0; e < w.eval; ++e) {
+        EXPECT_EQ(errs[1][e].relative, fresh[e].relative);
+        EXPECT_EQ(errs[1][e].mass, fresh[e].mass);
+      }
+    }
+  }
+  // Keeping everything at weight 1 reproduces the exact output bit for bit.
+  Selection all;
+  for (int i = w.mid_begin; i < w.mid_end; ++i) all.indices.push_back(i);
+  all.weights.assign(all.indices.size(), 1.0);
+  for (const auto& head : ref.evaluate(all))
+    for (const QueryError& qe : head) EXPECT_EQ(qe.relative, 0.0);
+  // Selection order does not matter.
+  Selection shuffled = sels[3];
+  std::vector<size_t> perm(shuffled.indices.size());
+  std::iota(perm.begin(), perm.end(), size_t{0});
+  std::shuffle(perm.begin(), perm.end(), rng);
+  Selection permuted;
+  for (size_t p : perm) {
+    permuted.indices.push_back(shuffled.indices[p]);
+    permuted.weights.push_back(shuffled.weights[p]);
+  }
+  const auto a = ref.evaluate(shuffled), b = ref.evaluate(permuted);
+  for (int e = 0; e < w.eval; ++e) EXPECT_EQ(a[0][e].relative, b[0][e].relative);
 }
 
 // A real capture (stories260K, made by `kvscope-cli capture`): the engine against the brute
