@@ -316,14 +316,17 @@ int Plot::nearest_x(const std::vector<double>& x) const {
   return best;
 }
 
-void Plot::legend(const std::vector<LegendEntry>& entries) const {
+void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const {
   if (entries.empty()) return;
   const float line = ImGui::GetTextLineHeight() + 2;
   float w = 0;
   for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.label.c_str()).x);
   w += 26;
   float h = line * static_cast<float>(entries.size()) + 6;
-  ImVec2 a(p1_.x - w - 6, p0_.y + 6), b(p1_.x - 6, p0_.y + 6 + h);
+  const bool right = corner == Corner::TopRight || corner == Corner::BottomRight;
+  const bool top = corner == Corner::TopRight || corner == Corner::TopLeft;
+  ImVec2 a(right ? p1_.x - w - 6 : p0_.x + 6, top ? p0_.y + 6 : p1_.y - h - 6);
+  ImVec2 b(a.x + w, a.y + h);
   dl_->AddRectFilled(a, b, IM_COL32(16, 18, 22, 220));
   dl_->AddRect(a, b, kColGrid);
   for (size_t i = 0; i < entries.size(); ++i) {

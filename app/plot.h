@@ -65,8 +65,9 @@ class Plot {
     std::string label;
     ImU32 colour;
   };
-  // Top-right corner box.
-  void legend(const std::vector<LegendEntry>& entries) const;
+  enum class Corner { TopRight, TopLeft, BottomRight, BottomLeft };
+  // A boxed legend inside the data area.
+  void legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
 
  private:
   ImDrawList* dl_ = nullptr;

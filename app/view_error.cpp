@@ -261,7 +261,8 @@ class ErrorView final : public View {
       plot.markers(sr.x, sr.y, c, 3.5f);
       legend.push_back({sr.method, c});
     }
-    plot.legend(legend);
+    // Errors are largest at small ratios (top left): the legend goes bottom left.
+    plot.legend(legend, Plot::Corner::BottomLeft);
     if (plot.hovered() && !series.empty()) {
       int i = plot.nearest_x(series[0].x);
       if (i >= 0) {
@@ -392,7 +393,14 @@ class ErrorView final : public View {
                     : Axis{"weight", 0, ymax * 1.1};
       Plot plot("##attn", ImVec2(0, top_h), title, Axis{"key position", -0.5, n - 0.5}, ya);
       plot.bars(x, qc.exact_weights, 1.0, with_alpha(kColExact, 0.55f));
-      plot.line(x, qc.approx_weights, kColSlot[0], 1.5f);
+      // Dots: dropped keys have no approximate weight, so a line would mislead.
+      std::vector<double> kx, ky;
+      for (size_t i = 0; i < n; ++i)
+        if (qc.approx_weights[i] > 0) {
+          kx.push_back(x[i]);
+          ky.push_back(qc.approx_weights[i]);
+        }
+      plot.markers(kx, ky, kColSlot[0], 2.0f);
       plot.legend({{"exact softmax", with_alpha(kColExact, 0.8f)},
                    {"approx (A): w e^s / sum", kColSlot[0]}});
       int i = plot.nearest_x(x);
