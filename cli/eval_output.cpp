@@ -1,5 +1,6 @@
 #include "cli/eval_output.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -158,6 +159,19 @@ void print_report(const EvalReport& rep) {
     std::printf(", shard %d/%d", rep.spec.shard_index, rep.spec.shard_count);
   std::printf("\n");
   for (const std::string& note : rep.notes) std::printf("note     %s\n", note.c_str());
+  // What methods said about their own runs (top-ups, scaled defaults, FAIL cases): the first
+  // note of each method, and how many other notes it left.
+  for (const Method* m : rep.spec.methods) {
+    std::vector<std::string> seen;
+    for (const HeadEval& he : rep.results)
+      if (he.method == m->name() && !he.refused && he.error.empty() && !he.note.empty() &&
+          std::find(seen.begin(), seen.end(), he.note) == seen.end())
+        seen.push_back(he.note);
+    if (seen.empty()) continue;
+    std::printf("note     %s: %s", m->name().c_str(), seen[0].c_str());
+    if (seen.size() > 1) std::printf(" (and %zu other notes, see the JSON)", seen.size() - 1);
+    std::printf("\n");
+  }
 
   // method x ratio
   std::printf("\nrelative error ||z_j - Attn_j|| / ||Attn_j||, mean +- std over seeds\n");
