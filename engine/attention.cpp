@@ -42,6 +42,7 @@ struct ExactReference::Kept {
   std::vector<int> idx;
   std::vector<char> in_num, in_den;
   std::vector<double> num_logw, den_logw;
+  std::vector<double> num_inv_w, den_inv_w;  // 1 / w, to turn a weighted term back into exp(l)
 };
 
 namespace {
@@ -177,6 +178,12 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
                                   std::to_string(den_idx[t]) + " twice");
     k.den_logw[s] = den_logw[t];
   }
+  k.num_inv_w.resize(all.size());
+  k.den_inv_w.resize(all.size());
+  for (size_t u = 0; u < all.size(); ++u) {
+    k.num_inv_w[u] = std::exp(-k.num_logw[u]);
+    k.den_inv_w[u] = std::exp(-k.den_logw[u]);
+  }
   return k;
 }
 
@@ -198,24 +205,41 @@ QueryError ExactReference::score(const Kept& k, const Row& row, int j, VectorD* 
   }
   for (size_t u = sink_ + kept; u < l.size(); ++u) m2 = std::max(m2, l[u]);
 
+  // One exp per kept token: the mass reuses the estimator's terms, rescaled from the shift M'
+  // (and the weight) to the exact shift at the end.
   VectorD num = VectorD::Zero(dv_);
-  double den = 0, mass = 0;
+  double den = 0, mass = 0;            // mass in units of exp(l - M')
   auto unit = [&](int i, double li) {  // sinks and window: weight 1 in both sums
     const double e = std::exp(li - m2);
     num.noalias() += e * V_.row(i).transpose();
     den += e;
-    mass += std::exp(li - row.shift);
+    mass += e;
   };
   for (int i = 0; i < sink_; ++i) unit(i, l[i]);
   for (size_t u = 0; u < kept; ++u) {
     const int i = k.idx[u];
     const double li = l[sink_ + u];
-    if (k.in_num[u]) num.noalias() += std::exp(li + k.num_logw[u] - m2) * V_.row(i).transpose();
-    if (k.in_den[u]) den += std::exp(li + k.den_logw[u] - m2);
-    mass += std::exp(li - row.shift);
+    if (k.in_num[u] && k.in_den[u] && k.num_logw[u] == k.den_logw[u]) {
+      const double e = std::exp(li + k.num_logw[u] - m2);  // a joint selection: one term
+      num.noalias() += e * V_.row(i).transpose();
+      den += e;
+      mass += e * k.num_inv_w[u];
+      continue;
+    }
+    if (k.in_num[u]) {
+      const double e = std::exp(li + k.num_logw[u] - m2);
+      num.noalias() += e * V_.row(i).transpose();
+      mass += e * k.num_inv_w[u];
+    }
+    if (k.in_den[u]) {
+      const double e = std::exp(li + k.den_logw[u] - m2);
+      den += e;
+      if (!k.in_num[u]) mass += e * k.den_inv_w[u];
+    }
   }
   t = sink_ + kept;
   for (int i = win_begin; i <= j; ++i) unit(i, l[t++]);
+  mass *= std::exp(m2 - row.shift);
 
   const VectorD z = num / den;  // den > 0: the window always holds j itself
   const double diff = (z - row.exact).norm();
