@@ -347,6 +347,12 @@ struct PointRenderer::Gl {
   }
 };
 
+void request_next_frame() {
+  using PostFn = void (*)();
+  static const auto post = reinterpret_cast<PostFn>(dlsym(RTLD_DEFAULT, "glfwPostEmptyEvent"));
+  if (post && glfw_loader()) post();
+}
+
 PointRenderer::PointRenderer() = default;
 PointRenderer::~PointRenderer() = default;
 

@@ -55,4 +55,9 @@ class PointRenderer {
                        const std::vector<PointInstance>& points);
 };
 
+// Asks the windowed app for another frame right away (glfwPostEmptyEvent, looked up at run time):
+// views that animate on their own (the Walk view's playback) call it every frame while playing,
+// since the app otherwise sleeps until input arrives. A no-op without a GLFW window.
+void request_next_frame();
+
 }  // namespace kvscope::app
