@@ -13,6 +13,8 @@ namespace {
 
 constexpr int kWarps = kErrThreads / 32;
 static_assert(kErrKeys == 32, "the bookkeeping phase maps one key to one lane");
+static_assert(kErrQueries * kErrKeys == 2 * kErrThreads, "the logit phase: two queries per thread");
+static_assert(kErrQueries % 4 == 0, "float4 reads of a key's query weights");
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -68,20 +70,27 @@ __global__ void v_sq_prefix_kernel(ErrorDeviceArgs a) {
   }
 }
 
-// Shared memory layout of the main kernel (byte offsets; the double arrays come first so every
-// region stays 8-byte aligned).
+// Shared memory layout of the main kernel (byte offsets, each region 16-byte aligned).
+// Key rows are padded to kpitch floats: d + 4 when d % 4 == 0 (rows stay 16-byte aligned for
+// float4 reads, and the +4 spreads a warp's rows over all banks), else d + 1 (scalar reads).
+// The tile's weights are stored transposed, [key][query], so a thread reads the weights of its
+// consecutive queries for one key as float4s.
 struct ErrSmem {
   size_t state_d, state_f, q, s, px, pn, k, v, total;
+  int kpitch;
+  bool vec;
+  __host__ __device__ static size_t up16(size_t x) { return (x + 15) / 16 * 16; }
   __host__ __device__ ErrSmem(int d, int dv) {
-    state_d = 0;                                           // 4 x kErrQueries doubles
-    state_f = state_d + 4 * kErrQueries * sizeof(double);  // 5 x kErrQueries floats
-    q = state_f + 5 * kErrQueries * sizeof(float);         // kErrQueries x d
-    s = q + static_cast<size_t>(kErrQueries) * d * sizeof(float);
+    vec = d % 4 == 0;
+    kpitch = vec ? d + 4 : d + 1;
+    state_d = 0;                                                 // 4 x kErrQueries doubles
+    state_f = up16(state_d + 4 * kErrQueries * sizeof(double));  // 5 x kErrQueries floats
+    q = up16(state_f + 5 * kErrQueries * sizeof(float));         // kErrQueries x d
+    s = up16(q + static_cast<size_t>(kErrQueries) * d * sizeof(float));
     px = s + kErrQueries * kErrKeys * sizeof(float);
     pn = px + kErrQueries * kErrKeys * sizeof(float);
-    k = pn + kErrQueries * kErrKeys * sizeof(float);  // kErrKeys x (d + 1), padded
-    k = (k + 7) / 8 * 8;
-    v = k + static_cast<size_t>(kErrKeys) * (d + 1) * sizeof(float);
+    k = pn + kErrQueries * kErrKeys * sizeof(float);  // kErrKeys x kpitch
+    v = up16(k + static_cast<size_t>(kErrKeys) * kpitch * sizeof(float));
     const size_t tiles_end = v + static_cast<size_t>(kErrKeys) * dv * sizeof(float);
     // The final reduction reuses the tile region for 2 x kErrQueries x dv doubles.
     const size_t final_end = k + 2 * static_cast<size_t>(kErrQueries) * dv * sizeof(double);
@@ -104,7 +113,7 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   float* st_an = st_ax + kErrQueries;
   float* Qs = reinterpret_cast<float*>(smem + L.q);
   float* S = reinterpret_cast<float*>(smem + L.s);
-  float* Px = reinterpret_cast<float*>(smem + L.px);
+  float* Px = reinterpret_cast<float*>(smem + L.px);  // [key][query]
   float* Pn = reinterpret_cast<float*>(smem + L.pn);
   float* Ks = reinterpret_cast<float*>(smem + L.k);
   float* Vs = reinterpret_cast<float*>(smem + L.v);
@@ -117,7 +126,25 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   const int win = a.n - a.eval;
   const int n_mid = win - a.sink;
   const int j_last = win + e0 + nq - 1;
-  const int d = a.d, dv = a.dv, kpitch = d + 1;
+  const int d = a.d, dv = a.dv, kpitch = L.kpitch;
+  // Output (query, dim) pairs of this thread. Column layout when kErrThreads is a multiple of dv
+  // (dv = 16, 32, 64, 128, 256): thread t owns column c = t % dv for the `per` consecutive queries
+  // q0 .. q0 + per - 1, so one V element feeds all of them. Otherwise pair r is
+  // o = t + r * kErrThreads, (o / dv, o % dv).
+  const bool column = kErrThreads % dv == 0 && dv * kErrQueries >= kErrThreads;
+  const int per = column ? kErrQueries * dv / kErrThreads : 0;
+  const int col_c = column ? tid % dv : 0, col_q0 = column ? (tid / dv) * per : 0;
+  auto output = [&](int r, int* q, int* c) -> bool {
+    if (column) {
+      *q = col_q0 + r;
+      *c = col_c;
+      return r < per;
+    }
+    const int o = tid + r * kErrThreads;
+    *q = o / dv;
+    *c = o % dv;
+    return o < kErrQueries * dv;
+  };
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const float* keys = a.keys + static_cast<size_t>(kvh) * a.n * d;
   const float* values = a.values + static_cast<size_t>(kvh) * a.n * dv;
@@ -149,18 +176,32 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
     __syncthreads();
 
     // Logits of every (query, key) pair of the tile; -inf where the key is after the query.
-    for (int p = tid; p < kErrQueries * kErrKeys; p += kErrThreads) {
-      const int q = p / kErrKeys, kk = p % kErrKeys;
-      const int i = k0 + kk, j = win + e0 + q;
-      float l = -INFINITY;
-      if (q < nq && kk < kt && i <= j) {
-        const float* qv = Qs + q * d;
-        const float* kv = Ks + kk * kpitch;
-        float dot = 0.0f;
-        for (int c = 0; c < d; ++c) dot = fmaf(qv[c], kv[c], dot);
-        l = dot * scale;
+    // Thread t: key t % 32 against queries t / 32 and t / 32 + 8 (one key row read for both).
+    {
+      const int kk = tid % kErrKeys, qa = tid / kErrKeys, qb = qa + kErrQueries / 2;
+      const float* kv = Ks + kk * kpitch;
+      const float* qva = Qs + qa * d;
+      const float* qvb = Qs + qb * d;
+      float da = 0.0f, db = 0.0f;
+      if (kk < kt) {
+        if (L.vec) {
+          for (int c = 0; c < d; c += 4) {
+            const float4 k4 = *reinterpret_cast<const float4*>(kv + c);
+            const float4 a4 = *reinterpret_cast<const float4*>(qva + c);
+            const float4 b4 = *reinterpret_cast<const float4*>(qvb + c);
+            da = fmaf(a4.x, k4.x, fmaf(a4.y, k4.y, fmaf(a4.z, k4.z, fmaf(a4.w, k4.w, da))));
+            db = fmaf(b4.x, k4.x, fmaf(b4.y, k4.y, fmaf(b4.z, k4.z, fmaf(b4.w, k4.w, db))));
+          }
+        } else {
+          for (int c = 0; c < d; ++c) {
+            da = fmaf(qva[c], kv[c], da);
+            db = fmaf(qvb[c], kv[c], db);
+          }
+        }
       }
-      S[p] = l;
+      const int i = k0 + kk;
+      S[qa * kErrKeys + kk] = qa < nq && kk < kt && i <= win + e0 + qa ? da * scale : -INFINITY;
+      S[qb * kErrKeys + kk] = qb < nq && kk < kt && i <= win + e0 + qb ? db * scale : -INFINITY;
     }
     __syncthreads();
 
@@ -190,8 +231,8 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
       const float px = valid ? expf(l - mx) : 0.0f;
       const float pn = ln > -INFINITY ? expf(ln - mn) : 0.0f;
       const float pd = ld > -INFINITY ? expf(ld - md) : 0.0f;
-      Px[q * kErrKeys + lane] = px;
-      Pn[q * kErrKeys + lane] = pn;
+      Px[lane * kErrQueries + q] = px;
+      Pn[lane * kErrQueries + q] = pn;
       const float sum_x = warp_sum(px), sum_sq = warp_sum(px * px), sum_d = warp_sum(pd);
       const float sum_kept = warp_sum(kept ? px : 0.0f);
       __syncwarp();
@@ -210,20 +251,51 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
     }
     __syncthreads();
 
-    // Output vectors: thread owns (query, dim) pairs o = tid + r * kErrThreads.
+    // Output vectors.
+    if (column && per % 4 == 0) {
+      // One V element and float4s of the weights of this thread's `per` queries per key.
+      float sx[kMaxOut], sn[kMaxOut];
 #pragma unroll
-    for (int r = 0; r < kMaxOut; ++r) {
-      const int o = tid + r * kErrThreads;
-      if (o < kErrQueries * dv) {
-        const int q = o / dv, c = o % dv;
-        float sx = 0.0f, sn = 0.0f;
-        for (int kk = 0; kk < kt; ++kk) {
-          const float v = Vs[kk * dv + c];
-          sx = fmaf(Px[q * kErrKeys + kk], v, sx);
-          sn = fmaf(Pn[q * kErrKeys + kk], v, sn);
+      for (int r = 0; r < kMaxOut; ++r) sx[r] = sn[r] = 0.0f;
+      for (int kk = 0; kk < kt; ++kk) {
+        const float v = Vs[kk * dv + col_c];
+        const float4* px4 = reinterpret_cast<const float4*>(Px + kk * kErrQueries + col_q0);
+        const float4* pn4 = reinterpret_cast<const float4*>(Pn + kk * kErrQueries + col_q0);
+#pragma unroll
+        for (int r4 = 0; r4 < kMaxOut / 4; ++r4) {
+          if (4 * r4 < per) {
+            const float4 x = px4[r4], y = pn4[r4];
+            sx[4 * r4] = fmaf(x.x, v, sx[4 * r4]);
+            sx[4 * r4 + 1] = fmaf(x.y, v, sx[4 * r4 + 1]);
+            sx[4 * r4 + 2] = fmaf(x.z, v, sx[4 * r4 + 2]);
+            sx[4 * r4 + 3] = fmaf(x.w, v, sx[4 * r4 + 3]);
+            sn[4 * r4] = fmaf(y.x, v, sn[4 * r4]);
+            sn[4 * r4 + 1] = fmaf(y.y, v, sn[4 * r4 + 1]);
+            sn[4 * r4 + 2] = fmaf(y.z, v, sn[4 * r4 + 2]);
+            sn[4 * r4 + 3] = fmaf(y.w, v, sn[4 * r4 + 3]);
+          }
         }
-        acc_x[r] = acc_x[r] * st_ax[q] + sx;
-        acc_n[r] = acc_n[r] * st_an[q] + sn;
+      }
+#pragma unroll
+      for (int r = 0; r < kMaxOut; ++r)
+        if (r < per) {
+          acc_x[r] = acc_x[r] * st_ax[col_q0 + r] + sx[r];
+          acc_n[r] = acc_n[r] * st_an[col_q0 + r] + sn[r];
+        }
+    } else {
+#pragma unroll
+      for (int r = 0; r < kMaxOut; ++r) {
+        int q, c;
+        if (output(r, &q, &c)) {
+          float sx = 0.0f, sn = 0.0f;
+          for (int kk = 0; kk < kt; ++kk) {
+            const float v = Vs[kk * dv + c];
+            sx = fmaf(Px[kk * kErrQueries + q], v, sx);
+            sn = fmaf(Pn[kk * kErrQueries + q], v, sn);
+          }
+          acc_x[r] = acc_x[r] * st_ax[q] + sx;
+          acc_n[r] = acc_n[r] * st_an[q] + sn;
+        }
       }
     }
   }
@@ -235,9 +307,9 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   double* fin_a2 = fin_d2 + kErrQueries * dv;
 #pragma unroll
   for (int r = 0; r < kMaxOut; ++r) {
-    const int o = tid + r * kErrThreads;
-    if (o < kErrQueries * dv) {
-      const int q = o / dv;
+    int q, c;
+    if (output(r, &q, &c)) {
+      const int o = q * dv + c;
       double d2 = 0.0, a2 = 0.0;
       if (q < nq) {
         const double exact = acc_x[r] / st_sx[q];

@@ -315,6 +315,8 @@ TEST(CudaParity, AttentionErrorsMatchCpu) {
   check_error_parity(ErrorCase(300, 32, 24, 4, 2, 8, 40, 0.5, true, 11), *gpu);
   // Llama-like head dims, E not a multiple of the 16-query tile.
   check_error_parity(ErrorCase(700, 128, 128, 2, 1, 21, 87, 0.25, false, 12), *gpu);
+  // Odd d (scalar logit loop) and dv = 16 (one query per thread in the column layout).
+  check_error_parity(ErrorCase(150, 13, 16, 2, 2, 4, 24, 0.5, true, 14), *gpu);
   // dv above 128 takes the wider accumulator variant.
   check_error_parity(ErrorCase(260, 16, 200, 1, 1, 0, 33, 0.125, false, 13), *gpu);
 }
