@@ -125,8 +125,12 @@ TEST(CudaProbe, ReportsWhyWhenNoDeviceAndSelectBackendFollows) {
       select_backend("cuda");
       ADD_FAILURE() << "select_backend(\"cuda\") without a device must throw";
     } catch (const InputError& e) {
+#ifdef KVSCOPE_HAVE_CUDA
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos)
           << "the error should carry the probe's reason: " << e.what();
+#else
+      EXPECT_NE(std::string(e.what()).find("no CUDA"), std::string::npos) << e.what();
+#endif
     }
   }
 #ifdef KVSCOPE_HAVE_CUDA
