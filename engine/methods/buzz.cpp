@@ -87,8 +87,7 @@ class Buzz final : public Method {
     const int m = in.budget;
     const int small_stride = (stride + 1) / 2;
 
-    std::ostringstream note;
-    note << "buzz:";
+    std::ostringstream note;  // parts start with a space; trimmed at the end
     if (auto_scale && 2 * window > m) {
       const int scaled_window = m / 2;
       const double factor = window > 0 ? static_cast<double>(scaled_window) / window : 0.0;
@@ -184,7 +183,9 @@ class Buzz final : public Method {
         sel.weights.push_back(1.0);
       }
     sel.middle_scores = std::move(scores);
-    sel.note = note.str();
+    std::string text = note.str();
+    if (!text.empty() && text.back() == ';') text.pop_back();
+    sel.note = text.substr(text.empty() ? 0 : 1);
     return sel;
   }
 };

@@ -82,8 +82,8 @@ class PyramidKV final : public Method {
     const int n_mid = in.mid_end - in.mid_begin;
     const int layer_budget = pyramid_budget(in.budget, n_mid, in.layer, in.num_layers, beta);
     Selection sel = top_m_selection(in, snapkv_scores(in, window, kernel, false), layer_budget);
-    sel.note = "pyramidkv: layer " + std::to_string(in.layer) + " of " +
-               std::to_string(in.num_layers) + " keeps " + std::to_string(layer_budget) +
+    sel.note = "layer " + std::to_string(in.layer) + " of " + std::to_string(in.num_layers) +
+               " keeps " + std::to_string(layer_budget) +
                " (average m = " + std::to_string(in.budget) + " over layers)";
     return sel;
   }

@@ -124,9 +124,9 @@ class SubGen final : public Method {
     sel.separate = true;
     sel.cluster.assign(n_mid, -1);
     std::ostringstream note;
-    note << "subgen:";
+    // Parts start with a space; trimmed at the end.
     if (m < 2 || n_mid == 0) {
-      sel.note = "subgen: budget m = " + std::to_string(m) +
+      sel.note = "budget m = " + std::to_string(m) +
                  " cannot hold both a numerator and a denominator sample; nothing kept";
       return sel;
     }
@@ -261,7 +261,7 @@ class SubGen final : public Method {
          << " distinct of " << clusters.capacity << " slots; numerator s = " << slots << ", "
          << num_distinct << " distinct; " << num_distinct + den_distinct << " of m = " << m
          << " used";
-    sel.note = note.str();
+    sel.note = note.str().substr(1);
     return sel;
   }
 };

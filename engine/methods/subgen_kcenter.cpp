@@ -67,7 +67,7 @@ class SubGenKCenter final : public Method {
       // Every centre owns at least itself, so cluster sizes are >= 1 (positive weights).
       sel.weights.push_back(by_size ? std::max(1, cluster_size[c]) : 1.0);
     }
-    sel.note = "subgen-kcenter: " + std::to_string(centres.size()) + " centres, weight " +
+    sel.note = std::to_string(centres.size()) + " centres, weight " +
                (by_size ? "= cluster size" : "1 (paper)");
     return sel;
   }
