@@ -227,9 +227,11 @@ void Plot::line(const std::vector<double>& x, const std::vector<double>& y, ImU3
                 float thickness) const {
   dl_->PushClipRect(p0_, p1_, true);
   std::vector<ImVec2> pts;
+  // Segment by segment: ImGui's polyline joins average the normals of neighbouring segments,
+  // and on zig-zag data (partial sums, per-query errors) near-reversals collapse the join and
+  // leave gaps. Separate segments have no joins to collapse.
   auto flush = [&] {
-    if (pts.size() >= 2)
-      dl_->AddPolyline(pts.data(), static_cast<int>(pts.size()), col, 0, thickness);
+    for (size_t i = 1; i < pts.size(); ++i) dl_->AddLine(pts[i - 1], pts[i], col, thickness);
     pts.clear();
   };
   size_t n = std::min(x.size(), y.size());

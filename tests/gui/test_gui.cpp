@@ -204,7 +204,9 @@ TEST(SoftwareRender, BadFileIsAnError) {
   const fs::path bad = out_dir() / "truncated.safetensors";
   {
     std::ofstream f(bad, std::ios::binary);
-    f << "\x40\x00\x00\x00\x00\x00\x00\x00{\"__metadata__\":";  // header cut short
+    // Header length 64, then a header cut short: the file ends inside the JSON.
+    const char bytes[] = "\x40\x00\x00\x00\x00\x00\x00\x00{\"__metadata__\":";
+    f.write(bytes, sizeof bytes - 1);
   }
   RunResult r = run(std::string("\"") + KVSCOPE_CLI + "\" render \"" + bad.string() +
                     "\" --view capture --out \"" + (out_dir() / "bad.png").string() + "\"");
