@@ -25,7 +25,8 @@ struct WalkBlockTrace {
   // Prefix signed sum projected on the block's top two kernel-PCA directions.
   std::vector<std::array<double, 2>> path;
   std::vector<std::array<double, 2>> random_path;
-  std::vector<int> kept;     // 1 where the token survived this round's halving
+  std::vector<int> kept;     // 1 where the token survived this round's halving (2: added back
+                             // by the top-up of a non-power-of-two ratio), 0 dropped
   int halving_cut = -1;      // the index c where the majority sign reached n/2
   // Where this block sits in its round's whole walk order (the halving runs over the whole
   // round): halving_cut above is the round's cut when it falls inside this block, else -1;
