@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -434,8 +435,10 @@ TEST(CudaParity, KcenterPicksMatchCpuOnSeparatedData) {
 // the evaluation (attention errors on the backend) for every layer and kv head.
 TEST(CudaParity, BalanceKvRunHeadMatchesCpuOnRealCapture) {
   REQUIRE_GPU(gpu);
-  const auto capture = CaptureFile::open(std::string(KVSCOPE_SOURCE_DIR) +
-                                         "/sample_data/stories260K_lily.safetensors");
+  // KVSCOPE_SOURCE_DIR in the environment wins, for binaries built elsewhere (gpu_check.sh).
+  const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
+  const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
+  const auto capture = CaptureFile::open(root + "/sample_data/stories260K_lily.safetensors");
   const Method* method = find_method("balancekv");
   ASSERT_NE(method, nullptr);
   MethodSettings settings;
