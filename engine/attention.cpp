@@ -21,9 +21,9 @@
 //
 // The exact side does not depend on the selection, so it is computed once per head; scoring a
 // selection then costs O((s + |selection| + E) (d + d_v)) per query instead of O(j (d + d_v)).
-// Logits are always computed by the same function in the same way, and kept tokens are summed in
-// increasing index order, so keeping everything at weight 1 reproduces the exact output bit for
-// bit (error exactly 0).
+// Both sides are dense products over panels of up to 64 queries (Eigen GEMM, in double): logits
+// Q K^T, then exp in place, then P V. Keeping everything at weight 1 reproduces the exact output
+// up to rounding (error ~1e-16).
 #include "engine/attention.h"
 
 #include <algorithm>
@@ -76,14 +76,13 @@ ExactReference::ExactReference(const std::vector<const float*>& queries, const f
   if (d <= 0 || dv <= 0) throw std::invalid_argument("attention: empty key or value rows");
   K_ = Eigen::Map<const MatrixF>(K, n, d).cast<double>();
   V_ = Eigen::Map<const MatrixF>(V, n, dv).cast<double>();
-  heads_.resize(queries.size());
-  for (size_t h = 0; h < queries.size(); ++h) {
-    const Eigen::Map<const MatrixF> Q(queries[h], n, d);
-    heads_[h].rows.reserve(eval);
-    for (int e = 0; e < eval; ++e) {
-      const int j = n - eval + e;
-      heads_[h].rows.push_back(make_row(Q.row(j).cast<double>().transpose(), j));
-    }
+  v_sq_prefix_.resize(n);
+  double acc = 0;
+  for (int i = 0; i < n; ++i) v_sq_prefix_[i] = acc += V_.row(i).squaredNorm();
+  heads_.reserve(queries.size());
+  for (const float* q : queries) {
+    const Eigen::Map<const MatrixF> Q(q, n, d);
+    heads_.push_back(exact_rows(Q.bottomRows(eval).cast<double>(), n - eval));
   }
 }
 
@@ -108,30 +107,46 @@ ExactReference::ExactReference(const std::vector<const MatrixF*>& queries, const
           K.data(), V.data(), static_cast<int>(K.rows()), static_cast<int>(K.cols()),
           static_cast<int>(V.cols()), sink, eval) {}
 
-double ExactReference::logit(const VectorD& q, int i) const {
-  return K_.row(i).dot(q) / std::sqrt(static_cast<double>(d_));
-}
+namespace {
+// Rows per GEMM panel: bounds the logit panel to kPanelRows x n doubles (16 MiB at n = 32k).
+constexpr int kPanelRows = 64;
+}  // namespace
 
-ExactReference::Row ExactReference::make_row(const VectorD& q, int j) const {
-  Row r;
-  r.q = q;
-  std::vector<double> l(j + 1);
-  double m = -INFINITY;
-  for (int i = 0; i <= j; ++i) m = std::max(m, l[i] = logit(q, i));
-  r.exact = VectorD::Zero(dv_);
-  double z = 0, p_sq = 0, v_sq = 0;
-  for (int i = 0; i <= j; ++i) {
-    const double e = std::exp(l[i] - m);
-    z += e;
-    p_sq += e * e;
-    r.exact.noalias() += e * V_.row(i).transpose();
-    v_sq += V_.row(i).squaredNorm();
+ExactReference::Rows ExactReference::exact_rows(MatrixD q, int first_j) const {
+  Rows r;
+  r.first_j = first_j;
+  r.q = std::move(q);
+  const int R = static_cast<int>(r.q.rows());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+  r.exact.resize(R, dv_);
+  r.shift.resize(R);
+  r.norm.resize(R);
+  r.softmax_norm.resize(R);
+  r.v_frob.resize(R);
+  for (int r0 = 0; r0 < R; r0 += kPanelRows) {
+    const int rows = std::min(kPanelRows, R - r0);
+    const int keys = first_j + r0 + rows;  // the panel's last query sees keys [0, keys)
+    // Logits of the panel against every key it can see, then exp(l - max) in place (0 beyond j).
+    MatrixD P = (r.q.middleRows(r0, rows) * K_.topRows(keys).transpose()) * scale;
+    for (int e = 0; e < rows; ++e) {
+      const int j = first_j + r0 + e;
+      const double m = P.row(e).head(j + 1).maxCoeff();
+      double z = 0, p_sq = 0;
+      for (int i = 0; i <= j; ++i) {
+        const double x = std::exp(P(e, i) - m);
+        P(e, i) = x;
+        z += x;
+        p_sq += x * x;
+      }
+      P.row(e).tail(keys - j - 1).setZero();
+      r.shift[r0 + e] = m;
+      r.norm[r0 + e] = z;
+      r.softmax_norm[r0 + e] = std::sqrt(p_sq) / z;
+      r.v_frob[r0 + e] = std::sqrt(v_sq_prefix_[j]);
+    }
+    r.exact.middleRows(r0, rows).noalias() = P * V_.topRows(keys);
+    for (int e = 0; e < rows; ++e) r.exact.row(r0 + e) /= r.norm[r0 + e];
   }
-  r.exact /= z;
-  r.shift = m;
-  r.norm = z;
-  r.softmax_norm = std::sqrt(p_sq) / z;
-  r.v_frob = std::sqrt(v_sq);
   return r;
 }
 
@@ -187,81 +202,100 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
   return k;
 }
 
-QueryError ExactReference::score(const Kept& k, const Row& row, int j, VectorD* approx) const {
+std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
+                                              MatrixD* approx) const {
+  // Columns: the sinks, the merged selection (index order) and the whole window [n-E, n); a
+  // query at j masks the window columns beyond j. Sinks and window have weight 1 in both sums.
   const int win_begin = n_ - eval_;
-  const size_t kept = k.idx.size();
-  // Logits of the sinks, the merged selection and the window [n-E, j], in index order.
-  std::vector<double> l(static_cast<size_t>(sink_) + kept + (j - win_begin + 1));
-  size_t t = 0;
-  for (int i = 0; i < sink_; ++i) l[t++] = logit(row.q, i);
-  for (int i : k.idx) l[t++] = logit(row.q, i);
-  for (int i = win_begin; i <= j; ++i) l[t++] = logit(row.q, i);
-
-  double m2 = -INFINITY;
-  for (int i = 0; i < sink_; ++i) m2 = std::max(m2, l[i]);
-  for (size_t u = 0; u < kept; ++u) {
-    if (k.in_num[u]) m2 = std::max(m2, l[sink_ + u] + k.num_logw[u]);
-    if (k.in_den[u]) m2 = std::max(m2, l[sink_ + u] + k.den_logw[u]);
+  const int kept = static_cast<int>(k.idx.size());
+  const int C = sink_ + kept + eval_;
+  std::vector<int> tok(C);
+  std::vector<char> in_num(C, 1), in_den(C, 1);
+  std::vector<double> lwn(C, 0.0), lwd(C, 0.0), inv_wn(C, 1.0), inv_wd(C, 1.0);
+  for (int c = 0; c < sink_; ++c) tok[c] = c;
+  for (int u = 0; u < kept; ++u) {
+    const int c = sink_ + u;
+    tok[c] = k.idx[u];
+    in_num[c] = k.in_num[u];
+    in_den[c] = k.in_den[u];
+    lwn[c] = k.num_logw[u];
+    lwd[c] = k.den_logw[u];
+    inv_wn[c] = k.num_inv_w[u];
+    inv_wd[c] = k.den_inv_w[u];
   }
-  for (size_t u = sink_ + kept; u < l.size(); ++u) m2 = std::max(m2, l[u]);
+  for (int c = sink_ + kept; c < C; ++c) tok[c] = win_begin + (c - sink_ - kept);
+  MatrixD Ks(C, d_), Vs(C, dv_);
+  for (int c = 0; c < C; ++c) {
+    Ks.row(c) = K_.row(tok[c]);
+    Vs.row(c) = V_.row(tok[c]);
+  }
 
-  // One exp per kept token: the mass reuses the estimator's terms, rescaled from the shift M'
-  // (and the weight) to the exact shift at the end.
-  VectorD num = VectorD::Zero(dv_);
-  double den = 0, mass = 0;            // mass in units of exp(l - M')
-  auto unit = [&](int i, double li) {  // sinks and window: weight 1 in both sums
-    const double e = std::exp(li - m2);
-    num.noalias() += e * V_.row(i).transpose();
-    den += e;
-    mass += e;
-  };
-  for (int i = 0; i < sink_; ++i) unit(i, l[i]);
-  for (size_t u = 0; u < kept; ++u) {
-    const int i = k.idx[u];
-    const double li = l[sink_ + u];
-    if (k.in_num[u] && k.in_den[u] && k.num_logw[u] == k.den_logw[u]) {
-      const double e = std::exp(li + k.num_logw[u] - m2);  // a joint selection: one term
-      num.noalias() += e * V_.row(i).transpose();
-      den += e;
-      mass += e * k.num_inv_w[u];
-      continue;
+  const int R = static_cast<int>(rows.q.rows());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+  std::vector<QueryError> out(R);
+  if (approx) approx->resize(R, dv_);
+  for (int r0 = 0; r0 < R; r0 += kPanelRows) {
+    const int nr = std::min(kPanelRows, R - r0);
+    MatrixD W = (rows.q.middleRows(r0, nr) * Ks.transpose()) * scale;  // logits, then weights
+    std::vector<double> den(nr, 0.0);
+    std::vector<double> mass(nr, 0.0);
+    for (int e = 0; e < nr; ++e) {
+      const int j = rows.first_j + r0 + e;
+      const int valid = sink_ + kept + (j - win_begin + 1);  // window columns up to j
+      double m2 = -INFINITY;
+      for (int c = 0; c < valid; ++c) {
+        if (in_num[c]) m2 = std::max(m2, W(e, c) + lwn[c]);
+        if (in_den[c]) m2 = std::max(m2, W(e, c) + lwd[c]);
+      }
+      double dsum = 0, msum = 0;  // msum in units of exp(l - M')
+      for (int c = 0; c < valid; ++c) {
+        const double l = W(e, c);
+        if (in_num[c] && in_den[c] && lwn[c] == lwd[c]) {  // one term serves both sums
+          const double x = std::exp(l + lwn[c] - m2);
+          W(e, c) = x;
+          dsum += x;
+          msum += x * inv_wn[c];
+          continue;
+        }
+        const double xn = in_num[c] ? std::exp(l + lwn[c] - m2) : 0.0;
+        W(e, c) = xn;
+        if (in_num[c]) msum += xn * inv_wn[c];
+        if (in_den[c]) {
+          const double xd = std::exp(l + lwd[c] - m2);
+          dsum += xd;
+          if (!in_num[c]) msum += xd * inv_wd[c];
+        }
+      }
+      W.row(e).tail(C - valid).setZero();
+      den[e] = dsum;  // > 0: the window always holds j itself
+      mass[e] = msum * std::exp(m2 - rows.shift[r0 + e]) / rows.norm[r0 + e];
     }
-    if (k.in_num[u]) {
-      const double e = std::exp(li + k.num_logw[u] - m2);
-      num.noalias() += e * V_.row(i).transpose();
-      mass += e * k.num_inv_w[u];
-    }
-    if (k.in_den[u]) {
-      const double e = std::exp(li + k.den_logw[u] - m2);
-      den += e;
-      if (!k.in_num[u]) mass += e * k.den_inv_w[u];
+    const MatrixD num = W * Vs;
+    for (int e = 0; e < nr; ++e) {
+      const int row = r0 + e;
+      const VectorD z = num.row(e).transpose() / den[e];
+      const double diff = (z - rows.exact.row(row).transpose()).norm();
+      const double exact_norm = rows.exact.row(row).norm();
+      QueryError& err = out[row];
+      err.position = rows.first_j + row;
+      // A zero exact output (all values zero) has no scale: report the absolute difference.
+      err.relative = exact_norm > 0 ? diff / exact_norm : diff;
+      err.normalized =
+          rows.v_frob[row] > 0 ? diff / (rows.softmax_norm[row] * rows.v_frob[row]) : diff;
+      err.mass = mass[e];
+      if (approx) approx->row(row) = z.transpose();
     }
   }
-  t = sink_ + kept;
-  for (int i = win_begin; i <= j; ++i) unit(i, l[t++]);
-  mass *= std::exp(m2 - row.shift);
-
-  const VectorD z = num / den;  // den > 0: the window always holds j itself
-  const double diff = (z - row.exact).norm();
-  const double exact_norm = row.exact.norm();
-  QueryError err;
-  err.position = j;
-  // A zero exact output (all values zero) has no scale: report the absolute difference.
-  err.relative = exact_norm > 0 ? diff / exact_norm : diff;
-  err.normalized = row.v_frob > 0 ? diff / (row.softmax_norm * row.v_frob) : diff;
-  err.mass = mass / row.norm;
-  if (approx) *approx = z;
-  return err;
+  return out;
 }
 
 std::vector<std::vector<QueryError>> ExactReference::evaluate_log(
     const std::vector<int>& num_idx, const std::vector<double>& num_logw,
     const std::vector<int>& den_idx, const std::vector<double>& den_logw) const {
   const Kept k = prepare(num_idx, num_logw, den_idx, den_logw);
-  std::vector<std::vector<QueryError>> out(heads_.size(), std::vector<QueryError>(eval_));
-  for (size_t h = 0; h < heads_.size(); ++h)
-    for (int e = 0; e < eval_; ++e)
-      out[h][e] = score(k, heads_[h].rows[e], n_ - eval_ + e, nullptr);
+  std::vector<std::vector<QueryError>> out;
+  out.reserve(heads_.size());
+  for (const Rows& head : heads_) out.push_back(score(k, head, nullptr));
   return out;
 }
 
@@ -281,9 +315,9 @@ VectorD ExactReference::approximation(const Selection& sel, const float* q, int 
   const Kept k = sel.separate ? prepare(sel.indices, num_logw, sel.den_indices,
                                         log_of(sel.den_indices, sel.den_weights))
                               : prepare(sel.indices, num_logw, sel.indices, num_logw);
-  VectorD z;
-  score(k, make_row(Eigen::Map<const VectorF>(q, d_).cast<double>(), j), j, &z);
-  return z;
+  MatrixD z;
+  score(k, exact_rows(Eigen::Map<const VectorF>(q, d_).cast<double>().transpose(), j), &z);
+  return z.row(0).transpose();
 }
 
 VectorD exact_attention(const float* q, const MatrixF& K, const MatrixF& V, int upto) {

@@ -52,7 +52,7 @@ class ExactReference {
   int n() const { return n_; }
   int eval() const { return eval_; }
   // Exact output Attn_j of head h at evaluation query e (j = n - E + e).
-  const VectorD& exact_output(int h, int e) const { return heads_[h].rows[e].exact; }
+  VectorD exact_output(int h, int e) const { return heads_[h].exact.row(e).transpose(); }
 
   // Errors of a selection: [head][E]. Indices must be in the middle [s, n-E) and unique (throws
   // std::out_of_range / std::invalid_argument otherwise); weights enter as log w.
@@ -65,24 +65,24 @@ class ExactReference {
   VectorD approximation(const Selection& sel, const float* q, int j) const;
 
  private:
-  struct Row {
-    VectorD q;                                                 // the query, double
-    VectorD exact;                                             // Attn_j
-    double shift = 0, norm = 0, softmax_norm = 0, v_frob = 0;  // max logit, sum exp(l - shift)
-  };
-  struct Head {
-    std::vector<Row> rows;  // [E]
+  // Exact side of consecutive query positions first_j, first_j + 1, ... (one row each).
+  struct Rows {
+    int first_j = 0;
+    MatrixD q;                                  // queries, double
+    MatrixD exact;                              // Attn_j
+    VectorD shift, norm, softmax_norm, v_frob;  // max logit, sum exp(l - shift), Eq. (2) norms
   };
   struct Kept;  // a validated selection, merged over numerator and denominator
   Kept prepare(const std::vector<int>& num_idx, const std::vector<double>& num_logw,
                const std::vector<int>& den_idx, const std::vector<double>& den_logw) const;
-  Row make_row(const VectorD& q, int j) const;
-  QueryError score(const Kept& kept, const Row& row, int j, VectorD* approx) const;
-  double logit(const VectorD& q, int i) const;
+  Rows exact_rows(MatrixD q, int first_j) const;
+  // Errors (and optionally the approximations) of every row of `rows` for one kept set.
+  std::vector<QueryError> score(const Kept& kept, const Rows& rows, MatrixD* approx) const;
 
   int n_ = 0, d_ = 0, dv_ = 0, sink_ = 0, eval_ = 0;
   MatrixD K_, V_;
-  std::vector<Head> heads_;
+  std::vector<double> v_sq_prefix_;  // sum_{i<=j} ||v_i||^2
+  std::vector<Rows> heads_;
 };
 
 }  // namespace kvscope

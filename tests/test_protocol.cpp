@@ -184,7 +184,7 @@ TEST(RunEval, ResultsSeedsAndSummary) {
     ASSERT_EQ(he.per_seed.size(), 3u);
     EXPECT_EQ(he.per_query.size(), 32u);
     if (he.method == "exact") {
-      EXPECT_EQ(he.mean, 0.0);
+      EXPECT_NEAR(he.mean, 0.0, 1e-13);
     }
     if (he.method == "streaming") {
       EXPECT_EQ(he.std, 0.0);  // deterministic method
