@@ -3,6 +3,8 @@
 // most recently used layers in a small LRU cache.
 #include "engine/capture.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -109,6 +111,18 @@ class MetadataReader {
   std::string where_;
 };
 
+// True when some value is NaN or +-Inf (exponent bits all ones). Written as a branch-free
+// reduction so it vectorises; Eigen's allFinite() runs scalar and cost more than the conversion.
+bool any_non_finite(const float* values, size_t count) {
+  uint32_t found = 0;
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, 4);
+    found |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  return found != 0;
+}
+
 struct LayerTensors {
   int key = -1, value = -1, query = -1;  // indices into archive tensors()
 };
@@ -173,10 +187,16 @@ class ArchiveCapture final : public CaptureFile {
     lru_.push_front(L);
   }
   void evict() {
+    bool evicted = false;
     while (static_cast<int>(lru_.size()) > max_cached_) {
       cache_.erase(lru_.back());
       lru_.pop_back();
+      evicted = true;
     }
+    // Evicted layers are ~100 MB blocks; glibc raises its mmap threshold after freeing mapped
+    // blocks, so later layers land on the heap and freed ones are not returned to the system.
+    // Trimming keeps the process RSS bounded by the layers in use.
+    if (evicted) ::malloc_trim(0);
   }
 
   std::string tensor_where(int index) const {
@@ -329,7 +349,7 @@ class ArchiveCapture final : public CaptureFile {
           dst[i] = t.dtype == DType::F16 ? f16_to_float(half) : bf16_to_float(half);
         }
       }
-      if (!m.allFinite()) {
+      if (any_non_finite(dst, per_head)) {
         for (size_t i = 0; i < per_head; ++i) {
           if (!std::isfinite(dst[i])) {
             (*bad)[h] = std::string(std::isnan(dst[i]) ? "NaN" : "Inf") + " at token " +

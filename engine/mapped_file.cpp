@@ -67,4 +67,12 @@ void MappedFile::release(size_t offset, size_t length) const {
   ::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
+void MappedFile::will_need(size_t offset, size_t length) const {
+  if (!mapping_ || offset >= size_ || length == 0) return;
+  if (length > size_ - offset) length = size_ - offset;
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  size_t begin = offset / page * page;
+  ::madvise(const_cast<uint8_t*>(data_) + begin, offset + length - begin, MADV_WILLNEED);
+}
+
 }  // namespace kvscope

@@ -32,6 +32,9 @@ class MappedFile {
   // leave this process's resident set (the page cache may keep them). Keeps RSS bounded by the
   // layers converted to float, not by the layers ever read. No-op for in-memory bytes.
   void release(size_t offset, size_t length) const;
+  // Hints that [offset, offset + length) is about to be read front to back (read-ahead for a
+  // file not yet in the page cache). No-op for in-memory bytes.
+  void will_need(size_t offset, size_t length) const;
 
  private:
   MappedFile() = default;

@@ -234,6 +234,7 @@ class NpzArchive final : public TensorArchive {
     const NpzTensor& t = tensors_.at(i);
     const ZipMember& m = members_[t.member];
     if (m.method == 0) {
+      file_->will_need(m.data_begin, m.compressed_size);
       const uint8_t* begin = file_->data() + m.data_begin;
       if (crc32_z(0, begin, m.uncompressed_size) != m.crc)
         throw InputError(member_where(m) + ": CRC mismatch (corrupt data)");

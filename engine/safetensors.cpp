@@ -120,7 +120,9 @@ class SafetensorsArchive final : public TensorArchive {
   const std::map<std::string, std::string>& metadata() const override { return header_.metadata; }
   const std::vector<TensorDesc>& tensors() const override { return descs_; }
   const uint8_t* tensor_bytes(size_t i, std::vector<uint8_t>&) const override {
-    return file_->data() + header_.tensors.at(i).data_begin;
+    const SafetensorsEntry& e = header_.tensors.at(i);
+    file_->will_need(e.data_begin, e.data_end - e.data_begin);
+    return file_->data() + e.data_begin;
   }
   void release(size_t i) const override {
     const SafetensorsEntry& e = header_.tensors.at(i);
