@@ -27,8 +27,11 @@
 //   of a steady state with about as many samples as window tokens. Turn off with auto_scale = 0.
 // - The repeated final evictions shrink the middle in jumps (by about s and s^), so the result
 //   can land below m. To give BUZZ the same m as every other method, the remaining slots are
-//   topped up with the dropped middle tokens of highest accumulated score (top_up = 1, the
-//   default; with top_up = 0 the selection keeps fewer than m and says so).
+//   filled with the most recent dropped middle tokens (top_up = recent, the default: the window
+//   grows backwards, following the paper's Remark 1 that sink and window have priority), or with
+//   the dropped tokens of highest accumulated score (top_up = score). On the stories260K sample
+//   captures "recent" gives the lower error (e.g. 0.077 vs 0.094 at ratio 1/8 on lily). With
+//   top_up = off the selection keeps fewer than m and says so.
 // - If even the window does not fit (auto_scale = 0 and w > m), its oldest tokens are dropped.
 #include <algorithm>
 #include <cmath>
@@ -63,9 +66,11 @@ class Buzz final : public Method {
                    "T: evict when old survivors + new buffer exceed T"),
         param_spec("auto_scale", ParamSpec::Type::Bool, 0, 1, 1,
                    "scale w and T down so the window takes at most half of the budget"),
-        param_spec("top_up", ParamSpec::Type::Bool, 0, 1, 1,
-                   "fill slots left after the last eviction with the highest-scoring dropped "
-                   "tokens, so BUZZ keeps exactly m"),
+        param_spec("top_up", ParamSpec::Type::Choice, 0, 2, 2,
+                   "fill the slots left after the last eviction so BUZZ keeps exactly m: with "
+                   "the highest-scoring dropped tokens, or the most recent ones (a longer "
+                   "window)",
+                   {"off", "score", "recent"}),
     };
   }
   bool needs_queries() const override { return true; }
@@ -79,7 +84,7 @@ class Buzz final : public Method {
     const int stride = static_cast<int>(param_value(specs, in.params, "stride"));
     int threshold = static_cast<int>(param_value(specs, in.params, "threshold"));
     const bool auto_scale = param_value(specs, in.params, "auto_scale") >= 0.5;
-    const bool top_up = param_value(specs, in.params, "top_up") >= 0.5;
+    const int top_up = static_cast<int>(param_value(specs, in.params, "top_up"));
     if (sink < 0) throw InputError("buzz.sink must be >= 0");
     if (window < 0) throw InputError("buzz.window must be >= 0");
     if (stride < 1) throw InputError("buzz.stride must be >= 1");
@@ -166,12 +171,14 @@ class Buzz final : public Method {
 
     std::vector<double> scores(acc.begin() + in.mid_begin, acc.end());
     const int missing = m - total();
-    if (missing > 0 && top_up) {
-      std::vector<double> dropped_scores(n_mid);
+    if (missing > 0 && top_up != 0) {
+      // Rank the dropped tokens by accumulated score (top_up = score) or by position (recent).
+      std::vector<double> rank(n_mid);
       for (int i = 0; i < n_mid; ++i)
-        dropped_scores[i] = kept[i] ? -std::numeric_limits<double>::infinity() : scores[i];
-      for (int i : top_m_indices(dropped_scores, missing)) kept[i] = 1;
-      note << " topped up " << missing << " by score;";
+        rank[i] = kept[i] ? -std::numeric_limits<double>::infinity()
+                          : (top_up == 1 ? scores[i] : static_cast<double>(i));
+      for (int i : top_m_indices(rank, missing)) kept[i] = 1;
+      note << " topped up " << missing << (top_up == 1 ? " by score;" : " with the most recent;");
     } else if (missing > 0) {
       note << " keeps " << total() << " < m = " << m << " (top_up off);";
     }
