@@ -746,6 +746,16 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     }
   }
 
+  // Keep the reusable buffers for the next call (live slider moves on one head), but do not let
+  // one layer-sized call pin hundreds of MB on this thread.
+  if (keys.capacity() + values.capacity() > (size_t{32} << 20)) {
+    std::vector<float>().swap(keys);
+    std::vector<float>().swap(values);
+    std::vector<float>().swap(p);
+    std::vector<float>().swap(partial);
+    std::vector<int8_t>().swap(sigma);
+  }
+
   std::vector<WalkOutcome> out(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
     out[j] = std::move(st[j].out);
