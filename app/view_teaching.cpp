@@ -1,0 +1,407 @@
+// Teaching view: the self-balancing walk on a handful of 2-D vectors the user places with the
+// mouse (or the talk's worked example: projections 0.1, 0.8, 0.5, 0.7, 0.3 on a direction z),
+// stepped one sign at a time (engine/teaching_walk.h). Left: the plane with the vectors, z and
+// the signed prefix sums chained head to tail; right: the prefix along z against the step, with
+// the +-1 band the talk's proposition promises; below: the talk's table filling in.
+#include <imgui.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "app/app_state.h"
+#include "app/colormap.h"
+#include "app/plot.h"
+#include "app/point_renderer.h"
+#include "app/view.h"
+#include "engine/error.h"
+#include "engine/teaching_walk.h"
+
+namespace kvscope::app {
+namespace {
+
+using Vec2 = TeachingWalk::Vec2;
+
+constexpr ImU32 kColPlus = IM_COL32(76, 190, 110, 255);
+constexpr ImU32 kColMinus = IM_COL32(230, 97, 92, 255);
+constexpr ImU32 kColVector = IM_COL32(170, 175, 185, 255);
+constexpr ImU32 kColZ = IM_COL32(240, 200, 80, 255);
+constexpr ImU32 kColPrefix = IM_COL32(120, 200, 255, 255);
+constexpr int kMaxVectors = 16;
+constexpr double kExtent = 2.2;  // the plane shows [-kExtent, kExtent]^2
+
+void arrow(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float thickness) {
+  dl->AddLine(a, b, col, thickness);
+  const float dx = b.x - a.x, dy = b.y - a.y, len = std::sqrt(dx * dx + dy * dy);
+  if (len < 4) return;
+  const float ux = dx / len, uy = dy / len, head = std::min(10.0f, len * 0.4f);
+  dl->AddTriangleFilled(
+      b, ImVec2(b.x - head * ux + head * 0.45f * uy, b.y - head * uy - head * 0.45f * ux),
+      ImVec2(b.x - head * ux - head * 0.45f * uy, b.y - head * uy + head * 0.45f * ux), col);
+}
+
+class TeachingView final : public View {
+ public:
+  TeachingView() { load_talk_example(); }
+
+  const char* name() const override { return "teaching"; }
+  const char* title() const override { return "Teaching"; }
+
+  void draw(AppState&) override {
+    draw_controls();
+    advance_playback();
+    const ImVec2 avail = ImGui::GetContentRegionAvail();
+    const float table_h = ImGui::GetTextLineHeightWithSpacing() * 7.5f;
+    const float plot_h = std::max(220.0f, avail.y - table_h);
+    const float plane_w = std::min(avail.x * 0.55f, plot_h + 80);
+    draw_plane(ImVec2(plane_w, plot_h));
+    ImGui::SameLine();
+    draw_prefix_plot(ImVec2(0, plot_h));
+    draw_table();
+  }
+
+  nlohmann::json export_json(const AppState&) const override { return state_json(); }
+
+  nlohmann::json state_json() const {
+    nlohmann::json j;
+    j["view"] = "teaching";
+    j["rule"] = rule_ == TeachingWalk::Rule::KnownDirection ? "known-direction" : "self-balancing";
+    j["z"] = {z_[0], z_[1]};
+    j["c"] = c_;
+    j["seed"] = seed_;
+    nlohmann::json steps = nlohmann::json::array();
+    if (walk_)
+      for (const auto& st : walk_->steps())
+        steps.push_back({{"u", {st.u[0], st.u[1]}},
+                         {"along_z", st.along_z},
+                         {"p", st.p},
+                         {"sigma", st.sigma},
+                         {"prefix", {st.prefix[0], st.prefix[1]}},
+                         {"prefix_along_z", st.prefix_along_z}});
+    j["steps"] = steps;
+    j["vectors"] = nlohmann::json::array();
+    for (const Vec2& u : vectors_) j["vectors"].push_back({u[0], u[1]});
+    return j;
+  }
+
+  std::string export_csv(const AppState&) const override {
+    if (!walk_) return {};
+    std::ostringstream out;
+    out << "i,u_x,u_y,along_z,p,uniform,sigma,prefix_x,prefix_y,prefix_along_z\n";
+    for (const auto& st : walk_->steps())
+      out << st.index + 1 << ',' << st.u[0] << ',' << st.u[1] << ',' << st.along_z << ',' << st.p
+          << ',' << st.uniform << ',' << st.sigma << ',' << st.prefix[0] << ',' << st.prefix[1]
+          << ',' << st.prefix_along_z << '\n';
+    return out.str();
+  }
+
+  nlohmann::json save_state() const override { return state_json(); }
+
+  void load_state(const nlohmann::json& j) override {
+    if (!j.is_object()) return;
+    try {
+      std::vector<Vec2> vs;
+      for (const auto& v : j.at("vectors"))
+        vs.push_back({v.at(0).get<double>(), v.at(1).get<double>()});
+      if (vs.empty() || vs.size() > kMaxVectors) return;
+      vectors_ = vs;
+      z_ = {j.at("z").at(0).get<double>(), j.at("z").at(1).get<double>()};
+      rule_ = j.value("rule", "") == "self-balancing" ? TeachingWalk::Rule::SelfBalancing
+                                                      : TeachingWalk::Rule::KnownDirection;
+      c_ = j.value("c", c_);
+      seed_ = j.value("seed", seed_);
+      rebuild(j.contains("steps") ? static_cast<int>(j["steps"].size()) : 0);
+    } catch (const std::exception&) {
+      // Malformed view state: keep what is shown.
+    }
+  }
+
+ private:
+  void load_talk_example() {
+    TeachingWalk ex = TeachingWalk::talk_example();
+    vectors_ = ex.vectors();
+    z_ = ex.z();
+    rule_ = ex.rule();
+    c_ = ex.c();
+    rebuild(static_cast<int>(vectors_.size()));  // the worked example, filled in
+    message_ = "The talk's example: <u_i, z> = 0.1, 0.8, 0.5, 0.7, 0.3 with z = (1, 0).";
+  }
+
+  // A new walk over the current vectors, signed up to `steps` vectors again.
+  void rebuild(int steps) {
+    error_.clear();
+    walk_.reset();
+    if (vectors_.empty()) return;
+    try {
+      walk_ = std::make_unique<TeachingWalk>(vectors_, z_, rule_, c_, seed_);
+      for (int i = 0; i < steps && walk_->step(); ++i) {
+      }
+    } catch (const InputError& e) {
+      error_ = e.what();
+    }
+  }
+
+  int signed_count() const { return walk_ ? static_cast<int>(walk_->steps().size()) : 0; }
+
+  void draw_controls() {
+    if (ImGui::Button("talk example")) load_talk_example();
+    ImGui::SameLine();
+    if (ImGui::Button("clear")) {
+      vectors_.clear();
+      walk_.reset();
+      message_ = "Click in the plane to place vectors (up to 16).";
+    }
+    ImGui::SameLine(0, 16);
+    int rule = rule_ == TeachingWalk::Rule::KnownDirection ? 0 : 1;
+    ImGui::SetNextItemWidth(220);
+    if (ImGui::Combo("rule", &rule, "known direction z (talk)\0self-balancing (ALS walk)\0")) {
+      rule_ = rule == 0 ? TeachingWalk::Rule::KnownDirection : TeachingWalk::Rule::SelfBalancing;
+      rebuild(signed_count());
+    }
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip(
+          "known direction: sigma_j = - when the prefix along z and <u_j, z> have the same sign\n"
+          "(every prefix then stays within max |<u_i, z>|).\n"
+          "self-balancing: p_j = 1/2 - <w_j, u_j> / (2c) with w_j the prefix sum; no z needed.");
+    if (rule_ == TeachingWalk::Rule::SelfBalancing) {
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(100);
+      float c = static_cast<float>(c_);
+      if (ImGui::SliderFloat("c", &c, 0.1f, 5.0f, "%.2f")) {
+        c_ = c;
+        rebuild(signed_count());
+      }
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(80);
+      int seed = static_cast<int>(seed_);
+      if (ImGui::InputInt("seed", &seed)) {
+        seed_ = static_cast<uint64_t>(std::max(0, seed));
+        rebuild(signed_count());
+      }
+    }
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(120);
+    float angle = static_cast<float>(std::atan2(z_[1], z_[0]) * 180.0 / M_PI);
+    if (ImGui::SliderFloat("z angle", &angle, -180.0f, 180.0f, "%.0f deg")) {
+      z_ = {std::cos(angle * M_PI / 180.0), std::sin(angle * M_PI / 180.0)};
+      rebuild(signed_count());
+    }
+    ImGui::SameLine(0, 16);
+    const bool can_step = walk_ && !walk_->done();
+    if (!can_step) ImGui::BeginDisabled();
+    if (ImGui::Button("step")) walk_->step(), playing_ = false;
+    ImGui::SameLine();
+    if (ImGui::Button(playing_ ? "pause" : "play")) playing_ = !playing_, timer_ = 0;
+    ImGui::SameLine();
+    if (ImGui::Button("run")) walk_->run(), playing_ = false;
+    if (!can_step) ImGui::EndDisabled();
+    ImGui::SameLine();
+    if (ImGui::Button("reset") && walk_) walk_->reset(), playing_ = false;
+    if (!error_.empty())
+      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", error_.c_str());
+    else
+      ImGui::TextDisabled(
+          "%s  Left click: add a vector; drag a tip: move it; right click a tip: "
+          "remove it.",
+          message_.c_str());
+  }
+
+  void advance_playback() {
+    if (!playing_ || !walk_) return;
+    timer_ += ImGui::GetIO().DeltaTime;
+    if (timer_ >= 0.7f) {
+      timer_ = 0;
+      if (!walk_->step()) playing_ = false;
+    }
+    if (walk_->done()) playing_ = false;
+    request_next_frame();
+  }
+
+  // The plane: vectors from the origin, z, and the signed prefix sums chained head to tail.
+  void draw_plane(ImVec2 size) {
+    ImGui::BeginGroup();
+    Plot plot("##teach_plane", size, "vectors u_i, direction z and the signed prefix sums",
+              Axis{"x", -kExtent, kExtent}, Axis{"y", -kExtent, kExtent});
+    ImDrawList* dl = plot.draw_list();
+    dl->PushClipRect(plot.inner_min(), plot.inner_max(), true);
+    const ImVec2 o = plot.to_screen(0, 0);
+    // z through the origin, both ways, and the +-1 band across it.
+    const ImVec2 zf = plot.to_screen(z_[0] * kExtent * 1.5, z_[1] * kExtent * 1.5);
+    const ImVec2 zb = plot.to_screen(-z_[0] * kExtent * 1.5, -z_[1] * kExtent * 1.5);
+    dl->AddLine(zb, zf, with_alpha(kColZ, 0.35f), 1.0f);
+    arrow(dl, o, plot.to_screen(z_[0], z_[1]), kColZ, 2.0f);
+    dl->AddText(plot.to_screen(z_[0] * 1.08, z_[1] * 1.08), kColZ, "z");
+    const int signed_n = signed_count();
+    for (size_t i = 0; i < vectors_.size(); ++i) {
+      const Vec2& u = vectors_[i];
+      ImU32 col = kColVector;
+      if (static_cast<int>(i) < signed_n) col = walk_->steps()[i].sigma > 0 ? kColPlus : kColMinus;
+      arrow(dl, o, plot.to_screen(u[0], u[1]), with_alpha(col, 0.55f), 1.5f);
+      const std::string label = "u" + std::to_string(i + 1);
+      dl->AddText(plot.to_screen(u[0], u[1]), with_alpha(col, 0.9f), label.c_str());
+    }
+    // Prefix sums: sigma_1 u_1, then + sigma_2 u_2, ... head to tail.
+    Vec2 at{0, 0};
+    for (int i = 0; i < signed_n; ++i) {
+      const auto& st = walk_->steps()[i];
+      arrow(dl, plot.to_screen(at[0], at[1]), plot.to_screen(st.prefix[0], st.prefix[1]),
+            st.sigma > 0 ? kColPlus : kColMinus, 2.5f);
+      at = st.prefix;
+    }
+    if (signed_n > 0) dl->AddCircle(plot.to_screen(at[0], at[1]), 6, kColPrefix, 14, 2);
+    dl->AddCircleFilled(o, 3.5f, kColExact, 10);
+    dl->PopClipRect();
+    handle_plane_mouse(plot);
+    plot.legend({{"u_i (unsigned)", kColVector},
+                 {"sigma = +1", kColPlus},
+                 {"sigma = -1", kColMinus},
+                 {"z", kColZ}},
+                Plot::Corner::BottomRight);
+    ImGui::EndGroup();
+  }
+
+  void handle_plane_mouse(const Plot& plot) {
+    const ImVec2 mouse = ImGui::GetIO().MousePos;
+    auto tip_near_mouse = [&]() {
+      for (size_t i = 0; i < vectors_.size(); ++i) {
+        const ImVec2 t = plot.to_screen(vectors_[i][0], vectors_[i][1]);
+        if ((t.x - mouse.x) * (t.x - mouse.x) + (t.y - mouse.y) * (t.y - mouse.y) < 64)
+          return static_cast<int>(i);
+      }
+      return -1;
+    };
+    if (dragging_ >= 0) {
+      if (ImGui::IsMouseDown(ImGuiMouseButton_Left)) {
+        vectors_[dragging_] = {std::clamp(plot.data_x(mouse.x), -kExtent, kExtent),
+                               std::clamp(plot.data_y(mouse.y), -kExtent, kExtent)};
+        rebuild(signed_count());
+      } else {
+        dragging_ = -1;
+      }
+      return;
+    }
+    if (!plot.hovered()) return;
+    const int tip = tip_near_mouse();
+    if (tip >= 0) {
+      ImGui::SetTooltip("u%d = (%.3f, %.3f), <u, z> = %.3f", tip + 1, vectors_[tip][0],
+                        vectors_[tip][1], vectors_[tip][0] * z_[0] + vectors_[tip][1] * z_[1]);
+      if (ImGui::IsMouseClicked(ImGuiMouseButton_Left)) dragging_ = tip;
+      if (ImGui::IsMouseClicked(ImGuiMouseButton_Right)) {
+        vectors_.erase(vectors_.begin() + tip);
+        rebuild(std::min<int>(signed_count(), static_cast<int>(vectors_.size())));
+      }
+      return;
+    }
+    if (ImGui::IsMouseClicked(ImGuiMouseButton_Left) &&
+        static_cast<int>(vectors_.size()) < kMaxVectors) {
+      vectors_.push_back({plot.data_x(mouse.x), plot.data_y(mouse.y)});
+      rebuild(signed_count());
+      message_ = "Placed u" + std::to_string(vectors_.size()) + ".";
+    }
+  }
+
+  // The prefix along z against the step: the quantity the talk bounds by 1.
+  void draw_prefix_plot(ImVec2 size) {
+    const int n = static_cast<int>(vectors_.size());
+    double bound = 0;
+    for (const Vec2& u : vectors_) bound = std::max(bound, std::abs(u[0] * z_[0] + u[1] * z_[1]));
+    double lim = std::max(1.2, bound * 1.3);
+    if (walk_)
+      for (const auto& st : walk_->steps()) lim = std::max(lim, std::abs(st.prefix_along_z) * 1.1);
+    Plot plot("##teach_prefix", size, "prefix along z:  sum_{i<=j} sigma_i <u_i, z>",
+              Axis{"step j", 0, std::max(1.0, double(n))}, Axis{"<prefix, z>", -lim, lim});
+    plot.hline(0, kColGrid, 1.5f);
+    plot.hline(1, with_alpha(kColZ, 0.6f));
+    plot.hline(-1, with_alpha(kColZ, 0.6f));
+    std::vector<double> xs{0}, ys{0};
+    if (walk_)
+      for (const auto& st : walk_->steps()) {
+        xs.push_back(st.index + 1);
+        ys.push_back(st.prefix_along_z);
+      }
+    plot.line(xs, ys, kColPrefix, 2.0f);
+    ImDrawList* dl = plot.draw_list();
+    if (walk_)
+      for (const auto& st : walk_->steps())
+        dl->AddCircleFilled(plot.to_screen(st.index + 1, st.prefix_along_z), 4.5f,
+                            st.sigma > 0 ? kColPlus : kColMinus, 12);
+    char text[160];
+    std::snprintf(text, sizeof text, "max |prefix along z| = %.3f  (max |<u_i, z>| = %.3f)",
+                  walk_ ? walk_->max_abs_prefix_along_z() : 0.0, bound);
+    dl->AddText(ImVec2(plot.inner_min().x + 6, plot.inner_min().y + 4), kColAxisText, text);
+    plot.legend({{"sigma = +1", kColPlus}, {"sigma = -1", kColMinus}, {"+-1", kColZ}},
+                Plot::Corner::BottomRight);
+  }
+
+  // The talk's table: one column per vector, rows <u_i, z>, p, sigma and the prefix along z.
+  void draw_table() {
+    const int n = static_cast<int>(vectors_.size());
+    if (n == 0) return;
+    const int signed_n = signed_count();
+    const bool self_balancing = rule_ == TeachingWalk::Rule::SelfBalancing;
+    const ImGuiTableFlags flags = ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg |
+                                  ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_ScrollX;
+    if (!ImGui::BeginTable("##teach_table", n + 1, flags)) return;
+    ImGui::TableSetupColumn("", ImGuiTableColumnFlags_WidthFixed, 200);
+    for (int i = 0; i < n; ++i) {
+      char h[16];
+      std::snprintf(h, sizeof h, "i = %d", i + 1);
+      ImGui::TableSetupColumn(h, ImGuiTableColumnFlags_WidthFixed, 70);
+    }
+    ImGui::TableHeadersRow();
+    auto row = [&](const char* label, auto cell) {
+      ImGui::TableNextRow();
+      ImGui::TableSetColumnIndex(0);
+      ImGui::TextUnformatted(label);
+      for (int i = 0; i < n; ++i) {
+        ImGui::TableSetColumnIndex(i + 1);
+        cell(i);
+      }
+    };
+    row("<u_i, z>",
+        [&](int i) { ImGui::Text("%.3f", vectors_[i][0] * z_[0] + vectors_[i][1] * z_[1]); });
+    row(self_balancing ? "<w_i, u_i> (prefix . u)" : "prefix along z before", [&](int i) {
+      if (i < signed_n) ImGui::Text("%.3f", walk_->steps()[i].inner);
+    });
+    row(self_balancing ? "p_i = 1/2 - <w,u>/(2c)" : "p_i (sign chosen)", [&](int i) {
+      if (i < signed_n) ImGui::Text("%.3f", walk_->steps()[i].p);
+    });
+    if (self_balancing)
+      row("uniform drawn", [&](int i) {
+        if (i < signed_n) ImGui::Text("%.3f", walk_->steps()[i].uniform);
+      });
+    row("sigma_i", [&](int i) {
+      if (i >= signed_n) return;
+      const int s = walk_->steps()[i].sigma;
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(s > 0 ? kColPlus : kColMinus), "%s",
+                         s > 0 ? "+" : "-");
+    });
+    row("prefix sum along z", [&](int i) {
+      if (i < signed_n) ImGui::Text("%.3f", walk_->steps()[i].prefix_along_z);
+    });
+    ImGui::EndTable();
+  }
+
+  std::vector<Vec2> vectors_;
+  Vec2 z_{1, 0};
+  TeachingWalk::Rule rule_ = TeachingWalk::Rule::KnownDirection;
+  double c_ = 1.0;
+  uint64_t seed_ = 0;
+  std::unique_ptr<TeachingWalk> walk_;
+  std::string error_, message_;
+  bool playing_ = false;
+  float timer_ = 0;
+  int dragging_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<View> make_teaching_view() {
+  return std::make_unique<TeachingView>();
+}
+
+}  // namespace kvscope::app
