@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <limits>
+#include <memory>
 #include <random>
 #include <stdexcept>
 
@@ -391,6 +392,53 @@ TEST(RunEval, BadSpecNamesTheFlag) {
   s = simple_spec(1);
   s.params["balancekv"]["gamma"] = 1;
   expect_flag(s, "--param balancekv");
+}
+
+TEST(RunEval, ProxyQueriesAreTheKeys) {
+  MemoryCapture cap = make_capture(128, 1, 2, 4, false);
+  MethodSettings s;
+  s.method = find_method("uniform");
+  s.keep_ratio = 0.25;
+  const auto L = cap.layer(0);
+  const HeadRun run = run_head(*L, 1, 1, s, 3);
+  ASSERT_EQ(run.per_query_head.size(), 1u);  // one proxy "head": the kv head's own keys
+  const std::vector<QueryError> ref =
+      evaluate_query_head(L->keys[1], L->keys[1], L->values[1], run.window, run.selection);
+  for (size_t e = 0; e < ref.size(); ++e)
+    EXPECT_NEAR(run.per_query_head[0][e].relative, ref[e].relative, 1e-14);
+  const nlohmann::json j = run_eval(cap, simple_spec(1)).to_json();
+  EXPECT_EQ(j["proxy_queries"], true);
+}
+
+// The protocol end to end on the real stories260K capture (skipped when it is absent).
+TEST(RunEval, RealCapture) {
+  const std::string path =
+      std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
+  std::unique_ptr<CaptureFile> cap;
+  try {
+    cap = CaptureFile::open(path);
+  } catch (const InputError& e) {
+    GTEST_SKIP() << "sample capture not usable: " << e.what();
+  }
+  EvalSpec spec = simple_spec(3);
+  spec.ratios = {0.5, 0.125};
+  const EvalReport rep = run_eval(*cap, spec);
+  EXPECT_FALSE(rep.proxy_queries);
+  EXPECT_TRUE(rep.failures().empty());
+  EXPECT_EQ(rep.results.size(),
+            static_cast<size_t>(cap->info().num_layers) * cap->info().kv_heads * 3 * 2);
+  const std::vector<EvalSummary> sum = rep.summary();
+  // exact 1/2, exact 1/8, uniform 1/2, uniform 1/8, streaming 1/2, streaming 1/8
+  EXPECT_LT(sum[0].mean, 1e-13);
+  EXPECT_LT(sum[2].mean, sum[3].mean);  // uniform: less budget, more error
+  EXPECT_LT(sum[4].mean, sum[5].mean);
+  EXPECT_GT(sum[2].std, 0.0);
+  EXPECT_EQ(sum[4].std, 0.0);
+  for (const HeadEval& he : rep.results) {
+    EXPECT_FALSE(he.refused);
+    EXPECT_GT(he.mass_mean, 0.0);
+    EXPECT_LE(he.mass_mean, 1.0 + 1e-12);
+  }
 }
 
 TEST(Params, ValidatedAgainstSpec) {
