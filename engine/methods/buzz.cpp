@@ -23,8 +23,9 @@
 //   GQA group (the authors' code sums the heads; the argmax is the same).
 // - Defaults k = 4, w = 160, s = 5, T = 400 (the authors' code). For budgets where the window
 //   would take more than half of m, w and T are scaled by the same factor (w = floor(m/2),
-//   T = max(s, round(400 w / 160))), keeping the paper's T/w ratio and its Theorem 3.1 picture
-//   of a steady state with about as many samples as window tokens. Turn off with auto_scale = 0.
+//   T = max(s, round(T w_scaled / w))), keeping the given T/w ratio (2.5 for the defaults) and
+//   the paper's Theorem 3.1 picture of a steady state with about as many samples as window
+//   tokens (so the window should not take more than about half). Turn off with auto_scale = 0.
 // - The repeated final evictions shrink the middle in jumps (by about s and s^), so the result
 //   can land below m. To give BUZZ the same m as every other method, the remaining slots are
 //   filled with the most recent dropped middle tokens (top_up = recent, the default: the window
@@ -36,6 +37,10 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "engine/attention_scores.h"
 #include "engine/error.h"

@@ -17,14 +17,16 @@
 // uniform per slot), which Lemma 1 shows is exactly the distribution the streaming coin flips
 // produce, at O(log n) instead of O(n) per slot; literal_reservoir = 1 runs the coin flips of
 // line 26 token by token instead (same distribution, different random draws).
-// Both estimators are unbiased for a fixed query (tests/test_subgen.cpp checks this).
+// Both estimators are unbiased for a fixed query (tests/test_subgen.cpp checks this); their ratio,
+// the attention output, is not, and its error has a heavy tail (docs/methods.md).
 //
 // Budget (memory) accounting. A cluster stores at most min(t, n_c) distinct keys, so the
 // denominator's capacity is cap(delta) = sum_c min(t, n_c); the numerator's is s slots. The split
-// parameter reserves split*m for the numerator; delta is chosen by bisection as the smallest delta
-// whose clustering has cap(delta) <= m - round(split*m) (cap is computed from the clustering
-// alone, which is deterministic, so delta does not depend on the random draws and both estimators
-// stay unbiased). The numerator then gets the rest: s = m - cap(delta). Distinct numerator tokens
+// parameter reserves split*m for the numerator; delta is chosen by bisection (to 0.1%) as the
+// smallest delta whose clustering has cap(delta) <= m - round(split*m) (cap is computed from the
+// clustering alone, which is deterministic, so delta does not depend on the random draws and both
+// estimators stay unbiased). The numerator then gets the rest: s = m - cap(delta). Distinct
+// numerator tokens
 // + distinct denominator tokens <= s + cap = m; fewer when samples repeat (the note says how many).
 // If even one cluster cannot fit (min(t, n_mid) > the denominator's share), t is lowered to fit.
 // A delta override (> 0) that would exceed the share falls back to the automatic delta.
@@ -50,8 +52,8 @@ struct Clustering {
   bool over = false;       // stopped early: capacity exceeded the limit
 };
 
-// Online clustering of keys [begin, end) with radius delta (lines 12-13, 20-21). Stops as soon as
-// the capacity exceeds `limit` (it only grows along the stream).
+// Online clustering of the rows of `keys`, in order, with radius delta (lines 12-13, 20-21). Stops
+// as soon as the capacity exceeds `limit` (it only grows along the stream).
 Clustering cluster_stream(const MatrixD& keys, double delta, int t, long long limit) {
   const int n = static_cast<int>(keys.rows());
   Clustering c;
