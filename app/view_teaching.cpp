@@ -241,8 +241,9 @@ class TeachingView final : public View {
       ImU32 col = kColVector;
       if (static_cast<int>(i) < signed_n) col = walk_->steps()[i].sigma > 0 ? kColPlus : kColMinus;
       arrow(dl, o, plot.to_screen(u[0], u[1]), with_alpha(col, 0.55f), 1.5f);
-      const std::string label = "u" + std::to_string(i + 1);
-      dl->AddText(plot.to_screen(u[0], u[1]), with_alpha(col, 0.9f), label.c_str());
+      char label[16];
+      std::snprintf(label, sizeof label, "u%d", static_cast<int>(i) + 1);
+      dl->AddText(plot.to_screen(u[0], u[1]), with_alpha(col, 0.9f), label);
     }
     // Prefix sums: sigma_1 u_1, then + sigma_2 u_2, ... head to tail.
     Vec2 at{0, 0};
