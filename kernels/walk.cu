@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) walk_fast_kernel(WalkDeviceAr
         const int r = tr * kTile + i, c = tc * kTile + j;
         if (r < rows && c < r) {
           const double arg = scale * static_cast<double>(acc[i][j]) - a.beta;
-          if (!(arg <= kWalkMaxFloatExp)) overflow = 1;  // also catches NaN
+          if (!(arg <= kWalkMaxFloatExp)) atomicOr(&overflow, 1);  // also catches NaN
           tri[tri_index(r, c)] = static_cast<float>(exp(arg));
         } else if (r == c && r < rows) {
           // The diagonal K_ii is never used by the walk (it would only trip the overflow check

@@ -271,3 +271,8 @@ inline float2 make_float2(float a, float b) {
 struct alignas(16) float4 {
   float x, y, z, w;
 };
+inline int atomicOr(int* p, int v) {
+  const int old = *p;
+  *p = old | v;
+  return old;
+}
