@@ -4,6 +4,7 @@
 #include <GLFW/glfw3.h>
 
 #include <CLI/CLI.hpp>
+#include <cfloat>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -125,6 +126,8 @@ int main(int argc, char** argv) {
       state.worker.drain(state);
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
+      // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
+      if (headless) ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
       ImGui::NewFrame();
       ui.draw();
       ImGui::Render();
