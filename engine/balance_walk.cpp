@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -923,7 +924,37 @@ std::vector<Selection> balancekv_layer(const LayerData& layer, int num_layers, c
     jobs.push_back(plans[h].job);
     job_head.push_back(h);
   }
-  std::vector<WalkOutcome> out = run_balance_walks(jobs, layer.layer, seed, prm, &backend);
+  std::vector<WalkOutcome> out;
+  const unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()),
+                                              static_cast<unsigned>(jobs.size()));
+  if (backend.is_gpu() || threads <= 1) {
+    // One walk_blocks call per round for all heads: the GPU kernel parallelises over them.
+    out = run_balance_walks(jobs, layer.layer, seed, prm, &backend);
+  } else {
+    // The CPU op is sequential; spread the heads over the cores instead. The result is the
+    // same: the walk's random numbers do not depend on which heads share a call.
+    out.resize(jobs.size());
+    std::vector<std::exception_ptr> errors(threads);
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        try {
+          std::vector<WalkJob> mine;
+          std::vector<size_t> where;
+          for (size_t j = t; j < jobs.size(); j += threads) {
+            mine.push_back(jobs[j]);
+            where.push_back(j);
+          }
+          std::vector<WalkOutcome> got = run_balance_walks(mine, layer.layer, seed, prm, &backend);
+          for (size_t k = 0; k < got.size(); ++k) out[where[k]] = std::move(got[k]);
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+      });
+    for (std::thread& th : pool) th.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int h = job_head[j];
     result[h] = finish_head(plans[h], out[j], inputs[h]);

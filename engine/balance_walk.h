@@ -93,7 +93,8 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
 Selection balancekv_select(const MethodInput& in);
 
 // The whole layer at once for live GPU use: every kv head of `layer` with the window `w` and
-// `seed`; all heads' blocks of a round go to the backend in one walk_blocks call. Entry h equals
+// `seed`. On a GPU backend all heads' blocks of a round go to it in one walk_blocks call; on the
+// CPU the heads are spread over the cores (one call per thread and round). Entry h equals
 // balancekv_select for kv head h with the same inputs. Refused heads get an empty selection whose
 // note says why.
 std::vector<Selection> balancekv_layer(const LayerData& layer, int num_layers, const EvalWindow& w,
