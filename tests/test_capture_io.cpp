@@ -1,13 +1,16 @@
 // Capture I/O: round trips through safetensors and npz in every dtype, the layer cache, the
 // streaming writer, half-precision conversion, and the CLI info command on a valid file.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -201,6 +204,29 @@ TEST(CaptureIo, LayerCacheIsBoundedAndLru) {
   EXPECT_THROW(cap->layer(-1), InputError);
 }
 
+TEST(CaptureIo, ConcurrentLayerRequestsAgree) {
+  CaptureData data = make_capture(6, 2, 2, 32, 8, 8, true);
+  const fs::path path = temp_dir() / "threads.safetensors";
+  write_capture(path.string(), data, DType::F16);
+  auto cap = CaptureFile::open(path.string());
+  cap->set_max_cached_layers(2);  // constant eviction while the threads run
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 30; ++i) {
+        const int L = (i * 7 + t * 3) % 6;
+        auto layer = cap->layer(L);
+        if (layer->layer != L ||
+            layer->keys[1](5, 3) != f16_to_float(float_to_f16(data.layers[L].keys[1](5, 3))))
+          ++mismatches;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_LE(cap->resident_bytes(), 2LL * (2 * 32 * 8 * 3) * 4);
+}
+
 TEST(CaptureIo, StreamingWriterChecksShapesAndOrder) {
   CaptureData data = make_capture(2, 2, 2, 6, 4, 4, true);
   CaptureInfo info = data.info;
@@ -276,6 +302,46 @@ TEST(HalfConversion, Bf16RoundsToNearestEven) {
     if ((h & 0x7F80) == 0x7F80) continue;
     ASSERT_EQ(float_to_bf16(bf16_to_float(static_cast<uint16_t>(h))), h) << h;
   }
+}
+
+std::string run_cli(const std::string& args, int* exit_code) {
+  FILE* pipe = ::popen((std::string(KVSCOPE_CLI) + " " + args + " 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return output;
+}
+
+TEST(CliInfo, PrintsShapesProvenanceAndTokens) {
+  CaptureData data = make_capture(3, 4, 2, 30, 8, 6, true);
+  data.info.prompt = std::string(300, 'p');
+  data.info.tokens[1] = "line\nbreak";  // printed escaped, on one line
+  const fs::path path = temp_dir() / "info.safetensors";
+  write_capture(path.string(), data, DType::BF16);
+  int code = -1;
+  std::string out = run_cli("info " + path.string(), &code);
+  ASSERT_EQ(code, 0) << out;
+  for (const char* expected :
+       {"model       unit-test-model", "synthetic   no", "source      test_capture_io",
+        "layers      3", "heads       4 query, 2 kv (GQA group of 2)", "head dim    8",
+        "value dim   6", "tokens      30", "dtype       BF16", "format      safetensors, kvscope/1",
+        "first 20 tokens:", "\"line\\nbreak\"", "\"tok19\"", "... 10 more"})
+    EXPECT_NE(out.find(expected), std::string::npos) << "missing \"" << expected << "\" in\n"
+                                                     << out;
+  EXPECT_EQ(out.find("tok20"), std::string::npos) << out;
+  EXPECT_NE(out.find(std::string(100, 'p') + "..."), std::string::npos) << out;  // shortened
+  EXPECT_EQ(out.find(std::string(101, 'p')), std::string::npos) << out;
+
+  out = run_cli("info --json --tokens 2 " + path.string(), &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"num_layers\": 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"first_tokens\": [\n    \"tok0\","), std::string::npos) << out;
+
+  out = run_cli("info --check " + path.string(), &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all 3 layers load; every value is finite"), std::string::npos) << out;
 }
 
 }  // namespace
