@@ -115,6 +115,12 @@ void validate_method_params(const Method& method, const ParamValues& values);
 // Called from worker threads (never two at once) after each finished work item.
 using ProgressFn = std::function<void(int done, int total)>;
 
+// Every (method, ratio, layer, kv head) work item of this shard over spec.seeds seeds, layer by
+// layer on spec.threads threads; results in canonical order (layer, kv head, method, ratio) and
+// identical for any thread count. Bad specs throw InputError naming the flag before any work; a
+// method that throws is recorded in its HeadEval::error (see failures()); a set cancel flag
+// throws Cancelled. On the CPU the exact side of each kv head is computed once (ExactReference)
+// and shared by all its items; a GPU backend scores through Backend::attention_errors.
 EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec, const ProgressFn& progress = {},
                     const std::atomic<bool>* cancel = nullptr, Backend* backend = nullptr);
 
