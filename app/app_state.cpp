@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "engine/attention.h"
 #include "engine/backend.h"
@@ -23,6 +24,13 @@ ApplyFn guarded(Fn&& fn, OnError&& on_error) {
   } catch (const std::exception& e) {
     return on_error(std::string(e.what()));
   }
+}
+
+// Threads for background evaluations: all cores but one, which stays free for the focused
+// head's re-runs and the UI.
+int background_threads() {
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw > 2 ? static_cast<int>(hw) - 1 : 1;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -183,7 +191,8 @@ void AppState::request_open(const std::string& path) {
                           s.focus = Focus{-1, -1};
                           s.set_focus(Focus{0, 0});
                           s.request_grid();
-                          s.request_entropy();
+                          // Entropy costs a pass over every layer: only when it is shown.
+                          if (s.grid_metric == GridMetric::Entropy) s.request_entropy();
                           if (!s.sweep_request.methods.empty()) s.request_sweep(s.sweep_request);
                         };
                       },
@@ -312,7 +321,7 @@ void AppState::request_grid() {
   spec.params = params;
   spec.sink = sink_override;
   spec.eval = eval_override;
-  spec.threads = 1;  // the UI and the focus lane keep the other core
+  spec.threads = background_threads();
   std::shared_ptr<CaptureFile> cap = capture;
   Backend* be = backend_;
   const uint64_t gen = settings_generation_;
@@ -397,7 +406,7 @@ void AppState::request_sweep(const SweepRequest& r) {
   spec.params = params;
   spec.sink = sink_override;
   spec.eval = eval_override;
-  spec.threads = 1;
+  spec.threads = background_threads();
   if (r.focused_layer_only) spec.layers = {focus.layer};
   std::shared_ptr<CaptureFile> cap = capture;
   Backend* be = backend_;

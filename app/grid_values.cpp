@@ -113,8 +113,10 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
       [&](int r, int c) -> std::string {
         double v = gv.mean[static_cast<size_t>(r * gv.heads + c)];
         if (!std::isfinite(v)) return gv.have_values ? "n/a" : "";
+        // Three significant digits when the cell is wide enough, else two.
         char b[32];
         std::snprintf(b, sizeof b, "%.3g", v);
+        if (ImGui::CalcTextSize(b).x > cell - 6) std::snprintf(b, sizeof b, "%.2g", v);
         return b;
       });
   // Outline the focused head.

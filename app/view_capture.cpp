@@ -44,7 +44,9 @@ class CaptureView final : public View {
 
   bool ready(const AppState& s) const override {
     // The grid must show numbers (or the reason it cannot).
-    return !s.capture || s.grid || !s.grid_error.empty();
+    if (!s.capture) return true;
+    if (s.grid_metric == GridMetric::Entropy) return s.entropy || !s.info()->has_queries;
+    return s.grid || !s.grid_error.empty();
   }
 
   void draw(AppState& s) override {
@@ -89,6 +91,8 @@ class CaptureView final : public View {
     const char* metrics[] = {"error of method A", "attention entropy"};
     if (ImGui::Combo("colour by", &metric, metrics, 2))
       s.grid_metric = static_cast<GridMetric>(metric);
+    if (s.grid_metric == GridMetric::Entropy && !s.entropy && !s.worker.busy("entropy"))
+      s.request_entropy();
     ImGui::SameLine();
     ImGui::TextDisabled("(?)");
     if (ImGui::IsItemHovered())
