@@ -277,7 +277,12 @@ class ArchiveCapture final : public CaptureFile {
       throw InputError(meta.where() + " entry \"tokens\" is not a JSON array of strings");
     }
 
-    // Sort the tensors into layers.
+    // Sort the tensors into layers. (Every layer needs two tensors: checking that first keeps a
+    // huge num_layers in a tiny file from allocating a huge table.)
+    if (static_cast<size_t>(info_.num_layers) > a.tensors().size() / 2)
+      throw InputError(info_.path + ": metadata num_layers = " + std::to_string(info_.num_layers) +
+                       " but the file holds only " + std::to_string(a.tensors().size()) +
+                       " tensors (missing layers?)");
     layers_.assign(info_.num_layers, LayerTensors{});
     bool any_query = false;
     for (size_t i = 0; i < a.tensors().size(); ++i) {
