@@ -2,6 +2,7 @@
 
 #include <Eigen/Eigenvalues>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -141,6 +142,8 @@ bool cpu_has_avx2_fma() {
 #endif
 
 // Lower triangle of the Gram matrix of `len` float rows (dim wide) into g (row stride ldg()).
+std::atomic<bool> g_walk_simd{true};
+
 // Rows of the lower-triangular Gram matrix of one block, computed a panel of rows at a time so
 // memory stays panel x L even for long blocks.
 class BlockGram {
@@ -151,7 +154,7 @@ class BlockGram {
   void load(const float* rows, int len, int dim) {
     len_ = len;
 #ifdef KVS_GRAM_AVX2
-    simd_ = cpu_has_avx2_fma();
+    simd_ = g_walk_simd.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
     wide_ = simd_ && cpu_has_avx512();
     if (simd_) {
       const int rows4 = (len + 3) / 4 * 4;
@@ -204,6 +207,10 @@ class BlockGram {
 };
 
 }  // namespace
+
+bool set_cpu_walk_simd(bool enabled) {
+  return g_walk_simd.exchange(enabled);
+}
 
 void cpu_walk_blocks(const WalkBatch& b) {
   if (b.num_blocks <= 0) return;

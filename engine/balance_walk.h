@@ -34,6 +34,11 @@ struct BalanceParams {
 std::vector<ParamSpec> balancekv_param_specs();
 BalanceParams balance_params_from(const ParamValues& values);
 
+// The CPU walk op computes its block Gram matrices with AVX2/AVX-512 kernels when the CPU has
+// them. Passing false forces the portable (Eigen) path, for tests that compare the two; returns
+// the previous setting.
+bool set_cpu_walk_simd(bool enabled);
+
 // ---- Exact halving of one round (DESIGN.md 4). Given the round's signs in walk order and how
 // many elements to keep (keep = floor(n/2) or ceil(n/2), n >= 2), find the first position `cut`
 // where one sign (the "majority") has been drawn n - keep times. Up to and including `cut` the

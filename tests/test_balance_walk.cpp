@@ -178,6 +178,27 @@ TEST(CpuWalk, MatchesTheWalkFormulaInDouble) {
   }
 }
 
+TEST(CpuWalk, VectorAndPortableGramPathsAgree) {
+  const MatrixF keys = random_matrix(600, 40, 31, 0.4f);
+  const MatrixF values = random_matrix(600, 24, 32, 0.6f);
+  // Blocks of odd lengths and one longer than a 256-row panel.
+  OneBatch fast = make_batch(keys, values, {37, 128, 300, 135}, 9, 4.0);
+  OneBatch portable = make_batch(keys, values, {37, 128, 300, 135}, 9, 4.0);
+  cpu_walk_blocks(fast.batch);
+  const bool before = set_cpu_walk_simd(false);
+  cpu_walk_blocks(portable.batch);
+  set_cpu_walk_simd(before);
+  int same = 0;
+  for (int i = 0; i < 600; ++i) {
+    same += fast.sigma[i] == portable.sigma[i];
+    if (fast.sigma[i] == portable.sigma[i]) {
+      EXPECT_NEAR(fast.partial[i], portable.partial[i], 1e-5 * (1 + std::abs(portable.partial[i])));
+    }
+  }
+  // Only a uniform within ~1e-15 of its probability could split them.
+  EXPECT_EQ(same, 600);
+}
+
 TEST(CpuWalk, DeterministicPerSeedAndDifferentAcrossSeeds) {
   const MatrixF keys = random_matrix(256, 16, 4);
   const MatrixF values = random_matrix(256, 16, 5);
