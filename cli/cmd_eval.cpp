@@ -64,7 +64,7 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("--json", o.json_out, "write the report as JSON");
 }
 
-EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
+EvalSpec base_spec(const CommonOptions& o) {
   EvalSpec spec;
   spec.ratios = parse_number_list(o.ratios, "--ratios");
   spec.seeds = o.seeds;
@@ -74,13 +74,11 @@ EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
   spec.sink = o.sink;
   spec.eval = o.eval;
   spec.threads = o.threads;
-  (void)info;
   return spec;
 }
 
 // "method.name=value" -> spec.params[method][name].
-void parse_param(const std::string& text, const std::vector<const Method*>& methods,
-                 EvalSpec& spec) {
+void parse_param(const std::string& text, EvalSpec& spec) {
   const std::string flag = "--param " + text;
   const size_t dot = text.find('.'), eq = text.find('=');
   if (dot == std::string::npos || eq == std::string::npos || dot > eq)
@@ -97,7 +95,6 @@ void parse_param(const std::string& text, const std::vector<const Method*>& meth
   } else {
     value = parse_param_value(*it, text.substr(eq + 1), flag);
   }
-  (void)methods;
   spec.params[method][name] = value;
 }
 
@@ -112,9 +109,9 @@ ProgressFn progress_printer() {
 
 void run_eval_command(const EvalOptions& o) {
   auto capture = CaptureFile::open(o.common.path);
-  EvalSpec spec = base_spec(o.common, capture->info());
+  EvalSpec spec = base_spec(o.common);
   spec.methods = parse_method_list(o.methods);
-  for (const std::string& p : o.params) parse_param(p, spec.methods, spec);
+  for (const std::string& p : o.params) parse_param(p, spec);
   if (!o.shard.empty()) {
     const size_t slash = o.shard.find('/');
     const std::vector<int> parts =
@@ -176,7 +173,7 @@ void run_sweep_command(const SweepOptions& o) {
   for (const std::string& p : o.params) grid.push_back(parse_grid(p, *m));
 
   auto capture = CaptureFile::open(o.common.path);
-  EvalSpec spec = base_spec(o.common, capture->info());
+  EvalSpec spec = base_spec(o.common);
   spec.methods = {m};
   Backend& backend = select_backend(o.common.backend);
 

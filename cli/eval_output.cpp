@@ -203,9 +203,13 @@ void print_report(const EvalReport& rep) {
   // Per-layer means (over kv heads and seeds).
   std::set<int> layer_set;
   for (const HeadEval& he : rep.results) layer_set.insert(he.layer);
-  if (layer_set.size() > 1 || !rep.results.empty()) {
+  if (!rep.results.empty()) {
     std::printf("\nper-layer mean relative error\n%-18s %-7s", "method", "ratio");
-    for (int l : layer_set) std::printf(" %9s", ("L" + std::to_string(l)).c_str());
+    for (int l : layer_set) {
+      char label[16];
+      std::snprintf(label, sizeof label, "L%d", l);
+      std::printf(" %9s", label);
+    }
     std::printf("\n");
     for (const Method* m : rep.spec.methods) {
       for (double r : rep.spec.ratios) {
