@@ -167,13 +167,16 @@ void calibrate_row(const float* d2, int count, double log_perplexity, float* out
 // ---- Barnes-Hut quadtree --------------------------------------------------------------------
 
 struct QuadNode {
-  double cx, cy, half;        // the cell: centre and half side length
-  double comx = 0, comy = 0;  // centre of mass of its points
-  int count = 0;
-  int child = -1;          // index of the first of 4 consecutive children; -1 for a leaf
-  int begin = 0, end = 0;  // its points: order[begin, end)
+  float cx, cy, half;  // the cell: centre and half side length
+  float comx, comy;    // centre of mass of its points
+  float side2;         // (2 half)^2, for the opening test
+  int count;
+  int child;       // index of the first of 4 consecutive children; -1 for a leaf
+  int begin, end;  // its points: order[begin, end)
 };
 
+// A point quadtree over the embedding, rebuilt every iteration (O(n log n)). Leaves hold up to
+// kLeafSize points, summed directly: cheaper than descending to single points.
 class QuadTree {
  public:
   QuadTree(const float* y, int n) : y_(y) {
@@ -186,23 +189,23 @@ class QuadTree {
       miny = std::min(miny, double(y[2 * i + 1]));
       maxy = std::max(maxy, double(y[2 * i + 1]));
     }
-    const double half = std::max({maxx - minx, maxy - miny, 1e-12}) / 2 * (1 + 1e-9);
-    nodes_.reserve(static_cast<size_t>(2 * n + 8));
-    nodes_.push_back(QuadNode{(minx + maxx) / 2, (miny + maxy) / 2, half});
+    const double half = std::max({maxx - minx, maxy - miny, 1e-12}) / 2 * (1 + 1e-6);
+    nodes_.reserve(static_cast<size_t>(n) + 64);
+    nodes_.push_back(make_node((minx + maxx) / 2, (miny + maxy) / 2, half));
+    scratch_.resize(n);
     build(0, 0, n, 0);
   }
 
   // Repulsive force sum_j q_ij^2 (y_i - y_j) and sum_j q_ij (q = 1/(1 + |y_i - y_j|^2)) for
   // point i, summarising a cell by its centre of mass when side / distance < theta.
   void repulsion(int i, double theta, double& fx, double& fy, double& z) const {
-    const double xi = y_[2 * i], yi = y_[2 * i + 1];
-    const double theta2 = theta * theta;
-    int stack[256];
+    const float xi = y_[2 * i], yi = y_[2 * i + 1];
+    const float theta2 = static_cast<float>(theta * theta);
+    int stack[4 * kMaxDepth + 8];
     int top = 0;
     stack[top++] = 0;
     while (top > 0) {
       const QuadNode& nd = nodes_[stack[--top]];
-      if (nd.count == 0) continue;
       if (nd.child < 0) {
         for (int k = nd.begin; k < nd.end; ++k) {
           const int j = order_[k];
@@ -215,22 +218,33 @@ class QuadTree {
         }
         continue;
       }
-      const double dx = xi - nd.comx, dy = yi - nd.comy;
-      const double dist2 = dx * dx + dy * dy;
-      const double side = 2 * nd.half;
-      if (side * side < theta2 * dist2) {
-        const double q = 1.0 / (1.0 + dist2);
+      const float dxf = xi - nd.comx, dyf = yi - nd.comy;
+      const float dist2 = dxf * dxf + dyf * dyf;
+      if (nd.side2 < theta2 * dist2) {
+        const double q = 1.0 / (1.0 + double(dist2));
         z += nd.count * q;
-        fx += nd.count * q * q * dx;
-        fy += nd.count * q * q * dy;
+        fx += nd.count * q * q * dxf;
+        fy += nd.count * q * q * dyf;
       } else {
-        for (int c = 0; c < 4; ++c) stack[top++] = nd.child + c;
+        for (int c = 0; c < 4; ++c)
+          if (nodes_[nd.child + c].count > 0) stack[top++] = nd.child + c;
       }
     }
   }
 
  private:
-  static constexpr int kMaxDepth = 48;  // stack depth above stays below 4 * 48 + 4
+  static constexpr int kMaxDepth = 40;
+  static constexpr int kLeafSize = 8;
+
+  static QuadNode make_node(double cx, double cy, double half) {
+    QuadNode nd{};
+    nd.cx = static_cast<float>(cx);
+    nd.cy = static_cast<float>(cy);
+    nd.half = static_cast<float>(half);
+    nd.side2 = static_cast<float>(4 * half * half);
+    nd.child = -1;
+    return nd;
+  }
 
   void build(int node, int begin, int end, int depth) {
     double sx = 0, sy = 0;
@@ -243,32 +257,32 @@ class QuadTree {
     nd.end = end;
     nd.count = end - begin;
     if (nd.count > 0) {
-      nd.comx = sx / nd.count;
-      nd.comy = sy / nd.count;
+      nd.comx = static_cast<float>(sx / nd.count);
+      nd.comy = static_cast<float>(sy / nd.count);
     }
-    // Leaves hold one point, or several when they coincide (depth cap).
-    if (nd.count <= 1 || depth >= kMaxDepth) return;
-    const double cx = nd.cx, cy = nd.cy, h = nd.half / 2;
-    // Partition order_[begin, end) into the quadrants SW, SE, NW, NE.
+    // Leaves: few points, or coincident points (depth cap).
+    if (nd.count <= kLeafSize || depth >= kMaxDepth) return;
+    const float cx = nd.cx, cy = nd.cy, h = nd.half / 2;
+    // Counting sort of order_[begin, end) into the quadrants SW, SE, NW, NE (stable).
     auto quadrant = [&](int idx) {
       return (y_[2 * idx] >= cx ? 1 : 0) + (y_[2 * idx + 1] >= cy ? 2 : 0);
     };
-    int* first = order_.data() + begin;
-    int* last = order_.data() + end;
-    int* m2 = std::stable_partition(first, last, [&](int j) { return quadrant(j) < 2; });
-    int* m1 = std::stable_partition(first, m2, [&](int j) { return quadrant(j) == 0; });
-    int* m3 = std::stable_partition(m2, last, [&](int j) { return quadrant(j) == 2; });
-    const int bounds[5] = {begin, int(m1 - order_.data()), int(m2 - order_.data()),
-                           int(m3 - order_.data()), end};
+    int counts[4] = {0, 0, 0, 0};
+    for (int k = begin; k < end; ++k) ++counts[quadrant(order_[k])];
+    int bounds[5] = {begin, 0, 0, 0, end};
+    for (int c = 0; c < 3; ++c) bounds[c + 1] = bounds[c] + counts[c];
+    int fill[4] = {bounds[0], bounds[1], bounds[2], bounds[3]};
+    for (int k = begin; k < end; ++k) scratch_[fill[quadrant(order_[k])]++] = order_[k];
+    std::copy(scratch_.begin() + begin, scratch_.begin() + end, order_.begin() + begin);
     const int child = static_cast<int>(nodes_.size());
     nodes_[node].child = child;
     for (int c = 0; c < 4; ++c)
-      nodes_.push_back(QuadNode{cx + ((c & 1) ? h : -h), cy + ((c & 2) ? h : -h), h});
+      nodes_.push_back(make_node(cx + ((c & 1) ? h : -h), cy + ((c & 2) ? h : -h), h));
     for (int c = 0; c < 4; ++c) build(child + c, bounds[c], bounds[c + 1], depth + 1);
   }
 
   const float* y_;
-  std::vector<int> order_;
+  std::vector<int> order_, scratch_;
   std::vector<QuadNode> nodes_;
 };
 
