@@ -70,6 +70,12 @@ void run_heads(benchmark::State& state, int heads) {
 void BM_BalanceKVHead(benchmark::State& state) {
   run_heads(state, 1);
 }
+// The same with the portable (Eigen, baseline x86-64) Gram path, as on a CPU without AVX2.
+void BM_BalanceKVHeadPortableGram(benchmark::State& state) {
+  const bool before = set_cpu_walk_simd(false);
+  run_heads(state, 1);
+  set_cpu_walk_simd(before);
+}
 void BM_BalanceKVLayer32(benchmark::State& state) {
   run_heads(state, 32);
 }
@@ -110,6 +116,7 @@ void BM_WalkOpOneRound(benchmark::State& state) {
 
 BENCHMARK(BM_WalkOpOneRound)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BalanceKVHead)->Arg(8192)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BalanceKVHeadPortableGram)->Arg(8192)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BalanceKVLayer32)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(2);
 
 BENCHMARK_MAIN();

@@ -190,7 +190,13 @@ class BlockGram {
       return;
     }
 #endif
-    gm_.noalias() = xd_.middleRows(p0, p1 - p0) * xd_.topRows(p1).transpose();
+    if (p0 == 0 && p1 == len_) {
+      // The whole block is one panel: a symmetric rank update fills only the lower triangle.
+      gm_.setZero(len_, len_);
+      gm_.selfadjointView<Eigen::Lower>().rankUpdate(xd_);
+    } else {
+      gm_.noalias() = xd_.middleRows(p0, p1 - p0) * xd_.topRows(p1).transpose();
+    }
     g_.assign(gm_.data(), gm_.data() + gm_.size());
     ld_ = p1;
   }
