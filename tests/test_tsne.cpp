@@ -12,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/cpu_ops.h"
 #include "engine/error.h"
+#include "engine/projection_cache.h"
 #include "engine/random.h"
 #include "engine/tsne.h"
 
@@ -278,6 +279,77 @@ TEST(Tsne, CoincidentPointsDoNotBreakTheTree) {
   params.theta = 0.5;
   const MatrixF y = tsne(x, params);
   EXPECT_TRUE(y.allFinite());
+}
+
+TEST(ProjectionCache, KeysNameEveryParameterAndEvictOldest) {
+  ProjectionRequest a;
+  ProjectionRequest b = a;
+  b.tsne.perplexity = 31;
+  ProjectionRequest c = a;
+  c.with_queries = true;
+  ProjectionRequest d = a;
+  d.method = ProjectionMethod::Pca;
+  const std::string ka = projection_key("x.safetensors", 1, 2, a);
+  EXPECT_NE(ka, projection_key("x.safetensors", 1, 2, b));
+  EXPECT_NE(ka, projection_key("x.safetensors", 1, 2, c));
+  EXPECT_NE(ka, projection_key("x.safetensors", 1, 2, d));
+  EXPECT_NE(ka, projection_key("x.safetensors", 1, 3, a));
+  EXPECT_NE(ka, projection_key("y.safetensors", 1, 2, a));
+  EXPECT_EQ(ka, projection_key("x.safetensors", 1, 2, a));
+
+  ProjectionCache cache(2);
+  auto p1 = std::make_shared<Projection>();
+  auto p2 = std::make_shared<Projection>();
+  auto p3 = std::make_shared<Projection>();
+  cache.put("one", p1);
+  cache.put("two", p2);
+  EXPECT_EQ(cache.find("one"), p1);  // now the most recent
+  cache.put("three", p3);            // evicts "two"
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.find("two"), nullptr);
+  EXPECT_EQ(cache.find("one"), p1);
+  EXPECT_EQ(cache.find("three"), p3);
+}
+
+TEST(ProjectionCache, InputChecksNameTheProblem) {
+  CaptureInfo info;
+  info.path = "mem.safetensors";
+  info.q_heads = 4;
+  info.kv_heads = 2;
+  LayerData layer;
+  layer.layer = 3;
+  CounterRng rng(8, kRandMisc, 0, 0);
+  for (int h = 0; h < 2; ++h) {
+    MatrixF k(50, 4);
+    for (int i = 0; i < k.size(); ++i) k.data()[i] = static_cast<float>(gaussian(rng));
+    layer.keys.push_back(k);
+  }
+  layer.refused = {"", "NaN in layers.3.key head 1"};
+  ProjectionRequest req;
+  req.method = ProjectionMethod::Pca;
+  EXPECT_EQ(projection_input(info, layer, 0, req).rows(), 50);
+  try {
+    projection_input(info, layer, 1, req);
+    ADD_FAILURE() << "refused head accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("NaN in layers.3.key head 1"), std::string::npos);
+  }
+  EXPECT_THROW(projection_input(info, layer, 2, req), InputError);
+  req.with_queries = true;
+  EXPECT_THROW(projection_input(info, layer, 0, req), InputError);  // no queries captured
+  layer.refused = {"", ""};
+  for (int h = 0; h < 4; ++h) layer.queries.push_back(layer.keys[h / 2] * 0.5f);
+  int used = -1;
+  EXPECT_EQ(projection_input(info, layer, 1, req, &used).rows(), 100);
+  EXPECT_EQ(used, 2);  // first query head of kv head 1's group
+  req.query_head = 1;  // belongs to kv head 0
+  EXPECT_THROW(projection_input(info, layer, 1, req), InputError);
+  ProjectionRequest pca_request;
+  pca_request.method = ProjectionMethod::Pca;
+  const Projection p = compute_projection(info, layer, 0, pca_request);
+  EXPECT_EQ(p.coords.rows(), 50);
+  EXPECT_GT(p.explained[0], 0.0);
+  EXPECT_GE(p.explained[0], p.explained[1]);
 }
 
 }  // namespace
