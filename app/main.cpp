@@ -7,7 +7,9 @@
 #include <cfloat>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <thread>
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
@@ -28,6 +30,26 @@ void on_drop(GLFWwindow*, int count, const char** paths) {
 
 void on_glfw_error(int code, const char* what) {
   std::fprintf(stderr, "kvscope: GLFW error %d: %s\n", code, what);
+}
+
+// A cheap fingerprint of a frame's geometry. When a frame differs from the previous one without
+// any input (a view playing back a walk, a caret blinking) the loop keeps drawing; when the
+// picture is still, it sleeps until input or a worker result arrives.
+uint64_t frame_fingerprint(const ImDrawData* dd) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  if (!dd) return h;
+  for (int l = 0; l < dd->CmdListsCount; ++l) {
+    const ImDrawList* list = dd->CmdLists[l];
+    mix(static_cast<uint64_t>(list->VtxBuffer.Size));
+    for (const ImDrawVert& v : list->VtxBuffer) {
+      uint32_t x, y;
+      std::memcpy(&x, &v.pos.x, 4);
+      std::memcpy(&y, &v.pos.y, 4);
+      mix((static_cast<uint64_t>(x) << 32) ^ y ^ (static_cast<uint64_t>(v.col) << 17));
+    }
+  }
+  return h;
 }
 
 }  // namespace
@@ -117,12 +139,16 @@ int main(int argc, char** argv) {
       }
     }
     auto t0 = std::chrono::steady_clock::now();
+    auto last_change = t0;
+    uint64_t last_fingerprint = 0;
     while (!quit && !glfwWindowShouldClose(window)) {
+      const auto frame_start = std::chrono::steady_clock::now();
       bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
-      if (headless || busy)
+      bool animating = std::chrono::duration<double>(frame_start - last_change).count() < 0.25;
+      if (headless || busy || animating)
         glfwPollEvents();
       else
-        glfwWaitEventsTimeout(0.5);  // idle: sleep until input or a worker result
+        glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
       state.worker.drain(state);
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
@@ -137,6 +163,9 @@ int main(int argc, char** argv) {
       glClearColor(0.09f, 0.10f, 0.11f, 1.0f);
       glClear(GL_COLOR_BUFFER_BIT);
       ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+      uint64_t fp = frame_fingerprint(ImGui::GetDrawData());
+      if (fp != last_fingerprint) last_change = std::chrono::steady_clock::now();
+      last_fingerprint = fp;
       const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
       for (const auto& req : ui.take_png_requests()) {
         try {
@@ -172,6 +201,12 @@ int main(int argc, char** argv) {
         }
       }
       glfwSwapBuffers(window);
+      // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
+      if (!headless) {
+        auto spent = std::chrono::steady_clock::now() - frame_start;
+        if (spent < std::chrono::milliseconds(16))
+          std::this_thread::sleep_for(std::chrono::milliseconds(16) - spent);
+      }
     }
     state.worker.cancel("");
     g_state = nullptr;
