@@ -211,6 +211,28 @@ class MethodView final : public View {
         "Seed of every random draw (Philox counters): the same seed gives the same "
         "selection on CPU and GPU.");
 
+    ImGui::Separator();
+    ImGui::TextUnformatted("focused head");
+    ImGui::SameLine();
+    ImGui::TextDisabled("layer %d, kv head %d", s.focus.layer, s.focus.kv_head);
+    run_summary(s, 0);
+    if (s.ab_enabled) run_summary(s, 1);
+
+    // The background grid.
+    auto jobs = s.worker.jobs();
+    for (const auto& j : jobs)
+      if (j.key == "grid") {
+        float f = j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f;
+        char ov[64];
+        std::snprintf(ov, sizeof ov, "grid %d/%d", j.done, j.total);
+        ImGui::ProgressBar(f, ImVec2(220, 0), j.running ? ov : "grid queued");
+        ImGui::SameLine();
+        if (ImGui::SmallButton("cancel grid")) s.worker.cancel("grid");
+      }
+    if (!s.grid_error.empty())
+      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "grid: %s", s.grid_error.c_str());
+
+    ImGui::Separator();
     // Parameters of each method in use.
     for (int slot = 0; slot < (s.ab_enabled ? 2 : 1); ++slot) {
       const Method* m = s.method(slot);
@@ -282,27 +304,6 @@ class MethodView final : public View {
       ImGui::Text("active: %s", s.backend_active.c_str());
       ImGui::TextWrapped("%s", s.backend_note.c_str());
     }
-
-    ImGui::Separator();
-    ImGui::TextUnformatted("focused head");
-    ImGui::SameLine();
-    ImGui::TextDisabled("layer %d, kv head %d", s.focus.layer, s.focus.kv_head);
-    run_summary(s, 0);
-    if (s.ab_enabled) run_summary(s, 1);
-
-    // The background grid.
-    auto jobs = s.worker.jobs();
-    for (const auto& j : jobs)
-      if (j.key == "grid") {
-        float f = j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f;
-        char ov[64];
-        std::snprintf(ov, sizeof ov, "grid %d/%d", j.done, j.total);
-        ImGui::ProgressBar(f, ImVec2(220, 0), j.running ? ov : "grid queued");
-        ImGui::SameLine();
-        if (ImGui::SmallButton("cancel grid")) s.worker.cancel("grid");
-      }
-    if (!s.grid_error.empty())
-      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "grid: %s", s.grid_error.c_str());
 
     if (changed) s.settings_changed();
   }
