@@ -105,7 +105,7 @@ class CaptureView final : public View {
 
     GridValues gv = grid_values(s, s.grid_metric);
     ImGui::TextDisabled("%s", gv.caption.c_str());
-    draw_grid(s, gv, "##capgrid");
+    draw_grid(s, gv, "##capgrid", 10000.0f);  // as tall as the panel allows
   }
 
   nlohmann::json export_json(const AppState& s) const override {
