@@ -63,6 +63,9 @@ struct GeometryShared {
   std::string error;  // for requested_key
 };
 
+// Queries of the joint map: light rings, distinct from every category and cluster colour.
+constexpr ImU32 kColQueryPoint = IM_COL32(225, 228, 235, 190);
+
 constexpr ImU32 kClusterPalette[] = {
     IM_COL32(230, 97, 92, 255),   IM_COL32(86, 160, 229, 255),  IM_COL32(120, 200, 90, 255),
     IM_COL32(240, 180, 60, 255),  IM_COL32(190, 120, 240, 255), IM_COL32(70, 210, 200, 255),
@@ -433,12 +436,12 @@ class GeometryView final : public View {
     const int n = f.num_keys;
     switch (colour_) {
       case ColourBy::Kept:
-        if (query) return with_alpha(kColQuery, 0.8f);
+        if (query) return kColQueryPoint;
         return marks ? token_colour(*marks, token) : IM_COL32(150, 150, 150, 255);
       case ColourBy::Position:
         return colormap(Colormap::Viridis, n > 1 ? double(token) / (n - 1) : 0.0);
       case ColourBy::Cluster: {
-        if (query) return with_alpha(kColQuery, 0.8f);
+        if (query) return kColQueryPoint;
         if (const auto* mc = method_clusters(s)) {
           const int mid = token - s.run[0]->window.mid_begin;
           return mid >= 0 && mid < static_cast<int>(mc->size()) ? cluster_colour((*mc)[mid])
@@ -449,7 +452,7 @@ class GeometryView final : public View {
                    : kColDropped;
       }
       case ColourBy::Norm: {
-        if (query) return with_alpha(kColQuery, 0.8f);
+        if (query) return kColQueryPoint;
         return colormap(
             Colormap::Viridis,
             norm_hi_ > norm_lo_ ? (f.key_norm[token] - norm_lo_) / (norm_hi_ - norm_lo_) : 0.5);
@@ -656,7 +659,7 @@ class GeometryView final : public View {
         break;
       }
     }
-    if (f.num_queries > 0) entries.push_back({kColQuery, "query (ring)"});
+    if (f.num_queries > 0) entries.push_back({kColQueryPoint, "query (ring)"});
     if (!s.selected_tokens.empty())
       entries.push_back({kColSelect, std::to_string(s.selected_tokens.size()) + " selected"});
     ImDrawList* dl = ImGui::GetWindowDrawList();
