@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "app/app_state.h"
@@ -101,6 +102,55 @@ TEST(Worker, CancelByPrefixDropsQueuedJobs) {
   ASSERT_TRUE(pump(s, [&] { return !s.worker.busy(); }));
   s.worker.drain(s);
   EXPECT_EQ(ran, 0);
+}
+
+// The app's own flow on the bundled capture, without a window: open, focused runs for A and B,
+// the background grid, a focus change, a bad file that leaves the capture open.
+TEST(AppFlow, OpenRunFocusAndBadFile) {
+  const std::string sample =
+      std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
+  if (!fs::exists(sample)) {
+    GTEST_SKIP() << sample << " is missing";
+  }
+  AppState s;
+  s.method_name = {"uniform", "streaming"};
+  s.ab_enabled = true;
+  s.keep_ratio = 0.25;
+  s.grid_seeds = 1;
+  s.request_open(sample);
+  ASSERT_TRUE(pump(s, [&] { return s.run[0] && s.run[1] && s.grid; }))
+      << s.load_error << s.run_error[0] << s.grid_error;
+  const CaptureInfo& ci = *s.info();
+  EXPECT_EQ(s.focus, (Focus{0, 0}));
+  EXPECT_EQ(s.run[0]->selection.indices.size(), static_cast<size_t>(s.run[0]->window.budget));
+  EXPECT_EQ(s.grid->results.size(), static_cast<size_t>(ci.num_layers * ci.kv_heads));
+  for (const HeadEval& h : s.grid->results) EXPECT_EQ(h.method, "uniform");
+
+  // Focus another head: its runs replace the old ones, for the new head.
+  const uint64_t gen = s.run_generation;
+  s.set_focus(Focus{ci.num_layers - 1, ci.kv_heads - 1});
+  EXPECT_FALSE(s.run[0]);  // cleared at once, never showing the old head's result
+  ASSERT_TRUE(pump(s, [&] { return s.run[0] && s.run[1] && s.focus_layer; }));
+  EXPECT_GT(s.run_generation, gen);
+  EXPECT_EQ(s.focus_layer->layer, ci.num_layers - 1);
+  ASSERT_TRUE(pump(s, [&] { return s.query_cmp != nullptr; }));
+  EXPECT_EQ(s.query_cmp->position, s.effective_query());
+  double sum = 0;
+  for (double w : s.query_cmp->approx_weights) sum += w;
+  EXPECT_NEAR(sum, 1.0, 1e-9);
+
+  // A bad file: the message names it and the open capture stays.
+  fs::path bad = fs::temp_directory_path() / "kvscope_app_flow_bad.safetensors";
+  {
+    std::ofstream f(bad, std::ios::binary);
+    f << "nope";
+  }
+  auto cap = s.capture;
+  s.request_open(bad.string());
+  ASSERT_TRUE(pump(s, [&] { return !s.load_error.empty(); }));
+  EXPECT_NE(s.load_error.find("kvscope_app_flow_bad.safetensors"), std::string::npos);
+  EXPECT_EQ(s.capture, cap);
+  fs::remove(bad);
 }
 
 TEST(Session, RoundTripsSettings) {
