@@ -11,16 +11,75 @@
 
 namespace kvscope::app {
 
-GridValues grid_values(const AppState& s, GridMetric metric) {
+namespace {
+
+// Empty cells shaped like the capture's layer x kv-head grid.
+GridValues empty_grid(const CaptureInfo& ci) {
   GridValues gv;
-  const CaptureInfo* ci = s.info();
-  if (!ci) return gv;
-  gv.layers = ci->num_layers;
-  gv.heads = ci->kv_heads;
+  gv.layers = ci.num_layers;
+  gv.heads = ci.kv_heads;
   const size_t cells = static_cast<size_t>(gv.layers * gv.heads);
   gv.mean.assign(cells, NAN);
   gv.spread.assign(cells, NAN);
   gv.note.assign(cells, "");
+  gv.missing.assign(cells, 0);
+  return gv;
+}
+
+// Cells of `method` at `ratio` from a report; cells the report does not cover are `missing`.
+void fill_from_report(GridValues& gv, const EvalReport& rep, const std::string& method,
+                      double ratio) {
+  std::fill(gv.missing.begin(), gv.missing.end(), 1);
+  for (const HeadEval& h : rep.results) {
+    if (h.method != method || std::fabs(h.ratio - ratio) > 1e-12) continue;
+    if (h.layer < 0 || h.layer >= gv.layers || h.kv_head < 0 || h.kv_head >= gv.heads) continue;
+    size_t i = static_cast<size_t>(h.layer * gv.heads + h.kv_head);
+    gv.mean[i] = h.refused ? NAN : h.mean;
+    gv.spread[i] = h.refused ? NAN : h.std;
+    gv.note[i] = h.note;
+    gv.missing[i] = 0;
+  }
+}
+
+void finish_range(GridValues& gv) {
+  std::vector<double> finite;
+  for (double v : gv.mean)
+    if (std::isfinite(v)) finite.push_back(v);
+  gv.have_values = !finite.empty();
+  if (gv.have_values) {
+    gv.vmin = *std::min_element(finite.begin(), finite.end());
+    gv.vmax = *std::max_element(finite.begin(), finite.end());
+    if (gv.vmax - gv.vmin < 1e-12) {
+      gv.vmin -= 0.5 * std::max(1e-6, std::fabs(gv.vmin));
+      gv.vmax += 0.5 * std::max(1e-6, std::fabs(gv.vmax));
+    }
+  }
+}
+
+}  // namespace
+
+GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
+                                   const std::string& method, double ratio) {
+  const CaptureInfo* ci = s.info();
+  if (!ci) return {};
+  GridValues gv = empty_grid(*ci);
+  gv.unit = "rel. error";
+  gv.map = Colormap::Viridis;
+  fill_from_report(gv, rep, method, ratio);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s at keep ratio %s (sweep): relative error, mean of %d seed%s",
+                method.c_str(), ratio_label(ratio).c_str(), rep.spec.seeds,
+                rep.spec.seeds == 1 ? "" : "s");
+  gv.caption = buf;
+  finish_range(gv);
+  return gv;
+}
+
+GridValues grid_values(const AppState& s, GridMetric metric) {
+  const CaptureInfo* ci = s.info();
+  if (!ci) return {};
+  GridValues gv = empty_grid(*ci);
+  const size_t cells = gv.mean.size();
   if (metric == GridMetric::Entropy) {
     gv.unit = "nats";
     gv.map = Colormap::Magma;
@@ -49,27 +108,10 @@ GridValues grid_values(const AppState& s, GridMetric metric) {
                     ratio_label(first ? first->ratio : s.keep_ratio).c_str(), s.grid->spec.seeds,
                     s.grid->spec.seeds == 1 ? "" : "s");
       gv.caption = buf;
-      for (const HeadEval& h : s.grid->results) {
-        if (h.layer < 0 || h.layer >= gv.layers || h.kv_head < 0 || h.kv_head >= gv.heads) continue;
-        size_t i = static_cast<size_t>(h.layer * gv.heads + h.kv_head);
-        gv.mean[i] = h.refused ? NAN : h.mean;
-        gv.spread[i] = h.refused ? NAN : h.std;
-        gv.note[i] = h.note;
-      }
+      if (first) fill_from_report(gv, *s.grid, first->method, first->ratio);
     }
   }
-  std::vector<double> finite;
-  for (double v : gv.mean)
-    if (std::isfinite(v)) finite.push_back(v);
-  gv.have_values = !finite.empty();
-  if (gv.have_values) {
-    gv.vmin = *std::min_element(finite.begin(), finite.end());
-    gv.vmax = *std::max_element(finite.begin(), finite.end());
-    if (gv.vmax - gv.vmin < 1e-12) {
-      gv.vmin -= 0.5 * std::max(1e-6, std::fabs(gv.vmin));
-      gv.vmax += 0.5 * std::max(1e-6, std::fabs(gv.vmax));
-    }
-  }
+  finish_range(gv);
   return gv;
 }
 
@@ -107,11 +149,13 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
       "##cells", ImVec2(grid_w, grid_h), gv.layers, gv.heads,
       [&](int r, int c) -> ImU32 {
         double v = gv.mean[static_cast<size_t>(r * gv.heads + c)];
-        if (!gv.have_values) return IM_COL32(45, 48, 54, 255);
+        if (!gv.have_values || (!gv.missing.empty() && gv.missing[r * gv.heads + c]))
+          return IM_COL32(45, 48, 54, 255);
         return std::isfinite(v) ? colormap(gv.map, norm(v)) : kColRefused;
       },
       [&](int r, int c) -> std::string {
         double v = gv.mean[static_cast<size_t>(r * gv.heads + c)];
+        if (!gv.missing.empty() && gv.missing[r * gv.heads + c]) return "";
         if (!std::isfinite(v)) return gv.have_values ? "n/a" : "";
         // Three significant digits when the cell is wide enough, else two.
         char b[32];
@@ -136,6 +180,8 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
         ImGui::Text("%s %.4g  (std over seeds %.2g)", gv.unit.c_str(), gv.mean[i], gv.spread[i]);
       else
         ImGui::Text("%s %.4g", gv.unit.c_str(), gv.mean[i]);
+    } else if (!gv.missing.empty() && gv.missing[i]) {
+      ImGui::TextDisabled("not evaluated");
     } else if (gv.have_values) {
       ImGui::TextDisabled("no value (head refused or method not applicable)");
     }

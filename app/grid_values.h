@@ -16,6 +16,7 @@ struct GridValues {
   int layers = 0, heads = 0;
   std::vector<double> mean, spread;  // [layer * heads + head], NaN when missing / refused
   std::vector<std::string> note;     // method note or refusal reason per cell
+  std::vector<uint8_t> missing;      // 1: not evaluated (drawn grey), unlike refused (dark red)
   double vmin = 0, vmax = 1;
   bool have_values = false;
   std::string caption;  // what is shown, or why nothing is
@@ -24,6 +25,9 @@ struct GridValues {
 };
 
 GridValues grid_values(const AppState& s, GridMetric metric);
+// Error cells of one (method, keep ratio) of a report, e.g. the Error view's sweep.
+GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
+                                   const std::string& method, double ratio);
 // Draws the grid filling the available width (cells square-ish, at most `max_height` tall).
 void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_height = 420.0f);
 nlohmann::json grid_json(const AppState& s);

@@ -131,9 +131,14 @@ class ErrorView final : public View {
     return j;
   }
 
-  nlohmann::json save_state() const override { return {{"log_attention", log_attention_}}; }
+  nlohmann::json save_state() const override {
+    return {{"log_attention", log_attention_},
+            {"heatmap_method", heat_source_.first},
+            {"heatmap_ratio", heat_source_.second}};
+  }
   void load_state(const nlohmann::json& j) override {
     log_attention_ = j.value("log_attention", log_attention_);
+    heat_source_ = {j.value("heatmap_method", std::string()), j.value("heatmap_ratio", 0.0)};
   }
 
   std::string export_csv(const AppState& s) const override {
@@ -283,8 +288,34 @@ class ErrorView final : public View {
   }
 
   void draw_heatmap(AppState& s) {
-    GridValues gv = grid_values(s, GridMetric::Error);
+    // Source: the background grid (method A at the current ratio) or any (method, ratio) of
+    // the sweep.
+    std::vector<std::pair<std::string, double>> options;
+    if (s.sweep)
+      for (const EvalSummary& e : s.sweep->summary()) options.emplace_back(e.method, e.ratio);
+    auto label = [](const std::pair<std::string, double>& o) {
+      return o.first + " at " + ratio_label(o.second) + " (sweep)";
+    };
+    bool from_sweep = false;
+    for (const auto& o : options) from_sweep = from_sweep || o == heat_source_;
+    std::string current =
+        from_sweep ? label(heat_source_)
+                   : "A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)";
     ImGui::TextUnformatted("error per layer and kv head");
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(-1);
+    if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
+      if (ImGui::Selectable(
+              ("A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)").c_str(),
+              !from_sweep))
+        heat_source_ = {};
+      for (const auto& o : options)
+        if (ImGui::Selectable(label(o).c_str(), from_sweep && o == heat_source_)) heat_source_ = o;
+      ImGui::EndCombo();
+    }
+    GridValues gv =
+        from_sweep ? grid_values_from_report(s, *s.sweep, heat_source_.first, heat_source_.second)
+                   : grid_values(s, GridMetric::Error);
     ImGui::TextDisabled("%s", gv.caption.c_str());
     draw_grid(s, gv, "##errgrid", 10000.0f);
   }
@@ -446,6 +477,7 @@ class ErrorView final : public View {
   }
 
   bool log_attention_ = true;
+  std::pair<std::string, double> heat_source_;  // empty method: the background grid
 };
 
 }  // namespace
