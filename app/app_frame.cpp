@@ -223,13 +223,16 @@ void AppUi::draw() {
 
 void AppUi::draw_menu() {
   if (!ImGui::BeginMenuBar()) return;
+  // Ctrl+O / Ctrl+S / Ctrl+E. With the GLFW backend of ImGui 1.86, key indices are GLFW key
+  // codes, which are the ASCII capitals for letters.
+  const ImGuiIO& io = ImGui::GetIO();
+  const bool ctrl = io.KeyCtrl && !io.WantTextInput;
+  const bool key_open = ctrl && ImGui::IsKeyPressed('O', false);
+  const bool key_save = ctrl && ImGui::IsKeyPressed('S', false);
+  const bool key_export = ctrl && ImGui::IsKeyPressed('E', false);
+  bool open_capture = key_open, save_session = key_save, export_png = key_export;
   if (ImGui::BeginMenu("File")) {
-    if (ImGui::MenuItem("Open capture...")) {
-      std::string start =
-          s_.capture_path.empty() ? "" : fs::path(s_.capture_path).parent_path().string();
-      browser_.open("Open capture", start, {".safetensors", ".npz"},
-                    [this](const std::string& p) { s_.request_open(p); });
-    }
+    open_capture |= ImGui::MenuItem("Open capture...", "Ctrl+O");
     if (ImGui::MenuItem("Open session...")) {
       browser_.open("Open session", "", {".json"}, [this](const std::string& p) {
         try {
@@ -240,17 +243,9 @@ void AppUi::draw_menu() {
         }
       });
     }
-    if (ImGui::MenuItem("Save session...")) {
-      path_action_ = PathAction::SaveSession;
-      path_buf_ = "kvscope_session.json";
-      open_path_popup_ = true;
-    }
+    save_session |= ImGui::MenuItem("Save session...", "Ctrl+S");
     ImGui::Separator();
-    if (ImGui::MenuItem("Export view as PNG...")) {
-      path_action_ = PathAction::ExportPng;
-      path_buf_ = "kvscope_" + s_.active_view + ".png";
-      open_path_popup_ = true;
-    }
+    export_png |= ImGui::MenuItem("Export view as PNG...", "Ctrl+E");
     if (ImGui::MenuItem("Export view numbers (CSV/JSON)...")) {
       path_action_ = PathAction::ExportData;
       path_buf_ = "kvscope_" + s_.active_view + ".csv";
@@ -261,6 +256,22 @@ void AppUi::draw_menu() {
       if (ImGui::MenuItem("Quit")) on_quit();
     }
     ImGui::EndMenu();
+  }
+  if (open_capture) {
+    std::string start =
+        s_.capture_path.empty() ? "" : fs::path(s_.capture_path).parent_path().string();
+    browser_.open("Open capture", start, {".safetensors", ".npz"},
+                  [this](const std::string& p) { s_.request_open(p); });
+  }
+  if (save_session) {
+    path_action_ = PathAction::SaveSession;
+    path_buf_ = "kvscope_session.json";
+    open_path_popup_ = true;
+  }
+  if (export_png) {
+    path_action_ = PathAction::ExportPng;
+    path_buf_ = "kvscope_" + s_.active_view + ".png";
+    open_path_popup_ = true;
   }
   if (ImGui::BeginMenu("View")) {
     for (const auto& v : views_)

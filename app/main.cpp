@@ -141,6 +141,7 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     auto last_change = t0;
     uint64_t last_fingerprint = 0;
+    std::string window_title_path;
     while (!quit && !glfwWindowShouldClose(window)) {
       const auto frame_start = std::chrono::steady_clock::now();
       bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
@@ -150,6 +151,12 @@ int main(int argc, char** argv) {
       else
         glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
       state.worker.drain(state);
+      if (state.capture_path != window_title_path) {
+        window_title_path = state.capture_path;
+        std::string title = "KVScope - " + window_title_path;
+        if (state.info() && state.info()->synthetic) title += " [SYNTHETIC]";
+        glfwSetWindowTitle(window, title.c_str());
+      }
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
       // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
