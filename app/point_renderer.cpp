@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -366,7 +367,7 @@ void PointRenderer::draw(ImDrawList* dl, ImVec2 p0, ImVec2 p1,
     const std::string why = gl_->init(loader);
     if (!why.empty()) {
       gl_failed_ = true;
-      description_ = "ImDrawList (" + why + ")";
+      fallback_reason_ = why;
       gl_.reset();
     }
   }
@@ -382,28 +383,84 @@ void PointRenderer::draw(ImDrawList* dl, ImVec2 p0, ImVec2 p1,
       return;
     }
     gl_failed_ = true;
-    description_ = "ImDrawList (OpenGL error while drawing points)";
+    fallback_reason_ = "OpenGL error while drawing points";
   }
   draw_imdrawlist(dl, p0, p1, points);
 }
 
 void PointRenderer::draw_imdrawlist(ImDrawList* dl, ImVec2 p0, ImVec2 p1,
                                     const std::vector<PointInstance>& points) {
+  // Vertex cost per shape: 8-gon discs with their anti-aliased fringe (16), rings (32), squares
+  // (4); in the compact style (squares for discs, square outlines for rings) 4 and 12.
+  auto cost = [](const PointInstance& p, bool compact) -> size_t {
+    if (p.shape == PointShape::Square) return 4;
+    if (p.shape == PointShape::Ring) return compact ? 12 : 34;
+    return compact ? 4 : 18;
+  };
+  // Without ImGuiBackendFlags_RendererHasVtxOffset (kvscope-cli render's rasteriser) one draw
+  // list holds at most 65536 vertices: use the compact style, and if even that does not fit,
+  // keep per cell of a grid about one point wide only the point drawn last (the visible one),
+  // growing the cells until the points fit.
+  const bool vtx_offset =
+      (ImGui::GetIO().BackendFlags & ImGuiBackendFlags_RendererHasVtxOffset) != 0;
+  const size_t used = static_cast<size_t>(dl->_VtxCurrentIdx);
+  const size_t budget = vtx_offset ? SIZE_MAX : (used + 8000 < 65536 ? 65536 - 8000 - used : 0);
+  size_t full = 0, compact_cost = 0;
+  for (const PointInstance& p : points) full += cost(p, false), compact_cost += cost(p, true);
+  // Compact also for speed with many points.
+  const bool compact = points.size() > 20000 || full > budget;
+  description_ = fallback_reason_.empty() ? "ImDrawList" : "ImDrawList (" + fallback_reason_ + ")";
+  std::vector<const PointInstance*> shown;
+  shown.reserve(points.size());
+  if (compact_cost > budget) {
+    float cell = 2.0f;
+    for (const PointInstance& p : points) cell = std::max(cell, 2 * p.radius);
+    const float w = p1.x - p0.x, h = p1.y - p0.y;
+    while (true) {
+      const int gx = std::max(1, static_cast<int>(w / cell) + 1);
+      const int gy = std::max(1, static_cast<int>(h / cell) + 1);
+      std::vector<int> top(static_cast<size_t>(gx) * gy, -1);
+      for (size_t i = 0; i < points.size(); ++i) {
+        const int cx = std::clamp(static_cast<int>(points[i].x / cell), 0, gx - 1);
+        const int cy = std::clamp(static_cast<int>(points[i].y / cell), 0, gy - 1);
+        top[static_cast<size_t>(cy) * gx + cx] = static_cast<int>(i);
+      }
+      std::vector<int> keep;
+      size_t keep_cost = 0;
+      for (int t : top)
+        if (t >= 0) keep.push_back(t), keep_cost += cost(points[static_cast<size_t>(t)], true);
+      if (keep_cost <= budget || cell > std::max(w, h)) {
+        std::sort(keep.begin(), keep.end());  // the original draw order
+        for (int t : keep) shown.push_back(&points[static_cast<size_t>(t)]);
+        break;
+      }
+      cell *= 1.5f;
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, ": %zu of %zu points drawn, the top one per %.0f px cell",
+                  shown.size(), points.size(), cell);
+    description_ += buf;
+  } else {
+    for (const PointInstance& p : points) shown.push_back(&p);
+  }
   dl->PushClipRect(p0, p1, true);
-  // Many points: squares and 6-gons keep the vertex count (and the software rasteriser) cheap.
-  const bool many = points.size() > 20000;
-  for (const PointInstance& p : points) {
+  for (const PointInstance* pp : shown) {
+    const PointInstance& p = *pp;
     const ImVec2 c(p0.x + p.x, p0.y + p.y);
     switch (p.shape) {
       case PointShape::Disc:
-        if (many)
+        if (compact)
           dl->AddRectFilled(ImVec2(c.x - p.radius, c.y - p.radius),
                             ImVec2(c.x + p.radius, c.y + p.radius), p.colour);
         else
-          dl->AddCircleFilled(c, p.radius, p.colour, p.radius < 3.5f ? 8 : 12);
+          dl->AddCircleFilled(c, p.radius, p.colour, 8);
         break;
       case PointShape::Ring:
-        dl->AddCircle(c, p.radius, p.colour, p.radius < 3.5f ? 8 : 12, 1.5f);
+        if (compact)
+          dl->AddRect(ImVec2(c.x - p.radius, c.y - p.radius),
+                      ImVec2(c.x + p.radius, c.y + p.radius), p.colour);
+        else
+          dl->AddCircle(c, p.radius, p.colour, 8, 1.5f);
         break;
       case PointShape::Square:
         dl->AddRectFilled(ImVec2(c.x - p.radius, c.y - p.radius),

@@ -51,6 +51,7 @@ class PointRenderer {
   bool allow_gl_ = true;
   bool gl_failed_ = false;
   std::string description_ = "ImDrawList";
+  std::string fallback_reason_;  // why the GL path is off, when it failed
   void draw_imdrawlist(ImDrawList* dl, ImVec2 p0, ImVec2 p1,
                        const std::vector<PointInstance>& points);
 };
