@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stb_image.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "app/plot.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
+#include "app/view.h"
 #include "app/worker.h"
 #include "engine/error.h"
 
@@ -138,6 +140,36 @@ TEST(AppFlow, OpenRunFocusAndBadFile) {
   double sum = 0;
   for (double w : s.query_cmp->approx_weights) sum += w;
   EXPECT_NEAR(sum, 1.0, 1e-9);
+
+  // Every view of this framework exports its numbers once results are there.
+  const fs::path dir = fs::temp_directory_path() / "kvscope_app_flow_export";
+  fs::create_directories(dir);
+  for (auto make : {make_capture_view, make_method_view, make_tokens_view}) {
+    std::unique_ptr<View> v = make();
+    const fs::path json = dir / (std::string(v->name()) + ".json");
+    export_view_data(*v, s, json.string());
+    std::ifstream jf(json);
+    nlohmann::json parsed = nlohmann::json::parse(jf);
+    EXPECT_FALSE(parsed.is_null()) << v->name();
+    if (!v->export_csv(s).empty()) {
+      const fs::path csv = dir / (std::string(v->name()) + ".csv");
+      export_view_data(*v, s, csv.string());
+      EXPECT_GT(fs::file_size(csv), 20u) << v->name();
+    }
+  }
+  {
+    // Tokens CSV: a header and one record per token (token text is quoted and may hold
+    // newlines, so records are counted outside quotes).
+    std::string csv = make_tokens_view()->export_csv(s);
+    int records = 0;
+    bool quoted = false;
+    for (char c : csv) {
+      if (c == '"') quoted = !quoted;
+      if (c == '\n' && !quoted) ++records;
+    }
+    EXPECT_EQ(records, ci.num_tokens + 1);
+  }
+  fs::remove_all(dir);
 
   // A bad file: the message names it and the open capture stays.
   fs::path bad = fs::temp_directory_path() / "kvscope_app_flow_bad.safetensors";
