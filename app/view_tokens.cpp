@@ -179,7 +179,7 @@ class TokensView final : public View {
       texts_.resize(static_cast<size_t>(n));
       for (int i = 0; i < n; ++i) {
         std::string t = s.token_text(i);
-        if (t.empty()) t = "#" + std::to_string(i);
+        if (t.empty()) t = std::string("#").append(std::to_string(i));  // GCC 12 -Wrestrict
         texts_[static_cast<size_t>(i)] = t;
         widths_[static_cast<size_t>(i)] = std::max(8.0f, ImGui::CalcTextSize(t.c_str()).x + 6.0f);
       }

@@ -84,7 +84,8 @@ std::string TeachingWalk::table() const {
   };
   const int n = static_cast<int>(vectors_.size());
   os << "                 ";
-  for (int i = 0; i < n; ++i) cell("u" + std::to_string(i + 1));
+  // append(), not operator+: GCC 12 reports a false -Wrestrict on "literal" + std::string.
+  for (int i = 0; i < n; ++i) cell(std::string("u").append(std::to_string(i + 1)));
   os << "\n<u_i, z>         ";
   for (int i = 0; i < n; ++i) cell(num(vectors_[i][0] * z_[0] + vectors_[i][1] * z_[1]));
   os << "\nsign            ";
