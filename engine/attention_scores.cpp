@@ -190,6 +190,19 @@ std::vector<double> max_pool_same(const std::vector<double>& x, int kernel) {
   return out;
 }
 
+SnapKVWindow snapkv_window_params(const std::vector<ParamSpec>& specs, const ParamValues& values,
+                                  const std::string& method) {
+  SnapKVWindow p;
+  p.window = static_cast<int>(param_value(specs, values, "window"));
+  p.kernel = static_cast<int>(param_value(specs, values, "kernel"));
+  if (p.window < 1)
+    throw InputError(method + ".window must be >= 1, got " + std::to_string(p.window));
+  if (p.kernel < 1 || p.kernel % 2 == 0)
+    throw InputError(method + ".kernel must be a positive odd number, got " +
+                     std::to_string(p.kernel));
+  return p;
+}
+
 std::vector<double> snapkv_scores(const MethodInput& in, int window, int kernel, bool max_pool) {
   const std::vector<double> votes = observation_window_scores(in, window);
   const std::vector<double> pooled =

@@ -61,6 +61,16 @@ std::vector<double> avg_pool_same(const std::vector<double>& x, int kernel);
 // PyTorch's max_pool1d with the same padding (-inf pad): the output has the input's length.
 std::vector<double> max_pool_same(const std::vector<double>& x, int kernel);
 
+// SnapKV's observation-window parameters, read from `values` (spec defaults from `specs`, which
+// must hold "window" and "kernel") and checked: window >= 1, kernel a positive odd number.
+// Throws InputError naming method.window / method.kernel.
+struct SnapKVWindow {
+  int window = 0;
+  int kernel = 0;
+};
+SnapKVWindow snapkv_window_params(const std::vector<ParamSpec>& specs, const ParamValues& values,
+                                  const std::string& method);
+
 // SnapKV's score of every middle token (entry i - mid_begin): observation_window_scores with
 // `window` queries, pooled over the prefix [0, mid_end) with `kernel` (average pooling, or max
 // pooling when `max_pool`), then restricted to the middle.

@@ -310,20 +310,14 @@ std::vector<ParamSpec> balancekv_param_specs() {
 BalanceParams balance_params_from(const ParamValues& values) {
   const std::vector<ParamSpec> specs = balancekv_param_specs();
   for (const auto& [name, v] : values) {
-    auto it = std::find_if(specs.begin(), specs.end(),
-                           [&](const ParamSpec& s) { return s.name == name; });
-    if (it == specs.end()) {
-      std::string known;
-      for (const ParamSpec& s : specs) known += (known.empty() ? "" : ", ") + s.name;
-      throw InputError("balancekv: unknown parameter '" + name + "' (known: " + known + ")");
-    }
-    if (!std::isfinite(v) || v < it->min || v > it->max) {
+    const ParamSpec& spec = find_param_spec(specs, name, "balancekv");
+    if (!std::isfinite(v) || v < spec.min || v > spec.max) {
       std::ostringstream os;
-      os << "balancekv: parameter " << name << " = " << v << " is outside [" << it->min << ", "
-         << it->max << "]";
+      os << "balancekv: parameter " << name << " = " << v << " is outside [" << spec.min << ", "
+         << spec.max << "]";
       throw InputError(os.str());
     }
-    if ((it->type == ParamSpec::Type::Int || it->type == ParamSpec::Type::Bool) &&
+    if ((spec.type == ParamSpec::Type::Int || spec.type == ParamSpec::Type::Bool) &&
         v != std::floor(v)) {
       std::ostringstream os;
       os << "balancekv: parameter " << name << " = " << v << " must be an integer";
@@ -911,21 +905,7 @@ std::vector<Selection> balancekv_layer(const LayerData& layer, int num_layers, c
       continue;
     }
     MethodInput& in = inputs[h];
-    in.keys = &layer.keys[h];
-    in.values = &layer.values[h];
-    in.queries = layer.group_queries(h);
-    in.n = w.n;
-    in.sink = w.sink;
-    in.eval = w.eval;
-    in.mid_begin = w.mid_begin;
-    in.mid_end = w.mid_end;
-    in.budget = w.budget;
-    in.keep_ratio = w.keep_ratio;
-    in.layer = layer.layer;
-    in.num_layers = num_layers;
-    in.kv_head = h;
-    in.seed = seed;
-    in.params = params;
+    in = make_method_input(layer, num_layers, h, w, params, seed);
     in.want_trace = want_trace;
     in.trace_query = trace_query;
     in.backend = &backend;

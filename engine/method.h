@@ -34,6 +34,11 @@ using ParamValues = std::map<std::string, double>;
 double param_value(const std::vector<ParamSpec>& specs, const ParamValues& values,
                    const std::string& name);
 
+// The spec of `name` in `specs`. Throws InputError "<method>: unknown parameter '<name>' (known:
+// <the names in specs>)" when there is none.
+const ParamSpec& find_param_spec(const std::vector<ParamSpec>& specs, const std::string& name,
+                                 const std::string& method);
+
 struct MethodInput {
   const MatrixF* keys = nullptr;    // n x d, all tokens of this kv head
   const MatrixF* values = nullptr;  // n x d_v

@@ -190,7 +190,7 @@ void validate_method_params(const Method& method, const ParamValues& values) {
 // One head
 
 MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
-                              const EvalWindow& w, const MethodSettings& s, uint64_t seed) {
+                              const EvalWindow& w, const ParamValues& params, uint64_t seed) {
   if (kv_head < 0 || kv_head >= static_cast<int>(layer.keys.size()))
     throw InputError("kv head " + std::to_string(kv_head) + " out of range: layer " +
                      std::to_string(layer.layer) + " has " + std::to_string(layer.keys.size()) +
@@ -210,8 +210,13 @@ MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_hea
   in.num_layers = num_layers;
   in.kv_head = kv_head;
   in.seed = seed;
-  in.params = s.params;
+  in.params = params;
   return in;
+}
+
+MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
+                              const EvalWindow& w, const MethodSettings& s, uint64_t seed) {
+  return make_method_input(layer, num_layers, kv_head, w, s.params, seed);
 }
 
 namespace {

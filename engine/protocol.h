@@ -52,6 +52,11 @@ struct HeadRun {
   double mean_mass = 0;
 };
 
+// The MethodInput of kv head `kv_head` (keys, values, its GQA group's queries when the capture
+// has them) over window `w`, with `params`; want_trace, trace_query, cancel and backend are left
+// at their defaults. Throws InputError when kv_head is out of range.
+MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
+                              const EvalWindow& w, const ParamValues& params, uint64_t seed);
 MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
                               const EvalWindow& w, const MethodSettings& s, uint64_t seed);
 HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,

@@ -171,19 +171,13 @@ namespace {
 
 void check_params(const ParamValues& values, const std::vector<ParamSpec>& specs) {
   for (const auto& [name, v] : values) {
-    auto it = std::find_if(specs.begin(), specs.end(),
-                           [&](const ParamSpec& s) { return s.name == name; });
-    if (it == specs.end()) {
-      std::string known;
-      for (const ParamSpec& s : specs) known += (known.empty() ? "" : ", ") + s.name;
-      throw InputError("balancekv-stream: unknown parameter '" + name + "' (known: " + known + ")");
-    }
-    if (!std::isfinite(v) || v < it->min || v > it->max ||
-        (it->type == ParamSpec::Type::Int && v != std::floor(v))) {
+    const ParamSpec& spec = find_param_spec(specs, name, "balancekv-stream");
+    if (!std::isfinite(v) || v < spec.min || v > spec.max ||
+        (spec.type == ParamSpec::Type::Int && v != std::floor(v))) {
       std::ostringstream os;
       os << "balancekv-stream: parameter " << name << " = " << v << " must be "
-         << (it->type == ParamSpec::Type::Int ? "an integer " : "") << "in [" << it->min << ", "
-         << it->max << "]";
+         << (spec.type == ParamSpec::Type::Int ? "an integer " : "") << "in [" << spec.min << ", "
+         << spec.max << "]";
       throw InputError(os.str());
     }
   }

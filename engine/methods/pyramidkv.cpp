@@ -67,21 +67,15 @@ class PyramidKV final : public Method {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
     const auto specs = params();
-    const int window = static_cast<int>(param_value(specs, in.params, "window"));
-    const int kernel = static_cast<int>(param_value(specs, in.params, "kernel"));
+    const SnapKVWindow w = snapkv_window_params(specs, in.params, name());
     const double beta = param_value(specs, in.params, "beta");
-    if (window < 1)
-      throw InputError("pyramidkv.window must be >= 1, got " + std::to_string(window));
-    if (kernel < 1 || kernel % 2 == 0)
-      throw InputError("pyramidkv.kernel must be a positive odd number, got " +
-                       std::to_string(kernel));
     if (!(beta >= 1)) throw InputError("pyramidkv.beta must be >= 1");
     if (in.num_layers < 1 || in.layer < 0 || in.layer >= in.num_layers)
       throw InputError("pyramidkv: layer " + std::to_string(in.layer) + " is not inside the " +
                        std::to_string(in.num_layers) + " layers of the capture");
     const int n_mid = in.mid_end - in.mid_begin;
     const int layer_budget = pyramid_budget(in.budget, n_mid, in.layer, in.num_layers, beta);
-    Selection sel = top_m_selection(in, snapkv_scores(in, window, kernel, false), layer_budget);
+    Selection sel = top_m_selection(in, snapkv_scores(in, w.window, w.kernel, false), layer_budget);
     sel.note = "layer " + std::to_string(in.layer) + " of " + std::to_string(in.num_layers) +
                " keeps " + std::to_string(layer_budget) +
                " (average m = " + std::to_string(in.budget) + " over layers)";

@@ -66,4 +66,13 @@ double param_value(const std::vector<ParamSpec>& specs, const ParamValues& value
   throw InputError("unknown parameter '" + name + "'");
 }
 
+const ParamSpec& find_param_spec(const std::vector<ParamSpec>& specs, const std::string& name,
+                                 const std::string& method) {
+  for (const ParamSpec& s : specs)
+    if (s.name == name) return s;
+  std::string known;
+  for (const ParamSpec& s : specs) known += (known.empty() ? "" : ", ") + s.name;
+  throw InputError(method + ": unknown parameter '" + name + "' (known: " + known + ")");
+}
+
 }  // namespace kvscope

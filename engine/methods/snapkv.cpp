@@ -44,14 +44,9 @@ class SnapKV final : public Method {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
     const auto specs = params();
-    const int window = static_cast<int>(param_value(specs, in.params, "window"));
-    const int kernel = static_cast<int>(param_value(specs, in.params, "kernel"));
+    const SnapKVWindow w = snapkv_window_params(specs, in.params, name());
     const bool max_pool = param_value(specs, in.params, "pooling") >= 0.5;
-    if (window < 1) throw InputError("snapkv.window must be >= 1, got " + std::to_string(window));
-    if (kernel < 1 || kernel % 2 == 0)
-      throw InputError("snapkv.kernel must be a positive odd number, got " +
-                       std::to_string(kernel));
-    return top_m_selection(in, snapkv_scores(in, window, kernel, max_pool), in.budget);
+    return top_m_selection(in, snapkv_scores(in, w.window, w.kernel, max_pool), in.budget);
   }
 };
 
