@@ -53,7 +53,8 @@ Backend& select_backend(const std::string& which) {
   if (which == "cuda") throw InputError("--backend cuda: no CUDA device: " + why);
 #else
   if (which == "cuda")
-    throw InputError("--backend cuda: no CUDA kernels in this build (nvcc was not found at configure time)");
+    throw InputError(
+        "--backend cuda: no CUDA kernels in this build (nvcc was not found at configure time)");
 #endif
   return cpu_backend();
 }

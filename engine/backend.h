@@ -19,11 +19,11 @@ namespace kvscope {
 struct WalkBatch {
   int d = 0, dv = 0;
   int num_blocks = 0;
-  const float* keys = nullptr;          // total_rows x d
-  const float* values = nullptr;        // total_rows x dv
-  const int* block_offset = nullptr;    // num_blocks + 1 row offsets
-  const uint32_t* block_head = nullptr; // kv head of each block (RNG key)
-  const uint32_t* block_id = nullptr;   // block index within its head's round (RNG key)
+  const float* keys = nullptr;           // total_rows x d
+  const float* values = nullptr;         // total_rows x dv
+  const int* block_offset = nullptr;     // num_blocks + 1 row offsets
+  const uint32_t* block_head = nullptr;  // kv head of each block (RNG key)
+  const uint32_t* block_id = nullptr;    // block index within its head's round (RNG key)
   uint64_t seed = 0;
   uint32_t layer = 0, round = 0;
   double gamma = 4, temp = 1, beta = 0, value_bias = 0.025;
@@ -39,10 +39,10 @@ struct WalkBatch {
 struct ErrorBatch {
   int n = 0, d = 0, dv = 0, q_heads = 0, kv_heads = 0;
   int sink = 0, eval = 0;
-  std::vector<const float*> keys, values;  // [kv_heads] n x d / n x dv
-  std::vector<const float*> queries;       // [q_heads] n x d
-  std::vector<std::vector<int>> num_idx, den_idx;         // [kv_heads]
-  std::vector<std::vector<float>> num_logw, den_logw;     // [kv_heads]
+  std::vector<const float*> keys, values;              // [kv_heads] n x d / n x dv
+  std::vector<const float*> queries;                   // [q_heads] n x d
+  std::vector<std::vector<int>> num_idx, den_idx;      // [kv_heads]
+  std::vector<std::vector<float>> num_logw, den_logw;  // [kv_heads]
   // Outputs [q_heads * eval], row-major by query head.
   double* relative = nullptr;
   double* normalized = nullptr;

@@ -20,7 +20,8 @@ struct CaptureInfo {
   std::string format = "kvscope/1";
   std::string model;
   std::string prompt;
-  std::string source;  // what produced it (e.g. "kvscope-cli capture", "capture_hf.py", "synthetic")
+  std::string
+      source;  // what produced it (e.g. "kvscope-cli capture", "capture_hf.py", "synthetic")
   int num_layers = 0;
   int q_heads = 0;
   int kv_heads = 0;

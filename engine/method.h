@@ -40,23 +40,23 @@ const ParamSpec& find_param_spec(const std::vector<ParamSpec>& specs, const std:
                                  const std::string& method);
 
 struct MethodInput {
-  const MatrixF* keys = nullptr;    // n x d, all tokens of this kv head
-  const MatrixF* values = nullptr;  // n x d_v
+  const MatrixF* keys = nullptr;        // n x d, all tokens of this kv head
+  const MatrixF* values = nullptr;      // n x d_v
   std::vector<const MatrixF*> queries;  // the GQA group's query heads (n x d each), may be empty
   int n = 0;
-  int sink = 0;        // s: tokens [0, s) always kept
-  int eval = 0;        // E: tokens [n-E, n) are the evaluation queries, kept as they arrive
-  int mid_begin = 0;   // = sink
-  int mid_end = 0;     // = n - eval
-  int budget = 0;      // m: how many middle tokens to keep
+  int sink = 0;       // s: tokens [0, s) always kept
+  int eval = 0;       // E: tokens [n-E, n) are the evaluation queries, kept as they arrive
+  int mid_begin = 0;  // = sink
+  int mid_end = 0;    // = n - eval
+  int budget = 0;     // m: how many middle tokens to keep
   double keep_ratio = 0.5;
   int layer = 0, num_layers = 1, kv_head = 0;
   uint64_t seed = 0;
   ParamValues params;
   bool want_trace = false;
-  int trace_query = -1;                      // query position used in walk traces (-1: last)
+  int trace_query = -1;  // query position used in walk traces (-1: last)
   const std::atomic<bool>* cancel = nullptr;
-  Backend* backend = nullptr;                // nullptr: CPU
+  Backend* backend = nullptr;  // nullptr: CPU
 };
 
 struct Selection {

@@ -5,10 +5,9 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/attention.h"
 #include "engine/capture.h"
@@ -23,7 +22,7 @@ struct EvalWindow {
   int mid_begin = 0;  // s
   int mid_end = 0;    // n - E
   int n_mid = 0;
-  int budget = 0;     // m = round(keep_ratio * n_mid)
+  int budget = 0;  // m = round(keep_ratio * n_mid)
   double keep_ratio = 0.5;
   bool sink_overridden = false, eval_overridden = false;  // set by --sink / --eval
   // s = min(256, floor(n/32)), E = min(256, floor(n/8)) unless overridden (>= 0).
@@ -47,7 +46,7 @@ struct HeadRun {
   EvalWindow window;
   Selection selection;
   std::vector<std::vector<QueryError>> per_query_head;  // [group head][E]
-  double mean_relative = 0;  // over group heads and queries
+  double mean_relative = 0;                             // over group heads and queries
   double mean_normalized = 0;
   double mean_mass = 0;
 };
@@ -68,13 +67,13 @@ struct HeadEval {
   std::string method;
   double ratio = 0;
   int layer = 0, kv_head = 0;
-  double mean = 0, std = 0;              // relative error: mean/std over seeds of the seed means
+  double mean = 0, std = 0;  // relative error: mean/std over seeds of the seed means
   double normalized_mean = 0, mass_mean = 0;
-  std::vector<double> per_seed;          // seed means
-  std::vector<double> per_query;         // [E] relative error by query position (over heads, seeds)
+  std::vector<double> per_seed;   // seed means
+  std::vector<double> per_query;  // [E] relative error by query position (over heads, seeds)
   std::string note;
-  bool refused = false;                  // head refused (NaN/Inf) or method not applicable
-  std::string error;                     // non-empty when the method threw (what it said)
+  bool refused = false;  // head refused (NaN/Inf) or method not applicable
+  std::string error;     // non-empty when the method threw (what it said)
 };
 
 struct EvalSpec {
@@ -82,8 +81,8 @@ struct EvalSpec {
   std::vector<double> ratios{0.5, 0.25, 0.125, 0.0625};
   int seeds = 10;
   uint64_t base_seed = 0;
-  std::vector<int> layers;  // empty: all
-  std::vector<int> heads;   // kv heads, empty: all
+  std::vector<int> layers;                    // empty: all
+  std::vector<int> heads;                     // kv heads, empty: all
   std::map<std::string, ParamValues> params;  // by method name
   int sink = -1, eval = -1;
   int shard_index = 0, shard_count = 1;  // --shard i/N: this process runs work items i, i+N, ...

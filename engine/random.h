@@ -14,11 +14,11 @@ namespace kvscope {
 
 // What a random draw is for; part of the counter so streams never collide.
 enum RandomPurpose : uint32_t {
-  kRandWalk = 1,        // BalanceKV sign draws
-  kRandTopUp = 2,       // BalanceKV top-up sampling for non power-of-two ratios
-  kRandUniform = 3,     // uniform baseline
-  kRandSubGen = 4,      // SubGen reservoirs
-  kRandRandomSigns = 5, // random-sign reference in walk traces
+  kRandWalk = 1,         // BalanceKV sign draws
+  kRandTopUp = 2,        // BalanceKV top-up sampling for non power-of-two ratios
+  kRandUniform = 3,      // uniform baseline
+  kRandSubGen = 4,       // SubGen reservoirs
+  kRandRandomSigns = 5,  // random-sign reference in walk traces
   kRandMisc = 6,
 };
 
@@ -70,8 +70,8 @@ class CounterRng {
       : seed_(seed), purpose_(purpose), layer_(layer), head_(head) {}
   double uniform() {
     uint64_t i = next_++;
-    return counter_uniform(seed_, purpose_, layer_, head_, static_cast<uint32_t>(i >> 32), 0xFFFFFFFFu,
-                           static_cast<uint32_t>(i));
+    return counter_uniform(seed_, purpose_, layer_, head_, static_cast<uint32_t>(i >> 32),
+                           0xFFFFFFFFu, static_cast<uint32_t>(i));
   }
   // Integer in [0, n).
   uint64_t below(uint64_t n) {

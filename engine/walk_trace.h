@@ -9,11 +9,11 @@
 namespace kvscope {
 
 struct WalkBlockTrace {
-  int round = 0;             // 0-based halving round
-  int block = 0;             // block index within the round
-  std::vector<int> tokens;   // absolute token index of each walked element, in walk order
-  std::vector<double> p;     // p_i before clipping
-  std::vector<int> sigma;    // +1 / -1
+  int round = 0;                // 0-based halving round
+  int block = 0;                // block index within the round
+  std::vector<int> tokens;      // absolute token index of each walked element, in walk order
+  std::vector<double> p;        // p_i before clipping
+  std::vector<int> sigma;       // +1 / -1
   std::vector<double> partial;  // sum_{j<i} K_ij sigma_j
   // Discrepancy of the prefix along the trace query q: sum_{j<=i} sigma_j exp(<k_j,q>/sqrt d) v_j
   // (its norm), and the kernel-space norm sqrt(sigma^T K sigma) of the prefix.
@@ -25,9 +25,9 @@ struct WalkBlockTrace {
   // Prefix signed sum projected on the block's top two kernel-PCA directions.
   std::vector<std::array<double, 2>> path;
   std::vector<std::array<double, 2>> random_path;
-  std::vector<int> kept;     // 1 where the token survived this round's halving (2: added back
-                             // by the top-up of a non-power-of-two ratio), 0 dropped
-  int halving_cut = -1;      // the index c where the majority sign reached n/2
+  std::vector<int> kept;  // 1 where the token survived this round's halving (2: added back
+                          // by the top-up of a non-power-of-two ratio), 0 dropped
+  int halving_cut = -1;   // the index c where the majority sign reached n/2
   // Where this block sits in its round's whole walk order (the halving runs over the whole
   // round): halving_cut above is the round's cut when it falls inside this block, else -1;
   // round_cut is the round's cut as a position in the round's walk order.

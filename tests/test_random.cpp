@@ -39,6 +39,8 @@ TEST(Philox, UniformsAreUniformAndDistinctPerCounter) {
   EXPECT_NEAR(mean, 0.5, 0.005);
   EXPECT_NEAR(var, 1.0 / 12.0, 0.002);
   EXPECT_EQ(static_cast<int>(seen.size()), n);
-  EXPECT_NE(counter_uniform(42, kRandWalk, 3, 1, 0, 7, 0), counter_uniform(43, kRandWalk, 3, 1, 0, 7, 0));
-  EXPECT_NE(counter_uniform(42, kRandWalk, 3, 1, 0, 7, 0), counter_uniform(42, kRandWalk, 3, 2, 0, 7, 0));
+  EXPECT_NE(counter_uniform(42, kRandWalk, 3, 1, 0, 7, 0),
+            counter_uniform(43, kRandWalk, 3, 1, 0, 7, 0));
+  EXPECT_NE(counter_uniform(42, kRandWalk, 3, 1, 0, 7, 0),
+            counter_uniform(42, kRandWalk, 3, 2, 0, 7, 0));
 }
