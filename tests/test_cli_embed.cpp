@@ -65,8 +65,7 @@ Csv read_csv(const std::string& path) {
 class CliEmbed : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(kCapture))
-      GTEST_SKIP() << "sample capture " << kCapture << " is absent";
+    ASSERT_TRUE(std::filesystem::exists(kCapture)) << "sample capture " << kCapture << " is absent";
     out_ = (std::filesystem::temp_directory_path() /
             ("kvscope_embed_" + std::to_string(::getpid()) + ".csv"))
                .string();
