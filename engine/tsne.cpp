@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "engine/backend.h"
@@ -166,17 +167,21 @@ void calibrate_row(const float* d2, int count, double log_perplexity, float* out
 
 // ---- Barnes-Hut quadtree --------------------------------------------------------------------
 
+// Cells are stored in depth-first pre-order, so the traversal is a forward scan: a cell that is
+// summarised (or a leaf) is stepped over to `skip`, the index just past its subtree; a cell that
+// is opened continues at the next index, its first child. Only non-empty cells are stored.
 struct QuadNode {
-  float cx, cy, half;  // the cell: centre and half side length
-  float comx, comy;    // centre of mass of its points
-  float side2;         // (2 half)^2, for the opening test
+  float comx, comy;  // centre of mass of its points
+  float side2;       // (side length)^2, for the opening test
   int count;
-  int child;       // index of the first of 4 consecutive children; -1 for a leaf
-  int begin, end;  // its points: order[begin, end)
+  int skip;        // first index after this cell's subtree; index + 1 for a leaf
+  int begin, end;  // its points: positions [begin, end) of the tree order
+  int pad_;        // to 32 bytes: two cells per cache line
 };
 
 // A point quadtree over the embedding, rebuilt every iteration (O(n log n)). Leaves hold up to
-// kLeafSize points, summed directly: cheaper than descending to single points.
+// kLeafSize points, summed directly: cheaper than descending to single points. The points are
+// also copied in tree order (px_, py_), so a leaf's points are contiguous.
 class QuadTree {
  public:
   QuadTree(const float* y, int n) : y_(y) {
@@ -190,32 +195,53 @@ class QuadTree {
       maxy = std::max(maxy, double(y[2 * i + 1]));
     }
     const double half = std::max({maxx - minx, maxy - miny, 1e-12}) / 2 * (1 + 1e-6);
-    nodes_.reserve(static_cast<size_t>(n) + 64);
-    nodes_.push_back(make_node((minx + maxx) / 2, (miny + maxy) / 2, half));
+    nodes_.reserve(static_cast<size_t>(n) / 2 + 64);
     scratch_.resize(n);
-    build(0, 0, n, 0);
+    build(static_cast<float>((minx + maxx) / 2), static_cast<float>((miny + maxy) / 2),
+          static_cast<float>(half), 0, n, 0);
+    px_.resize(n);
+    py_.resize(n);
+    for (int k = 0; k < n; ++k) {
+      px_[k] = y[2 * order_[k]];
+      py_[k] = y[2 * order_[k] + 1];
+    }
   }
 
+  // The point at position k of the tree order.
+  int point(int k) const { return order_[k]; }
+
   // Repulsive force sum_j q_ij^2 (y_i - y_j) and sum_j q_ij (q = 1/(1 + |y_i - y_j|^2)) for
-  // point i, summarising a cell by its centre of mass when side / distance < theta.
-  void repulsion(int i, double theta, double& fx, double& fy, double& z) const {
-    const float xi = y_[2 * i], yi = y_[2 * i + 1];
+  // the point at tree position k, summarising a cell by its centre of mass when
+  // side / distance < theta.
+  void repulsion(int k, double theta, double& fx, double& fy, double& z) const {
+    const float xi = px_[k], yi = py_[k];
     const float theta2 = static_cast<float>(theta * theta);
-    int stack[4 * kMaxDepth + 8];
-    int top = 0;
-    stack[top++] = 0;
-    while (top > 0) {
-      const QuadNode& nd = nodes_[stack[--top]];
-      if (nd.child < 0) {
-        for (int k = nd.begin; k < nd.end; ++k) {
-          const int j = order_[k];
-          if (j == i) continue;
-          const double dx = xi - y_[2 * j], dy = yi - y_[2 * j + 1];
-          const double q = 1.0 / (1.0 + dx * dx + dy * dy);
-          z += q;
-          fx += q * q * dx;
-          fy += q * q * dy;
+    const QuadNode* nodes = nodes_.data();
+    const float* px = px_.data();
+    const float* py = py_.data();
+    const int count = static_cast<int>(nodes_.size());
+    int at = 0;
+    while (at < count) {
+      const QuadNode& nd = nodes[at];
+      if (nd.skip == at + 1) {
+        // A leaf: every point but k itself.
+        auto direct = [&](int b, int e) {
+          for (int m = b; m < e; ++m) {
+            const double dx = xi - px[m], dy = yi - py[m];
+            const double q = 1.0 / (1.0 + dx * dx + dy * dy);
+            const double q2 = q * q;
+            z += q;
+            fx += q2 * dx;
+            fy += q2 * dy;
+          }
+        };
+        if (k >= nd.begin && k < nd.end) {
+          direct(nd.begin, k);
+          direct(k + 1, nd.end);
+        } else {
+          direct(nd.begin, nd.end);
         }
+        at = nd.skip;
         continue;
       }
       const float dxf = xi - nd.comx, dyf = yi - nd.comy;
@@ -225,9 +251,9 @@ class QuadTree {
         z += nd.count * q;
         fx += nd.count * q * q * dxf;
         fy += nd.count * q * q * dyf;
+        at = nd.skip;
       } else {
-        for (int c = 0; c < 4; ++c)
-          if (nodes_[nd.child + c].count > 0) stack[top++] = nd.child + c;
+        ++at;
       }
     }
   }
@@ -236,33 +262,25 @@ class QuadTree {
   static constexpr int kMaxDepth = 40;
   static constexpr int kLeafSize = 8;
 
-  static QuadNode make_node(double cx, double cy, double half) {
-    QuadNode nd{};
-    nd.cx = static_cast<float>(cx);
-    nd.cy = static_cast<float>(cy);
-    nd.half = static_cast<float>(half);
-    nd.side2 = static_cast<float>(4 * half * half);
-    nd.child = -1;
-    return nd;
-  }
-
-  void build(int node, int begin, int end, int depth) {
+  // Appends the cell (centre cx, cy, half side h) holding order_[begin, end) and its subtree.
+  void build(float cx, float cy, float h, int begin, int end, int depth) {
     double sx = 0, sy = 0;
     for (int k = begin; k < end; ++k) {
       sx += y_[2 * order_[k]];
       sy += y_[2 * order_[k] + 1];
     }
-    QuadNode& nd = nodes_[node];
+    const int node = static_cast<int>(nodes_.size());
+    QuadNode nd{};
     nd.begin = begin;
     nd.end = end;
     nd.count = end - begin;
-    if (nd.count > 0) {
-      nd.comx = static_cast<float>(sx / nd.count);
-      nd.comy = static_cast<float>(sy / nd.count);
-    }
+    nd.comx = static_cast<float>(sx / nd.count);
+    nd.comy = static_cast<float>(sy / nd.count);
+    nd.side2 = static_cast<float>(4.0 * double(h) * double(h));
+    nd.skip = node + 1;
+    nodes_.push_back(nd);
     // Leaves: few points, or coincident points (depth cap).
     if (nd.count <= kLeafSize || depth >= kMaxDepth) return;
-    const float cx = nd.cx, cy = nd.cy, h = nd.half / 2;
     // Counting sort of order_[begin, end) into the quadrants SW, SE, NW, NE (stable).
     auto quadrant = [&](int idx) {
       return (y_[2 * idx] >= cx ? 1 : 0) + (y_[2 * idx + 1] >= cy ? 2 : 0);
@@ -274,15 +292,17 @@ class QuadTree {
     int fill[4] = {bounds[0], bounds[1], bounds[2], bounds[3]};
     for (int k = begin; k < end; ++k) scratch_[fill[quadrant(order_[k])]++] = order_[k];
     std::copy(scratch_.begin() + begin, scratch_.begin() + end, order_.begin() + begin);
-    const int child = static_cast<int>(nodes_.size());
-    nodes_[node].child = child;
+    const float hh = h / 2;
     for (int c = 0; c < 4; ++c)
-      nodes_.push_back(make_node(cx + ((c & 1) ? h : -h), cy + ((c & 2) ? h : -h), h));
-    for (int c = 0; c < 4; ++c) build(child + c, bounds[c], bounds[c + 1], depth + 1);
+      if (bounds[c] < bounds[c + 1])
+        build(cx + ((c & 1) ? hh : -hh), cy + ((c & 2) ? hh : -hh), hh, bounds[c], bounds[c + 1],
+              depth + 1);
+    nodes_[node].skip = static_cast<int>(nodes_.size());
   }
 
   const float* y_;
   std::vector<int> order_, scratch_;
+  std::vector<float> px_, py_;
   std::vector<QuadNode> nodes_;
 };
 
@@ -303,10 +323,12 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
 
   if (in.theta > 0) {
     const QuadTree tree(y, n);
+    // In tree order, so consecutive points walk nearly the same cells.
     parallel_for(n, 512, [&](int b, int e) {
-      for (int i = b; i < e; ++i) {
+      for (int k = b; k < e; ++k) {
+        const int i = tree.point(k);
         double fx = 0, fy = 0, z = 0;
-        tree.repulsion(i, in.theta, fx, fy, z);
+        tree.repulsion(k, in.theta, fx, fy, z);
         rep[2 * i] = fx;
         rep[2 * i + 1] = fy;
         zi[i] = z;
@@ -344,28 +366,47 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
     });
   }
 
-  // Attractive forces over the sparse P, plus the per-row pieces of the KL divergence:
-  // KL = sum p log p - sum p log q_unnorm + (sum p) log Z.
-  std::vector<double> psum(n);
-  const bool want_kl = in.want_kl;
-  parallel_for(n, 512, [&](int b, int e) {
+  // Attractive forces over the sparse P, plus (when asked) the per-row pieces of the KL
+  // divergence: KL = sum p log p - sum p log q_unnorm + (sum p) log Z. Two independent pairs of
+  // partial sums (even and odd entries of a row, combined in a fixed order) so the additions do
+  // not wait on each other; the forces are the same whether or not the KL is wanted.
+  std::vector<double> psum(n, 0.0);
+  auto attract = [&](auto with_kl, int b, int e) {
     for (int i = b; i < e; ++i) {
       const double xi = y[2 * i], yi = y[2 * i + 1];
-      double fx = 0, fy = 0, kl = 0, ps = 0;
-      for (int k = in.p_rowptr[i]; k < in.p_rowptr[i + 1]; ++k) {
+      double fx[2] = {0, 0}, fy[2] = {0, 0}, kl = 0, ps = 0;
+      auto entry = [&](int k, int l) {
         const int j = in.p_col[k];
         const double p = in.p_val[k];
         const double dx = xi - y[2 * j], dy = yi - y[2 * j + 1];
-        const double q = 1.0 / (1.0 + dx * dx + dy * dy);
-        fx += p * q * dx;
-        fy += p * q * dy;
-        if (want_kl && p > 0) kl += p * (std::log(p) - std::log(q));
-        ps += p;
+        const double d = 1.0 + dx * dx + dy * dy;  // 1 / q
+        const double pq = p / d;
+        fx[l] += pq * dx;
+        fy[l] += pq * dy;
+        if constexpr (decltype(with_kl)::value) {
+          if (p > 0) kl += p * (std::log(p) + std::log(d));
+          ps += p;
+        }
+      };
+      int k = in.p_rowptr[i];
+      const int end = in.p_rowptr[i + 1];
+      for (; k + 2 <= end; k += 2) {
+        entry(k, 0);
+        entry(k + 1, 1);
       }
-      attr[2 * i] = fx;
-      attr[2 * i + 1] = fy;
+      if (k < end) entry(k, 0);
+      attr[2 * i] = fx[0] + fx[1];
+      attr[2 * i + 1] = fy[0] + fy[1];
       kl_terms[i] = kl;
       psum[i] = ps;
+    }
+  };
+  const bool want_kl = in.want_kl;
+  parallel_for(n, 512, [&](int b, int e) {
+    if (want_kl) {
+      attract(std::true_type{}, b, e);
+    } else {
+      attract(std::false_type{}, b, e);
     }
   });
 
