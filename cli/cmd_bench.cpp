@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/validate.h"
 #include "engine/backend.h"
 #include "engine/balance_walk.h"
 #include "engine/error.h"
@@ -108,17 +109,25 @@ void check(const BenchOptions& o) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw InputError(what);
   };
-  need(o.n >= 2, "--n: need at least 2 tokens");
-  need(o.d >= 1, "--d: need a head dimension of at least 1");
-  need(o.heads >= 1, "--heads: need at least one head");
-  need(o.rounds >= 1 && o.rounds <= 30, "--rounds: need between 1 and 30 halving rounds");
+  check_range(o.n, 2, 1 << 24, "--n");
+  check_range(o.d, 1, 65536, "--d");
+  check_range(o.heads, 1, 4096, "--heads");
+  check_range(o.rounds, 1, 30, "--rounds");
   need(std::ldexp(o.n, -o.rounds) >= 1, "--rounds: " + std::to_string(o.rounds) +
                                             " rounds would halve --n " + std::to_string(o.n) +
                                             " below one token");
-  need(o.repeat >= 1, "--repeat: need at least one timed repeat");
-  need(o.block >= 2 && o.block <= 4096, "--block: the walk block must be between 2 and 4096");
-  need(static_cast<double>(o.n) * o.d * o.heads * 8 < 16e9,
-       "--n/--d/--heads: the synthetic heads would need more than 16 GB");
+  check_range(o.repeat, 1, 10000, "--repeat");
+  check_range(o.block, 2, 4096, "--block");
+  // Keys and values (float), the walk's copies of one head's blocks, and the token lists; the
+  // estimate is refused before anything is allocated.
+  const double heads_bytes = static_cast<double>(o.n) * o.d * o.heads * 8;
+  const double walk_bytes = static_cast<double>(o.n) * o.d * 8 + static_cast<double>(o.n) * 64;
+  const double token_bytes = static_cast<double>(o.n) * o.heads * 8;
+  require_memory(heads_bytes + walk_bytes + token_bytes,
+                 "bench --n " + std::to_string(o.n) + " --d " + std::to_string(o.d) +
+                     " --heads " + std::to_string(o.heads),
+                 "keys and values " + gib(heads_bytes) + ", walk buffers " + gib(walk_bytes) +
+                     ", token lists " + gib(token_bytes));
 }
 
 void run_bench(const BenchOptions& o) {

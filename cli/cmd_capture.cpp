@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
+#include "cli/validate.h"
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/llama2c.h"
@@ -55,13 +57,25 @@ void run_capture(const CaptureOptions& o) {
   if (npz && dtype == DType::BF16) {
     throw InputError("--out " + o.out + ": .npz cannot hold bf16; use .safetensors or --dtype f16");
   }
+  check_output(o.out, {o.model, o.tokenizer}, "--out");
+  check_range_real(static_cast<double>(o.temperature), 0.0, 100.0, "--temperature");
+  check_range_real(static_cast<double>(o.topp), 1e-6, 1.0, "--topp");
   llama2c::Transformer model(o.model);
   const llama2c::Config& c = model.config();
+  // The whole capture is held in memory as float before it is written: refuse what cannot fit.
+  {
+    const double heads = 2.0 * c.n_kv_heads + c.n_heads;
+    const double capture_bytes =
+        static_cast<double>(c.n_layers) * heads * std::max(o.steps, 1) * c.head_size() * 4;
+    require_memory(2 * capture_bytes, "capture --steps " + std::to_string(o.steps),
+                   "the captured keys, values and queries " + gib(capture_bytes) +
+                       ", plus the file's conversion buffers");
+  }
   llama2c::Tokenizer tokenizer(o.tokenizer, c.vocab_size);
   std::fprintf(stderr,
                "model %s: dim %d, hidden %d, %d layers, %d query heads, %d kv heads, head dim %d, "
                "vocab %d, context %d\n",
-               o.model.c_str(), c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+               printable(o.model).c_str(), c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
                c.head_size(), c.vocab_size, c.seq_len);
 
   llama2c::GenerateOptions options;
@@ -82,7 +96,7 @@ void run_capture(const CaptureOptions& o) {
   };
   const llama2c::Generation generation = llama2c::generate(model, tokenizer, o.prompt, options);
   if (!o.quiet && terminal) std::fprintf(stderr, "\n");
-  std::printf("%s\n", generation.decoded.c_str());
+  std::printf("%s\n", printable(generation.decoded, true).c_str());
 
   const std::string sampling = o.temperature == 0.0f
                                    ? std::string("greedy (temperature 0)")
@@ -99,7 +113,7 @@ void run_capture(const CaptureOptions& o) {
   std::fprintf(stderr,
                "wrote %s: %d tokens (%d prompt incl. BOS, %s, %d restart(s) after BOS), %d layers "
                "x %d kv heads (%d query heads) x head dim %d, %s\n",
-               o.out.c_str(), data.info.num_tokens, generation.prompt_tokens, sampling.c_str(),
+               printable(o.out).c_str(), data.info.num_tokens, generation.prompt_tokens, sampling.c_str(),
                generation.restarts, c.n_layers, c.n_kv_heads, c.n_heads, c.head_size(),
                dtype_name(dtype));
 }

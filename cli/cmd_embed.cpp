@@ -3,11 +3,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
+#include "cli/validate.h"
 #include "engine/backend.h"
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -27,9 +29,12 @@ struct EmbedOptions {
 void run_embed(const EmbedOptions& o) {
   ProjectionRequest req;
   req.method = parse_projection_method(o.method, "--method");
-  if (!(o.perplexity > 0)) throw InputError("--perplexity: must be > 0");
-  if (o.iterations < 0) throw InputError("--iterations: must be >= 0");
-  if (o.theta > 2) throw InputError("--theta: must be in [0, 2] (or negative for automatic)");
+  check_output(o.out, {o.file}, "--out");
+  check_range_real(o.perplexity, 1e-3, 1e6, "--perplexity");
+  check_range(o.iterations, 0, 1000000, "--iterations");
+  if (!std::isfinite(o.theta) || o.theta > 2)
+    throw InputError("--theta: must be in [0, 2] (or negative for automatic)");
+  check_range_real(o.learning_rate, -1e12, 1e12, "--learning-rate");
   req.tsne.perplexity = o.perplexity;
   req.tsne.iterations = o.iterations;
   req.tsne.exaggeration_iterations = std::min(req.tsne.exaggeration_iterations, o.iterations);
@@ -56,8 +61,14 @@ void run_embed(const EmbedOptions& o) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::ofstream csv(o.out);
-  if (!csv) throw InputError("--out: cannot write " + o.out);
+  // A non-finite coordinate is an error naming the head, never a row of the CSV.
+  for (int i = 0; i < p.coords.rows(); ++i)
+    if (!std::isfinite(p.coords(i, 0)) || !std::isfinite(p.coords(i, 1)))
+      throw InputError("embed: " + printable(o.file) + " layer " + std::to_string(o.layer) +
+                       " kv head " + std::to_string(o.head) + ": the " + o.method +
+                       " map has a non-finite coordinate at row " + std::to_string(i) +
+                       " (values too large or degenerate); nothing written");
+  std::ostringstream csv;
   csv << (p.num_queries > 0 ? "token,x,y,kind\n" : "token,x,y\n");
   char line[128];
   for (int i = 0; i < p.coords.rows(); ++i) {
@@ -67,10 +78,9 @@ void run_embed(const EmbedOptions& o) {
                   p.num_queries > 0 ? (query ? ",query" : ",key") : "");
     csv << line;
   }
-  csv.close();
-  if (!csv) throw InputError("--out: writing " + o.out + " failed");
+  write_output(o.out, csv.str(), "--out", {o.file});
 
-  std::printf("embed: %s layer %d kv head %d: %d keys", o.file.c_str(), o.layer, o.head,
+  std::printf("embed: %s layer %d kv head %d: %d keys", printable(o.file).c_str(), o.layer, o.head,
               p.num_keys);
   if (p.num_queries > 0)
     std::printf(" + %d queries of query head %d (joint space%s%s)", p.num_queries, p.query_head,
@@ -88,7 +98,8 @@ void run_embed(const EmbedOptions& o) {
         p.perplexity, p.iterations, p.theta > 0 ? "Barnes-Hut" : "exact gradient", p.theta,
         p.learning_rate, p.kl, seconds, backend.name().c_str());
   }
-  std::printf("wrote %s (%lld rows)\n", o.out.c_str(), static_cast<long long>(p.coords.rows()));
+  std::printf("wrote %s (%lld rows)\n", printable(o.out).c_str(),
+              static_cast<long long>(p.coords.rows()));
 }
 
 }  // namespace

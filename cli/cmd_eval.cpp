@@ -13,6 +13,8 @@
 
 #include "cli/commands.h"
 #include "cli/eval_output.h"
+#include "cli/output_file.h"
+#include "cli/validate.h"
 #include "engine/backend.h"
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -32,6 +34,8 @@ struct CommonOptions {
   std::string backend = "cpu";
   int threads = 0;
   std::string json_out;
+  const CLI::Option* sink_option = nullptr;  // to tell "--sink not given" from a given value
+  const CLI::Option* eval_option = nullptr;
 };
 
 struct EvalOptions {
@@ -57,22 +61,40 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("--base-seed", o.base_seed, "first seed")->capture_default_str();
   sub->add_option("--layers", o.layers, "layers, e.g. 0,2,4-7 (default all)");
   sub->add_option("--heads", o.heads, "kv heads, e.g. 0-3 (default all)");
-  sub->add_option("--sink", o.sink, "sink tokens s (default min(256, n/32))");
-  sub->add_option("--eval", o.eval, "evaluation queries E (default min(256, n/8))");
+  o.sink_option = sub->add_option("--sink", o.sink, "sink tokens s (default min(256, n/32))");
+  o.eval_option = sub->add_option("--eval", o.eval, "evaluation queries E (default min(256, n/8))");
   sub->add_option("--backend", o.backend, "cpu | cuda | auto")->capture_default_str();
   sub->add_option("--threads", o.threads, "worker threads (0: all cores)")->capture_default_str();
   sub->add_option("--json", o.json_out, "write the report as JSON");
 }
 
-EvalSpec base_spec(const CommonOptions& o) {
+// The flags shared by eval and sweep, range-checked (limits in the messages) and bounded by the
+// capture before anything is sized by them.
+EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
   EvalSpec spec;
   spec.ratios = parse_number_list(o.ratios, "--ratios");
+  if (spec.ratios.size() > 64)
+    throw InputError("--ratios: " + std::to_string(spec.ratios.size()) +
+                     " keep ratios given, at most 64");
+  for (double r : spec.ratios) check_range_real(r, 1e-9, 1.0, "--ratios");
+  check_range(o.seeds, 1, kMaxSeeds, "--seeds");
   spec.seeds = o.seeds;
   spec.base_seed = o.base_seed;
-  if (!o.layers.empty()) spec.layers = parse_index_list(o.layers, "--layers");
-  if (!o.heads.empty()) spec.heads = parse_index_list(o.heads, "--heads");
+  if (!o.layers.empty())
+    spec.layers = parse_bounded_index_list(o.layers, "--layers", info.num_layers,
+                                           "the capture's layers");
+  if (!o.heads.empty())
+    spec.heads =
+        parse_bounded_index_list(o.heads, "--heads", info.kv_heads, "the capture's kv heads");
+  if (o.sink_option && o.sink_option->count() > 0)
+    check_range(o.sink, 0, std::max(0, info.num_tokens - 1),
+                "--sink (for this " + std::to_string(info.num_tokens) + "-token capture)");
+  if (o.eval_option && o.eval_option->count() > 0)
+    check_range(o.eval, 1, info.num_tokens,
+                "--eval (for this " + std::to_string(info.num_tokens) + "-token capture)");
   spec.sink = o.sink;
   spec.eval = o.eval;
+  check_range(o.threads, 0, 1024, "--threads");
   spec.threads = o.threads;
   return spec;
 }
@@ -108,31 +130,25 @@ ProgressFn progress_printer() {
 }
 
 void run_eval_command(const EvalOptions& o) {
+  // Output paths are checked before the work (never the capture itself, a link or a FIFO).
+  if (!o.common.json_out.empty()) check_output(o.common.json_out, {o.common.path}, "--json");
+  if (!o.csv_out.empty()) check_output(o.csv_out, {o.common.path}, "--csv");
   auto capture = CaptureFile::open(o.common.path);
-  EvalSpec spec = base_spec(o.common);
+  EvalSpec spec = base_spec(o.common, capture->info());
   spec.methods = parse_method_list(o.methods);
   for (const std::string& p : o.params) parse_param(p, spec);
   if (!o.shard.empty()) {
-    const size_t slash = o.shard.find('/');
-    const std::vector<int> parts =
-        slash == std::string::npos
-            ? std::vector<int>{}
-            : std::vector<int>{parse_index_list(o.shard.substr(0, slash), "--shard")[0],
-                               parse_index_list(o.shard.substr(slash + 1), "--shard")[0]};
-    if (parts.size() != 2 || o.shard.find(',') != std::string::npos ||
-        o.shard.find('-') != std::string::npos)
-      throw InputError("--shard: '" + o.shard + "' is not i/N");
-    spec.shard_index = parts[0];
-    spec.shard_count = parts[1];
-    if (spec.shard_count < 1 || spec.shard_index >= spec.shard_count)
-      throw InputError("--shard: '" + o.shard + "' needs 0 <= i < N");
+    const auto [index, count] = parse_shard(o.shard, kMaxShards);
+    spec.shard_index = index;
+    spec.shard_count = count;
   }
   Backend& backend = select_backend(o.common.backend);
   std::printf("backend  %s\n", backend.name().c_str());
   const EvalReport report = run_eval(*capture, spec, progress_printer(), nullptr, &backend);
   print_report(report);
-  if (!o.common.json_out.empty()) write_json_file(o.common.json_out, report.to_json(), "--json");
-  if (!o.csv_out.empty()) write_csv_file(o.csv_out, report, "--csv");
+  if (!o.common.json_out.empty())
+    write_json_file(o.common.json_out, report.to_json(), "--json", {o.common.path});
+  if (!o.csv_out.empty()) write_csv_file(o.csv_out, report, "--csv", {o.common.path});
   fail_on_method_errors(report);
 }
 
@@ -172,11 +188,19 @@ void run_sweep_command(const SweepOptions& o) {
   std::vector<std::pair<std::string, std::vector<double>>> grid;
   for (const std::string& p : o.params) grid.push_back(parse_grid(p, *m));
 
+  if (!o.common.json_out.empty()) check_output(o.common.json_out, {o.common.path}, "--json");
   auto capture = CaptureFile::open(o.common.path);
-  EvalSpec spec = base_spec(o.common);
+  EvalSpec spec = base_spec(o.common, capture->info());
   spec.methods = {m};
   Backend& backend = select_backend(o.common.backend);
 
+  size_t grid_points = 1;
+  for (const auto& [name, values] : grid) {
+    grid_points *= values.size();
+    if (grid_points > 10000)
+      throw InputError("--param: the grid has more than 10000 points (the product of the value "
+                       "counts); sweep fewer values");
+  }
   // Cartesian product of the grid, last parameter fastest.
   std::vector<ParamValues> points(1);
   for (const auto& [name, values] : grid) {
@@ -251,7 +275,8 @@ void run_sweep_command(const SweepOptions& o) {
   for (size_t r = 0; r < spec.ratios.size(); ++r)
     if (!best_at[r].empty())
       std::printf("best at ratio %g: %s (%.4f)\n", spec.ratios[r], best_at[r].c_str(), best[r]);
-  if (!o.common.json_out.empty()) write_json_file(o.common.json_out, out, "--json");
+  if (!o.common.json_out.empty())
+    write_json_file(o.common.json_out, out, "--json", {o.common.path});
   for (const std::string& f : failures) std::fprintf(stderr, "kvscope-cli: %s\n", f.c_str());
   if (!failures.empty())
     throw std::runtime_error(m->name() + " failed at some grid points (see the lines above)");

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/validate.h"
 #include "engine/capture.h"
 #include "engine/error.h"
 
@@ -12,28 +13,17 @@ namespace kvscope::cli {
 namespace {
 
 // Token text made printable on one line: control characters escaped, quotes kept visible.
-std::string printable(const std::string& s) {
+std::string quoted(const std::string& s) {
   std::string out;
-  for (unsigned char c : s) {
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\t')
-      out += "\\t";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c == '"')
+  for (char c : s) {
+    if (c == '"')
       out += "\\\"";
     else if (c == '\\')
       out += "\\\\";
-    else if (c < 0x20 || c == 0x7F) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
+    else
+      out += c;
   }
-  return out;
+  return printable(out);
 }
 
 // Shortens to at most `max_bytes`, never cutting a UTF-8 sequence in half.
@@ -68,15 +58,19 @@ struct InfoOptions {
 };
 
 void print_text(const CaptureInfo& info, const InfoOptions& opt) {
-  std::printf("file        %s\n", info.path.c_str());
+  // Every string from the file (or the command line) is escaped: a capture's metadata must not
+  // be able to send escape sequences to the terminal.
+  std::printf("file        %s\n", printable(info.path).c_str());
   std::printf("format      %s, %s, %s\n", info.file_format.c_str(), info.format.c_str(),
               human_bytes(info.file_bytes).c_str());
-  std::printf("model       %s\n", info.model.empty() ? "(not recorded)" : info.model.c_str());
+  std::printf("model       %s\n",
+              info.model.empty() ? "(not recorded)" : printable(info.model).c_str());
   std::printf("synthetic   %s\n", info.synthetic
                                       ? "YES - generated data for scale and speed tests, not a "
                                         "real model's cache"
                                       : "no");
-  std::printf("source      %s\n", info.source.empty() ? "(not recorded)" : info.source.c_str());
+  std::printf("source      %s\n",
+              info.source.empty() ? "(not recorded)" : printable(info.source).c_str());
   std::printf("layers      %d\n", info.num_layers);
   std::printf("heads       %d query, %d kv (GQA group of %d)\n", info.q_heads, info.kv_heads,
               info.group_size());
@@ -87,11 +81,11 @@ void print_text(const CaptureInfo& info, const InfoOptions& opt) {
   std::printf("queries     %s\n", info.has_queries ? "yes"
                                                    : "no (query-aware methods and "
                                                      "real-query error unavailable)");
-  std::printf("prompt      \"%s\"\n", printable(shorten(info.prompt, 100)).c_str());
+  std::printf("prompt      \"%s\"\n", quoted(shorten(info.prompt, 100)).c_str());
   const int shown = std::min<int>(opt.show_tokens, static_cast<int>(info.tokens.size()));
   std::printf("first %d tokens:\n", shown);
   for (int i = 0; i < shown; ++i)
-    std::printf("  %5d  \"%s\"\n", i, printable(info.tokens[i]).c_str());
+    std::printf("  %5d  \"%s\"\n", i, quoted(info.tokens[i]).c_str());
   if (shown < static_cast<int>(info.tokens.size()))
     std::printf("  ... %zu more\n", info.tokens.size() - shown);
 }

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/eval_output.h"
+#include "cli/output_file.h"
 #include "engine/error.h"
 #include "engine/protocol.h"
 
@@ -20,6 +21,10 @@ struct MergeOptions {
 };
 
 void run_merge(const MergeOptions& o) {
+  if (!o.json_out.empty()) check_output(o.json_out, o.inputs, "--json");
+  if (o.inputs.size() > static_cast<size_t>(kMaxShards))
+    throw InputError("merge: " + std::to_string(o.inputs.size()) + " reports given, at most " +
+                     std::to_string(kMaxShards));
   std::vector<EvalReport> parts;
   for (const std::string& path : o.inputs) {
     try {
@@ -31,7 +36,7 @@ void run_merge(const MergeOptions& o) {
   }
   const EvalReport merged = merge_reports(parts);
   if (!o.quiet) print_report(merged);
-  if (!o.json_out.empty()) write_json_file(o.json_out, merged.to_json(), "--json");
+  if (!o.json_out.empty()) write_json_file(o.json_out, merged.to_json(), "--json", o.inputs);
 }
 
 }  // namespace

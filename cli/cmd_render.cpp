@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
 #include "engine/error.h"
 
 #ifdef KVSCOPE_HAVE_UI
@@ -31,6 +32,9 @@ void add_render_command(CLI::App& app) {
       ->default_val(300);
   sub->add_flag("--full-window", opt->full_window, "whole window instead of the view's panel");
   sub->callback([opt] {
+    // The PNG is written by the app's code; the path is checked here first (never an input, a
+    // link, a FIFO or a device).
+    check_output(opt->out, {opt->capture, opt->session}, "--out");
     int rc = app::render_view_software(*opt);
     if (rc != 0) throw InputError("render: the view was not ready before --timeout");
   });

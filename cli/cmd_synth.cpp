@@ -4,7 +4,11 @@
 #include <cstdio>
 #include <string>
 
+#include <sys/statvfs.h>
+
 #include "cli/commands.h"
+#include "cli/output_file.h"
+#include "cli/validate.h"
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/synth.h"
@@ -30,7 +34,10 @@ DType parse_dtype(const std::string& s) {
 }
 
 void run_synth(const SynthOptions& opt) {
+  check_output(opt.out, {}, "--out");
   SynthSpec spec = synth_preset(opt.shape);
+  check_range(opt.tokens, 2, kMaxCaptureTokens, "--tokens");
+  if (opt.layers != 0) check_range(opt.layers, 1, kMaxCaptureLayers, "--layers");
   spec.num_tokens = opt.tokens;
   if (opt.layers > 0) spec.num_layers = opt.layers;
   spec.seed = opt.seed;
@@ -38,13 +45,33 @@ void run_synth(const SynthOptions& opt) {
   const long long per_layer = static_cast<long long>(spec.num_tokens) * spec.head_dim *
                               (2LL * spec.kv_heads + spec.q_heads) *
                               static_cast<long long>(dtype == DType::F32 ? 4 : 2);
+  // One layer is held in memory as float (plus the generator's per-token tables); the file must
+  // fit the folder's free space. Both are refused up front, with the estimate.
+  const double layer_float_bytes = static_cast<double>(spec.num_tokens) * spec.head_dim *
+                                   (2.0 * spec.kv_heads + spec.q_heads) * 4;
+  const double table_bytes = static_cast<double>(spec.num_tokens) * spec.head_dim * 8;
+  require_memory(2 * layer_float_bytes + table_bytes,
+                 "synth --tokens " + std::to_string(spec.num_tokens),
+                 "one layer as float " + gib(layer_float_bytes) + ", written from a second copy");
+  {
+    const size_t slash = opt.out.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : opt.out.substr(0, slash + 1);
+    struct statvfs fs {};
+    const double file_bytes = static_cast<double>(per_layer) * spec.num_layers;
+    if (::statvfs(dir.c_str(), &fs) == 0) {
+      const double free_bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+      if (file_bytes > free_bytes)
+        throw InputError("--out " + printable(opt.out) + ": the capture would take about " +
+                         gib(file_bytes) + " but its folder has " + gib(free_bytes) + " free");
+    }
+  }
   if (!opt.quiet)
     std::printf(
         "synth: %s, %d layers x (%d q + 2 x %d kv heads) x %d tokens x d %d, %s, "
         "seed %llu -> %s (about %.2f GiB, SYNTHETIC)\n",
         spec.shape.c_str(), spec.num_layers, spec.q_heads, spec.kv_heads, spec.num_tokens,
         spec.head_dim, dtype_name(dtype), static_cast<unsigned long long>(spec.seed),
-        opt.out.c_str(), per_layer * spec.num_layers / 1073741824.0);
+        printable(opt.out).c_str(), per_layer * spec.num_layers / 1073741824.0);
   const auto start = std::chrono::steady_clock::now();
   write_synth_capture(opt.out, spec, dtype, [&](int L) {
     if (!opt.quiet) {
@@ -76,7 +103,6 @@ void add_synth_command(CLI::App& app) {
   sub->add_option("--seed", opt->seed, "Random seed")->default_val(0);
   sub->add_flag("--quiet", opt->quiet, "No progress output");
   sub->callback([opt] {
-    if (opt->layers < 0) throw InputError("--layers: must be positive");
     run_synth(*opt);
   });
 }

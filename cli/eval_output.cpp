@@ -4,10 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <set>
 #include <stdexcept>
 
+#include "cli/output_file.h"
+#include "cli/validate.h"
 #include "engine/error.h"
+#include "engine/json_limits.h"
 
 namespace kvscope::cli {
 namespace {
@@ -107,16 +111,15 @@ double parse_param_value(const ParamSpec& spec, const std::string& text, const s
   throw InputError(flag + ": '" + text + "' is not a number");
 }
 
-void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag) {
-  std::ofstream out(path);
-  if (!out) throw InputError(flag + " " + path + ": cannot open for writing");
-  out << j.dump(1) << "\n";
-  if (!out) throw InputError(flag + " " + path + ": write failed");
+void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag,
+                     const std::vector<std::string>& inputs) {
+  write_output(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", flag,
+               inputs);
 }
 
-void write_csv_file(const std::string& path, const EvalReport& report, const std::string& flag) {
-  std::ofstream out(path);
-  if (!out) throw InputError(flag + " " + path + ": cannot open for writing");
+void write_csv_file(const std::string& path, const EvalReport& report, const std::string& flag,
+                    const std::vector<std::string>& inputs) {
+  std::ostringstream out;
   out << "method,ratio,layer,kv_head,mean,std,normalized_mean,mass_mean,refused,error\n";
   out.precision(17);
   for (const HeadEval& he : report.results) {
@@ -127,24 +130,24 @@ void write_csv_file(const std::string& path, const EvalReport& report, const std
         << ',' << he.std << ',' << he.normalized_mean << ',' << he.mass_mean << ','
         << (he.refused ? 1 : 0) << ",\"" << (he.error.empty() ? "" : err) << "\"\n";
   }
-  if (!out) throw InputError(flag + " " + path + ": write failed");
+  write_output(path, out.str(), flag, inputs);
 }
 
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path + ": not valid JSON: " + e.what());
-  }
+  // An eval report of 32 layers x 8 heads x 14 methods x 4 ratios is ~50 MB; the limits leave
+  // room for far larger runs while keeping a hostile file from taking gigabytes.
+  JsonLimits limits;
+  limits.max_depth = 32;
+  limits.max_values = 1ull << 24;
+  return read_json_file_limited(path, 256ull << 20, limits);
 }
 
 void print_report(const EvalReport& rep) {
   const CaptureInfo& info = rep.info;
   std::printf("capture  %s (%s, %d tokens, %d layers, %d query / %d kv heads, d=%d)%s\n",
-              rep.capture_path.c_str(),
-              info.model.empty() ? "model not recorded" : info.model.c_str(), info.num_tokens,
+              printable(rep.capture_path).c_str(),
+              info.model.empty() ? "model not recorded" : printable(info.model).c_str(),
+              info.num_tokens,
               info.num_layers, info.q_heads, info.kv_heads, info.head_dim,
               info.synthetic ? " [SYNTHETIC]" : "");
   std::printf("window   %s\n", rep.window_example.describe().c_str());
@@ -158,7 +161,22 @@ void print_report(const EvalReport& rep) {
   if (rep.spec.shard_count > 1)
     std::printf(", shard %d/%d", rep.spec.shard_index, rep.spec.shard_count);
   std::printf("\n");
-  for (const std::string& note : rep.notes) std::printf("note     %s\n", note.c_str());
+  for (const std::string& note : rep.notes)
+    std::printf("note     %s\n", printable(note).c_str());
+  // Heads the capture refuses (NaN/Inf or values too large for float), once each.
+  {
+    std::vector<std::string> refused_heads;
+    for (const HeadEval& he : rep.results)
+      if (he.refused && !he.note.empty() &&
+          he.note.find(" needs queries and the capture has none") == std::string::npos &&
+          std::find(refused_heads.begin(), refused_heads.end(), he.note) == refused_heads.end())
+        refused_heads.push_back(he.note);
+    for (size_t i = 0; i < refused_heads.size() && i < 8; ++i)
+      std::printf("note     refused: %s\n", printable(refused_heads[i]).c_str());
+    if (refused_heads.size() > 8)
+      std::printf("note     ... and %zu more refused heads (see the JSON)\n",
+                  refused_heads.size() - 8);
+  }
   // What methods said about their own runs (top-ups, scaled defaults, FAIL cases): the first
   // note of each method, and how many other notes it left.
   for (const Method* m : rep.spec.methods) {
@@ -168,7 +186,7 @@ void print_report(const EvalReport& rep) {
           std::find(seen.begin(), seen.end(), he.note) == seen.end())
         seen.push_back(he.note);
     if (seen.empty()) continue;
-    std::printf("note     %s: %s", m->name().c_str(), seen[0].c_str());
+    std::printf("note     %s: %s", m->name().c_str(), printable(seen[0]).c_str());
     if (seen.size() > 1) std::printf(" (and %zu other notes, see the JSON)", seen.size() - 1);
     std::printf("\n");
   }
@@ -230,7 +248,8 @@ void print_report(const EvalReport& rep) {
       }
     }
   }
-  for (const std::string& f : rep.failures()) std::fprintf(stderr, "kvscope-cli: %s\n", f.c_str());
+  for (const std::string& f : rep.failures())
+    std::fprintf(stderr, "kvscope-cli: %s\n", printable(f).c_str());
   std::fflush(stdout);
 }
 

@@ -19,9 +19,14 @@ std::vector<int> parse_index_list(const std::string& text, const std::string& fl
 // Parses one parameter value: a number, or for Choice/Bool params a choice name/true/false.
 double parse_param_value(const ParamSpec& spec, const std::string& text, const std::string& flag);
 
-void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag);
+// Written through write_output (cli/output_file.h): '-' is stdout; never over one of `inputs`.
+// Invalid UTF-8 (a path, a prompt) is replaced by U+FFFD, not an error.
+void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag,
+                     const std::vector<std::string>& inputs = {});
 // One row per (method, ratio, layer, kv head).
-void write_csv_file(const std::string& path, const EvalReport& report, const std::string& flag);
+void write_csv_file(const std::string& path, const EvalReport& report, const std::string& flag,
+                    const std::vector<std::string>& inputs = {});
+// A JSON file under limits (size, nesting depth, value count, no duplicate keys).
 nlohmann::json read_json_file(const std::string& path);
 
 // A method's failures make the command fail (exit 2) after its outputs are written.

@@ -1,7 +1,11 @@
 #include <cstdio>
 #include <exception>
 
+#include <new>
+
 #include "cli/commands.h"
+#include "cli/output_file.h"
+#include "cli/validate.h"
 #include "engine/error.h"
 
 int main(int argc, char** argv) {
@@ -15,18 +19,25 @@ int main(int argc, char** argv) {
   kvscope::cli::add_render_command(app);
   kvscope::cli::add_embed_command(app);
   kvscope::cli::add_synth_command(app);
+  // Messages may quote file contents (metadata values, tensor names): escaped for the terminal.
+  using kvscope::cli::printable;
   try {
     app.parse(argc, argv);
+    kvscope::cli::check_stdout();  // exit 0 only when the printed output arrived
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const kvscope::InputError& e) {
-    std::fprintf(stderr, "kvscope-cli: error: %s\n", e.what());
+    std::fprintf(stderr, "kvscope-cli: error: %s\n", printable(e.what(), true).c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kvscope-cli: error: out of memory (the input or the flags ask for more "
+                         "than this machine or ulimit -v allows)\n");
     return 1;
   } catch (const kvscope::Cancelled&) {
     std::fprintf(stderr, "kvscope-cli: cancelled\n");
     return 130;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvscope-cli: internal error: %s\n", e.what());
+    std::fprintf(stderr, "kvscope-cli: internal error: %s\n", printable(e.what(), true).c_str());
     return 2;
   }
   return 0;

@@ -9,12 +9,14 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <list>
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
 #include "engine/half.h"
+#include "engine/json_limits.h"
 #include "engine/npz.h"
 #include "engine/safetensors.h"
 #include "engine/tensor_archive.h"
@@ -46,7 +48,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kMaxDimension = 1 << 24;  // sanity bound on head counts, dims and layer counts
 
 enum class TensorKind { Key, Value, Query };
 
@@ -94,15 +95,19 @@ class MetadataReader {
     if (!v) throw InputError(where_ + " has no \"" + key + "\" entry");
     return *v;
   }
-  int positive_int(const std::string& key) const {
+  // A positive integer of at most `limit`; the message names the limit when it is exceeded.
+  int positive_int(const std::string& key, int limit) const {
     const std::string& text = required(key);
-    int value = 0;
+    long long value = 0;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc() || end != text.data() + text.size() || value <= 0 ||
-        value > kMaxDimension)
-      throw InputError(where_ + " entry \"" + key + "\" = \"" + text +
+    const std::string shown = text.size() > 40 ? text.substr(0, 40) + "..." : text;
+    if (ec == std::errc::result_out_of_range || (ec == std::errc() && value > limit))
+      throw InputError(where_ + " entry \"" + key + "\" = " + shown + " exceeds the limit of " +
+                       std::to_string(limit));
+    if (ec != std::errc() || end != text.data() + text.size() || value <= 0)
+      throw InputError(where_ + " entry \"" + key + "\" = \"" + shown +
                        "\" is not a positive integer");
-    return value;
+    return static_cast<int>(value);
   }
   const std::string& where() const { return where_; }
 
@@ -111,14 +116,22 @@ class MetadataReader {
   std::string where_;
 };
 
-// True when some value is NaN or +-Inf (exponent bits all ones). Written as a branch-free
-// reduction so it vectorises; Eigen's allFinite() runs scalar and cost more than the conversion.
-bool any_non_finite(const float* values, size_t count) {
+// True when some value is NaN or +-Inf (exponent bits all ones) or larger in magnitude than
+// kMaxCaptureAbsValue (compared on the bits of |x|: for non-negative floats the bit patterns order
+// like the values). Written as a branch-free reduction so it vectorises; Eigen's allFinite() runs
+// scalar and cost more than the conversion.
+bool any_unusable(const float* values, size_t count) {
+  static const uint32_t limit_bits = [] {
+    const float limit = static_cast<float>(kMaxCaptureAbsValue);
+    uint32_t bits;
+    std::memcpy(&bits, &limit, 4);
+    return bits;
+  }();
   uint32_t found = 0;
   for (size_t i = 0; i < count; ++i) {
     uint32_t bits;
     std::memcpy(&bits, values + i, 4);
-    found |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+    found |= static_cast<uint32_t>((bits & 0x7FFFFFFFu) > limit_bits);
   }
   return found != 0;
 }
@@ -216,8 +229,14 @@ class ArchiveCapture final : public CaptureFile {
       throw InputError(where + ": shape " + shape_string(t.shape) + " has " +
                        std::to_string(t.shape[0]) + " heads but metadata " + heads_key + " = " +
                        std::to_string(heads));
-    if (t.shape[1] > kMaxDimension || t.shape[2] > kMaxDimension)
-      throw InputError(where + ": shape " + shape_string(t.shape) + " is implausibly large");
+    if (t.shape[1] > kMaxCaptureTokens)
+      throw InputError(where + ": shape " + shape_string(t.shape) + " has " +
+                       std::to_string(t.shape[1]) + " tokens, more than the limit of " +
+                       std::to_string(kMaxCaptureTokens));
+    if (t.shape[2] > kMaxCaptureHeadDim)
+      throw InputError(where + ": shape " + shape_string(t.shape) + " has dim " +
+                       std::to_string(t.shape[2]) + ", more than the limit of " +
+                       std::to_string(kMaxCaptureHeadDim));
     if (*n < 0) {
       *n = static_cast<int>(t.shape[1]);
     } else if (t.shape[1] != *n) {
@@ -250,10 +269,10 @@ class ArchiveCapture final : public CaptureFile {
       throw InputError(meta.where() + " entry \"format\" = \"" + format +
                        "\", expected \"kvscope/1\"");
     info_.format = format;
-    info_.num_layers = meta.positive_int("num_layers");
-    info_.q_heads = meta.positive_int("q_heads");
-    info_.kv_heads = meta.positive_int("kv_heads");
-    info_.head_dim = meta.positive_int("head_dim");
+    info_.num_layers = meta.positive_int("num_layers", kMaxCaptureLayers);
+    info_.q_heads = meta.positive_int("q_heads", kMaxCaptureHeads);
+    info_.kv_heads = meta.positive_int("kv_heads", kMaxCaptureHeads);
+    info_.head_dim = meta.positive_int("head_dim", kMaxCaptureHeadDim);
     if (info_.q_heads % info_.kv_heads != 0)
       throw InputError(meta.where() + ": q_heads = " + std::to_string(info_.q_heads) +
                        " is not a multiple of kv_heads = " + std::to_string(info_.kv_heads));
@@ -266,15 +285,27 @@ class ArchiveCapture final : public CaptureFile {
     if (const std::string* v = meta.find("synthetic")) info_.synthetic = (*v == "true");
 
     const std::string& tokens_text = meta.required("tokens");
-    try {
-      json tokens = json::parse(tokens_text);
-      if (!tokens.is_array()) throw InputError("");
-      for (const json& t : tokens) {
-        if (!t.is_string()) throw InputError("");
-        info_.tokens.push_back(t.get<std::string>());
+    {
+      JsonLimits limits;
+      limits.max_depth = 2;  // deeper nesting cannot be an array of strings anyway
+      limits.max_values = static_cast<uint64_t>(kMaxCaptureTokens) + 1;
+      json tokens;
+      try {
+        tokens = parse_json_limited(tokens_text, limits, meta.where() + " entry \"tokens\"");
+      } catch (const InputError& e) {
+        const std::string why = e.what();
+        throw InputError(why.find("(limit)") != std::string::npos
+                             ? why + " (at most " + std::to_string(kMaxCaptureTokens) + " tokens)"
+                             : meta.where() + " entry \"tokens\" is not a JSON array of strings");
       }
-    } catch (const std::exception&) {
-      throw InputError(meta.where() + " entry \"tokens\" is not a JSON array of strings");
+      if (!tokens.is_array())
+        throw InputError(meta.where() + " entry \"tokens\" is not a JSON array of strings");
+      info_.tokens.reserve(tokens.size());
+      for (json& t : tokens) {
+        if (!t.is_string())
+          throw InputError(meta.where() + " entry \"tokens\" is not a JSON array of strings");
+        info_.tokens.push_back(std::move(t.get_ref<std::string&>()));
+      }
     }
 
     // Sort the tensors into layers. (Every layer needs two tensors: checking that first keeps a
@@ -336,29 +367,54 @@ class ArchiveCapture final : public CaptureFile {
     const int heads = static_cast<int>(t.shape[0]);
     const int64_t rows = t.shape[1], cols = t.shape[2];
     std::vector<uint8_t> scratch;
-    const uint8_t* bytes = archive_->tensor_bytes(index, scratch);
+    // Plain data is copied head by head straight out of the file (MappedFile::copy turns a file
+    // shrinking under the mapping into InputError); other data is decoded into `scratch` first.
+    uint64_t file_offset = 0;
+    const MappedFile* plain = archive_->plain_location(index, &file_offset);
+    const uint8_t* bytes = plain ? nullptr : archive_->tensor_bytes(index, scratch);
     const size_t per_head = static_cast<size_t>(rows * cols);
+    const size_t head_bytes = per_head * dtype_size(t.dtype);
+    std::vector<uint8_t> half_buffer;
     out->assign(heads, MatrixF());
     bad->assign(heads, std::string());
     for (int h = 0; h < heads; ++h) {
       MatrixF& m = (*out)[h];
       m.resize(rows, cols);
       float* dst = m.data();
-      const uint8_t* src = bytes + static_cast<size_t>(h) * per_head * dtype_size(t.dtype);
+      const size_t head_offset = static_cast<size_t>(h) * head_bytes;
       if (t.dtype == DType::F32) {
-        std::memcpy(dst, src, per_head * 4);
+        if (plain)
+          plain->copy(file_offset + head_offset, head_bytes, dst);
+        else
+          std::memcpy(dst, bytes + head_offset, head_bytes);
       } else {
+        const uint8_t* src;
+        if (plain) {
+          half_buffer.resize(head_bytes);
+          plain->copy(file_offset + head_offset, head_bytes, half_buffer.data());
+          src = half_buffer.data();
+        } else {
+          src = bytes + head_offset;
+        }
         for (size_t i = 0; i < per_head; ++i) {
           uint16_t half;
           std::memcpy(&half, src + 2 * i, 2);
           dst[i] = t.dtype == DType::F16 ? f16_to_float(half) : bf16_to_float(half);
         }
       }
-      if (any_non_finite(dst, per_head)) {
+      if (any_unusable(dst, per_head)) {
         for (size_t i = 0; i < per_head; ++i) {
+          const std::string at =
+              " at token " + std::to_string(i / cols) + ", channel " + std::to_string(i % cols);
           if (!std::isfinite(dst[i])) {
-            (*bad)[h] = std::string(std::isnan(dst[i]) ? "NaN" : "Inf") + " at token " +
-                        std::to_string(i / cols) + ", channel " + std::to_string(i % cols);
+            (*bad)[h] = std::string(std::isnan(dst[i]) ? "NaN" : "Inf") + at;
+            break;
+          }
+          if (std::fabs(dst[i]) > kMaxCaptureAbsValue) {
+            char value[32];
+            std::snprintf(value, sizeof value, "%g", static_cast<double>(dst[i]));
+            (*bad)[h] = std::string("magnitude ") + value + at +
+                        " (beyond 1e15, attention scores would overflow float)";
             break;
           }
         }

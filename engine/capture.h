@@ -13,6 +13,17 @@
 namespace kvscope {
 
 enum class DType { F32, F16, BF16 };
+
+// Limits of a capture the reader accepts, checked before anything is allocated and named in the
+// error when hit. Far above real models (Llama 3 405B: 126 layers, 128 query heads, head dim 128)
+// and contexts; low enough that a lying header cannot make the reader allocate gigabytes.
+constexpr int kMaxCaptureLayers = 4096;
+constexpr int kMaxCaptureHeads = 4096;      // query and kv heads each
+constexpr int kMaxCaptureHeadDim = 65536;   // head_dim and value_dim
+constexpr int kMaxCaptureTokens = 1 << 22;  // 4M tokens
+// Keys, values and queries larger than this in magnitude make the float attention scores and
+// norms overflow (|x|^2 * d beyond 3.4e38); such heads are refused like NaN/Inf heads.
+constexpr double kMaxCaptureAbsValue = 1e15;
 const char* dtype_name(DType t);
 
 struct CaptureInfo {

@@ -5,15 +5,60 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csetjmp>
+#include <csignal>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "engine/error.h"
 
 namespace kvscope {
+namespace {
+
+// SIGBUS guard: copy() arms a per-thread jump buffer around one memcpy from the mapping; the
+// handler jumps back out of the memcpy when the fault happens on that thread while armed, and
+// otherwise hands the signal to whatever handled it before (or the default action). Only a
+// memcpy lies between sigsetjmp and the fault, so no C++ destructor is skipped.
+thread_local sigjmp_buf* t_bus_guard = nullptr;
+struct sigaction g_previous_bus_action {};
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  if (sigjmp_buf* guard = t_bus_guard) {
+    t_bus_guard = nullptr;
+    siglongjmp(*guard, 1);
+  }
+  // Not ours: restore the previous handler and return, so the faulting access repeats under it.
+  ::sigaction(SIGBUS, &g_previous_bus_action, nullptr);
+  (void)sig, (void)info, (void)context;
+}
+
+void install_sigbus_guard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, &g_previous_bus_action);
+  });
+}
+
+// Returns false when the copy faulted (the file shrank under the mapping).
+bool guarded_memcpy(void* dst, const void* src, size_t n) {
+  sigjmp_buf env;
+  if (sigsetjmp(env, 1) != 0) return false;  // t_bus_guard was cleared by the handler
+  t_bus_guard = &env;
+  std::memcpy(dst, src, n);
+  t_bus_guard = nullptr;
+  return true;
+}
+
+}  // namespace
 
 std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw InputError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -23,8 +68,15 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw InputError(path + ": not a regular file");
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                    : "not a regular file";
+    throw InputError(path + ": is " + std::string(kind) +
+                     ", not a regular file; a capture must be a regular file");
   }
+  install_sigbus_guard();
   std::shared_ptr<MappedFile> file(new MappedFile());
   file->path_ = path;
   file->size_ = static_cast<size_t>(st.st_size);
@@ -50,6 +102,29 @@ std::shared_ptr<const MappedFile> MappedFile::from_bytes(std::vector<uint8_t> by
   file->data_ = file->owned_.data();
   file->size_ = file->owned_.size();
   return file;
+}
+
+void MappedFile::copy(size_t offset, size_t n, void* dst) const {
+  if (offset > size_ || n > size_ - offset)
+    throw InputError(path_ + ": read of [" + std::to_string(offset) + ", +" + std::to_string(n) +
+                     ") lies outside the file (" + std::to_string(size_) + " bytes)");
+  if (n == 0) return;
+  if (!mapping_) {
+    std::memcpy(dst, data_ + offset, n);
+    return;
+  }
+  if (!guarded_memcpy(dst, data_ + offset, n))
+    throw InputError(path_ + ": the file shrank or was rewritten while open (read at byte " +
+                     std::to_string(offset) + " failed: SIGBUS); reopen it");
+}
+
+std::vector<uint8_t> MappedFile::bytes(size_t offset, size_t n) const {
+  if (offset > size_ || n > size_ - offset)
+    throw InputError(path_ + ": read of [" + std::to_string(offset) + ", +" + std::to_string(n) +
+                     ") lies outside the file (" + std::to_string(size_) + " bytes)");
+  std::vector<uint8_t> out(n);
+  copy(offset, n, out.data());
+  return out;
 }
 
 MappedFile::~MappedFile() {

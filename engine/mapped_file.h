@@ -1,6 +1,9 @@
 // A read-only view of a whole file's bytes: memory-mapped for real files (so a 2 GiB capture
 // costs nothing until a layer is read), or an owned buffer for bytes already in memory (tests,
 // the fuzz target). Readers index into data() only after checking ranges against size().
+// A mapped file that shrinks while mapped (truncated or rewritten in place by another program)
+// would raise SIGBUS on access; readers therefore take bytes out with copy(), which catches that
+// fault and throws InputError instead. data() stays for code that reads plain in-memory bytes.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +16,8 @@ namespace kvscope {
 
 class MappedFile {
  public:
-  // Throws InputError naming the file when it cannot be opened or mapped.
+  // Throws InputError naming the file when it cannot be opened or mapped, or is not a regular
+  // file (a FIFO, device or directory is refused without blocking on it).
   static std::shared_ptr<const MappedFile> open(const std::string& path);
   // Wraps bytes in memory; `name` stands for the file in error messages.
   static std::shared_ptr<const MappedFile> from_bytes(std::vector<uint8_t> bytes,
@@ -27,6 +31,11 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
   bool is_mapped() const { return mapping_ != nullptr; }
+
+  // Copies [offset, offset + n) to `dst`. Throws InputError naming the file when the range is
+  // outside the file or the file shrank under the mapping (the SIGBUS is caught).
+  void copy(size_t offset, size_t n, void* dst) const;
+  std::vector<uint8_t> bytes(size_t offset, size_t n) const;
 
   // Tells the kernel the process is done with [offset, offset + length) for now: the pages
   // leave this process's resident set (the page cache may keep them). Keeps RSS bounded by the

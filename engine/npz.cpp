@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
+#include "engine/json_limits.h"
 
 namespace kvscope {
 namespace {
@@ -28,7 +29,13 @@ constexpr size_t kLocalHeaderSize = 30;
 // How much of a deflated member is inflated to read its .npy header (numpy pads headers to
 // 64 bytes and keeps them short; 1 MiB leaves room for any real shape).
 constexpr size_t kNpyHeaderPrefix = 1 << 20;
-constexpr uint64_t kMaxMetadataBytes = 1ull << 30;
+// Limits, each named in the error when hit (see npz.h for the inflation limits).
+constexpr uint64_t kMaxMetadataBytes = kMaxNpzMetadataBytes;
+constexpr uint64_t kMaxCentralDirectoryBytes = 64ull << 20;
+constexpr uint64_t kMaxMembers = 65537;  // 65536 tensors (the safetensors limit) + metadata.json
+// Compressed input is copied out of the mapping (MappedFile::copy catches a shrinking file) in
+// chunks of this size.
+constexpr size_t kInflateInputChunk = 1 << 20;
 
 uint16_t le16(const uint8_t* p) {
   return static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -145,27 +152,56 @@ struct ZipMember {
   uint64_t data_begin = 0;  // absolute offset of the (compressed) member data
 };
 
+std::string mib(uint64_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
+
+// A deflated member's claimed size must be within the absolute cap and, above a small floor,
+// within kMaxNpzDeflateRatio times its compressed size: checked before anything is allocated.
+void check_inflated_size(const ZipMember& m, const std::string& what) {
+  if (m.method != 8) return;
+  if (m.uncompressed_size > kMaxNpzMemberBytes)
+    throw InputError(what + ": inflates to " + std::to_string(m.uncompressed_size) +
+                     " bytes, beyond the limit of " + mib(kMaxNpzMemberBytes) + " per member");
+  if (m.uncompressed_size > kNpzRatioFloorBytes &&
+      m.uncompressed_size / kMaxNpzDeflateRatio > m.compressed_size)
+    throw InputError(what + ": inflates " + std::to_string(m.compressed_size) + " bytes to " +
+                     std::to_string(m.uncompressed_size) + ", a ratio beyond the limit of " +
+                     std::to_string(kMaxNpzDeflateRatio) + ":1 (a deflate bomb?)");
+}
+
 // Inflates up to `limit` bytes of a raw-deflate member into `out`; with `limit` equal to the
 // member's size, also checks the stream ends exactly there and its CRC matches.
 void inflate_member(const MappedFile& file, const ZipMember& m, size_t limit,
                     std::vector<uint8_t>* out, const std::string& what) {
   out->resize(limit);
   if (limit == 0 && m.compressed_size == 0) return;
+  check_inflated_size(m, what);
   z_stream zs{};
   if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) throw InputError(what + ": cannot start inflate");
-  // zlib's avail_in/avail_out are 32-bit: feed and drain in chunks.
-  const uint8_t* in = file.data() + m.data_begin;
+  // zlib's avail_in/avail_out are 32-bit: feed and drain in chunks. The input is copied out of
+  // the mapping chunk by chunk; the output never grows past `limit` (itself within the caps).
+  std::vector<uint8_t> in_buffer(static_cast<size_t>(
+      std::min<uint64_t>(m.compressed_size, kInflateInputChunk)));
+  uint64_t in_offset = m.data_begin;
   uint64_t in_left = m.compressed_size;
+  auto refill = [&] {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(in_left, in_buffer.size()));
+    try {
+      file.copy(in_offset, chunk, in_buffer.data());
+    } catch (...) {
+      inflateEnd(&zs);
+      throw;
+    }
+    zs.next_in = in_buffer.data();
+    zs.avail_in = static_cast<uInt>(chunk);
+    in_offset += chunk;
+    in_left -= chunk;
+  };
   size_t produced = 0;
   int rc = Z_OK;
   while (produced < limit) {
-    if (zs.avail_in == 0 && in_left > 0) {
-      uInt chunk = static_cast<uInt>(std::min<uint64_t>(in_left, 1u << 30));
-      zs.next_in = const_cast<Bytef*>(in);
-      zs.avail_in = chunk;
-      in += chunk;
-      in_left -= chunk;
-    }
+    if (zs.avail_in == 0 && in_left > 0) refill();
     zs.next_out = out->data() + produced;
     zs.avail_out = static_cast<uInt>(std::min<size_t>(limit - produced, 1u << 30));
     const uInt before = zs.avail_out;
@@ -181,12 +217,7 @@ void inflate_member(const MappedFile& file, const ZipMember& m, size_t limit,
     uint8_t extra;
     zs.next_out = &extra;
     zs.avail_out = 1;
-    if (zs.avail_in == 0 && in_left > 0) {
-      uInt chunk = static_cast<uInt>(std::min<uint64_t>(in_left, 1u << 30));
-      zs.next_in = const_cast<Bytef*>(in);
-      zs.avail_in = chunk;
-      in_left -= chunk;
-    }
+    if (zs.avail_in == 0 && in_left > 0) refill();
     rc = inflate(&zs, Z_NO_FLUSH);
     if (zs.avail_out == 0) rc = Z_DATA_ERROR;  // more data than the directory says
   }
@@ -235,10 +266,11 @@ class NpzArchive final : public TensorArchive {
     const ZipMember& m = members_[t.member];
     if (m.method == 0) {
       file_->will_need(m.data_begin, m.compressed_size);
-      const uint8_t* begin = file_->data() + m.data_begin;
-      if (crc32_z(0, begin, m.uncompressed_size) != m.crc)
+      scratch.resize(m.uncompressed_size);
+      file_->copy(m.data_begin, scratch.size(), scratch.data());
+      if (crc32_z(0, scratch.data(), scratch.size()) != m.crc)
         throw InputError(member_where(m) + ": CRC mismatch (corrupt data)");
-      return begin + t.npy.data_offset;
+      return scratch.data() + t.npy.data_offset;
     }
     inflate_member(*file_, m, m.uncompressed_size, &scratch, member_where(m));
     return scratch.data() + t.npy.data_offset;
@@ -253,40 +285,49 @@ class NpzArchive final : public TensorArchive {
     return file_->path() + ": member " + m.name;
   }
 
+  // Every structure is copied out of the mapping before it is read (MappedFile::copy turns a file
+  // shrinking under us into InputError instead of SIGBUS).
   void read_directory() {
     const std::string& path = file_->path();
-    const uint8_t* data = file_->data();
     const size_t size = file_->size();
     if (size < kEndOfCentralDirSize)
       throw InputError(path + ": file is " + std::to_string(size) +
                        " bytes, too short for a zip (.npz) archive (truncated file?)");
     // The end record sits at the end, possibly followed by a comment of up to 64 KiB.
-    size_t eocd = SIZE_MAX;
-    const size_t lowest =
+    const size_t tail_begin =
         size > kEndOfCentralDirSize + 0xFFFF ? size - kEndOfCentralDirSize - 0xFFFF : 0;
-    for (size_t pos = size - kEndOfCentralDirSize + 1; pos-- > lowest;) {
-      if (le32(data + pos) == kEndOfCentralDirSig) {
-        eocd = pos;
+    const std::vector<uint8_t> tail = file_->bytes(tail_begin, size - tail_begin);
+    size_t eocd_in_tail = SIZE_MAX;
+    for (size_t pos = tail.size() - kEndOfCentralDirSize + 1; pos-- > 0;) {
+      if (le32(tail.data() + pos) == kEndOfCentralDirSig) {
+        eocd_in_tail = pos;
         break;
       }
     }
-    if (eocd == SIZE_MAX)
+    if (eocd_in_tail == SIZE_MAX)
       throw InputError(path + ": no zip end-of-central-directory record: not an .npz or truncated");
-    uint64_t entries = le16(data + eocd + 10);
-    uint64_t cd_size = le32(data + eocd + 12);
-    uint64_t cd_offset = le32(data + eocd + 16);
-    if (le16(data + eocd + 4) != 0 || le16(data + eocd + 6) != 0)
+    const uint8_t* end_record = tail.data() + eocd_in_tail;
+    const size_t eocd = tail_begin + eocd_in_tail;
+    uint64_t entries = le16(end_record + 10);
+    uint64_t cd_size = le32(end_record + 12);
+    uint64_t cd_offset = le32(end_record + 16);
+    if (le16(end_record + 4) != 0 || le16(end_record + 6) != 0)
       throw InputError(path + ": multi-disk zip archives are not supported");
     if (entries == 0xFFFF || cd_size == 0xFFFFFFFF || cd_offset == 0xFFFFFFFF) {
       // zip64: the locator sits just before the end record and points at the zip64 end record.
-      if (eocd < 20 || le32(data + eocd - 20) != kZip64LocatorSig)
+      if (eocd < 20) throw InputError(path + ": zip64 end-of-central-directory locator missing");
+      const std::vector<uint8_t> locator = file_->bytes(eocd - 20, 20);
+      if (le32(locator.data()) != kZip64LocatorSig)
         throw InputError(path + ": zip64 end-of-central-directory locator missing");
-      uint64_t z64 = le64(data + eocd - 20 + 8);
-      if (z64 > size || size - z64 < 56 || le32(data + z64) != kZip64EndSig)
+      uint64_t z64 = le64(locator.data() + 8);
+      if (z64 > size || size - z64 < 56)
         throw InputError(path + ": zip64 end-of-central-directory record out of range or corrupt");
-      entries = le64(data + z64 + 32);
-      cd_size = le64(data + z64 + 40);
-      cd_offset = le64(data + z64 + 48);
+      const std::vector<uint8_t> record = file_->bytes(z64, 56);
+      if (le32(record.data()) != kZip64EndSig)
+        throw InputError(path + ": zip64 end-of-central-directory record out of range or corrupt");
+      entries = le64(record.data() + 32);
+      cd_size = le64(record.data() + 40);
+      cd_offset = le64(record.data() + 48);
     }
     if (cd_offset > size || cd_size > size - cd_offset)
       throw InputError(path + ": zip central directory [" + std::to_string(cd_offset) + ", +" +
@@ -296,14 +337,21 @@ class NpzArchive final : public TensorArchive {
       throw InputError(path + ": zip central directory claims " + std::to_string(entries) +
                        " entries but holds at most " +
                        std::to_string(cd_size / kCentralHeaderSize));
+    if (entries > kMaxMembers)
+      throw InputError(path + ": zip central directory lists " + std::to_string(entries) +
+                       " members, more than the limit of " + std::to_string(kMaxMembers));
+    if (cd_size > kMaxCentralDirectoryBytes)
+      throw InputError(path + ": zip central directory of " + std::to_string(cd_size) +
+                       " bytes exceeds the limit of " + mib(kMaxCentralDirectoryBytes));
+    const std::vector<uint8_t> directory = file_->bytes(cd_offset, cd_size);
 
-    size_t pos = cd_offset;
-    const size_t cd_end = cd_offset + cd_size;
+    size_t pos = 0;
+    const size_t cd_end = cd_size;
     for (uint64_t e = 0; e < entries; ++e) {
-      if (cd_end - pos < kCentralHeaderSize || le32(data + pos) != kCentralHeaderSig)
+      if (cd_end - pos < kCentralHeaderSize || le32(directory.data() + pos) != kCentralHeaderSig)
         throw InputError(path + ": zip central directory entry " + std::to_string(e) +
                          " is corrupt");
-      const uint8_t* h = data + pos;
+      const uint8_t* h = directory.data() + pos;
       ZipMember m;
       const uint16_t flags = le16(h + 8);
       m.method = le16(h + 10);
@@ -347,12 +395,16 @@ class NpzArchive final : public TensorArchive {
         throw InputError(where + ": stored member with compressed size " +
                          std::to_string(m.compressed_size) + " != size " +
                          std::to_string(m.uncompressed_size));
-      if (local_offset > size || size - local_offset < kLocalHeaderSize ||
-          le32(data + local_offset) != kLocalHeaderSig)
+      if (local_offset > size || size - local_offset < kLocalHeaderSize)
         throw InputError(where + ": local header at offset " + std::to_string(local_offset) +
                          " is out of range or corrupt");
-      const uint64_t data_begin = local_offset + kLocalHeaderSize + le16(data + local_offset + 26) +
-                                  le16(data + local_offset + 28);
+      uint8_t local[kLocalHeaderSize];
+      file_->copy(local_offset, kLocalHeaderSize, local);
+      if (le32(local) != kLocalHeaderSig)
+        throw InputError(where + ": local header at offset " + std::to_string(local_offset) +
+                         " is out of range or corrupt");
+      const uint64_t data_begin =
+          local_offset + kLocalHeaderSize + le16(local + 26) + le16(local + 28);
       if (data_begin > size || m.compressed_size > size - data_begin)
         throw InputError(where + ": data [" + std::to_string(data_begin) + ", +" +
                          std::to_string(m.compressed_size) + ") runs past the end of the file (" +
@@ -361,7 +413,8 @@ class NpzArchive final : public TensorArchive {
       if (m.method == 8 && m.uncompressed_size / 1032 > m.compressed_size + 1)
         throw InputError(where + ": claims " + std::to_string(m.uncompressed_size) +
                          " bytes from " + std::to_string(m.compressed_size) +
-                         " deflated bytes, beyond what deflate can expand to");
+                         " deflated bytes, beyond deflate's own limit of 1032:1");
+      check_inflated_size(m, where);
       m.data_begin = data_begin;
       members_.push_back(std::move(m));
     }
@@ -391,20 +444,20 @@ class NpzArchive final : public TensorArchive {
   void read_metadata(const ZipMember& m) {
     const std::string where = member_where(m);
     if (m.uncompressed_size > kMaxMetadataBytes)
-      throw InputError(where + ": " + std::to_string(m.uncompressed_size) + " bytes is too large");
+      throw InputError(where + ": " + std::to_string(m.uncompressed_size) +
+                       " bytes exceeds the limit of " + mib(kMaxMetadataBytes) + " for metadata");
     std::vector<uint8_t> bytes;
     if (m.method == 0) {
-      bytes.assign(file_->data() + m.data_begin,
-                   file_->data() + m.data_begin + m.uncompressed_size);
+      bytes = file_->bytes(m.data_begin, m.uncompressed_size);
     } else {
       inflate_member(*file_, m, m.uncompressed_size, &bytes, where);
     }
-    json doc;
-    try {
-      doc = json::parse(bytes.begin(), bytes.end());
-    } catch (const json::exception& e) {
-      throw InputError(where + " is not valid JSON: " + e.what());
-    }
+    JsonLimits limits;
+    limits.max_depth = 16;
+    limits.max_values = kMaxNpzMetadataValues;
+    const json doc = parse_json_limited(reinterpret_cast<const char*>(bytes.data()),
+                                        reinterpret_cast<const char*>(bytes.data()) + bytes.size(),
+                                        limits, where);
     if (!doc.is_object()) throw InputError(where + " is not a JSON object");
     // Same keys as __metadata__; numbers and arrays (e.g. tokens as a real JSON array) are
     // accepted and kept in their JSON text form, which is what __metadata__ would hold.
@@ -421,7 +474,11 @@ class NpzArchive final : public TensorArchive {
     NpzTensor t;
     t.member = member_index;
     if (m.method == 0) {
-      t.npy = parse_npy_header(file_->data() + m.data_begin, m.uncompressed_size, where);
+      // Only the header's bytes are needed: the prefix numpy could have written.
+      const size_t want =
+          static_cast<size_t>(std::min<uint64_t>(m.uncompressed_size, kNpyHeaderPrefix));
+      const std::vector<uint8_t> prefix = file_->bytes(m.data_begin, want);
+      t.npy = parse_npy_header(prefix.data(), prefix.size(), where);
     } else {
       std::vector<uint8_t> prefix;
       size_t want = static_cast<size_t>(std::min<uint64_t>(m.uncompressed_size, kNpyHeaderPrefix));
@@ -701,8 +758,9 @@ NpyHeader parse_npy_header(const uint8_t* bytes, size_t size, const std::string&
     throw InputError(what + ": .npy array is in Fortran order; save it C-contiguous");
   uint64_t elements = 1;
   for (int64_t d : out.shape) {
-    if (d != 0 && elements > (UINT64_MAX / 4) / static_cast<uint64_t>(d))
-      throw InputError(what + ": .npy shape " + shape_string(out.shape) + " is too large");
+    if (d != 0 && elements > (1ull << 40) / static_cast<uint64_t>(d))
+      throw InputError(what + ": .npy shape " + shape_string(out.shape) +
+                       " has more elements than the limit of 2^40 per tensor");
     elements *= static_cast<uint64_t>(d);
   }
   out.num_elements = elements;

@@ -14,6 +14,16 @@
 
 namespace kvscope {
 
+// Limits on what an .npz may make the reader allocate, each named in the error when hit: the
+// inflated size of one member (absolute), the inflate ratio of a member larger than the floor
+// (real captures compress ~1.1:1; 100:1 leaves room for padding and zeros, a bomb needs ~1000:1),
+// and metadata.json's size and values (tokens may be a real JSON array).
+constexpr uint64_t kMaxNpzMemberBytes = 4ull << 30;
+constexpr uint64_t kMaxNpzDeflateRatio = 100;
+constexpr uint64_t kNpzRatioFloorBytes = 1ull << 20;
+constexpr uint64_t kMaxNpzMetadataBytes = 100ull << 20;
+constexpr uint64_t kMaxNpzMetadataValues = (1ull << 22) + 65536;
+
 struct NpyHeader {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;

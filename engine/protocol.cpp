@@ -142,6 +142,52 @@ EvalWindow EvalWindow::make(int n, double keep_ratio, int sink_override, int eva
   return w;
 }
 
+EvalWindow::Fitted EvalWindow::fit(int n, double keep_ratio, int sink_request,
+                                   int eval_request) {
+  Fitted out;
+  std::vector<std::string> notes;
+  if (!(keep_ratio > 0 && keep_ratio <= 1)) {
+    notes.push_back("keep ratio " + fmt_double(keep_ratio) + " is not in (0, 1]; using 0.5");
+    keep_ratio = 0.5;
+  }
+  n = std::max(n, 1);
+  const int default_eval = std::max(1, std::min(256, n / 8));
+  int eval = eval_request >= 0 ? eval_request : default_eval;
+  if (eval < 1 || eval > n) {
+    const int fitted = std::clamp(eval, 1, n);
+    notes.push_back((eval_request >= 0 ? "eval " + std::to_string(eval_request)
+                                       : "E = floor(n/8) = 0") +
+                    " does not fit a " + std::to_string(n) + "-token capture: E = " +
+                    std::to_string(fitted));
+    eval = fitted;
+  } else if (eval_request < 0 && n / 8 < 1) {
+    notes.push_back("a " + std::to_string(n) + "-token capture is too short for E = floor(n/8); "
+                    "E = 1");
+  }
+  const int default_sink = std::min(256, n / 32);
+  int sink = sink_request >= 0 ? sink_request : default_sink;
+  if (sink > n - eval) {
+    notes.push_back((sink_request >= 0 ? "sink " + std::to_string(sink_request)
+                                       : "s = " + std::to_string(sink)) +
+                    " does not fit a " + std::to_string(n) + "-token capture with E = " +
+                    std::to_string(eval) + ": s = " + std::to_string(n - eval));
+    sink = n - eval;
+  }
+  out.window.n = n;
+  out.window.keep_ratio = keep_ratio;
+  out.window.sink_overridden = sink_request >= 0;
+  out.window.eval_overridden = eval_request >= 0;
+  out.window.sink = sink;
+  out.window.eval = eval;
+  out.window.mid_begin = sink;
+  out.window.mid_end = n - eval;
+  out.window.n_mid = out.window.mid_end - out.window.mid_begin;
+  out.window.budget = static_cast<int>(std::llround(keep_ratio * out.window.n_mid));
+  if (out.window.n_mid == 0) notes.push_back("the middle is empty: nothing to compress");
+  out.note = join(notes, "; ");
+  return out;
+}
+
 std::string EvalWindow::describe() const {
   std::string s = "n=" + std::to_string(n) + " s=" + std::to_string(sink) +
                   " E=" + std::to_string(eval) + " middle=" + std::to_string(n_mid) +
@@ -298,6 +344,13 @@ HeadRun run_head_with(const LayerData& layer, int num_layers, int kv_head, const
   run.mean_relative /= static_cast<double>(count);
   run.mean_normalized /= static_cast<double>(count);
   run.mean_mass /= static_cast<double>(count);
+  // A non-finite figure (values so large that float scores overflow) is an error, never a result.
+  if (!std::isfinite(run.mean_relative) || !std::isfinite(run.mean_normalized) ||
+      !std::isfinite(run.mean_mass))
+    throw InputError("layer " + std::to_string(layer.layer) + " kv head " +
+                     std::to_string(kv_head) + ": " + s.method->name() +
+                     " gave a non-finite error (values too large for float arithmetic?); no "
+                     "figure reported for this head");
   return run;
 }
 
@@ -694,6 +747,26 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
     rep.spec.eval = s.at("eval").get<int>();
     rep.spec.shard_index = s.at("shard_index").get<int>();
     rep.spec.shard_count = s.at("shard_count").get<int>();
+    // Checked before anything is sized by them (merge allocates per shard and per work item).
+    auto in_range = [](long long v, long long lo, long long hi, const std::string& what) {
+      if (v < lo || v > hi)
+        throw InputError(what + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) +
+                         ", " + std::to_string(hi) + "]");
+    };
+    in_range(rep.spec.shard_count, 1, kMaxShards, "\"spec\".\"shard_count\"");
+    in_range(rep.spec.shard_index, 0, rep.spec.shard_count - 1, "\"spec\".\"shard_index\"");
+    in_range(rep.spec.seeds, 1, kMaxSeeds, "\"spec\".\"seeds\"");
+    in_range(rep.info.num_layers, 1, kMaxCaptureLayers, "\"capture\".\"num_layers\"");
+    in_range(rep.info.kv_heads, 1, kMaxCaptureHeads, "\"capture\".\"kv_heads\"");
+    in_range(rep.info.q_heads, 1, kMaxCaptureHeads, "\"capture\".\"q_heads\"");
+    in_range(rep.info.num_tokens, 1, kMaxCaptureTokens, "\"capture\".\"num_tokens\"");
+    in_range(static_cast<long long>(rep.spec.ratios.size()), 1, 1000,
+             "the number of \"spec\".\"ratios\"");
+    for (int l : rep.spec.layers) in_range(l, 0, rep.info.num_layers - 1, "a \"spec\".\"layers\" entry");
+    for (int h : rep.spec.heads) in_range(h, 0, rep.info.kv_heads - 1, "a \"spec\".\"heads\" entry");
+    if (rep.spec.layers.size() > static_cast<size_t>(rep.info.num_layers) ||
+        rep.spec.heads.size() > static_cast<size_t>(rep.info.kv_heads))
+      throw InputError("\"spec\" lists more layers or heads than the capture has");
     if (rep.spec.ratios.empty()) throw InputError("\"spec\".\"ratios\" is empty");
     if (rep.info.num_tokens > 0)
       rep.window_example =
@@ -701,6 +774,13 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
 
     rep.proxy_queries = j.value("proxy_queries", false);
     rep.notes = j.value("notes", std::vector<std::string>{});
+    const size_t max_results = static_cast<size_t>(rep.spec.methods.size()) *
+                               rep.spec.ratios.size() * std::max<size_t>(1, rep.spec.layers.size()) *
+                               std::max<size_t>(1, rep.spec.heads.size());
+    if (j.at("results").size() > max_results)
+      throw InputError("\"results\" holds " + std::to_string(j.at("results").size()) +
+                       " entries, more than the spec's " + std::to_string(max_results) +
+                       " work items");
     for (const auto& r : j.at("results")) {
       HeadEval he;
       he.method = r.at("method").get<std::string>();
@@ -758,8 +838,13 @@ EvalReport merge_reports(const std::vector<EvalReport>& parts) {
   }
   std::vector<std::string> missing;
   for (int i = 0; i < fs.shard_count; ++i)
-    if (!shards.count(i))
+    if (!shards.count(i)) {
+      if (missing.size() == 10) {
+        missing.push_back("... (" + std::to_string(fs.shard_count - shards.size()) + " in all)");
+        break;
+      }
       missing.push_back(std::to_string(i) + "/" + std::to_string(fs.shard_count));
+    }
   if (!missing.empty()) throw InputError("merge: missing shard(s) " + join(missing));
 
   EvalReport out = first;

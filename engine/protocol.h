@@ -28,8 +28,19 @@ struct EvalWindow {
   // s = min(256, floor(n/32)), E = min(256, floor(n/8)) unless overridden (>= 0).
   // Throws InputError naming --ratios / --sink / --eval when the window does not fit n.
   static EvalWindow make(int n, double keep_ratio, int sink_override = -1, int eval_override = -1);
+  // Never throws for n >= 1: the window that fits n closest to what was asked (the defaults when
+  // an override is negative), with `note` saying what was adjusted and why (empty when nothing
+  // was). For callers that must show something for any capture the loader accepts (the app):
+  // E is clamped to [1, n], s to [0, n - E]; a capture of one token has an empty middle.
+  struct Fitted;
+  static Fitted fit(int n, double keep_ratio, int sink_request = -1, int eval_request = -1);
   bool scaled_down() const { return sink < 256 || eval < 256; }
   std::string describe() const;  // "n=512 s=16 E=64 middle=432 m=216 (scaled down from 256/256)"
+};
+
+struct EvalWindow::Fitted {
+  EvalWindow window;
+  std::string note;  // e.g. "--sink 200 does not fit a 64-token capture: s = 56"
 };
 
 // Everything that picks how one method runs.
@@ -75,6 +86,10 @@ struct HeadEval {
   bool refused = false;  // head refused (NaN/Inf) or method not applicable
   std::string error;     // non-empty when the method threw (what it said)
 };
+
+// Limits on a spec (CLI flags and eval reports read back by merge), named in the errors.
+constexpr int kMaxShards = 100000;
+constexpr int kMaxSeeds = 100000;
 
 struct EvalSpec {
   std::vector<const Method*> methods;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
+#include "engine/json_limits.h"
 
 namespace kvscope {
 namespace {
@@ -40,7 +41,9 @@ uint64_t non_negative_integer(const json& v, const std::string& what) {
     int64_t i = v.get<int64_t>();
     if (i >= 0) return static_cast<uint64_t>(i);
   }
-  throw InputError(what + " must be a non-negative integer, got " + v.dump());
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 40) text = text.substr(0, 40) + "...";
+  throw InputError(what + " must be a non-negative integer below 2^63, got " + text);
 }
 
 SafetensorsEntry parse_entry(const std::string& name, const json& entry, uint64_t data_begin,
@@ -81,9 +84,12 @@ SafetensorsEntry parse_entry(const std::string& name, const json& entry, uint64_
   for (const json& dim : *shape_it) {
     uint64_t d = non_negative_integer(dim, where + ": shape dimension");
     out.desc.shape.push_back(static_cast<int64_t>(d));
-    if (d != 0 && elements > (UINT64_MAX / 2) / d) overflow = true;
-    elements *= d;
+    if (d != 0 && elements > kMaxTensorElements / d) overflow = true;
+    elements = overflow ? kMaxTensorElements : elements * d;
   }
+  if (overflow)
+    throw InputError(where + ": shape " + shape_string(out.desc.shape) +
+                     " has more elements than the limit of 2^40 per tensor");
   out.desc.num_elements = elements;
   const uint64_t element_size = dtype_size(out.desc.dtype);
 
@@ -119,10 +125,18 @@ class SafetensorsArchive final : public TensorArchive {
   bool has_metadata() const override { return header_.has_metadata; }
   const std::map<std::string, std::string>& metadata() const override { return header_.metadata; }
   const std::vector<TensorDesc>& tensors() const override { return descs_; }
-  const uint8_t* tensor_bytes(size_t i, std::vector<uint8_t>&) const override {
+  const uint8_t* tensor_bytes(size_t i, std::vector<uint8_t>& scratch) const override {
     const SafetensorsEntry& e = header_.tensors.at(i);
     file_->will_need(e.data_begin, e.data_end - e.data_begin);
-    return file_->data() + e.data_begin;
+    scratch.resize(e.data_end - e.data_begin);
+    file_->copy(e.data_begin, scratch.size(), scratch.data());
+    return scratch.data();
+  }
+  const MappedFile* plain_location(size_t i, uint64_t* offset) const override {
+    const SafetensorsEntry& e = header_.tensors.at(i);
+    file_->will_need(e.data_begin, e.data_end - e.data_begin);
+    *offset = e.data_begin;
+    return file_.get();
   }
   void release(size_t i) const override {
     const SafetensorsEntry& e = header_.tensors.at(i);
@@ -150,7 +164,8 @@ class SafetensorsWriter final : public TensorFileWriter {
                         {"data_offsets", {planned_bytes_, planned_bytes_ + bytes}}};
       planned_bytes_ += bytes;
     }
-    std::string text = header.dump();
+    // Invalid UTF-8 in a prompt or path is replaced (U+FFFD), not an exception.
+    std::string text = header.dump(-1, ' ', false, json::error_handler_t::replace);
     // Pad with spaces so the data section starts 8-byte aligned (as the reference writer does).
     text.append((8 - text.size() % 8) % 8, ' ');
     uint64_t length = text.size();
@@ -180,29 +195,40 @@ class SafetensorsWriter final : public TensorFileWriter {
 
 }  // namespace
 
-SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size,
-                                           const std::string& file) {
+namespace {
+
+// Checks the 8-byte length prefix against the file and the limits.
+uint64_t checked_header_length(const uint8_t prefix[8], size_t size, const std::string& file) {
   if (size < 8)
     throw InputError(file + ": file is " + std::to_string(size) +
                      " bytes, too short for a safetensors header (truncated file?)");
   uint64_t header_length;
-  std::memcpy(&header_length, bytes, 8);
+  std::memcpy(&header_length, prefix, 8);
   if (header_length > size - 8)
     throw InputError(file + ": safetensors header length " + std::to_string(header_length) +
                      " exceeds the file (" + std::to_string(size) +
                      " bytes): truncated file or not a safetensors file");
   if (header_length > kMaxSafetensorsHeaderBytes)
     throw InputError(file + ": safetensors header length " + std::to_string(header_length) +
-                     " exceeds the 100 MB limit");
+                     " exceeds the limit of " + std::to_string(kMaxSafetensorsHeaderBytes) +
+                     " bytes (100 MiB)");
   if (header_length < 2) throw InputError(file + ": safetensors header is empty");
+  return header_length;
+}
 
-  json header;
-  try {
-    header = json::parse(bytes + 8, bytes + 8 + header_length);
-  } catch (const json::exception& e) {
-    throw InputError(file + ": safetensors header is not valid JSON: " + e.what());
-  }
+SafetensorsHeader parse_header_text(const uint8_t* text, uint64_t header_length, size_t size,
+                                    const std::string& file) {
+  JsonLimits limits;
+  limits.max_depth = kMaxSafetensorsHeaderDepth;
+  limits.max_values = kMaxSafetensorsHeaderValues;
+  const json header = parse_json_limited(reinterpret_cast<const char*>(text),
+                                         reinterpret_cast<const char*>(text) + header_length,
+                                         limits, file + ": safetensors header");
   if (!header.is_object()) throw InputError(file + ": safetensors header is not a JSON object");
+  const size_t tensor_count = header.size() - (header.contains("__metadata__") ? 1 : 0);
+  if (tensor_count > kMaxSafetensorsTensors)
+    throw InputError(file + ": safetensors header lists " + std::to_string(tensor_count) +
+                     " tensors, more than the limit of " + std::to_string(kMaxSafetensorsTensors));
 
   SafetensorsHeader out;
   out.data_section_begin = 8 + header_length;
@@ -215,7 +241,7 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size,
         if (!m->is_string())
           throw InputError(file + ": __metadata__ entry \"" + m.key() + "\" is not a string");
         out.metadata[m.key()] = m->get<std::string>();
-      }
+      }  // duplicate keys were refused by the parser
       continue;
     }
     out.tensors.push_back(parse_entry(it.key(), *it, out.data_section_begin, data_size, file));
@@ -241,8 +267,22 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size,
   return out;
 }
 
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size,
+                                           const std::string& file) {
+  const uint64_t header_length = checked_header_length(bytes, size, file);
+  return parse_header_text(bytes + 8, header_length, size, file);
+}
+
 std::unique_ptr<TensorArchive> open_safetensors(std::shared_ptr<const MappedFile> file) {
-  SafetensorsHeader header = parse_safetensors_header(file->data(), file->size(), file->path());
+  // Copied out of the mapping (copy() turns a file shrinking under us into InputError).
+  uint8_t prefix[8] = {};
+  file->copy(0, std::min<size_t>(8, file->size()), prefix);
+  const uint64_t header_length = checked_header_length(prefix, file->size(), file->path());
+  const std::vector<uint8_t> text = file->bytes(8, header_length);
+  SafetensorsHeader header = parse_header_text(text.data(), header_length, file->size(),
+                                               file->path());
   return std::make_unique<SafetensorsArchive>(std::move(file), std::move(header));
 }
 

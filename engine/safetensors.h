@@ -14,8 +14,15 @@
 
 namespace kvscope {
 
-// The header's hard limit (the reference implementation uses the same 100 MB).
+// The header's limits, each named in the error when hit. Size: the reference implementation uses
+// the same 100 MB. Depth: a capture header nests 3 deep ({name: {shape: [..]}}). Tensors: a
+// 1000-layer capture with queries has 3000. Values: every tensor entry holds at most 13 JSON values
+// (dtype, up to 8 dims, 2 offsets, the containers), plus the metadata strings.
 constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+constexpr int kMaxSafetensorsHeaderDepth = 16;
+constexpr size_t kMaxSafetensorsTensors = 65536;
+constexpr uint64_t kMaxTensorElements = 1ull << 40;
+constexpr uint64_t kMaxSafetensorsHeaderValues = 16 * kMaxSafetensorsTensors + 65536;
 
 struct SafetensorsEntry {
   TensorDesc desc;
@@ -31,7 +38,8 @@ struct SafetensorsHeader {
 };
 
 // Parses and validates the header of `size` bytes at `bytes`: lengths, JSON, dtypes, shapes,
-// offsets in range, sizes matching shape x dtype, no overlaps. `file` names the file in errors.
+// offsets in range, sizes matching shape x dtype, no overlaps, no duplicate keys (tensor names or
+// __metadata__ keys), the limits above. `file` names the file in errors.
 // Never reads outside [bytes, bytes + size). Throws InputError.
 SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size,
                                            const std::string& file);

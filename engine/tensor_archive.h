@@ -40,6 +40,13 @@ class TensorArchive {
   // The bytes of tensors()[i]: a pointer into the mapping when stored plainly, else decoded into
   // `scratch`. Exactly num_elements * dtype_size bytes. Throws InputError on corrupt data.
   virtual const uint8_t* tensor_bytes(size_t i, std::vector<uint8_t>& scratch) const = 0;
+  // Where tensors()[i]'s bytes lie when they can be copied straight out of the file (plain
+  // safetensors data): the file, with *offset set to the first byte. nullptr when the bytes must
+  // go through tensor_bytes() (deflated or CRC-checked members).
+  virtual const MappedFile* plain_location(size_t i, uint64_t* offset) const {
+    (void)i, (void)offset;
+    return nullptr;
+  }
   // Done with tensor i for now (drops its mapped pages from the resident set).
   virtual void release(size_t i) const = 0;
 };
@@ -61,12 +68,16 @@ class TensorFileWriter {
   virtual void finish() = 0;
 };
 
-// An output file written to `path` + ".partial" and renamed into place by commit(), so a failed
-// or interrupted write never leaves a half-written capture under the real name. Destroyed
-// without commit(), it removes the partial file.
+// An output file written to a new temporary file in the same folder (".NAME.XXXXXX.partial",
+// created exclusively, so no existing file or link is followed) and renamed into place by
+// commit() after it is flushed and closed without error, so a failed or interrupted write never
+// leaves a half-written file under the real name. Destroyed without commit(), it removes the
+// temporary file. `path` must be absent or a regular file: a symbolic link, FIFO, device or
+// directory there is refused (the rename would replace it), see check_output_path.
 class OutputFile {
  public:
-  explicit OutputFile(const std::string& path);  // throws InputError
+  // `what` names the output in messages (e.g. "--out x.safetensors"); empty: the path alone.
+  explicit OutputFile(const std::string& path, const std::string& what = "");  // throws InputError
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -77,10 +88,16 @@ class OutputFile {
   void commit();
 
  private:
-  std::string path_, partial_path_;
+  std::string path_, partial_path_, what_;
   std::FILE* file_ = nullptr;
   uint64_t position_ = 0;
 };
+
+// Refuses an output path that is a symbolic link, FIFO, device, directory or other non-regular
+// file, or the same file as one of `inputs` (compared by device and inode, so other spellings and
+// hard links count). Throws InputError starting with `what` (e.g. "--json report.json").
+void check_output_path(const std::string& path, const std::vector<std::string>& inputs,
+                       const std::string& what);
 
 // Validates the capture layout of an opened archive and wraps it as a CaptureFile. Used by
 // CaptureFile::open and by the fuzz target (which opens bytes held in memory).

@@ -8,14 +8,20 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/half.h"
+#include "engine/mapped_file.h"
+#include "engine/protocol.h"
 #include "engine/random.h"
+#include "engine/tensor_archive.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
@@ -342,6 +348,126 @@ TEST(CliInfo, PrintsShapesProvenanceAndTokens) {
   out = run_cli("info --check " + path.string(), &code);
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("all 3 layers load; every value is finite"), std::string::npos) << out;
+}
+
+// ---- hostile files (issue 13): not regular files, files changing under the reader, outputs
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HostileFiles, FifoDirectoryAndDeviceAreRefusedWithoutBlocking) {
+  const fs::path fifo = temp_dir() / "capture.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Opening a FIFO for reading without O_NONBLOCK would wait for a writer forever.
+  std::string msg = error_of([&] { CaptureFile::open(fifo.string()); });
+  EXPECT_NE(msg.find("a FIFO"), std::string::npos) << msg;
+  msg = error_of([&] { CaptureFile::open(temp_dir().string()); });
+  EXPECT_NE(msg.find("a directory"), std::string::npos) << msg;
+  msg = error_of([] { CaptureFile::open("/dev/zero"); });
+  EXPECT_NE(msg.find("a device"), std::string::npos) << msg;
+}
+
+TEST(HostileFiles, ACaptureTruncatedWhileMappedGivesAnErrorNotSigbus) {
+  for (const char* ext : {".safetensors", ".npz"}) {
+    CaptureData data = make_capture(2, 2, 2, 4096, 64, 64, true);
+    const fs::path path = temp_dir() / (std::string("shrinks") + ext);
+    write_capture(path.string(), data);
+    auto cap = CaptureFile::open(path.string());
+    cap->set_max_cached_layers(0);
+    cap->layer(1);  // reads fine while the file is whole
+    fs::resize_file(path, 4096);  // another program truncates it in place
+    const std::string msg = error_of([&] { cap->layer(1); });
+    EXPECT_NE(msg.find("shrank or was rewritten while open"), std::string::npos) << ext << ": "
+                                                                                 << msg;
+    // Reading still works for whatever is left, and other threads' faults are not swallowed:
+    // the guard is per call.
+    EXPECT_NE(error_of([&] { cap->layer(1); }), "");
+  }
+}
+
+TEST(HostileFiles, MappedFileCopyChecksItsRange) {
+  auto file = MappedFile::from_bytes({1, 2, 3}, "mem");
+  uint8_t out[4] = {};
+  EXPECT_NO_THROW(file->copy(1, 2, out));
+  EXPECT_EQ(out[0], 2);
+  EXPECT_NE(error_of([&] { file->copy(2, 2, out); }).find("lies outside the file"),
+            std::string::npos);
+}
+
+TEST(HostileFiles, OutputsNeverReplaceLinksDevicesOrInputs) {
+  const fs::path target = temp_dir() / "target.bin";
+  { std::ofstream(target) << "keep"; }
+  const fs::path link = temp_dir() / "link.bin";
+  fs::create_symlink(target, link);
+  std::string msg = error_of([&] { OutputFile out(link.string()); });
+  EXPECT_NE(msg.find("symbolic link"), std::string::npos) << msg;
+  msg = error_of([] { OutputFile out("/dev/null"); });
+  EXPECT_NE(msg.find("a device"), std::string::npos) << msg;
+  msg = error_of([&] { check_output_path(target.string(), {link.string()}, "--json x"); });
+  EXPECT_NE(msg.find("is the input file"), std::string::npos) << msg;  // through the link
+  EXPECT_TRUE(fs::is_symlink(link));
+  std::ifstream in(target);
+  std::string kept;
+  in >> kept;
+  EXPECT_EQ(kept, "keep");
+
+  // A write that fails leaves no temporary file and no output behind.
+  const fs::path out_path = temp_dir() / "never.bin";
+  {
+    OutputFile out(out_path.string());
+    out.write("abc", 3);
+  }  // destroyed without commit
+  EXPECT_FALSE(fs::exists(out_path));
+  for (const auto& entry : fs::directory_iterator(temp_dir()))
+    EXPECT_EQ(entry.path().string().find("never.bin"), std::string::npos) << entry.path();
+}
+
+TEST(HostileFiles, ValuesTooLargeForFloatScoresRefuseTheHead) {
+  CaptureData data = make_capture(1, 2, 2, 8, 4, 4, true);
+  data.layers[0].keys[1](3, 2) = 1e20f;
+  data.layers[0].values[0](1, 1) = std::numeric_limits<float>::max();
+  const fs::path path = temp_dir() / "huge.safetensors";
+  write_capture(path.string(), data);
+  auto cap = CaptureFile::open(path.string());
+  auto layer = cap->layer(0);
+  EXPECT_NE(layer->refused[1].find("magnitude 1e+20 at token 3, channel 2"), std::string::npos)
+      << layer->refused[1];
+  EXPECT_NE(layer->refused[0].find("layers.0.value: kv head 0 has magnitude"), std::string::npos)
+      << layer->refused[0];
+}
+
+TEST(EvalWindowFit, EveryCaptureLengthAndOverrideGivesAValidWindow) {
+  for (int n : {1, 2, 3, 7, 8, 31, 64, 5000})
+    for (int sink : {-1, 0, 5, 200, 100000})
+      for (int eval : {-1, 0, 1, 9, 100000}) {
+        const EvalWindow::Fitted f = EvalWindow::fit(n, 0.5, sink, eval);
+        const EvalWindow& w = f.window;
+        EXPECT_EQ(w.n, n);
+        EXPECT_GE(w.eval, 1);
+        EXPECT_GE(w.sink, 0);
+        EXPECT_LE(w.sink + w.eval, n);
+        EXPECT_EQ(w.n_mid, n - w.sink - w.eval);
+        // Whatever fits as asked is left alone, and the same window make() gives.
+        bool fits = true;
+        try {
+          const EvalWindow made = EvalWindow::make(n, 0.5, sink, eval);
+          EXPECT_EQ(made.sink, w.sink);
+          EXPECT_EQ(made.eval, w.eval);
+        } catch (const InputError&) {
+          fits = false;
+        }
+        if (!fits) EXPECT_FALSE(f.note.empty()) << n << " " << sink << " " << eval;
+      }
+  const EvalWindow::Fitted f = EvalWindow::fit(64, 0.5, 200, -1);
+  EXPECT_EQ(f.window.sink, 56);
+  EXPECT_NE(f.note.find("sink 200 does not fit a 64-token capture"), std::string::npos) << f.note;
+  EXPECT_EQ(EvalWindow::fit(4, 0.5).window.eval, 1);
 }
 
 }  // namespace

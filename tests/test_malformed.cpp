@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include <array>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -250,6 +253,170 @@ TEST(CliInfo, RefusedHeadsAreReported) {
   std::string out = run_cli("info --check " + corpus("nan_key.safetensors"), &code);
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("kv head 1 has NaN"), std::string::npos) << out;
+}
+
+// ---- limits and duplicate keys (issue 13): each error names the limit or the key
+
+std::vector<uint8_t> safetensors_bytes(const std::string& header, size_t data_bytes = 0) {
+  std::string text = header;
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<uint8_t> out(8 + text.size() + data_bytes, 0);
+  const uint64_t length = text.size();
+  std::memcpy(out.data(), &length, 8);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  return out;
+}
+
+std::string header_error(const std::string& header, size_t data_bytes = 0) {
+  const std::vector<uint8_t> bytes = safetensors_bytes(header, data_bytes);
+  try {
+    parse_safetensors_header(bytes.data(), bytes.size(), "h.safetensors");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Limits, DuplicateTensorNamesAndMetadataKeysAreRefused) {
+  const std::string t = R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  std::string msg = header_error(R"({"a": )" + t + R"(, "a": )" + t + "}", 4);
+  EXPECT_NE(msg.find("duplicate key \"a\""), std::string::npos) << msg;
+  msg = header_error(R"({"__metadata__": {"k": "1", "k": "2"}})");
+  EXPECT_NE(msg.find("duplicate key \"k\""), std::string::npos) << msg;
+}
+
+TEST(Limits, DeepNestingIsRefusedWithoutRecursion) {
+  const int depth = 200000;  // a recursive parser or walk would overflow the stack
+  const std::string header = R"({"a": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  const std::string msg = header_error(header);
+  EXPECT_NE(msg.find("nesting deeper than 16 levels (limit)"), std::string::npos) << msg;
+}
+
+TEST(Limits, TensorCountValueCountAndElementCountAreBounded) {
+  std::string many = "{";
+  for (size_t i = 0; i <= kMaxSafetensorsTensors; ++i)
+    many += (i ? ", " : "") + ("\"t" + std::to_string(i)) +
+            R"(": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]})";
+  many += "}";
+  std::string msg = header_error(many);
+  EXPECT_NE(msg.find("more than the limit of 65536"), std::string::npos) << msg;
+
+  std::string zeros = R"({"a": [0)";
+  for (uint64_t i = 0; i < kMaxSafetensorsHeaderValues; ++i) zeros += ",0";
+  zeros += "]}";
+  msg = header_error(zeros);
+  EXPECT_NE(msg.find("values (limit)"), std::string::npos) << msg;
+
+  msg = header_error(
+      R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})");
+  EXPECT_NE(msg.find("more elements than the limit of 2^40"), std::string::npos) << msg;
+}
+
+// A zip with one deflated member whose directory claims `claimed` bytes.
+std::vector<uint8_t> zip_one_member(const std::string& name, const std::vector<uint8_t>& raw,
+                                    uint32_t claimed) {
+  std::vector<uint8_t> out;
+  auto put16 = [&](uint16_t v) {
+    out.push_back(v & 0xFF);
+    out.push_back(v >> 8);
+  };
+  auto put32 = [&](uint32_t v) {
+    put16(v & 0xFFFF);
+    put16(v >> 16);
+  };
+  put32(0x04034b50);
+  for (uint16_t v : {20, 0, 8, 0, 0x21}) put16(v);
+  put32(0);
+  put32(static_cast<uint32_t>(raw.size()));
+  put32(claimed);
+  put16(static_cast<uint16_t>(name.size()));
+  put16(0);
+  out.insert(out.end(), name.begin(), name.end());
+  out.insert(out.end(), raw.begin(), raw.end());
+  const uint32_t cd = static_cast<uint32_t>(out.size());
+  put32(0x02014b50);
+  for (uint16_t v : {20, 20, 0, 8, 0, 0x21}) put16(v);
+  put32(0);
+  put32(static_cast<uint32_t>(raw.size()));
+  put32(claimed);
+  put16(static_cast<uint16_t>(name.size()));
+  for (int i = 0; i < 4; ++i) put16(0);
+  put32(0);
+  put32(0);
+  out.insert(out.end(), name.begin(), name.end());
+  const uint32_t cd_size = static_cast<uint32_t>(out.size()) - cd;
+  put32(0x06054b50);
+  for (uint16_t v : {0, 0, 1, 1}) put16(v);
+  put32(cd_size);
+  put32(cd);
+  put16(0);
+  return out;
+}
+
+std::string npz_error(const std::vector<uint8_t>& bytes) {
+  try {
+    open_capture_archive(open_npz(MappedFile::from_bytes(bytes, "bomb.npz")));
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Limits, DeflateBombsAreRefusedBeforeInflating) {
+  // 64 MiB of zeros deflate to ~64 KiB: a ratio of ~1000:1, beyond the 100:1 limit.
+  const size_t inflated = 64u << 20;
+  std::vector<uint8_t> zeros(inflated, 0), raw(compressBound(inflated));
+  z_stream zs{};
+  ASSERT_EQ(deflateInit2(&zs, 9, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  zs.next_in = zeros.data();
+  zs.avail_in = static_cast<uInt>(zeros.size());
+  zs.next_out = raw.data();
+  zs.avail_out = static_cast<uInt>(raw.size());
+  ASSERT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
+  raw.resize(zs.total_out);
+  deflateEnd(&zs);
+  std::string msg = npz_error(zip_one_member("layers.0.key.npy", raw, inflated));
+  EXPECT_NE(msg.find("ratio beyond the limit of 100:1"), std::string::npos) << msg;
+  msg = npz_error(zip_one_member("metadata.json", raw, inflated));
+  EXPECT_NE(msg.find("limit"), std::string::npos) << msg;
+  // A metadata.json with duplicate keys is refused like a safetensors __metadata__ one.
+  const std::string dup = R"({"format": "kvscope/1", "format": "x"})";
+  std::vector<uint8_t> dup_raw(compressBound(dup.size()));
+  uLongf dup_size = dup_raw.size();
+  ASSERT_EQ(compress2(dup_raw.data(), &dup_size, reinterpret_cast<const Bytef*>(dup.data()),
+                      dup.size(), 9),
+            Z_OK);
+  // compress2 writes a zlib stream: strip its 2-byte header and 4-byte trailer for raw deflate.
+  std::vector<uint8_t> dup_deflate(dup_raw.begin() + 2, dup_raw.begin() + dup_size - 4);
+  std::vector<uint8_t> zip = zip_one_member("metadata.json", dup_deflate,
+                                            static_cast<uint32_t>(dup.size()));
+  const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(dup.data()), dup.size());
+  std::memcpy(zip.data() + 14, &crc, 4);  // local header CRC
+  std::memcpy(zip.data() + 30 + 13 + dup_deflate.size() + 16, &crc, 4);  // central directory CRC
+  msg = npz_error(zip);
+  EXPECT_NE(msg.find("duplicate key \"format\""), std::string::npos) << msg;
+}
+
+TEST(Limits, MetadataCountsBeyondTheLimitsAreNamed) {
+  const std::string t = R"({"dtype": "F32", "shape": [1, 1, 1], "data_offsets": [0, 4]})";
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"num_layers", "5000000"}, {"kv_heads", "2000000"}, {"q_heads", "99999999999999999999"}}) {
+    std::string meta = R"({"format": "kvscope/1", "num_layers": "1", "q_heads": "1",
+        "kv_heads": "1", "head_dim": "1", "tokens": "[\"a\"]"})";
+    const size_t at = meta.find("\"" + key + "\": \"");
+    const size_t begin = meta.find('"', at + key.size() + 3) + 1;
+    meta.replace(begin, meta.find('"', begin) - begin, value);
+    const std::vector<uint8_t> bytes = safetensors_bytes(
+        R"({"__metadata__": )" + meta + R"(, "layers.0.key": )" + t + "}", 4);
+    std::string msg;
+    try {
+      open_capture_archive(open_safetensors(MappedFile::from_bytes(bytes, "m.safetensors")));
+    } catch (const InputError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("\"" + key + "\" = " + value + " exceeds the limit of"), std::string::npos)
+        << msg;
+  }
 }
 
 }  // namespace

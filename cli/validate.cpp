@@ -1,0 +1,202 @@
+#include "cli/validate.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "engine/error.h"
+
+namespace kvscope::cli {
+
+void check_range(long long value, long long lo, long long hi, const std::string& flag) {
+  if (value < lo || value > hi)
+    throw InputError(flag + " " + std::to_string(value) + ": must be between " +
+                     std::to_string(lo) + " and " + std::to_string(hi));
+}
+
+void check_range_real(double value, double lo, double hi, const std::string& flag) {
+  if (!(value >= lo && value <= hi)) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, " %g: must be between %g and %g", value, lo, hi);
+    throw InputError(flag + buf);
+  }
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t p = text.find(sep, start);
+    out.push_back(text.substr(start, p == std::string::npos ? std::string::npos : p - start));
+    if (p == std::string::npos) return out;
+    start = p + 1;
+  }
+}
+
+// A whole non-negative decimal integer, or -1 (also for values beyond 2^31).
+long long to_index(const std::string& s) {
+  if (s.empty() || s.size() > 10) return -1;
+  long long v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return -1;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+std::vector<int> parse_bounded_index_list(const std::string& text, const std::string& flag,
+                                          int count, const std::string& what) {
+  const std::string shown = printable(text.size() > 60 ? text.substr(0, 60) + "..." : text);
+  const std::vector<std::string> items = split(text, ',');
+  if (items.size() > static_cast<size_t>(count))
+    throw InputError(flag + " '" + shown + "': lists " + std::to_string(items.size()) +
+                     " items but there are only " + std::to_string(count) + " " + what);
+  std::vector<int> out;
+  std::set<int> seen;
+  for (const std::string& item : items) {
+    const size_t dash = item.find('-');
+    const std::string a_text = item.substr(0, dash);
+    const std::string b_text = dash == std::string::npos ? a_text : item.substr(dash + 1);
+    const long long a = to_index(a_text), b = to_index(b_text);
+    if (a < 0 || b < 0)
+      throw InputError(flag + " '" + shown + "': '" + printable(item) +
+                       "' is not an index or a range a-b of non-negative integers");
+    if (b < a) throw InputError(flag + " '" + shown + "': range '" + item + "' runs backwards");
+    if (b >= count)
+      throw InputError(flag + " '" + shown + "': " + std::to_string(b) + " is out of range: " +
+                       what + " are 0.." + std::to_string(count - 1));
+    for (long long v = a; v <= b; ++v) {
+      if (!seen.insert(static_cast<int>(v)).second)
+        throw InputError(flag + " '" + shown + "': " + std::to_string(v) + " is given twice");
+      out.push_back(static_cast<int>(v));
+    }
+  }
+  return out;
+}
+
+std::pair<int, int> parse_shard(const std::string& text, int max_count) {
+  const std::string shown = printable(text);
+  const std::string usage = "--shard '" + shown + "': expected i/N with 0 <= i < N <= " +
+                            std::to_string(max_count) + " (e.g. 0/4)";
+  const size_t slash = text.find('/');
+  if (slash == std::string::npos || text.find('/', slash + 1) != std::string::npos)
+    throw InputError(usage);
+  const long long i = to_index(text.substr(0, slash)), n = to_index(text.substr(slash + 1));
+  if (i < 0 || n < 0) throw InputError(usage);
+  if (n < 1 || n > max_count || i >= n) throw InputError(usage);
+  return {static_cast<int>(i), static_cast<int>(n)};
+}
+
+uint64_t available_memory_bytes(std::string* source) {
+  uint64_t available = 0;
+  std::string from;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kib) == 1) {
+      available = kib * 1024ull;
+      from = "MemAvailable";
+      break;
+    }
+  }
+  if (available == 0) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+      available = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+      from = "physical memory";
+    }
+  }
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      (available == 0 || limit.rlim_cur < available)) {
+    available = limit.rlim_cur;
+    from = "the address-space limit (ulimit -v)";
+  }
+  if (source) *source = from;
+  return available;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
+void require_memory(double bytes, const std::string& what, const std::string& detail) {
+  std::string source;
+  const uint64_t available = available_memory_bytes(&source);
+  if (available > 0 && bytes > static_cast<double>(available))
+    throw InputError(what + " needs about " + gib(bytes) + " of memory (" + detail +
+                     ") but only " + gib(static_cast<double>(available)) + " is available (" +
+                     source + ")");
+}
+
+std::string printable(const std::string& s, bool keep_newlines) {
+  std::string out;
+  out.reserve(s.size());
+  auto hex = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c == '\n')
+        out += keep_newlines ? "\n" : "\\n";
+      else if (c == '\t')
+        out += "\\t";
+      else if (c == '\r')
+        out += "\\r";
+      else if (c < 0x20 || c == 0x7F)
+        hex(c);
+      else
+        out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, continuation bytes checked, overlong
+    // and surrogate forms refused; C1 controls (U+0080..U+009F) escaped like C0 ones.
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) ok = false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (ok && ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+               (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))))
+      ok = false;
+    if (!ok) {
+      hex(c);
+      ++i;
+      continue;
+    }
+    if (cp >= 0x80 && cp <= 0x9F) {
+      char buf[12];
+      std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+      out += buf;
+    } else {
+      out.append(s, i, len);
+    }
+    i += len;
+  }
+  return out;
+}
+
+}  // namespace kvscope::cli

@@ -1,0 +1,38 @@
+// Checks shared by the kvscope-cli commands: numeric flag ranges (the limits are in the message),
+// index lists bounded by the capture before anything is allocated, shard specs, memory estimates
+// against what the machine (and `ulimit -v`) allows, and text from files made safe to print.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvscope::cli {
+
+// Throws InputError "FLAG VALUE: must be between LO and HI" unless lo <= value <= hi.
+void check_range(long long value, long long lo, long long hi, const std::string& flag);
+void check_range_real(double value, double lo, double hi, const std::string& flag);
+
+// "0,2,5-7" -> {0, 2, 5, 6, 7}, every index < `count` (the capture's layers or kv heads, named by
+// `what` in the message), checked before the list is expanded; duplicates are refused.
+std::vector<int> parse_bounded_index_list(const std::string& text, const std::string& flag,
+                                          int count, const std::string& what);
+
+// "i/N" with 0 <= i < N <= max_count; the message quotes the text and the limits.
+std::pair<int, int> parse_shard(const std::string& text, int max_count);
+
+// Bytes this process may still allocate: MemAvailable from /proc/meminfo, lowered to the
+// address-space limit (ulimit -v) when one is set. `source` says which one bounded it.
+uint64_t available_memory_bytes(std::string* source = nullptr);
+// Throws InputError "WHAT needs about X GiB of memory (DETAIL) but only Y GiB is available
+// (SOURCE)" when `bytes` exceeds what is available.
+void require_memory(double bytes, const std::string& what, const std::string& detail);
+std::string gib(double bytes);
+
+// Text from a file or the command line made safe for a terminal: control characters (C0, DEL,
+// C1) and bytes that are not UTF-8 are escaped (\n, \t, \x1b, ...); valid UTF-8 is kept.
+// `keep_newlines` leaves '\n' as is (multi-line error messages).
+std::string printable(const std::string& s, bool keep_newlines = false);
+
+}  // namespace kvscope::cli
