@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cerrno>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 
 #include "engine/error.h"
@@ -20,7 +21,9 @@ namespace {
 // handler jumps back out of the memcpy when the fault happens on that thread while armed, and
 // otherwise hands the signal to whatever handled it before (or the default action). Only a
 // memcpy lies between sigsetjmp and the fault, so no C++ destructor is skipped.
-thread_local sigjmp_buf* t_bus_guard = nullptr;
+// volatile: the stores around the memcpy must happen (memcpy is a builtin the compiler knows does
+// not read this variable, so without it the arming store is dead-store-eliminated).
+thread_local sigjmp_buf* volatile t_bus_guard = nullptr;
 struct sigaction g_previous_bus_action {};
 
 void on_sigbus(int sig, siginfo_t* info, void* context) {
@@ -49,7 +52,9 @@ bool guarded_memcpy(void* dst, const void* src, size_t n) {
   sigjmp_buf env;
   if (sigsetjmp(env, 1) != 0) return false;  // t_bus_guard was cleared by the handler
   t_bus_guard = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   t_bus_guard = nullptr;
   return true;
 }

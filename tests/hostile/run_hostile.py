@@ -273,6 +273,23 @@ def main():
     case("synth --tokens beyond the reader's limit", ["synth", "--tokens", "20000000", "--out",
          "x.safetensors"], pattern=r"--tokens 20000000: must be between 2 and 4194304")
 
+    # A capture truncated while kvscope-cli reads it: exit 0 (read before) or 1 with the message,
+    # never a signal. (The deterministic version is in tests/test_capture_io.cpp.)
+    rc, out, _ = r.run(["synth", "--shape", "small", "--tokens", "300000", "--dtype", "f32",
+                        "--out", "shrinking.safetensors", "--quiet"])
+    if rc == 0:
+        import threading
+        for delay in (0.02, 0.08, 0.2):
+            shutil.copy("shrinking.safetensors", "shrink_now.safetensors")
+            timer = threading.Timer(delay, lambda: os.truncate("shrink_now.safetensors", 4096))
+            timer.start()
+            case(f"capture truncated after {delay}s while read", ["info", "--check", "shrink_now.safetensors"],
+                 rc={0, 1}, check=lambda out: None if ("error" not in out or re.search(
+                     r"shrank or was rewritten|exceeds the file|out of range|truncated", out)) else "unclear error")
+            timer.join()
+    else:
+        r.failures.append("making shrinking.safetensors: " + out[-300:])
+
     # ---- 3. runaway memory: bombs, huge headers, huge counts and ranges
     bomb = deflate_stream_of_zeros(256 << 20)
     write("bomb.npz", zip_with_raw_member("layers.0.key.npy", bomb, 256 << 20))
