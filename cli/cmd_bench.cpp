@@ -124,8 +124,8 @@ void check(const BenchOptions& o) {
   const double walk_bytes = static_cast<double>(o.n) * o.d * 8 + static_cast<double>(o.n) * 64;
   const double token_bytes = static_cast<double>(o.n) * o.heads * 8;
   require_memory(heads_bytes + walk_bytes + token_bytes,
-                 "bench --n " + std::to_string(o.n) + " --d " + std::to_string(o.d) +
-                     " --heads " + std::to_string(o.heads),
+                 "bench --n " + std::to_string(o.n) + " --d " + std::to_string(o.d) + " --heads " +
+                     std::to_string(o.heads),
                  "keys and values " + gib(heads_bytes) + ", walk buffers " + gib(walk_bytes) +
                      ", token lists " + gib(token_bytes));
 }

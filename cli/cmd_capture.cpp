@@ -113,9 +113,9 @@ void run_capture(const CaptureOptions& o) {
   std::fprintf(stderr,
                "wrote %s: %d tokens (%d prompt incl. BOS, %s, %d restart(s) after BOS), %d layers "
                "x %d kv heads (%d query heads) x head dim %d, %s\n",
-               printable(o.out).c_str(), data.info.num_tokens, generation.prompt_tokens, sampling.c_str(),
-               generation.restarts, c.n_layers, c.n_kv_heads, c.n_heads, c.head_size(),
-               dtype_name(dtype));
+               printable(o.out).c_str(), data.info.num_tokens, generation.prompt_tokens,
+               sampling.c_str(), generation.restarts, c.n_layers, c.n_kv_heads, c.n_heads,
+               c.head_size(), dtype_name(dtype));
 }
 
 }  // namespace

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "cli/commands.h"

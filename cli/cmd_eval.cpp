@@ -81,8 +81,8 @@ EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
   spec.seeds = o.seeds;
   spec.base_seed = o.base_seed;
   if (!o.layers.empty())
-    spec.layers = parse_bounded_index_list(o.layers, "--layers", info.num_layers,
-                                           "the capture's layers");
+    spec.layers =
+        parse_bounded_index_list(o.layers, "--layers", info.num_layers, "the capture's layers");
   if (!o.heads.empty())
     spec.heads =
         parse_bounded_index_list(o.heads, "--heads", info.kv_heads, "the capture's kv heads");
@@ -198,8 +198,9 @@ void run_sweep_command(const SweepOptions& o) {
   for (const auto& [name, values] : grid) {
     grid_points *= values.size();
     if (grid_points > 10000)
-      throw InputError("--param: the grid has more than 10000 points (the product of the value "
-                       "counts); sweep fewer values");
+      throw InputError(
+          "--param: the grid has more than 10000 points (the product of the value "
+          "counts); sweep fewer values");
   }
   // Cartesian product of the grid, last parameter fastest.
   std::vector<ParamValues> points(1);

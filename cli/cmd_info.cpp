@@ -84,8 +84,7 @@ void print_text(const CaptureInfo& info, const InfoOptions& opt) {
   std::printf("prompt      \"%s\"\n", quoted(shorten(info.prompt, 100)).c_str());
   const int shown = std::min<int>(opt.show_tokens, static_cast<int>(info.tokens.size()));
   std::printf("first %d tokens:\n", shown);
-  for (int i = 0; i < shown; ++i)
-    std::printf("  %5d  \"%s\"\n", i, quoted(info.tokens[i]).c_str());
+  for (int i = 0; i < shown; ++i) std::printf("  %5d  \"%s\"\n", i, quoted(info.tokens[i]).c_str());
   if (shown < static_cast<int>(info.tokens.size()))
     std::printf("  ... %zu more\n", info.tokens.size() - shown);
 }

@@ -1,10 +1,10 @@
 // kvscope-cli synth: writes a synthetic capture (labelled synthetic) for scale and speed tests,
 // layer by layer so memory stays bounded by one layer whatever the file size.
+#include <sys/statvfs.h>
+
 #include <chrono>
 #include <cstdio>
 #include <string>
-
-#include <sys/statvfs.h>
 
 #include "cli/commands.h"
 #include "cli/output_file.h"
@@ -102,9 +102,7 @@ void add_synth_command(CLI::App& app) {
   sub->add_option("--dtype", opt->dtype, "Stored dtype: f32, f16 or bf16")->default_val("bf16");
   sub->add_option("--seed", opt->seed, "Random seed")->default_val(0);
   sub->add_flag("--quiet", opt->quiet, "No progress output");
-  sub->callback([opt] {
-    run_synth(*opt);
-  });
+  sub->callback([opt] { run_synth(*opt); });
 }
 
 }  // namespace kvscope::cli

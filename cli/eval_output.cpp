@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include "cli/output_file.h"
@@ -147,8 +147,7 @@ void print_report(const EvalReport& rep) {
   std::printf("capture  %s (%s, %d tokens, %d layers, %d query / %d kv heads, d=%d)%s\n",
               printable(rep.capture_path).c_str(),
               info.model.empty() ? "model not recorded" : printable(info.model).c_str(),
-              info.num_tokens,
-              info.num_layers, info.q_heads, info.kv_heads, info.head_dim,
+              info.num_tokens, info.num_layers, info.q_heads, info.kv_heads, info.head_dim,
               info.synthetic ? " [SYNTHETIC]" : "");
   std::printf("window   %s\n", rep.window_example.describe().c_str());
   std::string budgets;
@@ -161,8 +160,7 @@ void print_report(const EvalReport& rep) {
   if (rep.spec.shard_count > 1)
     std::printf(", shard %d/%d", rep.spec.shard_index, rep.spec.shard_count);
   std::printf("\n");
-  for (const std::string& note : rep.notes)
-    std::printf("note     %s\n", printable(note).c_str());
+  for (const std::string& note : rep.notes) std::printf("note     %s\n", printable(note).c_str());
   // Heads the capture refuses (NaN/Inf or values too large for float), once each.
   {
     std::vector<std::string> refused_heads;

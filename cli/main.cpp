@@ -1,6 +1,5 @@
 #include <cstdio>
 #include <exception>
-
 #include <new>
 
 #include "cli/commands.h"
@@ -30,8 +29,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvscope-cli: error: %s\n", printable(e.what(), true).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "kvscope-cli: error: out of memory (the input or the flags ask for more "
-                         "than this machine or ulimit -v allows)\n");
+    std::fprintf(stderr,
+                 "kvscope-cli: error: out of memory (the input or the flags ask for more "
+                 "than this machine or ulimit -v allows)\n");
     return 1;
   } catch (const kvscope::Cancelled&) {
     std::fprintf(stderr, "kvscope-cli: cancelled\n");

@@ -19,8 +19,7 @@ void check_output(const std::string& path, const std::vector<std::string>& input
 void write_output(const std::string& path, const std::string& text, const std::string& flag,
                   const std::vector<std::string>& inputs) {
   if (path == "-") {
-    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
-        std::fflush(stdout) != 0)
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
       throw InputError(flag + " -: writing to standard output failed: " + std::strerror(errno));
     return;
   }

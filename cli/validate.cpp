@@ -72,8 +72,8 @@ std::vector<int> parse_bounded_index_list(const std::string& text, const std::st
                        "' is not an index or a range a-b of non-negative integers");
     if (b < a) throw InputError(flag + " '" + shown + "': range '" + item + "' runs backwards");
     if (b >= count)
-      throw InputError(flag + " '" + shown + "': " + std::to_string(b) + " is out of range: " +
-                       what + " are 0.." + std::to_string(count - 1));
+      throw InputError(flag + " '" + shown + "': " + std::to_string(b) +
+                       " is out of range: " + what + " are 0.." + std::to_string(count - 1));
     for (long long v = a; v <= b; ++v) {
       if (!seen.insert(static_cast<int>(v)).second)
         throw InputError(flag + " '" + shown + "': " + std::to_string(v) + " is given twice");
@@ -85,8 +85,9 @@ std::vector<int> parse_bounded_index_list(const std::string& text, const std::st
 
 std::pair<int, int> parse_shard(const std::string& text, int max_count) {
   const std::string shown = printable(text);
-  const std::string usage = "--shard '" + shown + "': expected i/N with 0 <= i < N <= " +
-                            std::to_string(max_count) + " (e.g. 0/4)";
+  const std::string usage = "--shard '" + shown +
+                            "': expected i/N with 0 <= i < N <= " + std::to_string(max_count) +
+                            " (e.g. 0/4)";
   const size_t slash = text.find('/');
   if (slash == std::string::npos || text.find('/', slash + 1) != std::string::npos)
     throw InputError(usage);
@@ -136,9 +137,8 @@ void require_memory(double bytes, const std::string& what, const std::string& de
   std::string source;
   const uint64_t available = available_memory_bytes(&source);
   if (available > 0 && bytes > static_cast<double>(available))
-    throw InputError(what + " needs about " + gib(bytes) + " of memory (" + detail +
-                     ") but only " + gib(static_cast<double>(available)) + " is available (" +
-                     source + ")");
+    throw InputError(what + " needs about " + gib(bytes) + " of memory (" + detail + ") but only " +
+                     gib(static_cast<double>(available)) + " is available (" + source + ")");
 }
 
 std::string printable(const std::string& s, bool keep_newlines) {
@@ -170,9 +170,12 @@ std::string printable(const std::string& s, bool keep_newlines) {
     // and surrogate forms refused; C1 controls (U+0080..U+009F) escaped like C0 ones.
     size_t len = 0;
     uint32_t cp = 0;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07;
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF)
+      len = 3, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4)
+      len = 4, cp = c & 0x07;
     bool ok = len > 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) {
       const unsigned char cc = static_cast<unsigned char>(s[i + k]);

@@ -48,7 +48,6 @@ namespace {
 
 using nlohmann::json;
 
-
 enum class TensorKind { Key, Value, Query };
 
 std::string shape_string(const std::vector<int64_t>& shape) {

@@ -101,8 +101,9 @@ nlohmann::json parse_json_limited(const char* begin, const char* end, const Json
   try {
     const bool ok = json::sax_parse(begin, end, &parser);
     if (!ok || !parser.problem().empty())
-      throw InputError(what + ": " +
-                       (parser.problem().empty() ? std::string("not valid JSON") : parser.problem()));
+      throw InputError(
+          what + ": " +
+          (parser.problem().empty() ? std::string("not valid JSON") : parser.problem()));
   } catch (const LimitedDomParser::Hit&) {
     throw InputError(what + ": " + parser.problem());
   } catch (const json::exception& e) {

@@ -181,8 +181,8 @@ void inflate_member(const MappedFile& file, const ZipMember& m, size_t limit,
   if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) throw InputError(what + ": cannot start inflate");
   // zlib's avail_in/avail_out are 32-bit: feed and drain in chunks. The input is copied out of
   // the mapping chunk by chunk; the output never grows past `limit` (itself within the caps).
-  std::vector<uint8_t> in_buffer(static_cast<size_t>(
-      std::min<uint64_t>(m.compressed_size, kInflateInputChunk)));
+  std::vector<uint8_t> in_buffer(
+      static_cast<size_t>(std::min<uint64_t>(m.compressed_size, kInflateInputChunk)));
   uint64_t in_offset = m.data_begin;
   uint64_t in_left = m.compressed_size;
   auto refill = [&] {

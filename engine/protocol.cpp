@@ -142,8 +142,7 @@ EvalWindow EvalWindow::make(int n, double keep_ratio, int sink_override, int eva
   return w;
 }
 
-EvalWindow::Fitted EvalWindow::fit(int n, double keep_ratio, int sink_request,
-                                   int eval_request) {
+EvalWindow::Fitted EvalWindow::fit(int n, double keep_ratio, int sink_request, int eval_request) {
   Fitted out;
   std::vector<std::string> notes;
   if (!(keep_ratio > 0 && keep_ratio <= 1)) {
@@ -155,14 +154,13 @@ EvalWindow::Fitted EvalWindow::fit(int n, double keep_ratio, int sink_request,
   int eval = eval_request >= 0 ? eval_request : default_eval;
   if (eval < 1 || eval > n) {
     const int fitted = std::clamp(eval, 1, n);
-    notes.push_back((eval_request >= 0 ? "eval " + std::to_string(eval_request)
-                                       : "E = floor(n/8) = 0") +
-                    " does not fit a " + std::to_string(n) + "-token capture: E = " +
-                    std::to_string(fitted));
+    notes.push_back(
+        (eval_request >= 0 ? "eval " + std::to_string(eval_request) : "E = floor(n/8) = 0") +
+        " does not fit a " + std::to_string(n) + "-token capture: E = " + std::to_string(fitted));
     eval = fitted;
   } else if (eval_request < 0 && n / 8 < 1) {
-    notes.push_back("a " + std::to_string(n) + "-token capture is too short for E = floor(n/8); "
-                    "E = 1");
+    notes.push_back("a " + std::to_string(n) +
+                    "-token capture is too short for E = floor(n/8): E = 1");
   }
   const int default_sink = std::min(256, n / 32);
   int sink = sink_request >= 0 ? sink_request : default_sink;
@@ -762,8 +760,10 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
     in_range(rep.info.num_tokens, 1, kMaxCaptureTokens, "\"capture\".\"num_tokens\"");
     in_range(static_cast<long long>(rep.spec.ratios.size()), 1, 1000,
              "the number of \"spec\".\"ratios\"");
-    for (int l : rep.spec.layers) in_range(l, 0, rep.info.num_layers - 1, "a \"spec\".\"layers\" entry");
-    for (int h : rep.spec.heads) in_range(h, 0, rep.info.kv_heads - 1, "a \"spec\".\"heads\" entry");
+    for (int l : rep.spec.layers)
+      in_range(l, 0, rep.info.num_layers - 1, "a \"spec\".\"layers\" entry");
+    for (int h : rep.spec.heads)
+      in_range(h, 0, rep.info.kv_heads - 1, "a \"spec\".\"heads\" entry");
     if (rep.spec.layers.size() > static_cast<size_t>(rep.info.num_layers) ||
         rep.spec.heads.size() > static_cast<size_t>(rep.info.kv_heads))
       throw InputError("\"spec\" lists more layers or heads than the capture has");
@@ -774,9 +774,9 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
 
     rep.proxy_queries = j.value("proxy_queries", false);
     rep.notes = j.value("notes", std::vector<std::string>{});
-    const size_t max_results = static_cast<size_t>(rep.spec.methods.size()) *
-                               rep.spec.ratios.size() * std::max<size_t>(1, rep.spec.layers.size()) *
-                               std::max<size_t>(1, rep.spec.heads.size());
+    const size_t max_results =
+        static_cast<size_t>(rep.spec.methods.size()) * rep.spec.ratios.size() *
+        std::max<size_t>(1, rep.spec.layers.size()) * std::max<size_t>(1, rep.spec.heads.size());
     if (j.at("results").size() > max_results)
       throw InputError("\"results\" holds " + std::to_string(j.at("results").size()) +
                        " entries, more than the spec's " + std::to_string(max_results) +

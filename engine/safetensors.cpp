@@ -281,8 +281,8 @@ std::unique_ptr<TensorArchive> open_safetensors(std::shared_ptr<const MappedFile
   file->copy(0, std::min<size_t>(8, file->size()), prefix);
   const uint64_t header_length = checked_header_length(prefix, file->size(), file->path());
   const std::vector<uint8_t> text = file->bytes(8, header_length);
-  SafetensorsHeader header = parse_header_text(text.data(), header_length, file->size(),
-                                               file->path());
+  SafetensorsHeader header =
+      parse_header_text(text.data(), header_length, file->size(), file->path());
   return std::make_unique<SafetensorsArchive>(std::move(file), std::move(header));
 }
 

@@ -198,8 +198,8 @@ SynthSpec synth_preset(const std::string& shape) {
 SynthGenerator::SynthGenerator(const SynthSpec& spec) : spec_(spec) {
   // Within what the capture reader accepts (engine/capture.h), so every synth file opens.
   if (spec.num_tokens < 2 || spec.num_tokens > kMaxCaptureTokens)
-    throw InputError("--tokens: " + std::to_string(spec.num_tokens) +
-                     " is out of range (2 to " + std::to_string(kMaxCaptureTokens) + ")");
+    throw InputError("--tokens: " + std::to_string(spec.num_tokens) + " is out of range (2 to " +
+                     std::to_string(kMaxCaptureTokens) + ")");
   if (spec.num_layers < 1 || spec.num_layers > kMaxCaptureLayers)
     throw InputError("--layers: " + std::to_string(spec.num_layers) + " is out of range (1 to " +
                      std::to_string(kMaxCaptureLayers) + ")");

@@ -25,8 +25,9 @@ void check_output_path(const std::string& path, const std::vector<std::string>& 
     throw InputError(what + ": cannot check the output path: " + std::strerror(errno));
   }
   if (S_ISLNK(target.st_mode))
-    throw InputError(what + ": is a symbolic link; refusing to replace it (write to the link's "
-                            "target path directly, or choose another name)");
+    throw InputError(what +
+                     ": is a symbolic link; refusing to replace it (write to the link's "
+                     "target path directly, or choose another name)");
   if (!S_ISREG(target.st_mode))
     throw InputError(what + ": is " +
                      (S_ISDIR(target.st_mode)    ? std::string("a directory")
@@ -37,8 +38,7 @@ void check_output_path(const std::string& path, const std::vector<std::string>& 
                      "; outputs are only written to regular files (or '-' for standard output)");
   for (const std::string& input : inputs) {
     struct stat in {};
-    if (::stat(input.c_str(), &in) == 0 && in.st_dev == target.st_dev &&
-        in.st_ino == target.st_ino)
+    if (::stat(input.c_str(), &in) == 0 && in.st_dev == target.st_dev && in.st_ino == target.st_ino)
       throw InputError(what + ": is the input file " + input + "; refusing to overwrite it");
   }
 }
@@ -61,8 +61,8 @@ OutputFile::OutputFile(const std::string& path, const std::string& what)
     fd = ::open(partial_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
-  if (fd < 0) throw InputError(what_ + ": cannot create " + partial_path_ + ": " +
-                               std::strerror(errno));
+  if (fd < 0)
+    throw InputError(what_ + ": cannot create " + partial_path_ + ": " + std::strerror(errno));
   file_ = ::fdopen(fd, "wb");
   if (!file_) {
     const int err = errno;

@@ -1,6 +1,7 @@
 // Capture I/O: round trips through safetensors and npz in every dtype, the layer cache, the
 // streaming writer, half-precision conversion, and the CLI info command on a valid file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,12 +9,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <thread>
-
-#include <sys/stat.h>
 
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -380,11 +379,11 @@ TEST(HostileFiles, ACaptureTruncatedWhileMappedGivesAnErrorNotSigbus) {
     write_capture(path.string(), data);
     auto cap = CaptureFile::open(path.string());
     cap->set_max_cached_layers(0);
-    cap->layer(1);  // reads fine while the file is whole
+    cap->layer(1);                // reads fine while the file is whole
     fs::resize_file(path, 4096);  // another program truncates it in place
     const std::string msg = error_of([&] { cap->layer(1); });
-    EXPECT_NE(msg.find("shrank or was rewritten while open"), std::string::npos) << ext << ": "
-                                                                                 << msg;
+    EXPECT_NE(msg.find("shrank or was rewritten while open"), std::string::npos)
+        << ext << ": " << msg;
     // Reading still works for whatever is left, and other threads' faults are not swallowed:
     // the guard is per call.
     EXPECT_NE(error_of([&] { cap->layer(1); }), "");

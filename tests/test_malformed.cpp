@@ -5,12 +5,11 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
 #include <zlib.h>
 
 #include <array>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -388,10 +387,10 @@ TEST(Limits, DeflateBombsAreRefusedBeforeInflating) {
             Z_OK);
   // compress2 writes a zlib stream: strip its 2-byte header and 4-byte trailer for raw deflate.
   std::vector<uint8_t> dup_deflate(dup_raw.begin() + 2, dup_raw.begin() + dup_size - 4);
-  std::vector<uint8_t> zip = zip_one_member("metadata.json", dup_deflate,
-                                            static_cast<uint32_t>(dup.size()));
+  std::vector<uint8_t> zip =
+      zip_one_member("metadata.json", dup_deflate, static_cast<uint32_t>(dup.size()));
   const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(dup.data()), dup.size());
-  std::memcpy(zip.data() + 14, &crc, 4);  // local header CRC
+  std::memcpy(zip.data() + 14, &crc, 4);                                 // local header CRC
   std::memcpy(zip.data() + 30 + 13 + dup_deflate.size() + 16, &crc, 4);  // central directory CRC
   msg = npz_error(zip);
   EXPECT_NE(msg.find("duplicate key \"format\""), std::string::npos) << msg;
@@ -399,15 +398,17 @@ TEST(Limits, DeflateBombsAreRefusedBeforeInflating) {
 
 TEST(Limits, MetadataCountsBeyondTheLimitsAreNamed) {
   const std::string t = R"({"dtype": "F32", "shape": [1, 1, 1], "data_offsets": [0, 4]})";
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"num_layers", "5000000"}, {"kv_heads", "2000000"}, {"q_heads", "99999999999999999999"}}) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"num_layers", "5000000"},
+                                                        {"kv_heads", "2000000"},
+                                                        {"q_heads", "99999999999999999999"}}) {
     std::string meta = R"({"format": "kvscope/1", "num_layers": "1", "q_heads": "1",
         "kv_heads": "1", "head_dim": "1", "tokens": "[\"a\"]"})";
     const size_t at = meta.find("\"" + key + "\": \"");
     const size_t begin = meta.find('"', at + key.size() + 3) + 1;
     meta.replace(begin, meta.find('"', begin) - begin, value);
-    const std::vector<uint8_t> bytes = safetensors_bytes(
-        R"({"__metadata__": )" + meta + R"(, "layers.0.key": )" + t + "}", 4);
+    const std::vector<uint8_t> bytes =
+        safetensors_bytes(R"({"__metadata__": )" + meta + R"(, "layers.0.key": )" + t + "}", 4);
     std::string msg;
     try {
       open_capture_archive(open_safetensors(MappedFile::from_bytes(bytes, "m.safetensors")));

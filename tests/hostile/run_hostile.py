@@ -275,7 +275,7 @@ def main():
 
     # A capture truncated while kvscope-cli reads it: exit 0 (read before) or 1 with the message,
     # never a signal. (The deterministic version is in tests/test_capture_io.cpp.)
-    rc, out, _ = r.run(["synth", "--shape", "small", "--tokens", "300000", "--dtype", "f32",
+    rc, out, _ = r.run(["synth", "--shape", "small", "--tokens", "150000", "--dtype", "f32",
                         "--out", "shrinking.safetensors", "--quiet"])
     if rc == 0:
         import threading
