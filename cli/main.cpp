@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   kvscope::cli::add_render_command(app);
   kvscope::cli::add_embed_command(app);
   kvscope::cli::add_synth_command(app);
+  kvscope::cli::add_generate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
