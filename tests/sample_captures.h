@@ -10,7 +10,7 @@ namespace kvscope::testing {
 
 inline std::vector<std::string> sample_capture_names() {
   return {"stories260K_lily.safetensors", "stories260K_dragon.safetensors",
-          "kjv3M_genesis.safetensors"};
+          "kjv3M_beginning.safetensors"};
 }
 
 inline std::vector<std::string> sample_capture_paths() {

