@@ -163,6 +163,10 @@ class OutputView final : public View {
     ImGui::SetNextItemWidth(70);
     ImGui::InputInt("re-compress every", &recompress_, 0);
     recompress_ = std::max(recompress_, 0);
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(60);
+    ImGui::InputInt("seed", &seed_, 0);
+    seed_ = std::max(seed_, 0);
 
     ImGui::TextUnformatted("methods:");
     for (const Method* m : all_methods()) {
@@ -211,14 +215,13 @@ class OutputView final : public View {
     spec.compress_at = compress_at_;
     spec.steps = steps_;
     spec.recompress_every = recompress_;
-    spec.seed = static_cast<uint64_t>(std::max(0, s.seed));
+    spec.seed = static_cast<uint64_t>(seed_);
     spec.threads = 0;
     spec.ratios.clear();
     for (size_t i = 0; i < std::size(kRatios); ++i)
       if (ratio_on_[i]) spec.ratios.push_back(kRatios[i]);
     for (const std::string& name : methods_)
       if (const Method* m = find_method(name)) spec.methods.push_back(m);
-    spec.params = s.params;
     if (use_continuation_) {
       spec.has_continuation = true;
       spec.continuation = continuation_;
@@ -419,7 +422,7 @@ class OutputView final : public View {
   char tokenizer_[1024] = "";
   char prompt_[1024] = "";
   char continuation_[4096] = "";
-  int compress_at_ = 128, steps_ = 64, recompress_ = 0;
+  int compress_at_ = 128, steps_ = 64, recompress_ = 0, seed_ = 0;
   std::vector<std::string> methods_;
   bool ratio_on_[std::size(kRatios)] = {};
   bool use_continuation_ = false;
