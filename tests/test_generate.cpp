@@ -322,7 +322,9 @@ TEST(Generate, BalanceKVAgainstUniformAtQuarter) {
     std::printf("%s 1/4: balancekv agreement %.4f KL %.4f, uniform agreement %.4f KL %.4f\n",
                 f->name, agree_b / runs, kl_b / runs, agree_u / runs, kl_u / runs);
     EXPECT_LT(kl_b, kl_u) << f->name;
-    if (f == &kKjv) EXPECT_GE(agree_b, agree_u) << f->name;
+    if (f == &kKjv) {
+      EXPECT_GE(agree_b, agree_u) << f->name;
+    }
   }
 }
 
