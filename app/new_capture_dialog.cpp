@@ -126,6 +126,20 @@ const BundledModel* find_bundled_model(const std::string& name) {
 }
 
 void start_new_capture(AppState& s, const NewCaptureSettings& settings) {
+  // The dialog shows what runs (also when a script or test starts the capture).
+  DialogState& d = dialog();
+  d.model_index = -1;
+  for (size_t i = 0; i < bundled_models().size(); ++i)
+    if (bundled_models()[i].checkpoint == settings.checkpoint &&
+        bundled_models()[i].tokenizer == settings.tokenizer)
+      d.model_index = static_cast<int>(i);
+  copy_to(d.checkpoint, sizeof d.checkpoint, settings.checkpoint);
+  copy_to(d.tokenizer, sizeof d.tokenizer, settings.tokenizer);
+  copy_to(d.prompt, sizeof d.prompt, settings.prompt);
+  d.steps = settings.steps;
+  d.temperature = settings.temperature;
+  d.topp = settings.topp;
+  d.seed = static_cast<int>(settings.seed);
   static int counter = 0;
   const std::string out =
       (fs::temp_directory_path() / ("kvscope_new_capture_" + std::to_string(::getpid()) + "_" +

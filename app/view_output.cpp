@@ -144,34 +144,36 @@ class OutputView final : public View {
       ImGui::EndCombo();
     }
     ImGui::SameLine();
-    ImGui::SetNextItemWidth(330);
+    ImGui::SetNextItemWidth(300);
     ImGui::InputText("checkpoint##out", checkpoint_, sizeof checkpoint_);
     ImGui::SameLine();
     ImGui::SetNextItemWidth(260);
     ImGui::InputText("tokenizer##out", tokenizer_, sizeof tokenizer_);
-    ImGui::SetNextItemWidth(520);
+    ImGui::SetNextItemWidth(360);
     ImGui::InputText("prompt##out", prompt_, sizeof prompt_);
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(90);
-    ImGui::InputInt("compress at N", &compress_at_, 0);
-    compress_at_ = std::max(compress_at_, 0);
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(90);
-    ImGui::InputInt("steps", &steps_, 0);
-    steps_ = std::clamp(steps_, 1, 4096);
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(70);
-    ImGui::InputInt("re-compress every", &recompress_, 0);
-    recompress_ = std::max(recompress_, 0);
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(60);
-    ImGui::InputInt("seed", &seed_, 0);
-    seed_ = std::max(seed_, 0);
+    auto int_field = [](const char* label, int* v, int lo, int hi) {
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(56);
+      ImGui::InputInt(label, v, 0);
+      *v = std::clamp(*v, lo, hi);
+    };
+    int_field("N (0: prompt end)", &compress_at_, 0, 1 << 20);
+    int_field("steps", &steps_, 1, 4096);
+    int_field("re-compress every", &recompress_, 0, 4096);
+    int_field("seed", &seed_, 0, 1 << 30);
 
+    // Checkboxes flow onto as many lines as the panel needs.
+    const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+    auto flow = [&](const char* label) {
+      const float w = ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x +
+                      ImGui::CalcTextSize(label).x;
+      ImGui::SameLine();
+      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
+    };
     ImGui::TextUnformatted("methods:");
     for (const Method* m : all_methods()) {
       if (m->name() == "exact") continue;
-      ImGui::SameLine();
+      flow(m->name().c_str());
       bool on = std::find(methods_.begin(), methods_.end(), m->name()) != methods_.end();
       if (ImGui::Checkbox(m->name().c_str(), &on)) {
         if (on)
@@ -358,7 +360,7 @@ class OutputView final : public View {
   }
 
   // Tokens laid out as wrapped text; `diverges(i)` marks token i with a red background.
-  static void token_flow(const char* id, const std::string& prefix,
+  static void token_flow(const char* id, const std::vector<std::string>& prefix,
                          const std::vector<std::string>& tokens,
                          const std::function<bool(int)>& diverges, int first_divergence) {
     ImGui::BeginChild(id, ImVec2(0, 0), true);
@@ -377,7 +379,7 @@ class OutputView final : public View {
       dl->AddText(pos, fg, text.c_str());
       pos.x += size.x;
     };
-    put(escaped(prefix), IM_COL32(150, 154, 160, 255), 0);
+    for (const std::string& p : prefix) put(escaped(p), IM_COL32(150, 154, 160, 255), 0);
     for (size_t i = 0; i < tokens.size(); ++i) {
       const bool bad = diverges(static_cast<int>(i));
       if (static_cast<int>(i) == first_divergence)
@@ -393,8 +395,12 @@ class OutputView final : public View {
 
   void draw_texts(const GenerateReport& rep) {
     const GenerateRun& r = rep.runs[selected_];
-    std::string prefix;
-    for (size_t i = 1; i < rep.prefix_text.size(); ++i) prefix += rep.prefix_text[i];
+    // The shared prefix in grey: its last 48 tokens (the whole of it when shorter).
+    constexpr size_t kShown = 48;
+    std::vector<std::string> prefix;
+    const size_t first = rep.prefix_text.size() > kShown + 1 ? rep.prefix_text.size() - kShown : 1;
+    if (first > 1) prefix.push_back("... ");
+    for (size_t i = first; i < rep.prefix_text.size(); ++i) prefix.push_back(rep.prefix_text[i]);
     ImGui::Text("exact cache");
     ImGui::SameLine(ImGui::GetContentRegionAvail().x * 0.5f + 8);
     ImGui::Text("%s at %s: %zu/%d tokens differ from exact at the same step", r.method.c_str(),

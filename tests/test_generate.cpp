@@ -373,7 +373,11 @@ TEST(Generate, CliWritesTheJsonReport) {
   const std::string cont =
       (fs::temp_directory_path() / ("kvscope_generate_" + std::to_string(::getpid()) + ".txt"))
           .string();
-  std::ofstream(cont) << " and they played all day in the sun.";
+  {
+    std::ofstream text(cont);  // past position 40 + 1: scored after the compression
+    for (int i = 0; i < 6; ++i)
+      text << " and they played all day in the sun with the big red ball.";
+  }
   const std::string cmd = std::string(KVSCOPE_CLI) + " generate --model " + kStories.model +
                           " --tokenizer " + kStories.tokenizer +
                           " --prompt 'Once upon a time' --methods exact,balancekv --ratios 1/2,1/8"
