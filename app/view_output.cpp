@@ -329,9 +329,10 @@ class OutputView final : public View {
     for (const GenerateRun* r : runs)
       for (double v : r->kl) hi = std::max(hi, v);
     Axis x{"generated step (position N + 1 + step)", 0, std::max(1.0, rep.spec.steps - 1.0)};
-    Axis y{"KL(exact || compressed), nats", 0, hi > 0 ? hi * 1.08 : 1.0};
+    Axis y{"nats", 0, hi > 0 ? hi * 1.08 : 1.0};
     Plot plot("##klplot", ImVec2(0, 0),
-              "KL of the next-token distribution at " + ratio_label(ratio), x, y);
+              "KL(exact || compressed) of the next token, every method at " + ratio_label(ratio), x,
+              y);
     std::vector<double> steps(rep.spec.steps);
     for (int t = 0; t < rep.spec.steps; ++t) steps[t] = t;
     std::vector<Plot::LegendEntry> legend;
