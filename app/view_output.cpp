@@ -61,7 +61,9 @@ class OutputView final : public View {
   const char* title() const override { return "Output"; }
 
   bool ready(const AppState& s) const override {
-    return !s.worker.busy(kJobKey) && (shared_->report || !shared_->error.empty());
+    // Without any model to run (no models folder) there is nothing to wait for.
+    return !s.worker.busy(kJobKey) &&
+           (shared_->report || !shared_->error.empty() || checkpoint_[0] == '\0');
   }
 
   void draw(AppState& s) override {
