@@ -8,6 +8,7 @@
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/export.h"
+#include "app/new_capture_dialog.h"
 #include "app/view.h"
 #include "engine/error.h"
 
@@ -69,6 +70,7 @@ std::vector<std::unique_ptr<View>> make_views() {
       "discrepancy against random signs."));
 #endif
   v.push_back(make_error_view());
+  v.push_back(make_output_view());
 #ifdef KVSCOPE_HAVE_VIEW_TEACHING
   v.push_back(make_teaching_view());
 #endif
@@ -233,6 +235,7 @@ void AppUi::draw_menu() {
   bool open_capture = key_open, save_session = key_save, export_png = key_export;
   if (ImGui::BeginMenu("File")) {
     open_capture |= ImGui::MenuItem("Open capture...", "Ctrl+O");
+    if (ImGui::MenuItem("New capture...")) open_new_capture_dialog();
     if (ImGui::MenuItem("Open session...")) {
       browser_.open("Open session", "", {".json"}, [this](const std::string& p) {
         try {
@@ -379,6 +382,7 @@ void AppUi::draw_status_bar() {
 
 void AppUi::draw_dialogs() {
   browser_.draw();
+  draw_new_capture_dialog(s_);
   if (open_path_popup_) {
     ImGui::OpenPopup("Save as");
     open_path_popup_ = false;

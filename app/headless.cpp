@@ -14,12 +14,14 @@
 namespace kvscope::app {
 
 void validate_options(const HeadlessOptions& o) {
-  const char* names[] = {"capture", "method", "tokens", "error", "geometry", "walk", "teaching"};
+  const char* names[] = {"capture",  "method", "tokens",   "error",
+                         "geometry", "walk",   "teaching", "output"};
   bool known = false;
   for (const char* n : names) known = known || o.view == n;
   if (!known)
-    throw InputError("--view: '" + o.view +
-                     "' is not one of capture, method, tokens, error, geometry, walk, teaching");
+    throw InputError(
+        "--view: '" + o.view +
+        "' is not one of capture, method, tokens, error, geometry, walk, teaching, output");
   if (o.keep_ratio != -1 && !(o.keep_ratio > 0 && o.keep_ratio <= 1))
     throw InputError("--ratio: " + std::to_string(o.keep_ratio) + " is not in (0, 1]");
   if (!o.method.empty() && !find_method(o.method))

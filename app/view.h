@@ -44,6 +44,7 @@ std::unique_ptr<View> make_capture_view();
 std::unique_ptr<View> make_method_view();
 std::unique_ptr<View> make_tokens_view();
 std::unique_ptr<View> make_error_view();
+std::unique_ptr<View> make_output_view();  // view_output.cpp: what compression does to the text
 // Written by engineer "geometry" (app/view_geometry.cpp, view_walk.cpp, view_teaching.cpp).
 std::unique_ptr<View> make_geometry_view();
 std::unique_ptr<View> make_walk_view();

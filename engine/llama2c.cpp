@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 
 #include "engine/error.h"
@@ -210,17 +211,18 @@ Transformer::Transformer(const std::string& path) : path_(path) {
                      " bytes but its Config (" + config_string(c) + ") needs " +
                      std::to_string(expected_bytes));
   }
-  data_.resize(expected_floats);
-  if (!in.read(reinterpret_cast<char*>(data_.data()),
+  auto weights = std::make_shared<std::vector<float>>(expected_floats);
+  if (!in.read(reinterpret_cast<char*>(weights->data()),
                static_cast<std::streamsize>(expected_floats * sizeof(float)))) {
     throw InputError(path + ": cannot read the checkpoint weights");
   }
-  for (float v : data_) {
+  for (float v : *weights) {
     if (!std::isfinite(v)) throw InputError(path + ": checkpoint weights contain NaN or Inf");
   }
+  data_ = weights;
 
   // Weights are stored tensor by tensor, each tensor holding all layers.
-  const float* ptr = data_.data();
+  const float* ptr = data_->data();
   auto take = [&ptr](uint64_t count) {
     const float* p = ptr;
     ptr += count;
@@ -272,6 +274,10 @@ const std::vector<float>& Transformer::forward(int token, int pos) {
     throw std::invalid_argument("llama2c::Transformer::forward: position " + std::to_string(pos) +
                                 " run before position " + std::to_string(positions_));
   }
+  if (is_compressed() && pos < compressed_.covered) {
+    throw std::invalid_argument("llama2c::Transformer::forward: position " + std::to_string(pos) +
+                                " is inside the compressed part of the cache");
+  }
   if (pos >= key_cache_[0].rows()) {
     // Double the rows (capped at seq_len); row-major conservativeResize keeps earlier rows.
     const Eigen::Index rows =
@@ -322,6 +328,10 @@ const std::vector<float>& Transformer::forward(int token, int pos) {
     // Causal multi-head attention with GQA: query head h reads kv head h / kv_mul.
     for (int h = 0; h < c.n_heads; ++h) {
       const float* qh = q + h * head_size;
+      if (is_compressed()) {
+        attend_compressed(l, h / kv_mul, qh, pos, xb + h * head_size);
+        continue;
+      }
       const int kv_offset = (h / kv_mul) * head_size;
       float* att = att_.data();
       for (int t = 0; t <= pos; ++t) {
@@ -359,6 +369,88 @@ const std::vector<float>& Transformer::forward(int token, int pos) {
   matmul(logits_.data(), x, classifier_, dim, c.vocab_size);
   positions_ = pos + 1;
   return logits_;
+}
+
+void Transformer::set_compressed_cache(CompressedCache cache) {
+  const Config& c = config_;
+  if (cache.covered < 0 || cache.covered > positions_)
+    throw std::invalid_argument("set_compressed_cache: covered " + std::to_string(cache.covered) +
+                                " outside [0, positions " + std::to_string(positions_) + "]");
+  if (static_cast<int>(cache.heads.size()) != c.n_layers)
+    throw std::invalid_argument("set_compressed_cache: one entry list per layer expected");
+  for (auto& layer : cache.heads) {
+    if (static_cast<int>(layer.size()) != c.n_kv_heads)
+      throw std::invalid_argument("set_compressed_cache: one entry list per kv head expected");
+    for (CompressedHead& head : layer) {
+      const size_t count = head.positions.size();
+      if (head.num_logw.size() != count || head.den_logw.size() != count)
+        throw std::invalid_argument("set_compressed_cache: positions and log weights differ");
+      head.separate = false;
+      for (size_t i = 0; i < count; ++i) {
+        if (head.positions[i] < 0 || head.positions[i] >= cache.covered ||
+            (i > 0 && head.positions[i] <= head.positions[i - 1]))
+          throw std::invalid_argument(
+              "set_compressed_cache: positions must increase inside [0, covered)");
+        if (head.num_logw[i] != head.den_logw[i]) head.separate = true;
+      }
+    }
+  }
+  compressed_ = std::move(cache);
+}
+
+void Transformer::attend_compressed(int layer, int kv_head, const float* qh, int pos, float* out) {
+  // The same float operations as the full-cache loop in forward(), with the entries' log
+  // weights added to the scaled scores: with every position present at log weight 0 the result
+  // is bit for bit the full cache's.
+  const int head_size = config_.head_size();
+  const float inv_sqrt_head = 1.0f / std::sqrt(static_cast<float>(head_size));
+  const CompressedHead& entries = compressed_.heads[layer][kv_head];
+  const int kept = static_cast<int>(entries.positions.size());
+  const int count = kept + (pos + 1 - compressed_.covered);
+  const int kv_offset = kv_head * head_size;
+  const MatrixF& keys = key_cache_[layer];
+  const MatrixF& values = value_cache_[layer];
+  auto position_of = [&](int i) {
+    return i < kept ? entries.positions[i] : compressed_.covered + (i - kept);
+  };
+  float* att = att_.data();
+  for (int i = 0; i < count; ++i) {
+    const float* kt = keys.row(position_of(i)).data() + kv_offset;
+    float score = 0.0f;
+    for (int d = 0; d < head_size; ++d) score += qh[d] * kt[d];
+    att[i] = score * inv_sqrt_head;
+  }
+  std::fill(out, out + head_size, 0.0f);
+  if (!entries.separate) {
+    for (int i = 0; i < kept; ++i) att[i] += entries.num_logw[i];
+    softmax(att, count);
+    for (int i = 0; i < count; ++i) {
+      const float* vt = values.row(position_of(i)).data() + kv_offset;
+      for (int d = 0; d < head_size; ++d) out[d] += att[i] * vt[d];
+    }
+    return;
+  }
+  // Separate numerator and denominator sets: sum_N w e^s v / sum_D w' e^s, shifted by the
+  // largest biased score over both.
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float shift = kNegInf;
+  for (int i = 0; i < count; ++i) {
+    const float nb = i < kept ? entries.num_logw[i] : 0.0f;
+    const float db = i < kept ? entries.den_logw[i] : 0.0f;
+    shift = std::max(shift, att[i] + std::max(nb, db));
+  }
+  float denominator = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    const float nb = i < kept ? entries.num_logw[i] : 0.0f;
+    const float db = i < kept ? entries.den_logw[i] : 0.0f;
+    if (db != kNegInf) denominator += std::exp(att[i] + db - shift);
+    if (nb == kNegInf) continue;
+    const float a = std::exp(att[i] + nb - shift);
+    const float* vt = values.row(position_of(i)).data() + kv_offset;
+    for (int d = 0; d < head_size; ++d) out[d] += a * vt[d];
+  }
+  if (denominator > 0.0f)
+    for (int d = 0; d < head_size; ++d) out[d] /= denominator;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,10 +521,19 @@ int Tokenizer::find(const std::string& s) const {
 }
 
 std::vector<int> Tokenizer::encode(const std::string& text, bool bos, bool eos) const {
+  return encode_text(text, bos, eos, /*dummy_prefix=*/true);
+}
+
+std::vector<int> Tokenizer::encode_continuation(const std::string& text) const {
+  return encode_text(text, /*bos=*/false, /*eos=*/false, /*dummy_prefix=*/false);
+}
+
+std::vector<int> Tokenizer::encode_text(const std::string& text, bool bos, bool eos,
+                                        bool dummy_prefix) const {
   std::vector<int> tokens;
   if (bos) tokens.push_back(kBosToken);
   // SentencePiece's add_dummy_prefix: the text is read as if it began with a space.
-  if (!text.empty()) {
+  if (dummy_prefix && !text.empty()) {
     const int dummy_prefix = find(" ");
     if (dummy_prefix < 0) {
       throw InputError(path_ + ": tokenizer has no \" \" piece for the dummy prefix");

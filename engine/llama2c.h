@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -41,11 +42,32 @@ struct Config {
 constexpr int kBosToken = 1;
 constexpr int kEosToken = 2;
 
+// One (layer, kv head) of a compressed cache: the cache entries that stand for the positions
+// before CompressedCache::covered, in position order, each with the logit biases it enters
+// attention with (log of the method's weight; numerator and denominator differ only for methods
+// with separate selections, -infinity = absent from that sum).
+struct CompressedHead {
+  std::vector<int> positions;
+  std::vector<float> num_logw, den_logw;
+  bool separate = false;  // some entry has num_logw != den_logw
+};
+
+// A compressed KV cache: positions [0, covered) are read through heads[layer][kv head]; positions
+// from `covered` on (run after the compression) are read in full at weight 1.
+struct CompressedCache {
+  int covered = 0;
+  std::vector<std::vector<CompressedHead>> heads;  // [layer][kv head]
+};
+
 class Transformer {
  public:
   // Reads and validates a checkpoint. Throws InputError naming `path` and the problem (missing
   // file, truncated header, impossible config, file size that does not match the config).
   explicit Transformer(const std::string& path);
+  // Copies share the (read-only) weights and copy the cache, so a run can branch at a position:
+  // compressed continuations start from copies of the exact run.
+  Transformer(const Transformer&) = default;
+  Transformer& operator=(const Transformer&) = default;
 
   const Config& config() const { return config_; }
   const std::string& path() const { return path_; }
@@ -57,6 +79,16 @@ class Transformer {
 
   // Number of positions whose keys/values (and recorded activations) are valid.
   int positions() const { return positions_; }
+
+  // From now on attention reads the cache through `cache` (see CompressedCache); every key and
+  // value stays stored, the compression only decides what attention sees. cache.covered must be
+  // <= positions() and every entry's position < covered. Throws std::invalid_argument otherwise.
+  // Re-running a position below `covered` is not allowed while a compressed cache is set.
+  void set_compressed_cache(CompressedCache cache);
+  // Back to the full cache.
+  void clear_compressed_cache() { compressed_ = {}; }
+  const CompressedCache& compressed_cache() const { return compressed_; }
+  bool is_compressed() const { return !compressed_.heads.empty(); }
 
   // Per layer, row t = position t (the matrices grow as positions run; only the first
   // positions() rows are valid):
@@ -82,15 +114,19 @@ class Transformer {
     const float* w3;       // hidden_dim x dim
   };
 
+  // Attention of one query head (qh, head_size floats) at `pos` through the compressed cache.
+  void attend_compressed(int layer, int kv_head, const float* qh, int pos, float* out);
+
   std::string path_;
   Config config_;
-  std::vector<float> data_;  // every float after the header, in file order
+  std::shared_ptr<const std::vector<float>> data_;  // every float after the header, file order
   const float* token_embedding_ = nullptr;
   const float* rms_final_ = nullptr;
   const float* classifier_ = nullptr;
   std::vector<LayerWeights> layers_;
 
   int positions_ = 0;
+  CompressedCache compressed_;
   std::vector<MatrixF> key_cache_, value_cache_, query_record_, head_output_record_;
   // Scratch buffers, sized once.
   std::vector<float> x_, xb_, xb2_, hb_, hb2_, q_, att_, logits_;
@@ -105,6 +141,7 @@ class Tokenizer {
   Tokenizer(const std::string& path, int vocab_size);
 
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  const std::string& path() const { return path_; }
   const std::string& piece(int token) const { return pieces_.at(token); }
   float score(int token) const { return scores_.at(token); }
 
@@ -112,6 +149,9 @@ class Tokenizer {
   // UTF-8 code point (byte-fallback tokens <0xXX> for code points not in the vocabulary), then
   // greedy merges of the adjacent pair whose merged piece has the highest score.
   std::vector<int> encode(const std::string& text, bool bos, bool eos) const;
+  // Text that follows an already encoded prompt: encode() without BOS and without the dummy
+  // prefix (the text is taken verbatim, so a continuation after a word starts with its space).
+  std::vector<int> encode_continuation(const std::string& text) const;
 
   // run.c's decode: the piece's bytes, with the leading space dropped right after BOS and
   // <0xXX> byte tokens turned into that raw byte.
@@ -131,6 +171,8 @@ class Tokenizer {
   int byte_token_[256];                          // id of "<0xXX>", -1 when absent
 
   int find(const std::string& s) const;
+  std::vector<int> encode_text(const std::string& text, bool bos, bool eos,
+                               bool dummy_prefix) const;
 };
 
 struct GenerateOptions {

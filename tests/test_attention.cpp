@@ -11,6 +11,7 @@
 #include "engine/capture.h"
 #include "engine/cpu_ops.h"
 #include "engine/protocol.h"
+#include "tests/sample_captures.h"
 
 namespace kvscope {
 namespace {
@@ -363,32 +364,33 @@ TEST(Attention, ExactReferenceIsReusableAcrossSelections) {
   for (int e = 0; e < w.eval; ++e) EXPECT_EQ(a[0][e].relative, b[0][e].relative);
 }
 
-// A real capture (stories260K, made by `kvscope-cli capture`): the engine against the brute
-// force on real keys, values and queries.
+// The real captures (stories260K and kjv3M, made by `kvscope-cli capture`): the engine against
+// the brute force on real keys, values and queries.
 TEST(Attention, RealCaptureMatchesBruteForce) {
-  const std::string path =
-      std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
-  ASSERT_TRUE(std::filesystem::exists(path)) << "sample capture not found: " << path;
-  auto cap = CaptureFile::open(path);
-  ASSERT_TRUE(cap->info().has_queries);
-  const int layer_index = cap->info().num_layers - 1;
-  auto layer = cap->layer(layer_index);
-  const int n = cap->info().num_tokens;
-  const EvalWindow w = EvalWindow::make(n, 0.25);
-  std::mt19937 rng(11);
-  const Selection sel = random_selection(w, w.budget, rng);
-  const int kv = 1;
-  const auto group = layer->group_queries(kv);
-  ASSERT_FALSE(group.empty());
-  const MatrixF& Q = *group[0];
-  const std::vector<QueryError> errs =
-      evaluate_query_head(Q, layer->keys[kv], layer->values[kv], w, sel);
-  for (int e = 0; e < w.eval; e += 7) {
-    const Reference bf =
-        brute_force(Q, layer->keys[kv], layer->values[kv], n - w.eval + e, w.sink, w.eval, sel);
-    EXPECT_NEAR(errs[e].relative, bf.relative, 1e-9 * bf.relative);
-    EXPECT_NEAR(errs[e].normalized, bf.normalized, 1e-9 * bf.normalized);
-    EXPECT_NEAR(errs[e].mass, bf.mass, 1e-12);
+  for (const std::string& path : ::kvscope::testing::sample_capture_paths()) {
+    SCOPED_TRACE(path);
+    ASSERT_TRUE(std::filesystem::exists(path)) << "sample capture not found: " << path;
+    auto cap = CaptureFile::open(path);
+    ASSERT_TRUE(cap->info().has_queries);
+    const int layer_index = cap->info().num_layers - 1;
+    auto layer = cap->layer(layer_index);
+    const int n = cap->info().num_tokens;
+    const EvalWindow w = EvalWindow::make(n, 0.25);
+    std::mt19937 rng(11);
+    const Selection sel = random_selection(w, w.budget, rng);
+    const int kv = 1;
+    const auto group = layer->group_queries(kv);
+    ASSERT_FALSE(group.empty());
+    const MatrixF& Q = *group[0];
+    const std::vector<QueryError> errs =
+        evaluate_query_head(Q, layer->keys[kv], layer->values[kv], w, sel);
+    for (int e = 0; e < w.eval; e += 7) {
+      const Reference bf =
+          brute_force(Q, layer->keys[kv], layer->values[kv], n - w.eval + e, w.sink, w.eval, sel);
+      EXPECT_NEAR(errs[e].relative, bf.relative, 1e-9 * bf.relative);
+      EXPECT_NEAR(errs[e].normalized, bf.normalized, 1e-9 * bf.normalized);
+      EXPECT_NEAR(errs[e].mass, bf.mass, 1e-12);
+    }
   }
 }
 

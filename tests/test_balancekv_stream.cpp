@@ -13,6 +13,7 @@
 #include "engine/method.h"
 #include "engine/protocol.h"
 #include "engine/softmax_balance.h"
+#include "tests/sample_captures.h"
 
 using namespace kvscope;
 
@@ -186,21 +187,22 @@ TEST(BalanceKVStream, FailIsReportedInNoteAndTrace) {
 }
 
 TEST(BalanceKVStream, FiniteErrorOnRealCapture) {
-  const std::string path =
-      std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
-  ASSERT_TRUE(std::filesystem::exists(path)) << "sample capture not found: " << path;
-  auto cap = CaptureFile::open(path);
-  MethodSettings s;
-  s.method = &stream();
-  s.keep_ratio = 0.25;
-  for (int L : {0, cap->info().num_layers - 1}) {
-    auto layer = cap->layer(L);
-    const HeadRun r = run_head(*layer, cap->info().num_layers, 0, s, 7);
-    EXPECT_TRUE(std::isfinite(r.mean_relative));
-    EXPECT_GT(r.mean_relative, 0);
-    EXPECT_LT(r.mean_relative, 2.0);
-    EXPECT_TRUE(r.selection.separate);
-    EXPECT_LE(static_cast<int>(r.selection.indices.size()), r.window.budget);
-    EXPECT_LE(static_cast<int>(r.selection.den_indices.size()), r.window.budget);
+  for (const std::string& path : ::kvscope::testing::sample_capture_paths()) {
+    SCOPED_TRACE(path);
+    ASSERT_TRUE(std::filesystem::exists(path)) << "sample capture not found: " << path;
+    auto cap = CaptureFile::open(path);
+    MethodSettings s;
+    s.method = &stream();
+    s.keep_ratio = 0.25;
+    for (int L : {0, cap->info().num_layers - 1}) {
+      auto layer = cap->layer(L);
+      const HeadRun r = run_head(*layer, cap->info().num_layers, 0, s, 7);
+      EXPECT_TRUE(std::isfinite(r.mean_relative));
+      EXPECT_GT(r.mean_relative, 0);
+      EXPECT_LT(r.mean_relative, 2.0);
+      EXPECT_TRUE(r.selection.separate);
+      EXPECT_LE(static_cast<int>(r.selection.indices.size()), r.window.budget);
+      EXPECT_LE(static_cast<int>(r.selection.den_indices.size()), r.window.budget);
+    }
   }
 }

@@ -462,3 +462,39 @@ TEST(Llama2cCli, CaptureCommandWritesAnOpenableCapture) {
   const int status = std::system(bad.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
 }
+
+// The sample captures are reproducible: `kvscope-cli capture` with the commands of
+// sample_data/README.md writes the committed files byte for byte (greedy stories260K, and kjv3M
+// sampled with a fixed Philox seed), so a change to the forward pass or the writer that would
+// silently alter them (and the golden data derived from them) fails here.
+TEST(Llama2cCli, RegeneratesTheSampleCapturesByteForByte) {
+  const std::string models = std::string(KVSCOPE_SHARED_DIR) + "/models/";
+  if (!fs::exists(models + "kjv3M.bin")) GTEST_SKIP() << models << "kjv3M.bin not found";
+  struct Sample {
+    const char* file;
+    std::string args;
+  };
+  const Sample samples[] = {
+      {"stories260K_lily.safetensors", "--model " + models + "stories260K.bin --tokenizer " +
+                                           models + "tok512.bin --prompt '' --steps 480"},
+      {"stories260K_dragon.safetensors",
+       "--model " + models + "stories260K.bin --tokenizer " + models +
+           "tok512.bin --prompt 'Once upon a time, there was a brave little dragon' --steps 480"},
+      {"kjv3M_beginning.safetensors",
+       "--model " + models + "kjv3M.bin --tokenizer " + models +
+           "tok1024.bin --prompt 'In the beginning' --steps 512 --temperature 0.8 --topp 0.9 "
+           "--seed 0 --dtype f16"},
+  };
+  for (const Sample& s : samples) {
+    TempFile out(std::string("regen_") + s.file);
+    const std::string command = std::string(KVSCOPE_CLI) + " capture " + s.args +
+                                " --quiet --out " + out.path() + " > /dev/null 2>&1";
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    const std::vector<char> made = read_bytes(out.path());
+    const std::vector<char> committed =
+        read_bytes(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/" + s.file);
+    ASSERT_FALSE(committed.empty()) << s.file << " is missing from sample_data/";
+    EXPECT_TRUE(made == committed) << s.file << " differs when regenerated (" << made.size()
+                                   << " vs " << committed.size() << " bytes)";
+  }
+}

@@ -15,6 +15,7 @@
 #include "engine/error.h"
 #include "engine/method.h"
 #include "engine/protocol.h"
+#include "tests/sample_captures.h"
 
 namespace kvscope {
 namespace {
@@ -351,29 +352,26 @@ TEST(AttentionScores, PoolingMatchesPyTorchSamePadding) {
   EXPECT_EQ(top_m_indices({0.5, 0.9, 0.1, 0.9}, 2), (std::vector<int>{1, 3}));
 }
 
-// On the real stories260K sample capture (made by `kvscope-cli capture`), each baseline runs
-// through the protocol and its error is finite; the query-aware score methods cover more exact
-// attention mass than the worst case of keeping nothing.
+// On the real sample captures (stories260K and kjv3M, made by `kvscope-cli capture`), each
+// baseline runs through the protocol and its error is finite; the query-aware score methods cover
+// more exact attention mass than the worst case of keeping nothing.
 TEST(Baselines, RunOnTheSampleCapture) {
-  const std::filesystem::path dir = std::filesystem::path(KVSCOPE_SOURCE_DIR) / "sample_data";
-  std::string path;
-  if (std::filesystem::exists(dir))
-    for (const auto& e : std::filesystem::directory_iterator(dir))
-      if (e.path().extension() == ".safetensors") path = e.path().string();
-  ASSERT_FALSE(path.empty()) << "no sample_data/*.safetensors";
-  auto capture = CaptureFile::open(path);
-  ASSERT_TRUE(capture->info().has_queries) << path << " has no queries";
-  auto layer = capture->layer(capture->info().num_layers - 1);
-  for (const std::string& name : kBaselines) {
-    MethodSettings s;
-    s.method = &method(name);
-    s.keep_ratio = 0.25;
-    const HeadRun run = run_head(*layer, capture->info().num_layers, 0, s, 3);
-    EXPECT_TRUE(std::isfinite(run.mean_relative)) << name;
-    EXPECT_GT(run.mean_mass, 0.0) << name;
-    const MethodInput in =
-        make_method_input(*layer, capture->info().num_layers, 0, run.window, s, 3);
-    expect_valid(in, run.selection.indices, run.selection.weights, name + " on " + path);
+  for (const std::string& path : ::kvscope::testing::sample_capture_paths()) {
+    SCOPED_TRACE(path);
+    auto capture = CaptureFile::open(path);
+    ASSERT_TRUE(capture->info().has_queries) << path << " has no queries";
+    auto layer = capture->layer(capture->info().num_layers - 1);
+    for (const std::string& name : kBaselines) {
+      MethodSettings s;
+      s.method = &method(name);
+      s.keep_ratio = 0.25;
+      const HeadRun run = run_head(*layer, capture->info().num_layers, 0, s, 3);
+      EXPECT_TRUE(std::isfinite(run.mean_relative)) << name;
+      EXPECT_GT(run.mean_mass, 0.0) << name;
+      const MethodInput in =
+          make_method_input(*layer, capture->info().num_layers, 0, run.window, s, 3);
+      expect_valid(in, run.selection.indices, run.selection.weights, name + " on " + path);
+    }
   }
 }
 
@@ -381,26 +379,27 @@ TEST(Baselines, RunOnTheSampleCapture) {
 // their kept set covers more of the evaluation queries' exact attention mass than a uniform
 // sample of the same size, on every layer.
 TEST(Baselines, ScoreMethodsCoverMoreAttentionMassThanUniformOnTheSampleCapture) {
-  const std::string path =
-      std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
-  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing";
-  auto capture = CaptureFile::open(path);
-  const int layers = capture->info().num_layers;
-  for (int l = 0; l < layers; ++l) {
-    auto layer = capture->layer(l);
-    auto mass = [&](const std::string& name, uint64_t seed) {
-      MethodSettings s;
-      s.method = &method(name);
-      s.keep_ratio = 0.25;
-      double total = 0;
-      for (int kv = 0; kv < capture->info().kv_heads; ++kv)
-        total += run_head(*layer, layers, kv, s, seed).mean_mass;
-      return total / capture->info().kv_heads;
-    };
-    double uniform = 0;
-    for (uint64_t seed = 0; seed < 3; ++seed) uniform += mass("uniform", seed) / 3;
-    for (const char* name : {"h2o", "snapkv", "tova", "buzz"})
-      EXPECT_GT(mass(name, 0), uniform) << name << " layer " << l;
+  for (const std::string& path : ::kvscope::testing::sample_capture_paths()) {
+    SCOPED_TRACE(path);
+    ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing";
+    auto capture = CaptureFile::open(path);
+    const int layers = capture->info().num_layers;
+    for (int l = 0; l < layers; ++l) {
+      auto layer = capture->layer(l);
+      auto mass = [&](const std::string& name, uint64_t seed) {
+        MethodSettings s;
+        s.method = &method(name);
+        s.keep_ratio = 0.25;
+        double total = 0;
+        for (int kv = 0; kv < capture->info().kv_heads; ++kv)
+          total += run_head(*layer, layers, kv, s, seed).mean_mass;
+        return total / capture->info().kv_heads;
+      };
+      double uniform = 0;
+      for (uint64_t seed = 0; seed < 3; ++seed) uniform += mass("uniform", seed) / 3;
+      for (const char* name : {"h2o", "snapkv", "tova", "buzz"})
+        EXPECT_GT(mass(name, 0), uniform) << name << " layer " << l;
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "engine/error.h"
 #include "engine/protocol.h"
+#include "tests/sample_captures.h"
 
 namespace kvscope {
 namespace {
@@ -410,34 +411,35 @@ TEST(RunEval, ProxyQueriesAreTheKeys) {
   EXPECT_EQ(j["proxy_queries"], true);
 }
 
-// The protocol end to end on the real stories260K capture (skipped when it is absent).
+// The protocol end to end on the real captures (stories260K and kjv3M).
 TEST(RunEval, RealCapture) {
-  const std::string path =
-      std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
-  std::unique_ptr<CaptureFile> cap;
-  try {
-    cap = CaptureFile::open(path);
-  } catch (const InputError& e) {
-    GTEST_SKIP() << "sample capture not usable: " << e.what();
-  }
-  EvalSpec spec = simple_spec(3);
-  spec.ratios = {0.5, 0.125};
-  const EvalReport rep = run_eval(*cap, spec);
-  EXPECT_FALSE(rep.proxy_queries);
-  EXPECT_TRUE(rep.failures().empty());
-  EXPECT_EQ(rep.results.size(),
-            static_cast<size_t>(cap->info().num_layers) * cap->info().kv_heads * 3 * 2);
-  const std::vector<EvalSummary> sum = rep.summary();
-  // exact 1/2, exact 1/8, uniform 1/2, uniform 1/8, streaming 1/2, streaming 1/8
-  EXPECT_LT(sum[0].mean, 1e-13);
-  EXPECT_LT(sum[2].mean, sum[3].mean);  // uniform: less budget, more error
-  EXPECT_LT(sum[4].mean, sum[5].mean);
-  EXPECT_GT(sum[2].std, 0.0);
-  EXPECT_EQ(sum[4].std, 0.0);
-  for (const HeadEval& he : rep.results) {
-    EXPECT_FALSE(he.refused);
-    EXPECT_GT(he.mass_mean, 0.0);
-    EXPECT_LE(he.mass_mean, 1.0 + 1e-12);
+  for (const std::string& path : ::kvscope::testing::sample_capture_paths()) {
+    SCOPED_TRACE(path);
+    std::unique_ptr<CaptureFile> cap;
+    try {
+      cap = CaptureFile::open(path);
+    } catch (const InputError& e) {
+      GTEST_SKIP() << "sample capture not usable: " << e.what();
+    }
+    EvalSpec spec = simple_spec(3);
+    spec.ratios = {0.5, 0.125};
+    const EvalReport rep = run_eval(*cap, spec);
+    EXPECT_FALSE(rep.proxy_queries);
+    EXPECT_TRUE(rep.failures().empty());
+    EXPECT_EQ(rep.results.size(),
+              static_cast<size_t>(cap->info().num_layers) * cap->info().kv_heads * 3 * 2);
+    const std::vector<EvalSummary> sum = rep.summary();
+    // exact 1/2, exact 1/8, uniform 1/2, uniform 1/8, streaming 1/2, streaming 1/8
+    EXPECT_LT(sum[0].mean, 1e-13);
+    EXPECT_LT(sum[2].mean, sum[3].mean);  // uniform: less budget, more error
+    EXPECT_LT(sum[4].mean, sum[5].mean);
+    EXPECT_GT(sum[2].std, 0.0);
+    EXPECT_EQ(sum[4].std, 0.0);
+    for (const HeadEval& he : rep.results) {
+      EXPECT_FALSE(he.refused);
+      EXPECT_GT(he.mass_mean, 0.0);
+      EXPECT_LE(he.mass_mean, 1.0 + 1e-12);
+    }
   }
 }
 

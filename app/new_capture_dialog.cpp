@@ -1,0 +1,345 @@
+#include "app/new_capture_dialog.h"
+
+#include <imgui.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+
+#include "app/app_state.h"
+#include "engine/capture.h"
+#include "engine/error.h"
+#include "engine/llama2c.h"
+
+namespace kvscope::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kJobKey = "newcapture";
+
+// The dialog's fields and the last result; UI thread only.
+struct DialogState {
+  bool open_requested = false;
+  bool close_requested = false;
+  int model_index = -1;  // into bundled_models(), -1: the path fields
+  char checkpoint[1024] = "";
+  char tokenizer[1024] = "";
+  char prompt[2048] = "In the beginning";
+  int steps = 256;
+  float temperature = 0.8f;
+  float topp = 0.9f;
+  int seed = 0;
+  char save_path[1024] = "my_capture.safetensors";
+  std::string save_message;
+  bool has_result = false;
+  NewCaptureResult result;
+};
+
+DialogState& dialog() {
+  static DialogState d;
+  return d;
+}
+
+void copy_to(char* buf, size_t size, const std::string& s) {
+  std::snprintf(buf, size, "%s", s.c_str());
+}
+
+void pick_model(int index) {
+  DialogState& d = dialog();
+  const auto& models = bundled_models();
+  if (index < 0 || index >= static_cast<int>(models.size())) return;
+  d.model_index = index;
+  copy_to(d.checkpoint, sizeof d.checkpoint, models[index].checkpoint);
+  copy_to(d.tokenizer, sizeof d.tokenizer, models[index].tokenizer);
+  d.steps = std::min(d.steps, 512);
+}
+
+// llama2.c header: dim, hidden, layers, heads, kv heads, vocab (sign: shared classifier), seq_len.
+bool read_header(const std::string& path, int32_t (&h)[7]) {
+  std::ifstream in(path, std::ios::binary);
+  return static_cast<bool>(in.read(reinterpret_cast<char*>(h), sizeof h));
+}
+
+std::vector<BundledModel> scan_models() {
+  std::vector<BundledModel> out;
+  const std::string dir = models_dir();
+  if (dir.empty()) return out;
+  std::vector<fs::path> checkpoints, tokenizers;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file() || e.path().extension() != ".bin") continue;
+    (e.path().stem().string().rfind("tok", 0) == 0 ? tokenizers : checkpoints).push_back(e.path());
+  }
+  std::sort(checkpoints.begin(), checkpoints.end());
+  for (const fs::path& p : checkpoints) {
+    int32_t h[7];
+    if (!read_header(p.string(), h) || h[0] <= 0 || h[3] <= 0 || h[4] <= 0) continue;
+    BundledModel m;
+    m.name = p.stem().string();
+    m.checkpoint = p.string();
+    const int vocab = std::abs(h[5]);
+    char summary[160];
+    std::snprintf(summary, sizeof summary,
+                  "%d layers, %d query / %d kv heads, head dim %d, vocab %d, context %d", h[2],
+                  h[3], h[4], h[0] / h[3], vocab, h[6]);
+    m.summary = summary;
+    // The tokenizer whose entry count matches the vocabulary (the loader checks the count).
+    for (const fs::path& t : tokenizers) {
+      try {
+        llama2c::Tokenizer tok(t.string(), vocab);
+        m.tokenizer = t.string();
+        break;
+      } catch (const InputError&) {
+      }
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string models_dir() {
+  std::error_code ec;
+  if (const char* env = std::getenv("KVSCOPE_MODELS"); env && fs::is_directory(env, ec)) return env;
+  for (const char* candidate : {"../shared/models", KVSCOPE_SOURCE_DIR "/../shared/models"})
+    if (fs::is_directory(candidate, ec)) return fs::weakly_canonical(candidate, ec).string();
+  return "";
+}
+
+const std::vector<BundledModel>& bundled_models() {
+  static const std::vector<BundledModel> models = scan_models();
+  return models;
+}
+
+const BundledModel* find_bundled_model(const std::string& name) {
+  for (const BundledModel& m : bundled_models())
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+void start_new_capture(AppState& s, const NewCaptureSettings& settings) {
+  // The dialog shows what runs (also when a script or test starts the capture).
+  DialogState& d = dialog();
+  d.model_index = -1;
+  for (size_t i = 0; i < bundled_models().size(); ++i)
+    if (bundled_models()[i].checkpoint == settings.checkpoint &&
+        bundled_models()[i].tokenizer == settings.tokenizer)
+      d.model_index = static_cast<int>(i);
+  copy_to(d.checkpoint, sizeof d.checkpoint, settings.checkpoint);
+  copy_to(d.tokenizer, sizeof d.tokenizer, settings.tokenizer);
+  copy_to(d.prompt, sizeof d.prompt, settings.prompt);
+  d.steps = settings.steps;
+  d.temperature = settings.temperature;
+  d.topp = settings.topp;
+  d.seed = static_cast<int>(settings.seed);
+  static int counter = 0;
+  const std::string out =
+      (fs::temp_directory_path() / ("kvscope_new_capture_" + std::to_string(::getpid()) + "_" +
+                                    std::to_string(++counter) + ".safetensors"))
+          .string();
+  s.job_errors.erase(kJobKey);
+  s.worker.submit(
+      Lane::Analysis, kJobKey, "new capture", [settings, out](JobContext& ctx) -> ApplyFn {
+        const auto t0 = std::chrono::steady_clock::now();
+        llama2c::Transformer model(settings.checkpoint);
+        llama2c::Tokenizer tokenizer(settings.tokenizer, model.config().vocab_size);
+        llama2c::GenerateOptions options;
+        options.steps = settings.steps;
+        options.temperature = settings.temperature;
+        options.topp = settings.topp;
+        options.seed = settings.seed;
+        options.cancel = ctx.cancel_flag();
+        options.on_token = [&](int pos, int, const std::string&) {
+          ctx.progress(pos + 1, settings.steps);
+        };
+        const llama2c::Generation g = llama2c::generate(model, tokenizer, settings.prompt, options);
+        const std::string name = llama2c::model_name_from_path(settings.checkpoint);
+        CaptureData data =
+            llama2c::make_capture(model, g, name, settings.prompt,
+                                  "KVScope app, File > New capture (llama2.c forward pass)");
+        char sampling[160];
+        if (settings.temperature == 0.0f)
+          std::snprintf(sampling, sizeof sampling, "greedy (temperature 0)");
+        else
+          std::snprintf(sampling, sizeof sampling, "temperature %g, top-p %g, seed %llu (Philox)",
+                        settings.temperature, settings.topp,
+                        static_cast<unsigned long long>(settings.seed));
+        data.info.metadata["sampling"] = sampling;
+        data.info.metadata["steps"] = std::to_string(settings.steps);
+        data.info.metadata["bos_restarts"] = std::to_string(g.restarts);
+        ctx.check_cancel();
+        write_capture(out, data, DType::F32);
+        NewCaptureResult r;
+        r.path = out;
+        r.model = name;
+        r.prompt = settings.prompt;
+        r.text = g.decoded;
+        r.tokens = static_cast<int>(g.tokens.size());
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return [r](AppState& st) {
+          DialogState& d = dialog();
+          d.result = r;
+          d.has_result = true;
+          d.save_message.clear();
+          copy_to(d.save_path, sizeof d.save_path, r.model + "_capture.safetensors");
+          st.request_open(r.path);
+          char msg[200];
+          std::snprintf(msg, sizeof msg, "new capture: %d tokens of %s in %.1f s (not saved yet)",
+                        r.tokens, r.model.c_str(), r.seconds);
+          st.status_message = msg;
+        };
+      });
+}
+
+const NewCaptureResult* last_new_capture() {
+  return dialog().has_result ? &dialog().result : nullptr;
+}
+
+void save_new_capture(const std::string& path) {
+  const NewCaptureResult* r = last_new_capture();
+  if (!r) throw InputError("save capture: no new capture has been made yet");
+  if (path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0)
+    throw InputError(path +
+                     ": the capture is saved as safetensors; the name must end in "
+                     ".safetensors");
+  std::error_code ec;
+  if (fs::exists(path, ec))
+    throw InputError(path + ": already exists; choose another name (nothing is overwritten)");
+  fs::copy_file(r->path, path, ec);
+  if (ec) throw InputError(path + ": cannot write: " + ec.message());
+}
+
+void open_new_capture_dialog() {
+  DialogState& d = dialog();
+  d.open_requested = true;
+  if (d.checkpoint[0] == '\0' && !bundled_models().empty()) {
+    // Prefer the model with real heads (kjv3M) when it is there.
+    int pick = 0;
+    for (size_t i = 0; i < bundled_models().size(); ++i)
+      if (bundled_models()[i].name == "kjv3M") pick = static_cast<int>(i);
+    pick_model(pick);
+  }
+}
+
+void close_new_capture_dialog() {
+  dialog().close_requested = true;
+}
+
+void draw_new_capture_dialog(AppState& s) {
+  DialogState& d = dialog();
+  if (d.open_requested) {
+    ImGui::OpenPopup("New capture");
+    d.open_requested = false;
+    d.close_requested = false;
+  }
+  ImGui::SetNextWindowSize(ImVec2(760, 0), ImGuiCond_Appearing);
+  if (!ImGui::BeginPopupModal("New capture", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) return;
+
+  ImGui::TextWrapped(
+      "Run a llama2.c model on the CPU and capture every layer's queries, keys and values for "
+      "BOS + prompt + generated tokens.");
+  ImGui::Separator();
+  const auto& models = bundled_models();
+  const char* preview = d.model_index >= 0 && d.model_index < static_cast<int>(models.size())
+                            ? models[d.model_index].name.c_str()
+                            : "(paths below)";
+  ImGui::SetNextItemWidth(240);
+  if (ImGui::BeginCombo("model", preview)) {
+    for (size_t i = 0; i < models.size(); ++i)
+      if (ImGui::Selectable(models[i].name.c_str(), d.model_index == static_cast<int>(i)))
+        pick_model(static_cast<int>(i));
+    if (ImGui::Selectable("(paths below)", d.model_index < 0)) d.model_index = -1;
+    ImGui::EndCombo();
+  }
+  if (d.model_index >= 0 && d.model_index < static_cast<int>(models.size())) {
+    ImGui::SameLine();
+    ImGui::TextDisabled("%s", models[d.model_index].summary.c_str());
+  } else if (models.empty()) {
+    ImGui::SameLine();
+    ImGui::TextDisabled("no bundled models found (../shared/models or $KVSCOPE_MODELS)");
+  }
+  ImGui::SetNextItemWidth(600);
+  if (ImGui::InputText("checkpoint", d.checkpoint, sizeof d.checkpoint)) d.model_index = -1;
+  ImGui::SetNextItemWidth(600);
+  if (ImGui::InputText("tokenizer", d.tokenizer, sizeof d.tokenizer)) d.model_index = -1;
+  ImGui::InputTextMultiline("prompt", d.prompt, sizeof d.prompt, ImVec2(600, 60));
+  ImGui::SetNextItemWidth(140);
+  ImGui::InputInt("steps (positions, BOS and prompt included)", &d.steps);
+  d.steps = std::clamp(d.steps, 1, 4096);
+  ImGui::SetNextItemWidth(140);
+  ImGui::SliderFloat("temperature (0 = greedy)", &d.temperature, 0.0f, 1.5f, "%.2f");
+  if (d.temperature > 0.0f) {
+    ImGui::SetNextItemWidth(140);
+    ImGui::SliderFloat("top-p", &d.topp, 0.05f, 1.0f, "%.2f");
+    ImGui::SetNextItemWidth(140);
+    ImGui::InputInt("seed", &d.seed);
+    d.seed = std::max(d.seed, 0);
+  }
+
+  ImGui::Separator();
+  const bool busy = s.worker.busy(kJobKey);
+  if (busy) {
+    for (const JobInfo& j : s.worker.jobs()) {
+      if (j.key != kJobKey) continue;
+      char overlay[64];
+      std::snprintf(overlay, sizeof overlay, "%d/%d positions", j.done, j.total);
+      ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(400, 0),
+                         j.running ? overlay : "queued");
+    }
+    ImGui::SameLine();
+    if (ImGui::Button("Cancel run")) s.worker.cancel(kJobKey);
+  } else if (ImGui::Button("Run", ImVec2(120, 0))) {
+    NewCaptureSettings settings;
+    settings.checkpoint = d.checkpoint;
+    settings.tokenizer = d.tokenizer;
+    settings.prompt = d.prompt;
+    settings.steps = d.steps;
+    settings.temperature = d.temperature;
+    settings.topp = d.topp;
+    settings.seed = static_cast<uint64_t>(d.seed);
+    start_new_capture(s, settings);
+  }
+  if (auto it = s.job_errors.find(kJobKey); it != s.job_errors.end() && !busy) {
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.45f, 0.4f, 1.0f));
+    ImGui::TextWrapped("%s", it->second.c_str());
+    ImGui::PopStyleColor();
+  }
+
+  if (d.has_result) {
+    ImGui::Separator();
+    ImGui::Text("Opened: %d tokens of %s in %.1f s", d.result.tokens, d.result.model.c_str(),
+                d.result.seconds);
+    ImGui::BeginChild("##newcapturetext", ImVec2(720, 110), true);
+    ImGui::TextWrapped("%s", d.result.text.c_str());
+    ImGui::EndChild();
+    ImGui::SetNextItemWidth(480);
+    ImGui::InputText("##savepath", d.save_path, sizeof d.save_path);
+    ImGui::SameLine();
+    if (ImGui::Button("Save as safetensors")) {
+      try {
+        save_new_capture(d.save_path);
+        d.save_message = std::string("saved ") + d.save_path;
+        s.status_message = d.save_message;
+      } catch (const InputError& e) {
+        d.save_message = e.what();
+      }
+    }
+    if (!d.save_message.empty()) ImGui::TextWrapped("%s", d.save_message.c_str());
+  }
+  ImGui::Separator();
+  if (ImGui::Button("Close", ImVec2(120, 0)) || d.close_requested) {
+    d.close_requested = false;
+    ImGui::CloseCurrentPopup();
+  }
+  ImGui::EndPopup();
+}
+
+}  // namespace kvscope::app

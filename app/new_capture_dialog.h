@@ -1,0 +1,59 @@
+// File > New capture: run a llama2.c checkpoint on a typed prompt (on a worker lane, with
+// progress and cancel), open the capture it makes, and save it as safetensors. Also the list of
+// bundled llama2.c models, shared with the Output view.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvscope::app {
+
+struct AppState;
+
+// A llama2.c checkpoint with the tokenizer whose vocabulary matches it.
+struct BundledModel {
+  std::string name;        // file stem, e.g. "kjv3M"
+  std::string checkpoint;  // path
+  std::string tokenizer;   // path, "" when no tokenizer in the folder matches
+  std::string summary;     // "4 layers, 4 q / 2 kv heads, head dim 64, vocab 1024, context 512"
+};
+
+// The models folder: $KVSCOPE_MODELS, else ../shared/models from the working directory, else
+// next to the source tree. "" when none exists.
+std::string models_dir();
+// Checkpoints (*.bin that are not tokenizers) in models_dir(), by name; scanned once.
+const std::vector<BundledModel>& bundled_models();
+// The bundled model of that name (e.g. a capture's "model" metadata), nullptr when none.
+const BundledModel* find_bundled_model(const std::string& name);
+
+// The File menu calls open; the frame calls draw every frame (it draws nothing when closed).
+void open_new_capture_dialog();
+void close_new_capture_dialog();
+void draw_new_capture_dialog(AppState& s);
+
+// What the dialog's Run button does, for scripts and tests: queues the capture on the Analysis
+// lane (job key "newcapture"); when it finishes the capture is written to a temporary
+// safetensors file and opened.
+struct NewCaptureSettings {
+  std::string checkpoint, tokenizer, prompt;
+  int steps = 256;
+  float temperature = 0.8f;
+  float topp = 0.9f;
+  uint64_t seed = 0;
+};
+void start_new_capture(AppState& s, const NewCaptureSettings& settings);
+
+struct NewCaptureResult {
+  std::string path;  // the temporary capture that was opened
+  std::string model, prompt, text;
+  int tokens = 0;
+  double seconds = 0;
+};
+// The last capture made (nullptr before the first).
+const NewCaptureResult* last_new_capture();
+// Copies the last capture to `path` (must end in .safetensors and not exist yet). Throws
+// InputError naming the path and the problem.
+void save_new_capture(const std::string& path);
+
+}  // namespace kvscope::app

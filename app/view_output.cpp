@@ -1,0 +1,448 @@
+// Output view: what compressing the cache does to the model's text (engine/generate.h,
+// docs/generate.md). Runs a llama2.c model (a bundled one or any checkpoint) on a prompt,
+// compresses every layer's cache at position N with each chosen method and ratio, and shows a
+// table of top-1 agreement / KL / perplexity by method and ratio, the KL per step, and the exact
+// and compressed continuations side by side with the diverging tokens marked.
+#include <imgui.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/app_state.h"
+#include "app/colormap.h"
+#include "app/new_capture_dialog.h"
+#include "app/plot.h"
+#include "app/view.h"
+#include "engine/error.h"
+#include "engine/generate.h"
+#include "engine/llama2c.h"
+
+namespace kvscope::app {
+namespace {
+
+constexpr const char* kJobKey = "output.generate";
+constexpr double kRatios[] = {0.5, 0.25, 0.125, 0.0625};
+
+std::string escaped(const std::string& t) {
+  std::string out;
+  for (char c : t) {
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else
+      out += c;
+  }
+  return out;
+}
+
+// Results travel from the worker through a shared slot the view owns.
+struct Shared {
+  std::shared_ptr<const GenerateReport> report;
+  std::string error;
+  double seconds = 0;
+};
+
+class OutputView final : public View {
+ public:
+  OutputView() {
+    for (const char* m : {"uniform", "snapkv", "balancekv", "streaming"}) methods_.push_back(m);
+    ratio_on_[1] = true;  // 1/4
+  }
+  const char* name() const override { return "output"; }
+  const char* title() const override { return "Output"; }
+
+  bool ready(const AppState& s) const override {
+    // Without any model to run (no models folder) there is nothing to wait for.
+    return !s.worker.busy(kJobKey) &&
+           (shared_->report || !shared_->error.empty() || checkpoint_[0] == '\0');
+  }
+
+  void draw(AppState& s) override {
+    init_from_capture(s);
+    // The first time the view is shown with a usable model, it runs the default comparison.
+    if (!auto_started_ && !s.worker.busy(kJobKey) && !shared_->report && checkpoint_[0] != '\0') {
+      auto_started_ = true;
+      start(s);
+    }
+    draw_controls(s);
+    ImGui::Separator();
+    if (!shared_->error.empty()) {
+      ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.45f, 0.4f, 1.0f));
+      ImGui::TextWrapped("%s", shared_->error.c_str());
+      ImGui::PopStyleColor();
+    }
+    const std::shared_ptr<const GenerateReport> rep = shared_->report;
+    if (!rep) {
+      if (!s.worker.busy(kJobKey)) ImGui::TextDisabled("Choose a model and prompt, then Run.");
+      return;
+    }
+    if (selected_ < 0 || selected_ >= static_cast<int>(rep->runs.size())) selected_ = 0;
+    draw_summary_line(*rep);
+    const float avail = ImGui::GetContentRegionAvail().x;
+    ImGui::BeginChild("##table", ImVec2(avail * 0.42f, 260), false);
+    draw_table(*rep);
+    ImGui::EndChild();
+    ImGui::SameLine();
+    ImGui::BeginChild("##kl", ImVec2(0, 260), false);
+    draw_kl_plot(*rep);
+    ImGui::EndChild();
+    draw_texts(*rep);
+  }
+
+  nlohmann::json export_json(const AppState&) const override {
+    return shared_->report ? shared_->report->to_json() : nlohmann::json(nullptr);
+  }
+  std::string export_csv(const AppState&) const override {
+    if (!shared_->report) return {};
+    std::string csv = "method,ratio,top1_agreement,mean_kl,perplexity,first_divergence\n";
+    for (const GenerateRun& r : shared_->report->runs) {
+      char line[256];
+      std::snprintf(line, sizeof line, "%s,%g,%.6f,%.6g,%.6g,%d\n", r.method.c_str(), r.ratio,
+                    r.top1_agreement, r.mean_kl, r.perplexity, r.first_divergence);
+      csv += line;
+    }
+    return csv;
+  }
+
+ private:
+  void init_from_capture(const AppState& s) {
+    // Default model and prompt: the open capture's, when its model is bundled; else kjv3M.
+    const std::string capture = s.capture_path;
+    if (capture == initialised_for_ && checkpoint_[0] != '\0') return;
+    initialised_for_ = capture;
+    const BundledModel* m = nullptr;
+    if (const CaptureInfo* ci = s.info()) {
+      m = find_bundled_model(ci->model);
+      if (m) std::snprintf(prompt_, sizeof prompt_, "%s", ci->prompt.c_str());
+    }
+    if (!m) m = find_bundled_model("kjv3M");
+    if (!m && !bundled_models().empty()) m = &bundled_models().front();
+    if (!m) return;
+    if (prompt_[0] == '\0')
+      std::snprintf(prompt_, sizeof prompt_, "%s",
+                    m->name == "kjv3M" ? "In the beginning" : "Once upon a time");
+    std::snprintf(checkpoint_, sizeof checkpoint_, "%s", m->checkpoint.c_str());
+    std::snprintf(tokenizer_, sizeof tokenizer_, "%s", m->tokenizer.c_str());
+  }
+
+  void draw_controls(AppState& s) {
+    const auto& models = bundled_models();
+    ImGui::SetNextItemWidth(150);
+    if (ImGui::BeginCombo("##model", llama2c::model_name_from_path(checkpoint_).c_str())) {
+      for (const BundledModel& m : models)
+        if (ImGui::Selectable(m.name.c_str(), m.checkpoint == checkpoint_)) {
+          std::snprintf(checkpoint_, sizeof checkpoint_, "%s", m.checkpoint.c_str());
+          std::snprintf(tokenizer_, sizeof tokenizer_, "%s", m.tokenizer.c_str());
+        }
+      ImGui::EndCombo();
+    }
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(300);
+    ImGui::InputText("checkpoint##out", checkpoint_, sizeof checkpoint_);
+    ImGui::SameLine();
+    ImGui::SetNextItemWidth(260);
+    ImGui::InputText("tokenizer##out", tokenizer_, sizeof tokenizer_);
+    ImGui::SetNextItemWidth(360);
+    ImGui::InputText("prompt##out", prompt_, sizeof prompt_);
+    auto int_field = [](const char* label, int* v, int lo, int hi) {
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(56);
+      ImGui::InputInt(label, v, 0);
+      *v = std::clamp(*v, lo, hi);
+    };
+    int_field("N (0: prompt end)", &compress_at_, 0, 1 << 20);
+    int_field("steps", &steps_, 1, 4096);
+    int_field("re-compress every", &recompress_, 0, 4096);
+    int_field("seed", &seed_, 0, 1 << 30);
+
+    // Checkboxes flow onto as many lines as the panel needs.
+    const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+    auto flow = [&](const char* label) {
+      const float w = ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x +
+                      ImGui::CalcTextSize(label).x;
+      ImGui::SameLine();
+      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
+    };
+    ImGui::TextUnformatted("methods:");
+    for (const Method* m : all_methods()) {
+      if (m->name() == "exact") continue;
+      flow(m->name().c_str());
+      bool on = std::find(methods_.begin(), methods_.end(), m->name()) != methods_.end();
+      if (ImGui::Checkbox(m->name().c_str(), &on)) {
+        if (on)
+          methods_.push_back(m->name());
+        else
+          methods_.erase(std::remove(methods_.begin(), methods_.end(), m->name()), methods_.end());
+      }
+    }
+    ImGui::TextUnformatted("ratios:");
+    for (size_t i = 0; i < std::size(kRatios); ++i) {
+      ImGui::SameLine();
+      bool on = ratio_on_[i];
+      if (ImGui::Checkbox(ratio_label(kRatios[i]).c_str(), &on)) ratio_on_[i] = on;
+    }
+    ImGui::SameLine();
+    ImGui::Checkbox("continuation (perplexity):", &use_continuation_);
+    if (use_continuation_) {
+      ImGui::SameLine();
+      ImGui::SetNextItemWidth(-1);
+      ImGui::InputText("##continuation", continuation_, sizeof continuation_);
+    }
+
+    if (s.worker.busy(kJobKey)) {
+      for (const JobInfo& j : s.worker.jobs()) {
+        if (j.key != kJobKey) continue;
+        char overlay[96];
+        std::snprintf(overlay, sizeof overlay, "%d/%d forward passes", j.done, j.total);
+        ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f,
+                           ImVec2(360, 0), j.running ? overlay : "queued");
+      }
+      ImGui::SameLine();
+      if (ImGui::Button("Cancel")) s.worker.cancel(kJobKey);
+    } else if (ImGui::Button("Run", ImVec2(100, 0))) {
+      start(s);
+    }
+  }
+
+  void start(AppState& s) {
+    GenerateSpec spec;
+    spec.prompt = prompt_;
+    spec.compress_at = compress_at_;
+    spec.steps = steps_;
+    spec.recompress_every = recompress_;
+    spec.seed = static_cast<uint64_t>(seed_);
+    spec.threads = 0;
+    spec.ratios.clear();
+    for (size_t i = 0; i < std::size(kRatios); ++i)
+      if (ratio_on_[i]) spec.ratios.push_back(kRatios[i]);
+    for (const std::string& name : methods_)
+      if (const Method* m = find_method(name)) spec.methods.push_back(m);
+    if (use_continuation_) {
+      spec.has_continuation = true;
+      spec.continuation = continuation_;
+    }
+    const std::string checkpoint = checkpoint_, tokenizer = tokenizer_;
+    auto shared = shared_;
+    shared->error.clear();
+    s.worker.submit(Lane::Analysis, kJobKey, "Output: generate", [=](JobContext& ctx) -> ApplyFn {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        llama2c::Transformer model(checkpoint);
+        llama2c::Tokenizer tok(tokenizer, model.config().vocab_size);
+        auto rep = std::make_shared<const GenerateReport>(run_generate(
+            model, tok, spec,
+            [&](long long done, long long total) {
+              ctx.progress(static_cast<int>(done), static_cast<int>(total));
+            },
+            ctx.cancel_flag()));
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return [shared, rep, secs](AppState&) {
+          shared->report = rep;
+          shared->seconds = secs;
+          shared->error.clear();
+        };
+      } catch (const InputError& e) {
+        const std::string msg = e.what();
+        return [shared, msg](AppState&) { shared->error = msg; };
+      }
+    });
+  }
+
+  void draw_summary_line(const GenerateReport& rep) {
+    ImGui::Text("%s: compressed at N = %d (s = %d sinks, window %d), %d steps, %s; %.1f s",
+                llama2c::model_name_from_path(rep.model).c_str(), rep.spec.compress_at, rep.sink,
+                rep.window, rep.spec.steps,
+                rep.spec.recompress_every > 0
+                    ? ("re-compressed every " + std::to_string(rep.spec.recompress_every)).c_str()
+                    : "compressed once",
+                shared_->seconds);
+    ImGui::TextDisabled(
+        "top-1 and KL teacher-forced on the exact run's tokens; text below is free-running greedy");
+  }
+
+  void draw_table(const GenerateReport& rep) {
+    const bool ppl = rep.spec.has_continuation;
+    const int cols = ppl ? 6 : 5;
+    if (!ImGui::BeginTable(
+            "##agreement", cols,
+            ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY))
+      return;
+    ImGui::TableSetupScrollFreeze(0, 1);
+    ImGui::TableSetupColumn("method");
+    ImGui::TableSetupColumn("ratio");
+    ImGui::TableSetupColumn("top-1 agree");
+    ImGui::TableSetupColumn("mean KL");
+    ImGui::TableSetupColumn("diverges at");
+    if (ppl) ImGui::TableSetupColumn("perplexity");
+    ImGui::TableHeadersRow();
+    if (ppl) {
+      ImGui::TableNextRow();
+      ImGui::TableNextColumn();
+      ImGui::TextDisabled("exact cache");
+      for (int c = 0; c < 4; ++c) ImGui::TableNextColumn();
+      ImGui::TableNextColumn();
+      ImGui::Text("%.3f", rep.exact_perplexity);
+    }
+    for (size_t i = 0; i < rep.runs.size(); ++i) {
+      const GenerateRun& r = rep.runs[i];
+      ImGui::TableNextRow();
+      ImGui::TableNextColumn();
+      ImGui::PushID(static_cast<int>(i));
+      if (ImGui::Selectable(r.method.c_str(), selected_ == static_cast<int>(i),
+                            ImGuiSelectableFlags_SpanAllColumns))
+        selected_ = static_cast<int>(i);
+      ImGui::PopID();
+      ImGui::TableNextColumn();
+      ImGui::TextUnformatted(ratio_label(r.ratio).c_str());
+      ImGui::TableNextColumn();
+      ImGui::Text("%.1f%%", 100.0 * r.top1_agreement);
+      ImGui::TableNextColumn();
+      ImGui::Text("%.4f", r.mean_kl);
+      ImGui::TableNextColumn();
+      if (r.first_divergence < 0)
+        ImGui::TextDisabled("never");
+      else
+        ImGui::Text("step %d", r.first_divergence);
+      if (ppl) {
+        ImGui::TableNextColumn();
+        ImGui::Text("%.3f", r.perplexity);
+      }
+    }
+    ImGui::EndTable();
+  }
+
+  void draw_kl_plot(const GenerateReport& rep) {
+    // Every method at the selected run's ratio, one line each.
+    const double ratio = rep.runs[selected_].ratio;
+    std::vector<const GenerateRun*> runs;
+    for (const GenerateRun& r : rep.runs)
+      if (r.ratio == ratio) runs.push_back(&r);
+    double hi = 0;
+    for (const GenerateRun* r : runs)
+      for (double v : r->kl) hi = std::max(hi, v);
+    Axis x{"generated step (position N + 1 + step)", 0, std::max(1.0, rep.spec.steps - 1.0)};
+    Axis y{"nats", 0, hi > 0 ? hi * 1.08 : 1.0};
+    Plot plot("##klplot", ImVec2(0, 0),
+              "KL(exact || compressed) of the next token, every method at " + ratio_label(ratio), x,
+              y);
+    std::vector<double> steps(rep.spec.steps);
+    for (int t = 0; t < rep.spec.steps; ++t) steps[t] = t;
+    std::vector<Plot::LegendEntry> legend;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const ImU32 col = method_colour(method_index(runs[k]->method));
+      const bool focus = runs[k] == &rep.runs[selected_];
+      plot.line(steps, runs[k]->kl, focus ? col : with_alpha(col, 0.55f), focus ? 2.5f : 1.2f);
+      legend.push_back({runs[k]->method, col});
+    }
+    plot.legend(legend);
+    const int i = plot.nearest_x(steps);
+    if (i >= 0) {
+      plot.vline(i, kColGrid);
+      ImGui::BeginTooltip();
+      ImGui::Text("step %d: exact token '%s'", i, escaped(rep.exact_text[i]).c_str());
+      for (const GenerateRun* r : runs) ImGui::Text("%s: KL %.4f", r->method.c_str(), r->kl[i]);
+      ImGui::EndTooltip();
+    }
+  }
+
+  static int method_index(const std::string& name) {
+    const auto& all = all_methods();
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i]->name() == name) return static_cast<int>(i);
+    return 0;
+  }
+
+  // Tokens laid out as wrapped text; `diverges(i)` marks token i with a red background.
+  static void token_flow(const char* id, const std::vector<std::string>& prefix,
+                         const std::vector<std::string>& tokens,
+                         const std::function<bool(int)>& diverges, int first_divergence) {
+    ImGui::BeginChild(id, ImVec2(0, 0), true);
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+    const float left = ImGui::GetCursorScreenPos().x;
+    const float line_h = ImGui::GetTextLineHeightWithSpacing();
+    ImVec2 pos = ImGui::GetCursorScreenPos();
+    auto put = [&](const std::string& text, ImU32 fg, ImU32 bg) {
+      const ImVec2 size = ImGui::CalcTextSize(text.c_str());
+      if (pos.x + size.x > right && pos.x > left) {
+        pos.x = left;
+        pos.y += line_h;
+      }
+      if (bg) dl->AddRectFilled(pos, ImVec2(pos.x + size.x, pos.y + size.y), bg, 2.0f);
+      dl->AddText(pos, fg, text.c_str());
+      pos.x += size.x;
+    };
+    for (const std::string& p : prefix) put(escaped(p), IM_COL32(150, 154, 160, 255), 0);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const bool bad = diverges(static_cast<int>(i));
+      if (static_cast<int>(i) == first_divergence)
+        dl->AddLine(ImVec2(pos.x, pos.y - 1), ImVec2(pos.x, pos.y + line_h - 2),
+                    IM_COL32(255, 230, 60, 255), 2.0f);
+      put(escaped(tokens[i]), bad ? IM_COL32(255, 255, 255, 255) : IM_COL32(225, 228, 232, 255),
+          bad ? IM_COL32(170, 50, 50, 255) : 0);
+    }
+    ImGui::SetCursorScreenPos(ImVec2(left, pos.y + line_h));
+    ImGui::Dummy(ImVec2(1, 1));
+    ImGui::EndChild();
+  }
+
+  void draw_texts(const GenerateReport& rep) {
+    const GenerateRun& r = rep.runs[selected_];
+    // The shared prefix in grey: its last 48 tokens (the whole of it when shorter).
+    constexpr size_t kShown = 48;
+    std::vector<std::string> prefix;
+    const size_t first = rep.prefix_text.size() > kShown + 1 ? rep.prefix_text.size() - kShown : 1;
+    if (first > 1) prefix.push_back("... ");
+    for (size_t i = first; i < rep.prefix_text.size(); ++i) prefix.push_back(rep.prefix_text[i]);
+    ImGui::Text("exact cache");
+    ImGui::SameLine(ImGui::GetContentRegionAvail().x * 0.5f + 8);
+    ImGui::Text("%s at %s: %zu/%d tokens differ from exact at the same step", r.method.c_str(),
+                ratio_label(r.ratio).c_str(),
+                static_cast<size_t>(std::count_if(
+                    r.tokens.begin(), r.tokens.end(),
+                    [&, t = 0](int tok) mutable { return tok != rep.exact_tokens[t++]; })),
+                rep.spec.steps);
+    const float half = ImGui::GetContentRegionAvail().x * 0.5f - 4;
+    ImGui::BeginChild("##exactcol", ImVec2(half, 0), false);
+    token_flow(
+        "##exacttext", prefix, rep.exact_text, [](int) { return false; }, -1);
+    ImGui::EndChild();
+    ImGui::SameLine();
+    ImGui::BeginChild("##compcol", ImVec2(0, 0), false);
+    token_flow(
+        "##comptext", prefix, r.text, [&](int i) { return r.tokens[i] != rep.exact_tokens[i]; },
+        r.first_divergence);
+    ImGui::EndChild();
+  }
+
+  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
+  std::string initialised_for_ = "\x01";
+  char checkpoint_[1024] = "";
+  char tokenizer_[1024] = "";
+  char prompt_[1024] = "";
+  char continuation_[4096] = "";
+  int compress_at_ = 128, steps_ = 64, recompress_ = 0, seed_ = 0;
+  std::vector<std::string> methods_;
+  bool ratio_on_[std::size(kRatios)] = {};
+  bool use_continuation_ = false;
+  bool auto_started_ = false;
+  int selected_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<View> make_output_view() {
+  return std::make_unique<OutputView>();
+}
+
+}  // namespace kvscope::app

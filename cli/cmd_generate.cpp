@@ -1,0 +1,183 @@
+// kvscope-cli generate: what compressing the cache does to a llama2.c model's output
+// (docs/generate.md).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "cli/commands.h"
+#include "engine/error.h"
+#include "engine/generate.h"
+#include "engine/llama2c.h"
+
+namespace kvscope::cli {
+
+namespace {
+
+struct GenerateOptions {
+  std::string model, tokenizer, prompt, methods = "uniform,snapkv,balancekv", ratios = "0.25";
+  std::vector<std::string> params;
+  int compress_at = 0, steps = 64, recompress_every = 0, sink = -1, window = -1, threads = 0;
+  unsigned long long seed = 0;
+  std::string continuation_file, json_out;
+  bool quiet = false;
+};
+
+std::vector<double> parse_ratio_list(const std::string& list) {
+  std::vector<double> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    double value = 0;
+    const auto slash = item.find('/');
+    try {
+      size_t used = 0;
+      if (slash != std::string::npos) {
+        const double num = std::stod(item.substr(0, slash));
+        const double den = std::stod(item.substr(slash + 1), &used);
+        if (used != item.size() - slash - 1) throw std::invalid_argument(item);
+        value = num / den;
+      } else {
+        value = std::stod(item, &used);
+        if (used != item.size()) throw std::invalid_argument(item);
+      }
+    } catch (const std::exception&) {
+      throw InputError("--ratios: '" + item + "' is not a number (e.g. 0.25 or 1/4)");
+    }
+    out.push_back(value);
+  }
+  if (out.empty()) throw InputError("--ratios: empty list");
+  return out;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("--continuation " + path + ": cannot open");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void run_generate_command(const GenerateOptions& o) {
+  GenerateSpec spec;
+  spec.prompt = o.prompt;
+  spec.methods = parse_method_list(o.methods);
+  spec.ratios = parse_ratio_list(o.ratios);
+  for (const std::string& p : o.params) {
+    const auto dot = p.find('.'), eq = p.find('=');
+    if (dot == std::string::npos || eq == std::string::npos || eq < dot)
+      throw InputError("--param " + p + ": expected method.name=value");
+    try {
+      spec.params[p.substr(0, dot)][p.substr(dot + 1, eq - dot - 1)] = std::stod(p.substr(eq + 1));
+    } catch (const std::exception&) {
+      throw InputError("--param " + p + ": value is not a number");
+    }
+  }
+  spec.compress_at = o.compress_at;
+  spec.steps = o.steps;
+  spec.recompress_every = o.recompress_every;
+  spec.sink = o.sink;
+  spec.window = o.window;
+  spec.seed = o.seed;
+  spec.threads = o.threads;
+  if (!o.continuation_file.empty()) {
+    spec.has_continuation = true;
+    spec.continuation = read_text(o.continuation_file);
+  }
+  if (!o.json_out.empty()) {
+    // Fail on an unwritable output before the model runs.
+    std::ofstream probe(o.json_out, std::ios::app);
+    if (!probe) throw InputError("--json " + o.json_out + ": cannot open for writing");
+  }
+
+  llama2c::Transformer model(o.model);
+  llama2c::Tokenizer tokenizer(o.tokenizer, model.config().vocab_size);
+  const bool terminal = isatty(fileno(stderr)) != 0;
+  long long last_tenth = -1;
+  const GenerateReport rep =
+      run_generate(model, tokenizer, spec, [&](long long done, long long total) {
+        if (o.quiet) return;
+        const long long tenth = done * 10 / total;
+        if (terminal) {
+          std::fprintf(stderr, "\r[%lld/%lld forward passes]", done, total);
+        } else if (tenth != last_tenth) {
+          std::fprintf(stderr, "[%lld/%lld forward passes]\n", done, total);
+        }
+        last_tenth = tenth;
+      });
+  if (!o.quiet && terminal) std::fprintf(stderr, "\n");
+
+  std::string prefix, exact;
+  for (size_t i = 1; i < rep.prefix_text.size(); ++i) prefix += rep.prefix_text[i];
+  for (const std::string& t : rep.exact_text) exact += t;
+  std::printf("compressed at position %d (s = %d sinks, window %d), %d steps%s\n",
+              rep.spec.compress_at, rep.sink, rep.window, rep.spec.steps,
+              rep.spec.recompress_every > 0
+                  ? (", re-compressed every " + std::to_string(rep.spec.recompress_every)).c_str()
+                  : ", compressed once");
+  std::printf("prefix: %s\nexact:  %s\n", prefix.c_str(), exact.c_str());
+  if (rep.spec.has_continuation)
+    std::printf("continuation: %d tokens scored, exact-cache perplexity %.4f\n", rep.scored_tokens,
+                rep.exact_perplexity);
+  std::printf("%-16s %7s %9s %9s %10s %9s\n", "method", "ratio", "top1", "mean KL", "perplexity",
+              "diverges");
+  for (const GenerateRun& r : rep.runs) {
+    char ppl[32] = "-";
+    if (rep.spec.has_continuation) std::snprintf(ppl, sizeof ppl, "%.4f", r.perplexity);
+    char div[16] = "never";
+    if (r.first_divergence >= 0) std::snprintf(div, sizeof div, "step %d", r.first_divergence);
+    std::printf("%-16s %7.4f %8.1f%% %9.5f %10s %9s\n", r.method.c_str(), r.ratio,
+                100.0 * r.top1_agreement, r.mean_kl, ppl, div);
+  }
+  for (const std::string& n : rep.notes) std::printf("note: %s\n", n.c_str());
+  if (!o.json_out.empty()) {
+    std::ofstream out(o.json_out, std::ios::trunc);
+    out << rep.to_json().dump(1) << "\n";
+    if (!out) throw InputError("--json " + o.json_out + ": write failed");
+    std::fprintf(stderr, "wrote %s\n", o.json_out.c_str());
+  }
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  auto* sub = app.add_subcommand(
+      "generate",
+      "Run a llama2.c model on a prompt, compress every layer's KV cache at position N with each "
+      "method and ratio, continue greedily, and compare with the exact cache: top-1 agreement and "
+      "KL per step (teacher-forced on the exact tokens), the continuations, perplexity");
+  sub->add_option("--model", o->model, "llama2.c checkpoint (e.g. kjv3M.bin)")->required();
+  sub->add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer (e.g. tok1024.bin)")->required();
+  sub->add_option("--prompt", o->prompt, "Prompt text (BOS is prepended)");
+  sub->add_option("--methods", o->methods, "Comma-separated methods or 'all'")
+      ->capture_default_str();
+  sub->add_option("--ratios", o->ratios, "Comma-separated keep ratios (0.25 or 1/4)")
+      ->capture_default_str();
+  sub->add_option("--param", o->params, "Method parameter, method.name=value (repeatable)");
+  sub->add_option("--compress-at", o->compress_at,
+                  "N: positions run with the full cache before compression (0: the prompt's "
+                  "length with BOS; greedy tokens fill the positions after the prompt)")
+      ->capture_default_str();
+  sub->add_option("--steps", o->steps, "Tokens generated after compression")->capture_default_str();
+  sub->add_option("--recompress-every", o->recompress_every,
+                  "Compress again after every K new positions (0: once)")
+      ->capture_default_str();
+  sub->add_option("--sink", o->sink, "Sink tokens kept (default: the protocol's N/32)");
+  sub->add_option("--window", o->window,
+                  "Most recent positions kept at compression (default: the protocol's N/8)");
+  sub->add_option("--seed", o->seed, "Seed passed to random methods")->capture_default_str();
+  sub->add_option("--continuation", o->continuation_file,
+                  "Text file that follows the prompt verbatim: its perplexity under each method "
+                  "(teacher-forced, compressed at N the same way)");
+  sub->add_option("--threads", o->threads, "Runs in parallel (0: all cores)")
+      ->capture_default_str();
+  sub->add_option("--json", o->json_out, "Write the full report as JSON");
+  sub->add_flag("--quiet", o->quiet, "No progress output");
+  sub->callback([o] { run_generate_command(*o); });
+}
+
+}  // namespace kvscope::cli

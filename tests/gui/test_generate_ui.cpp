@@ -1,0 +1,174 @@
+// File > New capture and the Output view, driven headless through the software rasteriser: the
+// frame is drawn exactly as in the app, the work runs on the worker lanes, and the PNGs land in
+// build/gui_test_out (new_capture_dialog.png, output_view.png) for people to look at.
+#include <gtest/gtest.h>
+#include <stb_image.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "app/app_frame.h"
+#include "app/app_state.h"
+#include "app/export.h"
+#include "app/new_capture_dialog.h"
+#include "app/soft_render.h"
+#include "app/view.h"
+#include "engine/capture.h"
+#include "engine/error.h"
+#include "engine/llama2c.h"
+
+namespace fs = std::filesystem;
+using namespace kvscope;
+using namespace kvscope::app;
+
+namespace {
+
+constexpr int kWidth = 1500, kHeight = 950;
+
+// Draws frames until `done` holds or `seconds` pass.
+template <typename Pred>
+bool frames_until(AppState& s, AppUi& ui, Pred done, double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    s.worker.drain(s);
+    ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+    ImGui::NewFrame();
+    ui.draw();
+    ImGui::Render();
+    if (done()) return true;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string out_dir() {
+  fs::create_directories(KVSCOPE_GUI_OUT);
+  return KVSCOPE_GUI_OUT;
+}
+
+// Fraction of pixels in the PNG that differ from the window background.
+double non_background(const std::string& png) {
+  int w = 0, h = 0, n = 0;
+  unsigned char* img = stbi_load(png.c_str(), &w, &h, &n, 3);
+  if (!img) return 0;
+  size_t differ = 0;
+  for (int i = 0; i < w * h; ++i)
+    if (img[3 * i] != 23 || img[3 * i + 1] != 25 || img[3 * i + 2] != 28) ++differ;
+  stbi_image_free(img);
+  return static_cast<double>(differ) / (w * h);
+}
+
+}  // namespace
+
+// One process, one ImGui context: the dialog makes a capture that opens and saves, then the
+// Output view runs on that model and prompt.
+TEST(GenerateUi, NewCaptureDialogThenOutputView) {
+  const BundledModel* stories = find_bundled_model("stories260K");
+  if (!stories || stories->tokenizer.empty())
+    GTEST_SKIP() << "stories260K not found under " << models_dir();
+  ASSERT_NE(find_bundled_model("kjv3M"), nullptr) << "the models folder lists kjv3M too";
+  EXPECT_EQ(fs::path(find_bundled_model("kjv3M")->tokenizer).filename(), "tok1024.bin");
+  EXPECT_EQ(fs::path(stories->tokenizer).filename(), "tok512.bin");
+
+  SoftTexture font = soft_init(kWidth, kHeight);
+  {
+    AppState s;
+    AppUi ui(s);
+    // A bad tokenizer: the error is reported under the job key, nothing opens.
+    NewCaptureSettings bad;
+    bad.checkpoint = stories->checkpoint;
+    bad.tokenizer = find_bundled_model("kjv3M")->tokenizer;  // 1024 entries for a 512 vocab
+    start_new_capture(s, bad);
+    ASSERT_TRUE(frames_until(
+        s, ui, [&] { return !s.worker.busy(); }, 60));
+    s.worker.drain(s);
+    ASSERT_EQ(s.job_errors.count("newcapture"), 1u);
+    EXPECT_NE(s.job_errors["newcapture"].find("tok1024.bin"), std::string::npos)
+        << s.job_errors["newcapture"];
+    EXPECT_FALSE(s.capture);
+
+    // The dialog's Run: greedy, 96 positions.
+    open_new_capture_dialog();
+    NewCaptureSettings ok;
+    ok.checkpoint = stories->checkpoint;
+    ok.tokenizer = stories->tokenizer;
+    ok.prompt = "Once upon a time, there was a little dog";
+    ok.steps = 96;
+    ok.temperature = 0.0f;
+    start_new_capture(s, ok);
+    ASSERT_TRUE(frames_until(
+        s, ui,
+        [&] {
+          return last_new_capture() && s.capture && s.capture_path == last_new_capture()->path &&
+                 !s.worker.busy();
+        },
+        120))
+        << s.load_error;
+    // A few more frames so the dialog shows the result, then its screenshot.
+    frames_until(
+        s, ui, [] { return false; }, 0.2);
+    std::vector<uint8_t> px;
+    soft_render(ImGui::GetDrawData(), font, kWidth, kHeight, px, IM_COL32(23, 25, 28, 255));
+    const std::string dialog_png = out_dir() + "/new_capture_dialog.png";
+    write_png(dialog_png, px, kWidth, kHeight, false);
+    EXPECT_GT(non_background(dialog_png), 0.05);
+
+    const CaptureInfo& info = *s.info();
+    EXPECT_EQ(info.num_tokens, 96);
+    EXPECT_EQ(info.model, "stories260K");
+    EXPECT_EQ(info.prompt, ok.prompt);
+    // The same tokens as a direct greedy generation.
+    llama2c::Transformer model(stories->checkpoint);
+    llama2c::Tokenizer tok(stories->tokenizer, model.config().vocab_size);
+    llama2c::GenerateOptions options;
+    options.steps = 96;
+    const llama2c::Generation g = llama2c::generate(model, tok, ok.prompt, options);
+    EXPECT_EQ(info.tokens, g.text);
+    EXPECT_EQ(last_new_capture()->text, g.decoded);
+
+    // Save: a safetensors copy that opens; never over an existing file; only .safetensors.
+    const std::string saved = (fs::temp_directory_path() /
+                               ("kvscope_saved_" + std::to_string(::getpid()) + ".safetensors"))
+                                  .string();
+    fs::remove(saved);
+    save_new_capture(saved);
+    EXPECT_EQ(CaptureFile::open(saved)->info().tokens, g.text);
+    EXPECT_THROW(save_new_capture(saved), InputError);
+    EXPECT_THROW(save_new_capture(saved + ".npz"), InputError);
+    fs::remove(saved);
+
+    // Cancel: a long capture cancelled at once leaves the open capture as it was.
+    NewCaptureSettings longer = ok;
+    longer.steps = 512;
+    const std::string before = s.capture_path;
+    start_new_capture(s, longer);
+    s.worker.cancel("newcapture");
+    ASSERT_TRUE(frames_until(
+        s, ui, [&] { return !s.worker.busy(); }, 60));
+    s.worker.drain(s);
+    EXPECT_EQ(s.capture_path, before);
+    EXPECT_EQ(s.job_errors.count("newcapture"), 0u);
+
+    // The Output view starts with the open capture's model and prompt and runs by itself.
+    close_new_capture_dialog();
+    ui.show_view("output");
+    ASSERT_TRUE(frames_until(
+        s, ui, [&] { return ui.ready_for_screenshot("output"); }, 300));
+    View* view = ui.find_view("output");
+    ASSERT_NE(view, nullptr);
+    const nlohmann::json j = view->export_json(s);
+    ASSERT_TRUE(j.is_object()) << "the Output view has no report";
+    EXPECT_EQ(j["prompt"], ok.prompt);
+    EXPECT_EQ(j["compress_at"], 128);
+    EXPECT_EQ(j["results"].size(), 4u);  // uniform, snapkv, balancekv, streaming at 1/4
+    EXPECT_NE(view->export_csv(s).find("balancekv,0.25,"), std::string::npos);
+    soft_render(ImGui::GetDrawData(), font, kWidth, kHeight, px, IM_COL32(23, 25, 28, 255));
+    const std::string output_png = out_dir() + "/output_view.png";
+    write_png(output_png, px, kWidth, kHeight, false, ui.view_rect("output"));
+    EXPECT_GT(non_background(output_png), 0.05);
+  }
+  ImGui::DestroyContext();
+}
