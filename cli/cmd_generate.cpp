@@ -11,6 +11,8 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
+#include "cli/validate.h"
 #include "engine/error.h"
 #include "engine/generate.h"
 #include "engine/llama2c.h"
@@ -56,8 +58,17 @@ std::vector<double> parse_ratio_list(const std::string& list) {
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("--continuation " + path + ": cannot open");
+  // A continuation longer than the model's context cannot be scored anyway: refuse FIFOs,
+  // directories and huge files before reading them.
+  constexpr std::streamoff kMaxContinuationBytes = 1 << 20;
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw InputError("--continuation " + printable(path) + ": cannot open");
+  const std::streamoff size = in.tellg();
+  if (size < 0) throw InputError("--continuation " + printable(path) + ": not a regular file");
+  if (size > kMaxContinuationBytes)
+    throw InputError("--continuation " + printable(path) + ": " + std::to_string(size) +
+                     " bytes, more than the 1 MiB limit");
+  in.seekg(0);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
@@ -87,11 +98,15 @@ void run_generate_command(const GenerateOptions& o) {
     spec.has_continuation = true;
     spec.continuation = read_text(o.continuation_file);
   }
-  if (!o.json_out.empty()) {
-    // Fail on an unwritable output before the model runs.
-    std::ofstream probe(o.json_out, std::ios::app);
-    if (!probe) throw InputError("--json " + o.json_out + ": cannot open for writing");
-  }
+  check_range(o.steps, 1, 1 << 20, "--steps");
+  check_range(o.compress_at, 0, 1 << 20, "--compress-at");
+  check_range(o.recompress_every, 0, 1 << 20, "--recompress-every");
+  check_range(o.sink, -1, 1 << 20, "--sink");
+  check_range(o.window, -1, 1 << 20, "--window");
+  check_range(o.threads, 0, 4096, "--threads");
+  const std::vector<std::string> inputs = {o.model, o.tokenizer, o.continuation_file};
+  // Fail on an unwritable output before the model runs.
+  if (!o.json_out.empty()) check_output(o.json_out, inputs, "--json");
 
   llama2c::Transformer model(o.model);
   llama2c::Tokenizer tokenizer(o.tokenizer, model.config().vocab_size);
@@ -118,7 +133,8 @@ void run_generate_command(const GenerateOptions& o) {
               rep.spec.recompress_every > 0
                   ? (", re-compressed every " + std::to_string(rep.spec.recompress_every)).c_str()
                   : ", compressed once");
-  std::printf("prefix: %s\nexact:  %s\n", prefix.c_str(), exact.c_str());
+  std::printf("prefix: %s\nexact:  %s\n", printable(prefix, true).c_str(),
+              printable(exact, true).c_str());
   if (rep.spec.has_continuation)
     std::printf("continuation: %d tokens scored, exact-cache perplexity %.4f\n", rep.scored_tokens,
                 rep.exact_perplexity);
@@ -134,10 +150,10 @@ void run_generate_command(const GenerateOptions& o) {
   }
   for (const std::string& n : rep.notes) std::printf("note: %s\n", n.c_str());
   if (!o.json_out.empty()) {
-    std::ofstream out(o.json_out, std::ios::trunc);
-    out << rep.to_json().dump(1) << "\n";
-    if (!out) throw InputError("--json " + o.json_out + ": write failed");
-    std::fprintf(stderr, "wrote %s\n", o.json_out.c_str());
+    write_output(o.json_out,
+                 rep.to_json().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                 "--json", inputs);
+    if (o.json_out != "-") std::fprintf(stderr, "wrote %s\n", printable(o.json_out).c_str());
   }
 }
 
