@@ -76,22 +76,19 @@ EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
   if (spec.ratios.size() > 64)
     throw InputError("--ratios: " + std::to_string(spec.ratios.size()) +
                      " keep ratios given, at most 64");
-  for (double r : spec.ratios) check_range_real(r, 1e-9, 1.0, "--ratios");
+  // Each ratio is checked against (0, 1] by EvalWindow::make, which names --ratios.
   check_range(o.seeds, 1, kMaxSeeds, "--seeds");
   spec.seeds = o.seeds;
   spec.base_seed = o.base_seed;
   if (!o.layers.empty())
-    spec.layers =
-        parse_bounded_index_list(o.layers, "--layers", info.num_layers, "the capture's layers");
+    spec.layers = parse_bounded_index_list(o.layers, "--layers", info.num_layers, "layer");
   if (!o.heads.empty())
-    spec.heads =
-        parse_bounded_index_list(o.heads, "--heads", info.kv_heads, "the capture's kv heads");
+    spec.heads = parse_bounded_index_list(o.heads, "--heads", info.kv_heads, "kv head");
+  // Whether s and E fit this capture is checked by EvalWindow::make (message "--sink/--eval").
   if (o.sink_option && o.sink_option->count() > 0)
-    check_range(o.sink, 0, std::max(0, info.num_tokens - 1),
-                "--sink (for this " + std::to_string(info.num_tokens) + "-token capture)");
+    check_range(o.sink, 0, kMaxCaptureTokens, "--sink");
   if (o.eval_option && o.eval_option->count() > 0)
-    check_range(o.eval, 1, info.num_tokens,
-                "--eval (for this " + std::to_string(info.num_tokens) + "-token capture)");
+    check_range(o.eval, 1, kMaxCaptureTokens, "--eval");
   spec.sink = o.sink;
   spec.eval = o.eval;
   check_range(o.threads, 0, 1024, "--threads");

@@ -89,6 +89,9 @@ std::vector<int> parse_index_list(const std::string& text, const std::string& fl
     }
     const int a = to_int(item.substr(0, dash)), b = to_int(item.substr(dash + 1));
     if (b < a) throw InputError(flag + ": range '" + item + "' runs backwards");
+    // Bounded before expanding (see parse_bounded_index_list for lists checked against a capture).
+    if (b - a >= (1 << 20) || out.size() + static_cast<size_t>(b - a) >= (1u << 20))
+      throw InputError(flag + ": '" + item + "' lists more than 1048576 indices (limit)");
     for (int v = a; v <= b; ++v) out.push_back(v);
   }
   return out;

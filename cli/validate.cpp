@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -72,8 +73,9 @@ std::vector<int> parse_bounded_index_list(const std::string& text, const std::st
                        "' is not an index or a range a-b of non-negative integers");
     if (b < a) throw InputError(flag + " '" + shown + "': range '" + item + "' runs backwards");
     if (b >= count)
-      throw InputError(flag + " '" + shown + "': " + std::to_string(b) +
-                       " is out of range: " + what + " are 0.." + std::to_string(count - 1));
+      throw InputError(flag + ": " + what + " " + std::to_string(std::max<long long>(a, count)) +
+                       " out of range: the capture has " + what + "s 0.." +
+                       std::to_string(count - 1) + " (in '" + shown + "')");
     for (long long v = a; v <= b; ++v) {
       if (!seen.insert(static_cast<int>(v)).second)
         throw InputError(flag + " '" + shown + "': " + std::to_string(v) + " is given twice");

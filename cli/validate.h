@@ -14,8 +14,9 @@ namespace kvscope::cli {
 void check_range(long long value, long long lo, long long hi, const std::string& flag);
 void check_range_real(double value, double lo, double hi, const std::string& flag);
 
-// "0,2,5-7" -> {0, 2, 5, 6, 7}, every index < `count` (the capture's layers or kv heads, named by
-// `what` in the message), checked before the list is expanded; duplicates are refused.
+// "0,2,5-7" -> {0, 2, 5, 6, 7}, every index < `count` (the capture's layers or kv heads; `what`
+// is "layer" or "kv head" in the message), checked before the list is expanded; duplicates are
+// refused.
 std::vector<int> parse_bounded_index_list(const std::string& text, const std::string& flag,
                                           int count, const std::string& what);
 

@@ -576,9 +576,10 @@ std::unique_ptr<CaptureFile> open_capture_archive(std::unique_ptr<TensorArchive>
 std::unique_ptr<CaptureFile> CaptureFile::open(const std::string& path) {
   std::shared_ptr<const MappedFile> file = MappedFile::open(path);
   // Zip archives start with a local file header (or, when empty, the end record).
-  const bool zip_magic = file->size() >= 4 && file->data()[0] == 'P' && file->data()[1] == 'K' &&
-                         ((file->data()[2] == 3 && file->data()[3] == 4) ||
-                          (file->data()[2] == 5 && file->data()[3] == 6));
+  uint8_t magic[4] = {};
+  if (file->size() >= 4) file->copy(0, 4, magic);
+  const bool zip_magic = file->size() >= 4 && magic[0] == 'P' && magic[1] == 'K' &&
+                         ((magic[2] == 3 && magic[3] == 4) || (magic[2] == 5 && magic[3] == 6));
   const bool npz = is_npz_path(path) || (!ends_with(path, ".safetensors") && zip_magic);
   return open_capture_archive(npz ? open_npz(std::move(file)) : open_safetensors(std::move(file)));
 }

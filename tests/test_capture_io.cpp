@@ -461,7 +461,9 @@ TEST(EvalWindowFit, EveryCaptureLengthAndOverrideGivesAValidWindow) {
         } catch (const InputError&) {
           fits = false;
         }
-        if (!fits) EXPECT_FALSE(f.note.empty()) << n << " " << sink << " " << eval;
+        if (!fits) {
+          EXPECT_FALSE(f.note.empty()) << n << " " << sink << " " << eval;
+        }
       }
   const EvalWindow::Fitted f = EvalWindow::fit(64, 0.5, 200, -1);
   EXPECT_EQ(f.window.sink, 56);
