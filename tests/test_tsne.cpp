@@ -138,7 +138,7 @@ TEST(Tsne, FftGradientApproachesExact) {
   std::vector<int> labels;
   const MatrixF x = gaussian_blobs(1500, 8, 5, 4, &labels);
   TsneParams params;
-  params.iterations = 300;
+  params.iterations = 200;
   params.theta = 0.5;
   TsneRun run(x, params);
   run.run_to_end();
@@ -174,9 +174,9 @@ TEST(Tsne, FftGradientApproachesExact) {
 // map keeps the blobs' neighbourhoods as well as Barnes-Hut's does.
 TEST(Tsne, FftPreservesBlobNeighbourhoodsLikeBarnesHut) {
   std::vector<int> labels;
-  const MatrixF x = gaussian_blobs(1200, 10, 6, 17, &labels);
+  const MatrixF x = gaussian_blobs(1100, 10, 6, 17, &labels);
   TsneParams params;
-  params.iterations = 400;
+  params.iterations = 300;
   params.fft_threshold = 1000;  // so that this small set takes the FFT path
   TsneRun fft_run(x, params);
   EXPECT_EQ(fft_run.gradient_name(), "FFT interpolation");
