@@ -110,13 +110,23 @@ void knn(const MatrixF& x, int k, std::vector<int>& neighbours, std::vector<floa
     const int blocks = (n + kBlock - 1) / kBlock;
     parallel_for(blocks, 1, [&](int bb, int be) {
       std::vector<std::pair<float, int>> cand;
+      std::vector<float> d2row(n), sorted(n);
       for (int blk = bb; blk < be; ++blk) {
         if (is_set(cancel)) return;
         const int r0 = blk * kBlock, r1 = std::min(n, r0 + kBlock);
         MatrixF dots = x.middleRows(r0, r1 - r0) * x.transpose();
         for (int i = r0; i < r1; ++i) {
-          cand.resize(n);
-          for (int j = 0; j < n; ++j) cand[j] = {norms(i) + norms(j) - 2.f * dots(i - r0, j), j};
+          // Distances as plain floats; the (k+2)-th smallest is a threshold, and only the points
+          // at or below it (k + 1 or more with ties, the point itself among them) become
+          // (distance, index) candidates: the same k nearest, ties by index, as ranking all n.
+          for (int j = 0; j < n; ++j) d2row[j] = norms(i) + norms(j) - 2.f * dots(i - r0, j);
+          sorted.assign(d2row.begin(), d2row.end());
+          const int pivot = std::min(n - 1, k + 1);
+          std::nth_element(sorted.begin(), sorted.begin() + pivot, sorted.end());
+          const float threshold = sorted[pivot];
+          cand.clear();
+          for (int j = 0; j < n; ++j)
+            if (d2row[j] <= threshold) cand.emplace_back(d2row[j], j);
           keep_k_nearest(i, cand);
         }
       }

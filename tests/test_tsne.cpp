@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -249,6 +250,30 @@ TEST(Tsne, AffinitiesAreSymmetricAndNormalised) {
   // Perplexity is clamped for tiny inputs and reported.
   const TsneAffinities tiny = tsne_affinities(x.topRows(10), 30, 0);
   EXPECT_DOUBLE_EQ(tiny.perplexity, 3.0);
+}
+
+// In more than 32 dimensions the neighbours come from the blocked brute force instead of the k-d
+// tree: zero-padding the same points to 40 dimensions must give the same affinities up to the
+// float rounding of the two distance formulas.
+TEST(Tsne, BruteForceNeighboursMatchTheTree) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(600, 32, 4, 19, &labels);
+  MatrixF padded = MatrixF::Zero(x.rows(), 40);
+  padded.leftCols(32) = x;
+  const TsneAffinities tree = tsne_affinities(x, 30, 91);
+  const TsneAffinities brute = tsne_affinities(padded, 30, 91);
+  ASSERT_EQ(tree.rowptr.size(), brute.rowptr.size());
+  double diff = 0, total = 0;
+  for (int i = 0; i < tree.n; ++i) {
+    std::map<int, float> row;
+    for (int k = brute.rowptr[i]; k < brute.rowptr[i + 1]; ++k) row[brute.col[k]] = brute.val[k];
+    for (int k = tree.rowptr[i]; k < tree.rowptr[i + 1]; ++k) {
+      auto it = row.find(tree.col[k]);
+      diff += std::abs(tree.val[k] - (it == row.end() ? 0.f : it->second));
+      total += tree.val[k];
+    }
+  }
+  EXPECT_LT(diff, 1e-3 * total);
 }
 
 TEST(Tsne, DeterministicAcrossRunsAndSteps) {
