@@ -95,8 +95,8 @@ void run_embed(const EmbedOptions& o) {
     std::printf(
         "tsne: perplexity %g, %d iterations, %s (theta %g), learning rate %g, KL %.4f; %.3f s on "
         "%s\n",
-        p.perplexity, p.iterations, p.theta > 0 ? "Barnes-Hut" : "exact gradient", p.theta,
-        p.learning_rate, p.kl, seconds, backend.name().c_str());
+        p.perplexity, p.iterations, p.gradient.c_str(), p.theta, p.learning_rate, p.kl, seconds,
+        backend.name().c_str());
   }
   std::printf("wrote %s (%lld rows)\n", printable(o.out).c_str(),
               static_cast<long long>(p.coords.rows()));
@@ -118,7 +118,8 @@ void add_embed_command(CLI::App& app) {
   sub->add_option("--iterations", o->iterations, "t-SNE iterations (250 of them exaggerated)")
       ->capture_default_str();
   sub->add_option("--theta", o->theta,
-                  "Barnes-Hut angle; 0 = exact; negative = exact up to 2000 points, else 0.5")
+                  "Barnes-Hut angle; 0 = exact; negative = automatic: exact up to 2000 points, "
+                  "Barnes-Hut 0.5 up to 10000, FFT interpolation above (CPU)")
       ->capture_default_str();
   sub->add_option("--learning-rate", o->learning_rate,
                   "t-SNE learning rate; <= 0 = max(n / 12 / 4, 50)")

@@ -21,19 +21,23 @@
 //
 // The exact side does not depend on the selection, so it is computed once per head; scoring a
 // selection then costs O((s + |selection| + E) (d + d_v)) per query instead of O(j (d + d_v)).
-// Both sides are dense products over panels of up to 64 queries (Eigen GEMM, in double): logits
-// Q K^T, then exp in place, then P V. Keeping everything at weight 1 reproduces the exact output
-// up to rounding (error ~1e-16).
+// The exact side is one dense product K Q^T (the logits of every key for every evaluation query,
+// kept: scoring gathers the kept tokens' logits from it instead of multiplying again), then, over
+// panels of up to 64 queries, exp in place and P^T V. The products, exp and column sums are the
+// SIMD kernels of engine/simd.h (in double, dispatched to the CPU's widest instruction set).
+// Keeping everything at weight 1 reproduces the exact output up to rounding (error ~1e-16).
 #include "engine/attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
 #include "engine/cpu_ops.h"
 #include "engine/protocol.h"
+#include "engine/simd.h"
 
 namespace kvscope {
 
@@ -108,44 +112,48 @@ ExactReference::ExactReference(const std::vector<const MatrixF*>& queries, const
           static_cast<int>(V.cols()), sink, eval) {}
 
 namespace {
-// Rows per GEMM panel: bounds the logit panel to kPanelRows x n doubles (16 MiB at n = 32k).
+// Query rows per panel: bounds the work panel to n x kPanelRows doubles (16 MiB at n = 32k).
 constexpr int kPanelRows = 64;
+constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 }  // namespace
 
-ExactReference::Rows ExactReference::exact_rows(MatrixD q, int first_j) const {
+ExactReference::Rows ExactReference::exact_rows(const MatrixD& q, int first_j) const {
+  const simd::Kernels& kern = simd::kernels();
   Rows r;
   r.first_j = first_j;
-  r.q = std::move(q);
-  const int R = static_cast<int>(r.q.rows());
+  const int R = static_cast<int>(q.rows());
   const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
-  r.exact.resize(R, dv_);
+  r.logits_t.resize(n_, R);
+  kern.gemm_abt(n_, R, d_, scale, K_.data(), d_, q.data(), d_, r.logits_t.data(), R);
+  r.exact.setZero(R, dv_);
   r.shift.resize(R);
   r.norm.resize(R);
   r.softmax_norm.resize(R);
   r.v_frob.resize(R);
+  MatrixD P;  // keys x panel rows: exp(l - max), 0 beyond each query's position
+  std::vector<double> z, p_sq;
   for (int r0 = 0; r0 < R; r0 += kPanelRows) {
     const int rows = std::min(kPanelRows, R - r0);
     const int keys = first_j + r0 + rows;  // the panel's last query sees keys [0, keys)
-    // Logits of the panel against every key it can see, then exp(l - max) in place (0 beyond j).
-    MatrixD P = (r.q.middleRows(r0, rows) * K_.topRows(keys).transpose()) * scale;
+    P = r.logits_t.block(0, r0, keys, rows);
+    for (int i = first_j + r0 + 1; i < keys; ++i)  // causal mask: query e sees keys <= j(e)
+      for (int e = 0; e < i - first_j - r0; ++e) P(i, e) = kMinusInf;
+    double* shift = r.shift.data() + r0;
+    std::fill(shift, shift + rows, kMinusInf);
+    kern.col_max(P.data(), keys, rows, rows, shift);
+    kern.col_exp_sub(P.data(), keys, rows, rows, shift);
+    z.assign(rows, 0.0);
+    p_sq.assign(rows, 0.0);
+    kern.col_sums(P.data(), keys, rows, rows, nullptr, z.data(), p_sq.data());
+    kern.gemm_atb_acc(rows, dv_, keys, P.data(), rows, V_.data(), dv_, nullptr,
+                      r.exact.row(r0).data(), dv_);
     for (int e = 0; e < rows; ++e) {
       const int j = first_j + r0 + e;
-      const double m = P.row(e).head(j + 1).maxCoeff();
-      double z = 0, p_sq = 0;
-      for (int i = 0; i <= j; ++i) {
-        const double x = std::exp(P(e, i) - m);
-        P(e, i) = x;
-        z += x;
-        p_sq += x * x;
-      }
-      P.row(e).tail(keys - j - 1).setZero();
-      r.shift[r0 + e] = m;
-      r.norm[r0 + e] = z;
-      r.softmax_norm[r0 + e] = std::sqrt(p_sq) / z;
+      r.norm[r0 + e] = z[e];
+      r.softmax_norm[r0 + e] = std::sqrt(p_sq[e]) / z[e];
       r.v_frob[r0 + e] = std::sqrt(v_sq_prefix_[j]);
+      r.exact.row(r0 + e) /= z[e];
     }
-    r.exact.middleRows(r0, rows).noalias() = P * V_.topRows(keys);
-    for (int e = 0; e < rows; ++e) r.exact.row(r0 + e) /= r.norm[r0 + e];
   }
   return r;
 }
@@ -206,12 +214,18 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
                                               MatrixD* approx) const {
   // Columns: the sinks, the merged selection (index order) and the whole window [n-E, n); a
   // query at j masks the window columns beyond j. Sinks and window have weight 1 in both sums.
+  // The biased logits l + log w of a panel of queries are gathered from the stored exact logits
+  // into a columns x queries block (a masked or absent term is -inf, so exp gives 0), then
+  // exponentiated in place and summed column-wise, and the numerator is that block times the
+  // values of the kept tokens.
+  const simd::Kernels& kern = simd::kernels();
   const int win_begin = n_ - eval_;
   const int kept = static_cast<int>(k.idx.size());
   const int C = sink_ + kept + eval_;
   std::vector<int> tok(C);
   std::vector<char> in_num(C, 1), in_den(C, 1);
   std::vector<double> lwn(C, 0.0), lwd(C, 0.0), inv_wn(C, 1.0), inv_wd(C, 1.0);
+  bool shared_terms = true;  // every column serves numerator and denominator with one weight
   for (int c = 0; c < sink_; ++c) tok[c] = c;
   for (int u = 0; u < kept; ++u) {
     const int c = sink_ + u;
@@ -222,57 +236,63 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     lwd[c] = k.den_logw[u];
     inv_wn[c] = k.num_inv_w[u];
     inv_wd[c] = k.den_inv_w[u];
+    shared_terms = shared_terms && in_num[c] && in_den[c] && lwn[c] == lwd[c];
   }
   for (int c = sink_ + kept; c < C; ++c) tok[c] = win_begin + (c - sink_ - kept);
-  MatrixD Ks(C, d_), Vs(C, dv_);
-  for (int c = 0; c < C; ++c) {
-    Ks.row(c) = K_.row(tok[c]);
-    Vs.row(c) = V_.row(tok[c]);
-  }
+  // Denominator-only columns enter the mass through their own weight; the others through the
+  // numerator's.
+  std::vector<double> den_mass_coef(C, 0.0);
+  if (!shared_terms)
+    for (int c = 0; c < C; ++c) den_mass_coef[c] = in_num[c] ? 0.0 : inv_wd[c];
 
-  const int R = static_cast<int>(rows.q.rows());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+  const int R = static_cast<int>(rows.exact.rows());
   std::vector<QueryError> out(R);
   if (approx) approx->resize(R, dv_);
+  MatrixD Wn, Wd, num;  // C x panel rows; panel rows x dv
+  std::vector<double> m2, den, msum;
+  auto gather = [&](MatrixD& W, const std::vector<char>& in, const std::vector<double>& lw, int r0,
+                    int nr) {
+    W.resize(C, nr);
+    for (int c = 0; c < C; ++c) {
+      double* w = W.row(c).data();
+      if (!in[c]) {
+        std::fill(w, w + nr, kMinusInf);
+        continue;
+      }
+      const double* l = rows.logits_t.row(tok[c]).data() + r0;
+      for (int e = 0; e < nr; ++e) w[e] = l[e] + lw[c];
+      // Window column: only queries at j >= tok see it.
+      const int first_seeing = tok[c] - rows.first_j - r0;
+      if (c >= sink_ + kept)
+        for (int e = 0; e < std::min(first_seeing, nr); ++e) w[e] = kMinusInf;
+    }
+  };
   for (int r0 = 0; r0 < R; r0 += kPanelRows) {
     const int nr = std::min(kPanelRows, R - r0);
-    MatrixD W = (rows.q.middleRows(r0, nr) * Ks.transpose()) * scale;  // logits, then weights
-    std::vector<double> den(nr, 0.0);
-    std::vector<double> mass(nr, 0.0);
-    for (int e = 0; e < nr; ++e) {
-      const int j = rows.first_j + r0 + e;
-      const int valid = sink_ + kept + (j - win_begin + 1);  // window columns up to j
-      double m2 = -INFINITY;
-      for (int c = 0; c < valid; ++c) {
-        if (in_num[c]) m2 = std::max(m2, W(e, c) + lwn[c]);
-        if (in_den[c]) m2 = std::max(m2, W(e, c) + lwd[c]);
-      }
-      double dsum = 0, msum = 0;  // msum in units of exp(l - M')
-      for (int c = 0; c < valid; ++c) {
-        const double l = W(e, c);
-        if (in_num[c] && in_den[c] && lwn[c] == lwd[c]) {  // one term serves both sums
-          const double x = std::exp(l + lwn[c] - m2);
-          W(e, c) = x;
-          dsum += x;
-          msum += x * inv_wn[c];
-          continue;
-        }
-        const double xn = in_num[c] ? std::exp(l + lwn[c] - m2) : 0.0;
-        W(e, c) = xn;
-        if (in_num[c]) msum += xn * inv_wn[c];
-        if (in_den[c]) {
-          const double xd = std::exp(l + lwd[c] - m2);
-          dsum += xd;
-          if (!in_num[c]) msum += xd * inv_wd[c];
-        }
-      }
-      W.row(e).tail(C - valid).setZero();
-      den[e] = dsum;  // > 0: the window always holds j itself
-      mass[e] = msum * std::exp(m2 - rows.shift[r0 + e]) / rows.norm[r0 + e];
+    m2.assign(nr, kMinusInf);
+    den.assign(nr, 0.0);
+    msum.assign(nr, 0.0);  // in units of exp(l - M')
+    gather(Wn, in_num, lwn, r0, nr);
+    kern.col_max(Wn.data(), C, nr, nr, m2.data());
+    if (!shared_terms) {
+      gather(Wd, in_den, lwd, r0, nr);
+      kern.col_max(Wd.data(), C, nr, nr, m2.data());
     }
-    const MatrixD num = W * Vs;
+    kern.col_exp_sub(Wn.data(), C, nr, nr, m2.data());
+    kern.col_sums(Wn.data(), C, nr, nr, inv_wn.data(), msum.data(), nullptr);
+    if (shared_terms) {
+      kern.col_sums(Wn.data(), C, nr, nr, nullptr, den.data(), nullptr);
+    } else {
+      kern.col_exp_sub(Wd.data(), C, nr, nr, m2.data());
+      kern.col_sums(Wd.data(), C, nr, nr, nullptr, den.data(), nullptr);
+      kern.col_sums(Wd.data(), C, nr, nr, den_mass_coef.data(), msum.data(), nullptr);
+    }
+    num.setZero(nr, dv_);
+    kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, V_.data(), dv_, tok.data(), num.data(), dv_);
     for (int e = 0; e < nr; ++e) {
       const int row = r0 + e;
+      // den > 0: the window always holds j itself.
+      const double mass = msum[e] * std::exp(m2[e] - rows.shift[row]) / rows.norm[row];
       const VectorD z = num.row(e).transpose() / den[e];
       const double diff = (z - rows.exact.row(row).transpose()).norm();
       const double exact_norm = rows.exact.row(row).norm();
@@ -282,7 +302,7 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
       err.relative = exact_norm > 0 ? diff / exact_norm : diff;
       err.normalized =
           rows.v_frob[row] > 0 ? diff / (rows.softmax_norm[row] * rows.v_frob[row]) : diff;
-      err.mass = mass[e];
+      err.mass = mass;
       if (approx) approx->row(row) = z.transpose();
     }
   }
@@ -316,7 +336,8 @@ VectorD ExactReference::approximation(const Selection& sel, const float* q, int 
                                         log_of(sel.den_indices, sel.den_weights))
                               : prepare(sel.indices, num_logw, sel.indices, num_logw);
   MatrixD z;
-  score(k, exact_rows(Eigen::Map<const VectorF>(q, d_).cast<double>().transpose(), j), &z);
+  const MatrixD qd = Eigen::Map<const VectorF>(q, d_).cast<double>().transpose();
+  score(k, exact_rows(qd, j), &z);
   return z.row(0).transpose();
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/error.h"
+#include "engine/simd.h"
 
 namespace kvscope {
 
@@ -111,21 +112,23 @@ void for_each_attention_row(const std::vector<const MatrixF*>& queries, const Ma
   std::vector<double> mean(row_end);
   MatrixD logits;
   std::vector<MatrixD> block_logits(queries.size());
+  const simd::Kernels& kern = simd::kernels();
   for (int b0 = row_begin; b0 < row_end; b0 += kBlockRows) {
     if (cancel && cancel->load(std::memory_order_relaxed)) throw Cancelled();
     const int b1 = std::min(row_end, b0 + kBlockRows);
     const int cols = b1;  // the last row of the block sees keys 0..b1-1
     for (size_t h = 0; h < queries.size(); ++h) {
       const MatrixD q_d = queries[h]->middleRows(b0, b1 - b0).cast<double>();
-      block_logits[h].noalias() = (q_d * k_d.topRows(cols).transpose()) * scale;
+      block_logits[h].resize(b1 - b0, cols);
+      kern.gemm_abt(b1 - b0, cols, d, scale, q_d.data(), d, k_d.data(), d, block_logits[h].data(),
+                    cols);
     }
     for (int j = b0; j < b1; ++j) {
       std::fill(mean.begin(), mean.begin() + j + 1, 0.0);
       for (size_t h = 0; h < queries.size(); ++h) {
         double* row = block_logits[h].row(j - b0).data();  // overwritten by exp(logit - max)
         const double mx = *std::max_element(row, row + j + 1);
-        double z = 0;
-        for (int i = 0; i <= j; ++i) z += (row[i] = std::exp(row[i] - mx));
+        const double z = kern.exp_shift_sum(row, j + 1, mx, nullptr);
         const double norm = 1.0 / (z * static_cast<double>(queries.size()));
         for (int i = 0; i <= j; ++i) mean[i] += row[i] * norm;
       }
@@ -210,23 +213,51 @@ std::vector<double> snapkv_scores(const MethodInput& in, int window, int kernel,
   return std::vector<double>(pooled.begin() + in.mid_begin, pooled.begin() + in.mid_end);
 }
 
+namespace {
+
+// Largest score first, ties to the lower index; NaN ranks last so this stays a strict total
+// order (which is what makes every top m a prefix of one full ordering).
+auto score_order(const std::vector<double>& scores) {
+  return [&scores](int a, int b) {
+    const double inf = std::numeric_limits<double>::infinity();
+    const double va = std::isnan(scores[a]) ? -inf : scores[a];
+    const double vb = std::isnan(scores[b]) ? -inf : scores[b];
+    return va > vb || (va == vb && a < b);
+  };
+}
+
+}  // namespace
+
 std::vector<int> top_m_indices(const std::vector<double>& scores, int m) {
   const int n = static_cast<int>(scores.size());
   m = std::clamp(m, 0, n);
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  // NaN ranks last so the ordering stays a strict weak order.
-  auto value = [&](int a) {
-    return std::isnan(scores[a]) ? -std::numeric_limits<double>::infinity() : scores[a];
-  };
-  auto better = [&](int a, int b) {
-    const double va = value(a), vb = value(b);
-    return va > vb || (va == vb && a < b);
-  };
-  std::partial_sort(order.begin(), order.begin() + m, order.end(), better);
+  std::partial_sort(order.begin(), order.begin() + m, order.end(), score_order(scores));
   order.resize(m);
   std::sort(order.begin(), order.end());
   return order;
+}
+
+Ranking rank_by_scores(const std::vector<double>& scores, std::vector<double> hover) {
+  Ranking r;
+  r.order.resize(scores.size());
+  std::iota(r.order.begin(), r.order.end(), 0);
+  std::sort(r.order.begin(), r.order.end(), score_order(scores));
+  r.hover = std::move(hover);
+  return r;
+}
+
+Selection prefix_selection(const MethodInput& in, const Ranking& ranking, int m) {
+  m = std::clamp(m, 0, static_cast<int>(ranking.order.size()));
+  std::vector<int> kept(ranking.order.begin(), ranking.order.begin() + m);
+  std::sort(kept.begin(), kept.end());
+  Selection sel;
+  sel.indices.reserve(m);
+  for (int i : kept) sel.indices.push_back(in.mid_begin + i);
+  sel.weights.assign(m, 1.0);
+  sel.middle_scores = ranking.hover;
+  return sel;
 }
 
 Selection top_m_selection(const MethodInput& in, std::vector<double> scores, int m) {

@@ -80,6 +80,15 @@ std::vector<double> snapkv_scores(const MethodInput& in, int window, int kernel,
 // to the lower index so the choice is deterministic.
 std::vector<int> top_m_indices(const std::vector<double>& scores, int m);
 
+// The ordering of a score-ranking method: every middle position sorted by `scores` (largest
+// first, ties to the lower index, NaN last), so that its first m entries are exactly
+// top_m_indices(scores, m) for every m. `hover` becomes the selections' middle_scores.
+Ranking rank_by_scores(const std::vector<double>& scores, std::vector<double> hover);
+
+// The selection of the first `m` positions of `ranking` (clamped to the middle), in increasing
+// token order, weight 1 each, with the ranking's hover scores.
+Selection prefix_selection(const MethodInput& in, const Ranking& ranking, int m);
+
 // The selection of a score-ranking method: the `m` middle tokens with the largest `scores`
 // (indexed by token - mid_begin), weight 1 each, with the scores kept for hover.
 Selection top_m_selection(const MethodInput& in, std::vector<double> scores, int m);

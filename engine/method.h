@@ -59,6 +59,12 @@ struct MethodInput {
   Backend* backend = nullptr;  // nullptr: CPU
 };
 
+// A score-ranking method's ordering of the middle (see Method::ranks_by_score).
+struct Ranking {
+  std::vector<int> order;     // every middle position (token - mid_begin), best first
+  std::vector<double> hover;  // Selection::middle_scores of every selection taken from it
+};
+
 struct Selection {
   // Absolute token indices in [mid_begin, mid_end), unique, and their positive weights.
   std::vector<int> indices;
@@ -85,6 +91,20 @@ class Method {
   // uncompressed reference "exact" says no.
   virtual bool respects_budget() const { return true; }
   virtual Selection select(const MethodInput& in) const = 0;
+
+  // What a selection depends on, so the protocol does no work twice. A method whose selection is
+  // the same for every MethodInput::seed says false here: the protocol runs it once per (head,
+  // ratio) and counts that run for every seed. One that ignores MethodInput::budget (and
+  // keep_ratio) says false to depends_on_budget: it runs once per head.
+  virtual bool depends_on_seed() const { return true; }
+  virtual bool depends_on_budget() const { return true; }
+  // Score-ranking methods keep a prefix of one ordering of the middle that depends on neither
+  // the seed nor the budget (the top m of a fixed score, ties to the lower index, weight 1).
+  // For them the protocol calls rank() once per head and ranked_selection() for every ratio;
+  // select(in) must be ranked_selection(in, rank(in)) (each of them implements it so).
+  virtual bool ranks_by_score() const { return false; }
+  virtual Ranking rank(const MethodInput& in) const;
+  virtual Selection ranked_selection(const MethodInput& in, const Ranking& ranking) const;
 };
 
 // Every method the engine has, in display order.

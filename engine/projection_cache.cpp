@@ -58,9 +58,10 @@ std::string projection_key(const std::string& capture_path, int layer, int kv_he
     const TsneParams& t = req.tsne;
     std::snprintf(
         buf, sizeof buf,
-        "|perp=%.17g|it=%d|ee=%.17g|eeit=%d|lr=%.17g|m=%.17g,%.17g|g=%.17g|th=%.17g|ex=%d",
+        "|perp=%.17g|it=%d|ee=%.17g|eeit=%d|lr=%.17g|m=%.17g,%.17g|g=%.17g|th=%.17g|ex=%d|fft=%d",
         t.perplexity, t.iterations, t.early_exaggeration, t.exaggeration_iterations,
-        t.learning_rate, t.momentum_early, t.momentum_late, t.min_gain, t.theta, t.exact_threshold);
+        t.learning_rate, t.momentum_early, t.momentum_late, t.min_gain, t.theta, t.exact_threshold,
+        t.fft_threshold);
     key += buf;
   }
   if (req.with_queries) {
@@ -95,6 +96,7 @@ Projection compute_projection(const CaptureInfo& info, const LayerData& layer, i
   out.iterations = run.iteration();
   out.perplexity = run.perplexity();
   out.theta = run.theta();
+  out.gradient = run.gradient_name();
   out.learning_rate = run.learning_rate();
   return out;
 }

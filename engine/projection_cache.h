@@ -52,6 +52,7 @@ struct Projection {
   double kl = 0;
   int iterations = 0;
   double perplexity = 0, theta = 0, learning_rate = 0;
+  std::string gradient;  // t-SNE: "exact gradient", "Barnes-Hut" or "FFT interpolation"
   // PCA only: share of the variance the two axes show.
   double explained[2] = {0, 0};
 };

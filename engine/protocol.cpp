@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -265,36 +266,17 @@ MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_hea
 
 namespace {
 
-// run_head, optionally scoring against a precomputed exact reference of this kv head (run_eval
-// shares one across methods, ratios and seeds). A GPU backend scores through the Backend seam.
-HeadRun run_head_with(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
-                      uint64_t seed, bool want_trace, Backend* backend,
-                      const std::atomic<bool>* cancel, const ExactReference* reference) {
-  if (!s.method) throw std::invalid_argument("run_head: no method");
-  if (kv_head < 0 || kv_head >= static_cast<int>(layer.keys.size()))
-    throw InputError("kv head " + std::to_string(kv_head) + " out of range: layer " +
-                     std::to_string(layer.layer) + " has " + std::to_string(layer.keys.size()) +
-                     " kv heads");
-  if (kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[kv_head].empty())
-    throw InputError("layer " + std::to_string(layer.layer) + " kv head " +
-                     std::to_string(kv_head) + " is refused: " + layer.refused[kv_head]);
-  if (s.method->needs_queries() && layer.queries.empty())
-    throw InputError(s.method->name() + " needs queries and the capture has none");
-
+// Errors of `selection` (already made by s.method on window w of this kv head) for every
+// evaluation query of the group, against the precomputed exact reference when given. A GPU
+// backend scores through the Backend seam.
+HeadRun score_head_run(const LayerData& layer, int kv_head, const EvalWindow& w,
+                       Selection selection, Backend* backend, const ExactReference* reference) {
   const MatrixF& K = layer.keys[kv_head];
   const MatrixF& V = layer.values[kv_head];
   HeadRun run;
-  run.window = EvalWindow::make(static_cast<int>(K.rows()), s.keep_ratio, s.sink, s.eval);
-  MethodInput in = make_method_input(layer, num_layers, kv_head, run.window, s, seed);
-  in.want_trace = want_trace;
-  in.cancel = cancel;
-  in.backend = backend;
-  run.selection = s.method->select(in);
-  check_selection(run.selection, run.window, *s.method);
-  if (cancel && cancel->load()) throw Cancelled();
-
+  run.window = w;
+  run.selection = std::move(selection);
   const std::vector<const MatrixF*> queries = error_queries(layer, kv_head);
-  const EvalWindow& w = run.window;
   const Selection& sel = run.selection;
   if (backend && backend->is_gpu()) {
     // Through the Backend seam, one kv head per batch.
@@ -352,12 +334,36 @@ HeadRun run_head_with(const LayerData& layer, int num_layers, int kv_head, const
   return run;
 }
 
+// The checks run_head makes before asking the method (they name the head and the method).
+void check_head(const LayerData& layer, int kv_head, const Method& method) {
+  if (kv_head < 0 || kv_head >= static_cast<int>(layer.keys.size()))
+    throw InputError("kv head " + std::to_string(kv_head) + " out of range: layer " +
+                     std::to_string(layer.layer) + " has " + std::to_string(layer.keys.size()) +
+                     " kv heads");
+  if (kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[kv_head].empty())
+    throw InputError("layer " + std::to_string(layer.layer) + " kv head " +
+                     std::to_string(kv_head) + " is refused: " + layer.refused[kv_head]);
+  if (method.needs_queries() && layer.queries.empty())
+    throw InputError(method.name() + " needs queries and the capture has none");
+}
+
 }  // namespace
 
 HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
                  uint64_t seed, bool want_trace, Backend* backend,
                  const std::atomic<bool>* cancel) {
-  return run_head_with(layer, num_layers, kv_head, s, seed, want_trace, backend, cancel, nullptr);
+  if (!s.method) throw std::invalid_argument("run_head: no method");
+  check_head(layer, kv_head, *s.method);
+  const EvalWindow w =
+      EvalWindow::make(static_cast<int>(layer.keys[kv_head].rows()), s.keep_ratio, s.sink, s.eval);
+  MethodInput in = make_method_input(layer, num_layers, kv_head, w, s, seed);
+  in.want_trace = want_trace;
+  in.cancel = cancel;
+  in.backend = backend;
+  Selection sel = s.method->select(in);
+  check_selection(sel, w, *s.method);
+  if (cancel && cancel->load()) throw Cancelled();
+  return score_head_run(layer, kv_head, w, std::move(sel), backend, nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -412,65 +418,123 @@ std::vector<WorkItem> all_items(const EvalSpec& spec) {
   return items;
 }
 
-HeadEval evaluate_item(const LayerData& layer, int num_layers, const EvalSpec& spec,
-                       const WorkItem& it, bool method_refused, const std::atomic<bool>* cancel,
-                       Backend* backend, const ExactReference* reference) {
-  const Method* method = spec.methods[it.method];
-  HeadEval he;
-  he.method = method->name();
-  he.ratio = spec.ratios[it.ratio];
-  he.layer = spec.layers[it.layer];
-  he.kv_head = spec.heads[it.head];
-  if (method_refused) {
-    he.refused = true;
-    he.note = method->name() + " needs queries and the capture has none";
-    return he;
-  }
-  if (he.kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[he.kv_head].empty()) {
-    he.refused = true;
-    he.note = layer.refused[he.kv_head];
-    return he;
-  }
-  MethodSettings settings;
-  settings.method = method;
-  settings.keep_ratio = he.ratio;
-  settings.sink = spec.sink;
-  settings.eval = spec.eval;
-  if (auto p = spec.params.find(method->name()); p != spec.params.end())
-    settings.params = p->second;
+// The work items of one (layer, kv head, method): its ratios in this shard, in order.
+struct WorkGroup {
+  size_t first = 0, count = 0;  // positions in the shard's item list
+};
 
-  std::vector<double> norm_seeds, mass_seeds;
-  for (int r = 0; r < spec.seeds; ++r) {
-    if (cancel && cancel->load()) throw Cancelled();
-    HeadRun run;
-    try {
-      run = run_head_with(layer, num_layers, he.kv_head, settings,
-                          spec.base_seed + static_cast<uint64_t>(r), false, backend, cancel,
-                          reference);
-    } catch (const Cancelled&) {
-      throw;
-    } catch (const std::exception& e) {
-      // A method that throws is reported, not fatal: the other methods' figures still stand.
-      he.error = e.what();
-      he.per_seed.clear();
-      he.per_query.clear();
-      return he;
-    }
-    if (he.note.empty()) he.note = run.selection.note;
-    he.per_seed.push_back(run.mean_relative);
-    norm_seeds.push_back(run.mean_normalized);
-    mass_seeds.push_back(run.mean_mass);
-    if (he.per_query.empty()) he.per_query.assign(run.window.eval, 0.0);
-    for (const auto& head : run.per_query_head)
-      for (int e = 0; e < run.window.eval; ++e) he.per_query[e] += head[e].relative;
-    if (r == spec.seeds - 1)
-      for (double& v : he.per_query)
-        v /= static_cast<double>(spec.seeds * run.per_query_head.size());
+// What a group's runs share, so that nothing is computed twice: the ranking of a score-ranking
+// method (one per head: it depends on neither seed nor budget), and the run of a method that
+// ignores both seed and budget (exact).
+struct SharedWork {
+  std::optional<Ranking> ranking;
+  std::optional<HeadRun> budget_free_run;
+};
+
+// One run of `method` on one head for one (ratio, seed), reusing what `shared` holds.
+HeadRun group_run(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
+                  uint64_t seed, Backend* backend, const std::atomic<bool>* cancel,
+                  const ExactReference* reference, SharedWork& shared) {
+  const Method& method = *s.method;
+  check_head(layer, kv_head, method);
+  const EvalWindow w =
+      EvalWindow::make(static_cast<int>(layer.keys[kv_head].rows()), s.keep_ratio, s.sink, s.eval);
+  if (shared.budget_free_run) {
+    HeadRun run = *shared.budget_free_run;
+    run.window = w;
+    return run;
   }
-  std::tie(he.mean, he.std) = mean_std(he.per_seed);
-  he.normalized_mean = mean_std(norm_seeds).first;
-  he.mass_mean = mean_std(mass_seeds).first;
-  return he;
+  MethodInput in = make_method_input(layer, num_layers, kv_head, w, s, seed);
+  in.cancel = cancel;
+  in.backend = backend;
+  Selection sel;
+  if (method.ranks_by_score()) {
+    if (!shared.ranking) shared.ranking = method.rank(in);
+    sel = method.ranked_selection(in, *shared.ranking);
+  } else {
+    sel = method.select(in);
+  }
+  check_selection(sel, w, method);
+  if (cancel && cancel->load()) throw Cancelled();
+  HeadRun run = score_head_run(layer, kv_head, w, std::move(sel), backend, reference);
+  if (!method.depends_on_seed() && !method.depends_on_budget()) shared.budget_free_run = run;
+  return run;
+}
+
+// Every item of a group over spec.seeds seeds. A seed-independent method runs once per ratio and
+// that run counts for every seed (the figures are those of R identical runs, summed in the same
+// order as before); a score-ranking method ranks once for all ratios.
+void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec,
+                    const WorkItem* items, size_t count, bool method_refused,
+                    const std::atomic<bool>* cancel, Backend* backend,
+                    const ExactReference* reference, HeadEval* out,
+                    const std::function<void()>& item_done) {
+  SharedWork shared;
+  for (size_t g = 0; g < count; ++g) {
+    const WorkItem& it = items[g];
+    const Method* method = spec.methods[it.method];
+    HeadEval& he = out[g];
+    he.method = method->name();
+    he.ratio = spec.ratios[it.ratio];
+    he.layer = spec.layers[it.layer];
+    he.kv_head = spec.heads[it.head];
+    if (method_refused) {
+      he.refused = true;
+      he.note = method->name() + " needs queries and the capture has none";
+    } else if (he.kv_head < static_cast<int>(layer.refused.size()) &&
+               !layer.refused[he.kv_head].empty()) {
+      he.refused = true;
+      he.note = layer.refused[he.kv_head];
+    } else {
+      MethodSettings settings;
+      settings.method = method;
+      settings.keep_ratio = he.ratio;
+      settings.sink = spec.sink;
+      settings.eval = spec.eval;
+      if (auto p = spec.params.find(method->name()); p != spec.params.end())
+        settings.params = p->second;
+
+      std::vector<double> norm_seeds, mass_seeds;
+      std::optional<HeadRun> seed_free_run;  // the one run of a seed-independent method
+      for (int r = 0; r < spec.seeds; ++r) {
+        if (cancel && cancel->load()) throw Cancelled();
+        HeadRun fresh;
+        if (!seed_free_run) {
+          try {
+            fresh = group_run(layer, num_layers, he.kv_head, settings,
+                              spec.base_seed + static_cast<uint64_t>(r), backend, cancel, reference,
+                              shared);
+          } catch (const Cancelled&) {
+            throw;
+          } catch (const std::exception& e) {
+            // A method that throws is reported, not fatal: the other methods' figures stand.
+            he.error = e.what();
+            he.per_seed.clear();
+            he.per_query.clear();
+            break;
+          }
+          if (!method->depends_on_seed()) seed_free_run = std::move(fresh);
+        }
+        const HeadRun& run = seed_free_run ? *seed_free_run : fresh;
+        if (he.note.empty()) he.note = run.selection.note;
+        he.per_seed.push_back(run.mean_relative);
+        norm_seeds.push_back(run.mean_normalized);
+        mass_seeds.push_back(run.mean_mass);
+        if (he.per_query.empty()) he.per_query.assign(run.window.eval, 0.0);
+        for (const auto& head : run.per_query_head)
+          for (int e = 0; e < run.window.eval; ++e) he.per_query[e] += head[e].relative;
+        if (r == spec.seeds - 1)
+          for (double& v : he.per_query)
+            v /= static_cast<double>(spec.seeds * run.per_query_head.size());
+      }
+      if (he.error.empty()) {
+        std::tie(he.mean, he.std) = mean_std(he.per_seed);
+        he.normalized_mean = mean_std(norm_seeds).first;
+        he.mass_mean = mean_std(mass_seeds).first;
+      }
+    }
+    if (item_done) item_done();
+  }
 }
 
 std::vector<int> resolve_list(const std::vector<int>& given, int count, const char* flag,
@@ -556,38 +620,61 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
                     : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   threads = std::max(1, std::min(threads, total));
 
-  // Layer by layer (memory stays bounded by one layer): first the exact reference of each kv head
-  // in view, then every work item of the layer against it, both spread over the threads.
+  // Layer by layer (memory stays bounded by one layer). The unit of work is a group: the items
+  // of one (kv head, method), so that a method ranks or runs once for all its ratios and seeds.
+  // Groups are taken in head order; the exact reference of a kv head is built by the first group
+  // that needs it and dropped when its last group is done, so only about `threads` references
+  // (with their stored logits) are alive at once.
   const bool cpu_scoring = !(backend && backend->is_gpu());
   std::mutex mu;  // guards done and progress calls
   int done = 0;
+  auto item_done = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ++done;
+    if (progress) progress(done, total);
+  };
   for (size_t begin = 0; begin < mine.size();) {
     size_t end = begin;
     while (end < mine.size() && mine[end].layer == mine[begin].layer) ++end;
     const std::shared_ptr<const LayerData> layer = capture.layer(spec.layers[mine[begin].layer]);
-    std::vector<std::unique_ptr<ExactReference>> refs(spec.heads.size());
-    if (cpu_scoring) {
-      std::vector<int> needed;
-      for (size_t i = begin; i < end; ++i)
-        if (!method_refused[mine[i].method] &&
-            std::find(needed.begin(), needed.end(), mine[i].head) == needed.end())
-          needed.push_back(mine[i].head);
-      parallel_for(static_cast<int>(needed.size()), threads, cancel, [&](int k) {
-        const int kv = spec.heads[needed[k]];
-        if (kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty()) return;
-        refs[needed[k]] = std::make_unique<ExactReference>(
-            error_queries(*layer, kv), layer->keys[kv], layer->values[kv],
-            report.window_example.sink, report.window_example.eval);
-      });
+    std::vector<WorkGroup> groups;
+    for (size_t i = begin; i < end; ++i) {
+      if (i == begin || mine[i].head != mine[i - 1].head || mine[i].method != mine[i - 1].method)
+        groups.push_back({i, 0});
+      ++groups.back().count;
     }
-    parallel_for(static_cast<int>(end - begin), threads, cancel, [&](int k) {
-      const size_t i = begin + k;
-      report.results[i] =
-          evaluate_item(*layer, info.num_layers, spec, mine[i], method_refused[mine[i].method],
-                        cancel, backend, refs[mine[i].head].get());
-      std::lock_guard<std::mutex> lock(mu);
-      ++done;
-      if (progress) progress(done, total);
+    struct HeadReference {
+      std::once_flag built;
+      std::unique_ptr<ExactReference> ref;
+      std::atomic<int> users{0};  // groups still to score against it
+    };
+    std::vector<HeadReference> refs(spec.heads.size());
+    auto uses_reference = [&](const WorkGroup& g) {
+      const WorkItem& it = mine[g.first];
+      const int kv = spec.heads[it.head];
+      return cpu_scoring && !method_refused[it.method] &&
+             !(kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty());
+    };
+    for (const WorkGroup& g : groups)
+      if (uses_reference(g)) ++refs[mine[g.first].head].users;
+    parallel_for(static_cast<int>(groups.size()), threads, cancel, [&](int k) {
+      const WorkGroup& g = groups[k];
+      const WorkItem& first = mine[g.first];
+      const ExactReference* ref = nullptr;
+      HeadReference* slot = uses_reference(g) ? &refs[first.head] : nullptr;
+      if (slot) {
+        std::call_once(slot->built, [&] {
+          const int kv = spec.heads[first.head];
+          slot->ref = std::make_unique<ExactReference>(
+              error_queries(*layer, kv), layer->keys[kv], layer->values[kv],
+              report.window_example.sink, report.window_example.eval);
+        });
+        ref = slot->ref.get();
+      }
+      evaluate_group(*layer, info.num_layers, spec, &mine[g.first], g.count,
+                     method_refused[first.method], cancel, backend, ref, &report.results[g.first],
+                     item_done);
+      if (slot && --slot->users == 0) slot->ref.reset();
     });
     begin = end;
   }

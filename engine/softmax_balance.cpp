@@ -4,10 +4,12 @@
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "engine/balance_walk.h"
 #include "engine/error.h"
 #include "engine/random.h"
+#include "engine/simd.h"
 
 namespace kvscope {
 
@@ -31,7 +33,8 @@ SoftmaxBalanceOutput softmax_balance(const MatrixF& keys, const MatrixF* values,
   for (int i = 0; i < len; ++i) kd.row(i) = keys.row(tokens[i]).cast<double>();
   // y_i = exp(<k_i,k_j>/sqrt d) <v_i,v_j> for the whole batch (the walk reads j < i only; the
   // full matrix is kept for traces).
-  MatrixD kernel = ((kd * kd.transpose()).array() / std::sqrt(static_cast<double>(d))).exp();
+  MatrixD kernel = (kd * kd.transpose()) / std::sqrt(static_cast<double>(d));
+  simd::kernels().exp_inplace(kernel.data(), static_cast<int>(kernel.size()));
   if (values) {
     MatrixD vd(len, values->cols());
     for (int i = 0; i < len; ++i) vd.row(i) = values->row(tokens[i]).cast<double>();
@@ -216,7 +219,7 @@ struct Plan {
   long long bound = 0;
   double expected = 0;
 };
-Plan plan_budget(const std::vector<long long>& sizes, long long m, int max_batch) {
+Plan plan_budget_uncached(const std::vector<long long>& sizes, long long m, int max_batch) {
   Plan best;
   bool found = false;
   long long n_max = 0;
@@ -239,6 +242,18 @@ Plan plan_budget(const std::vector<long long>& sizes, long long m, int max_batch
     if (t >= n_max) break;  // a larger batch than the stream changes nothing
   }
   return best;
+}
+
+// The plan depends only on the sizes, m and max_batch, not on the seed: the protocol's seeds
+// and the GUI's reruns of one head ask for the same plans again, so they are remembered (per
+// thread, a handful).
+Plan plan_budget(const std::vector<long long>& sizes, long long m, int max_batch) {
+  using Key = std::tuple<std::vector<long long>, long long, int>;
+  thread_local std::map<Key, Plan> memo;
+  Key key{sizes, m, max_batch};
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  if (memo.size() >= 64) memo.clear();
+  return memo[key] = plan_budget_uncached(sizes, m, max_batch);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "engine/cpu_ops.h"
 #include "engine/error.h"
 #include "engine/pca.h"
+#include "engine/tsne_fft.h"
 
 namespace kvscope {
 namespace {
@@ -109,13 +110,23 @@ void knn(const MatrixF& x, int k, std::vector<int>& neighbours, std::vector<floa
     const int blocks = (n + kBlock - 1) / kBlock;
     parallel_for(blocks, 1, [&](int bb, int be) {
       std::vector<std::pair<float, int>> cand;
+      std::vector<float> d2row(n), sorted(n);
       for (int blk = bb; blk < be; ++blk) {
         if (is_set(cancel)) return;
         const int r0 = blk * kBlock, r1 = std::min(n, r0 + kBlock);
         MatrixF dots = x.middleRows(r0, r1 - r0) * x.transpose();
         for (int i = r0; i < r1; ++i) {
-          cand.resize(n);
-          for (int j = 0; j < n; ++j) cand[j] = {norms(i) + norms(j) - 2.f * dots(i - r0, j), j};
+          // Distances as plain floats; the (k+2)-th smallest is a threshold, and only the points
+          // at or below it (k + 1 or more with ties, the point itself among them) become
+          // (distance, index) candidates: the same k nearest, ties by index, as ranking all n.
+          for (int j = 0; j < n; ++j) d2row[j] = norms(i) + norms(j) - 2.f * dots(i - r0, j);
+          sorted.assign(d2row.begin(), d2row.end());
+          const int pivot = std::min(n - 1, k + 1);
+          std::nth_element(sorted.begin(), sorted.begin() + pivot, sorted.end());
+          const float threshold = sorted[pivot];
+          cand.clear();
+          for (int j = 0; j < n; ++j)
+            if (d2row[j] <= threshold) cand.emplace_back(d2row[j], j);
           keep_k_nearest(i, cand);
         }
       }
@@ -314,12 +325,19 @@ class QuadTree {
 // unnormalised q_ij = 1 / (1 + |y_i - y_j|^2) and Z = sum_{k != l} q_kl; all sums in double.
 // Returns KL(P || Q) of the un-exaggerated P (with the Barnes-Hut estimate of Z when theta > 0),
 // or NaN when !in.want_kl (the logs cost as much as the forces).
+namespace {
+// The attractive term and the assembly of the gradient from repulsive sums rep (2n: sum_j
+// w_ij^2 (y_i - y_j)) and zi (n: sum_{j != i} w_ij), shared by every repulsion method.
+double finish_gradient(const TsneGradInput& in, const std::vector<double>& rep,
+                       const std::vector<double>& zi, float* grad);
+}  // namespace
+
 double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
   const int n = in.n;
   if (n <= 0) return 0;
   const float* y = in.y;
-  std::vector<double> rep(2 * static_cast<size_t>(n)), attr(2 * static_cast<size_t>(n));
-  std::vector<double> zi(n), kl_terms(n);
+  std::vector<double> rep(2 * static_cast<size_t>(n));
+  std::vector<double> zi(n);
 
   if (in.theta > 0) {
     const QuadTree tree(y, n);
@@ -366,6 +384,24 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
     });
   }
 
+  return finish_gradient(in, rep, zi, grad);
+}
+
+double fft_tsne_gradient(const TsneGradInput& in, float* grad, TsneFftRepulsion& repulsion) {
+  const int n = in.n;
+  if (n <= 0) return 0;
+  std::vector<double> rep(2 * static_cast<size_t>(n));
+  std::vector<double> zi(n);
+  repulsion.compute(in.y, n, rep.data(), zi.data());
+  return finish_gradient(in, rep, zi, grad);
+}
+
+namespace {
+double finish_gradient(const TsneGradInput& in, const std::vector<double>& rep,
+                       const std::vector<double>& zi, float* grad) {
+  const int n = in.n;
+  const float* y = in.y;
+  std::vector<double> attr(2 * static_cast<size_t>(n)), kl_terms(n);
   // Attractive forces over the sparse P, plus (when asked) the per-row pieces of the KL
   // divergence: KL = sum p log p - sum p log q_unnorm + (sum p) log Z. Two independent pairs of
   // partial sums (even and odd entries of a row, combined in a fixed order) so the additions do
@@ -425,6 +461,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
   if (!want_kl) return std::numeric_limits<double>::quiet_NaN();
   return kl + ptotal * std::log(z);
 }
+}  // namespace
 
 // ---- affinities ----------------------------------------------------------------------------
 
@@ -546,6 +583,10 @@ TsneRun::TsneRun(const MatrixF& x, const TsneParams& params, Backend* backend,
   if (params_.exaggeration_iterations < 0)
     throw InputError("t-SNE: exaggeration iterations must be >= 0");
   theta_ = params_.theta >= 0 ? params_.theta : (n <= params_.exact_threshold ? 0.0 : 0.5);
+  // Long inputs on the CPU: FFT-accelerated interpolation instead of Barnes-Hut (automatic mode
+  // only; an explicit theta is obeyed, and a GPU backend keeps its own kernel).
+  if (params_.theta < 0 && n > params_.fft_threshold && !backend_->is_gpu())
+    fft_ = std::make_unique<TsneFftRepulsion>();
   const int neighbours =
       theta_ == 0 && n <= params_.exact_threshold
           ? 0
@@ -573,6 +614,13 @@ TsneRun::TsneRun(const MatrixF& x, const TsneParams& params, Backend* backend,
   grad_ = MatrixF::Zero(n, 2);
 }
 
+TsneRun::~TsneRun() = default;
+
+std::string TsneRun::gradient_name() const {
+  if (fft_) return "FFT interpolation";
+  return theta_ > 0 ? "Barnes-Hut" : "exact gradient";
+}
+
 bool TsneRun::cancelled() const {
   return own_cancel_.load() || is_set(external_cancel_);
 }
@@ -594,7 +642,8 @@ void TsneRun::iterate_once() {
   in.theta = theta_;
   in.want_kl = params_.kl_every > 0 &&
                ((iteration_ + 1) % params_.kl_every == 0 || iteration_ + 1 == params_.iterations);
-  const double kl = backend_->tsne_gradient(in, grad_.data());
+  const double kl =
+      fft_ ? fft_tsne_gradient(in, grad_.data(), *fft_) : backend_->tsne_gradient(in, grad_.data());
   if (std::isfinite(kl)) kl_ = kl;
 
   const float momentum = static_cast<float>(early ? params_.momentum_early : params_.momentum_late);

@@ -15,11 +15,14 @@
 //    rate max(n / exaggeration / 4, 50) ("auto": Belkina et al. 2019 as sklearn writes it for a
 //    gradient that includes the factor 4), embedding re-centred every iteration;
 //  - gradient: exact O(n^2) when theta == 0, Barnes-Hut quadtree with opening angle theta
-//    otherwise, via Backend::tsne_gradient (CPU: cpu_tsne_gradient below; CUDA: kernels/).
+//    otherwise, via Backend::tsne_gradient (CPU: cpu_tsne_gradient below; CUDA: kernels/); in
+//    automatic mode on the CPU above fft_threshold points (10k), FFT-accelerated interpolation
+//    of the repulsion (FIt-SNE; engine/tsne_fft.h).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,7 @@
 namespace kvscope {
 
 class Backend;
+class TsneFftRepulsion;
 
 struct TsneParams {
   double perplexity = 30;
@@ -40,6 +44,9 @@ struct TsneParams {
   // Barnes-Hut opening angle. < 0: automatic (0 = exact when n <= exact_threshold, else 0.5).
   double theta = -1;
   int exact_threshold = 2000;
+  // Automatic mode (theta < 0) on the CPU: above this many points the repulsion is computed by
+  // FFT-accelerated interpolation (engine/tsne_fft.h) instead of Barnes-Hut.
+  int fft_threshold = 10000;
   // Every how many iterations the backend is asked for the KL divergence (and on the last one);
   // 0: never. It costs a log per P entry, as much as the forces themselves.
   int kl_every = 25;
@@ -68,6 +75,7 @@ class TsneRun {
   // Cancelled when `cancel` is set during setup.
   TsneRun(const MatrixF& x, const TsneParams& params, Backend* backend = nullptr,
           const std::atomic<bool>* cancel = nullptr);
+  ~TsneRun();
 
   // Runs up to `iters` more iterations (stopping at params.iterations or when cancelled);
   // returns how many were run. Never throws Cancelled: a cancelled run simply stops advancing.
@@ -86,6 +94,8 @@ class TsneRun {
   // the first iteration or when the backend does not compute it.
   double kl() const { return kl_; }
   double theta() const { return theta_; }
+  // "exact gradient", "Barnes-Hut" or "FFT interpolation": how the repulsion is computed.
+  std::string gradient_name() const;
   double learning_rate() const { return learning_rate_; }
   double perplexity() const { return affinities_.perplexity; }
   int num_points() const { return static_cast<int>(y_.rows()); }
@@ -99,6 +109,7 @@ class TsneRun {
   std::atomic<bool> own_cancel_{false};
   TsneAffinities affinities_;
   MatrixF y_, update_, gains_, grad_;
+  std::unique_ptr<TsneFftRepulsion> fft_;  // set when the FFT repulsion is used
   double theta_ = 0, learning_rate_ = 0, kl_;
   int iteration_ = 0;
 };

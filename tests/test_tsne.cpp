@@ -1,11 +1,13 @@
 // t-SNE: neighbourhood preservation on labelled blobs, Barnes-Hut against the exact gradient,
-// the gradient against finite differences of the KL divergence, affinities, determinism,
+// the FFT-interpolated repulsion against the exact gradient and Barnes-Hut's maps, the gradient
+// against finite differences of the KL divergence, affinities, determinism,
 // the AttentionViz joint space, cancellation and bad input.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "engine/projection_cache.h"
 #include "engine/random.h"
 #include "engine/tsne.h"
+#include "engine/tsne_fft.h"
 
 namespace kvscope {
 namespace {
@@ -130,6 +133,67 @@ TEST(Tsne, BarnesHutGradientApproachesExact) {
   EXPECT_NEAR(kl_02, kl_exact, 0.005 * kl_exact);
 }
 
+// The FFT-interpolated repulsion (FIt-SNE) against the exact gradient on the same embedding: a
+// small relative error on the whole gradient and on the KL divergence (through Z).
+TEST(Tsne, FftGradientApproachesExact) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(1500, 8, 5, 4, &labels);
+  TsneParams params;
+  params.iterations = 200;
+  params.theta = 0.5;
+  TsneRun run(x, params);
+  run.run_to_end();
+  const MatrixF y = run.embedding();
+  const TsneAffinities p = tsne_affinities(x, 30, 91);
+  TsneGradInput in;
+  in.n = static_cast<int>(y.rows());
+  in.y = y.data();
+  in.p_rowptr = p.rowptr.data();
+  in.p_col = p.col.data();
+  in.p_val = p.val.data();
+  in.theta = 0;
+  MatrixF exact(y.rows(), 2), fft(y.rows(), 2);
+  const double kl_exact = cpu_tsne_gradient(in, exact.data());
+  TsneFftRepulsion repulsion;
+  const double kl_fft = fft_tsne_gradient(in, fft.data(), repulsion);
+  const double err = (fft - exact).norm() / exact.norm();
+  std::printf("FFT gradient relative error %.5f (FFT side %d, box %.3f); KL %.5f vs %.5f\n", err,
+              repulsion.last_fft_side(), repulsion.last_box(), kl_fft, kl_exact);
+  EXPECT_LT(err, 0.01);
+  EXPECT_NEAR(kl_fft, kl_exact, 1e-3 * kl_exact);
+  // A finer grid (smaller boxes) is more accurate: the error is the interpolation's.
+  TsneFftParams fine;
+  fine.max_box = 0.25;
+  fine.min_boxes = 160;
+  TsneFftRepulsion fine_repulsion(fine);
+  MatrixF fft_fine(y.rows(), 2);
+  fft_tsne_gradient(in, fft_fine.data(), fine_repulsion);
+  EXPECT_LT((fft_fine - exact).norm() / exact.norm(), 0.5 * err);
+}
+
+// Above fft_threshold points the automatic mode switches to the FFT repulsion on the CPU; its
+// map keeps the blobs' neighbourhoods as well as Barnes-Hut's does.
+TEST(Tsne, FftPreservesBlobNeighbourhoodsLikeBarnesHut) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(1100, 10, 6, 17, &labels);
+  TsneParams params;
+  params.iterations = 300;
+  params.fft_threshold = 1000;  // so that this small set takes the FFT path
+  TsneRun fft_run(x, params);
+  EXPECT_EQ(fft_run.gradient_name(), "FFT interpolation");
+  fft_run.run_to_end();
+  params.theta = 0.5;
+  TsneRun bh_run(x, params);
+  EXPECT_EQ(bh_run.gradient_name(), "Barnes-Hut");
+  bh_run.run_to_end();
+  const double t_fft = trustworthiness(x, fft_run.embedding(), 10);
+  const double t_bh = trustworthiness(x, bh_run.embedding(), 10);
+  std::printf("trustworthiness: FFT %.4f, Barnes-Hut %.4f\n", t_fft, t_bh);
+  EXPECT_GE(t_fft, 0.9);
+  EXPECT_NEAR(t_fft, t_bh, 0.01);
+  EXPECT_GE(nearest_neighbour_label_agreement(fft_run.embedding(), labels), 0.97);
+}
+
 TEST(Tsne, ExactGradientIsTheDerivativeOfKl) {
   std::vector<int> labels;
   const MatrixF x = gaussian_blobs(60, 5, 3, 9, &labels);
@@ -186,6 +250,30 @@ TEST(Tsne, AffinitiesAreSymmetricAndNormalised) {
   // Perplexity is clamped for tiny inputs and reported.
   const TsneAffinities tiny = tsne_affinities(x.topRows(10), 30, 0);
   EXPECT_DOUBLE_EQ(tiny.perplexity, 3.0);
+}
+
+// In more than 32 dimensions the neighbours come from the blocked brute force instead of the k-d
+// tree: zero-padding the same points to 40 dimensions must give the same affinities up to the
+// float rounding of the two distance formulas.
+TEST(Tsne, BruteForceNeighboursMatchTheTree) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(600, 32, 4, 19, &labels);
+  MatrixF padded = MatrixF::Zero(x.rows(), 40);
+  padded.leftCols(32) = x;
+  const TsneAffinities tree = tsne_affinities(x, 30, 91);
+  const TsneAffinities brute = tsne_affinities(padded, 30, 91);
+  ASSERT_EQ(tree.rowptr.size(), brute.rowptr.size());
+  double diff = 0, total = 0;
+  for (int i = 0; i < tree.n; ++i) {
+    std::map<int, float> row;
+    for (int k = brute.rowptr[i]; k < brute.rowptr[i + 1]; ++k) row[brute.col[k]] = brute.val[k];
+    for (int k = tree.rowptr[i]; k < tree.rowptr[i + 1]; ++k) {
+      auto it = row.find(tree.col[k]);
+      diff += std::abs(tree.val[k] - (it == row.end() ? 0.f : it->second));
+      total += tree.val[k];
+    }
+  }
+  EXPECT_LT(diff, 1e-3 * total);
 }
 
 TEST(Tsne, DeterministicAcrossRunsAndSteps) {

@@ -79,6 +79,7 @@ class Buzz final : public Method {
     };
   }
   bool needs_queries() const override { return true; }
+  bool depends_on_seed() const override { return false; }
 
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);

@@ -14,6 +14,8 @@ class Exact final : public Method {
   }
   // The budget does not apply: exact is the uncompressed reference.
   bool respects_budget() const override { return false; }
+  bool depends_on_seed() const override { return false; }
+  bool depends_on_budget() const override { return false; }
   Selection select(const MethodInput& in) const override {
     if (in.mid_begin < 0 || in.mid_end < in.mid_begin)
       throw InputError("exact: empty or inverted middle [" + std::to_string(in.mid_begin) + ", " +

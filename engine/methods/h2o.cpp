@@ -23,11 +23,18 @@ class H2O final : public Method {
     return "heavy hitters: top m by attention received from all causal queries (mean per query)";
   }
   bool needs_queries() const override { return true; }
-  Selection select(const MethodInput& in) const override {
+  bool depends_on_seed() const override { return false; }
+  bool ranks_by_score() const override { return true; }
+  Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
-    return top_m_selection(in, h2o_scores(in), in.budget);
+    std::vector<double> scores = h2o_scores(in);
+    return rank_by_scores(scores, scores);
   }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
+    return prefix_selection(in, r, in.budget);
+  }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
 };
 
 }  // namespace

@@ -14,7 +14,14 @@ class KNorm final : public Method {
  public:
   std::string name() const override { return "knorm"; }
   std::string summary() const override { return "the m keys of lowest L2 norm"; }
-  Selection select(const MethodInput& in) const override {
+  bool depends_on_seed() const override { return false; }
+  bool ranks_by_score() const override { return true; }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
+    return prefix_selection(in, r, in.budget);
+  }
+  // Ranked by the negated norm (lowest norm first); the hover shows the norm itself.
+  Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
     check_params(params(), in.params, name());
     const int n_mid = in.mid_end - in.mid_begin;
@@ -23,9 +30,7 @@ class KNorm final : public Method {
       norms[i] = in.keys->row(in.mid_begin + i).cast<double>().norm();
       negated[i] = -norms[i];
     }
-    Selection sel = top_m_selection(in, std::move(negated), in.budget);
-    sel.middle_scores = std::move(norms);
-    return sel;
+    return rank_by_scores(negated, std::move(norms));
   }
 };
 

@@ -63,19 +63,28 @@ class PyramidKV final : public Method {
   // A lower layer keeps up to 2m - m/beta tokens: the budget holds for the sum over layers, not
   // per head, so the protocol's per-head check does not apply.
   bool respects_budget() const override { return false; }
-  Selection select(const MethodInput& in) const override {
+  bool depends_on_seed() const override { return false; }
+  bool ranks_by_score() const override { return true; }
+  // The scores are SnapKV's (beta only changes how many are kept), checked here once.
+  Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
     const auto specs = params();
     const SnapKVWindow w = snapkv_window_params(specs, in.params, name());
-    const double beta = param_value(specs, in.params, "beta");
-    if (!(beta >= 1)) throw InputError("pyramidkv.beta must be >= 1");
+    if (!(param_value(specs, in.params, "beta") >= 1))
+      throw InputError("pyramidkv.beta must be >= 1");
     if (in.num_layers < 1 || in.layer < 0 || in.layer >= in.num_layers)
       throw InputError("pyramidkv: layer " + std::to_string(in.layer) + " is not inside the " +
                        std::to_string(in.num_layers) + " layers of the capture");
+    std::vector<double> scores = snapkv_scores(in, w.window, w.kernel, false);
+    return rank_by_scores(scores, scores);
+  }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
+    const double beta = param_value(params(), in.params, "beta");
     const int n_mid = in.mid_end - in.mid_begin;
     const int layer_budget = pyramid_budget(in.budget, n_mid, in.layer, in.num_layers, beta);
-    Selection sel = top_m_selection(in, snapkv_scores(in, w.window, w.kernel, false), layer_budget);
+    Selection sel = prefix_selection(in, r, layer_budget);
     sel.note = "layer " + std::to_string(in.layer) + " of " + std::to_string(in.num_layers) +
                " keeps " + std::to_string(layer_budget) +
                " (average m = " + std::to_string(in.budget) + " over layers)";

@@ -1,4 +1,5 @@
 #include <sstream>
+#include <stdexcept>
 
 #include "engine/error.h"
 #include "engine/method.h"
@@ -29,6 +30,14 @@ const std::vector<const Method*>& all_methods() {
     return v;
   }();
   return view;
+}
+
+Ranking Method::rank(const MethodInput&) const {
+  throw std::logic_error(name() + " does not rank by score");
+}
+
+Selection Method::ranked_selection(const MethodInput&, const Ranking&) const {
+  throw std::logic_error(name() + " does not rank by score");
 }
 
 const Method* find_method(const std::string& name) {

@@ -40,14 +40,21 @@ class SnapKV final : public Method {
   }
   std::vector<ParamSpec> params() const override { return snapkv_params(); }
   bool needs_queries() const override { return true; }
-  Selection select(const MethodInput& in) const override {
+  bool depends_on_seed() const override { return false; }
+  bool ranks_by_score() const override { return true; }
+  Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
     const auto specs = params();
     const SnapKVWindow w = snapkv_window_params(specs, in.params, name());
     const bool max_pool = param_value(specs, in.params, "pooling") >= 0.5;
-    return top_m_selection(in, snapkv_scores(in, w.window, w.kernel, max_pool), in.budget);
+    std::vector<double> scores = snapkv_scores(in, w.window, w.kernel, max_pool);
+    return rank_by_scores(scores, scores);
   }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
+    return prefix_selection(in, r, in.budget);
+  }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
 };
 
 }  // namespace

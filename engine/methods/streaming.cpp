@@ -3,6 +3,7 @@
 // [mid_end - m, mid_end), each at weight 1 (no reweighting: dropped tokens simply vanish).
 #include <algorithm>
 
+#include "engine/attention_scores.h"
 #include "engine/error.h"
 #include "engine/method.h"
 
@@ -15,15 +16,21 @@ class Streaming final : public Method {
   std::string summary() const override {
     return "StreamingLLM: the m most recent middle tokens, weight 1";
   }
-  Selection select(const MethodInput& in) const override {
+  bool depends_on_seed() const override { return false; }
+  // Ranked by position, most recent first: the top m are [mid_end - m, mid_end).
+  bool ranks_by_score() const override { return true; }
+  Ranking rank(const MethodInput& in) const override {
     const int n_mid = in.mid_end - in.mid_begin;
     if (n_mid < 0) throw InputError("streaming: inverted middle");
-    const int m = std::clamp(in.budget, 0, n_mid);
-    Selection sel;
-    for (int i = in.mid_end - m; i < in.mid_end; ++i) sel.indices.push_back(i);
-    sel.weights.assign(m, 1.0);
-    return sel;
+    Ranking r;
+    r.order.resize(n_mid);
+    for (int i = 0; i < n_mid; ++i) r.order[i] = n_mid - 1 - i;
+    return r;
   }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
+    return prefix_selection(in, r, in.budget);
+  }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
 };
 
 }  // namespace

@@ -141,7 +141,39 @@ class SubGen final : public Method {
 
     const MatrixD keys = in.keys->middleRows(in.mid_begin, n_mid).cast<double>();
 
-    // Delta: the smallest radius whose clustering fits the denominator's share.
+    // Delta: the smallest radius whose clustering fits the denominator's share. The search does
+    // not depend on the seed, and the protocol asks for the same head, t and share once per seed:
+    // the last few searches are remembered per thread, keyed by everything they read (the
+    // keys by address, shape and a checksum of their values).
+    SearchKey key{in.keys->data(), in.mid_begin,   n_mid, static_cast<int>(keys.cols()), t,
+                  den_share,       delta_override, 0.0};
+    for (Eigen::Index i = 0; i < keys.size(); ++i)
+      key.checksum += keys.data()[i] * static_cast<double>(1 + (i % 7));
+    thread_local std::vector<std::pair<SearchKey, SearchResult>> searches;
+    for (const auto& [k, r] : searches)
+      if (k == key) return finish(in, t, literal, r, std::move(sel), std::move(note));
+    SearchResult result = search_delta(keys, t, den_share, delta_override, in.cancel);
+    if (searches.size() >= 8) searches.erase(searches.begin());
+    searches.emplace_back(key, result);
+    return finish(in, t, literal, result, std::move(sel), std::move(note));
+  }
+
+ private:
+  struct SearchKey {
+    const float* keys;
+    int mid_begin, n_mid, d, t, den_share;
+    double delta_override, checksum;
+    bool operator==(const SearchKey&) const = default;
+  };
+  struct SearchResult {
+    double delta = 0;
+    Clustering clusters;
+    std::string note;  // what the search says (automatic delta, override refused)
+  };
+
+  static SearchResult search_delta(const MatrixD& keys, int t, int den_share, double delta_override,
+                                   const std::atomic<bool>* cancel) {
+    std::ostringstream note;
     double delta = delta_override;
     Clustering clusters;
     bool need_auto = delta_override <= 0;
@@ -164,7 +196,7 @@ class SubGen final : public Method {
       } else {
         // cap(delta) is a step function; 0.1% of delta is as close as the budget needs.
         for (int iter = 0; iter < 60 && hi - lo > 1e-3 * std::max(hi, 1e-30); ++iter) {
-          if (in.cancel && in.cancel->load(std::memory_order_relaxed)) throw Cancelled();
+          if (cancel && cancel->load(std::memory_order_relaxed)) throw Cancelled();
           const double mid = 0.5 * (lo + hi);
           if (cluster_stream(keys, mid, t, den_share).over)
             lo = mid;
@@ -180,6 +212,16 @@ class SubGen final : public Method {
     }
     if (clusters.over)  // cannot happen: a single cluster always fits once t <= den_share
       throw std::logic_error("subgen: no delta fits the denominator's share");
+    return {delta, std::move(clusters), note.str()};
+  }
+
+  // The seeded part: reservoirs and samples over the clustering of `search`.
+  static Selection finish(const MethodInput& in, int t, bool literal, const SearchResult& search,
+                          Selection sel, std::ostringstream note) {
+    const int n_mid = in.mid_end - in.mid_begin;
+    const int m = in.budget;
+    const Clustering& clusters = search.clusters;
+    note << search.note;
     const int num_clusters = static_cast<int>(clusters.size.size());
     const int slots = m - static_cast<int>(clusters.capacity);  // numerator's s
 

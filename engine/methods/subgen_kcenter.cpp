@@ -35,6 +35,9 @@ class SubGenKCenter final : public Method {
                        {"paper (1)", "cluster size"})};
   }
 
+  // Greedy k-center from the first middle token: no randomness.
+  bool depends_on_seed() const override { return false; }
+
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), false);
     check_params(params(), in.params, name());

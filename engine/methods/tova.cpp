@@ -18,7 +18,13 @@ class Tova final : public Method {
     return "top m by attention from the last query before the evaluation window";
   }
   bool needs_queries() const override { return true; }
-  Selection select(const MethodInput& in) const override {
+  bool depends_on_seed() const override { return false; }
+  bool ranks_by_score() const override { return true; }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
+    return prefix_selection(in, r, in.budget);
+  }
+  Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
     std::vector<double> scores(in.mid_end - in.mid_begin, 0.0);
@@ -31,7 +37,7 @@ class Tova final : public Method {
           },
           in.cancel);
     }
-    return top_m_selection(in, std::move(scores), in.budget);
+    return rank_by_scores(scores, scores);
   }
 };
 
