@@ -32,6 +32,7 @@ struct CommonOptions {
   std::string backend = "cpu";
   int threads = 0;
   std::string json_out;
+  std::string estimator = "weighted";
 };
 
 struct EvalOptions {
@@ -62,6 +63,11 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("--backend", o.backend, "cpu | cuda | auto")->capture_default_str();
   sub->add_option("--threads", o.threads, "worker threads (0: all cores)")->capture_default_str();
   sub->add_option("--json", o.json_out, "write the report as JSON");
+  sub->add_option("--estimator", o.estimator,
+                  "weighted: numerator and denominator use the method's weights w; authors: the "
+                  "BalanceKV authors' notebook estimator, numerator w, denominator 2^T on every "
+                  "kept token (T = ceil(log2(1/ratio)))")
+      ->capture_default_str();
 }
 
 EvalSpec base_spec(const CommonOptions& o) {
@@ -74,6 +80,7 @@ EvalSpec base_spec(const CommonOptions& o) {
   spec.sink = o.sink;
   spec.eval = o.eval;
   spec.threads = o.threads;
+  spec.estimator = parse_estimator(o.estimator);
   return spec;
 }
 

@@ -187,6 +187,28 @@ void validate_method_params(const Method& method, const ParamValues& values) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Estimators
+
+const char* estimator_name(Estimator e) {
+  return e == Estimator::Authors ? "authors" : "weighted";
+}
+
+Estimator parse_estimator(const std::string& s) {
+  if (s == "weighted") return Estimator::Weighted;
+  if (s == "authors") return Estimator::Authors;
+  throw InputError("--estimator: '" + s + "' is not weighted or authors");
+}
+
+void apply_authors_estimator(Selection& sel, double keep_ratio) {
+  const int rounds = keep_ratio > 0 && keep_ratio < 1
+                         ? static_cast<int>(std::ceil(std::log2(1.0 / keep_ratio) - 1e-9))
+                         : 0;
+  sel.separate = true;
+  sel.den_indices = sel.indices;
+  sel.den_weights.assign(sel.indices.size(), std::ldexp(1.0, rounds));
+}
+
+// ---------------------------------------------------------------------------------------------
 // One head
 
 MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
@@ -247,6 +269,7 @@ HeadRun run_head_with(const LayerData& layer, int num_layers, int kv_head, const
   in.backend = backend;
   run.selection = s.method->select(in);
   check_selection(run.selection, run.window, *s.method);
+  if (s.estimator == Estimator::Authors) apply_authors_estimator(run.selection, s.keep_ratio);
   if (cancel && cancel->load()) throw Cancelled();
 
   const std::vector<const MatrixF*> queries = error_queries(layer, kv_head);
@@ -385,6 +408,7 @@ HeadEval evaluate_item(const LayerData& layer, int num_layers, const EvalSpec& s
   settings.keep_ratio = he.ratio;
   settings.sink = spec.sink;
   settings.eval = spec.eval;
+  settings.estimator = spec.estimator;
   if (auto p = spec.params.find(method->name()); p != spec.params.end())
     settings.params = p->second;
 
@@ -406,6 +430,12 @@ HeadEval evaluate_item(const LayerData& layer, int num_layers, const EvalSpec& s
       return he;
     }
     if (he.note.empty()) he.note = run.selection.note;
+    if (r == 0) {
+      he.kept = static_cast<int>(run.selection.indices.size());
+      he.budget = run.window.budget;
+    }
+    if (run.selection.saturation >= 0)
+      he.saturation = (r == 0 ? 0.0 : he.saturation) + run.selection.saturation / spec.seeds;
     he.per_seed.push_back(run.mean_relative);
     norm_seeds.push_back(run.mean_normalized);
     mass_seeds.push_back(run.mean_mass);
@@ -624,7 +654,8 @@ nlohmann::json EvalReport::to_json() const {
                {"sink", spec.sink},
                {"eval", spec.eval},
                {"shard_index", spec.shard_index},
-               {"shard_count", spec.shard_count}};
+               {"shard_count", spec.shard_count},
+               {"estimator", estimator_name(spec.estimator)}};
   j["proxy_queries"] = proxy_queries;
   j["notes"] = notes;
   j["failures"] = failures();
@@ -650,6 +681,11 @@ nlohmann::json EvalReport::to_json() const {
               {"per_query", he.per_query},
               {"refused", he.refused}};
     if (!he.note.empty()) r["note"] = he.note;
+    if (!he.refused && he.error.empty()) {
+      r["kept"] = he.kept;
+      r["budget"] = he.budget;
+    }
+    if (he.saturation >= 0) r["saturation"] = he.saturation;
     if (!he.error.empty()) r["error"] = he.error;
     res.push_back(r);
   }
@@ -694,6 +730,7 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
     rep.spec.eval = s.at("eval").get<int>();
     rep.spec.shard_index = s.at("shard_index").get<int>();
     rep.spec.shard_count = s.at("shard_count").get<int>();
+    rep.spec.estimator = parse_estimator(s.value("estimator", "weighted"));
     if (rep.spec.ratios.empty()) throw InputError("\"spec\".\"ratios\" is empty");
     if (rep.info.num_tokens > 0)
       rep.window_example =
@@ -716,6 +753,9 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
       he.refused = r.value("refused", false);
       he.note = r.value("note", "");
       he.error = r.value("error", "");
+      he.kept = r.value("kept", 0);
+      he.budget = r.value("budget", 0);
+      he.saturation = r.value("saturation", -1.0);
       rep.results.push_back(std::move(he));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -735,7 +775,7 @@ EvalReport merge_reports(const std::vector<EvalReport>& parts) {
     return method_names(s.methods) == method_names(fs.methods) && s.ratios == fs.ratios &&
            s.seeds == fs.seeds && s.base_seed == fs.base_seed && s.layers == fs.layers &&
            s.heads == fs.heads && s.params == fs.params && s.sink == fs.sink && s.eval == fs.eval &&
-           s.shard_count == fs.shard_count;
+           s.shard_count == fs.shard_count && s.estimator == fs.estimator;
   };
   std::set<int> shards;
   for (size_t p = 0; p < parts.size(); ++p) {
