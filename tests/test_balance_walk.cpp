@@ -139,13 +139,14 @@ TEST(AuthorsHalving, DocsExampleComesOutDifferentlyFromTheBalancedRule) {
 
 TEST(AuthorsHalving, OddLengthDropsTheLastToken) {
   // n = 5, n//2 = 2: '+' reaches 2 at 2, '-' at 3: c = 3; weight 2 for 0 and 2, 1 for 4; the
-  // first two survive, so the last token is dropped (KVScope's balanced rule keeps it).
+  // first two survive, so the last token is dropped (KVScope's earlier variant kept
+  // round(n/2) = 3 here, with the balanced rule: 1 at weight 2, then 3 and 4).
   Halving h = authors_halving({+1, -1, +1, -1, +1}, 2);
   EXPECT_EQ(h.cut, 3);
   EXPECT_EQ(h.kept, (std::vector<int>{0, 2}));
   EXPECT_EQ(h.factor, (std::vector<double>{2, 2}));
-  const Halving b = exact_halving({+1, -1, +1, -1, +1}, 2);
-  EXPECT_EQ(b.kept.back(), 4);
+  const Halving b = exact_halving({+1, -1, +1, -1, +1}, 3);
+  EXPECT_EQ(b.kept, (std::vector<int>{1, 3, 4}));
   // n = 7: '-' reaches 3 at 4, '+' at 6 = c, sigma_c = +1 so the '-' signs 1, 2, 4, 5 weigh 2;
   // the first three survive.
   Halving odd = authors_halving({+1, -1, -1, +1, -1, -1, +1}, 3);
@@ -177,9 +178,13 @@ TEST(AuthorsHalving, KeepsNHalfInWalkOrderOnRandomSequences) {
       Halving h = authors_halving(s, keep);
       ASSERT_EQ(static_cast<int>(h.kept.size()), keep);
       for (size_t k = 0; k < h.kept.size(); ++k) {
-        if (k > 0) EXPECT_LT(h.kept[k - 1], h.kept[k]);
+        if (k > 0) {
+          EXPECT_LT(h.kept[k - 1], h.kept[k]);
+        }
         EXPECT_EQ(h.factor[k], h.kept[k] <= h.cut ? 2.0 : 1.0);
-        if (h.kept[k] <= h.cut) EXPECT_NE(s[h.kept[k]], s[h.cut]);
+        if (h.kept[k] <= h.cut) {
+          EXPECT_NE(s[h.kept[k]], s[h.cut]);
+        }
       }
     }
   }

@@ -343,7 +343,8 @@ TEST(BalanceKV, SwitchesAreIndependentAndThePresetSetsAllFour) {
 // figures are printed and in README.md / docs/balancekv.md): every walk variant beats uniform at
 // every ratio; KVScope's earlier variant (preset kvscope-v1) beats its own gamma = 0 ablation at
 // every ratio; the authors' exact walk does NOT beat gamma = 0 everywhere (at ratio 1/2 gamma = 0
-// is better on both captures), so that claim is no longer made for the default.
+// is better on lily, as on three of the four stories260K captures the issue-11 report measured),
+// so that claim is no longer made for the default.
 TEST(BalanceKV, WalkVariantsAgainstUniformAndGammaZeroOnRealCaptures) {
   const Method* uniform = find_method("uniform");
   ASSERT_NE(uniform, nullptr);
@@ -383,7 +384,13 @@ TEST(BalanceKV, WalkVariantsAgainstUniformAndGammaZeroOnRealCaptures) {
       for (size_t v = 0; v < variants.size(); ++v)
         EXPECT_LT(err[v], err.back()) << name << " ratio " << ratio << " variant " << v;
       EXPECT_LT(err[2], err[3]) << name << " ratio " << ratio;
-      if (ratio == 0.5) EXPECT_GT(err[0], err[1]) << name << ": authors' walk vs gamma 0 at 1/2";
+      // The authors' walk against its gamma = 0 ablation: better at 1/4 and 1/8 on both
+      // captures, but at 1/2 worse on lily (0.100 vs 0.095) and better on dragon.
+      const bool lily = std::string(name).find("lily") != std::string::npos;
+      if (ratio == 0.5 && lily)
+        EXPECT_GT(err[0], err[1]) << name << ": authors' walk vs gamma 0 at 1/2";
+      else
+        EXPECT_LT(err[0], err[1]) << name << ": authors' walk vs gamma 0 at " << ratio;
     }
   }
   EXPECT_EQ(captures, 2);
