@@ -151,8 +151,7 @@ void run_summary(const AppState& s, int slot) {
     if (r.selection.saturation >= 0)
       ImGui::Text("walk saturation %.0f%% of steps (p clipped to 0 or 1)%s",
                   100.0 * r.selection.saturation,
-                  r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)"
-                                                : "");
+                  r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)" : "");
     if (!r.selection.note.empty()) ImGui::TextWrapped("note: %s", r.selection.note.c_str());
     if (r.selection.trace && !r.selection.trace->note.empty())
       ImGui::TextWrapped("trace: %s", r.selection.trace->note.c_str());

@@ -159,8 +159,9 @@ void print_report(const EvalReport& rep) {
     std::printf(", shard %d/%d", rep.spec.shard_index, rep.spec.shard_count);
   std::printf("\n");
   if (rep.spec.estimator == Estimator::Authors)
-    std::printf("estimator authors: numerator weight w, denominator weight 2^T on every kept "
-                "token\n");
+    std::printf(
+        "estimator authors: numerator weight w, denominator weight 2^T on every kept "
+        "token\n");
   for (const std::string& note : rep.notes) std::printf("note     %s\n", note.c_str());
   // What methods said about their own runs (top-ups, scaled defaults, FAIL cases): the first
   // note of each method, and how many other notes it left.

@@ -213,7 +213,6 @@ class BlockGram {
   MatrixD xd_, gm_;
 };
 
-
 // ---- The float32 walk (the authors' semantics, WalkBatch::float32).
 //
 // The block's kernel matrix is computed in float32 as torch computes it in the authors'
@@ -226,8 +225,7 @@ class BlockGram {
 
 #if defined(KVS_GRAM_AVX2)
 // Four 8-lane sums -> [sum a, sum b, sum c, sum d].
-__attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, __m256 c,
-                                                           __m256 d) {
+__attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 t0 = _mm256_hadd_ps(a, b), t1 = _mm256_hadd_ps(c, d);
   const __m256 t2 = _mm256_hadd_ps(t0, t1);
   return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
@@ -291,7 +289,8 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_f32_avx2(__m256 x) {
   // 2^n in two factors so n = 128 (x near 88.72) does not overflow the exponent field.
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i half = _mm256_srai_epi32(ni, 1);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  const __m256 s1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
   const __m256 s2 = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
   __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
@@ -426,8 +425,9 @@ void walk_block_f32(const WalkBatch& b, int blk, F32Block& w) {
       float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
       int j0 = 0;
 #if defined(KVS_GRAM_AVX2)
-      if (simd) j0 = kernel_row_f32_avx2(gki, gvi, i + 1, temp, sqrt_d, beta, eps, bias, ki,
-                                         w.tail_bad.data());
+      if (simd)
+        j0 = kernel_row_f32_avx2(gki, gvi, i + 1, temp, sqrt_d, beta, eps, bias, ki,
+                                 w.tail_bad.data());
 #endif
       for (int j = j0; j <= i; ++j) {
         const float arg = (temp * gki[j]) / sqrt_d - beta;
@@ -445,7 +445,8 @@ void walk_block_f32(const WalkBatch& b, int blk, F32Block& w) {
   for (int i = 0; i < len; ++i) {
     const float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
 #if defined(KVS_GRAM_AVX2)
-    float partial = simd ? dot_f32_avx2(ki, w.sig.data(), i) : dot_f32_portable(ki, w.sig.data(), i);
+    float partial =
+        simd ? dot_f32_avx2(ki, w.sig.data(), i) : dot_f32_portable(ki, w.sig.data(), i);
 #else
     float partial = dot_f32_portable(ki, w.sig.data(), i);
 #endif
@@ -631,8 +632,9 @@ BalanceParams balance_params_from(const ParamValues& values) {
   const std::vector<ParamSpec> specs = balancekv_param_specs();
   for (const auto& [name, v] : values) {
     const ParamSpec& spec = find_param_spec(specs, name, "balancekv");
-    const double hi =
-        spec.type == ParamSpec::Type::Choice ? static_cast<double>(spec.choices.size()) - 1 : spec.max;
+    const double hi = spec.type == ParamSpec::Type::Choice
+                          ? static_cast<double>(spec.choices.size()) - 1
+                          : spec.max;
     if (!std::isfinite(v) || v < spec.min || v > hi) {
       std::ostringstream os;
       os << "balancekv: parameter " << name << " = " << v << " is outside [" << spec.min << ", "
@@ -652,8 +654,8 @@ BalanceParams balance_params_from(const ParamValues& values) {
   p.value_bias = param_value(specs, values, "value_bias");
   p.block = static_cast<int>(param_value(specs, values, "block"));
   p.protect_anticorrelated = param_value(specs, values, "protect_anticorrelated") != 0;
-  p.halving = param_value(specs, values, "halving") != 0 ? HalvingRule::Balanced
-                                                         : HalvingRule::Authors;
+  p.halving =
+      param_value(specs, values, "halving") != 0 ? HalvingRule::Balanced : HalvingRule::Authors;
   p.centring =
       param_value(specs, values, "centring") != 0 ? Centring::RealRows : Centring::PaddedBlock;
   p.float32 = param_value(specs, values, "precision") == 0;
@@ -1080,8 +1082,8 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
       }
       const bool last = round + 1 == static_cast<int>(s.schedule.size());
       const int keep = s.schedule[round];
-      Halving h = prm.halving == HalvingRule::Authors ? authors_halving(sg, keep)
-                                                      : exact_halving(sg, keep);
+      Halving h =
+          prm.halving == HalvingRule::Authors ? authors_halving(sg, keep) : exact_halving(sg, keep);
 
       // Top-up after the last round when the schedule undershoots the target (ratios that are
       // not powers of two): draw the missing tokens uniformly without replacement from this
@@ -1282,9 +1284,9 @@ Selection finish_head(HeadPlan& plan, WalkOutcome& out, const MethodInput& in) {
   const int kept = static_cast<int>(sel.indices.size());
   const double saturation =
       out.walked_steps > 0 ? static_cast<double>(out.saturated_steps) / out.walked_steps : 0.0;
-  note << "kept " << kept << " of budget " << plan.budget << "; " << out.rounds
-       << " halving round" << (out.rounds == 1 ? "" : "s") << " over " << plan.job.tokens.size()
-       << " tokens; " << std::lround(100.0 * saturation) << "% of steps saturated (p clipped to 0 "
+  note << "kept " << kept << " of budget " << plan.budget << "; " << out.rounds << " halving round"
+       << (out.rounds == 1 ? "" : "s") << " over " << plan.job.tokens.size() << " tokens; "
+       << std::lround(100.0 * saturation) << "% of steps saturated (p clipped to 0 "
        << "or 1)";
   if (saturation >= 0.9)
     note << ": the walk is nearly deterministic (p is forced, not drawn); temp and gamma set "

@@ -36,7 +36,7 @@ struct EvalWindow {
 // w (DESIGN.md 3). Authors: the BalanceKV authors' notebook and forward pass, numerator weight w
 // and denominator weight 2^T on every kept token, T = ceil(log2(1/keep_ratio)) (their rounds).
 enum class Estimator { Weighted, Authors };
-const char* estimator_name(Estimator e);       // "weighted" | "authors"
+const char* estimator_name(Estimator e);          // "weighted" | "authors"
 Estimator parse_estimator(const std::string& s);  // throws InputError naming --estimator
 // Rewrites `sel` for the authors' estimator: the denominator set becomes the numerator's kept
 // tokens, each with weight 2^T.
@@ -85,8 +85,8 @@ struct HeadEval {
   std::string note;
   int kept = 0, budget = 0;  // tokens of the middle the method kept (first seed) vs the budget m
   double saturation = -1;    // walks: mean over seeds of Selection::saturation; -1 otherwise
-  bool refused = false;  // head refused (NaN/Inf) or method not applicable
-  std::string error;     // non-empty when the method threw (what it said)
+  bool refused = false;      // head refused (NaN/Inf) or method not applicable
+  std::string error;         // non-empty when the method threw (what it said)
 };
 
 struct EvalSpec {

@@ -46,7 +46,7 @@ struct WalkTrace {
   double saturation = 0;
   long saturated_steps = 0, walked_steps = 0;
   int kept = 0, budget = 0;  // tokens the walk kept vs the protocol's budget m
-  int trace_query = -1;  // absolute position of the query used for disc_query
+  int trace_query = -1;      // absolute position of the query used for disc_query
   std::vector<WalkBlockTrace> blocks;
   std::string note;
 };

@@ -69,6 +69,11 @@ __device__ void gram_tile(const float* __restrict__ x, int rows, int dim, float*
   }
 }
 
+// Whether x is finite: x - x is 0 for finite x and NaN for inf or NaN (no fast-math here).
+__device__ __forceinline__ bool finite_f32(float x) {
+  return x - x == 0.0f;
+}
+
 // The float32 walk of one fast block (walk_fast_kernel with a.float32), the keys' Gram tile
 // already in `acc`. Mirrors walk_block_f32 in engine/balance_walk.cpp.
 __device__ void walk_fast_f32(const WalkDeviceArgs& a, int b, int off, int rows, int tid,
@@ -100,7 +105,7 @@ __device__ void walk_fast_f32(const WalkDeviceArgs& a, int b, int off, int rows,
           const float k = tri[at] * ((acc[i][j] + eps) + bias);
           tri[at] = k;
           // K_rc = K_cr with r >= c: row c's sum over the whole block sees it.
-          if (!isfinite(k)) atomicOr(&tail_bad[c], 1);
+          if (!finite_f32(k)) atomicOr(&tail_bad[c], 1);
         }
       }
   }
@@ -119,7 +124,8 @@ __device__ void walk_fast_f32(const WalkDeviceArgs& a, int b, int off, int rows,
       if (a.partial) a.partial[off + i] = partial;
     }
     __syncthreads();
-    if (tid > i && tid < rows) running = fmaf(tri[tri_index(tid, i)], static_cast<float>(sigma_s[i]), running);
+    if (tid > i && tid < rows)
+      running = fmaf(tri[tri_index(tid, i)], static_cast<float>(sigma_s[i]), running);
   }
 }
 
@@ -242,7 +248,7 @@ __device__ void walk_exact_f32(const WalkDeviceArgs& a, int b, int off, int rows
   for (int t = tid; t < rows; t += blockDim.x) {
     running[t] = 0.0f;
     int flag = 0;
-    for (int j = t; j < rows && !flag; ++j) flag = !isfinite(kernel_f32(a, off, t, j));
+    for (int j = t; j < rows && !flag; ++j) flag = !finite_f32(kernel_f32(a, off, t, j));
     bad[t] = flag;
   }
   __shared__ float sigma_i;

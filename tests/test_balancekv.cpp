@@ -339,7 +339,8 @@ TEST(BalanceKV, SwitchesAreIndependentAndThePresetSetsAllFour) {
   }
   for (int head = 0; head < cap->info().kv_heads; ++head) {
     const Selection v1 = select(head, {{"preset", 1}});
-    const Selection all4 = select(head, {{"halving", 1}, {"centring", 1}, {"precision", 1}, {"kept", 1}});
+    const Selection all4 =
+        select(head, {{"halving", 1}, {"centring", 1}, {"precision", 1}, {"kept", 1}});
     EXPECT_EQ(v1.indices, all4.indices);
     EXPECT_EQ(v1.weights, all4.weights);
     // The preset overrides the switches.

@@ -169,8 +169,8 @@ TEST(GoldenData, OverflowCaptureOverflowsAndTheWalkReportsSaturation) {
   const EvalWindow wl = EvalWindow::make(lily->info().num_tokens, 0.5);
   MethodInput hot = make_method_input(*l0, lily->info().num_layers, 0, wl, ParamValues{}, 0);
   hot.want_trace = true;
-  MethodInput cool = make_method_input(*l0, lily->info().num_layers, 0, wl,
-                                       ParamValues{{"temp", 0.1}}, 0);
+  MethodInput cool =
+      make_method_input(*l0, lily->info().num_layers, 0, wl, ParamValues{{"temp", 0.1}}, 0);
   cool.want_trace = true;
   const double s_hot = balancekv_select(hot).trace->saturation;
   const double s_cool = balancekv_select(cool).trace->saturation;
@@ -181,7 +181,8 @@ TEST(GoldenData, OverflowCaptureOverflowsAndTheWalkReportsSaturation) {
 // Preset kvscope-v1 reproduces KVScope's earlier selections (captured from the build before the
 // switches were added) exactly.
 TEST(KvscopeV1Preset, ReproducesTheEarlierSelections) {
-  const nlohmann::json fixture = load_json(KVSCOPE_SOURCE_DIR "/tests/data/balancekv_kvscope_v1.json");
+  const nlohmann::json fixture =
+      load_json(KVSCOPE_SOURCE_DIR "/tests/data/balancekv_kvscope_v1.json");
   ASSERT_GT(fixture.size(), 0u);
   for (const nlohmann::json& c : fixture) {
     auto cap = CaptureFile::open(capture_path(c["capture"].get<std::string>()));

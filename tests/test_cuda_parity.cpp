@@ -240,15 +240,16 @@ TEST(CudaParity, BalanceKvMatchesTheAuthorsGoldenOnDevice) {
   const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
   const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
   const std::string golden = root + "/../shared/golden/";
-  const int stride = std::getenv("KVSCOPE_GOLDEN_STRIDE") ? std::atoi(std::getenv("KVSCOPE_GOLDEN_STRIDE")) : 37;
+  const int stride =
+      std::getenv("KVSCOPE_GOLDEN_STRIDE") ? std::atoi(std::getenv("KVSCOPE_GOLDEN_STRIDE")) : 37;
   int checked = 0, identical = 0;
   for (const char* which : {"lily", "dragon", "d128", "overflow"}) {
     std::ifstream f(golden + "balancekv_authors_" + which + ".json");
     ASSERT_TRUE(f) << "no golden data in " << golden;
     const nlohmann::json g = nlohmann::json::parse(f);
     const std::string cap_name = g["capture"].get<std::string>();
-    const std::string cap_path = std::ifstream(golden + cap_name) ? golden + cap_name
-                                                                  : root + "/sample_data/" + cap_name;
+    const std::string cap_path =
+        std::ifstream(golden + cap_name) ? golden + cap_name : root + "/sample_data/" + cap_name;
     auto cap = CaptureFile::open(cap_path);
     const auto& cases = g["cases"];
     for (size_t k = 0; k < cases.size(); k += std::max(1, stride)) {
@@ -258,8 +259,8 @@ TEST(CudaParity, BalanceKvMatchesTheAuthorsGoldenOnDevice) {
       const ParamValues params{{"gamma", c["gamma"].get<double>()},
                                {"temp", c["temp"].get<double>()},
                                {"block", c["block"].get<double>()}};
-      MethodInput in = make_method_input(*layer, cap->info().num_layers, c["kv_head"].get<int>(),
-                                         w, params, c["seed"].get<uint64_t>());
+      MethodInput in = make_method_input(*layer, cap->info().num_layers, c["kv_head"].get<int>(), w,
+                                         params, c["seed"].get<uint64_t>());
       in.backend = gpu;
       const Selection sel = find_method("balancekv")->select(in);
       ++checked;
