@@ -61,6 +61,7 @@ MethodSettings AppState::settings(int slot) const {
   }
   ms.sink = sink_override;
   ms.eval = eval_override;
+  ms.estimator = estimator;
   return ms;
 }
 
@@ -321,6 +322,7 @@ void AppState::request_grid() {
   spec.params = params;
   spec.sink = sink_override;
   spec.eval = eval_override;
+  spec.estimator = estimator;
   spec.threads = background_threads();
   std::shared_ptr<CaptureFile> cap = capture;
   Backend* be = backend_;
@@ -406,6 +408,7 @@ void AppState::request_sweep(const SweepRequest& r) {
   spec.params = params;
   spec.sink = sink_override;
   spec.eval = eval_override;
+  spec.estimator = estimator;
   spec.threads = background_threads();
   if (r.focused_layer_only) spec.layers = {focus.layer};
   std::shared_ptr<CaptureFile> cap = capture;

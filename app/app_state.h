@@ -90,6 +90,7 @@ struct AppState {
   double keep_ratio = 0.25;
   int seed = 0;
   int sink_override = -1, eval_override = -1;  // -1: protocol default
+  Estimator estimator = Estimator::Weighted;   // the authors' estimator is a protocol option
   std::string backend_choice = "cpu";          // cpu | cuda | auto
   std::string backend_active;                  // name() of the backend in use
   std::string backend_note;                    // why cuda is not used, or the device

@@ -148,6 +148,10 @@ void run_summary(const AppState& s, int slot) {
                 r.window.n_mid, r.window.budget,
                 r.selection.separate ? " [separate num/den sets]" : "", r.mean_mass);
     ImGui::TextDisabled("ran in %.1f ms on the focused head", s.run_ms[slot]);
+    if (r.selection.saturation >= 0)
+      ImGui::Text("walk saturation %.0f%% of steps (p clipped to 0 or 1)%s",
+                  100.0 * r.selection.saturation,
+                  r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)" : "");
     if (!r.selection.note.empty()) ImGui::TextWrapped("note: %s", r.selection.note.c_str());
     if (r.selection.trace && !r.selection.trace->note.empty())
       ImGui::TextWrapped("trace: %s", r.selection.trace->note.c_str());
@@ -283,6 +287,14 @@ class MethodView final : public View {
         }
       }
       if (s.info()) ImGui::TextWrapped("%s", s.window().describe().c_str());
+      bool authors = s.estimator == Estimator::Authors;
+      if (ImGui::Checkbox("authors' estimator", &authors)) {
+        s.estimator = authors ? Estimator::Authors : Estimator::Weighted;
+        changed = true;
+      }
+      help_marker(
+          "The BalanceKV authors' notebook and forward pass: numerator weight w, denominator "
+          "weight 2^T on every kept token (T = ceil(log2(1/ratio))). Off: both use w.");
       ImGui::SetNextItemWidth(120);
       if (ImGui::SliderInt("grid seeds", &s.grid_seeds, 1, 10)) changed = true;
       help_marker(

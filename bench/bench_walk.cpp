@@ -43,7 +43,7 @@ Head make_head(int n, int d, uint32_t seed) {
   return h;
 }
 
-void run_heads(benchmark::State& state, int heads) {
+void run_heads(benchmark::State& state, int heads, const BalanceParams& prm = BalanceParams{}) {
   const int n = static_cast<int>(state.range(0));
   const int d = 128;
   std::vector<Head> data;
@@ -56,7 +56,6 @@ void run_heads(benchmark::State& state, int heads) {
     for (int t = 0; t < n; ++t) jobs[h].tokens.push_back(t);
     jobs[h].target = n / 4;  // two halving rounds
   }
-  BalanceParams prm;
   Backend& backend = bench_backend();
   uint64_t seed = 0;
   for (auto _ : state) {
@@ -70,6 +69,11 @@ void run_heads(benchmark::State& state, int heads) {
 void BM_BalanceKVHead(benchmark::State& state) {
   run_heads(state, 1);
 }
+// KVScope's earlier double-precision walk (preset kvscope-v1) on the same head: the "before" of
+// the float32 walk, measured in the same run.
+void BM_BalanceKVHeadKvscopeV1(benchmark::State& state) {
+  run_heads(state, 1, kvscope_v1_params(BalanceParams{}));
+}
 // The same with the portable (Eigen, baseline x86-64) Gram path, as on a CPU without AVX2.
 void BM_BalanceKVHeadPortableGram(benchmark::State& state) {
   const bool before = set_cpu_walk_simd(false);
@@ -81,7 +85,7 @@ void BM_BalanceKVLayer32(benchmark::State& state) {
 }
 
 // The walk op alone on one round of one head (64 blocks of 128 rows, keys used as given), to
-// separate the op from block preparation and halving.
+// separate the op from block preparation and halving. Arg 1: float32 (default), 0: double.
 void BM_WalkOpOneRound(benchmark::State& state) {
   const int n = 8192, d = 128, block = 128;
   Head h = make_head(n, d, 5);
@@ -94,6 +98,8 @@ void BM_WalkOpOneRound(benchmark::State& state) {
   }
   std::vector<int8_t> sigma(n);
   WalkBatch batch;
+  batch.float32 = state.range(0) != 0;  // 1: the authors' float32 walk, 0: the double walk
+  batch.value_eps = batch.float32 ? kAuthorsValueEps : 0.0;
   batch.d = d;
   batch.dv = d;
   batch.num_blocks = static_cast<int>(head.size());
@@ -114,8 +120,9 @@ void BM_WalkOpOneRound(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_WalkOpOneRound)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_WalkOpOneRound)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BalanceKVHead)->Arg(8192)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BalanceKVHeadKvscopeV1)->Arg(8192)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BalanceKVHeadPortableGram)->Arg(8192)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BalanceKVLayer32)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(2);
 

@@ -142,7 +142,17 @@ void run_bench(const BenchOptions& o) {
       o.heads, o.heads == 1 ? "" : "s", o.n, o.d, o.block, o.rounds, o.rounds == 1 ? "" : "s",
       o.repeat, o.repeat == 1 ? "" : "s");
   const Timing main = time_walk(heads, prm, o, chosen);
+  std::printf("authors' walk (float32, the default):\n");
   print_timing(chosen, main);
+  // KVScope's earlier double-precision walk (preset kvscope-v1) on the same data and backend:
+  // the before/after ratio of the float32 walk.
+  const Timing v1 = time_walk(heads, kvscope_v1_params(prm), o, chosen);
+  std::printf("preset kvscope-v1 (double walk):\n");
+  print_timing(chosen, v1);
+  std::printf("float32 / kvscope-v1 time ratio %.3f (wall)", main.median_ms / v1.median_ms);
+  if (!chosen.is_gpu())
+    std::printf(", %.3f (thread CPU time)", main.median_thread_cpu_ms / v1.median_thread_cpu_ms);
+  std::printf("\n");
 
   // The other backend on the same data, when there is one.
   std::string why;

@@ -36,6 +36,7 @@ struct CommonOptions {
   std::string json_out;
   const CLI::Option* sink_option = nullptr;  // to tell "--sink not given" from a given value
   const CLI::Option* eval_option = nullptr;
+  std::string estimator = "weighted";
 };
 
 struct EvalOptions {
@@ -66,6 +67,11 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("--backend", o.backend, "cpu | cuda | auto")->capture_default_str();
   sub->add_option("--threads", o.threads, "worker threads (0: all cores)")->capture_default_str();
   sub->add_option("--json", o.json_out, "write the report as JSON");
+  sub->add_option("--estimator", o.estimator,
+                  "weighted: numerator and denominator use the method's weights w; authors: the "
+                  "BalanceKV authors' notebook estimator, numerator w, denominator 2^T on every "
+                  "kept token (T = ceil(log2(1/ratio)))")
+      ->capture_default_str();
 }
 
 // The flags shared by eval and sweep, range-checked (limits in the messages) and bounded by the
@@ -93,6 +99,7 @@ EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
   spec.eval = o.eval;
   check_range(o.threads, 0, 1024, "--threads");
   spec.threads = o.threads;
+  spec.estimator = parse_estimator(o.estimator);
   return spec;
 }
 

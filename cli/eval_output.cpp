@@ -163,6 +163,10 @@ void print_report(const EvalReport& rep) {
   if (rep.spec.shard_count > 1)
     std::printf(", shard %d/%d", rep.spec.shard_index, rep.spec.shard_count);
   std::printf("\n");
+  if (rep.spec.estimator == Estimator::Authors)
+    std::printf(
+        "estimator authors: numerator weight w, denominator weight 2^T on every kept "
+        "token\n");
   for (const std::string& note : rep.notes) std::printf("note     %s\n", printable(note).c_str());
   // Heads the capture refuses (NaN/Inf or values too large for float), once each.
   {

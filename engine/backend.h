@@ -16,6 +16,11 @@ namespace kvscope {
 //   K_ij = exp(temp <k_i,k_j>/sqrt(d) - beta) * (<v_i,v_j> + value_bias)
 // The uniform for step i is counter_uniform(seed, kRandWalk, layer, block_head[b], round,
 // block_id[b], i): identical on every backend.
+// With `float32` set (the authors' semantics, BalanceKV's default) everything is float32 with
+// IEEE overflow: K_ij = exp(temp <k_i,k_j>/sqrt(d) - beta) * ((<v_i,v_j> + value_eps) +
+// value_bias), p_i = 1/2 - gamma * sum_j K_ij sigma_j over the WHOLE block with sigma_j = 0 for
+// j >= i (so a non-finite K_ij anywhere in row i makes the sum NaN), sigma_i = +1 iff
+// float(u_i) < p_i without clipping (NaN or -inf p: -1). Otherwise the double rule above.
 struct WalkBatch {
   int d = 0, dv = 0;
   int num_blocks = 0;
@@ -27,6 +32,8 @@ struct WalkBatch {
   uint64_t seed = 0;
   uint32_t layer = 0, round = 0;
   double gamma = 4, temp = 1, beta = 0, value_bias = 0.025;
+  bool float32 = false;
+  double value_eps = 0;  // the authors' 1e-8 (float32 only)
   // Outputs, total_rows each. partial/p may be null when not traced.
   int8_t* sigma = nullptr;
   float* p = nullptr;        // before clipping

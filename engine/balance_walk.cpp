@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -212,6 +213,258 @@ class BlockGram {
   MatrixD xd_, gm_;
 };
 
+// ---- The float32 walk (the authors' semantics, WalkBatch::float32).
+//
+// The block's kernel matrix is computed in float32 as torch computes it in the authors'
+// balanced_walk: Gram products accumulated in float (here 8-lane AVX2 FMAs; torch uses sgemm,
+// so the two agree to float rounding), exponent ((temp * g) / sqrt(d)) - beta, value term
+// ((gv + 1e-8) + 0.025). Overflow is kept as IEEE inf: the authors' partial sum runs over the
+// whole block row with sigma_j = 0 for j >= i, so one non-finite K_ij anywhere in row i (inf * 0
+// is NaN) makes p_i NaN and the sign -1. `tail_bad[i]` records exactly that. The sign loop is a
+// float dot product of row i's lower part with the signs so far.
+
+#if defined(KVS_GRAM_AVX2)
+// Four 8-lane sums -> [sum a, sum b, sum c, sum d].
+__attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 t0 = _mm256_hadd_ps(a, b), t1 = _mm256_hadd_ps(c, d);
+  const __m256 t2 = _mm256_hadd_ps(t0, t1);
+  return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
+}
+
+// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) and j in [0, i] rounded up to
+// the 4-row tile; x row-major, dim8 wide (multiple of 8), rows zero-padded to a multiple of 4 past
+// iend. Row i goes to g + (i - ibegin) * ldg.
+__attribute__((target("avx2,fma"))) void gram_lower_f32_avx2(const float* x, int ibegin, int iend,
+                                                             int dim8, int ldg, float* g) {
+  for (int i0 = ibegin; i0 < iend; i0 += 2) {
+    const float* xi0 = x + static_cast<long>(i0) * dim8;
+    const float* xi1 = xi0 + dim8;
+    for (int j0 = 0; j0 <= i0 + 1; j0 += 4) {
+      const float* xj = x + static_cast<long>(j0) * dim8;
+      __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
+      __m256 a02 = _mm256_setzero_ps(), a03 = _mm256_setzero_ps();
+      __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
+      __m256 a12 = _mm256_setzero_ps(), a13 = _mm256_setzero_ps();
+      for (int c = 0; c < dim8; c += 8) {
+        const __m256 u0 = _mm256_loadu_ps(xi0 + c), u1 = _mm256_loadu_ps(xi1 + c);
+        __m256 v = _mm256_loadu_ps(xj + c);
+        a00 = _mm256_fmadd_ps(u0, v, a00);
+        a10 = _mm256_fmadd_ps(u1, v, a10);
+        v = _mm256_loadu_ps(xj + dim8 + c);
+        a01 = _mm256_fmadd_ps(u0, v, a01);
+        a11 = _mm256_fmadd_ps(u1, v, a11);
+        v = _mm256_loadu_ps(xj + 2 * dim8 + c);
+        a02 = _mm256_fmadd_ps(u0, v, a02);
+        a12 = _mm256_fmadd_ps(u1, v, a12);
+        v = _mm256_loadu_ps(xj + 3 * dim8 + c);
+        a03 = _mm256_fmadd_ps(u0, v, a03);
+        a13 = _mm256_fmadd_ps(u1, v, a13);
+      }
+      _mm_storeu_ps(g + static_cast<long>(i0 - ibegin) * ldg + j0, reduce4f(a00, a01, a02, a03));
+      _mm_storeu_ps(g + static_cast<long>(i0 + 1 - ibegin) * ldg + j0,
+                    reduce4f(a10, a11, a12, a13));
+    }
+  }
+}
+
+// exp(x) for 8 floats: x = n ln2 + r, |r| <= ln2/2, 2^n times a degree-6 polynomial in r (within
+// 2 ulp of the correctly rounded value); inf above the float range (as std::exp gives), 0 below
+// it (std::exp would give a denormal there; a kernel entry below 1e-38 changes no sign), NaN
+// passes through.
+__attribute__((target("avx2,fma"))) inline __m256 exp_f32_avx2(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.33654022216797f);
+  const __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ), under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  const __m256 xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);  // NaN -> lo (restored below)
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // 2^n in two factors so n = 128 (x near 88.72) does not overflow the exponent field.
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256 s1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  const __m256 s2 = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+  y = _mm256_andnot_ps(under, y);
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// K_ij for j < len (len rounded down to 8) of one row, flagging tail_bad[j] for non-finite
+// entries; returns how many entries it did (the caller finishes the rest).
+__attribute__((target("avx2,fma"))) int kernel_row_f32_avx2(const float* gk, const float* gv,
+                                                            int len, float temp, float sqrt_d,
+                                                            float beta, float eps, float bias,
+                                                            float* out, char* tail_bad) {
+  const __m256 vt = _mm256_set1_ps(temp), vs = _mm256_set1_ps(sqrt_d), vb = _mm256_set1_ps(beta);
+  const __m256 ve = _mm256_set1_ps(eps), vbias = _mm256_set1_ps(bias);
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  int j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m256 arg =
+        _mm256_sub_ps(_mm256_div_ps(_mm256_mul_ps(vt, _mm256_loadu_ps(gk + j)), vs), vb);
+    const __m256 vterm = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(gv + j), ve), vbias);
+    const __m256 k = _mm256_mul_ps(exp_f32_avx2(arg), vterm);
+    _mm256_storeu_ps(out + j, k);
+    // Not finite: |k| == inf, or NaN (unordered).
+    const __m256 bad = _mm256_or_ps(_mm256_cmp_ps(_mm256_and_ps(k, abs_mask), inf, _CMP_EQ_OQ),
+                                    _mm256_cmp_ps(k, k, _CMP_UNORD_Q));
+    if (int m = _mm256_movemask_ps(bad))
+      for (int l = 0; l < 8; ++l)
+        if (m & (1 << l)) tail_bad[j + l] = 1;
+  }
+  return j;
+}
+
+// sum_{j<i} k[j] * s[j] in float, 8 lanes.
+__attribute__((target("avx2,fma"))) float dot_f32_avx2(const float* k, const float* s, int i) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 16 <= i; j += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + j), _mm256_loadu_ps(s + j), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k + j + 8), _mm256_loadu_ps(s + j + 8), a1);
+  }
+  for (; j + 8 <= i; j += 8)
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k + j), _mm256_loadu_ps(s + j), a0);
+  a0 = _mm256_add_ps(a0, a1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float acc = _mm_cvtss_f32(h);
+  for (; j < i; ++j) acc += k[j] * s[j];
+  return acc;
+}
+#endif
+
+void gram_lower_f32_portable(const float* x, int ibegin, int iend, int dim8, int ldg, float* g) {
+  for (int i = ibegin; i < iend; ++i) {
+    const float* xi = x + static_cast<long>(i) * dim8;
+    for (int j = 0; j <= i; ++j) {
+      const float* xj = x + static_cast<long>(j) * dim8;
+      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int c = 0; c < dim8; c += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] += xi[c + l] * xj[c + l];
+      float acc = 0;
+      for (float v : lanes) acc += v;
+      g[static_cast<long>(i - ibegin) * ldg + j] = acc;
+    }
+  }
+}
+
+float dot_f32_portable(const float* k, const float* s, int i) {
+  float acc = 0;
+  for (int j = 0; j < i; ++j) acc += k[j] * s[j];
+  return acc;
+}
+
+// Buffers of the float32 walk, one set per thread.
+struct F32Block {
+  std::vector<float> xk, xv, gk, gv, kern, sig;
+  std::vector<char> tail_bad;
+};
+
+// Copies `len` rows of width `dim` into a zero-padded row-major buffer (rows to a multiple of 4,
+// width to a multiple of 8).
+int load_padded(std::vector<float>& dst, const float* src, int len, int dim) {
+  const int dim8 = (dim + 7) / 8 * 8;
+  const int rows4 = (len + 3) / 4 * 4;
+  dst.assign(static_cast<size_t>(rows4) * dim8, 0.0f);
+  for (int i = 0; i < len; ++i)
+    std::copy(src + static_cast<long>(i) * dim, src + static_cast<long>(i + 1) * dim,
+              dst.data() + static_cast<size_t>(i) * dim8);
+  return dim8;
+}
+
+void walk_block_f32(const WalkBatch& b, int blk, F32Block& w) {
+  const int r0 = b.block_offset[blk];
+  const int len = b.block_offset[blk + 1] - r0;
+  const int dk8 = load_padded(w.xk, b.keys + static_cast<long>(r0) * b.d, len, b.d);
+  const int dv8 = load_padded(w.xv, b.values + static_cast<long>(r0) * b.dv, len, b.dv);
+  const int ld = (len + 3) / 4 * 4;
+  w.kern.assign(static_cast<size_t>(len) * ld, 0.0f);
+  w.tail_bad.assign(len, 0);
+  constexpr int kPanel = 64;
+  w.gk.resize(static_cast<size_t>(kPanel) * ld);
+  w.gv.resize(static_cast<size_t>(kPanel) * ld);
+#if defined(KVS_GRAM_AVX2)
+  const bool simd = g_walk_simd.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
+#else
+  const bool simd = false;
+#endif
+  const float temp = static_cast<float>(b.temp);
+  const float sqrt_d = static_cast<float>(std::sqrt(static_cast<double>(b.d)));
+  const float beta = static_cast<float>(b.beta);
+  const float eps = static_cast<float>(b.value_eps);
+  const float bias = static_cast<float>(b.value_bias);
+  for (int p0 = 0; p0 < len; p0 += kPanel) {
+    const int p1 = std::min(len, p0 + kPanel);
+#if defined(KVS_GRAM_AVX2)
+    if (simd) {
+      const int iend = (p1 + 1) / 2 * 2;
+      gram_lower_f32_avx2(w.xk.data(), p0, iend, dk8, ld, w.gk.data());
+      gram_lower_f32_avx2(w.xv.data(), p0, iend, dv8, ld, w.gv.data());
+    }
+#endif
+    if (!simd) {
+      gram_lower_f32_portable(w.xk.data(), p0, p1, dk8, ld, w.gk.data());
+      gram_lower_f32_portable(w.xv.data(), p0, p1, dv8, ld, w.gv.data());
+    }
+    for (int i = p0; i < p1; ++i) {
+      const float* gki = w.gk.data() + static_cast<size_t>(i - p0) * ld;
+      const float* gvi = w.gv.data() + static_cast<size_t>(i - p0) * ld;
+      float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
+      int j0 = 0;
+#if defined(KVS_GRAM_AVX2)
+      if (simd)
+        j0 = kernel_row_f32_avx2(gki, gvi, i + 1, temp, sqrt_d, beta, eps, bias, ki,
+                                 w.tail_bad.data());
+#endif
+      for (int j = j0; j <= i; ++j) {
+        const float arg = (temp * gki[j]) / sqrt_d - beta;
+        ki[j] = std::exp(arg) * ((gvi[j] + eps) + bias);
+        // Row i's sum sees K_ij for j >= i through sigma_j = 0: the diagonal here, and K_ji
+        // (the same matrix entry) of the later rows.
+        if (!std::isfinite(ki[j])) w.tail_bad[j] = 1;
+      }
+    }
+  }
+  w.sig.assign(ld, 0.0f);
+  const float gamma = static_cast<float>(b.gamma);
+  const uint32_t head = b.block_head[blk];
+  const uint32_t bid = b.block_id[blk];
+  for (int i = 0; i < len; ++i) {
+    const float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
+#if defined(KVS_GRAM_AVX2)
+    float partial =
+        simd ? dot_f32_avx2(ki, w.sig.data(), i) : dot_f32_portable(ki, w.sig.data(), i);
+#else
+    float partial = dot_f32_portable(ki, w.sig.data(), i);
+#endif
+    if (w.tail_bad[i]) partial = std::numeric_limits<float>::quiet_NaN();
+    const float p = 0.5f - gamma * partial;
+    int8_t s = +1;  // sigma_0 = +1; its uniform is never drawn
+    if (i > 0) {
+      const float u = static_cast<float>(counter_uniform(b.seed, kRandWalk, b.layer, head, b.round,
+                                                         bid, static_cast<uint32_t>(i)));
+      s = u < p ? int8_t{+1} : int8_t{-1};
+    }
+    w.sig[i] = s;
+    b.sigma[r0 + i] = s;
+    if (b.p) b.p[r0 + i] = p;
+    if (b.partial) b.partial[r0 + i] = partial;
+  }
+}
+
 }  // namespace
 
 bool set_cpu_walk_simd(bool enabled) {
@@ -223,6 +476,13 @@ void cpu_walk_blocks(const WalkBatch& b) {
   if (!b.keys || !b.values || !b.block_offset || !b.block_head || !b.block_id || !b.sigma)
     throw std::invalid_argument("cpu_walk_blocks: missing input or output array");
   if (b.d <= 0 || b.dv <= 0) throw std::invalid_argument("cpu_walk_blocks: d and dv must be > 0");
+  if (b.float32) {
+    thread_local F32Block work;
+    for (int blk = 0; blk < b.num_blocks; ++blk)
+      if (b.block_offset[blk + 1] > b.block_offset[blk]) walk_block_f32(b, blk, work);
+    if (work.kern.capacity() > (size_t{16} << 20)) work = F32Block();
+    return;
+  }
   const double scale = b.temp / std::sqrt(static_cast<double>(b.d));
   thread_local BlockGram gk, gv;
   thread_local std::vector<double> sig;
@@ -273,8 +533,8 @@ std::vector<ParamSpec> balancekv_param_specs() {
                0,
                100,
                4,
-               "walk strength: p_i = 1/2 - gamma * sum_{j<i} K_ij sigma_j; 0 is the authors' "
-               "uniform-sign ablation (same halving rule)",
+               "walk strength: p_i = 1/2 - gamma * sum_{j<i} K_ij sigma_j; 0 draws fair coins with "
+               "the same halving (not the authors' notebook ablation, an older walk)",
                {},
                false});
   s.push_back({"temp",
@@ -282,7 +542,9 @@ std::vector<ParamSpec> balancekv_param_specs() {
                0,
                10,
                1,
-               "kernel temperature: exp(temp <k_i,k_j>/sqrt d - beta)",
+               "kernel temperature: exp(temp <k_i,k_j>/sqrt d - beta); on the sample captures "
+               "98-100% of steps saturate (p outside (0,1)) at 1, still 93-99% at the authors' "
+               "notebook value 0.1",
                {},
                false});
   s.push_back({"beta", ParamSpec::Type::Float, -50, 50, 0, "kernel log-offset beta", {}, false});
@@ -291,7 +553,7 @@ std::vector<ParamSpec> balancekv_param_specs() {
                0,
                10,
                0.025,
-               "added to <v_i,v_j> in the kernel",
+               "added to <v_i,v_j> in the kernel (float32 also adds the authors' 1e-8)",
                {},
                false});
   s.push_back({"block", ParamSpec::Type::Int, 2, 4096, 128, "walk block length B", {}, true});
@@ -304,21 +566,82 @@ std::vector<ParamSpec> balancekv_param_specs() {
                "(and +-25 neighbours) at weight 1, outside the walk; at most half the budget",
                {},
                false});
+  s.push_back({"halving",
+               ParamSpec::Type::Choice,
+               0,
+               1,
+               0,
+               "authors: c = max(first index where the -1 count reaches n//2, same for +1), weight "
+               "2 up to c for the sign not at c, 1 after c, first n//2 by stable weight order "
+               "(the last token of an odd round is dropped); balanced: KVScope's earlier rule, "
+               "the first sign drawn n - keep times is dropped up to that point",
+               {"authors", "balanced"},
+               false});
+  s.push_back({"centring",
+               ParamSpec::Type::Choice,
+               0,
+               1,
+               0,
+               "padded-block: zero-pad the round to a multiple of B and centre each block by its "
+               "mean over all B rows, padding included (the authors); real-rows: last block "
+               "shorter, mean over its real rows (KVScope's earlier variant)",
+               {"padded-block", "real-rows"},
+               false});
+  s.push_back({"precision",
+               ParamSpec::Type::Choice,
+               0,
+               1,
+               0,
+               "float32: the authors' float32 kernel, where exp overflows the step's p is NaN or "
+               "-inf and the sign -1; double: KVScope's earlier double kernel with p clipped to "
+               "[0, 1] (never overflows)",
+               {"float32", "double"},
+               false});
+  s.push_back({"kept",
+               ParamSpec::Type::Choice,
+               0,
+               1,
+               0,
+               "floor-halving: floor(n/2) of each round's tokens, log2(1/ratio) rounds, at most "
+               "the budget (the authors); budget: round(n/2^r) per round, exactly the budget "
+               "(KVScope's earlier variant)",
+               {"floor-halving", "budget"},
+               false});
+  s.push_back({"preset",
+               ParamSpec::Type::Choice,
+               0,
+               1,
+               0,
+               "custom: the four switches above as set; kvscope-v1: KVScope's earlier variant "
+               "(halving balanced, centring real-rows, precision double, kept budget), overriding "
+               "the four switches, so earlier numbers stay reproducible",
+               {"custom", "kvscope-v1"},
+               false});
   return s;
+}
+
+BalanceParams kvscope_v1_params(BalanceParams p) {
+  p.halving = HalvingRule::Balanced;
+  p.centring = Centring::RealRows;
+  p.float32 = false;
+  p.kept = KeptCount::Budget;
+  return p;
 }
 
 BalanceParams balance_params_from(const ParamValues& values) {
   const std::vector<ParamSpec> specs = balancekv_param_specs();
   for (const auto& [name, v] : values) {
     const ParamSpec& spec = find_param_spec(specs, name, "balancekv");
-    if (!std::isfinite(v) || v < spec.min || v > spec.max) {
+    const double hi = spec.type == ParamSpec::Type::Choice
+                          ? static_cast<double>(spec.choices.size()) - 1
+                          : spec.max;
+    if (!std::isfinite(v) || v < spec.min || v > hi) {
       std::ostringstream os;
       os << "balancekv: parameter " << name << " = " << v << " is outside [" << spec.min << ", "
-         << spec.max << "]";
+         << hi << "]";
       throw InputError(os.str());
     }
-    if ((spec.type == ParamSpec::Type::Int || spec.type == ParamSpec::Type::Bool) &&
-        v != std::floor(v)) {
+    if (spec.type != ParamSpec::Type::Float && v != std::floor(v)) {
       std::ostringstream os;
       os << "balancekv: parameter " << name << " = " << v << " must be an integer";
       throw InputError(os.str());
@@ -331,6 +654,13 @@ BalanceParams balance_params_from(const ParamValues& values) {
   p.value_bias = param_value(specs, values, "value_bias");
   p.block = static_cast<int>(param_value(specs, values, "block"));
   p.protect_anticorrelated = param_value(specs, values, "protect_anticorrelated") != 0;
+  p.halving =
+      param_value(specs, values, "halving") != 0 ? HalvingRule::Balanced : HalvingRule::Authors;
+  p.centring =
+      param_value(specs, values, "centring") != 0 ? Centring::RealRows : Centring::PaddedBlock;
+  p.float32 = param_value(specs, values, "precision") == 0;
+  p.kept = param_value(specs, values, "kept") != 0 ? KeptCount::Budget : KeptCount::FloorHalving;
+  if (param_value(specs, values, "preset") == 1) p = kvscope_v1_params(p);
   return p;
 }
 
@@ -365,6 +695,51 @@ Halving exact_halving(const std::vector<int8_t>& sigma, int keep) {
     h.factor.push_back(1.0);
   }
   return h;
+}
+
+Halving authors_halving(const std::vector<int8_t>& sigma, int keep) {
+  const int n = static_cast<int>(sigma.size());
+  if (keep < 0 || keep > (n + 1) / 2)
+    throw std::invalid_argument("authors_halving: keep must be in [0, ceil(n/2)]");
+  Halving h;
+  if (n == 0) return h;
+  // argmax of (running count == n//2): the first index where it holds, 0 when it never does.
+  const int half = n / 2;
+  int neg = 0, pos = 0, c_neg = -1, c_pos = -1;
+  for (int i = 0; i < n; ++i) {
+    (sigma[i] > 0 ? pos : neg)++;
+    if (c_neg < 0 && neg == half) c_neg = i;
+    if (c_pos < 0 && pos == half) c_pos = i;
+  }
+  const int c = std::max(std::max(c_neg, 0), std::max(c_pos, 0));
+  h.cut = c;
+  // Weight 2 * sigma_i up to c, negated when sigma_c = +1: the sign at c is dropped up to c.
+  h.majority_sign = sigma[c] > 0 ? +1 : -1;
+  // Stable descending order of the weights {2, 1, -2}: the 2s (all <= c) in order, then the 1s
+  // (all > c) in order, then the -2s. The first `keep` survive; since there are ceil(n/2) 2s and
+  // 1s together, no -2 survives and the survivors stay in walk order.
+  for (int i = 0; i <= c && static_cast<int>(h.kept.size()) < keep; ++i)
+    if (sigma[i] != h.majority_sign) {
+      h.kept.push_back(i);
+      h.factor.push_back(2.0);
+    }
+  for (int i = c + 1; i < n && static_cast<int>(h.kept.size()) < keep; ++i) {
+    h.kept.push_back(i);
+    h.factor.push_back(1.0);
+  }
+  if (static_cast<int>(h.kept.size()) != keep)
+    throw std::logic_error("authors_halving: fewer than keep positions of weight 2 or 1");
+  return h;
+}
+
+std::vector<int> floor_halving_schedule(int n0, int target) {
+  std::vector<int> s;
+  if (target <= 0 || target >= n0) return s;
+  for (int size = n0 / 2;; size /= 2) {
+    s.push_back(size);
+    if (size <= target) break;
+  }
+  return s;
 }
 
 std::vector<int> halving_schedule(int n0, int target) {
@@ -574,15 +949,18 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     if (!job.keys || !job.values) throw std::invalid_argument("run_balance_walks: no keys/values");
     st[j].seq = job.tokens;
     st[j].w.assign(job.tokens.size(), 1.0);
-    st[j].schedule = halving_schedule(static_cast<int>(job.tokens.size()), job.target);
+    st[j].schedule = prm.kept == KeptCount::FloorHalving
+                         ? floor_halving_schedule(static_cast<int>(job.tokens.size()), job.target)
+                         : halving_schedule(static_cast<int>(job.tokens.size()), job.target);
     if (job.target <= 0) st[j].seq.clear(), st[j].w.clear();
   }
   const int block = std::max(2, prm.block);
+  const bool padded = prm.centring == Centring::PaddedBlock;
 
   // Prepared rows of one round, reused across rounds and calls.
   thread_local std::vector<float> keys, values, p, partial;
   thread_local std::vector<int8_t> sigma;
-  thread_local std::vector<int> offset;
+  thread_local std::vector<int> offset, real_rows;
   thread_local std::vector<uint32_t> head, bid;
   struct Span {
     size_t job;
@@ -593,8 +971,10 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
   for (int round = 0;; ++round) {
     std::vector<Span> spans;
     keys.clear(), values.clear(), offset.assign(1, 0), head.clear(), bid.clear();
+    real_rows.clear();
     int d = -1, dv = -1;
     std::vector<double> mean;
+    std::vector<float> mean_f;
     for (size_t j = 0; j < jobs.size(); ++j) {
       if (round >= static_cast<int>(st[j].schedule.size())) continue;
       const WalkJob& job = jobs[j];
@@ -605,30 +985,48 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
       const int n = static_cast<int>(st[j].seq.size());
       Span sp{j, static_cast<int>(head.size()), 0};
       for (int b0 = 0, blk = 0; b0 < n; b0 += block, ++blk) {
-        // The last block is shorter instead of zero-padded: padding rows would sit at the end of
-        // the walk order, so they could never change a real row's sign; leaving them out (and
-        // out of the block mean) makes them unselectable by construction.
+        // centring = padded-block (the authors): the round is zero-padded to a multiple of B, the
+        // block mean is taken over all B rows (padding included), and the padding rows (key
+        // -mean, value 0) are walked after the real rows. They cannot change a real row's sign,
+        // except in float32, where an overflowing K_i,pad makes row i's sum NaN, as in the
+        // authors' code. centring = real-rows: the last block is shorter, mean over real rows.
         const int b1 = std::min(n, b0 + block);
+        const int real = b1 - b0;
+        const int rows = padded ? block : real;
         const size_t kpos = keys.size(), vpos = values.size();
-        keys.resize(kpos + static_cast<size_t>(b1 - b0) * d);
-        values.resize(vpos + static_cast<size_t>(b1 - b0) * dv);
+        keys.resize(kpos + static_cast<size_t>(rows) * d, 0.0f);
+        values.resize(vpos + static_cast<size_t>(rows) * dv, 0.0f);
         mean.assign(d, 0.0);
         for (int i = b0; i < b1; ++i) {
           const float* k = job.keys->data() + static_cast<long>(st[j].seq[i]) * d;
           for (int c = 0; c < d; ++c) mean[c] += k[c];
         }
-        for (double& m : mean) m /= (b1 - b0);
-        for (int i = b0; i < b1; ++i) {
+        for (double& m : mean) m /= rows;
+        if (prm.float32) {
+          // As torch: the float32 mean, subtracted in float32.
+          mean_f.resize(d);
+          for (int c = 0; c < d; ++c) mean_f[c] = static_cast<float>(mean[c]);
+        }
+        for (int i = b0; i < b0 + rows; ++i) {
+          float* kd = keys.data() + kpos + static_cast<size_t>(i - b0) * d;
+          float* vd = values.data() + vpos + static_cast<size_t>(i - b0) * dv;
+          if (i >= b1) {  // zero padding: centred key -mean, value 0
+            for (int c = 0; c < d; ++c)
+              kd[c] = prm.float32 ? 0.0f - mean_f[c] : static_cast<float>(-mean[c]);
+            continue;
+          }
           const long tok = st[j].seq[i];
           const float* k = job.keys->data() + tok * d;
           const float* v = job.values->data() + tok * dv;
-          float* kd = keys.data() + kpos + static_cast<size_t>(i - b0) * d;
-          float* vd = values.data() + vpos + static_cast<size_t>(i - b0) * dv;
-          for (int c = 0; c < d; ++c) kd[c] = static_cast<float>(k[c] - mean[c]);
+          if (prm.float32)
+            for (int c = 0; c < d; ++c) kd[c] = k[c] - mean_f[c];
+          else
+            for (int c = 0; c < d; ++c) kd[c] = static_cast<float>(k[c] - mean[c]);
           const double w = st[j].w[i];
           for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
         }
-        offset.push_back(offset.back() + (b1 - b0));
+        offset.push_back(offset.back() + rows);
+        real_rows.push_back(real);
         head.push_back(static_cast<uint32_t>(job.kv_head));
         bid.push_back(static_cast<uint32_t>(blk));
         ++sp.num_blocks;
@@ -657,6 +1055,8 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     batch.temp = prm.temp;
     batch.beta = prm.beta;
     batch.value_bias = prm.value_bias;
+    batch.float32 = prm.float32;
+    batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
     batch.sigma = sigma.data();
     batch.p = p.data();
     batch.partial = partial.data();
@@ -668,12 +1068,22 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     for (const Span& sp : spans) {
       JobState& s = st[sp.job];
       const WalkJob& job = jobs[sp.job];
-      const int row0 = offset[sp.first_block];
       const int n = static_cast<int>(s.seq.size());
-      std::vector<int8_t> sg(sigma.begin() + row0, sigma.begin() + row0 + n);
+      // The real rows' signs in walk order (padding rows dropped), and the saturation count.
+      std::vector<int8_t> sg;
+      sg.reserve(n);
+      for (int b = 0; b < sp.num_blocks; ++b) {
+        const int gb = sp.first_block + b;
+        const int r0 = offset[gb];
+        sg.insert(sg.end(), sigma.begin() + r0, sigma.begin() + r0 + real_rows[gb]);
+        for (int i = 1; i < real_rows[gb]; ++i)
+          if (!(p[r0 + i] > 0.0f && p[r0 + i] < 1.0f)) ++s.out.saturated_steps;
+        s.out.walked_steps += std::max(0, real_rows[gb] - 1);
+      }
       const bool last = round + 1 == static_cast<int>(s.schedule.size());
       const int keep = s.schedule[round];
-      Halving h = exact_halving(sg, keep);
+      Halving h =
+          prm.halving == HalvingRule::Authors ? authors_halving(sg, keep) : exact_halving(sg, keep);
 
       // Top-up after the last round when the schedule undershoots the target (ratios that are
       // not powers of two): draw the missing tokens uniformly without replacement from this
@@ -682,10 +1092,12 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
       // the prefix is still represented once: f = 2 when nothing is added, f = 1 when every
       // dropped token comes back.
       std::vector<int> added;
-      if (last && keep < job.target) {
-        std::vector<int> dropped;
-        for (int i = 0; i <= h.cut; ++i)
-          if (sg[i] == h.majority_sign) dropped.push_back(i);
+      if (last && keep < job.target && job.top_up) {
+        std::vector<int> dropped;  // every position the halving did not keep, in walk order
+        std::vector<char> is_kept(n, 0);
+        for (int pos : h.kept) is_kept[pos] = 1;
+        for (int i = 0; i < n; ++i)
+          if (!is_kept[i]) dropped.push_back(i);
         const int need = std::min<int>(job.target - keep, static_cast<int>(dropped.size()));
         for (int i = 0; i < need; ++i) {
           const double u = counter_uniform(
@@ -712,7 +1124,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
         for (int pos : added) kept_flag[pos] = 2;
         for (int b = 0; b < sp.num_blocks; ++b) {
           const int gb = sp.first_block + b;
-          const int r0 = offset[gb], r1 = offset[gb + 1], len = r1 - r0, start = r0 - row0;
+          const int r0 = offset[gb], len = real_rows[gb], r1 = r0 + len, start = b * block;
           WalkBlockTrace t;
           t.round = round;
           t.block = b;
@@ -724,6 +1136,10 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
           t.partial.assign(partial.begin() + r0, partial.begin() + r1);
           t.sigma.assign(sigma.begin() + r0, sigma.begin() + r1);
           t.kept.assign(kept_flag.begin() + start, kept_flag.begin() + start + len);
+          int sat = 0;
+          for (int i = 1; i < len; ++i)
+            if (!(t.p[i] > 0.0 && t.p[i] < 1.0)) ++sat;
+          t.saturation = len > 1 ? static_cast<double>(sat) / (len - 1) : 0.0;
           const MatrixD kern =
               block_kernel(keys.data() + static_cast<long>(r0) * d,
                            values.data() + static_cast<long>(r0) * dv, len, d, dv, prm);
@@ -762,6 +1178,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     std::vector<float>().swap(p);
     std::vector<float>().swap(partial);
     std::vector<int8_t>().swap(sigma);
+    std::vector<int>().swap(real_rows);
   }
 
   std::vector<WalkOutcome> out(jobs.size());
@@ -785,6 +1202,7 @@ struct HeadPlan {
   bool protect_capped = false;
   WalkJob job;
   int trace_position = -1;
+  int budget = 0;
 };
 
 void check_input(const MethodInput& in) {
@@ -834,6 +1252,12 @@ HeadPlan plan_head(const MethodInput& in, const BalanceParams& prm) {
   plan.job.values = in.values;
   plan.job.kv_head = in.kv_head;
   plan.job.target = m - static_cast<int>(plan.protected_tokens.size());
+  // kept = floor-halving keeps what log2(1/ratio) floor halvings leave (at most the budget); only
+  // a ratio that is not a power of two is topped up to the budget after ceil(log2(1/ratio)) rounds.
+  const double rounds = std::log2(1.0 / in.keep_ratio);
+  const bool power_of_two = in.keep_ratio > 0 && std::abs(rounds - std::round(rounds)) < 1e-9;
+  plan.job.top_up = prm.kept == KeptCount::Budget || !power_of_two;
+  plan.budget = m;
   size_t k = 0;
   for (int t = in.mid_begin; t < in.mid_end; ++t) {
     if (k < plan.protected_tokens.size() && plan.protected_tokens[k] == t) {
@@ -857,8 +1281,16 @@ Selection finish_head(HeadPlan& plan, WalkOutcome& out, const MethodInput& in) {
     sel.weights.push_back(w);
   }
   std::ostringstream note;
-  note << out.rounds << " halving round" << (out.rounds == 1 ? "" : "s") << " over "
-       << plan.job.tokens.size() << " tokens";
+  const int kept = static_cast<int>(sel.indices.size());
+  const double saturation =
+      out.walked_steps > 0 ? static_cast<double>(out.saturated_steps) / out.walked_steps : 0.0;
+  note << "kept " << kept << " of budget " << plan.budget << "; " << out.rounds << " halving round"
+       << (out.rounds == 1 ? "" : "s") << " over " << plan.job.tokens.size() << " tokens; "
+       << std::lround(100.0 * saturation) << "% of steps saturated (p clipped to 0 "
+       << "or 1)";
+  if (saturation >= 0.9)
+    note << ": the walk is nearly deterministic (p is forced, not drawn); temp and gamma set "
+            "how hard the kernel pushes";
   if (out.topped_up > 0)
     note << "; keep ratio is not a power of two: topped up " << out.topped_up
          << " tokens uniformly from the last round's dropped tokens (their partners' weight "
@@ -868,9 +1300,15 @@ Selection finish_head(HeadPlan& plan, WalkOutcome& out, const MethodInput& in) {
          << " anti-correlated keys protected at weight 1 outside the walk"
          << (plan.protect_capped ? " (capped at half the budget)" : "");
   sel.note = note.str();
+  sel.saturation = saturation;
   if (in.want_trace) {
     auto tr = std::make_shared<WalkTrace>();
     tr->rounds = out.rounds;
+    tr->saturation = saturation;
+    tr->saturated_steps = out.saturated_steps;
+    tr->walked_steps = out.walked_steps;
+    tr->kept = kept;
+    tr->budget = plan.budget;
     tr->trace_query = plan.trace_position;
     tr->blocks = std::move(out.trace_blocks);
     tr->note = sel.note;

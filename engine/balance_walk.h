@@ -19,44 +19,76 @@ class Backend;
 struct EvalWindow;
 struct LayerData;
 
-// Parameters of the practical walk (defaults are the authors').
+// Parameters of the practical walk. The defaults are the authors' public `balanced_walk`
+// (gamma 4, temp 1, beta 0, block 128, value term +0.025); the four switches below select
+// KVScope's earlier variant one detail at a time (preset kvscope-v1 selects all four).
+enum class HalvingRule {
+  Authors,   // c = max(first index where #-1 reaches n//2, same for +1); keep 2*sign up to c
+             // (flipped when sigma_c = +1) and 1 after c, first `keep` by stable descending weight
+  Balanced,  // the first sign to be drawn n - keep times is the majority (exact_halving)
+};
+enum class Centring {
+  PaddedBlock,  // zero-pad to a multiple of B, block mean over all B rows (padding included)
+  RealRows,     // last block shorter, mean over its real rows
+};
+enum class KeptCount {
+  FloorHalving,  // floor(n/2) per round, log2(1/ratio) rounds: at most the budget
+  Budget,        // round(n0/2^r) per round, ending at round(ratio * n_mid)
+};
 struct BalanceParams {
-  double gamma = 4;  // p_i = 1/2 - gamma * sum_{j<i} K_ij sigma_j; 0 = uniform-sign ablation
+  double gamma = 4;  // p_i = 1/2 - gamma * sum_{j<i} K_ij sigma_j; 0: fair coins, same halving
   double temp = 1;   // K_ij = exp(temp <k_i,k_j>/sqrt d - beta) * (<v_i,v_j> + value_bias)
   double beta = 0;
   double value_bias = 0.025;
   int block = 128;                      // B: walk block length
   bool protect_anticorrelated = false;  // the needle variant
+  HalvingRule halving = HalvingRule::Authors;
+  Centring centring = Centring::PaddedBlock;
+  bool float32 = true;  // the authors' float32 kernel with IEEE overflow; false: double, clipped
+  KeptCount kept = KeptCount::FloorHalving;
 };
+// The authors' +1e-8 in the value term (float32 only; the double variant never had it).
+constexpr double kAuthorsValueEps = 1e-8;
 
 // The ParamSpecs of the `balancekv` method, and the parsed, validated values (InputError names
 // the parameter and the allowed range).
 std::vector<ParamSpec> balancekv_param_specs();
 BalanceParams balance_params_from(const ParamValues& values);
+// `p` with the four switches set to KVScope's earlier variant (preset kvscope-v1).
+BalanceParams kvscope_v1_params(BalanceParams p);
 
 // The CPU walk op computes its block Gram matrices with AVX2/AVX-512 kernels when the CPU has
 // them. Passing false forces the portable (Eigen) path, for tests that compare the two; returns
 // the previous setting.
 bool set_cpu_walk_simd(bool enabled);
 
-// ---- Exact halving of one round (DESIGN.md 4). Given the round's signs in walk order and how
-// many elements to keep (keep = floor(n/2) or ceil(n/2), n >= 2), find the first position `cut`
-// where one sign (the "majority") has been drawn n - keep times. Up to and including `cut` the
-// minority sign is kept with factor 2; every element after `cut` is kept with factor 1. For even n
-// and keep = n/2 this is the rule "majority reaches n/2". Exactly `keep` elements are kept.
+// ---- Halving of one round (DESIGN.md 4). Given the round's signs in walk order and how many
+// elements to keep, returns the survivors (positions in walk order, ascending) and their weight
+// factors. Both rules keep `keep` elements.
 struct Halving {
   std::vector<int> kept;       // positions (walk order) that survive, ascending
   std::vector<double> factor;  // weight factor of each kept position (2 or 1)
-  int cut = -1;                // position where the majority count reached n - keep
-  int majority_sign = +1;      // the sign that reached it first (dropped before the cut)
+  int cut = -1;                // the cut c: factor 2 up to it, 1 after it
+  int majority_sign = +1;      // the sign dropped up to the cut
 };
+// KVScope's earlier rule (halving = balanced): keep = floor(n/2) or ceil(n/2), n >= 2; `cut` is
+// the first position where one sign (the "majority") has been drawn n - keep times. Up to and
+// including `cut` the minority sign is kept with factor 2; every element after `cut` with factor 1.
 Halving exact_halving(const std::vector<int8_t>& sigma, int keep);
+// The authors' rule (halving = authors), as their balanced_walk computes it: c_neg / c_pos = the
+// first index where the running count of -1 / +1 reaches n//2 (0 when it never does), c =
+// max(c_neg, c_pos); weight 2*sigma_i for i <= c (negated when sigma_c = +1), 1 for i > c; the
+// first `keep` positions by stable descending weight survive (0 <= keep <= ceil(n/2)). For odd n
+// and keep = n//2 the last position is dropped unless every position after c is needed.
+Halving authors_halving(const std::vector<int8_t>& sigma, int keep);
 
 // How many elements survive each round when walking n0 elements down to `target` (0 < target <
 // n0): s_r = round(n0 / 2^r), for rounds r = 1..R where R is the first round with s_r <= target.
 // Each s_r is floor or ceil of s_{r-1}/2, so every round is a halving. The last entry may be
 // below `target`; the remainder is topped up from that round's dropped elements.
 std::vector<int> halving_schedule(int n0, int target);
+// The authors' schedule: s_r = floor(s_{r-1} / 2) until s_r <= target (kept = floor-halving).
+std::vector<int> floor_halving_schedule(int n0, int target);
 
 // Protected keys of the needle variant for the middle [mid_begin, mid_end): a key is flagged when
 // its mean raw inner product with its block of B consecutive middle keys is <= 0, and every key
@@ -74,6 +106,9 @@ struct WalkJob {
   int kv_head = 0;
   std::vector<int> tokens;
   int target = 0;
+  // Whether the last round tops up to `target` from its dropped tokens (ratios that are not powers
+  // of two, or kept = budget); otherwise the walk keeps what the schedule leaves.
+  bool top_up = true;
   // Traces: when `trace_query` is non-empty (length d), every block of every round is recorded
   // with the discrepancy measured along this query vector.
   std::vector<float> trace_query;
@@ -84,6 +119,9 @@ struct WalkOutcome {
   std::vector<double> weights;  // accumulated weights
   int rounds = 0;
   int topped_up = 0;  // how many tokens the top-up added after the last round
+  // Steps (rows 1.. of each real block, every round) whose p fell outside (0, 1) or was NaN, so
+  // the sign was forced: saturated_steps / walked_steps is WalkTrace::saturation.
+  long saturated_steps = 0, walked_steps = 0;
   std::vector<WalkBlockTrace> trace_blocks;
 };
 

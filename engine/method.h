@@ -78,6 +78,9 @@ struct Selection {
   std::vector<int> cluster;           // optional cluster id per middle token (-1: none)
   std::string note;                   // shown to users: FAIL cases, top-ups, scaled defaults
   std::shared_ptr<WalkTrace> trace;
+  // Self-balancing walks: the fraction of walk steps whose p was clipped to 0 or 1 (the sign was
+  // forced, not drawn); -1 for methods without a walk.
+  double saturation = -1;
 };
 
 class Method {

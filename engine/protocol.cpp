@@ -232,6 +232,28 @@ void validate_method_params(const Method& method, const ParamValues& values) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Estimators
+
+const char* estimator_name(Estimator e) {
+  return e == Estimator::Authors ? "authors" : "weighted";
+}
+
+Estimator parse_estimator(const std::string& s) {
+  if (s == "weighted") return Estimator::Weighted;
+  if (s == "authors") return Estimator::Authors;
+  throw InputError("--estimator: '" + s + "' is not weighted or authors");
+}
+
+void apply_authors_estimator(Selection& sel, double keep_ratio) {
+  const int rounds = keep_ratio > 0 && keep_ratio < 1
+                         ? static_cast<int>(std::ceil(std::log2(1.0 / keep_ratio) - 1e-9))
+                         : 0;
+  sel.separate = true;
+  sel.den_indices = sel.indices;
+  sel.den_weights.assign(sel.indices.size(), std::ldexp(1.0, rounds));
+}
+
+// ---------------------------------------------------------------------------------------------
 // One head
 
 MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_head,
@@ -362,6 +384,7 @@ HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const Meth
   in.backend = backend;
   Selection sel = s.method->select(in);
   check_selection(sel, w, *s.method);
+  if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
   if (cancel && cancel->load()) throw Cancelled();
   return score_head_run(layer, kv_head, w, std::move(sel), backend, nullptr);
 }
@@ -455,9 +478,13 @@ HeadRun group_run(const LayerData& layer, int num_layers, int kv_head, const Met
     sel = method.select(in);
   }
   check_selection(sel, w, method);
+  if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
   if (cancel && cancel->load()) throw Cancelled();
   HeadRun run = score_head_run(layer, kv_head, w, std::move(sel), backend, reference);
-  if (!method.depends_on_seed() && !method.depends_on_budget()) shared.budget_free_run = run;
+  // The authors' estimator scales the denominator by 2^T, which depends on the ratio.
+  if (!method.depends_on_seed() && !method.depends_on_budget() &&
+      s.estimator == Estimator::Weighted)
+    shared.budget_free_run = run;
   return run;
 }
 
@@ -491,6 +518,7 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
       settings.keep_ratio = he.ratio;
       settings.sink = spec.sink;
       settings.eval = spec.eval;
+      settings.estimator = spec.estimator;
       if (auto p = spec.params.find(method->name()); p != spec.params.end())
         settings.params = p->second;
 
@@ -517,6 +545,12 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
         }
         const HeadRun& run = seed_free_run ? *seed_free_run : fresh;
         if (he.note.empty()) he.note = run.selection.note;
+        if (r == 0) {
+          he.kept = static_cast<int>(run.selection.indices.size());
+          he.budget = run.window.budget;
+        }
+        if (run.selection.saturation >= 0)
+          he.saturation = (r == 0 ? 0.0 : he.saturation) + run.selection.saturation / spec.seeds;
         he.per_seed.push_back(run.mean_relative);
         norm_seeds.push_back(run.mean_normalized);
         mass_seeds.push_back(run.mean_mass);
@@ -762,7 +796,8 @@ nlohmann::json EvalReport::to_json() const {
                {"sink", spec.sink},
                {"eval", spec.eval},
                {"shard_index", spec.shard_index},
-               {"shard_count", spec.shard_count}};
+               {"shard_count", spec.shard_count},
+               {"estimator", estimator_name(spec.estimator)}};
   j["proxy_queries"] = proxy_queries;
   j["notes"] = notes;
   j["failures"] = failures();
@@ -788,6 +823,11 @@ nlohmann::json EvalReport::to_json() const {
               {"per_query", he.per_query},
               {"refused", he.refused}};
     if (!he.note.empty()) r["note"] = he.note;
+    if (!he.refused && he.error.empty()) {
+      r["kept"] = he.kept;
+      r["budget"] = he.budget;
+    }
+    if (he.saturation >= 0) r["saturation"] = he.saturation;
     if (!he.error.empty()) r["error"] = he.error;
     res.push_back(r);
   }
@@ -854,6 +894,7 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
     if (rep.spec.layers.size() > static_cast<size_t>(rep.info.num_layers) ||
         rep.spec.heads.size() > static_cast<size_t>(rep.info.kv_heads))
       throw InputError("\"spec\" lists more layers or heads than the capture has");
+    rep.spec.estimator = parse_estimator(s.value("estimator", "weighted"));
     if (rep.spec.ratios.empty()) throw InputError("\"spec\".\"ratios\" is empty");
     if (rep.info.num_tokens > 0)
       rep.window_example =
@@ -883,6 +924,9 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
       he.refused = r.value("refused", false);
       he.note = r.value("note", "");
       he.error = r.value("error", "");
+      he.kept = r.value("kept", 0);
+      he.budget = r.value("budget", 0);
+      he.saturation = r.value("saturation", -1.0);
       rep.results.push_back(std::move(he));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -902,7 +946,7 @@ EvalReport merge_reports(const std::vector<EvalReport>& parts) {
     return method_names(s.methods) == method_names(fs.methods) && s.ratios == fs.ratios &&
            s.seeds == fs.seeds && s.base_seed == fs.base_seed && s.layers == fs.layers &&
            s.heads == fs.heads && s.params == fs.params && s.sink == fs.sink && s.eval == fs.eval &&
-           s.shard_count == fs.shard_count;
+           s.shard_count == fs.shard_count && s.estimator == fs.estimator;
   };
   std::set<int> shards;
   for (size_t p = 0; p < parts.size(); ++p) {

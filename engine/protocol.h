@@ -43,12 +43,23 @@ struct EvalWindow::Fitted {
   std::string note;  // e.g. "--sink 200 does not fit a 64-token capture: s = 56"
 };
 
+// How a selection is scored. Weighted: numerator and denominator both use the method's weights
+// w (DESIGN.md 3). Authors: the BalanceKV authors' notebook and forward pass, numerator weight w
+// and denominator weight 2^T on every kept token, T = ceil(log2(1/keep_ratio)) (their rounds).
+enum class Estimator { Weighted, Authors };
+const char* estimator_name(Estimator e);          // "weighted" | "authors"
+Estimator parse_estimator(const std::string& s);  // throws InputError naming --estimator
+// Rewrites `sel` for the authors' estimator: the denominator set becomes the numerator's kept
+// tokens, each with weight 2^T.
+void apply_authors_estimator(Selection& sel, double keep_ratio);
+
 // Everything that picks how one method runs.
 struct MethodSettings {
   const Method* method = nullptr;
   double keep_ratio = 0.5;
   ParamValues params;
   int sink = -1, eval = -1;  // overrides, -1 = protocol default
+  Estimator estimator = Estimator::Weighted;
 };
 
 // One method on one kv head for one seed: its selection and the errors of every evaluation query
@@ -83,8 +94,10 @@ struct HeadEval {
   std::vector<double> per_seed;   // seed means
   std::vector<double> per_query;  // [E] relative error by query position (over heads, seeds)
   std::string note;
-  bool refused = false;  // head refused (NaN/Inf) or method not applicable
-  std::string error;     // non-empty when the method threw (what it said)
+  int kept = 0, budget = 0;  // tokens of the middle the method kept (first seed) vs the budget m
+  double saturation = -1;    // walks: mean over seeds of Selection::saturation; -1 otherwise
+  bool refused = false;      // head refused (NaN/Inf) or method not applicable
+  std::string error;         // non-empty when the method threw (what it said)
 };
 
 // Limits on a spec (CLI flags and eval reports read back by merge), named in the errors.
@@ -102,6 +115,7 @@ struct EvalSpec {
   int sink = -1, eval = -1;
   int shard_index = 0, shard_count = 1;  // --shard i/N: this process runs work items i, i+N, ...
   int threads = 0;                       // 0: hardware concurrency
+  Estimator estimator = Estimator::Weighted;  // --estimator
 };
 
 struct EvalSummary {

@@ -33,11 +33,20 @@ struct WalkBlockTrace {
   // round_cut is the round's cut as a position in the round's walk order.
   int block_start = 0;
   int round_cut = -1;
+  // Fraction of this block's steps 1.. with p outside (0, 1) (or NaN). The block's zero-padding
+  // rows (centring = padded-block) are walked but not recorded here.
+  double saturation = 0;
 };
 
 struct WalkTrace {
   int rounds = 0;
-  int trace_query = -1;  // absolute position of the query used for disc_query
+  // Fraction of all walk steps (every round and block, real rows, steps after the first) whose p
+  // was clipped to 0 or 1 (p <= 0, p >= 1, or NaN from float32 overflow): the sign was forced,
+  // not drawn. Near 1 the walk is deterministic; lower `temp` to make it random again.
+  double saturation = 0;
+  long saturated_steps = 0, walked_steps = 0;
+  int kept = 0, budget = 0;  // tokens the walk kept vs the protocol's budget m
+  int trace_query = -1;      // absolute position of the query used for disc_query
   std::vector<WalkBlockTrace> blocks;
   std::string note;
 };

@@ -69,6 +69,66 @@ __device__ void gram_tile(const float* __restrict__ x, int rows, int dim, float*
   }
 }
 
+// Whether x is finite: x - x is 0 for finite x and NaN for inf or NaN (no fast-math here).
+__device__ __forceinline__ bool finite_f32(float x) {
+  return x - x == 0.0f;
+}
+
+// The float32 walk of one fast block (walk_fast_kernel with a.float32), the keys' Gram tile
+// already in `acc`. Mirrors walk_block_f32 in engine/balance_walk.cpp.
+__device__ void walk_fast_f32(const WalkDeviceArgs& a, int b, int off, int rows, int tid,
+                              bool active, int tr, int tc, float acc[kTile][kTile], double u,
+                              float* tri, float* stage, int* tail_bad, double* sigma_s) {
+  const float temp = static_cast<float>(a.temp);
+  const float sqrt_d = static_cast<float>(sqrt(static_cast<double>(a.d)));
+  const float beta = static_cast<float>(a.beta);
+  const float eps = static_cast<float>(a.value_eps);
+  const float bias = static_cast<float>(a.value_bias);
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < kTile; ++i)
+#pragma unroll
+      for (int j = 0; j < kTile; ++j) {
+        const int r = tr * kTile + i, c = tc * kTile + j;
+        if (r < rows && c <= r) tri[tri_index(r, c)] = expf((temp * acc[i][j]) / sqrt_d - beta);
+      }
+  }
+  gram_tile(a.values + static_cast<size_t>(off) * a.dv, rows, a.dv, stage, active, tr, tc, acc);
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < kTile; ++i)
+#pragma unroll
+      for (int j = 0; j < kTile; ++j) {
+        const int r = tr * kTile + i, c = tc * kTile + j;
+        if (r < rows && c <= r) {
+          const int at = tri_index(r, c);
+          const float k = tri[at] * ((acc[i][j] + eps) + bias);
+          tri[at] = k;
+          // K_rc = K_cr with r >= c: row c's sum over the whole block sees it.
+          if (!finite_f32(k)) atomicOr(&tail_bad[c], 1);
+        }
+      }
+  }
+  __syncthreads();
+  if (tid == 0) a.needs_exact[b] = 0;
+  const float gamma = static_cast<float>(a.gamma);
+  float running = 0.0f;
+  for (int i = 0; i < rows; ++i) {
+    if (tid == i) {
+      const float partial = tail_bad[i] ? static_cast<float>(NAN) : running;
+      const float p = 0.5f - gamma * partial;
+      const int s = walk_sign_f32(i, p, u);
+      sigma_s[i] = static_cast<double>(s);
+      a.sigma[off + i] = static_cast<int8_t>(s);
+      if (a.p) a.p[off + i] = p;
+      if (a.partial) a.partial[off + i] = partial;
+    }
+    __syncthreads();
+    if (tid > i && tid < rows)
+      running = fmaf(tri[tri_index(tid, i)], static_cast<float>(sigma_s[i]), running);
+  }
+}
+
 // At most 96 registers so four blocks share an SM (more blocks hide the sequential walk's
 // barrier latency; ptxas spills a few bytes outside the hot loops for it).
 __global__ void __launch_bounds__(kWalkThreads, 4) walk_fast_kernel(WalkDeviceArgs a) {
@@ -89,7 +149,9 @@ __global__ void __launch_bounds__(kWalkThreads, 4) walk_fast_kernel(WalkDeviceAr
   __shared__ __align__(16) float stage[kChunk * kStagePitch];
   __shared__ double sigma_s[kWalkFastRows];
   __shared__ int overflow;
+  __shared__ int tail_bad[kWalkFastRows];  // float32: row t has a non-finite K_tj, j >= t
   if (tid == 0) overflow = 0;
+  if (tid < kWalkFastRows) tail_bad[tid] = 0;
 
   // The step's uniform is drawn up front by the row's owner (Philox is stateless).
   double u = 0.0;
@@ -105,6 +167,10 @@ __global__ void __launch_bounds__(kWalkThreads, 4) walk_fast_kernel(WalkDeviceAr
 
   float acc[kTile][kTile];
   gram_tile(a.keys + static_cast<size_t>(off) * a.d, rows, a.d, stage, active, tr, tc, acc);
+  if (a.float32) {
+    walk_fast_f32(a, b, off, rows, tid, active, tr, tc, acc, u, tri, stage, tail_bad, sigma_s);
+    return;
+  }
   if (active) {
 #pragma unroll
     for (int i = 0; i < kTile; ++i)
@@ -159,12 +225,65 @@ __global__ void __launch_bounds__(kWalkThreads, 4) walk_fast_kernel(WalkDeviceAr
   }
 }
 
+// K_tj of the float32 walk, computed as walk_fast_f32 / the CPU do (float accumulation).
+__device__ float kernel_f32(const WalkDeviceArgs& a, int off, int t, int j) {
+  const float* kt = a.keys + static_cast<size_t>(off + t) * a.d;
+  const float* kj = a.keys + static_cast<size_t>(off + j) * a.d;
+  const float* vt = a.values + static_cast<size_t>(off + t) * a.dv;
+  const float* vj = a.values + static_cast<size_t>(off + j) * a.dv;
+  float kd = 0.0f, vd = 0.0f;
+  for (int c = 0; c < a.d; ++c) kd = fmaf(kt[c], kj[c], kd);
+  for (int c = 0; c < a.dv; ++c) vd = fmaf(vt[c], vj[c], vd);
+  const float temp = static_cast<float>(a.temp);
+  const float sqrt_d = static_cast<float>(sqrt(static_cast<double>(a.d)));
+  return expf((temp * kd) / sqrt_d - static_cast<float>(a.beta)) *
+         ((vd + static_cast<float>(a.value_eps)) + static_cast<float>(a.value_bias));
+}
+
+// The float32 walk of a block longer than kWalkFastRows: a pre-pass flags rows with a non-finite
+// K_tj (j >= t), then the walk recomputes row i of K at every step, summing in float.
+__device__ void walk_exact_f32(const WalkDeviceArgs& a, int b, int off, int rows, int tid) {
+  float* running = reinterpret_cast<float*>(a.exact_acc + off);  // rows floats fit in rows doubles
+  int* bad = a.tail_bad + off;
+  for (int t = tid; t < rows; t += blockDim.x) {
+    running[t] = 0.0f;
+    int flag = 0;
+    for (int j = t; j < rows && !flag; ++j) flag = !finite_f32(kernel_f32(a, off, t, j));
+    bad[t] = flag;
+  }
+  __shared__ float sigma_i;
+  const float gamma = static_cast<float>(a.gamma);
+  __syncthreads();
+  for (int i = 0; i < rows; ++i) {
+    if (tid == 0) {
+      const float partial = bad[i] ? static_cast<float>(NAN) : running[i];
+      const float p = 0.5f - gamma * partial;
+      const double u = counter_uniform(a.seed, kRandWalk, a.layer, a.block_head[b], a.round,
+                                       a.block_id[b], static_cast<uint32_t>(i));
+      const int s = walk_sign_f32(i, p, u);
+      sigma_i = static_cast<float>(s);
+      a.sigma[off + i] = static_cast<int8_t>(s);
+      if (a.p) a.p[off + i] = p;
+      if (a.partial) a.partial[off + i] = partial;
+    }
+    __syncthreads();
+    const float s = sigma_i;
+    for (int t = i + 1 + tid; t < rows; t += blockDim.x)
+      running[t] = fmaf(kernel_f32(a, off, t, i), s, running[t]);
+    __syncthreads();
+  }
+}
+
 __global__ void __launch_bounds__(kWalkThreads) walk_exact_kernel(WalkDeviceArgs a) {
   const int b = blockIdx.x;
   if (!a.needs_exact[b]) return;
   const int off = a.block_offset[b];
   const int rows = a.block_offset[b + 1] - off;
   const int tid = threadIdx.x;
+  if (a.float32) {
+    walk_exact_f32(a, b, off, rows, tid);
+    return;
+  }
   double* running = a.exact_acc + off;
   for (int t = tid; t < rows; t += blockDim.x) running[t] = 0.0;
   __shared__ double sigma_i;
@@ -226,6 +345,8 @@ WalkDeviceArgs upload_walk_batch(const WalkBatch& b, WalkWorkspace& ws, cudaStre
   a.temp = b.temp;
   a.beta = b.beta;
   a.value_bias = b.value_bias;
+  a.float32 = b.float32;
+  a.value_eps = b.value_eps;
   float* keys = ws.keys.reserve_as<float>(total * b.d);
   float* values = ws.values.reserve_as<float>(total * b.dv);
   int* offsets = ws.offsets.reserve_as<int>(blocks + 1);
@@ -236,6 +357,7 @@ WalkDeviceArgs upload_walk_batch(const WalkBatch& b, WalkWorkspace& ws, cudaStre
   a.partial = b.partial ? ws.partial.reserve_as<float>(total) : nullptr;
   a.needs_exact = ws.flags.reserve_as<int>(blocks);
   a.exact_acc = ws.acc.reserve_as<double>(total);
+  a.tail_bad = ws.tail.reserve_as<int>(total);
   KVS_CUDA_CHECK(
       cudaMemcpyAsync(keys, b.keys, total * b.d * sizeof(float), cudaMemcpyHostToDevice, stream));
   KVS_CUDA_CHECK(cudaMemcpyAsync(values, b.values, total * b.dv * sizeof(float),

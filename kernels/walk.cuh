@@ -9,6 +9,10 @@
 //    into shared memory (float, register-tiled Gram products), then walk: thread t owns row t and
 //    keeps sum_{j<t} K_tj sigma_j in a double register; after step i's sign is broadcast through
 //    shared memory every later row adds K_ti sigma_i. One barrier per step, no reductions.
+//    With WalkBatch::float32 (the authors' semantics, BalanceKV's default) the same kernel keeps
+//    everything in float32 with IEEE overflow: K (diagonal included) in float, a per-row flag
+//    for a non-finite K_tj with j >= t (the authors' sum over the whole row makes p NaN there),
+//    a float running sum, and sigma = +1 iff float(u) < p. No block falls back to double.
 //  * walk_exact_kernel handles the rest: longer blocks, and blocks whose exponent
 //    temp <k_i,k_j>/sqrt(d) - beta exceeds kWalkMaxFloatExp (the float matrix would overflow) or is
 //    not finite. It recomputes the row K_{t,i} in double at every step from global memory (the
@@ -37,6 +41,13 @@ KVS_HD int walk_sign(int step, double p, double u) {
   return u < clipped ? 1 : -1;
 }
 
+// The authors' float32 rule (WalkBatch::float32): sigma_i = +1 iff float(u_i) < p_i, no
+// clipping; a NaN p (overflowed kernel row) gives -1.
+KVS_HD int walk_sign_f32(int step, float p, double u) {
+  if (step == 0) return 1;
+  return static_cast<float>(u) < p ? 1 : -1;
+}
+
 // Device pointers and parameters of one walk launch (see WalkBatch in engine/backend.h).
 struct WalkDeviceArgs {
   int d = 0, dv = 0, num_blocks = 0, total_rows = 0;
@@ -48,18 +59,23 @@ struct WalkDeviceArgs {
   uint64_t seed = 0;
   uint32_t layer = 0, round = 0;
   double gamma = 4, temp = 1, beta = 0, value_bias = 0.025;
+  bool float32 = false;  // the authors' float32 semantics (see WalkBatch)
+  double value_eps = 0;
   int8_t* sigma = nullptr;
   float* p = nullptr;        // may be null
   float* partial = nullptr;  // may be null
-  // Scratch: num_blocks flags and total_rows doubles (the exact path's running sums).
+  // Scratch: num_blocks flags, total_rows doubles (the exact path's running sums) and total_rows
+  // flags (float32 on the exact path: row t has a non-finite K_tj for some j >= t).
   int* needs_exact = nullptr;
   double* exact_acc = nullptr;
+  int* tail_bad = nullptr;
 };
 
 // Device copies of one WalkBatch, reused across calls.
 struct WalkWorkspace {
-  DeviceBuffer keys, values, offsets, heads, ids, sigma, p, partial, flags, acc;
+  DeviceBuffer keys, values, offsets, heads, ids, sigma, p, partial, flags, acc, tail;
   void release() {
+    tail.release();
     keys.release();
     values.release();
     offsets.release();

@@ -124,6 +124,124 @@ TEST(ExactHalving, KeepsExactlyKeepOnRandomSequences) {
   }
 }
 
+// The authors' rule (their balanced_walk): c = max(first index where #-1 reaches n//2, first
+// index where #+1 does), the sign at c is dropped up to c, the rest kept at 2, everything after
+// c at 1, the first n//2 by stable weight order.
+TEST(AuthorsHalving, DocsExampleComesOutDifferentlyFromTheBalancedRule) {
+  // + - + - + + - - : '+' reaches 4 at 5, '-' at 7: c = 7, sigma_7 = -1, so the '+' signs up to
+  // 7 are kept at weight 2 (the balanced rule keeps 1, 3 at 2 and 6, 7 at 1).
+  Halving h = authors_halving({+1, -1, +1, -1, +1, +1, -1, -1}, 4);
+  EXPECT_EQ(h.cut, 7);
+  EXPECT_EQ(h.majority_sign, -1);
+  EXPECT_EQ(h.kept, (std::vector<int>{0, 2, 4, 5}));
+  EXPECT_EQ(h.factor, (std::vector<double>{2, 2, 2, 2}));
+}
+
+TEST(AuthorsHalving, OddLengthDropsTheLastToken) {
+  // n = 5, n//2 = 2: '+' reaches 2 at 2, '-' at 3: c = 3; weight 2 for 0 and 2, 1 for 4; the
+  // first two survive, so the last token is dropped (KVScope's earlier variant kept
+  // round(n/2) = 3 here, with the balanced rule: 1 at weight 2, then 3 and 4).
+  Halving h = authors_halving({+1, -1, +1, -1, +1}, 2);
+  EXPECT_EQ(h.cut, 3);
+  EXPECT_EQ(h.kept, (std::vector<int>{0, 2}));
+  EXPECT_EQ(h.factor, (std::vector<double>{2, 2}));
+  const Halving b = exact_halving({+1, -1, +1, -1, +1}, 3);
+  EXPECT_EQ(b.kept, (std::vector<int>{1, 3, 4}));
+  // n = 7: '-' reaches 3 at 4, '+' at 6 = c, sigma_c = +1 so the '-' signs 1, 2, 4, 5 weigh 2;
+  // the first three survive.
+  Halving odd = authors_halving({+1, -1, -1, +1, -1, -1, +1}, 3);
+  EXPECT_EQ(odd.cut, 6);
+  EXPECT_EQ(odd.majority_sign, +1);
+  EXPECT_EQ(odd.kept, (std::vector<int>{1, 2, 4}));
+}
+
+TEST(AuthorsHalving, AllSameSignAndTinyRounds) {
+  Halving h = authors_halving({+1, +1, +1, +1, +1, +1}, 3);  // '-' never reaches 3: c = 2
+  EXPECT_EQ(h.cut, 2);
+  EXPECT_EQ(h.kept, (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(h.factor, (std::vector<double>{1, 1, 1}));
+  EXPECT_TRUE(authors_halving({+1}, 0).kept.empty());
+  Halving two = authors_halving({+1, -1}, 1);  // '+' reaches 1 at 0, '-' at 1 = c
+  EXPECT_EQ(two.kept, (std::vector<int>{0}));
+  EXPECT_EQ(two.factor, (std::vector<double>{2}));
+  EXPECT_THROW(authors_halving({+1, -1, +1, -1}, 3), std::invalid_argument);
+}
+
+TEST(AuthorsHalving, KeepsNHalfInWalkOrderOnRandomSequences) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 300);
+    std::vector<int8_t> s(n);
+    s[0] = 1;
+    for (int i = 1; i < n; ++i) s[i] = (rng() % 5 < 3) ? 1 : -1;
+    for (int keep : {n / 2, (n + 1) / 2}) {
+      Halving h = authors_halving(s, keep);
+      ASSERT_EQ(static_cast<int>(h.kept.size()), keep);
+      for (size_t k = 0; k < h.kept.size(); ++k) {
+        if (k > 0) {
+          EXPECT_LT(h.kept[k - 1], h.kept[k]);
+        }
+        EXPECT_EQ(h.factor[k], h.kept[k] <= h.cut ? 2.0 : 1.0);
+        if (h.kept[k] <= h.cut) {
+          EXPECT_NE(s[h.kept[k]], s[h.cut]);
+        }
+      }
+    }
+  }
+}
+
+TEST(HalvingSchedule, FloorHalvingAsTheAuthors) {
+  // The sample captures' middle of 405 tokens: 202, 101, 50 (the budgets are 203, 101, 51).
+  EXPECT_EQ(floor_halving_schedule(405, 203), (std::vector<int>{202}));
+  EXPECT_EQ(floor_halving_schedule(405, 101), (std::vector<int>{202, 101}));
+  EXPECT_EQ(floor_halving_schedule(405, 51), (std::vector<int>{202, 101, 50}));
+  EXPECT_EQ(floor_halving_schedule(405, 122), (std::vector<int>{202, 101}));  // then top up
+  EXPECT_TRUE(floor_halving_schedule(10, 10).empty());
+}
+
+// The float32 op (the authors' semantics): p and the signs follow a float32 evaluation of the
+// formula summed over the whole block row with sigma_j = 0 for j >= i, and an overflowing kernel
+// entry anywhere in row i (here a key far out, exp(<k,k>/sqrt d) = inf) makes p NaN and sigma -1.
+TEST(WalkOpFloat32, MatchesTheAuthorsFormulaIncludingOverflow) {
+  const int d = 8, dv = 4, len = 40;
+  MatrixF keys = random_matrix(len, d, 21, 0.8f);
+  const MatrixF values = random_matrix(len, dv, 22, 0.3f);
+  for (int c = 0; c < d; ++c) keys(30, c) = 12.0f;  // <k30,k30>/sqrt(8) = 407: exp overflows
+  OneBatch b = make_batch(keys, values, {len}, 9, 4.0);
+  b.batch.float32 = true;
+  b.batch.value_eps = kAuthorsValueEps;
+  cpu_walk_blocks(b.batch);
+  const float temp = 0.7f, beta = 0.3f, sqrt_d = std::sqrt(static_cast<float>(d));
+  auto kern = [&](int i, int j) {
+    float g = 0, gv = 0;
+    for (int c = 0; c < d; ++c) g += keys(i, c) * keys(j, c);
+    for (int c = 0; c < dv; ++c) gv += values(i, c) * values(j, c);
+    return std::exp((temp * g) / sqrt_d - beta) * ((gv + 1e-8f) + 0.025f);
+  };
+  std::vector<float> sig(len, 0.0f);
+  int nan_rows = 0;
+  for (int i = 0; i < len; ++i) {
+    float partial = 0;
+    for (int j = 0; j < len; ++j) partial += kern(i, j) * sig[j];  // sig_j = 0 for j >= i
+    const float p = 0.5f - 4.0f * partial;
+    if (std::isnan(p)) {
+      ++nan_rows;
+      EXPECT_TRUE(std::isnan(b.p[i])) << "row " << i;
+    } else if (std::isfinite(p)) {
+      EXPECT_NEAR(b.p[i], p, 1e-4f * (1 + std::abs(p))) << "row " << i;
+    }
+    const double u = counter_uniform(9, kRandWalk, 2, 0, 1, 0, static_cast<uint32_t>(i));
+    const int expect = i == 0 ? 1 : (static_cast<float>(u) < p ? 1 : -1);
+    ASSERT_EQ(b.sigma[i], expect) << "row " << i << " p " << p << " u " << u;
+    sig[i] = static_cast<float>(b.sigma[i]);
+  }
+  EXPECT_GT(nan_rows, 0);  // row 30: its own diagonal K_30,30 = inf enters as inf * sigma_30 = 0
+  // The double op never overflows there and clips instead.
+  OneBatch dbl = make_batch(keys, values, {len}, 9, 4.0);
+  cpu_walk_blocks(dbl.batch);
+  for (int i = 0; i < len; ++i) EXPECT_FALSE(std::isnan(dbl.p[i])) << "row " << i;
+}
+
 TEST(HalvingSchedule, PowersOfTwoAndTopUps) {
   EXPECT_EQ(halving_schedule(432, 216), (std::vector<int>{216}));
   EXPECT_EQ(halving_schedule(432, 108), (std::vector<int>{216, 108}));

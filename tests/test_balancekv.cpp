@@ -1,6 +1,7 @@
 // The practical balancekv method: selection invariants, determinism, top-up, the needle variant,
-// traces, the layer-level entry point, bad input, and the paper's claim on the real stories260K
-// captures (error below uniform's and below its own gamma = 0 ablation).
+// traces, the layer-level entry point, bad input, the issue-11 switches, and what holds on the
+// real stories260K captures (every variant below uniform's error; KVScope's earlier variant below
+// its gamma = 0 ablation; the authors' exact walk not everywhere: see the last test).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,8 +61,26 @@ MethodInput input_for(const SynthHead& h, double ratio, uint64_t seed, int sink 
   return in;
 }
 
+bool power_of_two(double ratio) {
+  const double r = std::log2(1.0 / ratio);
+  return std::abs(r - std::round(r)) < 1e-9;
+}
+
+// Budget: the authors' floor halving keeps at most m (exactly floor(n_mid / 2^T) for ratio 2^-T);
+// other ratios are topped up to exactly m.
 void expect_valid(const Selection& s, const MethodInput& in) {
-  ASSERT_EQ(static_cast<int>(s.indices.size()), in.budget);
+  const int n_mid = in.mid_end - in.mid_begin;
+  if (power_of_two(in.keep_ratio) && in.budget > 0 && in.budget < n_mid &&
+      in.params.count("protect_anticorrelated") == 0) {
+    ASSERT_LE(static_cast<int>(s.indices.size()), in.budget);
+    int floor_kept = n_mid;
+    while (floor_kept > in.budget) floor_kept /= 2;
+    ASSERT_EQ(static_cast<int>(s.indices.size()), floor_kept);
+  } else if (power_of_two(in.keep_ratio) && in.budget > 0 && in.budget < n_mid) {
+    ASSERT_LE(static_cast<int>(s.indices.size()), in.budget);
+  } else {
+    ASSERT_EQ(static_cast<int>(s.indices.size()), in.budget);
+  }
   ASSERT_EQ(s.indices.size(), s.weights.size());
   std::set<int> seen;
   for (size_t k = 0; k < s.indices.size(); ++k) {
@@ -274,21 +293,91 @@ TEST(BalanceKV, LayerEntryPointEqualsPerHeadMethod) {
   EXPECT_EQ(with_refused[0].indices, all[0].indices);
 }
 
-// The paper's single-layer claim on the real sample captures (stories260K, kjv3M), all layers and
-// kv heads, 10 seeds: the walk (gamma 4) beats its own gamma = 0 ablation, which beats plain
-// uniform.
-TEST(BalanceKV, BeatsUniformAndItsGammaZeroAblationOnRealCaptures) {
+// Kept count: the authors' floor halving (202 / 101 / 50 of a 405-token middle) by default, the
+// budget m (203 / 101 / 51) with kept = budget; the note and the trace say kept vs budget.
+TEST(BalanceKV, KeptCountFollowsTheSwitch) {
+  const SynthHead h = synth_head(405 + 15 + 60, 8, 11);
+  for (double ratio : {0.5, 0.25, 0.125}) {
+    MethodInput in = input_for(h, ratio, 1, 15, 60);
+    in.want_trace = true;
+    const Selection a = balancekv().select(in);
+    const int floor_kept = 405 >> static_cast<int>(std::lround(std::log2(1 / ratio)));
+    EXPECT_EQ(static_cast<int>(a.indices.size()), floor_kept);
+    EXPECT_NE(a.note.find("kept " + std::to_string(floor_kept) + " of budget " +
+                          std::to_string(in.budget)),
+              std::string::npos)
+        << a.note;
+    ASSERT_TRUE(a.trace);
+    EXPECT_EQ(a.trace->kept, floor_kept);
+    EXPECT_EQ(a.trace->budget, in.budget);
+    EXPECT_GE(a.saturation, 0.0);
+    EXPECT_EQ(a.saturation, a.trace->saturation);
+    in.params = {{"kept", 1}};
+    EXPECT_EQ(static_cast<int>(balancekv().select(in).indices.size()), in.budget);
+  }
+}
+
+// Each switch changes the selection on its own (so the Error view and sweep can show what each
+// detail is worth), and the preset equals setting all four.
+TEST(BalanceKV, SwitchesAreIndependentAndThePresetSetsAllFour) {
+  auto cap = CaptureFile::open(std::string(KVSCOPE_SOURCE_DIR) +
+                               "/sample_data/stories260K_lily.safetensors");
+  auto layer = cap->layer(2);
+  const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.5);  // floor 202 of m = 203
+  auto select = [&](int head, const ParamValues& p) {
+    return balancekv().select(make_method_input(*layer, cap->info().num_layers, head, w, p, 3));
+  };
+  for (const char* sw : {"halving", "centring", "precision", "kept"}) {
+    int differ = 0;
+    for (int head = 0; head < cap->info().kv_heads; ++head) {
+      const Selection a = select(head, {}), b = select(head, {{sw, 1}});
+      differ += a.indices != b.indices || a.weights != b.weights;
+    }
+    // precision changes a selection only where float32 overflows or rounds across a draw.
+    if (std::string(sw) != "precision") {
+      EXPECT_GT(differ, 0) << sw;
+    }
+  }
+  for (int head = 0; head < cap->info().kv_heads; ++head) {
+    const Selection v1 = select(head, {{"preset", 1}});
+    const Selection all4 =
+        select(head, {{"halving", 1}, {"centring", 1}, {"precision", 1}, {"kept", 1}});
+    EXPECT_EQ(v1.indices, all4.indices);
+    EXPECT_EQ(v1.weights, all4.weights);
+    // The preset overrides the switches.
+    EXPECT_EQ(select(head, {{"preset", 1}, {"halving", 0}}).indices, v1.indices);
+  }
+  const SynthHead h = synth_head(300, 8, 12);
+  MethodInput in = input_for(h, 0.5, 3);
+  in.params = {{"precision", 2}};
+  EXPECT_THROW(balancekv().select(in), InputError);
+}
+
+// The real stories260K captures, all layers and kv heads, 10 seeds. What holds (measured; the
+// figures are printed and in README.md / docs/balancekv.md): every walk variant beats uniform at
+// every ratio; KVScope's earlier variant (preset kvscope-v1) beats its own gamma = 0 ablation at
+// every ratio; the authors' exact walk does NOT beat gamma = 0 everywhere (at ratio 1/2 gamma = 0
+// is better on lily, as on three of the four stories260K captures the issue-11 report measured),
+// so that claim is no longer made for the default.
+TEST(BalanceKV, WalkVariantsAgainstUniformAndGammaZeroOnRealCaptures) {
   const Method* uniform = find_method("uniform");
   ASSERT_NE(uniform, nullptr);
   int captures = 0;
-  for (const std::string& name : ::kvscope::testing::sample_capture_names()) {
-    const std::string path = std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/" + name;
-    if (!std::filesystem::exists(path)) continue;
+  for (const std::string& file : kvscope::testing::sample_capture_names()) {
+    const char* name = file.c_str();
+    const std::string path = std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/" + file;
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
     ++captures;
+    // The gamma = 0 comparisons below were measured on stories260K (head dim 8); on kjv3M
+    // (head dim 64) only the comparison with uniform is asserted, the rest is printed.
+    const bool stories = file.find("stories260K") != std::string::npos;
     auto cap = CaptureFile::open(path);
     const int layers = cap->info().num_layers, heads = cap->info().kv_heads;
     for (double ratio : {0.5, 0.25, 0.125}) {
-      double err_walk = 0, err_ablation = 0, err_uniform = 0;
+      // authors, authors gamma 0, kvscope-v1, kvscope-v1 gamma 0, uniform
+      const std::vector<ParamValues> variants = {
+          {}, {{"gamma", 0}}, {{"preset", 1}}, {{"preset", 1}, {"gamma", 0}}};
+      std::vector<double> err(variants.size() + 1, 0.0);
       for (int L = 0; L < layers; ++L) {
         auto layer = cap->layer(L);
         for (int h = 0; h < heads; ++h)
@@ -296,20 +385,32 @@ TEST(BalanceKV, BeatsUniformAndItsGammaZeroAblationOnRealCaptures) {
             MethodSettings s;
             s.keep_ratio = ratio;
             s.method = &balancekv();
-            err_walk += run_head(*layer, layers, h, s, seed).mean_relative;
-            s.params = {{"gamma", 0}};
-            err_ablation += run_head(*layer, layers, h, s, seed).mean_relative;
+            for (size_t v = 0; v < variants.size(); ++v) {
+              s.params = variants[v];
+              err[v] += run_head(*layer, layers, h, s, seed).mean_relative;
+            }
             s.params = {};
             s.method = uniform;
-            err_uniform += run_head(*layer, layers, h, s, seed).mean_relative;
+            err.back() += run_head(*layer, layers, h, s, seed).mean_relative;
           }
       }
-      const double k = 10.0 * layers * heads;
-      std::printf("%s ratio %.3f: balancekv %.4f  gamma=0 %.4f  uniform %.4f\n", name.c_str(),
-                  ratio, err_walk / k, err_ablation / k, err_uniform / k);
-      EXPECT_LT(err_walk, err_uniform) << name << " ratio " << ratio;
-      EXPECT_LT(err_walk, err_ablation) << name << " ratio " << ratio;
+      for (double& e : err) e /= 10.0 * layers * heads;
+      std::printf(
+          "%s ratio %.3f: authors %.4f  authors gamma=0 %.4f  kvscope-v1 %.4f  kvscope-v1 "
+          "gamma=0 %.4f  uniform %.4f\n",
+          name, ratio, err[0], err[1], err[2], err[3], err[4]);
+      for (size_t v = 0; v < variants.size(); ++v)
+        EXPECT_LT(err[v], err.back()) << name << " ratio " << ratio << " variant " << v;
+      if (!stories) continue;
+      EXPECT_LT(err[2], err[3]) << name << " ratio " << ratio;
+      // The authors' walk against its gamma = 0 ablation: better at 1/4 and 1/8 on both
+      // captures, but at 1/2 worse on lily (0.100 vs 0.095) and better on dragon.
+      const bool lily = std::string(name).find("lily") != std::string::npos;
+      if (ratio == 0.5 && lily)
+        EXPECT_GT(err[0], err[1]) << name << ": authors' walk vs gamma 0 at 1/2";
+      else
+        EXPECT_LT(err[0], err[1]) << name << ": authors' walk vs gamma 0 at " << ratio;
     }
   }
-  EXPECT_EQ(captures, 3) << "every sample capture must be in sample_data/";
+  EXPECT_EQ(captures, 3);
 }

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -192,6 +194,85 @@ TEST(CudaParity, WalkSignsMatchCpu) {
     }
     EXPECT_LE(flipped_blocks, std::max(1, w.rows() / 1000)) << "seed " << seed;
   }
+}
+
+// The authors' float32 walk (WalkBatch::float32, BalanceKV's default) on the device: the same
+// signs as the CPU op except where u_i lies within float rounding of p_i, and the same rows
+// overflowed (p NaN, sigma -1) in the block whose exponents leave float range.
+TEST(CudaParity, Float32WalkSignsMatchCpu) {
+  REQUIRE_GPU(gpu);
+  const WalkCase w = standard_walk_case();
+  std::vector<int8_t> s_cpu, s_gpu;
+  std::vector<float> p_cpu, p_gpu, part_cpu, part_gpu;
+  for (uint64_t seed : {1ull, 0x9e3779b97f4a7c15ull}) {
+    WalkBatch bc = w.batch(s_cpu, p_cpu, part_cpu, seed);
+    WalkBatch bg = w.batch(s_gpu, p_gpu, part_gpu, seed);
+    bc.float32 = bg.float32 = true;
+    bc.value_eps = bg.value_eps = 1e-8;
+    cpu_backend().walk_blocks(bc);
+    gpu->walk_blocks(bg);
+    int flipped_blocks = 0, nan_rows = 0;
+    for (size_t b = 0; b + 1 < w.offset.size(); ++b) {
+      const int r0 = w.offset[b], r1 = w.offset[b + 1];
+      for (int i = r0; i < r1; ++i) {
+        ASSERT_TRUE(s_gpu[i] == 1 || s_gpu[i] == -1) << "row " << i << " has no sign";
+        ASSERT_EQ(std::isnan(p_gpu[i]), std::isnan(p_cpu[i])) << "block " << b << " row " << i - r0;
+        nan_rows += std::isnan(p_cpu[i]);
+        if (s_gpu[i] != s_cpu[i]) {
+          ++flipped_blocks;
+          const double u = counter_uniform(seed, kRandWalk, 3, w.head[b], 1, w.id[b],
+                                           static_cast<uint32_t>(i - r0));
+          EXPECT_LT(std::fabs(u - static_cast<double>(p_cpu[i])), 1e-4)
+              << "block " << b << " row " << i - r0 << ": sign differs far from the draw";
+          break;
+        }
+      }
+    }
+    EXPECT_GT(nan_rows, 0) << "the large-key block should overflow float32";
+    EXPECT_LE(flipped_blocks, std::max(1, w.rows() / 1000)) << "seed " << seed;
+  }
+}
+
+// The authors' golden cases (../shared/golden) through the device walk: identical indices and
+// weights. A subset of every file keeps the CPU emulation of the kernels within minutes.
+TEST(CudaParity, BalanceKvMatchesTheAuthorsGoldenOnDevice) {
+  REQUIRE_GPU(gpu);
+  const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
+  const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
+  const std::string golden = root + "/../shared/golden/";
+  const int stride =
+      std::getenv("KVSCOPE_GOLDEN_STRIDE") ? std::atoi(std::getenv("KVSCOPE_GOLDEN_STRIDE")) : 37;
+  int checked = 0, identical = 0;
+  for (const char* which : {"lily", "dragon", "d128", "overflow"}) {
+    std::ifstream f(golden + "balancekv_authors_" + which + ".json");
+    ASSERT_TRUE(f) << "no golden data in " << golden;
+    const nlohmann::json g = nlohmann::json::parse(f);
+    const std::string cap_name = g["capture"].get<std::string>();
+    const std::string cap_path =
+        std::ifstream(golden + cap_name) ? golden + cap_name : root + "/sample_data/" + cap_name;
+    auto cap = CaptureFile::open(cap_path);
+    const auto& cases = g["cases"];
+    for (size_t k = 0; k < cases.size(); k += std::max(1, stride)) {
+      const nlohmann::json& c = cases[k];
+      auto layer = cap->layer(c["layer"].get<int>());
+      const EvalWindow w = EvalWindow::make(g["n"].get<int>(), c["ratio"].get<double>());
+      const ParamValues params{{"gamma", c["gamma"].get<double>()},
+                               {"temp", c["temp"].get<double>()},
+                               {"block", c["block"].get<double>()}};
+      MethodInput in = make_method_input(*layer, cap->info().num_layers, c["kv_head"].get<int>(), w,
+                                         params, c["seed"].get<uint64_t>());
+      in.backend = gpu;
+      const Selection sel = find_method("balancekv")->select(in);
+      ++checked;
+      const bool same = sel.indices == c["indices"].get<std::vector<int>>() &&
+                        sel.weights == c["weights"].get<std::vector<double>>();
+      identical += same;
+      EXPECT_TRUE(same) << which << " case " << k << " (layer " << c["layer"] << " head "
+                        << c["kv_head"] << " ratio " << c["ratio"] << " gamma " << c["gamma"]
+                        << " temp " << c["temp"] << " seed " << c["seed"] << ")";
+    }
+  }
+  std::printf("golden cases on the device: %d of %d identical\n", identical, checked);
 }
 
 TEST(CudaParity, WalkIsDeterministicAndIndependentOfBatching) {

@@ -467,5 +467,50 @@ TEST(Params, ValidatedAgainstSpec) {
   }
 }
 
+// The BalanceKV authors' estimator (issue 11): numerator weight w, denominator weight 2^T on every
+// kept token. For uniform (w = n_mid/m, close to 2^T) it barely moves the error; for balancekv
+// (weights 2^k of the walk) it changes it; it round-trips through the JSON, and per-head JSON
+// carries kept / budget / saturation.
+TEST(Estimator, AuthorsOptionRewritesTheDenominatorAndRoundTrips) {
+  Selection sel;
+  sel.indices = {3, 5, 9};
+  sel.weights = {2, 1, 1};
+  apply_authors_estimator(sel, 0.25);
+  EXPECT_TRUE(sel.separate);
+  EXPECT_EQ(sel.den_indices, sel.indices);
+  EXPECT_EQ(sel.den_weights, (std::vector<double>{4, 4, 4}));
+  apply_authors_estimator(sel, 0.3);  // ceil(log2(1/0.3)) = 2
+  EXPECT_EQ(sel.den_weights[0], 4.0);
+  EXPECT_THROW(parse_estimator("nope"), InputError);
+
+  auto cap = CaptureFile::open(std::string(KVSCOPE_SOURCE_DIR) +
+                               "/sample_data/stories260K_lily.safetensors");
+  EvalSpec spec;
+  spec.methods = {find_method("balancekv")};
+  spec.ratios = {0.5};
+  spec.seeds = 2;
+  spec.layers = {1};
+  const EvalReport weighted = run_eval(*cap, spec);
+  spec.estimator = Estimator::Authors;
+  const EvalReport authors = run_eval(*cap, spec);
+  ASSERT_EQ(weighted.results.size(), authors.results.size());
+  int differ = 0;
+  for (size_t i = 0; i < weighted.results.size(); ++i) {
+    differ += weighted.results[i].mean != authors.results[i].mean;
+    EXPECT_EQ(authors.results[i].kept, 202);  // floor(405 / 2)
+    EXPECT_EQ(authors.results[i].budget, 203);
+    EXPECT_GE(authors.results[i].saturation, 0.0);
+    EXPECT_LE(authors.results[i].saturation, 1.0);
+  }
+  EXPECT_GT(differ, 0);
+  const nlohmann::json j = authors.to_json();
+  EXPECT_EQ(j["spec"]["estimator"], "authors");
+  EXPECT_EQ(j["results"][0]["kept"], 202);
+  EXPECT_TRUE(j["results"][0].contains("saturation"));
+  const EvalReport back = EvalReport::from_json(j);
+  EXPECT_EQ(back.spec.estimator, Estimator::Authors);
+  EXPECT_EQ(back.results[0].saturation, authors.results[0].saturation);
+}
+
 }  // namespace
 }  // namespace kvscope
