@@ -106,7 +106,10 @@ TEST_P(EvalFixtures, EveryFigureUnchanged) {
 
   std::string methods;
   for (const json& m : want.at("spec").at("methods"))
-    if (m != kExcluded) methods += (methods.empty() ? "" : ",") + m.get<std::string>();
+    if (m != kExcluded) {
+      if (!methods.empty()) methods += ",";
+      methods += m.get<std::string>();
+    }
   const fs::path out = fs::temp_directory_path() / ("kvscope_eval_fixture_" + name + "_" +
                                                     std::to_string(::getpid()) + ".json");
   std::string log;
