@@ -23,6 +23,7 @@ struct EmbedOptions {
   int layer = 0, head = 0, query_head = -1;
   double perplexity = 30, theta = -1, learning_rate = 0;
   int iterations = 1000;
+  long long fft_above = -1;  // -1: the engine's default (FFT off)
   bool with_queries = false, no_translate = false, no_scale = false;
 };
 
@@ -39,6 +40,10 @@ void run_embed(const EmbedOptions& o) {
   req.tsne.iterations = o.iterations;
   req.tsne.exaggeration_iterations = std::min(req.tsne.exaggeration_iterations, o.iterations);
   req.tsne.theta = o.theta;
+  if (o.fft_above >= 0) {
+    check_range(o.fft_above, 0, TsneParams::kFftOff, "--fft-above");
+    req.tsne.fft_threshold = static_cast<int>(o.fft_above);
+  }
   req.tsne.learning_rate = o.learning_rate;
   req.with_queries = o.with_queries;
   req.query_head = o.query_head;
@@ -119,8 +124,11 @@ void add_embed_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--theta", o->theta,
                   "Barnes-Hut angle; 0 = exact; negative = automatic: exact up to 2000 points, "
-                  "Barnes-Hut 0.5 up to 10000, FFT interpolation above (CPU)")
+                  "Barnes-Hut 0.5 above (or FFT interpolation above --fft-above)")
       ->capture_default_str();
+  sub->add_option("--fft-above", o->fft_above,
+                  "automatic mode on the CPU: FFT-interpolated repulsion (FIt-SNE) above this many "
+                  "points (off by default: slower than Barnes-Hut at 32k on the development CPU)");
   sub->add_option("--learning-rate", o->learning_rate,
                   "t-SNE learning rate; <= 0 = max(n / 12 / 4, 50)")
       ->capture_default_str();

@@ -16,8 +16,8 @@
 //    gradient that includes the factor 4), embedding re-centred every iteration;
 //  - gradient: exact O(n^2) when theta == 0, Barnes-Hut quadtree with opening angle theta
 //    otherwise, via Backend::tsne_gradient (CPU: cpu_tsne_gradient below; CUDA: kernels/); in
-//    automatic mode on the CPU above fft_threshold points (10k), FFT-accelerated interpolation
-//    of the repulsion (FIt-SNE; engine/tsne_fft.h).
+//    automatic mode on the CPU above fft_threshold points (opt-in), FFT-accelerated
+//    interpolation of the repulsion (FIt-SNE; engine/tsne_fft.h).
 #pragma once
 
 #include <atomic>
@@ -45,8 +45,11 @@ struct TsneParams {
   double theta = -1;
   int exact_threshold = 2000;
   // Automatic mode (theta < 0) on the CPU: above this many points the repulsion is computed by
-  // FFT-accelerated interpolation (engine/tsne_fft.h) instead of Barnes-Hut.
-  int fft_threshold = 10000;
+  // FFT-accelerated interpolation (engine/tsne_fft.h) instead of Barnes-Hut. Off by default
+  // (kFftOff): at 32768 points the FFT path measured 1.3x slower than Barnes-Hut on the
+  // development CPU (docs/performance.md), so it is opt-in (`embed --fft-above N`) until faster.
+  static constexpr int kFftOff = 1 << 30;
+  int fft_threshold = kFftOff;
   // Every how many iterations the backend is asked for the KL divergence (and on the last one);
   // 0: never. It costs a log per P entry, as much as the forces themselves.
   int kl_every = 25;
