@@ -13,6 +13,7 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
+#include "app/export.h"
 #include "app/headless.h"
 #include "app/screenshot.h"
 #include "backends/imgui_impl_glfw.h"
@@ -80,10 +81,17 @@ int main(int argc, char** argv) {
   cli.add_option("--timeout", opt.timeout_s, "screenshot: seconds to wait for the view's work")
       ->default_val(300);
   cli.add_flag("--full-window", opt.full_window, "screenshot the whole window");
+  float ui_scale = 0;
+  cli.add_option("--ui-scale", ui_scale,
+                 "presentation scale 1 to 2.5 (default: the last one used, Ctrl +/- to change; "
+                 "screenshots: 1)");
   CLI11_PARSE(cli, argc, argv);
 
   const bool headless = !screenshot.empty();
   if (opt.view.empty()) opt.view = "capture";
+  // The remembered scale applies to interactive sessions; screenshots are reproducible (1x
+  // unless --ui-scale says otherwise).
+  opt.ui_scale = ui_scale > 0 ? ui_scale : headless ? 1.0f : load_ui_scale_pref();
   if (opt.capture.empty() && opt.session.empty()) opt.capture = default_capture_path(argv[0]);
   try {
     validate_options(opt);
@@ -114,7 +122,7 @@ int main(int argc, char** argv) {
 
   IMGUI_CHECKVERSION();
   ImGui::CreateContext();
-  setup_style_and_fonts();
+  setup_style_and_fonts(opt.ui_scale);
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 330 core");
 
@@ -124,6 +132,8 @@ int main(int argc, char** argv) {
     g_state = &state;
     state.worker.set_wakeup([] { glfwPostEmptyEvent(); });
     AppUi ui(state);
+    ui.set_ui_scale(opt.ui_scale);
+    ui.take_font_rebuild();  // built at this scale above
     bool quit = false;
     ui.on_quit = [&quit] { quit = true; };
     glfwSetDropCallback(window, on_drop);
@@ -157,6 +167,16 @@ int main(int argc, char** argv) {
         if (state.info() && state.info()->synthetic) title += " [SYNTHETIC]";
         glfwSetWindowTitle(window, title.c_str());
       }
+      if (ui.take_font_rebuild()) {
+        // Presentation mode: glyphs rasterised at the new size (crisp), not stretched.
+        setup_style_and_fonts(ui.ui_scale());
+        ImGui_ImplOpenGL3_DestroyFontsTexture();
+        ImGui_ImplOpenGL3_CreateFontsTexture();
+        if (!headless) save_ui_scale_pref(ui.ui_scale());
+      }
+      ui.before_frame();
+      if (headless && is_svg_path(screenshot))
+        ImGui::GetStyle().AntiAliasedLines = ImGui::GetStyle().AntiAliasedFill = false;
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
       // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
@@ -164,6 +184,7 @@ int main(int argc, char** argv) {
       ImGui::NewFrame();
       ui.draw();
       ImGui::Render();
+      ui.after_render(ImGui::GetDrawData());
       int fw = 0, fh = 0;
       glfwGetFramebufferSize(window, &fw, &fh);
       glViewport(0, 0, fw, fh);
@@ -197,8 +218,11 @@ int main(int argc, char** argv) {
             rc = 3;
           }
           try {
-            save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y,
-                                 opt.full_window ? ScreenRect{} : ui.view_rect(opt.view));
+            const ScreenRect rect = opt.full_window ? ScreenRect{} : ui.view_rect(opt.view);
+            if (is_svg_path(screenshot))
+              write_svg(screenshot, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
+            else
+              save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y, rect);
             std::printf("kvscope: wrote %s\n", screenshot.c_str());
           } catch (const std::exception& e) {
             std::fprintf(stderr, "kvscope: error: %s\n", e.what());

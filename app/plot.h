@@ -29,7 +29,10 @@ class Plot {
  public:
   // Reserves `size` in the layout (a component <= 0 fills the available region), draws the
   // background, grid, ticks, axis labels and the title. The id must be unique in the window.
-  Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y);
+  // equal_aspect: one data unit is as long on both axes (angles are true); the axis ranges
+  // given are grown around their centres to fill the frame (linear axes only).
+  Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y,
+       bool equal_aspect = false);
 
   ImDrawList* draw_list() const { return dl_; }
   ImVec2 inner_min() const { return p0_; }
@@ -50,6 +53,10 @@ class Plot {
   // Series. Non-finite points break a line; points outside the axes are clipped.
   void line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
             float thickness = 2.0f) const;
+  // Dashed polyline (a reference drawn over or under a solid one): dashes of `dash` px at
+  // scale 1, running on across vertices.
+  void dashed_line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
+                   float thickness = 1.5f, float dash = 6.0f) const;
   void markers(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
                float radius = 3.0f) const;
   void band(const std::vector<double>& x, const std::vector<double>& lo,
