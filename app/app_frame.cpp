@@ -142,6 +142,11 @@ float labelled_width(float w, const char* label) {
   return w + (text > 0 ? ImGui::GetStyle().ItemInnerSpacing.x + text : 0);
 }
 
+float fit_width(float at_scale_1, const char* label) {
+  const float room = ImGui::GetContentRegionAvail().x - labelled_width(0, label) - px(4);
+  return std::max(px(60), std::min(px(at_scale_1), room));
+}
+
 void mark_figure_top() {
   g_figure_top = ImGui::GetCursorScreenPos().y;
 }

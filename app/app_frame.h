@@ -42,6 +42,10 @@ float button_width(const char* label);
 // A framed widget of width `w` followed by its label.
 float labelled_width(float w, const char* label);
 
+// Width for a framed widget and its label: `at_scale_1` pixels x UI scale, narrower when the
+// window is (at least 60 px).
+float fit_width(float at_scale_1, const char* label);
+
 // The view's figure starts below this point (its toolbar is above): PNG/SVG figure exports
 // cover the view's area from here down, without controls, tab bars or menus.
 void mark_figure_top();

@@ -14,8 +14,9 @@ constexpr float kRightMargin = 12.0f;  // x font / 15
 std::string elide(const std::string& text, float width) {
   if (ImGui::CalcTextSize(text.c_str()).x <= width) return text;
   std::string t = text;
-  while (!t.empty() && ImGui::CalcTextSize((t + "...").c_str()).x > width) t.pop_back();
-  return t + "...";
+  t.append("...");
+  while (t.size() > 3 && ImGui::CalcTextSize(t.c_str()).x > width) t.erase(t.size() - 4, 1);
+  return t;
 }
 
 std::string format_tick(double v) {
@@ -154,8 +155,9 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   // Title and y label share the top line when both fit, else the title gets a line of its own.
   const float title_w = ImGui::CalcTextSize(title.c_str()).x;
   const float ylabel_w = ImGui::CalcTextSize(y_.label.c_str()).x;
-  const bool two_lines =
-      !title.empty() && !y_.label.empty() && ylabel_w + 16 * unit + title_w > size.x - 4;
+  // Short plots keep one line (the title is shortened with "..." after the y label instead).
+  const bool two_lines = !title.empty() && !y_.label.empty() &&
+                         ylabel_w + 16 * unit + title_w > size.x - 4 && size.y > 11 * font;
   const float top = (two_lines ? 2 * font + 6 * unit : font) + 7 * unit;
   const float bottom = 2 * font + 6 * unit;
   p0_ = ImVec2(o.x, o.y + top);
@@ -175,11 +177,15 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
       yt.emplace_back(y_.min, format_tick(y_.min));
       yt.emplace_back(y_.max, format_tick(y_.max));
     }
+    // Every `stride`-th power so labels stay at least 1.3 lines apart.
+    const double per_power = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
+    const int stride = std::max(1, static_cast<int>(std::ceil(1.3 * font / std::max(1e-9, per_power))));
     for (int k = a; k <= b; ++k) {
       double v = std::pow(base, k);
+      if (((k % stride) + stride) % stride != 0) continue;
       yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
       // Minor ticks at 2..9 x 10^k on log10 axes help reading values.
-      if (y_.scale == Scale::Log10)
+      if (y_.scale == Scale::Log10 && stride == 1)
         for (int m = 2; m <= 9; ++m)
           if (m * v > y_.min && m * v < y_.max) y_minor.push_back(m * v);
     }
@@ -247,9 +253,9 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   if (!title.empty()) {
     // Centred over the data area when it fits, else after the y label (or on its own line);
     // never cut: shortened with "..." when the frame is narrower than the title.
-    const std::string shown = elide(title, size.x - 4);
-    const ImVec2 ts = ImGui::CalcTextSize(shown.c_str());
     const float after_label = two_lines || y_.label.empty() ? o.x + 2 : o.x + 2 + ylabel_w + 16 * unit;
+    const std::string shown = elide(title, o.x + size.x - 2 - after_label);
+    const ImVec2 ts = ImGui::CalcTextSize(shown.c_str());
     const float x = std::min(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.x + size.x - ts.x - 2);
     dl_->AddText(ImVec2(std::max(o.x + 2, x), o.y + 3), IM_COL32(235, 235, 240, 255),
                  shown.c_str());

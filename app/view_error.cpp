@@ -481,13 +481,13 @@ class ErrorView final : public View {
       }
       ImGui::EndPopup();
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(90);
+    toolbar_next(labelled_width(px(90), "seeds"));
+    ImGui::SetNextItemWidth(px(90));
     if (ImGui::SliderInt("seeds", &req.seeds, 1, 10)) changed = true;
-    ImGui::SameLine();
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
     if (ImGui::Checkbox("focused layer only", &req.focused_layer_only)) changed = true;
-    ImGui::SameLine();
     bool busy = s.worker.busy("sweep");
+    toolbar_next(button_width(busy ? "restart" : "run"));
     if (ImGui::Button(busy ? "restart" : "run")) changed = true;
     if (busy) {
       for (const auto& j : s.worker.jobs())
@@ -495,13 +495,13 @@ class ErrorView final : public View {
           ImGui::SameLine();
           char ov[64];
           std::snprintf(ov, sizeof ov, "%d/%d", j.done, j.total);
-          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(110, 0),
-                             ov);
+          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f,
+                             ImVec2(px(110), 0), ov);
         }
       ImGui::SameLine();
       if (ImGui::SmallButton("cancel")) s.worker.cancel("sweep");
     } else if (s.sweep_stale) {
-      ImGui::SameLine();
+      toolbar_next(ImGui::CalcTextSize("settings changed: run again").x);
       ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "settings changed: run again");
     }
     if (changed) s.request_sweep(req);
@@ -615,7 +615,7 @@ class ErrorView final : public View {
         from_sweep ? label(heat_source_)
                    : "A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)";
     ImGui::TextUnformatted("error per layer and kv head");
-    ImGui::SameLine();
+    toolbar_next(px(160));
     ImGui::SetNextItemWidth(-1);
     if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
       if (ImGui::Selectable(
@@ -629,7 +629,9 @@ class ErrorView final : public View {
     GridValues gv =
         from_sweep ? grid_values_from_report(s, *s.sweep, heat_source_.first, heat_source_.second)
                    : grid_values(s, GridMetric::Error);
-    ImGui::TextDisabled("%s", gv.caption.c_str());
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", gv.caption.c_str());
+    ImGui::PopStyleColor();
     draw_grid(s, gv, "##errgrid", 10000.0f);
   }
 
@@ -698,14 +700,17 @@ class ErrorView final : public View {
     }
     int group = s.info()->group_size();
     if (group > 1) {
-      ImGui::SetNextItemWidth(120);
-      if (ImGui::SliderInt("query head in group", &s.selected_q_head, 0, group - 1))
+      ImGui::SetNextItemWidth(px(80));
+      if (ImGui::SliderInt("query head", &s.selected_q_head, 0, group - 1))
         s.request_query_comparison();
-      ImGui::SameLine();
+      if (ImGui::IsItemHovered()) ImGui::SetTooltip("query head within the GQA group");
     }
-    ImGui::TextDisabled("query %d \"%s\"", s.effective_query(),
-                        s.token_text(s.effective_query()).c_str());
-    ImGui::SameLine();
+    char qtext[160];
+    std::snprintf(qtext, sizeof qtext, "query %d \"%s\"", s.effective_query(),
+                  s.token_text(s.effective_query()).c_str());
+    if (group > 1) toolbar_next(ImGui::CalcTextSize(qtext).x);
+    ImGui::TextDisabled("%s", qtext);
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scale"));
     ImGui::Checkbox("log scale", &log_attention_);
     if (!s.query_cmp) {
       if (!s.query_cmp_error.empty())
@@ -716,7 +721,7 @@ class ErrorView final : public View {
     }
     const QueryComparison& qc = *s.query_cmp;
     ImVec2 avail = ImGui::GetContentRegionAvail();
-    float top_h = avail.y * 0.62f;
+    float top_h = avail.y * 0.55f;
     {
       const size_t n = qc.exact_weights.size();
       std::vector<double> x(n);

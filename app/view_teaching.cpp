@@ -237,11 +237,14 @@ class TeachingView final : public View {
     }
     if (!error_.empty())
       ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", error_.c_str());
-    else
-      ImGui::TextDisabled(
-          "%s  Left click: add a vector; drag a tip: move it; right click a tip: "
-          "remove it.",
+    else {
+      ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+      ImGui::TextWrapped(
+          "%s  Left click: add a vector; drag a tip: move it; right click a tip: remove it. "
+          "Keys: space = play, arrows = step.",
           message_.c_str());
+      ImGui::PopStyleColor();
+    }
   }
 
   // Space = play / pause, right arrow = step, left arrow = one step back (replay).

@@ -815,7 +815,7 @@ class WalkView final : public View {
     }
     ImGui::Dummy(ImVec2(width, h));
     const int tok = b.tokens[cur];
-    ImGui::Text(
+    ImGui::TextWrapped(
         "step %d/%d: token %d \"%s\"  p = %.3f  sigma = %+d%s", cur, len - 1, tok,
         s.token_text(tok).c_str(), b.p[cur], b.sigma[cur],
         cur < static_cast<int>(b.kept.size()) ? (b.kept[cur] ? "  (kept)" : "  (dropped)") : "");
