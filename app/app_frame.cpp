@@ -352,7 +352,7 @@ void AppUi::draw() {
   ImGuiWindowFlags flags = ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
                            ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_MenuBar |
                            ImGuiWindowFlags_NoSavedSettings;
-  ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(6, 6));
+  ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(px(6), px(6)));
   ImGui::Begin("KVScope", nullptr, flags);
   ImGui::PopStyleVar();
   draw_menu();

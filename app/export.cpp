@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -121,6 +122,36 @@ struct GlyphIndex {
   }
 };
 
+// The SVG font-size of an ImGui font: ImGui sizes a font by its pixel height (ascent - descent,
+// stb_truetype's ScaleForPixelHeight), SVG by its em. em = FontSize * unitsPerEm /
+// (ascent - descent), read from the TrueType 'head' and 'hhea' tables of the font data the atlas
+// keeps. Falls back to FontSize when the data is not there.
+float em_size(const ImFont* f) {
+  const ImFontConfig* cfg = f->ConfigData;
+  if (!cfg || !cfg->FontData || cfg->FontDataSize < 12) return f->FontSize;
+  const auto* d = static_cast<const unsigned char*>(cfg->FontData);
+  const size_t n = static_cast<size_t>(cfg->FontDataSize);
+  auto u16 = [&](size_t at) { return at + 2 <= n ? (d[at] << 8 | d[at + 1]) : 0; };
+  auto u32 = [&](size_t at) {
+    return at + 4 <= n ? (static_cast<uint32_t>(u16(at)) << 16 | static_cast<uint32_t>(u16(at + 2)))
+                       : 0u;
+  };
+  const int tables = u16(4);
+  size_t head = 0, hhea = 0;
+  for (int t = 0; t < tables; ++t) {
+    const size_t e = 12 + 16 * static_cast<size_t>(t);
+    if (e + 16 > n) break;
+    if (std::memcmp(d + e, "head", 4) == 0) head = u32(e + 8);
+    if (std::memcmp(d + e, "hhea", 4) == 0) hhea = u32(e + 8);
+  }
+  if (!head || !hhea || head + 20 > n || hhea + 8 > n) return f->FontSize;
+  const int units_per_em = u16(head + 18);
+  const int ascent = static_cast<int16_t>(u16(hhea + 4));
+  const int descent = static_cast<int16_t>(u16(hhea + 6));
+  if (units_per_em <= 0 || ascent - descent <= 0) return f->FontSize;
+  return f->FontSize * static_cast<float>(units_per_em) / static_cast<float>(ascent - descent);
+}
+
 std::string num(float v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", v);
@@ -183,9 +214,13 @@ std::string draw_data_to_svg(const ImDrawData* dd, ScreenRect rect, ImU32 backgr
       append_utf8(text, g.glyph->Codepoint);
       expected = g.pen_x + g.glyph->AdvanceX * g.scale;
     }
+    // textLength pins the run to the width ImGui laid it out with, so a viewer's font metrics
+    // (kerning, hinting) cannot make labels run into their neighbours.
+    const float width = expected - g0.pen_x;
     body << "<text clip-path=\"url(#c" << g0.clip << ")\" x=\"" << num(g0.pen_x - rect.x0)
          << "\" y=\"" << num(g0.line_y + run_font->Ascent * g0.scale - rect.y0)
-         << "\" font-size=\"" << num(run_font->FontSize * g0.scale) << "\" "
+         << "\" font-size=\"" << num(em_size(run_font) * g0.scale) << "\" textLength=\""
+         << num(width) << "\" lengthAdjust=\"spacingAndGlyphs\" "
          << colour_attr("fill", g0.col) << " xml:space=\"preserve\">" << xml_escape(text)
          << "</text>\n";
     run.clear();
@@ -232,10 +267,13 @@ std::string draw_data_to_svg(const ImDrawData* dd, ScreenRect rect, ImU32 backgr
           if (col != path_col || cid != path_clip) flush_path();
           path_col = col;
           path_clip = cid;
-          path_d += "M" + num(v[0]->pos.x - rect.x0) + " " +
-                    num(v[0]->pos.y - rect.y0) + "L" + num(v[1]->pos.x - rect.x0) + " " +
-                    num(v[1]->pos.y - rect.y0) + "L" + num(v[2]->pos.x - rect.x0) + " " +
-                    num(v[2]->pos.y - rect.y0) + "Z";
+          for (int k = 0; k < 3; ++k) {  // appended piece by piece (GCC 12 -Wrestrict on a + b)
+            path_d.append(k == 0 ? "M" : "L");
+            path_d.append(num(v[k]->pos.x - rect.x0));
+            path_d.append(" ");
+            path_d.append(num(v[k]->pos.y - rect.y0));
+          }
+          path_d.append("Z");
           continue;
         }
         // A glyph quad is two triangles over the same texture rectangle; take it at the first.

@@ -10,7 +10,8 @@ namespace {
 // Margins follow the font (UI scale): the left one is fitted to the widest y tick label.
 constexpr float kRightMargin = 12.0f;  // x font / 15
 
-// `text` shortened with "..." to fit `width` pixels.
+}  // namespace
+
 std::string elide(const std::string& text, float width) {
   if (ImGui::CalcTextSize(text.c_str()).x <= width) return text;
   std::string t = text;
@@ -18,6 +19,8 @@ std::string elide(const std::string& text, float width) {
   while (t.size() > 3 && ImGui::CalcTextSize(t.c_str()).x > width) t.erase(t.size() - 4, 1);
   return t;
 }
+
+namespace {
 
 std::string format_tick(double v) {
   char buf[32];
@@ -385,6 +388,23 @@ int Plot::nearest_x(const std::vector<double>& x) const {
     }
   }
   return best;
+}
+
+Plot::Corner Plot::emptiest_corner(const std::vector<ImVec2>& points) const {
+  // Points in each quarter of the data area; ties keep the order TR, TL, BR, BL.
+  int count[4] = {0, 0, 0, 0};
+  const float mx = (p0_.x + p1_.x) / 2, my = (p0_.y + p1_.y) / 2;
+  for (const ImVec2& p : points) {
+    if (p.x < p0_.x || p.x > p1_.x || p.y < p0_.y || p.y > p1_.y) continue;
+    const bool right = p.x >= mx, top = p.y < my;
+    ++count[top ? (right ? 0 : 1) : (right ? 2 : 3)];
+  }
+  int best = 0;
+  for (int k = 1; k < 4; ++k)
+    if (count[k] < count[best]) best = k;
+  const Corner order[4] = {Corner::TopRight, Corner::TopLeft, Corner::BottomRight,
+                           Corner::BottomLeft};
+  return order[best];
 }
 
 void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const {

@@ -75,6 +75,8 @@ class Plot {
   enum class Corner { TopRight, TopLeft, BottomRight, BottomLeft };
   // A boxed legend inside the data area.
   void legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
+  // The corner of the data area with the fewest of these screen points (for the legend).
+  Corner emptiest_corner(const std::vector<ImVec2>& points) const;
 
  private:
   ImDrawList* dl_ = nullptr;
@@ -100,6 +102,9 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
 
 // Small coloured square + text on one line (for legends outside plots).
 void legend_swatch(ImU32 colour, const char* text);
+
+// `text` shortened with "..." to fit `width` pixels.
+std::string elide(const std::string& text, float width);
 
 // Keep-ratio labels: 0.25 -> "1/4", 0.3 -> "0.3".
 std::string ratio_label(double r);

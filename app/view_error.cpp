@@ -299,18 +299,21 @@ class ErrorView final : public View {
     const Grid2Result& g = *tune_->result;
     const char* scope_name[] = {"the focused head", "the focused layer", "the whole capture"};
     ImGui::TextWrapped(
-        "%s at keep ratio %s, %s (%zu heads), %d seeds: mean relative error and its spread "
+        "%s at keep ratio %s, %s (%zu head%s), %d seeds: mean relative error and its spread "
         "(std over seeds). Outlined white: best cell; dashed yellow: the defaults (%s=%g, "
         "%s=%g).",
         g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tune_->scope],
-        g.heads.size(), g.seeds, g.rows.name.c_str(), g.default_row_value, g.cols.name.c_str(),
+        g.heads.size(), g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(),
+        g.default_row_value, g.cols.name.c_str(),
         g.default_col_value);
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = ImGui::GetStyle().ItemSpacing.x * 2;
     const float w = std::max(px(200), (avail.x - gap) / 2);
-    draw_grid_panel("##tune_mean", g, g.mean[0], "mean relative error", ImVec2(w, avail.y));
+    draw_grid_panel("##tune_mean", g, g.mean[0], "mean relative error", "error",
+                    ImVec2(w, avail.y));
     ImGui::SameLine(0, gap);
-    draw_grid_panel("##tune_std", g, g.seed_std[0], "spread: std over seeds", ImVec2(w, avail.y));
+    draw_grid_panel("##tune_std", g, g.seed_std[0], "spread: std over seeds", "std",
+                    ImVec2(w, avail.y));
   }
 
   void request_tuning(AppState& s, const Method& m) {
@@ -371,7 +374,7 @@ class ErrorView final : public View {
   // colour bar, the best cell outlined white and the default cell dashed yellow.
   void draw_grid_panel(const char* id, const Grid2Result& g,
                        const std::vector<std::vector<double>>& values, const char* what,
-                       ImVec2 size) {
+                       const char* bar_label, ImVec2 size) {
     ImGui::BeginGroup();
     const int R = static_cast<int>(g.rows.values.size()), C = static_cast<int>(g.cols.values.size());
     double lo = INFINITY, hi = -INFINITY;
@@ -450,7 +453,7 @@ class ErrorView final : public View {
     ImGui::SameLine(0, px(8));
     ImGui::SetCursorScreenPos(ImVec2(o.x + label_w + map_w + px(8), map_top - lh * 1.5f - 6));
     colour_bar((std::string(id) + "_bar").c_str(), ImVec2(bar_w, map_h + lh * 1.5f + 6),
-               Colormap::Viridis, lo, hi, "error");
+               Colormap::Viridis, lo, hi, bar_label);
     ImGui::SetCursorScreenPos(ImVec2(o.x, map_top + map_h + px(4)));
     ImGui::TextDisabled("rows: %s, columns: %s", g.rows.name.c_str(), g.cols.name.c_str());
     if (hit.row >= 0) {

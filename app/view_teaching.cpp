@@ -418,11 +418,22 @@ class TeachingView final : public View {
     }
     dl->PopClipRect();
     handle_plane_mouse(plot);
+    // The legend goes where the drawing is not: the quarter with the fewest tips, prefixes
+    // and labels.
+    std::vector<ImVec2> occupied = tips;
+    for (int i = 0; i < signed_n; ++i) {
+      const auto& st = walk_->steps()[i];
+      occupied.push_back(plot.to_screen(st.prefix[0], st.prefix[1]));
+      occupied.push_back(plot.to_screen(st.prefix[0] - st.sigma * st.u[0] / 2,
+                                        st.prefix[1] - st.sigma * st.u[1] / 2));
+    }
+    for (const ImVec4& b : placed) occupied.push_back(ImVec2((b.x + b.z) / 2, (b.y + b.w) / 2));
+    for (const Vec2& u : vectors_) occupied.push_back(plot.to_screen(u[0] / 2, u[1] / 2));
     plot.legend({{"u_i (unsigned)", kColVector},
                  {"sigma = +1", kColPlus},
                  {"sigma = -1", kColMinus},
                  {"z", kColZ}},
-                Plot::Corner::BottomRight);
+                plot.emptiest_corner(occupied));
     ImGui::EndGroup();
   }
 
@@ -494,7 +505,8 @@ class TeachingView final : public View {
     char text[160];
     std::snprintf(text, sizeof text, "max |prefix along z| = %.3f  (max |<u_i, z>| = %.3f)",
                   walk_ ? walk_->max_abs_prefix_along_z() : 0.0, bound);
-    dl->AddText(ImVec2(plot.inner_min().x + 6, plot.inner_min().y + 4), kColAxisText, text);
+    dl->AddText(ImVec2(plot.inner_min().x + 6, plot.inner_min().y + 4), kColAxisText,
+                elide(text, plot.inner_max().x - plot.inner_min().x - 12).c_str());
     plot.legend({{"sigma = +1", kColPlus}, {"sigma = -1", kColMinus}, {"+-1", kColZ}},
                 Plot::Corner::BottomRight);
   }

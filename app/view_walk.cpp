@@ -666,10 +666,13 @@ class WalkView final : public View {
     dl->AddCircleFilled(plot.to_screen(0, 0), px(3.5f), kColExact, 10);
     if (n > 0) dl->AddCircle(plot.to_screen(xs[n], ys[n]), px(7), kColHover, 14, 2);
     dl->PopClipRect();
+    std::vector<ImVec2> occupied;
+    for (size_t i = 0; i < xs.size(); ++i) occupied.push_back(plot.to_screen(xs[i], ys[i]));
+    for (size_t i = 0; i < rx.size(); ++i) occupied.push_back(plot.to_screen(rx[i], ry[i]));
     plot.legend({{"walk (dot: sign + / -)", kColWalk},
                  {"random signs (dashed)", kColRandom},
                  {"origin", kColExact}},
-                Plot::Corner::TopLeft);
+                plot.emptiest_corner(occupied));
   }
 
   int draw_p_plot(const char* id, const WalkBlockTrace& b, int cur, ImVec2 size,
@@ -761,16 +764,24 @@ class WalkView final : public View {
     plot.dashed_line(xs, upto(b.random_disc_kernel), with_alpha(kColRandomKernel, 0.95f), 1.5f);
     mark_cut_and_step(plot, b, cur);
     const std::string q = t.trace_query >= 0 ? std::to_string(t.trace_query) : "last";
+    std::vector<ImVec2> occupied;
+    for (const auto* v : {&b.disc_query, &b.random_disc_query, &b.disc_kernel, &b.random_disc_kernel})
+      for (size_t i = 0; i < v->size() && i < xs.size(); ++i)
+        if (!log_axis || (*v)[i] > 0) occupied.push_back(plot.to_screen(xs[i], (*v)[i]));
+    const Plot::Corner legend_at = plot.emptiest_corner(occupied);
     plot.legend({{"along query " + q + " (walk)", kColQueryLine},
                  {"kernel norm sqrt(s^T K s) (walk)", kColKernelLine},
                  {"random signs, along query (dashed)", kColRandom},
                  {"random signs, kernel norm (dashed)", kColRandomKernel}},
-                Plot::Corner::TopLeft);
+                legend_at);
     ImDrawList* dl = plot.draw_list();
+    // The note sits in a bottom corner the legend does not use.
     const char* note = "balance holds per direction, not in norm";
     const ImVec2 ts = ImGui::CalcTextSize(note);
+    const bool note_left = legend_at == Plot::Corner::BottomRight;
     if (ts.x < plot.inner_max().x - plot.inner_min().x - 12)
-      dl->AddText(ImVec2(plot.inner_max().x - ts.x - 6, plot.inner_max().y - ts.y - 4),
+      dl->AddText(ImVec2(note_left ? plot.inner_min().x + 6 : plot.inner_max().x - ts.x - 6,
+                         plot.inner_max().y - ts.y - 4),
                   kColAxisText, note);
     return plot.hovered() ? plot.nearest_x(x) : -1;
   }
