@@ -415,6 +415,9 @@ void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const 
   for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.label.c_str()).x);
   w += 26 * u;
   float h = line * static_cast<float>(entries.size()) + 6;
+  // A legend that would hide half the data (a small plot on a small window) is left out; the
+  // same series are named in the view's larger plots or its text.
+  if (w * h > 0.5f * (p1_.x - p0_.x) * (p1_.y - p0_.y)) return;
   const bool right = corner == Corner::TopRight || corner == Corner::BottomRight;
   const bool top = corner == Corner::TopRight || corner == Corner::TopLeft;
   ImVec2 a(right ? p1_.x - w - 6 : p0_.x + 6, top ? p0_.y + 6 : p1_.y - h - 6);

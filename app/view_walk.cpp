@@ -593,20 +593,22 @@ class WalkView final : public View {
       hovered = std::max(hovered, draw_p_plot("##cmp_p_a", b, cur, ImVec2(w, h), title(left_name, b)));
       ImGui::SameLine();
       if (ob)
-        draw_p_plot("##cmp_p_b", *ob, ocur, ImVec2(w, h), title(right_name, *ob));
+        draw_p_plot("##cmp_p_b", *ob, ocur, ImVec2(w, h), title(right_name, *ob), false);
       else
         placeholder("##cmp_p_b");
     }
     draw_path_plot("##cmp_path_a", b, cur, ImVec2(w, h), three ? "" : title(left_name, b));
     ImGui::SameLine();
     if (ob)
-      draw_path_plot("##cmp_path_b", *ob, ocur, ImVec2(w, h), three ? "" : title(right_name, *ob));
+      draw_path_plot("##cmp_path_b", *ob, ocur, ImVec2(w, h), three ? "" : title(right_name, *ob),
+                     false);
     else
       placeholder("##cmp_path_b");
     hovered = std::max(hovered, draw_discrepancy_plot("##cmp_disc_a", t, b, cur, ImVec2(w, h), left_name));
     ImGui::SameLine();
     if (ob)
-      draw_discrepancy_plot("##cmp_disc_b", *other_->trace, *ob, ocur, ImVec2(w, h), right_name);
+      draw_discrepancy_plot("##cmp_disc_b", *other_->trace, *ob, ocur, ImVec2(w, h), right_name,
+                            false);
     else
       placeholder("##cmp_disc_b");
     hover_tooltip(s, b, hovered);
@@ -633,7 +635,7 @@ class WalkView final : public View {
   // Both share the axes (and the log scale); the random-sign path is drawn last, dashed, so it
   // stays visible where the two overlap.
   void draw_path_plot(const char* id, const WalkBlockTrace& b, int cur, ImVec2 size,
-                      const std::string& title) {
+                      const std::string& title, bool with_legend = true) {
     const int n = std::min<int>(cur + 1, static_cast<int>(b.path.size()));
     std::vector<double> px_, py, rpx, rpy;
     for (const auto& q : b.path) px_.push_back(q[0]), py.push_back(q[1]);
@@ -669,14 +671,15 @@ class WalkView final : public View {
     std::vector<ImVec2> occupied;
     for (size_t i = 0; i < xs.size(); ++i) occupied.push_back(plot.to_screen(xs[i], ys[i]));
     for (size_t i = 0; i < rx.size(); ++i) occupied.push_back(plot.to_screen(rx[i], ry[i]));
-    plot.legend({{"walk (dot: sign + / -)", kColWalk},
-                 {"random signs (dashed)", kColRandom},
-                 {"origin", kColExact}},
-                plot.emptiest_corner(occupied));
+    if (with_legend)
+      plot.legend({{"walk (dot: sign + / -)", kColWalk},
+                   {"random signs (dashed)", kColRandom},
+                   {"origin", kColExact}},
+                  plot.emptiest_corner(occupied));
   }
 
   int draw_p_plot(const char* id, const WalkBlockTrace& b, int cur, ImVec2 size,
-                  const std::string& title) {
+                  const std::string& title, bool with_legend = true) {
     std::vector<double> x = iota_steps(b.p.size());
     // p_i outside [0, 1] only means "sign forced"; values far outside are drawn at the edge.
     constexpr double kLo = -0.5, kHi = 1.5;
@@ -703,10 +706,11 @@ class WalkView final : public View {
     plot.markers(pxs, pys, kColPlus, px(2.5f));
     plot.markers(mx, my, kColMinus, px(2.5f));
     mark_cut_and_step(plot, b, cur);
-    plot.legend({{"sigma = +1", kColPlus},
-                 {"sigma = -1", kColMinus},
-                 {"clipped: sign forced", IM_COL32(240, 200, 80, 90)},
-                 {"halving cut", kColCut}});
+    if (with_legend)
+      plot.legend({{"sigma = +1", kColPlus},
+                   {"sigma = -1", kColMinus},
+                   {"clipped: sign forced", IM_COL32(240, 200, 80, 90)},
+                   {"halving cut", kColCut}});
     return plot.hovered() ? plot.nearest_x(x) : -1;
   }
 
@@ -728,7 +732,7 @@ class WalkView final : public View {
   }
 
   int draw_discrepancy_plot(const char* id, const WalkTrace& t, const WalkBlockTrace& b, int cur,
-                            ImVec2 size, const std::string& name) {
+                            ImVec2 size, const std::string& name, bool with_legend = true) {
     std::vector<double> x = iota_steps(b.disc_query.size());
     std::vector<double> all;
     for (const auto* v :
@@ -769,7 +773,8 @@ class WalkView final : public View {
       for (size_t i = 0; i < v->size() && i < xs.size(); ++i)
         if (!log_axis || (*v)[i] > 0) occupied.push_back(plot.to_screen(xs[i], (*v)[i]));
     const Plot::Corner legend_at = plot.emptiest_corner(occupied);
-    plot.legend({{"along query " + q + " (walk)", kColQueryLine},
+    if (with_legend)
+      plot.legend({{"along query " + q + " (walk)", kColQueryLine},
                  {"kernel norm sqrt(s^T K s) (walk)", kColKernelLine},
                  {"random signs, along query (dashed)", kColRandom},
                  {"random signs, kernel norm (dashed)", kColRandomKernel}},
