@@ -393,12 +393,11 @@ void AppUi::draw_splitter(float height) {
   if (active || hovered) ImGui::SetMouseCursor(ImGuiMouseCursor_ResizeEW);
   const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
   const float cx = (a.x + b.x) * 0.5f;
-  ImGui::GetWindowDrawList()->AddLine(
-      ImVec2(cx, a.y + 2), ImVec2(cx, b.y - 2),
-      ImGui::GetColorU32(active    ? ImGuiCol_SeparatorActive
-                         : hovered ? ImGuiCol_SeparatorHovered
-                                   : ImGuiCol_Separator),
-      active || hovered ? 3.0f : 1.0f);
+  ImGui::GetWindowDrawList()->AddLine(ImVec2(cx, a.y + 2), ImVec2(cx, b.y - 2),
+                                      ImGui::GetColorU32(active    ? ImGuiCol_SeparatorActive
+                                                         : hovered ? ImGuiCol_SeparatorHovered
+                                                                   : ImGuiCol_Separator),
+                                      active || hovered ? 3.0f : 1.0f);
   if (active) {
     const float left_now = a.x - ImGui::GetWindowPos().x - ImGui::GetStyle().WindowPadding.x;
     left_w_ = std::max(px(240), left_now + ImGui::GetIO().MouseDelta.x);

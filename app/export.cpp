@@ -71,10 +71,18 @@ std::string xml_escape(const std::string& t) {
   std::string out;
   for (char ch : t) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
       default:
         if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\t') out += ch;
     }
@@ -218,11 +226,10 @@ std::string draw_data_to_svg(const ImDrawData* dd, ScreenRect rect, ImU32 backgr
     // (kerning, hinting) cannot make labels run into their neighbours.
     const float width = expected - g0.pen_x;
     body << "<text clip-path=\"url(#c" << g0.clip << ")\" x=\"" << num(g0.pen_x - rect.x0)
-         << "\" y=\"" << num(g0.line_y + run_font->Ascent * g0.scale - rect.y0)
-         << "\" font-size=\"" << num(em_size(run_font) * g0.scale) << "\" textLength=\""
-         << num(width) << "\" lengthAdjust=\"spacingAndGlyphs\" "
-         << colour_attr("fill", g0.col) << " xml:space=\"preserve\">" << xml_escape(text)
-         << "</text>\n";
+         << "\" y=\"" << num(g0.line_y + run_font->Ascent * g0.scale - rect.y0) << "\" font-size=\""
+         << num(em_size(run_font) * g0.scale) << "\" textLength=\"" << num(width)
+         << "\" lengthAdjust=\"spacingAndGlyphs\" " << colour_attr("fill", g0.col)
+         << " xml:space=\"preserve\">" << xml_escape(text) << "</text>\n";
     run.clear();
   };
   for (int l = 0; l < dd->CmdListsCount; ++l) {
@@ -232,8 +239,8 @@ std::string draw_data_to_svg(const ImDrawData* dd, ScreenRect rect, ImU32 backgr
       ImVec4 clip(std::max(cmd.ClipRect.x, rect.x0), std::max(cmd.ClipRect.y, rect.y0),
                   std::min(cmd.ClipRect.z, rect.x1), std::min(cmd.ClipRect.w, rect.y1));
       if (clip.z <= clip.x || clip.w <= clip.y) continue;
-      const int cid = clip_id(ImVec4(clip.x - rect.x0, clip.y - rect.y0, clip.z - rect.x0,
-                                     clip.w - rect.y0));
+      const int cid =
+          clip_id(ImVec4(clip.x - rect.x0, clip.y - rect.y0, clip.z - rect.x0, clip.w - rect.y0));
       for (unsigned int e = 0; e + 2 < cmd.ElemCount; e += 3) {
         const ImDrawIdx* idx = list->IdxBuffer.Data + cmd.IdxOffset + e;
         const ImDrawVert* v[3];
@@ -247,7 +254,8 @@ std::string draw_data_to_svg(const ImDrawData* dd, ScreenRect rect, ImU32 backgr
         if (x1 < clip.x || x0 > clip.z || y1 < clip.y || y0 > clip.w) continue;
         bool solid = true;
         for (const ImDrawVert* p : v)
-          solid = solid && std::fabs(p->uv.x - white.x) < 1e-6f && std::fabs(p->uv.y - white.y) < 1e-6f;
+          solid =
+              solid && std::fabs(p->uv.x - white.x) < 1e-6f && std::fabs(p->uv.y - white.y) < 1e-6f;
         if (solid) {
           // Flat colour, or the mean of a gradient's corners (colour bars are drawn in steps).
           ImU32 col = v[0]->col;
@@ -293,11 +301,11 @@ std::string draw_data_to_svg(const ImDrawData* dd, ScreenRect rect, ImU32 backgr
           if (last.glyph == pg.glyph && std::fabs(last.pen_x - pg.pen_x) < 0.01f &&
               std::fabs(last.line_y - pg.line_y) < 0.01f)
             continue;  // the quad's second triangle
-          const bool same_line = std::fabs(last.line_y - pg.line_y) < 0.5f &&
-                                 last.col == pg.col && last.clip == pg.clip &&
-                                 std::fabs(last.scale - pg.scale) < 0.01f &&
-                                 it->second.font == run_font && pg.pen_x > last.pen_x &&
-                                 pg.pen_x < last.pen_x + (last.glyph->AdvanceX + run_font->FontSize * 2) * last.scale;
+          const bool same_line =
+              std::fabs(last.line_y - pg.line_y) < 0.5f && last.col == pg.col &&
+              last.clip == pg.clip && std::fabs(last.scale - pg.scale) < 0.01f &&
+              it->second.font == run_font && pg.pen_x > last.pen_x &&
+              pg.pen_x < last.pen_x + (last.glyph->AdvanceX + run_font->FontSize * 2) * last.scale;
           if (!same_line) flush_text();
         }
         flush_path();

@@ -109,8 +109,7 @@ int render_view_software(const HeadlessOptions& opt) {
       write_svg(o.out, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
     } else {
       std::vector<uint8_t> pixels;
-      soft_render(ImGui::GetDrawData(), font, o.width, o.height, pixels,
-                  IM_COL32(23, 25, 28, 255));
+      soft_render(ImGui::GetDrawData(), font, o.width, o.height, pixels, IM_COL32(23, 25, 28, 255));
       write_png(o.out, pixels, o.width, o.height, false, rect);
     }
   }

@@ -19,9 +19,9 @@ std::vector<LayoutProblem> find_clipped_items() {
     if (!(w->Flags & ImGuiWindowFlags_ChildWindow)) {
       if (w->Pos.x < -kSlack || w->Pos.y < -kSlack || w->Pos.x + w->Size.x > display.x + kSlack ||
           w->Pos.y + w->Size.y > display.y + kSlack) {
-        std::snprintf(buf, sizeof buf, "window [%.0f, %.0f]-[%.0f, %.0f] leaves the %.0fx%.0f display",
-                      w->Pos.x, w->Pos.y, w->Pos.x + w->Size.x, w->Pos.y + w->Size.y, display.x,
-                      display.y);
+        std::snprintf(buf, sizeof buf,
+                      "window [%.0f, %.0f]-[%.0f, %.0f] leaves the %.0fx%.0f display", w->Pos.x,
+                      w->Pos.y, w->Pos.x + w->Size.x, w->Pos.y + w->Size.y, display.x, display.y);
         out.push_back({w->Name, buf});
       }
     }
@@ -35,8 +35,8 @@ std::vector<LayoutProblem> find_clipped_items() {
     const bool can_scroll_y = w->ScrollbarY;
     if (!can_scroll_x && reach.x > inner.Max.x + kSlack) {
       std::snprintf(buf, sizeof buf,
-                    "items reach x = %.0f past the right edge %.0f (no horizontal scroll)",
-                    reach.x, inner.Max.x);
+                    "items reach x = %.0f past the right edge %.0f (no horizontal scroll)", reach.x,
+                    inner.Max.x);
       out.push_back({w->Name, buf});
     }
     if (!can_scroll_y && reach.y > inner.Max.y + kSlack) {

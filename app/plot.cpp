@@ -133,8 +133,7 @@ ImVec2 Plot::mouse_data() const {
   return ImVec2(static_cast<float>(data_x(m.x)), static_cast<float>(data_y(m.y)));
 }
 
-Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y,
-           bool equal_aspect)
+Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y, bool equal_aspect)
     : x_(std::move(x)), y_(std::move(y)) {
   // Log axes need positive ranges.
   for (Axis* a : {&x_, &y_}) {
@@ -182,7 +181,8 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     }
     // Every `stride`-th power so labels stay at least 1.3 lines apart.
     const double per_power = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
-    const int stride = std::max(1, static_cast<int>(std::ceil(1.3 * font / std::max(1e-9, per_power))));
+    const int stride =
+        std::max(1, static_cast<int>(std::ceil(1.3 * font / std::max(1e-9, per_power))));
     for (int k = a; k <= b; ++k) {
       double v = std::pow(base, k);
       if (((k % stride) + stride) % stride != 0) continue;
@@ -256,10 +256,12 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   if (!title.empty()) {
     // Centred over the data area when it fits, else after the y label (or on its own line);
     // never cut: shortened with "..." when the frame is narrower than the title.
-    const float after_label = two_lines || y_.label.empty() ? o.x + 2 : o.x + 2 + ylabel_w + 16 * unit;
+    const float after_label =
+        two_lines || y_.label.empty() ? o.x + 2 : o.x + 2 + ylabel_w + 16 * unit;
     const std::string shown = elide(title, o.x + size.x - 2 - after_label);
     const ImVec2 ts = ImGui::CalcTextSize(shown.c_str());
-    const float x = std::min(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.x + size.x - ts.x - 2);
+    const float x =
+        std::min(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.x + size.x - ts.x - 2);
     dl_->AddText(ImVec2(std::max(o.x + 2, x), o.y + 3), IM_COL32(235, 235, 240, 255),
                  shown.c_str());
   }

@@ -4,7 +4,6 @@
 #include <imgui.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -91,9 +90,9 @@ class CaptureView final : public View {
 
     int metric = static_cast<int>(s.grid_metric);
     // As wide as fits beside its label and the (?) marker, at most 240 px (x UI scale).
-    ImGui::SetNextItemWidth(std::max(
-        px(100), std::min(px(240), ImGui::GetContentRegionAvail().x -
-                                       labelled_width(0, "colour by") - button_width("(?)") - px(12))));
+    ImGui::SetNextItemWidth(std::max(px(100), std::min(px(240), ImGui::GetContentRegionAvail().x -
+                                                                    labelled_width(0, "colour by") -
+                                                                    button_width("(?)") - px(12))));
     const char* metrics[] = {"error of method A", "attention entropy"};
     if (ImGui::Combo("colour by", &metric, metrics, 2))
       s.grid_metric = static_cast<GridMetric>(metric);

@@ -304,8 +304,7 @@ class ErrorView final : public View {
         "%s=%g).",
         g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tune_->scope],
         g.heads.size(), g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(),
-        g.default_row_value, g.cols.name.c_str(),
-        g.default_col_value);
+        g.default_row_value, g.cols.name.c_str(), g.default_col_value);
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = ImGui::GetStyle().ItemSpacing.x * 2;
     const float w = std::max(px(200), (avail.x - gap) / 2);
@@ -344,8 +343,8 @@ class ErrorView final : public View {
     std::string desc = m.name() + "|" + row_values_ + "|" + col_values_ + "|" + tune_rows_ + "|" +
                        tune_cols_ + "|" + std::to_string(tune_seeds_) + "|" +
                        std::to_string(tune_scope_) + "|" + std::to_string(s.keep_ratio) + "|" +
-                       std::to_string(s.focus.layer) + "|" + std::to_string(s.focus.kv_head) +
-                       "|" + s.capture_path;
+                       std::to_string(s.focus.layer) + "|" + std::to_string(s.focus.kv_head) + "|" +
+                       s.capture_path;
     tune_->wanted = desc;
     auto slot = tune_;
     auto capture = s.capture;
@@ -376,7 +375,8 @@ class ErrorView final : public View {
                        const std::vector<std::vector<double>>& values, const char* what,
                        const char* bar_label, ImVec2 size) {
     ImGui::BeginGroup();
-    const int R = static_cast<int>(g.rows.values.size()), C = static_cast<int>(g.cols.values.size());
+    const int R = static_cast<int>(g.rows.values.size()),
+              C = static_cast<int>(g.cols.values.size());
     double lo = INFINITY, hi = -INFINITY;
     for (const auto& row : values)
       for (double v : row)
@@ -404,7 +404,8 @@ class ErrorView final : public View {
       char b[32];
       std::snprintf(b, sizeof b, "%g", g.cols.values[static_cast<size_t>(c)]);
       const float tw = ImGui::CalcTextSize(b).x;
-      dl->AddText(ImVec2(o.x + label_w + (c + 0.5f) * cw - tw / 2, top - lh - px(2) + lh), kColAxisText, b);
+      dl->AddText(ImVec2(o.x + label_w + (c + 0.5f) * cw - tw / 2, top - lh - px(2) + lh),
+                  kColAxisText, b);
     }
     const float map_top = top + lh + px(2);
     for (int r = 0; r < R; ++r) {
@@ -799,7 +800,7 @@ class ErrorView final : public View {
 
   bool log_attention_ = true;
   std::pair<std::string, double> heat_source_;  // empty method: the background grid
-  int mode_ = 0;  // 0 overview, 1 tune two parameters
+  int mode_ = 0;                                // 0 overview, 1 tune two parameters
   std::string tune_method_, tune_rows_, tune_cols_, row_values_, col_values_;
   int tune_seeds_ = 3, tune_scope_ = 0;
   std::shared_ptr<TuneSlot> tune_ = std::make_shared<TuneSlot>();

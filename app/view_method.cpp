@@ -57,9 +57,9 @@ bool param_widget(const ParamSpec& p, ParamValues& values) {
   bool changed = false;
   ImGui::PushID(p.name.c_str());
   // At most 200 px (x UI scale), narrower when the panel is: room for the name and the (?).
-  ImGui::SetNextItemWidth(std::max(
-      px(80), std::min(px(200), ImGui::GetContentRegionAvail().x -
-                                    labelled_width(0, p.name.c_str()) - button_width("(?)") - px(12))));
+  ImGui::SetNextItemWidth(std::max(px(80), std::min(px(200), ImGui::GetContentRegionAvail().x -
+                                                                 labelled_width(0, p.name.c_str()) -
+                                                                 button_width("(?)") - px(12))));
   switch (p.type) {
     case ParamSpec::Type::Int: {
       int iv = static_cast<int>(std::lround(v));

@@ -60,8 +60,8 @@ class TeachingView final : public View {
     mark_figure_top();
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     const int rows = rule_ == TeachingWalk::Rule::SelfBalancing ? 6 : 5;
-    const float table_h = ImGui::GetTextLineHeightWithSpacing() * (rows + 1.5f) +
-                          ImGui::GetStyle().ScrollbarSize;
+    const float table_h =
+        ImGui::GetTextLineHeightWithSpacing() * (rows + 1.5f) + ImGui::GetStyle().ScrollbarSize;
     const float plot_h = std::max(px(200), avail.y - table_h);
     const float plane_w = std::max(px(200), std::min(avail.x * 0.55f, plot_h + px(80)));
     draw_plane(ImVec2(plane_w, plot_h));
@@ -178,7 +178,8 @@ class TeachingView final : public View {
     ImGui::SameLine();
     const float play_w = ImGui::CalcTextSize("pause").x + ImGui::GetStyle().FramePadding.x * 2;
     if (!can_step && !playing_) ImGui::BeginDisabled();
-    if (ImGui::Button(playing_ ? "pause" : "play", ImVec2(play_w, 0))) playing_ = !playing_, timer_ = 0;
+    if (ImGui::Button(playing_ ? "pause" : "play", ImVec2(play_w, 0)))
+      playing_ = !playing_, timer_ = 0;
     if (!can_step && !playing_) ImGui::EndDisabled();
     ImGui::SameLine();
     if (!can_step) ImGui::BeginDisabled();
@@ -289,10 +290,12 @@ class TeachingView final : public View {
                       st.prefix_along_z);
     } else {
       const double pc = std::clamp(st.p, 0.0, 1.0);
-      const char* lean = st.inner > 0 ? "leans towards +u" : st.inner < 0 ? "leans towards -u"
-                                                                          : "is square to u";
-      const char* likely = pc < 0.5 ? "sigma = -1 is likely" : pc > 0.5 ? "sigma = +1 is likely"
-                                                                         : "both signs are even";
+      const char* lean = st.inner > 0   ? "leans towards +u"
+                         : st.inner < 0 ? "leans towards -u"
+                                        : "is square to u";
+      const char* likely = pc < 0.5   ? "sigma = -1 is likely"
+                           : pc > 0.5 ? "sigma = +1 is likely"
+                                      : "both signs are even";
       std::snprintf(buf, sizeof buf,
                     "u%d: p = %.2f: the prefix %s%d (<w, u%d> = %+.2f), so %s%s; drew %.2f -> "
                     "sigma = %s.",
@@ -354,8 +357,8 @@ class TeachingView final : public View {
     const ImVec2 o = plot.to_screen(0, 0);
     const double far = 4 * std::max({std::abs(x0), std::abs(x1), std::abs(y0), std::abs(y1)});
     // z through the origin, both ways.
-    dl->AddLine(plot.to_screen(-z_[0] * far, -z_[1] * far), plot.to_screen(z_[0] * far, z_[1] * far),
-                with_alpha(kColZ, 0.35f), 1.0f);
+    dl->AddLine(plot.to_screen(-z_[0] * far, -z_[1] * far),
+                plot.to_screen(z_[0] * far, z_[1] * far), with_alpha(kColZ, 0.35f), 1.0f);
     arrow(dl, o, plot.to_screen(z_[0], z_[1]), kColZ, px(2.0f));
     const int signed_n = signed_count();
     for (size_t i = 0; i < vectors_.size(); ++i) {
@@ -388,7 +391,7 @@ class TeachingView final : public View {
       float best_overlap = 1e30f;
       for (int k = 0; k < 12; ++k) {
         const float ang = std::atan2(d.y, d.x) + static_cast<float>(k / 2 + 1) * (k % 2 ? -1 : 1) *
-                                                    static_cast<float>(M_PI) / 6 * (k > 0);
+                                                     static_cast<float>(M_PI) / 6 * (k > 0);
         const float r = (k < 8 ? 1.0f : 1.8f) * (gap + std::max(ts.x, ts.y) * 0.6f);
         const ImVec2 c(tip.x + std::cos(ang) * r, tip.y + std::sin(ang) * r);
         const ImVec4 box(c.x - ts.x / 2, c.y - ts.y / 2, c.x + ts.x / 2, c.y + ts.y / 2);

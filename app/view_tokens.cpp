@@ -93,7 +93,8 @@ class TokensView final : public View {
     if (s.ab_enabled) mode_ = static_cast<Mode>(mode);
     if (mode == 2) {
       legend_swatch(kColBoth, "kept by both");
-      const std::string only_a = "only A: " + s.method_name[0], only_b = "only B: " + s.method_name[1];
+      const std::string only_a = "only A: " + s.method_name[0],
+                        only_b = "only B: " + s.method_name[1];
       toolbar_next(swatch_w(only_a));
       legend_swatch(kColSlot[0], only_a.c_str());
       toolbar_next(swatch_w(only_b));

@@ -205,8 +205,8 @@ class WalkView final : public View {
         return;
       }
       const std::string why = !main_->error.empty() ? main_->error
-                              : trace                ? trace->note
-                                                     : std::string();
+                              : trace               ? trace->note
+                                                    : std::string();
       ImGui::TextDisabled("%s returned no walk trace for this head%s%s", s.method_name[0].c_str(),
                           why.empty() ? "." : ": ", why.c_str());
       return;
@@ -241,15 +241,16 @@ class WalkView final : public View {
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = ImGui::GetStyle().ItemSpacing.x;
     const float plot_w = std::max(px(160), (avail.x - gap) / 2);
-    const float plot_h = std::max(px(130), (avail.y - strip_h - ImGui::GetStyle().ItemSpacing.y) / 2);
+    const float plot_h =
+        std::max(px(130), (avail.y - strip_h - ImGui::GetStyle().ItemSpacing.y) / 2);
     int hovered = -1;
     draw_path_plot("##walk_path", *b, cur, ImVec2(plot_w, plot_h), "");
     ImGui::SameLine();
     hovered = std::max(hovered, draw_p_plot("##walk_p", *b, cur, ImVec2(plot_w, plot_h), ""));
     hovered = std::max(hovered, draw_partial_plot(*b, cur, ImVec2(plot_w, plot_h)));
     ImGui::SameLine();
-    hovered = std::max(hovered, draw_discrepancy_plot("##walk_disc", *trace, *b, cur,
-                                                      ImVec2(plot_w, plot_h), ""));
+    hovered = std::max(
+        hovered, draw_discrepancy_plot("##walk_disc", *trace, *b, cur, ImVec2(plot_w, plot_h), ""));
     hover_tooltip(s, *b, hovered);
     draw_strip(s, *b, cur);
   }
@@ -303,7 +304,7 @@ class WalkView final : public View {
   }
 
   nlohmann::json save_state() const override {
-    return {{"round", round_},      {"block", block_},  {"speed", speed_},
+    return {{"round", round_},       {"block", block_}, {"speed", speed_},
             {"log_scales", symlog_}, {"query", query_}, {"compare", compare_}};
   }
   void load_state(const nlohmann::json& j) override {
@@ -370,32 +371,31 @@ class WalkView final : public View {
       const int num_layers = s.capture->info().num_layers, kv = s.focus.kv_head;
       const uint64_t seed = static_cast<uint64_t>(s.seed);
       Backend* be = s.backend();
-      s.worker.submit(Lane::Geometry, key, std::string("walk ") + (key + 5),
-                      [=](JobContext& ctx) -> ApplyFn {
-                        std::shared_ptr<const WalkTrace> tr;
-                        std::string err;
-                        try {
-                          const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
-                          const EvalWindow w = EvalWindow::make(static_cast<int>(K.rows()),
-                                                                ms.keep_ratio, ms.sink, ms.eval);
-                          MethodInput in =
-                              make_method_input(*layer, num_layers, kv, w, ms, seed);
-                          in.want_trace = true;
-                          in.trace_query = q;
-                          in.cancel = ctx.cancel_flag();
-                          in.backend = be;
-                          tr = ms.method->select(in).trace;
-                          ctx.check_cancel();
-                        } catch (const InputError& e) {
-                          err = e.what();
-                        }
-                        return [slot, desc, tr, err](AppState&) {
-                          if (slot->wanted != desc) return;
-                          slot->have = desc;
-                          slot->trace = tr;
-                          slot->error = err;
-                        };
-                      });
+      s.worker.submit(
+          Lane::Geometry, key, std::string("walk ") + (key + 5), [=](JobContext& ctx) -> ApplyFn {
+            std::shared_ptr<const WalkTrace> tr;
+            std::string err;
+            try {
+              const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
+              const EvalWindow w =
+                  EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
+              MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
+              in.want_trace = true;
+              in.trace_query = q;
+              in.cancel = ctx.cancel_flag();
+              in.backend = be;
+              tr = ms.method->select(in).trace;
+              ctx.check_cancel();
+            } catch (const InputError& e) {
+              err = e.what();
+            }
+            return [slot, desc, tr, err](AppState&) {
+              if (slot->wanted != desc) return;
+              slot->have = desc;
+              slot->trace = tr;
+              slot->error = err;
+            };
+          });
     };
     want(main_, "walk.query", query_ >= 0, {});
     want(other_, "walk.compare", compare_ > 0,
@@ -473,10 +473,10 @@ class WalkView final : public View {
 
     std::string info = "L" + std::to_string(s.focus.layer) + " H" +
                        std::to_string(s.focus.kv_head) + ", " + s.method_name[0] + " (" +
-                       describe_params(*s.method(0), s.settings(0).params) + "): " +
-                       std::to_string(t.rounds) + " round(s), " + std::to_string(blocks) +
-                       " block(s) in round " + std::to_string(round_) + ", " +
-                       std::to_string(len) + " tokens in this block";
+                       describe_params(*s.method(0), s.settings(0).params) +
+                       "): " + std::to_string(t.rounds) + " round(s), " + std::to_string(blocks) +
+                       " block(s) in round " + std::to_string(round_) + ", " + std::to_string(len) +
+                       " tokens in this block";
     if (t.trace_query >= 0) info += "; discrepancy along query " + std::to_string(t.trace_query);
     ImGui::TextWrapped("%s%s%s", info.c_str(), t.note.empty() ? "" : ". ", t.note.c_str());
   }
@@ -490,8 +490,8 @@ class WalkView final : public View {
                   "p_i <= 0 or >= 1 before clipping.",
                   100 * blk.share(), blk.steps, 100 * all.share());
     const bool high = blk.share() > 0.5;
-    ImGui::PushStyleColor(ImGuiCol_Text, high ? ImVec4(1.0f, 0.78f, 0.35f, 1)
-                                              : ImVec4(0.75f, 0.77f, 0.8f, 1));
+    ImGui::PushStyleColor(ImGuiCol_Text,
+                          high ? ImVec4(1.0f, 0.78f, 0.35f, 1) : ImVec4(0.75f, 0.77f, 0.8f, 1));
     ImGui::TextWrapped("%s %s", line,
                        high ? "Those signs are forced: the walk is deterministic there and does "
                               "no random balancing (one or two huge kernel entries decide). "
@@ -569,7 +569,8 @@ class WalkView final : public View {
     const float gap = ImGui::GetStyle().ItemSpacing.x;
     const float w = std::max(px(160), (avail.x - gap) / 2);
     const bool three = avail.y > px(3 * 150);
-    const float h = std::max(px(120), (avail.y - 2 * ImGui::GetStyle().ItemSpacing.y) / (three ? 3 : 2));
+    const float h =
+        std::max(px(120), (avail.y - 2 * ImGui::GetStyle().ItemSpacing.y) / (three ? 3 : 2));
     auto title = [](const std::string& name, const WalkBlockTrace& blk) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "%s: %.0f%% clipped", name.c_str(),
@@ -585,12 +586,12 @@ class WalkView final : public View {
       else if (other_->pending())
         ImGui::TextDisabled("walking with %s ...", right_name.c_str());
       else
-        ImGui::TextDisabled("no block %d in round %d with %s", block_, round_,
-                            right_name.c_str());
+        ImGui::TextDisabled("no block %d in round %d with %s", block_, round_, right_name.c_str());
       ImGui::EndChild();
     };
     if (three) {
-      hovered = std::max(hovered, draw_p_plot("##cmp_p_a", b, cur, ImVec2(w, h), title(left_name, b)));
+      hovered =
+          std::max(hovered, draw_p_plot("##cmp_p_a", b, cur, ImVec2(w, h), title(left_name, b)));
       ImGui::SameLine();
       if (ob)
         draw_p_plot("##cmp_p_b", *ob, ocur, ImVec2(w, h), title(right_name, *ob), false);
@@ -604,7 +605,8 @@ class WalkView final : public View {
                      false);
     else
       placeholder("##cmp_path_b");
-    hovered = std::max(hovered, draw_discrepancy_plot("##cmp_disc_a", t, b, cur, ImVec2(w, h), left_name));
+    hovered = std::max(hovered,
+                       draw_discrepancy_plot("##cmp_disc_a", t, b, cur, ImVec2(w, h), left_name));
     ImGui::SameLine();
     if (ob)
       draw_discrepancy_plot("##cmp_disc_b", *other_->trace, *ob, ocur, ImVec2(w, h), right_name,
@@ -748,8 +750,7 @@ class WalkView final : public View {
            log_axis ? hi * 1.5 : hi};
     if (log_axis) y.scale = Scale::Log10;
     Plot plot(id, size,
-              name.empty() ? std::string("discrepancy vs random signs")
-                           : "discrepancy, " + name,
+              name.empty() ? std::string("discrepancy vs random signs") : "discrepancy, " + name,
               Axis{"step i", 0, std::max(1.0, double(b.disc_query.size()) - 1)}, y);
     auto upto = [&](const std::vector<double>& v) {
       std::vector<double> out(v.begin(), v.begin() + std::min<size_t>(v.size(), cur + 1));
@@ -769,16 +770,17 @@ class WalkView final : public View {
     mark_cut_and_step(plot, b, cur);
     const std::string q = t.trace_query >= 0 ? std::to_string(t.trace_query) : "last";
     std::vector<ImVec2> occupied;
-    for (const auto* v : {&b.disc_query, &b.random_disc_query, &b.disc_kernel, &b.random_disc_kernel})
+    for (const auto* v :
+         {&b.disc_query, &b.random_disc_query, &b.disc_kernel, &b.random_disc_kernel})
       for (size_t i = 0; i < v->size() && i < xs.size(); ++i)
         if (!log_axis || (*v)[i] > 0) occupied.push_back(plot.to_screen(xs[i], (*v)[i]));
     const Plot::Corner legend_at = plot.emptiest_corner(occupied);
     if (with_legend)
       plot.legend({{"along query " + q + " (walk)", kColQueryLine},
-                 {"kernel norm sqrt(s^T K s) (walk)", kColKernelLine},
-                 {"random signs, along query (dashed)", kColRandom},
-                 {"random signs, kernel norm (dashed)", kColRandomKernel}},
-                legend_at);
+                   {"kernel norm sqrt(s^T K s) (walk)", kColKernelLine},
+                   {"random signs, along query (dashed)", kColRandom},
+                   {"random signs, kernel norm (dashed)", kColRandomKernel}},
+                  legend_at);
     ImDrawList* dl = plot.draw_list();
     // The note sits in a bottom corner the legend does not use.
     const char* note = "balance holds per direction, not in norm";

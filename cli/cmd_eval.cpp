@@ -215,7 +215,8 @@ void run_grid2_command(const SweepOptions& o, const Method& m) {
     }
     if (best.first >= 0)
       std::printf("best: %s=%g %s=%g (%.4f)\n", g.rows.name.c_str(), g.rows.values[best.first],
-                  g.cols.name.c_str(), g.cols.values[best.second], res.mean[r][best.first][best.second]);
+                  g.cols.name.c_str(), g.cols.values[best.second],
+                  res.mean[r][best.first][best.second]);
   }
   if (!o.common.json_out.empty()) write_json_file(o.common.json_out, res.to_json(), "--json");
   if (!o.csv_out.empty()) {
@@ -237,7 +238,8 @@ void run_sweep_command(const SweepOptions& o) {
     throw InputError("--method: no method given");
   }
   if (!o.grid2.empty()) return run_grid2_command(o, *m);
-  if (!o.csv_out.empty()) throw InputError("--csv: only with --grid2 (the 1-D sweep writes --json)");
+  if (!o.csv_out.empty())
+    throw InputError("--csv: only with --grid2 (the 1-D sweep writes --json)");
   if (o.params.empty()) throw InputError("--param: give at least one name=v1,v2,... to sweep");
   std::vector<std::pair<std::string, std::vector<double>>> grid;
   for (const std::string& p : o.params) grid.push_back(parse_grid(p, *m));

@@ -1,6 +1,7 @@
-// kvscope-cli render: a PNG or SVG of one app view's figure without a window. The app's own view code draws into
-// ImGui draw lists, which a small software rasteriser (app/soft_render.cpp) fills on the CPU, so
-// no display, X server or GL context is needed. Built when the app is (KVSCOPE_BUILD_APP).
+// kvscope-cli render: a PNG or SVG of one app view's figure without a window. The app's own view
+// code draws into ImGui draw lists, which a small software rasteriser (app/soft_render.cpp) fills
+// on the CPU, so no display, X server or GL context is needed. Built when the app is
+// (KVSCOPE_BUILD_APP).
 #include <memory>
 
 #include "cli/commands.h"
@@ -13,7 +14,8 @@
 namespace kvscope::cli {
 
 void add_render_command(CLI::App& app) {
-  auto* sub = app.add_subcommand("render", "Write a PNG (or SVG: --out X.svg) of one KVScope view's figure without a window");
+  auto* sub = app.add_subcommand(
+      "render", "Write a PNG (or SVG: --out X.svg) of one KVScope view's figure without a window");
 #ifdef KVSCOPE_HAVE_UI
   auto opt = std::make_shared<app::HeadlessOptions>();
   sub->add_option("file", opt->capture, "capture file (.safetensors or .npz)")->required();

@@ -79,9 +79,9 @@ nlohmann::json Grid2Result::to_json() const {
       sd.push_back(sr);
       hm.push_back(hr);
     }
-    jr["mean"] = m;         // [row][col]
-    jr["seed_std"] = sd;    // [row][col]
-    jr["head_mean"] = hm;   // [row][col][head]
+    jr["mean"] = m;        // [row][col]
+    jr["seed_std"] = sd;   // [row][col]
+    jr["head_mean"] = hm;  // [row][col][head]
     const auto b = best(r);
     jr["best"] = b.first < 0 ? nlohmann::json()
                              : nlohmann::json{{"row", b.first},
@@ -122,8 +122,8 @@ std::string Grid2Result::to_csv(bool per_head) const {
         } else {
           const std::pair<int, int> here{static_cast<int>(i), static_cast<int>(c)};
           out << ratios[r] << ',' << rows.values[i] << ',' << cols.values[c] << ','
-              << cell(mean[r][i][c]) << ',' << cell(seed_std[r][i][c]) << ','
-              << (here == b ? 1 : 0) << ',' << (here == def ? 1 : 0) << '\n';
+              << cell(mean[r][i][c]) << ',' << cell(seed_std[r][i][c]) << ',' << (here == b ? 1 : 0)
+              << ',' << (here == def ? 1 : 0) << '\n';
         }
       }
   }
@@ -135,7 +135,8 @@ Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spe
                       const std::atomic<bool>* cancel, Backend* backend) {
   if (!g.method) throw InputError("--grid2: no method");
   if (g.rows.name == g.cols.name)
-    throw InputError("--grid2: both axes sweep '" + g.rows.name + "'; give two different parameters");
+    throw InputError("--grid2: both axes sweep '" + g.rows.name +
+                     "'; give two different parameters");
   if (g.rows.values.empty() || g.cols.values.empty())
     throw InputError("--grid2: each axis needs at least one value");
   const std::vector<ParamSpec> specs = g.method->params();
@@ -155,8 +156,8 @@ Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spe
   const size_t R = base.ratios.size(), I = g.rows.values.size(), J = g.cols.values.size();
   res.mean.assign(R, std::vector<std::vector<double>>(I, std::vector<double>(J, kNaN)));
   res.seed_std = res.mean;
-  res.head_mean.assign(R, std::vector<std::vector<std::vector<double>>>(
-                              I, std::vector<std::vector<double>>(J)));
+  res.head_mean.assign(
+      R, std::vector<std::vector<std::vector<double>>>(I, std::vector<std::vector<double>>(J)));
   const int total = static_cast<int>(I * J);
   int done = 0;
   for (size_t i = 0; i < I; ++i)
@@ -190,7 +191,8 @@ Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spe
             if (res.heads[k] == std::pair<int, int>(h.layer, h.kv_head)) per[k] = h.mean;
         }
       }
-      for (const std::string& f : rep.failures()) res.failures.push_back(cell_label(res, i, j) + ": " + f);
+      for (const std::string& f : rep.failures())
+        res.failures.push_back(cell_label(res, i, j) + ": " + f);
       if (progress) progress(++done, total);
     }
   return res;

@@ -133,12 +133,12 @@ TEST(SweepGridCli, TableJsonAndCsv) {
   std::getline(cf, header);
   EXPECT_EQ(header, "ratio,gamma,temp,mean,seed_std,is_best,is_default");
   // Bad input names the flag.
-  const std::string bad = run_cli(
-      "sweep \"" + kSample + "\" --method balancekv --grid2 gamma=0,1 gamma=2", &rc);
+  const std::string bad =
+      run_cli("sweep \"" + kSample + "\" --method balancekv --grid2 gamma=0,1 gamma=2", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(bad.find("--grid2"), std::string::npos) << bad;
-  const std::string csv_alone = run_cli(
-      "sweep \"" + kSample + "\" --method balancekv --param gamma=0,1 --csv x.csv", &rc);
+  const std::string csv_alone =
+      run_cli("sweep \"" + kSample + "\" --method balancekv --param gamma=0,1 --csv x.csv", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(csv_alone.find("--csv"), std::string::npos) << csv_alone;
   fs::remove_all(dir);

@@ -11,12 +11,12 @@
 #include <imgui.h>
 #include <stb_image.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cctype>
-#include <cstring>
 #include <sstream>
 #include <thread>
 
