@@ -436,6 +436,11 @@ void AppUi::draw_menu() {
     save_session |= ImGui::MenuItem("Save session...", "Ctrl+S");
     ImGui::Separator();
     export_png |= ImGui::MenuItem("Export view as PNG...", "Ctrl+E");
+    if (ImGui::MenuItem("Export view as PNG at 2x...")) {
+      path_action_ = PathAction::ExportPng2x;
+      path_buf_ = "kvscope_" + s_.active_view + "@2x.png";
+      open_path_popup_ = true;
+    }
     if (ImGui::MenuItem("Export view as SVG (vector figure)...")) {
       path_action_ = PathAction::ExportSvg;
       path_buf_ = "kvscope_" + s_.active_view + ".svg";
@@ -593,11 +598,12 @@ void AppUi::draw_dialogs() {
   ImGui::SetNextWindowSize(ImVec2(std::min(px(620), ImGui::GetMainViewport()->Size.x - px(20)), 0),
                            ImGuiCond_Appearing);
   if (ImGui::BeginPopupModal("Save as", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) {
-    const char* what = path_action_ == PathAction::ExportPng   ? "PNG of the active view's figure"
-                       : path_action_ == PathAction::ExportSvg ? "SVG of the active view's figure"
-                       : path_action_ == PathAction::ExportData
-                           ? "numbers of the active view (.csv or .json)"
-                           : "session (.json)";
+    const char* what =
+        path_action_ == PathAction::ExportPng2x  ? "2x PNG of the active view's figure"
+        : path_action_ == PathAction::ExportPng  ? "PNG of the active view's figure"
+        : path_action_ == PathAction::ExportSvg  ? "SVG of the active view's figure"
+        : path_action_ == PathAction::ExportData ? "numbers of the active view (.csv or .json)"
+                                                 : "session (.json)";
     ImGui::Text("Write the %s to:", what);
     char buf[1024];
     std::snprintf(buf, sizeof buf, "%s", path_buf_.c_str());
@@ -608,7 +614,11 @@ void AppUi::draw_dialogs() {
         View* v = find_view(s_.active_view);
         if (path_action_ == PathAction::ExportPng) {
           // Two frames later, when this dialog is gone; the rectangle is taken then.
-          png_requests_.push_back({path_buf_, v ? view_rect(v->name()) : ScreenRect{}, 2});
+          png_requests_.push_back(
+              {path_buf_, v ? view_rect(v->name()) : ScreenRect{}, 2, 1.0f, v ? v->name() : ""});
+        } else if (path_action_ == PathAction::ExportPng2x) {
+          if (!v) throw InputError("export: no active view");
+          png_requests_.push_back({path_buf_, {}, 2, 2.0f, v->name()});
         } else if (path_action_ == PathAction::ExportSvg) {
           if (!v) throw InputError("export: no active view");
           request_svg(path_buf_, v->name());

@@ -99,6 +99,11 @@ class AppUi {
     std::string path;
     ScreenRect rect;
     int wait_frames = 0;  // frames to let a closing dialog disappear before the capture
+    // > 1: the renderer draws the frame again at this many pixels per layout pixel (UI scale
+    // and window size multiplied, fonts rebuilt: crisp) and rasterises it on the CPU; `view`
+    // names the view whose figure to cut out of that frame.
+    float density = 1.0f;
+    std::string view;
   };
   std::vector<PngRequest> take_png_requests();
   // Set by the app so File > Quit works; not set headless.
@@ -136,7 +141,7 @@ class AppUi {
   float left_w_ = 0;  // <= 0: default
   void draw_splitter(float height);
   // Export / session path dialog
-  enum class PathAction { None, ExportPng, ExportSvg, ExportData, SaveSession };
+  enum class PathAction { None, ExportPng, ExportPng2x, ExportSvg, ExportData, SaveSession };
   PathAction path_action_ = PathAction::None;
   std::string path_buf_;
   bool open_path_popup_ = false;

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cfloat>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -16,6 +17,7 @@
 #include "app/export.h"
 #include "app/headless.h"
 #include "app/screenshot.h"
+#include "app/soft_render.h"
 #include "backends/imgui_impl_glfw.h"
 #include "backends/imgui_impl_opengl3.h"
 #include "engine/error.h"
@@ -53,6 +55,41 @@ uint64_t frame_fingerprint(const ImDrawData* dd) {
   return h;
 }
 
+// A PNG at `req.density` pixels per layout pixel: the same layout drawn again with the UI scale
+// and the window size multiplied (fonts rebuilt at that size, so text is crisp), rasterised on
+// the CPU (app/soft_render.h) without being shown, then the window's own scale and font texture
+// come back. Two frames, so auto-sized items settle at the new size.
+void save_dense_png(kvscope::app::AppUi& ui, const kvscope::app::AppUi::PngRequest& req) {
+  using namespace kvscope::app;
+  ImGuiIO& io = ImGui::GetIO();
+  const float base = ui.ui_scale(), d = req.density;
+  const float left = ui.left_panel_width();
+  if (left > 0) ui.set_left_panel_width(left * d);
+  setup_style_and_fonts(base * d);
+  ImGui::GetStyle().AntiAliasedLinesUseTex = false;  // the rasteriser samples nearest
+  const SoftTexture font = soft_font_texture();
+  int w = 0, h = 0;
+  for (int frame = 0; frame < 2; ++frame) {
+    ImGui_ImplGlfw_NewFrame();
+    w = static_cast<int>(std::lround(io.DisplaySize.x * d));
+    h = static_cast<int>(std::lround(io.DisplaySize.y * d));
+    io.DisplaySize = ImVec2(static_cast<float>(w), static_cast<float>(h));
+    io.DisplayFramebufferScale = ImVec2(1, 1);
+    io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);  // no hover highlights in the picture
+    ImGui::NewFrame();
+    ui.draw();
+    ImGui::Render();
+  }
+  std::vector<uint8_t> px;
+  soft_render(ImGui::GetDrawData(), font, w, h, px, IM_COL32(23, 25, 28, 255));
+  const ScreenRect rect = ui.view_rect(req.view);
+  if (left > 0) ui.set_left_panel_width(left);
+  setup_style_and_fonts(base);
+  ImGui_ImplOpenGL3_DestroyFontsTexture();
+  ImGui_ImplOpenGL3_CreateFontsTexture();
+  write_png(req.path, px, w, h, false, rect);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,6 +118,9 @@ int main(int argc, char** argv) {
   cli.add_option("--timeout", opt.timeout_s, "screenshot: seconds to wait for the view's work")
       ->default_val(300);
   cli.add_flag("--full-window", opt.full_window, "screenshot the whole window");
+  cli.add_option("--density", opt.density,
+                 "screenshot: pixels per layout pixel (2: a crisp 2x PNG of the same layout)")
+      ->default_val(1.0f);
   float ui_scale = 0;
   cli.add_option("--ui-scale", ui_scale,
                  "presentation scale 1 to 2.5 (default: the last one used, Ctrl +/- to change; "
@@ -195,7 +235,12 @@ int main(int argc, char** argv) {
       if (fp != last_fingerprint) last_change = std::chrono::steady_clock::now();
       last_fingerprint = fp;
       const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
+      std::vector<AppUi::PngRequest> dense;
       for (const auto& req : ui.take_png_requests()) {
+        if (req.density > 1) {
+          dense.push_back(req);  // after this frame is shown
+          continue;
+        }
         try {
           save_framebuffer_png(req.path, fw, fh, scale.x, scale.y, req.rect);
           state.status_message = "wrote " + req.path;
@@ -221,6 +266,8 @@ int main(int argc, char** argv) {
             const ScreenRect rect = opt.full_window ? ScreenRect{} : ui.view_rect(opt.view);
             if (is_svg_path(screenshot))
               write_svg(screenshot, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
+            else if (opt.density > 1)
+              save_dense_png(ui, {screenshot, {}, 0, opt.density, opt.view});
             else
               save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y, rect);
             std::printf("kvscope: wrote %s\n", screenshot.c_str());
@@ -232,6 +279,14 @@ int main(int argc, char** argv) {
         }
       }
       glfwSwapBuffers(window);
+      for (const auto& req : dense) {
+        try {
+          save_dense_png(ui, req);
+          state.status_message = "wrote " + req.path;
+        } catch (const std::exception& e) {
+          state.status_message = e.what();
+        }
+      }
       // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
       if (!headless) {
         auto spent = std::chrono::steady_clock::now() - frame_start;

@@ -489,7 +489,7 @@ class TeachingView final : public View {
     if (walk_)
       for (const auto& st : walk_->steps()) lim = std::max(lim, std::abs(st.prefix_along_z) * 1.1);
     Plot plot("##teach_prefix", size, "prefix along z:  sum_{i<=j} sigma_i <u_i, z>",
-              Axis{"step j", 0, std::max(1.0, double(n))}, Axis{"<prefix, z>", -lim, lim});
+              Axis{"step j", -0.2, std::max(1.0, double(n)) + 0.2}, Axis{"<prefix, z>", -lim, lim});
     plot.hline(0, kColGrid, 1.5f);
     plot.hline(1, with_alpha(kColZ, 0.6f));
     plot.hline(-1, with_alpha(kColZ, 0.6f));
