@@ -238,6 +238,43 @@ INSTANTIATE_TEST_SUITE_P(
                               {"vectors u_i, direction z and the signed prefix sums", "u1", "u5"}}),
     [](const auto& info) { return std::string(info.param.view); });
 
+// File > Export view as SVG in the app: the request waits two frames (the dialog closes), the
+// frame it is taken from is drawn without anti-aliasing, and anti-aliasing comes back after.
+TEST(SvgFigure, AppRequestIsWrittenFromALaterFrame) {
+  soft_init(1200, 800);
+  const fs::path out = out_dir() / "app_request_teaching.svg";
+  fs::remove(out);
+  {
+    AppState s;
+    AppUi ui(s);
+    s.request_open(kSample);
+    ui.show_view("teaching");
+    s.active_view = "teaching";
+    ASSERT_TRUE(draw_until_ready(s, ui, "teaching"));
+    ui.request_svg(out.string(), "teaching");
+    bool saw_aa_off = false;
+    for (int frame = 0; frame < 4; ++frame) {
+      ui.before_frame();
+      saw_aa_off = saw_aa_off || !ImGui::GetStyle().AntiAliasedLines;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+      ui.after_render(ImGui::GetDrawData());
+      if (frame < 2) {
+        EXPECT_FALSE(fs::exists(out)) << "written before the dialog closed";
+      }
+    }
+    EXPECT_TRUE(saw_aa_off);
+    EXPECT_TRUE(ImGui::GetStyle().AntiAliasedLines);  // restored
+    ASSERT_TRUE(fs::exists(out));
+    const std::string svg = read_file(out);
+    EXPECT_EQ(xml_problem(svg), "");
+    EXPECT_NE(svg.find(">u1<"), std::string::npos);
+    EXPECT_NE(svg.find(">vectors u_i, direction z and the signed prefix sums<"), std::string::npos);
+  }
+  ImGui::DestroyContext();
+}
+
 TEST(PngDensity, TwoXHasTwiceThePixels) {
   int w[2], h[2];
   for (int k = 0; k < 2; ++k) {
