@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cfloat>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,8 +14,10 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
+#include "app/export.h"
 #include "app/headless.h"
 #include "app/screenshot.h"
+#include "app/soft_render.h"
 #include "backends/imgui_impl_glfw.h"
 #include "backends/imgui_impl_opengl3.h"
 #include "engine/error.h"
@@ -52,6 +55,41 @@ uint64_t frame_fingerprint(const ImDrawData* dd) {
   return h;
 }
 
+// A PNG at `req.density` pixels per layout pixel: the same layout drawn again with the UI scale
+// and the window size multiplied (fonts rebuilt at that size, so text is crisp), rasterised on
+// the CPU (app/soft_render.h) without being shown, then the window's own scale and font texture
+// come back. Two frames, so auto-sized items settle at the new size.
+void save_dense_png(kvscope::app::AppUi& ui, const kvscope::app::AppUi::PngRequest& req) {
+  using namespace kvscope::app;
+  ImGuiIO& io = ImGui::GetIO();
+  const float base = ui.ui_scale(), d = req.density;
+  const float left = ui.left_panel_width();
+  if (left > 0) ui.set_left_panel_width(left * d);
+  setup_style_and_fonts(base * d);
+  ImGui::GetStyle().AntiAliasedLinesUseTex = false;  // the rasteriser samples nearest
+  const SoftTexture font = soft_font_texture();
+  int w = 0, h = 0;
+  for (int frame = 0; frame < 2; ++frame) {
+    ImGui_ImplGlfw_NewFrame();
+    w = static_cast<int>(std::lround(io.DisplaySize.x * d));
+    h = static_cast<int>(std::lround(io.DisplaySize.y * d));
+    io.DisplaySize = ImVec2(static_cast<float>(w), static_cast<float>(h));
+    io.DisplayFramebufferScale = ImVec2(1, 1);
+    io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);  // no hover highlights in the picture
+    ImGui::NewFrame();
+    ui.draw();
+    ImGui::Render();
+  }
+  std::vector<uint8_t> px;
+  soft_render(ImGui::GetDrawData(), font, w, h, px, IM_COL32(23, 25, 28, 255));
+  const ScreenRect rect = ui.view_rect(req.view);
+  if (left > 0) ui.set_left_panel_width(left);
+  setup_style_and_fonts(base);
+  ImGui_ImplOpenGL3_DestroyFontsTexture();
+  ImGui_ImplOpenGL3_CreateFontsTexture();
+  write_png(req.path, px, w, h, false, rect);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,10 +118,20 @@ int main(int argc, char** argv) {
   cli.add_option("--timeout", opt.timeout_s, "screenshot: seconds to wait for the view's work")
       ->default_val(300);
   cli.add_flag("--full-window", opt.full_window, "screenshot the whole window");
+  cli.add_option("--density", opt.density,
+                 "screenshot: pixels per layout pixel (2: a crisp 2x PNG of the same layout)")
+      ->default_val(1.0f);
+  float ui_scale = 0;
+  cli.add_option("--ui-scale", ui_scale,
+                 "presentation scale 1 to 2.5 (default: the last one used, Ctrl +/- to change; "
+                 "screenshots: 1)");
   CLI11_PARSE(cli, argc, argv);
 
   const bool headless = !screenshot.empty();
   if (opt.view.empty()) opt.view = "capture";
+  // The remembered scale applies to interactive sessions; screenshots are reproducible (1x
+  // unless --ui-scale says otherwise).
+  opt.ui_scale = ui_scale > 0 ? ui_scale : headless ? 1.0f : load_ui_scale_pref();
   if (opt.capture.empty() && opt.session.empty()) opt.capture = default_capture_path(argv[0]);
   try {
     validate_options(opt);
@@ -114,7 +162,7 @@ int main(int argc, char** argv) {
 
   IMGUI_CHECKVERSION();
   ImGui::CreateContext();
-  setup_style_and_fonts();
+  setup_style_and_fonts(opt.ui_scale);
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 330 core");
 
@@ -124,6 +172,8 @@ int main(int argc, char** argv) {
     g_state = &state;
     state.worker.set_wakeup([] { glfwPostEmptyEvent(); });
     AppUi ui(state);
+    ui.set_ui_scale(opt.ui_scale);
+    ui.take_font_rebuild();  // built at this scale above
     bool quit = false;
     ui.on_quit = [&quit] { quit = true; };
     glfwSetDropCallback(window, on_drop);
@@ -157,6 +207,16 @@ int main(int argc, char** argv) {
         if (state.info() && state.info()->synthetic) title += " [SYNTHETIC]";
         glfwSetWindowTitle(window, title.c_str());
       }
+      if (ui.take_font_rebuild()) {
+        // Presentation mode: glyphs rasterised at the new size (crisp), not stretched.
+        setup_style_and_fonts(ui.ui_scale());
+        ImGui_ImplOpenGL3_DestroyFontsTexture();
+        ImGui_ImplOpenGL3_CreateFontsTexture();
+        if (!headless) save_ui_scale_pref(ui.ui_scale());
+      }
+      ui.before_frame();
+      if (headless && is_svg_path(screenshot))
+        ImGui::GetStyle().AntiAliasedLines = ImGui::GetStyle().AntiAliasedFill = false;
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
       // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
@@ -164,6 +224,7 @@ int main(int argc, char** argv) {
       ImGui::NewFrame();
       ui.draw();
       ImGui::Render();
+      ui.after_render(ImGui::GetDrawData());
       int fw = 0, fh = 0;
       glfwGetFramebufferSize(window, &fw, &fh);
       glViewport(0, 0, fw, fh);
@@ -174,7 +235,12 @@ int main(int argc, char** argv) {
       if (fp != last_fingerprint) last_change = std::chrono::steady_clock::now();
       last_fingerprint = fp;
       const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
+      std::vector<AppUi::PngRequest> dense;
       for (const auto& req : ui.take_png_requests()) {
+        if (req.density > 1) {
+          dense.push_back(req);  // after this frame is shown
+          continue;
+        }
         try {
           save_framebuffer_png(req.path, fw, fh, scale.x, scale.y, req.rect);
           state.status_message = "wrote " + req.path;
@@ -197,8 +263,13 @@ int main(int argc, char** argv) {
             rc = 3;
           }
           try {
-            save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y,
-                                 opt.full_window ? ScreenRect{} : ui.view_rect(opt.view));
+            const ScreenRect rect = opt.full_window ? ScreenRect{} : ui.view_rect(opt.view);
+            if (is_svg_path(screenshot))
+              write_svg(screenshot, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
+            else if (opt.density > 1)
+              save_dense_png(ui, {screenshot, {}, 0, opt.density, opt.view});
+            else
+              save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y, rect);
             std::printf("kvscope: wrote %s\n", screenshot.c_str());
           } catch (const std::exception& e) {
             std::fprintf(stderr, "kvscope: error: %s\n", e.what());
@@ -208,6 +279,14 @@ int main(int argc, char** argv) {
         }
       }
       glfwSwapBuffers(window);
+      for (const auto& req : dense) {
+        try {
+          save_dense_png(ui, req);
+          state.status_message = "wrote " + req.path;
+        } catch (const std::exception& e) {
+          state.status_message = e.what();
+        }
+      }
       // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
       if (!headless) {
         auto spent = std::chrono::steady_clock::now() - frame_start;

@@ -3,11 +3,13 @@
 // entropy); clicking a cell focuses that head.
 #include <imgui.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/grid_values.h"
@@ -87,13 +89,16 @@ class CaptureView final : public View {
     ImGui::Separator();
 
     int metric = static_cast<int>(s.grid_metric);
-    ImGui::SetNextItemWidth(240);
+    // As wide as fits beside its label and the (?) marker, at most 240 px (x UI scale).
+    ImGui::SetNextItemWidth(std::max(px(100), std::min(px(240), ImGui::GetContentRegionAvail().x -
+                                                                    labelled_width(0, "colour by") -
+                                                                    button_width("(?)") - px(12))));
     const char* metrics[] = {"error of method A", "attention entropy"};
     if (ImGui::Combo("colour by", &metric, metrics, 2))
       s.grid_metric = static_cast<GridMetric>(metric);
     if (s.grid_metric == GridMetric::Entropy && !s.entropy && !s.worker.busy("entropy"))
       s.request_entropy();
-    ImGui::SameLine();
+    toolbar_next(ImGui::CalcTextSize("(?)").x);
     ImGui::TextDisabled("(?)");
     if (ImGui::IsItemHovered())
       ImGui::SetTooltip(
@@ -104,7 +109,9 @@ class CaptureView final : public View {
           s.grid_seeds);
 
     GridValues gv = grid_values(s, s.grid_metric);
-    ImGui::TextDisabled("%s", gv.caption.c_str());
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", gv.caption.c_str());
+    ImGui::PopStyleColor();
     draw_grid(s, gv, "##capgrid", 10000.0f);  // as tall as the panel allows
   }
 

@@ -7,13 +7,17 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <sstream>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/grid_values.h"
 #include "app/plot.h"
 #include "app/view.h"
+#include "engine/error.h"
+#include "engine/sweep_grid.h"
 
 namespace kvscope::app {
 namespace {
@@ -44,6 +48,36 @@ void per_position(const HeadRun& r, std::vector<double>* x, std::vector<double>*
   }
 }
 
+// The tuning grid's result, shared with the worker job that fills it.
+struct TuneSlot {
+  std::shared_ptr<const Grid2Result> result;
+  std::string error;
+  std::string wanted, have;  // request descriptions: pending while they differ
+  int scope = 0;             // the scope the result was computed for
+  bool pending() const { return !wanted.empty() && wanted != have; }
+};
+
+std::vector<double> parse_values(const std::string& text, const std::string& what) {
+  std::vector<double> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
+    if (used != item.size() || item.empty())
+      throw InputError(what + ": '" + item + "' is not a number");
+    out.push_back(v);
+  }
+  if (out.empty()) throw InputError(what + ": give values separated by commas");
+  return out;
+}
+
 class ErrorView final : public View {
  public:
   const char* name() const override { return "error"; }
@@ -51,6 +85,7 @@ class ErrorView final : public View {
 
   bool ready(const AppState& s) const override {
     if (!s.capture) return true;
+    if (mode_ == 1) return !tune_->pending() && !s.worker.busy("tune2");
     bool sweep_done = s.sweep || !s.sweep_error.empty();
     bool run_done = s.run[0] || !s.run_error[0].empty();
     bool grid_done = s.grid || !s.grid_error.empty();
@@ -75,6 +110,14 @@ class ErrorView final : public View {
           r.methods.push_back(s.method_name[k]);
       s.request_sweep(r);
     }
+    ImGui::RadioButton("overview", &mode_, 0);
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
+    ImGui::RadioButton("tune two parameters", &mode_, 1);
+    if (mode_ == 1) {
+      draw_tuning(s);
+      return;
+    }
+    mark_figure_top();
     ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = 8;
     const float w2 = (avail.x - gap) / 2, h2 = (avail.y - gap) / 2;
@@ -127,6 +170,7 @@ class ErrorView final : public View {
                     {"approx_output", q.approx_output},
                     {"relative_error", q.relative_error}};
     }
+    if (tune_->result) j["tuning"] = tune_->result->to_json();
     if (j.is_null()) return nullptr;
     return j;
   }
@@ -134,11 +178,30 @@ class ErrorView final : public View {
   nlohmann::json save_state() const override {
     return {{"log_attention", log_attention_},
             {"heatmap_method", heat_source_.first},
-            {"heatmap_ratio", heat_source_.second}};
+            {"heatmap_ratio", heat_source_.second},
+            {"mode", mode_ == 1 ? "tune" : "overview"},
+            {"tune",
+             {{"rows", tune_rows_},
+              {"row_values", row_values_},
+              {"cols", tune_cols_},
+              {"col_values", col_values_},
+              {"seeds", tune_seeds_},
+              {"scope", tune_scope_}}}};
   }
   void load_state(const nlohmann::json& j) override {
+    if (!j.is_object()) return;
     log_attention_ = j.value("log_attention", log_attention_);
     heat_source_ = {j.value("heatmap_method", std::string()), j.value("heatmap_ratio", 0.0)};
+    mode_ = j.value("mode", std::string()) == "tune" ? 1 : 0;
+    if (j.contains("tune") && j["tune"].is_object()) {
+      const auto& t = j["tune"];
+      tune_rows_ = t.value("rows", tune_rows_);
+      row_values_ = t.value("row_values", row_values_);
+      tune_cols_ = t.value("cols", tune_cols_);
+      col_values_ = t.value("col_values", col_values_);
+      tune_seeds_ = std::clamp(t.value("seeds", tune_seeds_), 1, 10);
+      tune_scope_ = std::clamp(t.value("scope", tune_scope_), 0, 2);
+    }
   }
 
   std::string export_csv(const AppState& s) const override {
@@ -151,6 +214,260 @@ class ErrorView final : public View {
   }
 
  private:
+  // ---- Tuning two parameters of method A at once (engine/sweep_grid.h): a heatmap of the mean
+  // error over the grid and one of its spread over seeds, best and default cells marked.
+  void draw_tuning(AppState& s) {
+    const Method* m = s.method(0);
+    if (!m) return;
+    std::vector<std::string> names;
+    for (const ParamSpec& p : m->params())
+      if (p.type == ParamSpec::Type::Float || p.type == ParamSpec::Type::Int)
+        names.push_back(p.name);
+    if (names.size() < 2) {
+      ImGui::TextWrapped("Method A (%s) has fewer than two numeric parameters to tune.",
+                         m->name().c_str());
+      return;
+    }
+    if (tune_method_ != m->name()) {  // defaults for a new method
+      tune_method_ = m->name();
+      const bool bkv = std::find(names.begin(), names.end(), "gamma") != names.end() &&
+                       std::find(names.begin(), names.end(), "temp") != names.end();
+      tune_rows_ = bkv ? "gamma" : names[0];
+      tune_cols_ = bkv ? "temp" : names[1];
+      auto around = [&](const std::string& n) {
+        const double d = param_value(m->params(), {}, n);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%g,%g,%g", d / 2, d, d * 2);
+        return std::string(buf);
+      };
+      row_values_ = bkv ? "0,1,2,4" : around(tune_rows_);
+      col_values_ = bkv ? "0.1,0.3,1" : around(tune_cols_);
+    }
+    bool changed = false;
+    auto param_combo = [&](const char* label, std::string* v) {
+      ImGui::SetNextItemWidth(px(110));
+      if (ImGui::BeginCombo(label, v->c_str())) {
+        for (const std::string& n : names)
+          if (ImGui::Selectable(n.c_str(), n == *v)) *v = n, changed = true;
+        ImGui::EndCombo();
+      }
+    };
+    auto values_input = [&](const char* label, std::string* v) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s", v->c_str());
+      ImGui::SetNextItemWidth(px(130));
+      if (ImGui::InputText(label, buf, sizeof buf, ImGuiInputTextFlags_EnterReturnsTrue))
+        *v = buf, changed = true;
+      if (ImGui::IsItemDeactivatedAfterEdit()) *v = buf, changed = true;
+    };
+    toolbar_next(labelled_width(px(110), "rows") + labelled_width(px(130), "##rv") + 8);
+    param_combo("rows", &tune_rows_);
+    ImGui::SameLine();
+    values_input("##rv", &row_values_);
+    toolbar_next(labelled_width(px(110), "columns") + labelled_width(px(130), "##cv") + 8);
+    param_combo("columns", &tune_cols_);
+    ImGui::SameLine();
+    values_input("##cv", &col_values_);
+    toolbar_next(labelled_width(px(80), "seeds"));
+    ImGui::SetNextItemWidth(px(80));
+    changed |= ImGui::SliderInt("seeds", &tune_seeds_, 1, 10);
+    toolbar_next(labelled_width(px(150), "scope"));
+    ImGui::SetNextItemWidth(px(150));
+    changed |= ImGui::Combo("scope", &tune_scope_, "focused head\0focused layer\0whole capture\0");
+    const bool busy = s.worker.busy("tune2");
+    toolbar_next(button_width("run") + px(120));
+    if (ImGui::Button(busy ? "restart" : "run")) changed = true, tune_->wanted.clear();
+    if (busy)
+      for (const auto& j : s.worker.jobs())
+        if (j.key == "tune2" && j.running) {
+          ImGui::SameLine();
+          char ov[64];
+          std::snprintf(ov, sizeof ov, "%d/%d cells", j.done, j.total);
+          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f,
+                             ImVec2(px(120), 0), ov);
+        }
+    // The first visit runs the grid for the focused head (seconds); later changes wait for run.
+    if (changed || (!tune_->result && tune_->wanted.empty() && tune_->error.empty()))
+      request_tuning(s, *m);
+    if (!tune_->error.empty())
+      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", tune_->error.c_str());
+    mark_figure_top();
+    if (!tune_->result) {
+      ImGui::TextDisabled("%s", busy ? "running the grid..." : "no grid yet: press run");
+      return;
+    }
+    const Grid2Result& g = *tune_->result;
+    const char* scope_name[] = {"the focused head", "the focused layer", "the whole capture"};
+    ImGui::TextWrapped(
+        "%s at keep ratio %s, %s (%zu head%s), %d seeds: mean relative error and its spread "
+        "(std over seeds). Outlined white: best cell; dashed yellow: the defaults (%s=%g, "
+        "%s=%g).",
+        g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tune_->scope],
+        g.heads.size(), g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(),
+        g.default_row_value, g.cols.name.c_str(), g.default_col_value);
+    const ImVec2 avail = ImGui::GetContentRegionAvail();
+    const float gap = ImGui::GetStyle().ItemSpacing.x * 2;
+    const float w = std::max(px(200), (avail.x - gap) / 2);
+    draw_grid_panel("##tune_mean", g, g.mean[0], "mean relative error", "error",
+                    ImVec2(w, avail.y));
+    ImGui::SameLine(0, gap);
+    draw_grid_panel("##tune_std", g, g.seed_std[0], "spread: std over seeds", "std",
+                    ImVec2(w, avail.y));
+  }
+
+  void request_tuning(AppState& s, const Method& m) {
+    Grid2Spec g;
+    g.method = &m;
+    tune_->error.clear();
+    try {
+      if (tune_rows_ == tune_cols_) throw InputError("rows and columns sweep the same parameter");
+      g.rows = {tune_rows_, parse_values(row_values_, tune_rows_)};
+      g.cols = {tune_cols_, parse_values(col_values_, tune_cols_)};
+      for (double v : g.rows.values) validate_method_params(m, {{g.rows.name, v}});
+      for (double v : g.cols.values) validate_method_params(m, {{g.cols.name, v}});
+    } catch (const InputError& e) {
+      tune_->error = e.what();
+      return;
+    }
+    // Other parameters as method A has them now.
+    for (const auto& [k, v] : s.settings(0).params)
+      if (k != g.rows.name && k != g.cols.name) g.fixed[k] = v;
+    EvalSpec spec;
+    spec.ratios = {s.keep_ratio};
+    spec.seeds = tune_seeds_;
+    spec.base_seed = static_cast<uint64_t>(s.seed);
+    spec.sink = s.sink_override;
+    spec.eval = s.eval_override;
+    if (tune_scope_ <= 1) spec.layers = {s.focus.layer};
+    if (tune_scope_ == 0) spec.heads = {s.focus.kv_head};
+    std::string desc = m.name() + "|" + row_values_ + "|" + col_values_ + "|" + tune_rows_ + "|" +
+                       tune_cols_ + "|" + std::to_string(tune_seeds_) + "|" +
+                       std::to_string(tune_scope_) + "|" + std::to_string(s.keep_ratio) + "|" +
+                       std::to_string(s.focus.layer) + "|" + std::to_string(s.focus.kv_head) + "|" +
+                       s.capture_path;
+    tune_->wanted = desc;
+    auto slot = tune_;
+    auto capture = s.capture;
+    Backend* be = s.backend();
+    const int scope = tune_scope_;
+    s.worker.submit(Lane::Analysis, "tune2", "tuning grid", [=](JobContext& ctx) -> ApplyFn {
+      std::shared_ptr<const Grid2Result> res;
+      std::string err;
+      try {
+        res = std::make_shared<Grid2Result>(run_grid2(
+            *capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(),
+            be));
+      } catch (const InputError& e) {
+        err = e.what();
+      }
+      return [=](AppState&) {
+        if (slot->wanted != desc) return;
+        slot->have = desc;
+        slot->error = err;
+        if (res) slot->result = res, slot->scope = scope;
+      };
+    });
+  }
+
+  // One heatmap of the grid: rows = first parameter, columns = second, value in each cell, a
+  // colour bar, the best cell outlined white and the default cell dashed yellow.
+  void draw_grid_panel(const char* id, const Grid2Result& g,
+                       const std::vector<std::vector<double>>& values, const char* what,
+                       const char* bar_label, ImVec2 size) {
+    ImGui::BeginGroup();
+    const int R = static_cast<int>(g.rows.values.size()),
+              C = static_cast<int>(g.cols.values.size());
+    double lo = INFINITY, hi = -INFINITY;
+    for (const auto& row : values)
+      for (double v : row)
+        if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    if (!(hi > lo)) hi = lo + 1e-12;
+    const float lh = ImGui::GetTextLineHeight();
+    ImGui::TextUnformatted(what);
+    const ImVec2 o = ImGui::GetCursorScreenPos();
+    float label_w = ImGui::CalcTextSize(g.rows.name.c_str()).x;
+    for (double v : g.rows.values) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", v);
+      label_w = std::max(label_w, ImGui::CalcTextSize(b).x);
+    }
+    label_w += px(8);
+    const float bar_w = px(70);
+    const float map_w = std::max(px(60), size.x - label_w - bar_w - px(8));
+    const float map_h = std::max(px(60), std::min(size.y - 3 * lh - px(16), map_w * 0.9f));
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    // Column header: the second parameter's name and values.
+    dl->AddText(ImVec2(o.x, o.y), kColAxisText, (g.rows.name + " \\ " + g.cols.name).c_str());
+    const float cw = map_w / static_cast<float>(C), ch = map_h / static_cast<float>(R);
+    const float top = o.y + lh + px(4);
+    for (int c = 0; c < C; ++c) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", g.cols.values[static_cast<size_t>(c)]);
+      const float tw = ImGui::CalcTextSize(b).x;
+      dl->AddText(ImVec2(o.x + label_w + (c + 0.5f) * cw - tw / 2, top - lh - px(2) + lh),
+                  kColAxisText, b);
+    }
+    const float map_top = top + lh + px(2);
+    for (int r = 0; r < R; ++r) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", g.rows.values[static_cast<size_t>(r)]);
+      dl->AddText(ImVec2(o.x + label_w - ImGui::CalcTextSize(b).x - px(6),
+                         map_top + (r + 0.5f) * ch - lh / 2),
+                  kColAxisText, b);
+    }
+    ImGui::SetCursorScreenPos(ImVec2(o.x + label_w, map_top));
+    auto colour = [&](int r, int c) {
+      const double v = values[static_cast<size_t>(r)][static_cast<size_t>(c)];
+      if (!std::isfinite(v)) return kColRefused;
+      return colormap(Colormap::Viridis, (v - lo) / (hi - lo));
+    };
+    auto text = [&](int r, int c) {
+      const double v = values[static_cast<size_t>(r)][static_cast<size_t>(c)];
+      char b[32];
+      std::snprintf(b, sizeof b, std::isfinite(v) ? "%.4f" : "failed", v);
+      return std::string(b);
+    };
+    const HeatmapHit hit = heatmap(id, ImVec2(map_w, map_h), R, C, colour, text);
+    auto outline = [&](std::pair<int, int> cell, ImU32 col, bool dashed) {
+      if (cell.first < 0) return;
+      const ImVec2 a(o.x + label_w + cell.second * cw + 1, map_top + cell.first * ch + 1);
+      const ImVec2 b(a.x + cw - 2, a.y + ch - 2);
+      if (!dashed) {
+        dl->AddRect(a, b, col, 0, 0, px(3));
+        return;
+      }
+      const float dash = px(6);
+      const ImVec2 pts[5] = {a, ImVec2(b.x, a.y), b, ImVec2(a.x, b.y), a};
+      for (int e = 0; e < 4; ++e) {
+        const ImVec2 p = pts[e], q = pts[e + 1];
+        const float len = std::hypot(q.x - p.x, q.y - p.y);
+        for (float t = 0; t < len; t += 2 * dash) {
+          const float t1 = std::min(len, t + dash);
+          dl->AddLine(ImVec2(p.x + (q.x - p.x) * t / len, p.y + (q.y - p.y) * t / len),
+                      ImVec2(p.x + (q.x - p.x) * t1 / len, p.y + (q.y - p.y) * t1 / len), col,
+                      px(2));
+        }
+      }
+    };
+    outline(g.best(0), IM_COL32(255, 255, 255, 255), false);
+    outline(g.default_cell(), kColSelect, true);
+    ImGui::SameLine(0, px(8));
+    ImGui::SetCursorScreenPos(ImVec2(o.x + label_w + map_w + px(8), map_top - lh * 1.5f - 6));
+    colour_bar((std::string(id) + "_bar").c_str(), ImVec2(bar_w, map_h + lh * 1.5f + 6),
+               Colormap::Viridis, lo, hi, bar_label);
+    ImGui::SetCursorScreenPos(ImVec2(o.x, map_top + map_h + px(4)));
+    ImGui::TextDisabled("rows: %s, columns: %s", g.rows.name.c_str(), g.cols.name.c_str());
+    if (hit.row >= 0) {
+      ImGui::BeginTooltip();
+      ImGui::Text("%s = %g, %s = %g", g.rows.name.c_str(), g.rows.values[hit.row],
+                  g.cols.name.c_str(), g.cols.values[hit.col]);
+      ImGui::Text("mean %.5f, std over seeds %.5f", g.mean[0][hit.row][hit.col],
+                  g.seed_std[0][hit.row][hit.col]);
+      ImGui::EndTooltip();
+    }
+    ImGui::EndGroup();
+  }
+
   void draw_sweep(AppState& s) {
     SweepRequest req = s.sweep_request;
     bool changed = false;
@@ -168,13 +485,13 @@ class ErrorView final : public View {
       }
       ImGui::EndPopup();
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(90);
+    toolbar_next(labelled_width(px(90), "seeds"));
+    ImGui::SetNextItemWidth(px(90));
     if (ImGui::SliderInt("seeds", &req.seeds, 1, 10)) changed = true;
-    ImGui::SameLine();
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
     if (ImGui::Checkbox("focused layer only", &req.focused_layer_only)) changed = true;
-    ImGui::SameLine();
     bool busy = s.worker.busy("sweep");
+    toolbar_next(button_width(busy ? "restart" : "run"));
     if (ImGui::Button(busy ? "restart" : "run")) changed = true;
     if (busy) {
       for (const auto& j : s.worker.jobs())
@@ -182,13 +499,13 @@ class ErrorView final : public View {
           ImGui::SameLine();
           char ov[64];
           std::snprintf(ov, sizeof ov, "%d/%d", j.done, j.total);
-          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(110, 0),
-                             ov);
+          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f,
+                             ImVec2(px(110), 0), ov);
         }
       ImGui::SameLine();
       if (ImGui::SmallButton("cancel")) s.worker.cancel("sweep");
     } else if (s.sweep_stale) {
-      ImGui::SameLine();
+      toolbar_next(ImGui::CalcTextSize("settings changed: run again").x);
       ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "settings changed: run again");
     }
     if (changed) s.request_sweep(req);
@@ -302,7 +619,7 @@ class ErrorView final : public View {
         from_sweep ? label(heat_source_)
                    : "A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)";
     ImGui::TextUnformatted("error per layer and kv head");
-    ImGui::SameLine();
+    toolbar_next(px(160));
     ImGui::SetNextItemWidth(-1);
     if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
       if (ImGui::Selectable(
@@ -316,7 +633,9 @@ class ErrorView final : public View {
     GridValues gv =
         from_sweep ? grid_values_from_report(s, *s.sweep, heat_source_.first, heat_source_.second)
                    : grid_values(s, GridMetric::Error);
-    ImGui::TextDisabled("%s", gv.caption.c_str());
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", gv.caption.c_str());
+    ImGui::PopStyleColor();
     draw_grid(s, gv, "##errgrid", 10000.0f);
   }
 
@@ -385,14 +704,17 @@ class ErrorView final : public View {
     }
     int group = s.info()->group_size();
     if (group > 1) {
-      ImGui::SetNextItemWidth(120);
-      if (ImGui::SliderInt("query head in group", &s.selected_q_head, 0, group - 1))
+      ImGui::SetNextItemWidth(px(80));
+      if (ImGui::SliderInt("query head", &s.selected_q_head, 0, group - 1))
         s.request_query_comparison();
-      ImGui::SameLine();
+      if (ImGui::IsItemHovered()) ImGui::SetTooltip("query head within the GQA group");
     }
-    ImGui::TextDisabled("query %d \"%s\"", s.effective_query(),
-                        s.token_text(s.effective_query()).c_str());
-    ImGui::SameLine();
+    char qtext[160];
+    std::snprintf(qtext, sizeof qtext, "query %d \"%s\"", s.effective_query(),
+                  s.token_text(s.effective_query()).c_str());
+    if (group > 1) toolbar_next(ImGui::CalcTextSize(qtext).x);
+    ImGui::TextDisabled("%s", qtext);
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scale"));
     ImGui::Checkbox("log scale", &log_attention_);
     if (!s.query_cmp) {
       if (!s.query_cmp_error.empty())
@@ -403,7 +725,7 @@ class ErrorView final : public View {
     }
     const QueryComparison& qc = *s.query_cmp;
     ImVec2 avail = ImGui::GetContentRegionAvail();
-    float top_h = avail.y * 0.62f;
+    float top_h = avail.y * 0.55f;
     {
       const size_t n = qc.exact_weights.size();
       std::vector<double> x(n);
@@ -478,6 +800,10 @@ class ErrorView final : public View {
 
   bool log_attention_ = true;
   std::pair<std::string, double> heat_source_;  // empty method: the background grid
+  int mode_ = 0;                                // 0 overview, 1 tune two parameters
+  std::string tune_method_, tune_rows_, tune_cols_, row_values_, col_values_;
+  int tune_seeds_ = 3, tune_scope_ = 0;
+  std::shared_ptr<TuneSlot> tune_ = std::make_shared<TuneSlot>();
 };
 
 }  // namespace

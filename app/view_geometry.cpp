@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/plot.h"
@@ -206,11 +207,12 @@ class GeometryView final : public View {
 
  private:
   void draw_controls(AppState& s) {
-    ImGui::SetNextItemWidth(90);
+    // The toolbar wraps on narrow windows (toolbar_next).
+    ImGui::SetNextItemWidth(px(90));
     int m = settings_.method == ProjectionMethod::Pca ? 0 : 1;
     if (ImGui::Combo("map", &m, "PCA\0t-SNE\0"))
       settings_.method = m == 0 ? ProjectionMethod::Pca : ProjectionMethod::Tsne;
-    ImGui::SameLine();
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "with queries"));
     const bool has_queries = s.info() && s.info()->has_queries;
     if (!has_queries) ImGui::BeginDisabled();
     ImGui::Checkbox("with queries", &settings_.with_queries);
@@ -223,31 +225,31 @@ class GeometryView final : public View {
       ImGui::EndDisabled();
       settings_.with_queries = false;
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(215);
+    toolbar_next(labelled_width(px(215), "colour"));
+    ImGui::SetNextItemWidth(px(215));
     int c = static_cast<int>(colour_);
     if (ImGui::Combo("colour", &c, kColourNames, 4)) colour_ = static_cast<ColourBy>(c);
     if (settings_.method == ProjectionMethod::Tsne) {
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(110);
+      toolbar_next(labelled_width(px(110), "perplexity"));
+      ImGui::SetNextItemWidth(px(110));
       ImGui::SliderInt("perplexity", &edit_perplexity_, 2, 100);
       if (ImGui::IsItemDeactivatedAfterEdit()) settings_.perplexity = edit_perplexity_;
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(110);
+      toolbar_next(labelled_width(px(110), "iterations"));
+      ImGui::SetNextItemWidth(px(110));
       ImGui::SliderInt("iterations", &edit_iterations_, 250, 5000);
       if (ImGui::IsItemDeactivatedAfterEdit()) settings_.iterations = edit_iterations_;
     }
     if (colour_ == ColourBy::Cluster && !method_clusters(s)) {
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(90);
+      toolbar_next(labelled_width(px(90), "k"));
+      ImGui::SetNextItemWidth(px(90));
       ImGui::SliderInt("k", &edit_clusters_, 2, 32);
       if (ImGui::IsItemDeactivatedAfterEdit()) settings_.clusters = edit_clusters_;
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(80);
+    toolbar_next(labelled_width(px(80), "point"));
+    ImGui::SetNextItemWidth(px(80));
     ImGui::SliderFloat("point", &point_px_, 1.0f, 8.0f, "%.1f px");
     if (!s.selected_tokens.empty()) {
-      ImGui::SameLine();
+      toolbar_next(ImGui::CalcTextSize("clear selection").x + ImGui::GetStyle().FramePadding.x * 2);
       if (ImGui::SmallButton("clear selection")) s.selected_tokens.clear();
     }
   }

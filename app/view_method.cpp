@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/plot.h"
@@ -17,7 +18,7 @@ namespace {
 
 void help_marker(const std::string& text) {
   if (text.empty()) return;
-  ImGui::SameLine();
+  toolbar_next(ImGui::CalcTextSize("(?)").x);
   ImGui::TextDisabled("(?)");
   if (ImGui::IsItemHovered()) {
     ImGui::BeginTooltip();
@@ -55,7 +56,10 @@ bool param_widget(const ParamSpec& p, ParamValues& values) {
   double v = it == values.end() ? p.default_value : it->second;
   bool changed = false;
   ImGui::PushID(p.name.c_str());
-  ImGui::SetNextItemWidth(200);
+  // At most 200 px (x UI scale), narrower when the panel is: room for the name and the (?).
+  ImGui::SetNextItemWidth(std::max(px(80), std::min(px(200), ImGui::GetContentRegionAvail().x -
+                                                                 labelled_width(0, p.name.c_str()) -
+                                                                 button_width("(?)") - px(12))));
   switch (p.type) {
     case ParamSpec::Type::Int: {
       int iv = static_cast<int>(std::lround(v));
@@ -141,12 +145,12 @@ void run_summary(const AppState& s, int slot) {
     ImGui::TextDisabled("running...");
   } else {
     const HeadRun& r = *s.run[slot];
-    ImGui::Text("relative error %.4f   normalised (Eq. 2) %.4g", r.mean_relative,
-                r.mean_normalized);
+    ImGui::TextWrapped("relative error %.4f   normalised (Eq. 2) %.4g", r.mean_relative,
+                       r.mean_normalized);
     size_t kept = r.selection.indices.size();
-    ImGui::Text("kept %zu of %d middle tokens (m = %d)%s   attention mass %.3f", kept,
-                r.window.n_mid, r.window.budget,
-                r.selection.separate ? " [separate num/den sets]" : "", r.mean_mass);
+    ImGui::TextWrapped("kept %zu of %d middle tokens (m = %d)%s   attention mass %.3f", kept,
+                       r.window.n_mid, r.window.budget,
+                       r.selection.separate ? " [separate num/den sets]" : "", r.mean_mass);
     ImGui::TextDisabled("ran in %.1f ms on the focused head", s.run_ms[slot]);
     if (r.selection.saturation >= 0)
       ImGui::Text("walk saturation %.0f%% of steps (p clipped to 0 or 1)%s",
@@ -172,19 +176,19 @@ class MethodView final : public View {
 
   void draw(AppState& s) override {
     bool changed = false;
-    ImGui::SetNextItemWidth(220);
+    ImGui::SetNextItemWidth(fit_width(220, "method A"));
     changed |= method_combo("method A", s.method_name[0]);
     if (const Method* m = s.method(0)) ImGui::TextWrapped("%s", m->summary().c_str());
     changed |= ImGui::Checkbox("compare with method B", &s.ab_enabled);
     if (s.ab_enabled) {
-      ImGui::SetNextItemWidth(220);
+      ImGui::SetNextItemWidth(fit_width(220, "method B"));
       changed |= method_combo("method B", s.method_name[1]);
     }
     ImGui::Separator();
 
     // Keep ratio: logarithmic slider plus the protocol's ratios as buttons.
     float kr = static_cast<float>(s.keep_ratio);
-    ImGui::SetNextItemWidth(220);
+    ImGui::SetNextItemWidth(fit_width(220, "keep ratio"));
     if (ImGui::SliderFloat("keep ratio", &kr, 1.0f / 64, 1.0f, "%.4f",
                            ImGuiSliderFlags_Logarithmic)) {
       s.keep_ratio = std::clamp(static_cast<double>(kr), 1.0 / 64, 1.0);
@@ -200,7 +204,7 @@ class MethodView final : public View {
       bool on = std::fabs(s.keep_ratio - r) < 1e-9;
       if (on)
         ImGui::PushStyleColor(ImGuiCol_Button, ImGui::GetStyleColorVec4(ImGuiCol_ButtonActive));
-      if (ImGui::Button(label.c_str(), ImVec2(48, 0))) {
+      if (ImGui::Button(label.c_str(), ImVec2(px(48), 0))) {
         s.keep_ratio = r;
         changed = true;
       }
