@@ -22,6 +22,31 @@
 namespace {
 
 kvscope::app::AppState* g_state = nullptr;
+// Frames still to draw without waiting, because input arrived. ImGui answers some input only on
+// the frame after it (a combo's list, a popup, a double-click, the end of a drag), so a frame
+// that sees input is followed by a few more before the loop may sleep again.
+int g_input_frames = 0;
+constexpr int kFramesAfterInput = 4;
+
+void note_input() {
+  g_input_frames = kFramesAfterInput;
+}
+// Installed before ImGui's callbacks, which chain to them.
+void on_mouse_button(GLFWwindow*, int, int, int) {
+  note_input();
+}
+void on_scroll(GLFWwindow*, double, double) {
+  note_input();
+}
+void on_key(GLFWwindow*, int, int, int, int) {
+  note_input();
+}
+void on_char(GLFWwindow*, unsigned int) {
+  note_input();
+}
+void on_cursor(GLFWwindow*, double, double) {
+  note_input();
+}
 
 void on_drop(GLFWwindow*, int count, const char** paths) {
   // Several files dropped at once: the last one wins (one capture is open at a time).
@@ -80,6 +105,10 @@ int main(int argc, char** argv) {
   cli.add_option("--timeout", opt.timeout_s, "screenshot: seconds to wait for the view's work")
       ->default_val(300);
   cli.add_flag("--full-window", opt.full_window, "screenshot the whole window");
+  std::string export_dir;
+  cli.add_option("--export-dir", export_dir,
+                 "folder for keyboard exports: F9 writes every view's numbers and the app's "
+                 "state as JSON, F10 a PNG of the active view (used by the GUI test)");
   CLI11_PARSE(cli, argc, argv);
 
   const bool headless = !screenshot.empty();
@@ -112,6 +141,12 @@ int main(int argc, char** argv) {
   glfwMakeContextCurrent(window);
   glfwSwapInterval(headless ? 0 : 1);
 
+  glfwSetMouseButtonCallback(window, on_mouse_button);
+  glfwSetScrollCallback(window, on_scroll);
+  glfwSetKeyCallback(window, on_key);
+  glfwSetCharCallback(window, on_char);
+  glfwSetCursorPosCallback(window, on_cursor);
+
   IMGUI_CHECKVERSION();
   ImGui::CreateContext();
   setup_style_and_fonts();
@@ -124,6 +159,7 @@ int main(int argc, char** argv) {
     g_state = &state;
     state.worker.set_wakeup([] { glfwPostEmptyEvent(); });
     AppUi ui(state);
+    ui.export_dir = export_dir;
     bool quit = false;
     ui.on_quit = [&quit] { quit = true; };
     glfwSetDropCallback(window, on_drop);
@@ -146,7 +182,9 @@ int main(int argc, char** argv) {
       const auto frame_start = std::chrono::steady_clock::now();
       bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
       bool animating = std::chrono::duration<double>(frame_start - last_change).count() < 0.25;
-      if (headless || busy || animating)
+      const bool input_pending = g_input_frames > 0;
+      if (g_input_frames > 0) --g_input_frames;
+      if (headless || busy || animating || input_pending)
         glfwPollEvents();
       else
         glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result

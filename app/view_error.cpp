@@ -13,6 +13,7 @@
 #include "app/colormap.h"
 #include "app/grid_values.h"
 #include "app/plot.h"
+#include "app/result_status.h"
 #include "app/view.h"
 
 namespace kvscope::app {
@@ -51,10 +52,11 @@ class ErrorView final : public View {
 
   bool ready(const AppState& s) const override {
     if (!s.capture) return true;
-    bool sweep_done = s.sweep || !s.sweep_error.empty();
-    bool run_done = s.run[0] || !s.run_error[0].empty();
-    bool grid_done = s.grid || !s.grid_error.empty();
-    return sweep_done && run_done && grid_done;
+    auto done = [&](const char* n) {
+      const Result& r = s.result(n);
+      return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
+    };
+    return done(kSweep) && done(kFocusA) && done(kGrid) && !s.settings.sweep.methods.empty();
   }
 
   void draw(AppState& s) override {
@@ -62,18 +64,19 @@ class ErrorView final : public View {
       ImGui::TextDisabled("No capture open.");
       return;
     }
-    // The first visit starts the sweep with the protocol's ratios.
-    if (s.sweep_request.methods.empty()) {
+    // The first visit asks for the sweep with the protocol's ratios (a setting like any other:
+    // reconcile() runs it, or holds it for a Run click when it is costly).
+    if (s.settings.sweep.methods.empty()) {
       SweepRequest r;
       r.methods = {"uniform", "streaming", "snapkv", "subgen-kcenter", "balancekv"};
       r.methods.erase(std::remove_if(r.methods.begin(), r.methods.end(),
                                      [](const std::string& m) { return !find_method(m); }),
                       r.methods.end());
       for (int k = 0; k < 2; ++k)
-        if ((k == 0 || s.ab_enabled) &&
-            std::find(r.methods.begin(), r.methods.end(), s.method_name[k]) == r.methods.end())
-          r.methods.push_back(s.method_name[k]);
-      s.request_sweep(r);
+        if ((k == 0 || s.settings.ab_enabled) &&
+            std::find(r.methods.begin(), r.methods.end(), s.method_name(k)) == r.methods.end())
+          r.methods.push_back(s.method_name(k));
+      s.settings.sweep = r;
     }
     ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = 8;
@@ -96,29 +99,35 @@ class ErrorView final : public View {
 
   nlohmann::json export_json(const AppState& s) const override {
     nlohmann::json j;
-    if (s.sweep) {
+    if (s.sweep()) {
       nlohmann::json sum = nlohmann::json::array();
-      for (const EvalSummary& e : s.sweep->summary())
+      for (const EvalSummary& e : s.sweep()->summary())
         sum.push_back({{"method", e.method},
                        {"ratio", e.ratio},
                        {"mean", e.mean},
                        {"std", e.std},
                        {"heads", e.heads}});
       j["sweep_summary"] = sum;
-      j["sweep_report"] = s.sweep->to_json();
+      j["sweep_stale"] = s.result(kSweep).stale();
+      j["sweep_report"] = s.sweep()->to_json();
     }
     j["grid"] = grid_json(s);
+    j["sweep_status"] = {{"running", s.result(kSweep).busy()},
+                         {"held_for_run", !s.result(kSweep).held.empty()},
+                         {"estimate_s", s.result(kSweep).estimate_s},
+                         {"error", s.result(kSweep).error}};
     nlohmann::json runs = nlohmann::json::array();
     for (int k = 0; k < 2; ++k) {
-      if (!s.run[k]) continue;
+      if (!s.run(k)) continue;
       std::vector<double> x, y;
-      per_position(*s.run[k], &x, &y);
-      runs.push_back({{"method", s.method_name[k]}, {"position", x}, {"relative_error", y}});
+      per_position(*s.run(k), &x, &y);
+      runs.push_back({{"method", s.method_name(k)}, {"position", x}, {"relative_error", y}});
     }
-    j["focused_head"] = {
-        {"layer", s.focus.layer}, {"kv_head", s.focus.kv_head}, {"by_position", runs}};
-    if (s.query_cmp) {
-      const QueryComparison& q = *s.query_cmp;
+    j["focused_head"] = {{"layer", s.settings.focus.layer},
+                         {"kv_head", s.settings.focus.kv_head},
+                         {"by_position", runs}};
+    if (s.query_cmp()) {
+      const QueryComparison& q = *s.query_cmp();
       j["query"] = {{"position", q.position},
                     {"q_head", q.q_head},
                     {"exact_weights", q.exact_weights},
@@ -142,18 +151,17 @@ class ErrorView final : public View {
   }
 
   std::string export_csv(const AppState& s) const override {
-    if (!s.sweep) return {};
+    if (!s.sweep()) return {};
     std::ostringstream o;
     o << "method,keep_ratio,relative_error_mean,relative_error_std,heads\n";
-    for (const EvalSummary& e : s.sweep->summary())
+    for (const EvalSummary& e : s.sweep()->summary())
       o << e.method << "," << e.ratio << "," << e.mean << "," << e.std << "," << e.heads << "\n";
     return o.str();
   }
 
  private:
   void draw_sweep(AppState& s) {
-    SweepRequest req = s.sweep_request;
-    bool changed = false;
+    SweepRequest& req = s.settings.sweep;
     if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
     if (ImGui::BeginPopup("##methods")) {
       for (const Method* m : all_methods()) {
@@ -163,37 +171,16 @@ class ErrorView final : public View {
             req.methods.push_back(m->name());
           else
             req.methods.erase(std::find(req.methods.begin(), req.methods.end(), m->name()));
-          changed = true;
         }
       }
       ImGui::EndPopup();
     }
     ImGui::SameLine();
     ImGui::SetNextItemWidth(90);
-    if (ImGui::SliderInt("seeds", &req.seeds, 1, 10)) changed = true;
+    ImGui::SliderInt("seeds", &req.seeds, 1, 10);
     ImGui::SameLine();
-    if (ImGui::Checkbox("focused layer only", &req.focused_layer_only)) changed = true;
-    ImGui::SameLine();
-    bool busy = s.worker.busy("sweep");
-    if (ImGui::Button(busy ? "restart" : "run")) changed = true;
-    if (busy) {
-      for (const auto& j : s.worker.jobs())
-        if (j.key == "sweep" && j.running) {
-          ImGui::SameLine();
-          char ov[64];
-          std::snprintf(ov, sizeof ov, "%d/%d", j.done, j.total);
-          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(110, 0),
-                             ov);
-        }
-      ImGui::SameLine();
-      if (ImGui::SmallButton("cancel")) s.worker.cancel("sweep");
-    } else if (s.sweep_stale) {
-      ImGui::SameLine();
-      ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "settings changed: run again");
-    }
-    if (changed) s.request_sweep(req);
-    if (!s.sweep_error.empty())
-      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.sweep_error.c_str());
+    ImGui::Checkbox("focused layer only", &req.focused_layer_only);
+    draw_result_status(s, kSweep, "sweep");
 
     // Series from the summary: mean over heads, spread = std over seeds of the head mean.
     struct Series {
@@ -203,9 +190,9 @@ class ErrorView final : public View {
     std::vector<Series> series;
     std::vector<double> all_y;
     std::vector<double> ratios;
-    if (s.sweep) {
+    if (s.sweep()) {
       std::map<std::string, Series> by;
-      for (const EvalSummary& e : s.sweep->summary()) {
+      for (const EvalSummary& e : s.sweep()->summary()) {
         Series& sr = by[e.method];
         sr.method = e.method;
         sr.x.push_back(e.ratio);
@@ -217,7 +204,7 @@ class ErrorView final : public View {
         all_y.push_back(sr.hi.back());
         ratios.push_back(e.ratio);
       }
-      for (const std::string& m : s.sweep_request.methods)
+      for (const std::string& m : s.settings.sweep.methods)
         if (by.count(m)) {
           Series sr = by[m];
           std::vector<size_t> ord(sr.x.size());
@@ -250,18 +237,23 @@ class ErrorView final : public View {
     }
     Axis xa{"keep ratio (log2 axis)", xlo / 1.25, xhi * 1.25, Scale::Log2, true};
     Axis ya{"relative error", ylo, yhi, Scale::Log10};
-    std::string title = s.sweep
-                            ? "error vs keep ratio: mean over heads, band = +-1 std over " +
-                                  std::to_string(s.sweep->spec.seeds) + " seeds"
-                            : (busy ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    const Result& res = s.result(kSweep);
+    std::string title =
+        s.sweep() ? "error vs keep ratio: mean over heads, band = +-1 std over " +
+                        std::to_string(s.sweep()->spec.seeds) + " seeds"
+                  : (res.busy() ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    // Curves computed for other settings stay visible, faded and labelled stale.
+    const bool stale = res.stale();
+    if (stale) title += "  [STALE: earlier settings]";
     Plot plot("##sweepplot", ImVec2(0, 0), title, xa, ya);
     std::vector<Plot::LegendEntry> legend;
     for (const Series& sr : series) {
       ImU32 c = method_colour(method_index(sr.method));
-      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, 0.18f));
+      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
     }
     for (const Series& sr : series) {
       ImU32 c = method_colour(method_index(sr.method));
+      if (stale) c = with_alpha(c, 0.4f);
       plot.line(sr.x, sr.y, c, 2.0f);
       plot.markers(sr.x, sr.y, c, 3.5f);
       legend.push_back({sr.method, c});
@@ -291,22 +283,23 @@ class ErrorView final : public View {
     // Source: the background grid (method A at the current ratio) or any (method, ratio) of
     // the sweep.
     std::vector<std::pair<std::string, double>> options;
-    if (s.sweep)
-      for (const EvalSummary& e : s.sweep->summary()) options.emplace_back(e.method, e.ratio);
+    if (s.sweep())
+      for (const EvalSummary& e : s.sweep()->summary()) options.emplace_back(e.method, e.ratio);
     auto label = [](const std::pair<std::string, double>& o) {
       return o.first + " at " + ratio_label(o.second) + " (sweep)";
     };
     bool from_sweep = false;
     for (const auto& o : options) from_sweep = from_sweep || o == heat_source_;
-    std::string current =
-        from_sweep ? label(heat_source_)
-                   : "A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)";
+    std::string current = from_sweep ? label(heat_source_)
+                                     : "A: " + s.method_name(0) + " at " +
+                                           ratio_label(s.settings.keep_ratio) + " (grid)";
     ImGui::TextUnformatted("error per layer and kv head");
     ImGui::SameLine();
     ImGui::SetNextItemWidth(-1);
     if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
       if (ImGui::Selectable(
-              ("A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)").c_str(),
+              ("A: " + s.method_name(0) + " at " + ratio_label(s.settings.keep_ratio) + " (grid)")
+                  .c_str(),
               !from_sweep))
         heat_source_ = {};
       for (const auto& o : options)
@@ -314,7 +307,7 @@ class ErrorView final : public View {
       ImGui::EndCombo();
     }
     GridValues gv =
-        from_sweep ? grid_values_from_report(s, *s.sweep, heat_source_.first, heat_source_.second)
+        from_sweep ? grid_values_from_report(s, *s.sweep(), heat_source_.first, heat_source_.second)
                    : grid_values(s, GridMetric::Error);
     ImGui::TextDisabled("%s", gv.caption.c_str());
     draw_grid(s, gv, "##errgrid", 10000.0f);
@@ -325,8 +318,8 @@ class ErrorView final : public View {
     std::vector<double> all;
     double xmin = 0, xmax = 1;
     for (int k = 0; k < 2; ++k)
-      if (s.run[k] && (k == 0 || s.ab_enabled)) {
-        per_position(*s.run[k], &xs[k], &ys[k]);
+      if (s.run(k) && (k == 0 || s.settings.ab_enabled)) {
+        per_position(*s.run(k), &xs[k], &ys[k]);
         for (double v : ys[k])
           if (v > 0 && std::isfinite(v)) all.push_back(v);
         if (!xs[k].empty()) {
@@ -341,7 +334,7 @@ class ErrorView final : public View {
     }
     char title[160];
     std::snprintf(title, sizeof title, "error vs query position (L%d H%d, mean over the GQA group)",
-                  s.focus.layer, s.focus.kv_head);
+                  s.settings.focus.layer, s.settings.focus.kv_head);
     Plot plot("##posplot", ImVec2(0, 0), title,
               Axis{"query position j (token index)", xmin - 0.5, xmax + 0.5},
               Axis{"relative error", ylo, yhi, Scale::Log10});
@@ -349,7 +342,7 @@ class ErrorView final : public View {
     for (int k = 0; k < 2; ++k) {
       if (xs[k].empty()) continue;
       plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
-      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name[k], kColSlot[k]});
+      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name(k), kColSlot[k]});
     }
     int q = s.effective_query();
     plot.vline(q, kColQuery, 1.5f);
@@ -363,19 +356,18 @@ class ErrorView final : public View {
         ImGui::Text("query %d \"%s\"", j, s.token_text(j).c_str());
         for (int k = 0; k < 2; ++k)
           if (static_cast<size_t>(i) < ys[k].size())
-            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name[k].c_str(),
+            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name(k).c_str(),
                         ys[k][static_cast<size_t>(i)]);
         ImGui::TextDisabled("click: compare exact and approximate attention for this query");
         ImGui::EndTooltip();
         if (plot.clicked()) {
-          s.selected_query = j;
-          s.request_query_comparison();
+          s.settings.selected_query = j;
         }
       }
     }
-    if (!s.run_error[0].empty())
+    if (!s.run_error(0).empty())
       plot.draw_list()->AddText(ImVec2(plot.inner_min().x + 8, plot.inner_min().y + 8),
-                                IM_COL32(255, 120, 120, 255), s.run_error[0].c_str());
+                                IM_COL32(255, 120, 120, 255), s.run_error(0).c_str());
   }
 
   void draw_query(AppState& s) {
@@ -386,22 +378,21 @@ class ErrorView final : public View {
     int group = s.info()->group_size();
     if (group > 1) {
       ImGui::SetNextItemWidth(120);
-      if (ImGui::SliderInt("query head in group", &s.selected_q_head, 0, group - 1))
-        s.request_query_comparison();
+      ImGui::SliderInt("query head in group", &s.settings.selected_q_head, 0, group - 1);
       ImGui::SameLine();
     }
     ImGui::TextDisabled("query %d \"%s\"", s.effective_query(),
                         s.token_text(s.effective_query()).c_str());
     ImGui::SameLine();
     ImGui::Checkbox("log scale", &log_attention_);
-    if (!s.query_cmp) {
-      if (!s.query_cmp_error.empty())
-        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.query_cmp_error.c_str());
+    if (!s.query_cmp()) {
+      if (!s.result(kQuery).error.empty())
+        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.result(kQuery).error.c_str());
       else
         ImGui::TextDisabled("computing...");
       return;
     }
-    const QueryComparison& qc = *s.query_cmp;
+    const QueryComparison& qc = *s.query_cmp();
     ImVec2 avail = ImGui::GetContentRegionAvail();
     float top_h = avail.y * 0.62f;
     {

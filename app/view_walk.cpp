@@ -95,8 +95,8 @@ class WalkView final : public View {
   const char* title() const override { return "Walk"; }
 
   bool ready(const AppState& s) const override {
-    if (!s.capture || !is_walk_method(s.method_name[0])) return true;
-    return s.run[0] || !s.run_error[0].empty();
+    if (!s.capture || !is_walk_method(s.method_name(0))) return true;
+    return s.run(0) || !s.run_error(0).empty();
   }
 
   void draw(AppState& s) override {
@@ -104,37 +104,36 @@ class WalkView final : public View {
       ImGui::TextDisabled("No capture open.");
       return;
     }
-    if (!is_walk_method(s.method_name[0])) {
+    if (!is_walk_method(s.method_name(0))) {
       ImGui::TextWrapped(
           "Walk traces come from the self-balancing walk of balancekv (and balancekv-stream). "
           "Method A is %s.",
-          s.method_name[0].c_str());
+          s.method_name(0).c_str());
       if (ImGui::Button("Use balancekv as method A")) {
-        s.method_name[0] = "balancekv";
-        s.settings_changed();
+        s.settings.method[0].name = "balancekv";
       }
       return;
     }
-    if (!s.run_error[0].empty()) {
-      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s: %s", s.method_name[0].c_str(),
-                         s.run_error[0].c_str());
+    if (!s.run_error(0).empty()) {
+      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s: %s", s.method_name(0).c_str(),
+                         s.run_error(0).c_str());
       return;
     }
-    if (!s.run[0]) {
-      ImGui::TextDisabled("Running %s on layer %d, kv head %d ...", s.method_name[0].c_str(),
-                          s.focus.layer, s.focus.kv_head);
+    if (!s.run(0)) {
+      ImGui::TextDisabled("Running %s on layer %d, kv head %d ...", s.method_name(0).c_str(),
+                          s.settings.focus.layer, s.settings.focus.kv_head);
       return;
     }
-    const auto trace = s.run[0]->selection.trace;
+    const auto trace = s.run(0)->selection.trace;
     if (!trace || trace->blocks.empty()) {
-      ImGui::TextDisabled("%s returned no walk trace for this head%s%s", s.method_name[0].c_str(),
+      ImGui::TextDisabled("%s returned no walk trace for this head%s%s", s.method_name(0).c_str(),
                           trace && !trace->note.empty() ? ": " : ".",
                           trace ? trace->note.c_str() : "");
       return;
     }
-    if (s.run_generation != last_generation_) {
+    if (s.result(kFocusA).key != last_run_key_) {
       // A new run (settings, head or seed changed): keep round/block when they still exist.
-      last_generation_ = s.run_generation;
+      last_run_key_ = s.result(kFocusA).key;
       round_ = std::clamp(round_, 0, std::max(0, trace->rounds - 1));
       clamp_block(*trace);
       step_ = -1;  // show the whole walk until the user plays or scrubs
@@ -187,12 +186,12 @@ class WalkView final : public View {
     nlohmann::json j;
     j["view"] = "walk";
     j["capture"] = s.capture_path;
-    j["layer"] = s.focus.layer;
-    j["kv_head"] = s.focus.kv_head;
-    j["method"] = s.method_name[0];
+    j["layer"] = s.settings.focus.layer;
+    j["kv_head"] = s.settings.focus.kv_head;
+    j["method"] = s.method_name(0);
     j["round"] = b->round;
     j["block"] = b->block;
-    j["trace_query"] = s.run[0]->selection.trace->trace_query;
+    j["trace_query"] = s.run(0)->selection.trace->trace_query;
     j["halving_cut"] = b->halving_cut;
     j["tokens"] = b->tokens;
     j["p"] = b->p;
@@ -252,8 +251,8 @@ class WalkView final : public View {
     return &t.blocks[static_cast<size_t>(idx[block_])];
   }
   const WalkBlockTrace* exported_block(const AppState& s) const {
-    if (!s.run[0] || !s.run[0]->selection.trace) return nullptr;
-    return current_block(*s.run[0]->selection.trace);
+    if (!s.run(0) || !s.run(0)->selection.trace) return nullptr;
+    return current_block(*s.run(0)->selection.trace);
   }
 
   void draw_controls(AppState& s, const WalkTrace& t) {
@@ -298,8 +297,8 @@ class WalkView final : public View {
           "Kernel entries exp(<k_i,k_j>/sqrt d) of real keys span many decades. When a series\n"
           "spans more than three, draw it on a symmetric log (sums, path) or log (norms) axis.");
 
-    std::string info = "layer " + std::to_string(s.focus.layer) + ", kv head " +
-                       std::to_string(s.focus.kv_head) + ", " + s.method_name[0] + ": " +
+    std::string info = "layer " + std::to_string(s.settings.focus.layer) + ", kv head " +
+                       std::to_string(s.settings.focus.kv_head) + ", " + s.method_name(0) + ": " +
                        std::to_string(t.rounds) + " round(s), " + std::to_string(blocks) +
                        " block(s) in round " + std::to_string(round_) + "; " + std::to_string(len) +
                        " tokens walked in this block";
@@ -497,7 +496,7 @@ class WalkView final : public View {
   bool playing_ = false;
   float speed_ = 20.0f, carry_ = 0;
   bool symlog_ = true;
-  uint64_t last_generation_ = ~0ull;
+  std::string last_run_key_ = "(none)";  // key of the run last shown
 };
 
 }  // namespace
