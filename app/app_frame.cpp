@@ -246,6 +246,7 @@ void AppUi::export_all_json(const std::string& dir) const {
                 {"estimate_s", r.estimate_s},
                 {"seconds", r.seconds}};
   st["results"] = rs;
+  st["seconds_per_unit"] = s_.costs.measured_table();
   nlohmann::json items = nlohmann::json::object();
   for (const auto& [name, rect] : s_.ui_items) items[name] = rect;
   st["ui_items"] = items;
@@ -262,6 +263,7 @@ void AppUi::draw() {
       v->plan(s_, plans);
   s_.reconcile(plans);
   s_.hovered_token = -1;
+  s_.ui_items.clear();  // only what this frame draws
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   ImGui::SetNextWindowPos(vp->Pos);
   ImGui::SetNextWindowSize(vp->Size);
@@ -303,6 +305,15 @@ void AppUi::draw() {
   draw_status_bar();
   draw_dialogs();
   ImGui::End();
+  if (export_json_pending_) {
+    export_json_pending_ = false;
+    try {
+      export_all_json(export_dir);
+      s_.status_message = "exported JSON to " + export_dir;
+    } catch (const std::exception& e) {
+      s_.status_message = e.what();
+    }
+  }
 }
 
 void AppUi::draw_menu() {
@@ -315,15 +326,9 @@ void AppUi::draw_menu() {
   const bool key_save = ctrl && ImGui::IsKeyPressed('S', false);
   const bool key_export = ctrl && ImGui::IsKeyPressed('E', false);
   bool open_capture = key_open, save_session = key_save, export_png = key_export;
-  if (!export_dir.empty() && !io.WantTextInput) {
-    if (ImGui::IsKeyPressed(GLFW_KEY_F9_CODE, false)) {
-      try {
-        export_all_json(export_dir);
-        s_.status_message = "exported JSON to " + export_dir;
-      } catch (const std::exception& e) {
-        s_.status_message = e.what();
-      }
-    }
+  if (!export_dir.empty()) {  // function keys type nothing: they work while a field is active
+    // Written at the end of the frame, so widget rectangles are this frame's.
+    if (ImGui::IsKeyPressed(GLFW_KEY_F9_CODE, false)) export_json_pending_ = true;
     if (ImGui::IsKeyPressed(GLFW_KEY_F10_CODE, false)) {
       View* v = find_view(s_.settings.active_view);
       png_requests_.push_back(

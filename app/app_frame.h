@@ -85,6 +85,7 @@ class AppUi {
   std::string path_buf_;
   bool open_path_popup_ = false;
   bool focus_path_field_ = false;
+  bool export_json_pending_ = false;
 };
 
 }  // namespace kvscope::app

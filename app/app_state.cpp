@@ -87,14 +87,28 @@ EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_over
 double CostModel::per_unit(const std::string& cost_class, double prior) const {
   auto it = per_unit_.find(cost_class);
   if (it != per_unit_.end()) return it->second;
-  double sum = 0;
-  int count = 0;
-  for (const auto& [k, v] : per_unit_)
-    if (k.rfind("head:", 0) == 0 && cost_class.rfind("head:", 0) == 0) {
-      sum += v;
-      ++count;
-    }
-  return count ? sum / count : prior > 0 ? prior : kPriorPerUnit;
+  auto mean_of = [&](const char* prefix) {
+    double sum = 0;
+    int count = 0;
+    for (const auto& [k, v] : per_unit_)
+      if (k.rfind(prefix, 0) == 0) {
+        sum += v;
+        ++count;
+      }
+    return count ? sum / count : -1.0;
+  };
+  if (cost_class.rfind("eval:", 0) == 0) {
+    // A method's evaluations (grid, sweep) before any was measured: other methods' evaluations
+    // (the exact side, shared by all, dominates), else its focused run's cost (which also
+    // computes the walk trace, so it errs on the slow side), else any focused run's.
+    if (double m = mean_of("eval:"); m > 0) return m;
+    auto head = per_unit_.find("head:" + cost_class.substr(5));
+    if (head != per_unit_.end()) return head->second;
+    if (double m = mean_of("head:"); m > 0) return m;
+  } else if (cost_class.rfind("head:", 0) == 0) {
+    if (double m = mean_of("head:"); m > 0) return m;
+  }
+  return prior > 0 ? prior : kPriorPerUnit;
 }
 
 void CostModel::record(const std::string& cost_class, double units, double seconds) {
@@ -482,7 +496,7 @@ JobPlan AppState::plan_grid() const {
   spec.threads = background_threads();
   p.lane = Lane::Grid;
   p.label = "grid: " + a.name + " at " + std::to_string(settings.keep_ratio);
-  p.cost_class = "head:" + a.name;
+  p.cost_class = "eval:" + a.name;
   p.units = head_units(ci, window()) * ci.num_layers * ci.kv_heads * seeds;
   p.threads = spec.threads;
   p.auto_limit_s = kBackgroundAutoLimitS;
@@ -531,12 +545,12 @@ JobPlan AppState::plan_sweep() const {
   const double layers = r.focused_layer_only ? 1.0 : ci.num_layers;
   const double per_method_units = head_units(ci, window()) * layers * ci.kv_heads *
                                   static_cast<double>(r.ratios.size()) * r.seeds;
-  // Mixed methods: the estimate sums each method's measured cost (see reconcile); the class
-  // here is only used to scale the units by the slowest measured method.
-  double worst = 0;
-  for (const Method* m : spec.methods) worst = std::max(worst, costs.per_unit("head:" + m->name()));
+  // Mixed methods: the estimate sums each method's measured cost per unit (expressed in units
+  // of the general prior, as the plan has one class only).
+  double sum_per_unit = 0;
+  for (const Method* m : spec.methods) sum_per_unit += costs.per_unit("eval:" + m->name());
   p.cost_class = "";
-  p.units = per_method_units * static_cast<double>(spec.methods.size()) * worst / kPriorPerUnit;
+  p.units = per_method_units * sum_per_unit / kPriorPerUnit;
   p.threads = spec.threads;
   p.auto_limit_s = kBackgroundAutoLimitS;
   std::shared_ptr<CaptureFile> cap = capture;

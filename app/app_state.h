@@ -171,6 +171,7 @@ class CostModel {
   double per_unit(const std::string& cost_class, double prior = 0) const;
   bool measured(const std::string& cost_class) const { return per_unit_.count(cost_class) > 0; }
   void record(const std::string& cost_class, double units, double seconds);
+  const std::map<std::string, double>& measured_table() const { return per_unit_; }
 
  private:
   std::map<std::string, double> per_unit_;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
@@ -38,8 +39,43 @@ void on_mouse_button(GLFWwindow*, int, int, int) {
 void on_scroll(GLFWwindow*, double, double) {
   note_input();
 }
-void on_key(GLFWwindow*, int, int, int, int) {
+// ImGui 1.86 reads keys as a state (io.KeysDown), so a key pressed and released between two
+// frames (a quick tap, or an X input event pair as xdotool sends it) would never be seen. Key
+// events are therefore queued here and fed to ImGui at most one press/release of a key per
+// frame; the rest waits for the next frame (which the loop draws at once).
+struct KeyEvent {
+  int key;
+  bool down;
+};
+std::vector<KeyEvent> g_key_queue;
+bool g_key_down[512] = {};
+
+void on_key(GLFWwindow*, int key, int, int action, int) {
   note_input();
+  if (key >= 0 && key < 512 && action != GLFW_REPEAT)
+    g_key_queue.push_back({key, action == GLFW_PRESS});
+}
+
+// After polling: ImGui's callback has applied every event; replace that with the queued events
+// up to the first release of a key pressed in this same frame.
+void feed_keys() {
+  ImGuiIO& io = ImGui::GetIO();
+  for (int k = 0; k < 512; ++k) io.KeysDown[k] = g_key_down[k];
+  bool pressed_now[512] = {};
+  size_t used = 0;
+  for (; used < g_key_queue.size(); ++used) {
+    const KeyEvent& e = g_key_queue[used];
+    if (!e.down && pressed_now[e.key]) break;  // its release is for the next frame
+    if (e.down) pressed_now[e.key] = true;
+    g_key_down[e.key] = e.down;
+    io.KeysDown[e.key] = e.down;
+  }
+  g_key_queue.erase(g_key_queue.begin(), g_key_queue.begin() + static_cast<long>(used));
+  if (!g_key_queue.empty()) note_input();
+  io.KeyCtrl = io.KeysDown[GLFW_KEY_LEFT_CONTROL] || io.KeysDown[GLFW_KEY_RIGHT_CONTROL];
+  io.KeyShift = io.KeysDown[GLFW_KEY_LEFT_SHIFT] || io.KeysDown[GLFW_KEY_RIGHT_SHIFT];
+  io.KeyAlt = io.KeysDown[GLFW_KEY_LEFT_ALT] || io.KeysDown[GLFW_KEY_RIGHT_ALT];
+  io.KeySuper = io.KeysDown[GLFW_KEY_LEFT_SUPER] || io.KeysDown[GLFW_KEY_RIGHT_SUPER];
 }
 void on_char(GLFWwindow*, unsigned int) {
   note_input();
@@ -197,6 +233,7 @@ int main(int argc, char** argv) {
       }
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
+      feed_keys();
       // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
       if (headless) ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
       ImGui::NewFrame();

@@ -54,7 +54,7 @@ bool method_combo(AppState& s, const char* label, std::string& name) {
 }
 
 // One ParamSpec as a widget; returns true when the value changed.
-bool param_widget(const ParamSpec& p, ParamValues& values) {
+bool param_widget(AppState& s, const std::string& item, const ParamSpec& p, ParamValues& values) {
   auto it = values.find(p.name);
   double v = it == values.end() ? p.default_value : it->second;
   bool changed = false;
@@ -115,6 +115,7 @@ bool param_widget(const ParamSpec& p, ParamValues& values) {
     int d = static_cast<int>(p.default_value);
     if (d >= 0 && d < static_cast<int>(p.choices.size())) help += "\ndefault: " + p.choices[d];
   }
+  record_item(s, item);  // the widget itself, before its help marker
   help_marker(help);
   if (v != p.default_value) {
     ImGui::SameLine();
@@ -242,10 +243,8 @@ class MethodView final : public View {
           return std::none_of(specs.begin(), specs.end(),
                               [&](const ParamSpec& p) { return p.name == kv.first; });
         });
-        for (const ParamSpec& p : specs) {
-          param_widget(p, pv);
-          record_item(s, std::string("param:") + (slot == 0 ? "A:" : "B:") + p.name);
-        }
+        for (const ParamSpec& p : specs)
+          param_widget(s, std::string("param:") + (slot == 0 ? "A:" : "B:") + p.name, p, pv);
         if (!pv.empty() && ImGui::Button("reset all to defaults")) pv.clear();
         if (m->needs_queries() && s.info() && !s.info()->has_queries)
           ImGui::TextColored(ImVec4(1, 0.6f, 0.3f, 1), "needs queries; this capture has none");
