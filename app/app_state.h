@@ -292,7 +292,9 @@ struct AppState {
 
 // The evaluation window for n tokens, clamped to fit (s + E <= n, E >= 1) when the protocol's
 // window or the overrides do not; `note` says what changed. Throws only for n <= 0.
-// (One small function, to be replaced by the engine's EvalWindow::fit when it lands.)
+// (One small function, to be replaced by the engine's EvalWindow::fit of issue 13 once both are
+// merged: `auto f = EvalWindow::fit(n, keep_ratio, sink_override, eval_override);
+// if (note) *note = f.note; return f.window;`.)
 EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_override,
                       std::string* note = nullptr);
 

@@ -21,34 +21,40 @@ bool draw_result_status(AppState& s, const std::string& name, const char* what) 
       std::snprintf(ov, sizeof ov, "%s %d/%d", what, done, total);
     else
       std::snprintf(ov, sizeof ov, "%s: running (%s)", what, r.estimate_text.c_str());
-    ImGui::ProgressBar(total > 0 ? static_cast<float>(done) / static_cast<float>(total) : 0.0f,
-                       ImVec2(260, 0), ov);
-    ImGui::SameLine();
     if (ImGui::SmallButton("Cancel")) s.cancel_job(name);
     s.ui_items["cancel:" + name] = {ImGui::GetItemRectMin().x, ImGui::GetItemRectMin().y,
                                     ImGui::GetItemRectMax().x, ImGui::GetItemRectMax().y};
-  } else if (!r.held.empty() && r.held == r.want) {
-    ImGui::TextColored(warn, "%s would take %s:", what, r.estimate_text.c_str());
     ImGui::SameLine();
+    ImGui::ProgressBar(total > 0 ? static_cast<float>(done) / static_cast<float>(total) : 0.0f,
+                       ImVec2(260, 0), ov);
+  } else if (!r.held.empty() && r.held == r.want) {
+    // The button first: the line may be wider than the panel.
     if (ImGui::SmallButton("Run")) s.run_now(name);
     s.ui_items["run:" + name] = {ImGui::GetItemRectMin().x, ImGui::GetItemRectMin().y,
                                  ImGui::GetItemRectMax().x, ImGui::GetItemRectMax().y};
-  } else if (!r.cancelled.empty() && r.cancelled == r.want) {
-    ImGui::TextColored(warn, "%s cancelled (%s).", what, r.estimate_text.c_str());
     ImGui::SameLine();
+    ImGui::PushStyleColor(ImGuiCol_Text, warn);
+    ImGui::TextWrapped("%s would take %s", what, r.estimate_text.c_str());
+    ImGui::PopStyleColor();
+  } else if (!r.cancelled.empty() && r.cancelled == r.want) {
     if (ImGui::SmallButton("Run")) s.run_now(name);
+    ImGui::SameLine();
+    ImGui::PushStyleColor(ImGuiCol_Text, warn);
+    ImGui::TextWrapped("%s cancelled (would take %s)", what, r.estimate_text.c_str());
+    ImGui::PopStyleColor();
   } else if (!r.waiting.empty() && !r.fresh()) {
     ImGui::TextDisabled("%s: %s ...", what, r.waiting.c_str());
   } else if (!r.error.empty() && r.key == r.want) {
-    ImGui::TextColored(bad, "%s failed: %s", what, r.error.c_str());
-    ImGui::SameLine();
     if (ImGui::SmallButton("Re-run")) s.run_now(name);
+    ImGui::SameLine();
+    ImGui::PushStyleColor(ImGuiCol_Text, bad);
+    ImGui::TextWrapped("%s failed: %s", what, r.error.c_str());
+    ImGui::PopStyleColor();
   } else {
     drew = false;
   }
   if (r.stale() && r.has_value()) {
-    if (drew) ImGui::SameLine();
-    ImGui::TextColored(warn, "[stale: shown for earlier settings]");
+    ImGui::TextColored(warn, "[%s: stale, shown for earlier settings]", what);
     drew = true;
   } else if (r.partial && r.busy()) {
     if (drew) ImGui::SameLine();

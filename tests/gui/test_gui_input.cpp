@@ -185,7 +185,7 @@ class RealWindow : public ::testing::Test {
           last = s["ui_items"][item];
           return same;
         },
-        30, ("widget '" + item + "' to be drawn").c_str());
+        60, ("widget '" + item + "' to be drawn").c_str());
   }
   // Centre of a recorded widget.
   std::pair<double, double> centre(const json& st, const std::string& item) {
@@ -294,18 +294,16 @@ TEST_F(RealWindow, IssueTwelveFlow) {
   std::fprintf(stderr, "[gui input] %s\n",
                "5. Switch method B twice through its combo list (opened and answered b");
   for (const char* b : {"snapkv", "streaming"}) {
-    click(st, "combo:method B");
-    const std::string item = std::string("combo:method B:") + b;
-    st = with_item(item);  // the list is drawn in the frames after the click
-    if (std::getenv("KVSCOPE_GUI_DEBUG")) {
-      key("F10");
-      fs::copy_file(dir_ / "method.png", dir_ / (std::string("combo_") + b + ".png"),
-                    fs::copy_options::overwrite_existing);
-      std::fprintf(stderr, "[gui input] %s at %s\n", item.c_str(),
-                   st["ui_items"][item].dump().c_str());
+    // Under a heavily loaded machine a click can land while the list is still being laid
+    // out; a user would click again: up to three tries, Escape closing what a miss opened.
+    for (int attempt = 0; attempt < 3 && st["session"]["method_b"] != b; ++attempt) {
+      if (attempt > 0) key("Escape");
+      click(st, "combo:method B");
+      const std::string item = std::string("combo:method B:") + b;
+      st = with_item(item);  // the list is drawn in the frames after the click
+      click(st, item);
+      st = settled();
     }
-    click(st, item);
-    st = settled();
     EXPECT_EQ(st["session"]["method_b"], b);
   }
 
@@ -351,6 +349,7 @@ TEST_F(RealWindow, IssueTwelveFlow) {
     if (c["relative_error_mean"].is_number() && c["method"] == "balancekv") ++cells;
   EXPECT_EQ(cells, 5 * 4);  // stories260K: 5 layers x 4 kv heads
 
+  key("Escape");  // nothing may be left active (a text field would take the shortcuts)
   // 7. PNG through the dialog (Ctrl+E, type the path, Enter) must equal the PNG written without
   std::fprintf(stderr, "[gui input] %s\n",
                "7. PNG through the dialog (Ctrl+E, type the path, Enter) must equal th");
