@@ -18,6 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // GLFW key codes of F9 and F10 (ImGui 1.86's GLFW backend indexes KeysDown by GLFW key code).
+constexpr int GLFW_KEY_F8_CODE = 297;
 constexpr int GLFW_KEY_F9_CODE = 298;
 constexpr int GLFW_KEY_F10_CODE = 299;
 
@@ -231,7 +232,7 @@ void AppUi::export_all_json(const std::string& dir) const {
   st["load_error"] = s_.load_error;
   st["notes"] = s_.notes;
   st["loading"] = !s_.loading_path.empty();
-  st["dialog_open"] = browser_.is_open() || ImGui::IsPopupOpen("Save as");
+  st["dialog_open"] = browser_.is_open() || save_dialog_open_;
   nlohmann::json rs = nlohmann::json::object();
   for (const auto& [name, r] : s_.results)
     rs[name] = {{"wanted", !r.want.empty()},
@@ -328,7 +329,11 @@ void AppUi::draw_menu() {
   bool open_capture = key_open, save_session = key_save, export_png = key_export;
   if (!export_dir.empty()) {  // function keys type nothing: they work while a field is active
     // Written at the end of the frame, so widget rectangles are this frame's.
-    if (ImGui::IsKeyPressed(GLFW_KEY_F9_CODE, false)) export_json_pending_ = true;
+    // F8 does the same as F9, so a script can alternate keys (two quick taps of one key can
+    // reach GLFW as an auto-repeat on a loaded X server).
+    if (ImGui::IsKeyPressed(GLFW_KEY_F9_CODE, false) ||
+        ImGui::IsKeyPressed(GLFW_KEY_F8_CODE, false))
+      export_json_pending_ = true;
     if (ImGui::IsKeyPressed(GLFW_KEY_F10_CODE, false)) {
       View* v = find_view(s_.settings.active_view);
       png_requests_.push_back(
@@ -504,7 +509,8 @@ void AppUi::draw_dialogs() {
     focus_path_field_ = true;
   }
   ImGui::SetNextWindowSize(ImVec2(620, 0), ImGuiCond_Appearing);
-  if (ImGui::BeginPopupModal("Save as", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) {
+  save_dialog_open_ = ImGui::BeginPopupModal("Save as", nullptr, ImGuiWindowFlags_AlwaysAutoResize);
+  if (save_dialog_open_) {
     const char* what = path_action_ == PathAction::ExportPng ? "PNG of the active view"
                        : path_action_ == PathAction::ExportData
                            ? "numbers of the active view (.csv or .json)"

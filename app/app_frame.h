@@ -86,6 +86,7 @@ class AppUi {
   bool open_path_popup_ = false;
   bool focus_path_field_ = false;
   bool export_json_pending_ = false;
+  bool save_dialog_open_ = false;  // the "Save as" popup was drawn this frame
 };
 
 }  // namespace kvscope::app

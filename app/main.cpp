@@ -52,8 +52,16 @@ bool g_key_down[512] = {};
 
 void on_key(GLFWwindow*, int key, int, int action, int) {
   note_input();
-  if (key >= 0 && key < 512 && action != GLFW_REPEAT)
-    g_key_queue.push_back({key, action == GLFW_PRESS});
+  if (key < 0 || key >= 512) return;
+  if (action == GLFW_REPEAT) {
+    // GLFW (X11) takes a release followed within 20 ms by a press of the same key for auto-repeat
+    // and drops the release; on a loaded X server two separate taps arrive like that. Either
+    // way it is a new press: release and press again.
+    g_key_queue.push_back({key, false});
+    g_key_queue.push_back({key, true});
+    return;
+  }
+  g_key_queue.push_back({key, action == GLFW_PRESS});
 }
 
 // After polling: ImGui's callback has applied every event; replace that with the queued events
