@@ -432,10 +432,11 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
         std::string& shown = s_.settings.panel_view[pi];
         if (requested_[pi] == v.name()) {
           requested_[pi].clear();  // shown by show_view: settings.active_view is already set
-        } else if (shown != v.name() && requested_[pi].empty()) {
-          s_.settings.active_view = v.name();  // a tab the user picked is the active view
-        }
-        shown = v.name();
+          shown = v.name();
+        } else if (requested_[pi].empty()) {
+          if (shown != v.name()) s_.settings.active_view = v.name();  // the user picked a tab
+          shown = v.name();
+        }  // else: another tab is being brought up; the settings already name it
         ImVec2 p0 = ImGui::GetCursorScreenPos();
         ImVec2 av = ImGui::GetContentRegionAvail();
         // The rectangle covers the panel (tab bar included) so exported PNGs read on their own.
