@@ -123,6 +123,9 @@ class RealWindow : public ::testing::Test {
     pause_ms(60);
   }
   void key(const std::string& k) {
+    // Keys go to the window with the input focus: without a window manager nothing keeps it
+    // there, so it is set before every key.
+    sh("xdotool windowfocus " + std::to_string(window_));
     xdo("key " + k);
     pause_ms(120);
   }
