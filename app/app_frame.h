@@ -109,9 +109,15 @@ class AppUi {
   // Set by the app so File > Quit works; not set headless.
   std::function<void()> on_quit;
 
-  // Session save / load with the views' own states.
+  // Session save / load with the views' own states. load_session validates the whole file
+  // before changing anything and throws InputError naming the field and the problem.
   void save_session(const std::string& path) const;
   void load_session(const std::string& path);
+
+  // With a folder set (kvscope --export-dir DIR): F9 writes every view's numbers and the app's
+  // state as JSON there, F10 a PNG of the active view (what the GUI test reads).
+  std::string export_dir;
+  void export_all_json(const std::string& dir) const;
 
  private:
   void draw_menu();
@@ -123,8 +129,7 @@ class AppUi {
   std::vector<std::unique_ptr<View>> views_;
   std::vector<ScreenRect> rects_;  // per view
   std::vector<int> drawn_frames_;  // consecutive frames each view was drawn
-  std::string requested_view_;     // tab to select next frame
-  std::string shown_[2];           // the view shown in each panel
+  std::string requested_[2];       // tab to select next frame, per panel
   int idle_frames_ = 0;
   FileBrowser browser_;
   std::vector<PngRequest> png_requests_;
@@ -145,6 +150,9 @@ class AppUi {
   PathAction path_action_ = PathAction::None;
   std::string path_buf_;
   bool open_path_popup_ = false;
+  bool focus_path_field_ = false;
+  bool export_json_pending_ = false;
+  bool save_dialog_open_ = false;  // the "Save as" popup was drawn this frame
 };
 
 }  // namespace kvscope::app

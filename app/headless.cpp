@@ -41,19 +41,20 @@ void validate_options(const HeadlessOptions& o) {
 
 void apply_options(AppState& s, AppUi& ui, const HeadlessOptions& o) {
   if (!o.session.empty()) ui.load_session(o.session);
-  if (!o.method.empty()) s.method_name[0] = o.method;
+  if (!o.method.empty()) s.settings.method[0] = MethodChoice{o.method, {}};
   if (!o.method_b.empty()) {
-    s.method_name[1] = o.method_b;
-    s.ab_enabled = true;
+    s.settings.method[1] = MethodChoice{o.method_b, {}};
+    s.settings.ab_enabled = true;
   }
-  if (o.keep_ratio > 0) s.keep_ratio = o.keep_ratio;
+  if (o.keep_ratio > 0) s.settings.keep_ratio = o.keep_ratio;
   if (!o.backend.empty()) {
-    s.set_backend(o.backend);
-    if (s.backend_choice != o.backend) throw InputError(s.backend_note);
+    s.settings.backend = o.backend;
+    s.reconcile();  // resolves the backend (and says why when it cannot)
+    if (s.settings.backend != o.backend) throw InputError(s.backend_note);
   }
-  s.active_view = o.view;
+  s.settings.active_view = o.view;
   ui.show_view(o.view);
-  if (!o.capture.empty()) s.request_open(o.capture);
+  if (!o.capture.empty()) s.request_open(o.capture, !o.session.empty());
   if (!o.then_open.empty()) {
     // Queued behind the first open on the same lane, so it runs once that one has been applied.
     std::string path = o.then_open;
@@ -81,7 +82,6 @@ int render_view_software(const HeadlessOptions& opt) {
     auto t0 = std::chrono::steady_clock::now();
     bool ready = false;
     while (!ready) {
-      s.worker.drain(s);
       ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
       // An SVG is taken from a frame without anti-aliasing (plain polygons, solid lines).
       ImGuiStyle& st = ImGui::GetStyle();

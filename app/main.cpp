@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
@@ -25,6 +26,74 @@
 namespace {
 
 kvscope::app::AppState* g_state = nullptr;
+// Frames still to draw without waiting, because input arrived. ImGui answers some input only on
+// the frame after it (a combo's list, a popup, a double-click, the end of a drag), so a frame
+// that sees input is followed by a few more before the loop may sleep again.
+int g_input_frames = 0;
+constexpr int kFramesAfterInput = 4;
+
+void note_input() {
+  g_input_frames = kFramesAfterInput;
+}
+// Installed before ImGui's callbacks, which chain to them.
+void on_mouse_button(GLFWwindow*, int, int, int) {
+  note_input();
+}
+void on_scroll(GLFWwindow*, double, double) {
+  note_input();
+}
+// ImGui 1.86 reads keys as a state (io.KeysDown), so a key pressed and released between two
+// frames (a quick tap, or an X input event pair as xdotool sends it) would never be seen. Key
+// events are therefore queued here and fed to ImGui at most one press/release of a key per
+// frame; the rest waits for the next frame (which the loop draws at once).
+struct KeyEvent {
+  int key;
+  bool down;
+};
+std::vector<KeyEvent> g_key_queue;
+bool g_key_down[512] = {};
+
+void on_key(GLFWwindow*, int key, int, int action, int) {
+  note_input();
+  if (key < 0 || key >= 512) return;
+  if (action == GLFW_REPEAT) {
+    // GLFW (X11) takes a release followed within 20 ms by a press of the same key for auto-repeat
+    // and drops the release; on a loaded X server two separate taps arrive like that. Either
+    // way it is a new press: release and press again.
+    g_key_queue.push_back({key, false});
+    g_key_queue.push_back({key, true});
+    return;
+  }
+  g_key_queue.push_back({key, action == GLFW_PRESS});
+}
+
+// After polling: ImGui's callback has applied every event; replace that with the queued events
+// up to the first release of a key pressed in this same frame.
+void feed_keys() {
+  ImGuiIO& io = ImGui::GetIO();
+  for (int k = 0; k < 512; ++k) io.KeysDown[k] = g_key_down[k];
+  bool pressed_now[512] = {};
+  size_t used = 0;
+  for (; used < g_key_queue.size(); ++used) {
+    const KeyEvent& e = g_key_queue[used];
+    if (!e.down && pressed_now[e.key]) break;  // its release is for the next frame
+    if (e.down) pressed_now[e.key] = true;
+    g_key_down[e.key] = e.down;
+    io.KeysDown[e.key] = e.down;
+  }
+  g_key_queue.erase(g_key_queue.begin(), g_key_queue.begin() + static_cast<long>(used));
+  if (!g_key_queue.empty()) note_input();
+  io.KeyCtrl = io.KeysDown[GLFW_KEY_LEFT_CONTROL] || io.KeysDown[GLFW_KEY_RIGHT_CONTROL];
+  io.KeyShift = io.KeysDown[GLFW_KEY_LEFT_SHIFT] || io.KeysDown[GLFW_KEY_RIGHT_SHIFT];
+  io.KeyAlt = io.KeysDown[GLFW_KEY_LEFT_ALT] || io.KeysDown[GLFW_KEY_RIGHT_ALT];
+  io.KeySuper = io.KeysDown[GLFW_KEY_LEFT_SUPER] || io.KeysDown[GLFW_KEY_RIGHT_SUPER];
+}
+void on_char(GLFWwindow*, unsigned int) {
+  note_input();
+}
+void on_cursor(GLFWwindow*, double, double) {
+  note_input();
+}
 
 void on_drop(GLFWwindow*, int count, const char** paths) {
   // Several files dropped at once: the last one wins (one capture is open at a time).
@@ -125,6 +194,10 @@ int main(int argc, char** argv) {
   cli.add_option("--ui-scale", ui_scale,
                  "presentation scale 1 to 2.5 (default: the last one used, Ctrl +/- to change; "
                  "screenshots: 1)");
+  std::string export_dir;
+  cli.add_option("--export-dir", export_dir,
+                 "folder for keyboard exports: F9 writes every view's numbers and the app's "
+                 "state as JSON, F10 a PNG of the active view (used by the GUI test)");
   CLI11_PARSE(cli, argc, argv);
 
   const bool headless = !screenshot.empty();
@@ -160,6 +233,12 @@ int main(int argc, char** argv) {
   glfwMakeContextCurrent(window);
   glfwSwapInterval(headless ? 0 : 1);
 
+  glfwSetMouseButtonCallback(window, on_mouse_button);
+  glfwSetScrollCallback(window, on_scroll);
+  glfwSetKeyCallback(window, on_key);
+  glfwSetCharCallback(window, on_char);
+  glfwSetCursorPosCallback(window, on_cursor);
+
   IMGUI_CHECKVERSION();
   ImGui::CreateContext();
   setup_style_and_fonts(opt.ui_scale);
@@ -174,6 +253,7 @@ int main(int argc, char** argv) {
     AppUi ui(state);
     ui.set_ui_scale(opt.ui_scale);
     ui.take_font_rebuild();  // built at this scale above
+    ui.export_dir = export_dir;
     bool quit = false;
     ui.on_quit = [&quit] { quit = true; };
     glfwSetDropCallback(window, on_drop);
@@ -196,7 +276,9 @@ int main(int argc, char** argv) {
       const auto frame_start = std::chrono::steady_clock::now();
       bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
       bool animating = std::chrono::duration<double>(frame_start - last_change).count() < 0.25;
-      if (headless || busy || animating)
+      const bool input_pending = g_input_frames > 0;
+      if (g_input_frames > 0) --g_input_frames;
+      if (headless || busy || animating || input_pending)
         glfwPollEvents();
       else
         glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
@@ -219,6 +301,7 @@ int main(int argc, char** argv) {
         ImGui::GetStyle().AntiAliasedLines = ImGui::GetStyle().AntiAliasedFill = false;
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
+      feed_keys();
       // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
       if (headless) ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
       ImGui::NewFrame();

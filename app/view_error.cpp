@@ -15,6 +15,7 @@
 #include "app/colormap.h"
 #include "app/grid_values.h"
 #include "app/plot.h"
+#include "app/result_status.h"
 #include "app/view.h"
 #include "engine/error.h"
 #include "engine/sweep_grid.h"
@@ -48,13 +49,10 @@ void per_position(const HeadRun& r, std::vector<double>* x, std::vector<double>*
   }
 }
 
-// The tuning grid's result, shared with the worker job that fills it.
-struct TuneSlot {
-  std::shared_ptr<const Grid2Result> result;
-  std::string error;
-  std::string wanted, have;  // request descriptions: pending while they differ
-  int scope = 0;             // the scope the result was computed for
-  bool pending() const { return !wanted.empty() && wanted != have; }
+// The tuning grid's result (a derived result of the Error view, keyed by what it was run for).
+struct TuneResult {
+  Grid2Result grid;
+  int scope = 0;  // the scope the grid was computed for
 };
 
 std::vector<double> parse_values(const std::string& text, const std::string& what) {
@@ -85,11 +83,12 @@ class ErrorView final : public View {
 
   bool ready(const AppState& s) const override {
     if (!s.capture) return true;
-    if (mode_ == 1) return !tune_->pending() && !s.worker.busy("tune2");
-    bool sweep_done = s.sweep || !s.sweep_error.empty();
-    bool run_done = s.run[0] || !s.run_error[0].empty();
-    bool grid_done = s.grid || !s.grid_error.empty();
-    return sweep_done && run_done && grid_done;
+    auto done = [&](const char* n) {
+      const Result& r = s.result(n);
+      return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
+    };
+    if (mode_ == 1) return done(kTune);
+    return done(kSweep) && done(kFocusA) && done(kGrid) && !s.settings.sweep.methods.empty();
   }
 
   void draw(AppState& s) override {
@@ -97,18 +96,19 @@ class ErrorView final : public View {
       ImGui::TextDisabled("No capture open.");
       return;
     }
-    // The first visit starts the sweep with the protocol's ratios.
-    if (s.sweep_request.methods.empty()) {
+    // The first visit asks for the sweep with the protocol's ratios (a setting like any other:
+    // reconcile() runs it, or holds it for a Run click when it is costly).
+    if (s.settings.sweep.methods.empty()) {
       SweepRequest r;
       r.methods = {"uniform", "streaming", "snapkv", "subgen-kcenter", "balancekv"};
       r.methods.erase(std::remove_if(r.methods.begin(), r.methods.end(),
                                      [](const std::string& m) { return !find_method(m); }),
                       r.methods.end());
       for (int k = 0; k < 2; ++k)
-        if ((k == 0 || s.ab_enabled) &&
-            std::find(r.methods.begin(), r.methods.end(), s.method_name[k]) == r.methods.end())
-          r.methods.push_back(s.method_name[k]);
-      s.request_sweep(r);
+        if ((k == 0 || s.settings.ab_enabled) &&
+            std::find(r.methods.begin(), r.methods.end(), s.method_name(k)) == r.methods.end())
+          r.methods.push_back(s.method_name(k));
+      s.settings.sweep = r;
     }
     ImGui::RadioButton("overview", &mode_, 0);
     toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
@@ -139,29 +139,35 @@ class ErrorView final : public View {
 
   nlohmann::json export_json(const AppState& s) const override {
     nlohmann::json j;
-    if (s.sweep) {
+    if (s.sweep()) {
       nlohmann::json sum = nlohmann::json::array();
-      for (const EvalSummary& e : s.sweep->summary())
+      for (const EvalSummary& e : s.sweep()->summary())
         sum.push_back({{"method", e.method},
                        {"ratio", e.ratio},
                        {"mean", e.mean},
                        {"std", e.std},
                        {"heads", e.heads}});
       j["sweep_summary"] = sum;
-      j["sweep_report"] = s.sweep->to_json();
+      j["sweep_stale"] = s.result(kSweep).stale();
+      j["sweep_report"] = s.sweep()->to_json();
     }
     j["grid"] = grid_json(s);
+    j["sweep_status"] = {{"running", s.result(kSweep).busy()},
+                         {"held_for_run", !s.result(kSweep).held.empty()},
+                         {"estimate_s", s.result(kSweep).estimate_s},
+                         {"error", s.result(kSweep).error}};
     nlohmann::json runs = nlohmann::json::array();
     for (int k = 0; k < 2; ++k) {
-      if (!s.run[k]) continue;
+      if (!s.run(k)) continue;
       std::vector<double> x, y;
-      per_position(*s.run[k], &x, &y);
-      runs.push_back({{"method", s.method_name[k]}, {"position", x}, {"relative_error", y}});
+      per_position(*s.run(k), &x, &y);
+      runs.push_back({{"method", s.method_name(k)}, {"position", x}, {"relative_error", y}});
     }
-    j["focused_head"] = {
-        {"layer", s.focus.layer}, {"kv_head", s.focus.kv_head}, {"by_position", runs}};
-    if (s.query_cmp) {
-      const QueryComparison& q = *s.query_cmp;
+    j["focused_head"] = {{"layer", s.settings.focus.layer},
+                         {"kv_head", s.settings.focus.kv_head},
+                         {"by_position", runs}};
+    if (s.query_cmp()) {
+      const QueryComparison& q = *s.query_cmp();
       j["query"] = {{"position", q.position},
                     {"q_head", q.q_head},
                     {"exact_weights", q.exact_weights},
@@ -170,7 +176,7 @@ class ErrorView final : public View {
                     {"approx_output", q.approx_output},
                     {"relative_error", q.relative_error}};
     }
-    if (tune_->result) j["tuning"] = tune_->result->to_json();
+    if (const TuneResult* t = s.result(kTune).get<TuneResult>()) j["tuning"] = t->grid.to_json();
     if (j.is_null()) return nullptr;
     return j;
   }
@@ -205,10 +211,10 @@ class ErrorView final : public View {
   }
 
   std::string export_csv(const AppState& s) const override {
-    if (!s.sweep) return {};
+    if (!s.sweep()) return {};
     std::ostringstream o;
     o << "method,keep_ratio,relative_error_mean,relative_error_std,heads\n";
-    for (const EvalSummary& e : s.sweep->summary())
+    for (const EvalSummary& e : s.sweep()->summary())
       o << e.method << "," << e.ratio << "," << e.mean << "," << e.std << "," << e.heads << "\n";
     return o.str();
   }
@@ -274,35 +280,23 @@ class ErrorView final : public View {
     toolbar_next(labelled_width(px(150), "scope"));
     ImGui::SetNextItemWidth(px(150));
     changed |= ImGui::Combo("scope", &tune_scope_, "focused head\0focused layer\0whole capture\0");
-    const bool busy = s.worker.busy("tune2");
-    toolbar_next(button_width("run") + px(120));
-    if (ImGui::Button(busy ? "restart" : "run")) changed = true, tune_->wanted.clear();
-    if (busy)
-      for (const auto& j : s.worker.jobs())
-        if (j.key == "tune2" && j.running) {
-          ImGui::SameLine();
-          char ov[64];
-          std::snprintf(ov, sizeof ov, "%d/%d cells", j.done, j.total);
-          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f,
-                             ImVec2(px(120), 0), ov);
-        }
-    // The first visit runs the grid for the focused head (seconds); later changes wait for run.
-    if (changed || (!tune_->result && tune_->wanted.empty() && tune_->error.empty()))
-      request_tuning(s, *m);
-    if (!tune_->error.empty())
-      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", tune_->error.c_str());
+    (void)changed;  // every choice is part of the grid's key: reconcile() re-plans it
+    // Run / Cancel / estimate: cheap grids run at once, costly ones wait for Run.
+    draw_result_status(s, kTune, "tuning grid");
+    const Result& res = s.result(kTune);
     mark_figure_top();
-    if (!tune_->result) {
-      ImGui::TextDisabled("%s", busy ? "running the grid..." : "no grid yet: press run");
+    const TuneResult* tr = res.get<TuneResult>();
+    if (!tr) {
+      ImGui::TextDisabled("%s", res.busy() ? "running the grid..." : "no grid yet");
       return;
     }
-    const Grid2Result& g = *tune_->result;
+    const Grid2Result& g = tr->grid;
     const char* scope_name[] = {"the focused head", "the focused layer", "the whole capture"};
     ImGui::TextWrapped(
         "%s at keep ratio %s, %s (%zu head%s), %d seeds: mean relative error and its spread "
         "(std over seeds). Outlined white: best cell; dashed yellow: the defaults (%s=%g, "
         "%s=%g).",
-        g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tune_->scope],
+        g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tr->scope],
         g.heads.size(), g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(),
         g.default_row_value, g.cols.name.c_str(), g.default_col_value);
     const ImVec2 avail = ImGui::GetContentRegionAvail();
@@ -315,58 +309,77 @@ class ErrorView final : public View {
                     ImVec2(w, avail.y));
   }
 
-  void request_tuning(AppState& s, const Method& m) {
+  // The tuning grid as a derived result: planned from the settings (method A's parameters,
+  // ratio, window, seed, focus) and this view's choices; AppState::reconcile() runs it.
+  static constexpr const char* kTune = "tune2";
+
+  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
+    out.emplace_back(kTune, plan_tuning(s));
+  }
+
+  JobPlan plan_tuning(const AppState& s) const {
+    JobPlan p;
+    const Method* m = s.method(0);
+    // Wanted while the tuning mode shows method A's grid (draw_tuning set its axes).
+    if (mode_ != 1 || !s.capture || !m || tune_method_ != m->name()) return p;
+    const CaptureInfo& ci = *s.info();
+    const MethodSettings ms = s.method_settings(0);
+    const Focus f = s.settings.focus;
+    const int scope = tune_scope_;
+    p.key = "tune2|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|" +
+            m->name() + nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
+            "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
+            "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
+            "|" + tune_rows_ + "=" + row_values_ + "|" + tune_cols_ + "=" + col_values_ +
+            "|seeds=" + std::to_string(tune_seeds_) + "|scope=" + std::to_string(scope) +
+            (scope <= 1 ? "|L" + std::to_string(f.layer) : "") +
+            (scope == 0 ? "H" + std::to_string(f.kv_head) : "");
     Grid2Spec g;
-    g.method = &m;
-    tune_->error.clear();
+    g.method = m;
+    std::string err;
     try {
       if (tune_rows_ == tune_cols_) throw InputError("rows and columns sweep the same parameter");
       g.rows = {tune_rows_, parse_values(row_values_, tune_rows_)};
       g.cols = {tune_cols_, parse_values(col_values_, tune_cols_)};
-      for (double v : g.rows.values) validate_method_params(m, {{g.rows.name, v}});
-      for (double v : g.cols.values) validate_method_params(m, {{g.cols.name, v}});
+      for (double v : g.rows.values) validate_method_params(*m, {{g.rows.name, v}});
+      for (double v : g.cols.values) validate_method_params(*m, {{g.cols.name, v}});
     } catch (const InputError& e) {
-      tune_->error = e.what();
-      return;
+      err = e.what();
     }
     // Other parameters as method A has them now.
-    for (const auto& [k, v] : s.settings(0).params)
+    for (const auto& [k, v] : ms.params)
       if (k != g.rows.name && k != g.cols.name) g.fixed[k] = v;
     EvalSpec spec;
-    spec.ratios = {s.keep_ratio};
+    spec.ratios = {ms.keep_ratio};
     spec.seeds = tune_seeds_;
-    spec.base_seed = static_cast<uint64_t>(s.seed);
-    spec.sink = s.sink_override;
-    spec.eval = s.eval_override;
-    if (tune_scope_ <= 1) spec.layers = {s.focus.layer};
-    if (tune_scope_ == 0) spec.heads = {s.focus.kv_head};
-    std::string desc = m.name() + "|" + row_values_ + "|" + col_values_ + "|" + tune_rows_ + "|" +
-                       tune_cols_ + "|" + std::to_string(tune_seeds_) + "|" +
-                       std::to_string(tune_scope_) + "|" + std::to_string(s.keep_ratio) + "|" +
-                       std::to_string(s.focus.layer) + "|" + std::to_string(s.focus.kv_head) + "|" +
-                       s.capture_path;
-    tune_->wanted = desc;
-    auto slot = tune_;
-    auto capture = s.capture;
+    spec.base_seed = static_cast<uint64_t>(s.settings.seed);
+    spec.sink = ms.sink;
+    spec.eval = ms.eval;
+    spec.estimator = ms.estimator;
+    if (scope <= 1) spec.layers = {f.layer};
+    if (scope == 0) spec.heads = {f.kv_head};
+    p.lane = Lane::Analysis;
+    p.label = "tuning grid";
+    const double heads = scope == 0 ? 1.0
+                         : scope == 1 ? ci.kv_heads
+                                      : static_cast<double>(ci.kv_heads) * ci.num_layers;
+    const EvalWindow w = s.window();
+    p.cost_class = "eval:" + m->name();
+    p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
+              (static_cast<double>(w.eval) * ci.group_size() + 64.0) * heads * tune_seeds_ *
+              static_cast<double>(g.rows.values.size() * g.cols.values.size());
+    p.auto_limit_s = 3.0;
+    std::shared_ptr<CaptureFile> capture = s.capture;
     Backend* be = s.backend();
-    const int scope = tune_scope_;
-    s.worker.submit(Lane::Analysis, "tune2", "tuning grid", [=](JobContext& ctx) -> ApplyFn {
-      std::shared_ptr<const Grid2Result> res;
-      std::string err;
-      try {
-        res = std::make_shared<Grid2Result>(run_grid2(
-            *capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(),
-            be));
-      } catch (const InputError& e) {
-        err = e.what();
-      }
-      return [=](AppState&) {
-        if (slot->wanted != desc) return;
-        slot->have = desc;
-        slot->error = err;
-        if (res) slot->result = res, slot->scope = scope;
-      };
-    });
+    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+      if (!err.empty()) throw InputError(err);
+      auto r = std::make_shared<TuneResult>();
+      r->grid = run_grid2(
+          *capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be);
+      r->scope = scope;
+      return r;
+    };
+    return p;
   }
 
   // One heatmap of the grid: rows = first parameter, columns = second, value in each cell, a
@@ -469,8 +482,7 @@ class ErrorView final : public View {
   }
 
   void draw_sweep(AppState& s) {
-    SweepRequest req = s.sweep_request;
-    bool changed = false;
+    SweepRequest& req = s.settings.sweep;
     if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
     if (ImGui::BeginPopup("##methods")) {
       for (const Method* m : all_methods()) {
@@ -480,37 +492,16 @@ class ErrorView final : public View {
             req.methods.push_back(m->name());
           else
             req.methods.erase(std::find(req.methods.begin(), req.methods.end(), m->name()));
-          changed = true;
         }
       }
       ImGui::EndPopup();
     }
     toolbar_next(labelled_width(px(90), "seeds"));
     ImGui::SetNextItemWidth(px(90));
-    if (ImGui::SliderInt("seeds", &req.seeds, 1, 10)) changed = true;
+    ImGui::SliderInt("seeds", &req.seeds, 1, 10);
     toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
-    if (ImGui::Checkbox("focused layer only", &req.focused_layer_only)) changed = true;
-    bool busy = s.worker.busy("sweep");
-    toolbar_next(button_width(busy ? "restart" : "run"));
-    if (ImGui::Button(busy ? "restart" : "run")) changed = true;
-    if (busy) {
-      for (const auto& j : s.worker.jobs())
-        if (j.key == "sweep" && j.running) {
-          ImGui::SameLine();
-          char ov[64];
-          std::snprintf(ov, sizeof ov, "%d/%d", j.done, j.total);
-          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f,
-                             ImVec2(px(110), 0), ov);
-        }
-      ImGui::SameLine();
-      if (ImGui::SmallButton("cancel")) s.worker.cancel("sweep");
-    } else if (s.sweep_stale) {
-      toolbar_next(ImGui::CalcTextSize("settings changed: run again").x);
-      ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "settings changed: run again");
-    }
-    if (changed) s.request_sweep(req);
-    if (!s.sweep_error.empty())
-      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.sweep_error.c_str());
+    ImGui::Checkbox("focused layer only", &req.focused_layer_only);
+    draw_result_status(s, kSweep, "sweep");
 
     // Series from the summary: mean over heads, spread = std over seeds of the head mean.
     struct Series {
@@ -520,9 +511,9 @@ class ErrorView final : public View {
     std::vector<Series> series;
     std::vector<double> all_y;
     std::vector<double> ratios;
-    if (s.sweep) {
+    if (s.sweep()) {
       std::map<std::string, Series> by;
-      for (const EvalSummary& e : s.sweep->summary()) {
+      for (const EvalSummary& e : s.sweep()->summary()) {
         Series& sr = by[e.method];
         sr.method = e.method;
         sr.x.push_back(e.ratio);
@@ -534,7 +525,7 @@ class ErrorView final : public View {
         all_y.push_back(sr.hi.back());
         ratios.push_back(e.ratio);
       }
-      for (const std::string& m : s.sweep_request.methods)
+      for (const std::string& m : s.settings.sweep.methods)
         if (by.count(m)) {
           Series sr = by[m];
           std::vector<size_t> ord(sr.x.size());
@@ -567,18 +558,23 @@ class ErrorView final : public View {
     }
     Axis xa{"keep ratio (log2 axis)", xlo / 1.25, xhi * 1.25, Scale::Log2, true};
     Axis ya{"relative error", ylo, yhi, Scale::Log10};
-    std::string title = s.sweep
-                            ? "error vs keep ratio: mean over heads, band = +-1 std over " +
-                                  std::to_string(s.sweep->spec.seeds) + " seeds"
-                            : (busy ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    const Result& res = s.result(kSweep);
+    std::string title =
+        s.sweep() ? "error vs keep ratio: mean over heads, band = +-1 std over " +
+                        std::to_string(s.sweep()->spec.seeds) + " seeds"
+                  : (res.busy() ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    // Curves computed for other settings stay visible, faded and labelled stale.
+    const bool stale = res.stale();
+    if (stale) title += "  [STALE: earlier settings]";
     Plot plot("##sweepplot", ImVec2(0, 0), title, xa, ya);
     std::vector<Plot::LegendEntry> legend;
     for (const Series& sr : series) {
       ImU32 c = method_colour(method_index(sr.method));
-      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, 0.18f));
+      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
     }
     for (const Series& sr : series) {
       ImU32 c = method_colour(method_index(sr.method));
+      if (stale) c = with_alpha(c, 0.4f);
       plot.line(sr.x, sr.y, c, 2.0f);
       plot.markers(sr.x, sr.y, c, 3.5f);
       legend.push_back({sr.method, c});
@@ -608,22 +604,23 @@ class ErrorView final : public View {
     // Source: the background grid (method A at the current ratio) or any (method, ratio) of
     // the sweep.
     std::vector<std::pair<std::string, double>> options;
-    if (s.sweep)
-      for (const EvalSummary& e : s.sweep->summary()) options.emplace_back(e.method, e.ratio);
+    if (s.sweep())
+      for (const EvalSummary& e : s.sweep()->summary()) options.emplace_back(e.method, e.ratio);
     auto label = [](const std::pair<std::string, double>& o) {
       return o.first + " at " + ratio_label(o.second) + " (sweep)";
     };
     bool from_sweep = false;
     for (const auto& o : options) from_sweep = from_sweep || o == heat_source_;
-    std::string current =
-        from_sweep ? label(heat_source_)
-                   : "A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)";
+    std::string current = from_sweep ? label(heat_source_)
+                                     : "A: " + s.method_name(0) + " at " +
+                                           ratio_label(s.settings.keep_ratio) + " (grid)";
     ImGui::TextUnformatted("error per layer and kv head");
     toolbar_next(px(160));
     ImGui::SetNextItemWidth(-1);
     if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
       if (ImGui::Selectable(
-              ("A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)").c_str(),
+              ("A: " + s.method_name(0) + " at " + ratio_label(s.settings.keep_ratio) + " (grid)")
+                  .c_str(),
               !from_sweep))
         heat_source_ = {};
       for (const auto& o : options)
@@ -631,7 +628,7 @@ class ErrorView final : public View {
       ImGui::EndCombo();
     }
     GridValues gv =
-        from_sweep ? grid_values_from_report(s, *s.sweep, heat_source_.first, heat_source_.second)
+        from_sweep ? grid_values_from_report(s, *s.sweep(), heat_source_.first, heat_source_.second)
                    : grid_values(s, GridMetric::Error);
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
     ImGui::TextWrapped("%s", gv.caption.c_str());
@@ -644,8 +641,8 @@ class ErrorView final : public View {
     std::vector<double> all;
     double xmin = 0, xmax = 1;
     for (int k = 0; k < 2; ++k)
-      if (s.run[k] && (k == 0 || s.ab_enabled)) {
-        per_position(*s.run[k], &xs[k], &ys[k]);
+      if (s.run(k) && (k == 0 || s.settings.ab_enabled)) {
+        per_position(*s.run(k), &xs[k], &ys[k]);
         for (double v : ys[k])
           if (v > 0 && std::isfinite(v)) all.push_back(v);
         if (!xs[k].empty()) {
@@ -660,7 +657,7 @@ class ErrorView final : public View {
     }
     char title[160];
     std::snprintf(title, sizeof title, "error vs query position (L%d H%d, mean over the GQA group)",
-                  s.focus.layer, s.focus.kv_head);
+                  s.settings.focus.layer, s.settings.focus.kv_head);
     Plot plot("##posplot", ImVec2(0, 0), title,
               Axis{"query position j (token index)", xmin - 0.5, xmax + 0.5},
               Axis{"relative error", ylo, yhi, Scale::Log10});
@@ -668,7 +665,7 @@ class ErrorView final : public View {
     for (int k = 0; k < 2; ++k) {
       if (xs[k].empty()) continue;
       plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
-      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name[k], kColSlot[k]});
+      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name(k), kColSlot[k]});
     }
     int q = s.effective_query();
     plot.vline(q, kColQuery, 1.5f);
@@ -682,19 +679,18 @@ class ErrorView final : public View {
         ImGui::Text("query %d \"%s\"", j, s.token_text(j).c_str());
         for (int k = 0; k < 2; ++k)
           if (static_cast<size_t>(i) < ys[k].size())
-            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name[k].c_str(),
+            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name(k).c_str(),
                         ys[k][static_cast<size_t>(i)]);
         ImGui::TextDisabled("click: compare exact and approximate attention for this query");
         ImGui::EndTooltip();
         if (plot.clicked()) {
-          s.selected_query = j;
-          s.request_query_comparison();
+          s.settings.selected_query = j;
         }
       }
     }
-    if (!s.run_error[0].empty())
+    if (!s.run_error(0).empty())
       plot.draw_list()->AddText(ImVec2(plot.inner_min().x + 8, plot.inner_min().y + 8),
-                                IM_COL32(255, 120, 120, 255), s.run_error[0].c_str());
+                                IM_COL32(255, 120, 120, 255), s.run_error(0).c_str());
   }
 
   void draw_query(AppState& s) {
@@ -705,8 +701,7 @@ class ErrorView final : public View {
     int group = s.info()->group_size();
     if (group > 1) {
       ImGui::SetNextItemWidth(px(80));
-      if (ImGui::SliderInt("query head", &s.selected_q_head, 0, group - 1))
-        s.request_query_comparison();
+      ImGui::SliderInt("query head", &s.settings.selected_q_head, 0, group - 1);
       if (ImGui::IsItemHovered()) ImGui::SetTooltip("query head within the GQA group");
     }
     char qtext[160];
@@ -716,14 +711,14 @@ class ErrorView final : public View {
     ImGui::TextDisabled("%s", qtext);
     toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scale"));
     ImGui::Checkbox("log scale", &log_attention_);
-    if (!s.query_cmp) {
-      if (!s.query_cmp_error.empty())
-        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.query_cmp_error.c_str());
+    if (!s.query_cmp()) {
+      if (!s.result(kQuery).error.empty())
+        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.result(kQuery).error.c_str());
       else
         ImGui::TextDisabled("computing...");
       return;
     }
-    const QueryComparison& qc = *s.query_cmp;
+    const QueryComparison& qc = *s.query_cmp();
     ImVec2 avail = ImGui::GetContentRegionAvail();
     float top_h = avail.y * 0.55f;
     {
@@ -803,7 +798,6 @@ class ErrorView final : public View {
   int mode_ = 0;                                // 0 overview, 1 tune two parameters
   std::string tune_method_, tune_rows_, tune_cols_, row_values_, col_values_;
   int tune_seeds_ = 3, tune_scope_ = 0;
-  std::shared_ptr<TuneSlot> tune_ = std::make_shared<TuneSlot>();
 };
 
 }  // namespace

@@ -167,8 +167,9 @@ class WalkView final : public View {
   const char* title() const override { return "Walk"; }
 
   bool ready(const AppState& s) const override {
-    if (!s.capture || !is_walk_method(s.method_name[0])) return true;
-    return (s.run[0] || !s.run_error[0].empty()) && !main_->pending() && !other_->pending();
+    if (!s.capture || !is_walk_method(s.method_name(0))) return true;
+    return (s.run(0) || !s.run_error(0).empty()) && !own(s, kWalkQuery).pending &&
+           !own(s, kWalkCompare).pending;
   }
 
   void draw(AppState& s) override {
@@ -176,44 +177,42 @@ class WalkView final : public View {
       ImGui::TextDisabled("No capture open.");
       return;
     }
-    if (!is_walk_method(s.method_name[0])) {
+    if (!is_walk_method(s.method_name(0))) {
       ImGui::TextWrapped(
           "Walk traces come from the self-balancing walk of balancekv (and balancekv-stream). "
           "Method A is %s.",
-          s.method_name[0].c_str());
+          s.method_name(0).c_str());
       if (ImGui::Button("Use balancekv as method A")) {
-        s.method_name[0] = "balancekv";
-        s.settings_changed();
+        s.settings.method[0].name = "balancekv";
       }
       return;
     }
-    if (!s.run_error[0].empty()) {
-      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s: %s", s.method_name[0].c_str(),
-                         s.run_error[0].c_str());
+    if (!s.run_error(0).empty()) {
+      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s: %s", s.method_name(0).c_str(),
+                         s.run_error(0).c_str());
       return;
     }
-    if (!s.run[0]) {
-      ImGui::TextDisabled("Running %s on layer %d, kv head %d ...", s.method_name[0].c_str(),
-                          s.focus.layer, s.focus.kv_head);
+    if (!s.run(0)) {
+      ImGui::TextDisabled("Running %s on layer %d, kv head %d ...", s.method_name(0).c_str(),
+                          s.settings.focus.layer, s.settings.focus.kv_head);
       return;
     }
-    request_own_traces(s);
+    const OwnTrace main = own(s, kWalkQuery);
     const auto trace = shown_trace(s);
     if (!trace || trace->blocks.empty()) {
-      if (main_->pending()) {
+      if (main.pending) {
         ImGui::TextDisabled("Walking with discrepancy along query %d ...", query_);
         return;
       }
-      const std::string why = !main_->error.empty() ? main_->error
-                              : trace               ? trace->note
-                                                    : std::string();
-      ImGui::TextDisabled("%s returned no walk trace for this head%s%s", s.method_name[0].c_str(),
+      const std::string why = !main.error.empty() ? main.error
+                              : trace             ? trace->note
+                                                  : std::string();
+      ImGui::TextDisabled("%s returned no walk trace for this head%s%s", s.method_name(0).c_str(),
                           why.empty() ? "." : ": ", why.c_str());
       return;
     }
-    if (s.run_generation != last_generation_ || trace.get() != last_trace_) {
-      // A new run (settings, head or seed changed): keep round/block when they still exist.
-      last_generation_ = s.run_generation;
+    if (trace.get() != last_trace_) {
+      // A new run (settings, head, seed or query changed): keep round/block when they still exist.
       last_trace_ = trace.get();
       round_ = std::clamp(round_, 0, std::max(0, trace->rounds - 1));
       clamp_block(*trace);
@@ -261,9 +260,9 @@ class WalkView final : public View {
     nlohmann::json j;
     j["view"] = "walk";
     j["capture"] = s.capture_path;
-    j["layer"] = s.focus.layer;
-    j["kv_head"] = s.focus.kv_head;
-    j["method"] = s.method_name[0];
+    j["layer"] = s.settings.focus.layer;
+    j["kv_head"] = s.settings.focus.kv_head;
+    j["method"] = s.method_name(0);
     j["round"] = b->round;
     j["block"] = b->block;
     j["trace_query"] = shown_trace(s)->trace_query;
@@ -338,68 +337,104 @@ class WalkView final : public View {
     return t ? current_block(*t) : nullptr;
   }
 
+  // This view's own walks of the focused head (another query for the discrepancy, other
+  // parameters for the side by side) are derived results like the app's: keyed by the settings
+  // they depend on, planned here every frame and run by AppState::reconcile().
+  static constexpr const char* kWalkQuery = "walk.query";
+  static constexpr const char* kWalkCompare = "walk.compare";
+
+  struct OwnTrace {
+    std::shared_ptr<const WalkTrace> trace;
+    std::string error;
+    bool pending = false;  // wanted and not (yet) computed for the current settings
+  };
+  static OwnTrace own(const AppState& s, const char* name) {
+    OwnTrace o;
+    const Result& r = s.result(name);
+    if (r.want.empty()) return o;
+    if (r.key != r.want || r.partial) {
+      o.pending = true;
+      return o;
+    }
+    o.trace = r.ptr<WalkTrace>();
+    o.error = r.error;
+    return o;
+  }
+
   // The trace the main plots show: the app's run of method A, or this view's own walk when the
   // user picked another query for the discrepancy.
   std::shared_ptr<const WalkTrace> shown_trace(const AppState& s) const {
-    if (query_ >= 0) return main_->have == main_->wanted ? main_->trace : nullptr;
-    return s.run[0] ? s.run[0]->selection.trace : nullptr;
+    if (query_ >= 0) return own(s, kWalkQuery).trace;
+    return s.run(0) ? s.run(0)->selection.trace : nullptr;
   }
 
-  // Queues this view's own walks (other query, comparison settings) when what they should show
-  // changed; results land in main_ / other_.
-  void request_own_traces(AppState& s) {
-    auto want = [&](const std::shared_ptr<OwnTrace>& slot, const char* key, bool needed,
-                    const ParamValues& overrides) {
-      if (!needed || !s.focus_layer || !s.method(0)) {
-        slot->wanted.clear();
-        return;
-      }
-      MethodSettings ms = s.settings(0);
-      for (const auto& [k, v] : overrides) {
-        bool known = false;
-        for (const ParamSpec& p : ms.method->params()) known = known || p.name == k;
-        if (known) ms.params[k] = v;
-      }
-      const int q = query_;
-      std::string desc = ms.method->name() + "|" + describe_params(*ms.method, ms.params) + "|" +
-                         std::to_string(ms.keep_ratio) + "|" + std::to_string(s.seed) + "|" +
-                         std::to_string(s.focus_generation) + "|" + std::to_string(q);
-      for (const auto& [k, v] : ms.params) desc += "|" + k + "=" + std::to_string(v);
-      if (desc == slot->wanted) return;
-      slot->wanted = desc;
-      std::shared_ptr<const LayerData> layer = s.focus_layer;
-      const int num_layers = s.capture->info().num_layers, kv = s.focus.kv_head;
-      const uint64_t seed = static_cast<uint64_t>(s.seed);
-      Backend* be = s.backend();
-      s.worker.submit(
-          Lane::Geometry, key, std::string("walk ") + (key + 5), [=](JobContext& ctx) -> ApplyFn {
-            std::shared_ptr<const WalkTrace> tr;
-            std::string err;
-            try {
-              const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
-              const EvalWindow w =
-                  EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
-              MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
-              in.want_trace = true;
-              in.trace_query = q;
-              in.cancel = ctx.cancel_flag();
-              in.backend = be;
-              tr = ms.method->select(in).trace;
-              ctx.check_cancel();
-            } catch (const InputError& e) {
-              err = e.what();
-            }
-            return [slot, desc, tr, err](AppState&) {
-              if (slot->wanted != desc) return;
-              slot->have = desc;
-              slot->trace = tr;
-              slot->error = err;
-            };
-          });
+  // Method A's settings with a comparison's parameter overrides (only those the method has).
+  static MethodSettings with_overrides(const AppState& s, const ParamValues& overrides) {
+    MethodSettings ms = s.method_settings(0);
+    if (!ms.method) return ms;
+    for (const auto& [k, v] : overrides) {
+      bool known = false;
+      for (const ParamSpec& p : ms.method->params()) known = known || p.name == k;
+      if (known) ms.params[k] = v;
+    }
+    return ms;
+  }
+
+  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
+    out.emplace_back(kWalkQuery, plan_trace(s, query_ >= 0, {}));
+    out.emplace_back(
+        kWalkCompare,
+        plan_trace(s, compare_ > 0,
+                   comparisons()[static_cast<size_t>(std::max(0, compare_))].overrides));
+  }
+
+  JobPlan plan_trace(const AppState& s, bool needed, const ParamValues& overrides) const {
+    JobPlan p;
+    if (!needed || !s.capture || !is_walk_method(s.method_name(0)) || !s.method(0)) return p;
+    const MethodSettings ms = with_overrides(s, overrides);
+    const Focus f = s.settings.focus;
+    const int q = query_;
+    p.key = "walk|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|L" +
+            std::to_string(f.layer) + "H" + std::to_string(f.kv_head) + "|" + ms.method->name() +
+            nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
+            "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
+            "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
+            "|q=" + std::to_string(q);
+    std::shared_ptr<const LayerData> layer = s.focus_layer();
+    if (!layer) {
+      p.waiting = "loading layer " + std::to_string(f.layer);
+      return p;
+    }
+    if (s.focus_refused()) {
+      p.key.clear();  // the view says why; nothing to compute
+      return p;
+    }
+    const CaptureInfo& ci = *s.info();
+    const EvalWindow w0 = s.window();
+    p.lane = Lane::Geometry;
+    p.label = "walk " + describe_params(*ms.method, ms.params);
+    // Same work as a focused run (which also records the trace): same cost class and units.
+    p.cost_class = "head:" + ms.method->name();
+    p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
+              (static_cast<double>(w0.eval) * ci.group_size() + 64.0);
+    p.auto_limit_s = 20.0;
+    const int num_layers = ci.num_layers, kv = f.kv_head;
+    const uint64_t seed = static_cast<uint64_t>(s.settings.seed);
+    Backend* be = s.backend();
+    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+      const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
+      const EvalWindow w =
+          EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
+      MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
+      in.want_trace = true;
+      in.trace_query = q;
+      in.cancel = ctx.cancel_flag();
+      in.backend = be;
+      std::shared_ptr<const WalkTrace> tr = ms.method->select(in).trace;
+      if (!tr) throw InputError(ms.method->name() + " returned no walk trace");
+      return tr;
     };
-    want(main_, "walk.query", query_ >= 0, {});
-    want(other_, "walk.compare", compare_ > 0,
-         comparisons()[static_cast<size_t>(std::max(0, compare_))].overrides);
+    return p;
   }
 
   void draw_controls(AppState& s, const WalkTrace& t) {
@@ -471,9 +506,9 @@ class WalkView final : public View {
       ImGui::SetTooltip(
           "Side by side: the same block walked with the current settings and with these.");
 
-    std::string info = "L" + std::to_string(s.focus.layer) + " H" +
-                       std::to_string(s.focus.kv_head) + ", " + s.method_name[0] + " (" +
-                       describe_params(*s.method(0), s.settings(0).params) +
+    std::string info = "L" + std::to_string(s.settings.focus.layer) + " H" +
+                       std::to_string(s.settings.focus.kv_head) + ", " + s.method_name(0) + " (" +
+                       describe_params(*s.method(0), s.method_settings(0).params) +
                        "): " + std::to_string(t.rounds) + " round(s), " + std::to_string(blocks) +
                        " block(s) in round " + std::to_string(round_) + ", " + std::to_string(len) +
                        " tokens in this block";
@@ -506,9 +541,9 @@ class WalkView final : public View {
     if (high && has_temp) {
       toolbar_next(button_width("use temp 0.1, block 256"));
       if (ImGui::Button("use temp 0.1, block 256")) {
-        s.params[m->name()]["temp"] = 0.1;
-        s.params[m->name()]["block"] = 256;
-        s.settings_changed();
+        // A settings edit: reconcile() re-runs method A (and everything keyed on its params).
+        s.settings.method[0].params["temp"] = 0.1;
+        s.settings.method[0].params["block"] = 256;
       }
       if (compare_ == 0) {
         toolbar_next(button_width("compare side by side"));
@@ -555,15 +590,14 @@ class WalkView final : public View {
   void draw_side_by_side(AppState& s, const WalkTrace& t, const WalkBlockTrace& b, int cur) {
     const Comparison& c = comparisons()[static_cast<size_t>(compare_)];
     const Method* m = s.method(0);
-    ParamValues other_params = s.settings(0).params;
-    for (const auto& [k, v] : c.overrides) other_params[k] = v;
-    const std::string left_name = describe_params(*m, s.settings(0).params);
-    const std::string right_name = describe_params(*m, other_params);
+    const std::string left_name = describe_params(*m, s.method_settings(0).params);
+    const std::string right_name = describe_params(*m, with_overrides(s, c.overrides).params);
+    const OwnTrace other = own(s, kWalkCompare);
     const WalkBlockTrace* ob = nullptr;
-    if (other_->trace && !other_->pending()) {
-      const auto idx = blocks_of_round_in(*other_->trace, round_);
+    if (other.trace) {
+      const auto idx = blocks_of_round_in(*other.trace, round_);
       if (block_ < static_cast<int>(idx.size()))
-        ob = &other_->trace->blocks[static_cast<size_t>(idx[block_])];
+        ob = &other.trace->blocks[static_cast<size_t>(idx[block_])];
     }
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = ImGui::GetStyle().ItemSpacing.x;
@@ -581,9 +615,9 @@ class WalkView final : public View {
     const int ocur = ob ? std::min(cur, static_cast<int>(ob->sigma.size()) - 1) : 0;
     auto placeholder = [&](const char* id) {
       ImGui::BeginChild(id, ImVec2(w, h), true);
-      if (!other_->error.empty())
-        ImGui::TextWrapped("%s", other_->error.c_str());
-      else if (other_->pending())
+      if (!other.error.empty())
+        ImGui::TextWrapped("%s", other.error.c_str());
+      else if (other.pending)
         ImGui::TextDisabled("walking with %s ...", right_name.c_str());
       else
         ImGui::TextDisabled("no block %d in round %d with %s", block_, round_, right_name.c_str());
@@ -609,7 +643,7 @@ class WalkView final : public View {
                        draw_discrepancy_plot("##cmp_disc_a", t, b, cur, ImVec2(w, h), left_name));
     ImGui::SameLine();
     if (ob)
-      draw_discrepancy_plot("##cmp_disc_b", *other_->trace, *ob, ocur, ImVec2(w, h), right_name,
+      draw_discrepancy_plot("##cmp_disc_b", *other.trace, *ob, ocur, ImVec2(w, h), right_name,
                             false);
     else
       placeholder("##cmp_disc_b");
@@ -844,12 +878,9 @@ class WalkView final : public View {
   bool playing_ = false;
   float speed_ = 20.0f, carry_ = 0;
   bool symlog_ = true;
-  uint64_t last_generation_ = ~0ull;
-  const WalkTrace* last_trace_ = nullptr;
+  const WalkTrace* last_trace_ = nullptr;  // the trace last shown
   int query_ = -1;   // query position of the discrepancy (-1: the last one, the app's run)
   int compare_ = 0;  // index into comparisons(); 0: no side by side
-  std::shared_ptr<OwnTrace> main_ = std::make_shared<OwnTrace>();
-  std::shared_ptr<OwnTrace> other_ = std::make_shared<OwnTrace>();
 };
 
 }  // namespace

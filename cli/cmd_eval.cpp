@@ -205,7 +205,7 @@ void run_grid2_command(const SweepOptions& o, const Method& m) {
     g.fixed[fixed.first] = fixed.second[0];
   }
   auto capture = CaptureFile::open(o.common.path);
-  const EvalSpec spec = base_spec(o.common);
+  const EvalSpec spec = base_spec(o.common, capture->info());
   Backend& backend = select_backend(o.common.backend);
   const Grid2Result res = run_grid2(*capture, spec, g, {}, nullptr, &backend);
   std::printf("method   %s\nseeds    %d\nrows     %s\ncolumns  %s\n", m.name().c_str(), spec.seeds,

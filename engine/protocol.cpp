@@ -350,7 +350,7 @@ HeadRun score_head_run(const LayerData& layer, int kv_head, const EvalWindow& w,
   if (!std::isfinite(run.mean_relative) || !std::isfinite(run.mean_normalized) ||
       !std::isfinite(run.mean_mass))
     throw InputError("layer " + std::to_string(layer.layer) + " kv head " +
-                     std::to_string(kv_head) + ": " + s.method->name() +
+                     std::to_string(kv_head) + ": the method" +
                      " gave a non-finite error (values too large for float arithmetic?); no "
                      "figure reported for this head");
   return run;

@@ -72,7 +72,7 @@ TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
   {
     AppState s;
     AppUi ui(s);
-    s.grid_seeds = 1;
+    s.settings.grid_seeds = 1;
     s.request_open(kSample);
     for (const LayoutCase& c : cases) {
       ImGuiIO& io = ImGui::GetIO();
@@ -93,7 +93,7 @@ TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
         const auto t0 = std::chrono::steady_clock::now();
         if (!state.is_null()) ui.find_view(name)->load_state(state);
         ui.show_view(name);
-        s.active_view = name;
+        s.settings.active_view = name;
         ASSERT_TRUE(draw_until_ready(s, ui, name)) << name << " never became ready";
         // One more frame after readiness, as a user would see it.
         ImGui::NewFrame();
@@ -249,7 +249,7 @@ TEST(SvgFigure, AppRequestIsWrittenFromALaterFrame) {
     AppUi ui(s);
     s.request_open(kSample);
     ui.show_view("teaching");
-    s.active_view = "teaching";
+    s.settings.active_view = "teaching";
     ASSERT_TRUE(draw_until_ready(s, ui, "teaching"));
     ui.request_svg(out.string(), "teaching");
     bool saw_aa_off = false;
