@@ -2,8 +2,10 @@
 
 #include <imgui.h>
 
+#include <algorithm>
 #include <cstdio>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 
 namespace kvscope::app {
@@ -25,8 +27,9 @@ bool draw_result_status(AppState& s, const std::string& name, const char* what) 
     s.ui_items["cancel:" + name] = {ImGui::GetItemRectMin().x, ImGui::GetItemRectMin().y,
                                     ImGui::GetItemRectMax().x, ImGui::GetItemRectMax().y};
     ImGui::SameLine();
-    ImGui::ProgressBar(total > 0 ? static_cast<float>(done) / static_cast<float>(total) : 0.0f,
-                       ImVec2(260, 0), ov);
+    ImGui::ProgressBar(
+        total > 0 ? static_cast<float>(done) / static_cast<float>(total) : 0.0f,
+        ImVec2(std::max(1.0f, std::min(px(260), ImGui::GetContentRegionAvail().x)), 0), ov);
   } else if (!r.held.empty() && r.held == r.want) {
     // The button first: the line may be wider than the panel.
     if (ImGui::SmallButton("Run")) s.run_now(name);

@@ -195,7 +195,8 @@ class ErrorView final : public View {
               {"scope", tune_scope_}}}};
   }
   void load_state(const nlohmann::json& j) override {
-    if (!j.is_object()) return;
+    // Not an object: the app skips this entry and says so (AppUi::load_session).
+    if (!j.is_object()) throw InputError("expected an object of the Error view's choices");
     log_attention_ = j.value("log_attention", log_attention_);
     heat_source_ = {j.value("heatmap_method", std::string()), j.value("heatmap_ratio", 0.0)};
     mode_ = j.value("mode", std::string()) == "tune" ? 1 : 0;
@@ -296,9 +297,9 @@ class ErrorView final : public View {
         "%s at keep ratio %s, %s (%zu head%s), %d seeds: mean relative error and its spread "
         "(std over seeds). Outlined white: best cell; dashed yellow: the defaults (%s=%g, "
         "%s=%g).",
-        g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tr->scope],
-        g.heads.size(), g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(),
-        g.default_row_value, g.cols.name.c_str(), g.default_col_value);
+        g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tr->scope], g.heads.size(),
+        g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(), g.default_row_value,
+        g.cols.name.c_str(), g.default_col_value);
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = ImGui::GetStyle().ItemSpacing.x * 2;
     const float w = std::max(px(200), (avail.x - gap) / 2);
@@ -360,7 +361,7 @@ class ErrorView final : public View {
     if (scope == 0) spec.heads = {f.kv_head};
     p.lane = Lane::Analysis;
     p.label = "tuning grid";
-    const double heads = scope == 0 ? 1.0
+    const double heads = scope == 0   ? 1.0
                          : scope == 1 ? ci.kv_heads
                                       : static_cast<double>(ci.kv_heads) * ci.num_layers;
     const EvalWindow w = s.window();

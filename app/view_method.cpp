@@ -156,9 +156,9 @@ void run_summary(AppState& s, int slot) {
                        r.selection.separate ? " [separate num/den sets]" : "", r.mean_mass);
     ImGui::TextDisabled("ran in %.1f ms on the focused head", res.seconds * 1000.0);
     if (r.selection.saturation >= 0)
-      ImGui::Text("walk saturation %.0f%% of steps (p clipped to 0 or 1)%s",
-                  100.0 * r.selection.saturation,
-                  r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)" : "");
+      ImGui::TextWrapped(
+          "walk saturation %.0f%% of steps (p clipped to 0 or 1)%s", 100.0 * r.selection.saturation,
+          r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)" : "");
     if (!r.selection.note.empty()) ImGui::TextWrapped("note: %s", r.selection.note.c_str());
     if (r.selection.trace && !r.selection.trace->note.empty())
       ImGui::TextWrapped("trace: %s", r.selection.trace->note.c_str());
@@ -216,7 +216,7 @@ class MethodView final : public View {
       if (ImGui::Button(label.c_str(), ImVec2(px(48), 0))) st.keep_ratio = r;
       if (on) ImGui::PopStyleColor();
     }
-    ImGui::SetNextItemWidth(120);
+    ImGui::SetNextItemWidth(px(120));
     if (ImGui::InputInt("seed", &st.seed)) st.seed = std::max(0, st.seed);
     help_marker(
         "Seed of every random draw (Philox counters): the same seed gives the same "
@@ -266,15 +266,15 @@ class MethodView final : public View {
       EvalWindow def = fit_window(std::max(1, n), st.keep_ratio, -1, -1);
       if (ImGui::Checkbox("override sinks s", &so)) st.sink_override = so ? def.sink : -1;
       if (so) {
-        ImGui::SameLine();
-        ImGui::SetNextItemWidth(100);
+        toolbar_next(px(100));
+        ImGui::SetNextItemWidth(px(100));
         if (ImGui::InputInt("##sink", &st.sink_override))
           st.sink_override = std::clamp(st.sink_override, 0, std::max(0, n / 2));
       }
       if (ImGui::Checkbox("override eval window E", &eo)) st.eval_override = eo ? def.eval : -1;
       if (eo) {
-        ImGui::SameLine();
-        ImGui::SetNextItemWidth(100);
+        toolbar_next(px(100));
+        ImGui::SetNextItemWidth(px(100));
         if (ImGui::InputInt("##eval", &st.eval_override))
           st.eval_override = std::clamp(st.eval_override, 1, std::max(1, n / 2));
       }
@@ -294,8 +294,8 @@ class MethodView final : public View {
       if (ImGui::Checkbox("grid seeds by capture size", &auto_seeds))
         st.grid_seeds = auto_seeds ? 0 : s.grid_seeds();
       if (!auto_seeds) {
-        ImGui::SameLine();
-        ImGui::SetNextItemWidth(120);
+        toolbar_next(labelled_width(px(120), "grid seeds"));
+        ImGui::SetNextItemWidth(px(120));
         ImGui::SliderInt("grid seeds", &st.grid_seeds, 1, 10);
       } else {
         ImGui::SameLine();
@@ -312,7 +312,7 @@ class MethodView final : public View {
       int cur = 0;
       for (int i = 0; i < 3; ++i)
         if (st.backend == choices[i]) cur = i;
-      ImGui::SetNextItemWidth(120);
+      ImGui::SetNextItemWidth(px(120));
       if (ImGui::Combo("backend", &cur, choices, 3)) st.backend = choices[cur];
       ImGui::Text("active: %s", s.backend_active.c_str());
       ImGui::TextWrapped("%s", s.backend_note.c_str());
