@@ -1,7 +1,9 @@
 #include "app/app_frame.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +11,7 @@
 #include "app/colormap.h"
 #include "app/export.h"
 #include "app/new_capture_dialog.h"
+#include "app/result_status.h"
 #include "app/view.h"
 #include "engine/error.h"
 
@@ -17,7 +20,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr float kLeftPanelWidth = 470.0f;
+constexpr float kLeftPanelWidth = 470.0f;  // default at scale 1 on a wide window
+constexpr float kSplitterWidth = 6.0f;
+
+// GLFW key codes of F8, F9 and F10 (ImGui 1.86's GLFW backend indexes KeysDown by GLFW key code).
+constexpr int GLFW_KEY_F8_CODE = 297;
+constexpr int GLFW_KEY_F9_CODE = 298;
+constexpr int GLFW_KEY_F10_CODE = 299;
+
+float g_ui_scale = 1.0f;
+float g_figure_top = -1.0f;  // set by mark_figure_top() while a view draws
 
 // A clear empty panel for a view whose source file has not been written yet.
 class PendingView final : public View {
@@ -77,11 +89,14 @@ std::vector<std::unique_ptr<View>> make_views() {
   return v;
 }
 
-void setup_style_and_fonts(float font_px) {
+void setup_style_and_fonts(float ui_scale) {
+  ui_scale = std::clamp(ui_scale, kMinUiScale, kMaxUiScale);
+  g_ui_scale = ui_scale;
   ImGuiIO& io = ImGui::GetIO();
   io.IniFilename = nullptr;  // layout is fixed; sessions hold what persists
-  ImGui::StyleColorsDark();
   ImGuiStyle& st = ImGui::GetStyle();
+  st = ImGuiStyle();  // from the defaults, so repeated rescaling does not compound
+  ImGui::StyleColorsDark();
   st.WindowRounding = 0;
   st.FrameRounding = 3;
   st.TabRounding = 3;
@@ -90,6 +105,8 @@ void setup_style_and_fonts(float font_px) {
   st.ItemSpacing = ImVec2(8, 5);
   st.Colors[ImGuiCol_WindowBg] = ImVec4(0.09f, 0.10f, 0.11f, 1.0f);
   st.Colors[ImGuiCol_ChildBg] = ImVec4(0.11f, 0.12f, 0.13f, 1.0f);
+  st.ScaleAllSizes(ui_scale);
+  io.Fonts->Clear();
   const char* candidates[] = {
 #ifdef KVSCOPE_SOURCE_DIR
       KVSCOPE_SOURCE_DIR "/assets/DejaVuSans.ttf",
@@ -100,19 +117,98 @@ void setup_style_and_fonts(float font_px) {
     if (fs::exists(path, ec)) {
       ImFontConfig cfg;
       cfg.OversampleH = 2;
-      if (io.Fonts->AddFontFromFileTTF(path, font_px, &cfg, io.Fonts->GetGlyphRangesDefault()))
+      if (io.Fonts->AddFontFromFileTTF(path, std::round(kBaseFontPx * ui_scale), &cfg,
+                                       io.Fonts->GetGlyphRangesDefault())) {
+        io.Fonts->Build();
         return;
+      }
     }
   }
-  io.Fonts->AddFontDefault();  // ImGui's built-in ProggyClean
+  ImFontConfig cfg;
+  cfg.SizePixels = std::round(13.0f * ui_scale);
+  io.Fonts->AddFontDefault(&cfg);  // ImGui's built-in ProggyClean
+  io.Fonts->Build();
+}
+
+float px(float at_scale_1) {
+  return at_scale_1 * g_ui_scale;
+}
+
+void toolbar_next(float item_width) {
+  const ImGuiStyle& st = ImGui::GetStyle();
+  const float last_x2 = ImGui::GetItemRectMax().x;
+  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+  if (last_x2 + st.ItemSpacing.x + item_width <= right) ImGui::SameLine();
+}
+
+float button_width(const char* label) {
+  return ImGui::CalcTextSize(label, nullptr, true).x + ImGui::GetStyle().FramePadding.x * 2;
+}
+
+float labelled_width(float w, const char* label) {
+  const float text = ImGui::CalcTextSize(label, nullptr, true).x;
+  return w + (text > 0 ? ImGui::GetStyle().ItemInnerSpacing.x + text : 0);
+}
+
+float fit_width(float at_scale_1, const char* label) {
+  const float room = ImGui::GetContentRegionAvail().x - labelled_width(0, label) - px(4);
+  return std::max(px(60), std::min(px(at_scale_1), room));
+}
+
+void mark_figure_top() {
+  g_figure_top = ImGui::GetCursorScreenPos().y;
+}
+
+namespace {
+fs::path prefs_file() {
+  if (const char* d = std::getenv("KVSCOPE_CONFIG_DIR"); d && *d) return fs::path(d) / "ui.json";
+  if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x)
+    return fs::path(x) / "kvscope" / "ui.json";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return fs::path(h) / ".config" / "kvscope" / "ui.json";
+  return {};
+}
+}  // namespace
+
+float load_ui_scale_pref() {
+  const fs::path p = prefs_file();
+  if (p.empty()) return 1.0f;
+  std::ifstream f(p);
+  if (!f) return 1.0f;
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    return std::clamp(j.value("ui_scale", 1.0f), kMinUiScale, kMaxUiScale);
+  } catch (const std::exception&) {
+    return 1.0f;  // a damaged preferences file only loses the preference
+  }
+}
+
+void save_ui_scale_pref(float scale) {
+  const fs::path p = prefs_file();
+  if (p.empty()) return;
+  std::error_code ec;
+  fs::create_directories(p.parent_path(), ec);
+  nlohmann::json j;
+  {
+    std::ifstream in(p);
+    if (in) try {
+        j = nlohmann::json::parse(in);
+      } catch (const std::exception&) {
+        j = nlohmann::json::object();
+      }
+  }
+  if (!j.is_object()) j = nlohmann::json::object();
+  j["ui_scale"] = scale;
+  std::ofstream out(p);
+  if (out) out << j.dump(2) << "\n";
 }
 
 AppUi::AppUi(AppState& s) : s_(s), views_(make_views()) {
   rects_.resize(views_.size());
+  areas_.resize(views_.size());
   drawn_frames_.assign(views_.size(), 0);
-  shown_[0] = "capture";
-  shown_[1] = "tokens";
-  show_view(s.active_view);
+  for (const std::string& v : s.settings.panel_view) show_view(v);
+  show_view(s.settings.active_view);
 }
 
 View* AppUi::find_view(const std::string& name) const {
@@ -122,8 +218,9 @@ View* AppUi::find_view(const std::string& name) const {
 }
 
 void AppUi::show_view(const std::string& name) {
-  if (!find_view(name)) return;
-  requested_view_ = name;
+  View* v = find_view(name);
+  if (!v) return;
+  requested_[v->panel() == Panel::Left ? 0 : 1] = name;
 }
 
 ScreenRect AppUi::view_rect(const std::string& name) const {
@@ -144,10 +241,77 @@ bool AppUi::ready_for_screenshot(const std::string& view_name) {
   return idle_frames_ >= 4 && drawn_frames_[i] >= 4 && v->ready(s_);
 }
 
+ScreenRect AppUi::view_area(const std::string& name) const {
+  for (size_t i = 0; i < views_.size(); ++i)
+    if (name == views_[i]->name()) return areas_[i];
+  return {};
+}
+
 std::vector<AppUi::PngRequest> AppUi::take_png_requests() {
-  std::vector<PngRequest> out;
-  out.swap(png_requests_);
+  std::vector<PngRequest> out, later;
+  for (PngRequest& r : png_requests_) {
+    if (r.wait_frames-- > 0) {
+      later.push_back(r);
+      continue;
+    }
+    // The rectangle as the view is drawn now (the dialog that asked has gone).
+    out.push_back(r);
+  }
+  png_requests_.swap(later);
   return out;
+}
+
+void AppUi::set_ui_scale(float scale) {
+  scale = std::clamp(std::round(scale * 4.0f) / 4.0f, kMinUiScale, kMaxUiScale);
+  if (scale == ui_scale_) return;
+  if (left_w_ > 0) left_w_ *= scale / ui_scale_;
+  ui_scale_ = scale;
+  font_rebuild_ = true;
+}
+
+bool AppUi::take_font_rebuild() {
+  const bool r = font_rebuild_;
+  font_rebuild_ = false;
+  return r;
+}
+
+void AppUi::request_svg(const std::string& path, const std::string& view_name) {
+  svg_requests_.push_back({path, view_name, 2});
+}
+
+void AppUi::before_frame() {
+  svg_frame_ = false;
+  for (const SvgRequest& r : svg_requests_)
+    if (r.wait_frames <= 0) svg_frame_ = true;
+  if (!svg_frame_) return;
+  ImGuiStyle& st = ImGui::GetStyle();
+  saved_aa_lines_ = st.AntiAliasedLines;
+  saved_aa_fill_ = st.AntiAliasedFill;
+  st.AntiAliasedLines = st.AntiAliasedFill = false;
+}
+
+void AppUi::after_render(const ImDrawData* dd) {
+  std::vector<SvgRequest> later;
+  for (SvgRequest& r : svg_requests_) {
+    if (!svg_frame_ || r.wait_frames > 0) {
+      --r.wait_frames;
+      later.push_back(r);
+      continue;
+    }
+    try {
+      write_svg(r.path, dd, view_rect(r.view), IM_COL32(28, 31, 33, 255));
+      s_.status_message = "wrote " + r.path;
+    } catch (const std::exception& e) {
+      s_.status_message = e.what();
+    }
+  }
+  svg_requests_.swap(later);
+  if (svg_frame_) {
+    ImGuiStyle& st = ImGui::GetStyle();
+    st.AntiAliasedLines = saved_aa_lines_;
+    st.AntiAliasedFill = saved_aa_fill_;
+    svg_frame_ = false;
+  }
 }
 
 void AppUi::save_session(const std::string& path) const {
@@ -158,7 +322,6 @@ void AppUi::save_session(const std::string& path) const {
     if (!st.is_null()) vs[v->name()] = st;
   }
   j["views"] = vs;
-  j["panels"] = {shown_[0], shown_[1]};
   std::ofstream f(path);
   if (!f) throw InputError(path + ": cannot open for writing");
   f << j.dump(2) << "\n";
@@ -174,29 +337,99 @@ void AppUi::load_session(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": not valid JSON: " + e.what());
   }
+  // Validate the whole session first: nothing changes when any field is wrong.
   try {
-    s_.apply_session(j);
+    s_.parse_session(j, nullptr);
+    auto known_view = [&](const nlohmann::json& v) {
+      return v.is_string() && find_view(v.get<std::string>()) != nullptr;
+    };
+    if (j.contains("active_view") && !known_view(j["active_view"]))
+      throw InputError("session field \"active_view\": " + j["active_view"].dump() +
+                       " is not a view of this build");
+    if (j.contains("panels"))
+      for (const auto& p : j["panels"])
+        if (!known_view(p))
+          throw InputError("session field \"panels\": " + p.dump() +
+                           " is not a view of this build");
   } catch (const InputError& e) {
     throw InputError(path + ": " + e.what());
   }
-  if (j.contains("views") && j["views"].is_object())
-    for (const auto& v : views_)
-      if (j["views"].contains(v->name())) v->load_state(j["views"][v->name()]);
-  if (j.contains("panels") && j["panels"].is_array())
-    for (const auto& p : j["panels"])
-      if (p.is_string()) show_view(p.get<std::string>());
-  show_view(s_.active_view);
+  s_.apply_session(j);
+  // Views' own choices: an entry a view cannot read is skipped (and said), the rest applies.
+  if (j.contains("views")) {
+    if (!j["views"].is_object()) {
+      s_.notes.push_back("session field \"views\": not an object, view choices left as they were");
+    } else {
+      for (const auto& v : views_) {
+        if (!j["views"].contains(v->name())) continue;
+        const nlohmann::json before = v->save_state();
+        try {
+          v->load_state(j["views"][v->name()]);
+        } catch (const std::exception& e) {
+          if (!before.is_null()) v->load_state(before);
+          s_.notes.push_back("session field \"views." + std::string(v->name()) + "\": ignored (" +
+                             e.what() + ")");
+        }
+      }
+    }
+  }
+  for (const std::string& p : s_.settings.panel_view) show_view(p);
+  show_view(s_.settings.active_view);
+}
+
+void AppUi::export_all_json(const std::string& dir) const {
+  fs::create_directories(dir);
+  for (const auto& v : views_) {
+    nlohmann::json j = v->export_json(s_);
+    std::ofstream f(fs::path(dir) / (std::string(v->name()) + ".json"));
+    f << j.dump(2) << "\n";
+  }
+  nlohmann::json st;
+  st["session"] = s_.to_session();
+  st["capture_path"] = s_.capture_path;
+  st["load_error"] = s_.load_error;
+  st["notes"] = s_.notes;
+  st["loading"] = !s_.loading_path.empty();
+  st["dialog_open"] = browser_.is_open() || save_dialog_open_;
+  nlohmann::json rs = nlohmann::json::object();
+  for (const auto& [name, r] : s_.results)
+    rs[name] = {{"wanted", !r.want.empty()},
+                {"fresh", r.fresh()},
+                {"stale", r.stale()},
+                {"has_value", r.has_value()},
+                {"running", r.busy()},
+                {"held_for_run", !r.held.empty()},
+                {"cancelled", !r.cancelled.empty()},
+                {"error", r.error},
+                {"waiting", r.waiting},
+                {"estimate_s", r.estimate_s},
+                {"seconds", r.seconds}};
+  st["results"] = rs;
+  st["seconds_per_unit"] = s_.costs.measured_table();
+  nlohmann::json items = nlohmann::json::object();
+  for (const auto& [name, rect] : s_.ui_items) items[name] = rect;
+  st["ui_items"] = items;
+  std::ofstream f(fs::path(dir) / "state.json");
+  f << st.dump(2) << "\n";
 }
 
 void AppUi::draw() {
+  // One state model: finished jobs are applied, then every result's key is compared with the
+  // settings (the views' own plans included) before anything is drawn.
+  std::vector<NamedPlan> plans;
+  for (const auto& v : views_)  // a view's own results are wanted while it is shown
+    if (v->name() == s_.settings.panel_view[0] || v->name() == s_.settings.panel_view[1])
+      v->plan(s_, plans);
+  s_.reconcile(plans);
   s_.hovered_token = -1;
+  s_.ui_items.clear();  // only what this frame draws
   const ImGuiViewport* vp = ImGui::GetMainViewport();
   ImGui::SetNextWindowPos(vp->Pos);
   ImGui::SetNextWindowSize(vp->Size);
   ImGuiWindowFlags flags = ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
                            ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_MenuBar |
                            ImGuiWindowFlags_NoSavedSettings;
-  ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(6, 6));
+  ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(px(6), px(6)));
   ImGui::Begin("KVScope", nullptr, flags);
   ImGui::PopStyleVar();
   draw_menu();
@@ -212,15 +445,60 @@ void AppUi::draw() {
     ImGui::EndChild();
     ImGui::PopStyleColor();
   }
+  // Settings adjusted to fit the capture (or skipped session entries) are said once.
+  if (!s_.notes.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_ChildBg, ImVec4(0.30f, 0.24f, 0.06f, 1.0f));
+    float h = ImGui::GetTextLineHeightWithSpacing() * (std::min<size_t>(s_.notes.size(), 4) + 1);
+    ImGui::BeginChild("##notes", ImVec2(0, h), true);
+    for (const std::string& n : s_.notes) ImGui::TextWrapped("note: %s", n.c_str());
+    if (ImGui::SmallButton("Dismiss notes")) s_.notes.clear();
+    ImGui::EndChild();
+    ImGui::PopStyleColor();
+  }
 
-  const float status_h = ImGui::GetFrameHeightWithSpacing() + 6;
+  const float status_h = ImGui::GetFrameHeightWithSpacing() + px(6);
   ImVec2 avail = ImGui::GetContentRegionAvail();
-  draw_panel(Panel::Left, "##left", ImVec2(kLeftPanelWidth, avail.y - status_h));
-  ImGui::SameLine();
-  draw_panel(Panel::Main, "##main", ImVec2(0, avail.y - status_h));
+  // The left panel: the user's splitter position, else a share of the window that leaves the
+  // main panel room on small windows; always at least 240 px and leaves the main panel 320 px.
+  const float min_left = px(240), min_main = px(320);
+  float left = left_w_ > 0 ? left_w_ : std::clamp(avail.x * 0.33f, px(300), px(kLeftPanelWidth));
+  left = std::max(std::min(left, avail.x - min_main - px(kSplitterWidth)), min_left);
+  const float panel_h = std::max(px(100), avail.y - status_h);
+  draw_panel(Panel::Left, "##left", ImVec2(left, panel_h));
+  ImGui::SameLine(0, 0);
+  draw_splitter(panel_h);
+  ImGui::SameLine(0, 0);
+  draw_panel(Panel::Main, "##main", ImVec2(0, panel_h));
   draw_status_bar();
   draw_dialogs();
   ImGui::End();
+  if (export_json_pending_) {
+    export_json_pending_ = false;
+    try {
+      export_all_json(export_dir);
+      s_.status_message = "exported JSON to " + export_dir;
+    } catch (const std::exception& e) {
+      s_.status_message = e.what();
+    }
+  }
+}
+
+void AppUi::draw_splitter(float height) {
+  ImGui::InvisibleButton("##splitter", ImVec2(px(kSplitterWidth), height));
+  const bool active = ImGui::IsItemActive(), hovered = ImGui::IsItemHovered();
+  if (active || hovered) ImGui::SetMouseCursor(ImGuiMouseCursor_ResizeEW);
+  const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+  const float cx = (a.x + b.x) * 0.5f;
+  ImGui::GetWindowDrawList()->AddLine(ImVec2(cx, a.y + 2), ImVec2(cx, b.y - 2),
+                                      ImGui::GetColorU32(active    ? ImGuiCol_SeparatorActive
+                                                         : hovered ? ImGuiCol_SeparatorHovered
+                                                                   : ImGuiCol_Separator),
+                                      active || hovered ? 3.0f : 1.0f);
+  if (active) {
+    const float left_now = a.x - ImGui::GetWindowPos().x - ImGui::GetStyle().WindowPadding.x;
+    left_w_ = std::max(px(240), left_now + ImGui::GetIO().MouseDelta.x);
+  }
+  if (hovered && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) left_w_ = 0;  // default
 }
 
 void AppUi::draw_menu() {
@@ -233,25 +511,59 @@ void AppUi::draw_menu() {
   const bool key_save = ctrl && ImGui::IsKeyPressed('S', false);
   const bool key_export = ctrl && ImGui::IsKeyPressed('E', false);
   bool open_capture = key_open, save_session = key_save, export_png = key_export;
-  if (ImGui::BeginMenu("File")) {
+  // Presentation mode: Ctrl + / Ctrl - / Ctrl 0 (GLFW codes: '=' 61, '-' 45, keypad 334 / 333).
+  if (ctrl && (ImGui::IsKeyPressed('=', false) || ImGui::IsKeyPressed(334, false)))
+    set_ui_scale(ui_scale_ + 0.25f);
+  if (ctrl && (ImGui::IsKeyPressed('-', false) || ImGui::IsKeyPressed(333, false)))
+    set_ui_scale(ui_scale_ - 0.25f);
+  if (ctrl && ImGui::IsKeyPressed('0', false)) set_ui_scale(1.0f);
+  if (!export_dir.empty()) {  // function keys type nothing: they work while a field is active
+    // Written at the end of the frame, so widget rectangles are this frame's.
+    // F8 does the same as F9, so a script can alternate keys (two quick taps of one key can
+    // reach GLFW as an auto-repeat on a loaded X server).
+    if (ImGui::IsKeyPressed(GLFW_KEY_F9_CODE, false) ||
+        ImGui::IsKeyPressed(GLFW_KEY_F8_CODE, false))
+      export_json_pending_ = true;
+    if (ImGui::IsKeyPressed(GLFW_KEY_F10_CODE, false)) {
+      View* v = find_view(s_.settings.active_view);
+      png_requests_.push_back({(fs::path(export_dir) / (s_.settings.active_view + ".png")).string(),
+                               v ? view_rect(v->name()) : ScreenRect{}, 0, 1.0f,
+                               v ? v->name() : ""});
+    }
+  }
+  const bool file_menu = ImGui::BeginMenu("File");
+  record_item(s_, "menu:File");
+  if (file_menu) {
     open_capture |= ImGui::MenuItem("Open capture...", "Ctrl+O");
     if (ImGui::MenuItem("New capture...")) open_new_capture_dialog();
-    if (ImGui::MenuItem("Open session...")) {
+    const bool open_session = ImGui::MenuItem("Open session...");
+    record_item(s_, "menu:Open session");
+    if (open_session) {
       browser_.open("Open session", "", {".json"}, [this](const std::string& p) {
         try {
           load_session(p);
           s_.status_message = "session loaded from " + p;
         } catch (const std::exception& e) {
-          s_.load_error = e.what();
+          s_.load_error = e.what();  // names the field; nothing of the session was applied
         }
       });
     }
     save_session |= ImGui::MenuItem("Save session...", "Ctrl+S");
     ImGui::Separator();
     export_png |= ImGui::MenuItem("Export view as PNG...", "Ctrl+E");
+    if (ImGui::MenuItem("Export view as PNG at 2x...")) {
+      path_action_ = PathAction::ExportPng2x;
+      path_buf_ = "kvscope_" + s_.settings.active_view + "@2x.png";
+      open_path_popup_ = true;
+    }
+    if (ImGui::MenuItem("Export view as SVG (vector figure)...")) {
+      path_action_ = PathAction::ExportSvg;
+      path_buf_ = "kvscope_" + s_.settings.active_view + ".svg";
+      open_path_popup_ = true;
+    }
     if (ImGui::MenuItem("Export view numbers (CSV/JSON)...")) {
       path_action_ = PathAction::ExportData;
-      path_buf_ = "kvscope_" + s_.active_view + ".csv";
+      path_buf_ = "kvscope_" + s_.settings.active_view + ".csv";
       open_path_popup_ = true;
     }
     if (on_quit) {
@@ -273,12 +585,25 @@ void AppUi::draw_menu() {
   }
   if (export_png) {
     path_action_ = PathAction::ExportPng;
-    path_buf_ = "kvscope_" + s_.active_view + ".png";
+    path_buf_ = "kvscope_" + s_.settings.active_view + ".png";
     open_path_popup_ = true;
   }
   if (ImGui::BeginMenu("View")) {
     for (const auto& v : views_)
-      if (ImGui::MenuItem(v->title(), nullptr, s_.active_view == v->name())) show_view(v->name());
+      if (ImGui::MenuItem(v->title(), nullptr, s_.settings.active_view == v->name())) {
+        show_view(v->name());
+        s_.settings.active_view = v->name();
+      }
+    ImGui::Separator();
+    char scale_text[48];
+    std::snprintf(scale_text, sizeof scale_text, "UI scale: %.2fx", ui_scale_);
+    ImGui::TextDisabled("%s", scale_text);
+    if (ImGui::MenuItem("Larger (presentation)", "Ctrl +", false, ui_scale_ < kMaxUiScale))
+      set_ui_scale(ui_scale_ + 0.25f);
+    if (ImGui::MenuItem("Smaller", "Ctrl -", false, ui_scale_ > kMinUiScale))
+      set_ui_scale(ui_scale_ - 0.25f);
+    if (ImGui::MenuItem("Reset scale", "Ctrl 0")) set_ui_scale(1.0f);
+    if (ImGui::MenuItem("Reset panel split")) left_w_ = 0;
     ImGui::EndMenu();
   }
   if (ImGui::BeginMenu("Help")) {
@@ -297,38 +622,43 @@ void AppUi::draw_menu() {
     right = "opening " + fs::path(s_.loading_path).filename().string() + "...";
   if (!right.empty()) {
     float w = ImGui::CalcTextSize(right.c_str()).x;
-    ImGui::SameLine(ImGui::GetWindowWidth() - w - 20);
-    ImGui::TextDisabled("%s", right.c_str());
+    const float at = ImGui::GetWindowWidth() - w - px(20);
+    if (at > ImGui::GetCursorPosX() + px(10)) {  // on small windows the menus keep the room
+      ImGui::SameLine(at);
+      ImGui::TextDisabled("%s", right.c_str());
+    }
   }
   ImGui::EndMenuBar();
 }
 
 void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
   ImGui::BeginChild(id, size, true);
-  const int pi = panel == Panel::Left ? 0 : 1;
+  const size_t pi = panel == Panel::Left ? 0 : 1;
   if (ImGui::BeginTabBar(id)) {
     for (size_t i = 0; i < views_.size(); ++i) {
       View& v = *views_[i];
       if (v.panel() != panel) continue;
-      ImGuiTabItemFlags tf = requested_view_ == v.name() ? ImGuiTabItemFlags_SetSelected : 0;
-      if (ImGui::BeginTabItem(v.title(), nullptr, tf)) {
-        if (shown_[pi] != v.name()) {
-          shown_[pi] = v.name();
-          s_.active_view = v.name();  // a tab the user picked is the active (exported) view
-        }
-        if (!requested_view_.empty() && requested_view_ == v.name()) {
-          s_.active_view = v.name();
-          requested_view_.clear();
-        }
-        ImVec2 p0 = ImGui::GetCursorScreenPos();
-        ImVec2 av = ImGui::GetContentRegionAvail();
-        // The rectangle covers the panel (tab bar included) so exported PNGs read on their own.
-        ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
-        rects_[i] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
-        (void)p0;
-        (void)av;
+      ImGuiTabItemFlags tf = requested_[pi] == v.name() ? ImGuiTabItemFlags_SetSelected : 0;
+      const bool open = ImGui::BeginTabItem(v.title(), nullptr, tf);
+      record_item(s_, std::string("tab:") + v.name());
+      if (open) {
+        std::string& shown = s_.settings.panel_view[pi];
+        if (requested_[pi] == v.name()) {
+          requested_[pi].clear();  // shown by show_view: settings.active_view is already set
+          shown = v.name();
+        } else if (requested_[pi].empty()) {
+          // A tab the user picked is the active (exported) view.
+          if (shown != v.name()) s_.settings.active_view = v.name();
+          shown = v.name();
+        }  // else: another tab is being brought up; the settings already name it
         ImGui::BeginChild("##view", ImVec2(0, 0), false);
+        // Exports cover the view's own area (no tab bar); from its figure top when it has one.
+        const ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
+        g_figure_top = -1;
         v.draw(s_);
+        areas_[i] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
+        rects_[i] = areas_[i];
+        if (g_figure_top > wp.y && g_figure_top < wp.y + ws.y) rects_[i].y0 = g_figure_top;
         ImGui::EndChild();
         ++drawn_frames_[i];
         ImGui::EndTabItem();
@@ -344,9 +674,9 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
 void AppUi::draw_status_bar() {
   ImGui::Separator();
   if (const CaptureInfo* ci = s_.info()) {
-    ImGui::Text("%s | L%d H%d | resident %s | backend %s", ci->model.c_str(), s_.focus.layer,
-                s_.focus.kv_head, human_bytes(s_.capture->resident_bytes()).c_str(),
-                s_.backend_active.c_str());
+    ImGui::Text("%s | L%d H%d | resident %s | backend %s", ci->model.c_str(),
+                s_.settings.focus.layer, s_.settings.focus.kv_head,
+                human_bytes(s_.capture->resident_bytes()).c_str(), s_.backend_active.c_str());
   } else {
     ImGui::TextDisabled("no capture open (File > Open capture, or drop a file on the window)");
   }
@@ -365,7 +695,12 @@ void AppUi::draw_status_bar() {
     ImGui::ProgressBar(j.total > 0 ? frac : 0.0f, ImVec2(220, 0), overlay);
     ImGui::SameLine();
     ImGui::PushID(j.key.c_str());
-    if (ImGui::SmallButton("cancel")) s_.worker.cancel(j.key);
+    if (ImGui::SmallButton("cancel")) {
+      if (s_.results.count(j.key))
+        s_.cancel_job(j.key);  // stays cancelled until Run
+      else
+        s_.worker.cancel(j.key);
+    }
     ImGui::PopID();
   }
   int queued = 0;
@@ -381,28 +716,50 @@ void AppUi::draw_status_bar() {
 }
 
 void AppUi::draw_dialogs() {
-  browser_.draw();
+  browser_.draw(&s_.ui_items);
   draw_new_capture_dialog(s_);
   if (open_path_popup_) {
     ImGui::OpenPopup("Save as");
     open_path_popup_ = false;
+    focus_path_field_ = true;
   }
-  ImGui::SetNextWindowSize(ImVec2(620, 0), ImGuiCond_Appearing);
-  if (ImGui::BeginPopupModal("Save as", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) {
-    const char* what = path_action_ == PathAction::ExportPng ? "PNG of the active view"
-                       : path_action_ == PathAction::ExportData
-                           ? "numbers of the active view (.csv or .json)"
-                           : "session (.json)";
+  ImGui::SetNextWindowSize(ImVec2(std::min(px(620), ImGui::GetMainViewport()->Size.x - px(20)), 0),
+                           ImGuiCond_Appearing);
+  save_dialog_open_ = ImGui::BeginPopupModal("Save as", nullptr, ImGuiWindowFlags_AlwaysAutoResize);
+  if (save_dialog_open_) {
+    const char* what =
+        path_action_ == PathAction::ExportPng2x  ? "2x PNG of the active view's figure"
+        : path_action_ == PathAction::ExportPng  ? "PNG of the active view's figure"
+        : path_action_ == PathAction::ExportSvg  ? "SVG of the active view's figure"
+        : path_action_ == PathAction::ExportData ? "numbers of the active view (.csv or .json)"
+                                                 : "session (.json)";
     ImGui::Text("Write the %s to:", what);
     char buf[1024];
     std::snprintf(buf, sizeof buf, "%s", path_buf_.c_str());
-    ImGui::SetNextItemWidth(600);
-    if (ImGui::InputText("##savepath", buf, sizeof buf)) path_buf_ = buf;
-    if (ImGui::Button("Save", ImVec2(90, 0))) {
+    ImGui::SetNextItemWidth(std::min(px(600), ImGui::GetMainViewport()->Size.x - px(60)));
+    if (focus_path_field_) {
+      ImGui::SetKeyboardFocusHere();
+      focus_path_field_ = false;
+    }
+    // Enter saves, Escape cancels.
+    const bool enter =
+        ImGui::InputText("##savepath", buf, sizeof buf,
+                         ImGuiInputTextFlags_EnterReturnsTrue | ImGuiInputTextFlags_AutoSelectAll);
+    path_buf_ = buf;
+    const bool escape = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape), false);
+    if (ImGui::Button("Save", ImVec2(90, 0)) || enter) {
       try {
-        View* v = find_view(s_.active_view);
+        View* v = find_view(s_.settings.active_view);
         if (path_action_ == PathAction::ExportPng) {
-          png_requests_.push_back({path_buf_, v ? view_rect(v->name()) : ScreenRect{}});
+          // Two frames later, when this dialog is gone; the rectangle is taken then.
+          png_requests_.push_back(
+              {path_buf_, v ? view_rect(v->name()) : ScreenRect{}, 2, 1.0f, v ? v->name() : ""});
+        } else if (path_action_ == PathAction::ExportPng2x) {
+          if (!v) throw InputError("export: no active view");
+          png_requests_.push_back({path_buf_, {}, 2, 2.0f, v->name()});
+        } else if (path_action_ == PathAction::ExportSvg) {
+          if (!v) throw InputError("export: no active view");
+          request_svg(path_buf_, v->name());
         } else if (path_action_ == PathAction::ExportData) {
           if (!v) throw InputError("export: no active view");
           export_view_data(*v, s_, path_buf_);
@@ -417,7 +774,7 @@ void AppUi::draw_dialogs() {
       ImGui::CloseCurrentPopup();
     }
     ImGui::SameLine();
-    if (ImGui::Button("Cancel", ImVec2(90, 0))) ImGui::CloseCurrentPopup();
+    if (ImGui::Button("Cancel", ImVec2(90, 0)) || escape) ImGui::CloseCurrentPopup();
     ImGui::EndPopup();
   }
 }

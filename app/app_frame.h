@@ -23,8 +23,37 @@ struct ScreenRect {
   bool empty() const { return x1 <= x0 || y1 <= y0; }
 };
 
-// ImGui style and fonts shared by the app and the headless renderer (DejaVu Sans when present).
-void setup_style_and_fonts(float font_px = 15.0f);
+// ImGui style and fonts shared by the app and the headless renderer (DejaVu Sans when present),
+// at a UI scale (presentation mode): the font atlas is rebuilt with glyphs rasterised at
+// 15 px x scale, so large text stays crisp, and the style's sizes are scaled to match. The GL
+// app must recreate its font texture afterwards (ImGui_ImplOpenGL3_DestroyFontsTexture /
+// CreateFontsTexture); the software renderer re-reads it (soft_font_texture).
+constexpr float kBaseFontPx = 15.0f;
+constexpr float kMinUiScale = 1.0f, kMaxUiScale = 2.5f;
+void setup_style_and_fonts(float ui_scale = 1.0f);
+
+// Pixels at the current UI scale: views write sizes for scale 1 and wrap them in px().
+float px(float at_scale_1);
+
+// Toolbars that wrap: call before each item after the first, with the width the item will
+// take (wrap_width helpers below); stays on the line when it fits, else starts a new one.
+void toolbar_next(float item_width);
+float button_width(const char* label);
+// A framed widget of width `w` followed by its label.
+float labelled_width(float w, const char* label);
+
+// Width for a framed widget and its label: `at_scale_1` pixels x UI scale, narrower when the
+// window is (at least 60 px).
+float fit_width(float at_scale_1, const char* label);
+
+// The view's figure starts below this point (its toolbar is above): PNG/SVG figure exports
+// cover the view's area from here down, without controls, tab bars or menus.
+void mark_figure_top();
+
+// UI preferences remembered across runs of the app (the UI scale), in
+// $KVSCOPE_CONFIG_DIR or $XDG_CONFIG_HOME/kvscope or ~/.config/kvscope, file ui.json.
+float load_ui_scale_pref();
+void save_ui_scale_pref(float scale);
 
 class AppUi {
  public:
@@ -37,8 +66,28 @@ class AppUi {
   const std::vector<std::unique_ptr<View>>& views() const { return views_; }
   // Brings a view's tab to the front (next frame).
   void show_view(const std::string& name);
-  // Screen rectangle where the named view was last drawn (empty if it has not been drawn).
+  // Screen rectangle where the named view was last drawn (empty if it has not been drawn): the
+  // view's own area (no tab bar), from its figure top (mark_figure_top) down when it set one.
   ScreenRect view_rect(const std::string& name) const;
+  // The whole area of the view including its toolbar (still without the tab bar).
+  ScreenRect view_area(const std::string& name) const;
+
+  // UI scale (presentation mode, 1x..2.5x; Ctrl +/- and Ctrl 0). A change takes effect at the
+  // next frame: the renderer calls take_font_rebuild() before NewFrame and, when it returns
+  // true, calls setup_style_and_fonts(ui_scale()) and rebuilds its font texture.
+  float ui_scale() const { return ui_scale_; }
+  void set_ui_scale(float scale);
+  bool take_font_rebuild();
+  // Left panel width in pixels (the draggable splitter); <= 0: the default for the window.
+  float left_panel_width() const { return left_w_; }
+  void set_left_panel_width(float w) { left_w_ = w; }
+
+  // SVG exports: call before_frame() before ImGui::NewFrame() (turns anti-aliasing off for a
+  // frame an SVG was asked for) and after_render() after ImGui::Render() (writes the SVGs from
+  // that frame's draw lists and restores anti-aliasing).
+  void before_frame();
+  void after_render(const ImDrawData* dd);
+  void request_svg(const std::string& path, const std::string& view_name);
 
   // Headless screenshots: true once the shown view has been drawn for a few frames with the
   // worker idle, nothing left to apply and the view saying it is ready.
@@ -49,14 +98,26 @@ class AppUi {
   struct PngRequest {
     std::string path;
     ScreenRect rect;
+    int wait_frames = 0;  // frames to let a closing dialog disappear before the capture
+    // > 1: the renderer draws the frame again at this many pixels per layout pixel (UI scale
+    // and window size multiplied, fonts rebuilt: crisp) and rasterises it on the CPU; `view`
+    // names the view whose figure to cut out of that frame.
+    float density = 1.0f;
+    std::string view;
   };
   std::vector<PngRequest> take_png_requests();
   // Set by the app so File > Quit works; not set headless.
   std::function<void()> on_quit;
 
-  // Session save / load with the views' own states.
+  // Session save / load with the views' own states. load_session validates the whole file
+  // before changing anything and throws InputError naming the field and the problem.
   void save_session(const std::string& path) const;
   void load_session(const std::string& path);
+
+  // With a folder set (kvscope --export-dir DIR): F9 writes every view's numbers and the app's
+  // state as JSON there, F10 a PNG of the active view (what the GUI test reads).
+  std::string export_dir;
+  void export_all_json(const std::string& dir) const;
 
  private:
   void draw_menu();
@@ -68,16 +129,30 @@ class AppUi {
   std::vector<std::unique_ptr<View>> views_;
   std::vector<ScreenRect> rects_;  // per view
   std::vector<int> drawn_frames_;  // consecutive frames each view was drawn
-  std::string requested_view_;     // tab to select next frame
-  std::string shown_[2];           // the view shown in each panel
+  std::string requested_[2];       // tab to select next frame, per panel
   int idle_frames_ = 0;
   FileBrowser browser_;
   std::vector<PngRequest> png_requests_;
+  struct SvgRequest {
+    std::string path, view;
+    int wait_frames = 2;
+  };
+  std::vector<SvgRequest> svg_requests_;
+  bool svg_frame_ = false;  // this frame is drawn without anti-aliasing for an SVG
+  bool saved_aa_lines_ = true, saved_aa_fill_ = true;
+  std::vector<ScreenRect> areas_;  // per view: the view's whole area
+  float ui_scale_ = 1.0f;
+  bool font_rebuild_ = false;
+  float left_w_ = 0;  // <= 0: default
+  void draw_splitter(float height);
   // Export / session path dialog
-  enum class PathAction { None, ExportPng, ExportData, SaveSession };
+  enum class PathAction { None, ExportPng, ExportPng2x, ExportSvg, ExportData, SaveSession };
   PathAction path_action_ = PathAction::None;
   std::string path_buf_;
   bool open_path_popup_ = false;
+  bool focus_path_field_ = false;
+  bool export_json_pending_ = false;
+  bool save_dialog_open_ = false;  // the "Save as" popup was drawn this frame
 };
 
 }  // namespace kvscope::app

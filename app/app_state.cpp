@@ -1,7 +1,9 @@
 #include "app/app_state.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 
@@ -14,18 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs `fn`, turning failures (other than cancellation) into the message for `on_error`.
-template <typename Fn, typename OnError>
-ApplyFn guarded(Fn&& fn, OnError&& on_error) {
-  try {
-    return fn();
-  } catch (const Cancelled&) {
-    throw;
-  } catch (const std::exception& e) {
-    return on_error(std::string(e.what()));
-  }
-}
-
 // Threads for background evaluations: all cores but one, which stays free for the focused
 // head's re-runs and the UI.
 int background_threads() {
@@ -37,10 +27,88 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Focused runs are what the user clicked for: started by themselves up to this estimate.
+constexpr double kFocusAutoLimitS = 20.0;
+// Everything else (grid, sweep, entropy, projections) up to this one.
+constexpr double kBackgroundAutoLimitS = 3.0;
+
+// Prior seconds per work unit before anything was measured on this machine: deliberately slow
+// (the slowest method measured on the 2-core build machine, BalanceKV, rounded up), so that big
+// jobs on a fresh start wait for a Run click rather than start by themselves.
+constexpr double kPriorPerUnit = 6e-9;
+
+std::string fmt_seconds(double s) {
+  char buf[64];
+  if (s < 0)
+    return "unknown";
+  else if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.0f ms", s * 1000);
+  else if (s < 120)
+    std::snprintf(buf, sizeof buf, "%.1f s", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  return buf;
+}
+
+std::string params_text(const ParamValues& p) {
+  return nlohmann::json(p).dump();
+}
+
 }  // namespace
 
+// ---------------------------------------------------------------- window fitting
+
+EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_override,
+                      std::string* note) {
+  if (!(keep_ratio > 0 && keep_ratio <= 1)) keep_ratio = std::clamp(keep_ratio, 1e-6, 1.0);
+  auto f = EvalWindow::fit(n, keep_ratio, sink_override, eval_override);
+  if (note) *note = f.note;
+  return f.window;
+}
+
+// ---------------------------------------------------------------- cost model
+
+double CostModel::per_unit(const std::string& cost_class, double prior) const {
+  auto it = per_unit_.find(cost_class);
+  if (it != per_unit_.end()) return it->second;
+  auto mean_of = [&](const char* prefix) {
+    double sum = 0;
+    int count = 0;
+    for (const auto& [k, v] : per_unit_)
+      if (k.rfind(prefix, 0) == 0) {
+        sum += v;
+        ++count;
+      }
+    return count ? sum / count : -1.0;
+  };
+  if (cost_class.rfind("eval:", 0) == 0) {
+    // A method's evaluations (grid, sweep) before any was measured: other methods' evaluations
+    // (the exact side, shared by all, dominates), else its focused run's cost (which also
+    // computes the walk trace, so it errs on the slow side), else any focused run's.
+    if (double m = mean_of("eval:"); m > 0) return m;
+    auto head = per_unit_.find("head:" + cost_class.substr(5));
+    if (head != per_unit_.end()) return head->second;
+    if (double m = mean_of("head:"); m > 0) return m;
+  } else if (cost_class.rfind("head:", 0) == 0) {
+    if (double m = mean_of("head:"); m > 0) return m;
+  }
+  return prior > 0 ? prior : kPriorPerUnit;
+}
+
+void CostModel::record(const std::string& cost_class, double units, double seconds) {
+  if (units <= 0 || !(seconds > 0)) return;
+  const double v = seconds / units;
+  auto it = per_unit_.find(cost_class);
+  // The newest measurement counts most, older ones smooth out noise.
+  per_unit_[cost_class] = it == per_unit_.end() ? v : 0.5 * it->second + 0.5 * v;
+}
+
+// ---------------------------------------------------------------- state
+
 AppState::AppState() {
-  set_backend(backend_choice);
+  resolve_backend();
 }
 
 AppState::~AppState() {
@@ -48,65 +116,114 @@ AppState::~AppState() {
 }
 
 const Method* AppState::method(int slot) const {
-  return find_method(method_name[static_cast<size_t>(slot)]);
+  return find_method(method_name(slot));
 }
 
-MethodSettings AppState::settings(int slot) const {
+ParamValues AppState::params_for(const std::string& name) const {
+  for (int slot = 0; slot < 2; ++slot)
+    if (settings.method[static_cast<size_t>(slot)].name == name &&
+        (slot == 0 || settings.ab_enabled))
+      return settings.method[static_cast<size_t>(slot)].params;
+  return {};
+}
+
+EvalWindow AppState::window(std::string* note) const {
+  return fit_window(std::max(1, num_tokens()), settings.keep_ratio, settings.sink_override,
+                    settings.eval_override, note);
+}
+
+MethodSettings AppState::method_settings(int slot) const {
   MethodSettings ms;
   ms.method = method(slot);
-  ms.keep_ratio = keep_ratio;
-  if (ms.method) {
-    auto it = params.find(ms.method->name());
-    if (it != params.end()) ms.params = it->second;
-  }
-  ms.sink = sink_override;
-  ms.eval = eval_override;
-  ms.estimator = estimator;
+  ms.keep_ratio = settings.keep_ratio;
+  ms.params = settings.method[static_cast<size_t>(slot)].params;
+  std::string note;
+  EvalWindow w = window(&note);
+  // Pass the clamped window to the engine only when clamping was needed.
+  ms.sink = note.empty() ? settings.sink_override : w.sink;
+  ms.eval = note.empty() ? settings.eval_override : w.eval;
+  ms.estimator = settings.estimator;
   return ms;
 }
 
+int AppState::grid_seeds() const {
+  if (settings.grid_seeds > 0) return settings.grid_seeds;
+  const int n = num_tokens();
+  return n <= 1024 ? 3 : n <= 4096 ? 2 : 1;
+}
+
+const Result& AppState::result(const std::string& name) const {
+  static const Result kNone;
+  auto it = results.find(name);
+  return it == results.end() ? kNone : it->second;
+}
+
+const HeadRun* AppState::run(int slot) const {
+  if (slot == 1 && !settings.ab_enabled) return nullptr;
+  return result(slot == 0 ? kFocusA : kFocusB).get<HeadRun>();
+}
+
+std::shared_ptr<const HeadRun> AppState::run_ptr(int slot) const {
+  if (slot == 1 && !settings.ab_enabled) return nullptr;
+  return result(slot == 0 ? kFocusA : kFocusB).ptr<HeadRun>();
+}
+
+std::string AppState::run_error(int slot) const {
+  if (slot == 1 && !settings.ab_enabled) return {};
+  const Result& r = result(slot == 0 ? kFocusA : kFocusB);
+  return r.key == r.want ? r.error : std::string();
+}
+
+std::shared_ptr<const LayerData> AppState::focus_layer() const {
+  const Result& r = result(kLayer);
+  if (!r.fresh()) return nullptr;
+  return r.ptr<LayerData>();
+}
+
 const MatrixF* AppState::focus_keys() const {
-  if (!focus_layer || focus_refused()) return nullptr;
-  return &focus_layer->keys[static_cast<size_t>(focus.kv_head)];
+  auto layer = focus_layer();
+  if (!layer || focus_refused()) return nullptr;
+  return &layer->keys[static_cast<size_t>(settings.focus.kv_head)];
 }
 
 const MatrixF* AppState::focus_values() const {
-  if (!focus_layer || focus_refused()) return nullptr;
-  return &focus_layer->values[static_cast<size_t>(focus.kv_head)];
+  auto layer = focus_layer();
+  if (!layer || focus_refused()) return nullptr;
+  return &layer->values[static_cast<size_t>(settings.focus.kv_head)];
 }
 
 std::vector<const MatrixF*> AppState::focus_queries() const {
-  if (!focus_layer || focus_refused() || focus_layer->queries.empty()) return {};
-  return focus_layer->group_queries(focus.kv_head);
+  auto layer = focus_layer();
+  if (!layer || focus_refused() || layer->queries.empty()) return {};
+  return layer->group_queries(settings.focus.kv_head);
 }
 
 bool AppState::focus_refused(std::string* why) const {
-  if (!focus_layer) return false;
-  size_t h = static_cast<size_t>(focus.kv_head);
-  if (h >= focus_layer->keys.size()) {
+  auto layer = focus_layer();
+  if (!layer) return false;
+  size_t h = static_cast<size_t>(settings.focus.kv_head);
+  if (h >= layer->keys.size()) {
     if (why) *why = "kv head out of range";
     return true;
   }
-  if (h < focus_layer->refused.size() && !focus_layer->refused[h].empty()) {
-    if (why) *why = focus_layer->refused[h];
+  if (h < layer->refused.size() && !layer->refused[h].empty()) {
+    if (why) *why = layer->refused[h];
     return true;
   }
   return false;
-}
-
-EvalWindow AppState::window() const {
-  return EvalWindow::make(num_tokens(), keep_ratio, sink_override, eval_override);
 }
 
 int AppState::effective_query() const {
   int n = num_tokens();
   if (n <= 0) return -1;
   EvalWindow w = window();
-  if (selected_query >= w.n - w.eval && selected_query < w.n) return selected_query;
+  const int sq = settings.selected_query;
+  if (sq >= w.n - w.eval && sq < w.n) return sq;
   // Default: the evaluation query where method A errs most (the most telling one to inspect;
   // the last query mostly attends to itself).
-  if (run[0] && !run[0]->per_query_head.empty()) {
-    const auto& heads = run[0]->per_query_head;
+  const HeadRun* r = run(0);
+  if (r && !r->per_query_head.empty() && result(kFocusA).fresh()) {
+    const auto& heads = r->per_query_head;
     int best = n - 1;
     double best_err = -1;
     for (size_t t = 0; t < heads[0].size(); ++t) {
@@ -140,69 +257,73 @@ std::string AppState::token_text(int i) const {
   return out;
 }
 
-Backend* AppState::backend() const {
-  return backend_;
+std::pair<int, int> AppState::progress(const std::string& name) const {
+  for (const JobInfo& j : worker.jobs())
+    if (j.key == name && j.running) return {j.done, j.total};
+  return {0, 0};
 }
 
-void AppState::set_backend(const std::string& which) {
+void AppState::resolve_backend() {
+  if (backend_ && backend_resolved_ == settings.backend) return;
   std::string why;
   bool cuda = cuda_available(&why);
   try {
-    Backend& b = select_backend(which);
+    Backend& b = select_backend(settings.backend);
     backend_ = &b;
-    backend_choice = which;
+    backend_resolved_ = settings.backend;
     backend_active = b.name();
     if (b.is_gpu())
       backend_note = "GPU in use";
     else
       backend_note = cuda ? "CUDA available but not selected" : "CUDA not used: " + why;
   } catch (const std::exception& e) {
-    // Keep the previous backend; say why the requested one is unavailable.
+    // Keep the previous backend (the setting goes back to it); say why.
     backend_note = e.what();
     status_message = e.what();
+    if (!backend_) {
+      backend_ = &select_backend("cpu");
+      backend_active = backend_->name();
+      backend_resolved_ = "cpu";
+    }
+    settings.backend = backend_resolved_;
   }
 }
 
-void AppState::request_open(const std::string& path) {
+// ---------------------------------------------------------------- actions
+
+void AppState::request_open(const std::string& path, bool from_session) {
   loading_path = path;
   worker.submit(Lane::Focus, "open", "opening " + fs::path(path).filename().string(),
-                [path](JobContext& ctx) -> ApplyFn {
-                  return guarded(
-                      [&]() -> ApplyFn {
-                        std::shared_ptr<CaptureFile> cap = CaptureFile::open(path);
-                        ctx.check_cancel();
-                        return [path, cap](AppState& s) {
-                          if (s.loading_path == path) s.loading_path.clear();
-                          s.capture = cap;
-                          s.capture_path = path;
-                          s.load_error.clear();
-                          s.worker.cancel("grid");
-                          s.worker.cancel("sweep");
-                          s.worker.cancel("focus");
-                          s.run = {};
-                          s.run_error = {};
-                          s.grid.reset();
-                          s.sweep.reset();
-                          s.entropy.reset();
-                          s.query_cmp.reset();
-                          s.focus_layer.reset();
-                          s.selected_tokens.clear();
-                          s.selected_token = -1;
-                          s.selected_query = -1;
-                          s.focus = Focus{-1, -1};
-                          s.set_focus(Focus{0, 0});
-                          s.request_grid();
-                          // Entropy costs a pass over every layer: only when it is shown.
-                          if (s.grid_metric == GridMetric::Entropy) s.request_entropy();
-                          if (!s.sweep_request.methods.empty()) s.request_sweep(s.sweep_request);
-                        };
-                      },
-                      [path](const std::string& msg) -> ApplyFn {
-                        return [path, msg](AppState& s) {
-                          if (s.loading_path == path) s.loading_path.clear();
-                          s.load_error = msg;  // the current capture stays open
-                        };
-                      });
+                [path, from_session](JobContext& ctx) -> ApplyFn {
+                  std::shared_ptr<CaptureFile> cap;
+                  std::string msg;
+                  try {
+                    cap = CaptureFile::open(path);
+                  } catch (const Cancelled&) {
+                    throw;
+                  } catch (const std::exception& e) {
+                    msg = e.what();
+                  }
+                  ctx.check_cancel();
+                  return [path, cap, msg, from_session](AppState& s) {
+                    if (s.loading_path == path) s.loading_path.clear();
+                    if (!cap) {
+                      s.load_error = msg;  // the current capture stays open
+                      return;
+                    }
+                    // Results of the previous capture index its tokens: drop them all.
+                    for (auto& [name, r] : s.results)
+                      if (!r.running.empty()) s.worker.cancel(name);
+                    s.results.clear();
+                    s.capture = cap;
+                    s.capture_path = path;
+                    ++s.capture_id;
+                    s.load_error.clear();
+                    s.selected_tokens.clear();
+                    s.selected_token = -1;
+                    if (!from_session) s.settings.selected_query = -1;
+                    s.fit_settings_to_capture(true);
+                  };
                 });
 }
 
@@ -210,153 +331,241 @@ void AppState::set_focus(Focus f) {
   if (!capture) return;
   const CaptureInfo& ci = capture->info();
   if (f.layer < 0 || f.layer >= ci.num_layers || f.kv_head < 0 || f.kv_head >= ci.kv_heads) return;
-  if (f == focus && focus_layer) return;
-  bool layer_changed = f.layer != focus.layer || !focus_layer;
-  focus = f;
-  ++focus_generation;
-  run = {};
-  query_cmp.reset();
-  if (!layer_changed) {
-    request_focus_runs();
-    return;
-  }
-  focus_layer.reset();
-  std::shared_ptr<CaptureFile> cap = capture;
-  int L = f.layer;
-  worker.submit(Lane::Focus, "focus.layer", "loading layer " + std::to_string(L),
-                [cap, L](JobContext&) -> ApplyFn {
-                  return guarded(
-                      [&]() -> ApplyFn {
-                        std::shared_ptr<const LayerData> data = cap->layer(L);
-                        return [cap, L, data](AppState& s) {
-                          if (s.capture != cap || s.focus.layer != L) return;
-                          s.focus_layer = data;
-                          ++s.focus_generation;
-                          s.request_focus_runs();
-                        };
-                      },
-                      [cap](const std::string& msg) -> ApplyFn {
-                        return [cap, msg](AppState& s) {
-                          if (s.capture != cap) return;
-                          s.run_error = {msg, msg};
-                        };
-                      });
-                });
+  settings.focus = f;
 }
 
-void AppState::settings_changed() {
-  ++settings_generation_;
-  if (sweep) sweep_stale = true;
-  request_focus_runs();
-  request_grid();
+void AppState::run_now(const std::string& name) {
+  Result& r = results[name];
+  r.approved = r.want;
+  r.cancelled.clear();
+  if (r.key == r.want) r.key.clear();  // re-run an up-to-date result too
 }
 
-void AppState::request_focus_runs() {
-  if (!capture || !focus_layer) return;
-  const uint64_t gen = settings_generation_;
-  const uint64_t fgen = focus_generation;
-  for (int slot = 0; slot < 2; ++slot) {
-    std::string key = slot == 0 ? "focus.A" : "focus.B";
-    if (slot == 1 && !ab_enabled) {
-      worker.cancel(key);
-      run[1].reset();
-      run_error[1].clear();
-      continue;
-    }
-    MethodSettings ms = settings(slot);
-    if (!ms.method) {
-      run_error[static_cast<size_t>(slot)] = "unknown method '" + method_name[slot] + "'";
-      continue;
-    }
-    std::string why;
-    if (focus_refused(&why)) {
-      run_error[static_cast<size_t>(slot)] = "head refused: " + why;
-      continue;
-    }
-    std::shared_ptr<const LayerData> layer = focus_layer;
-    int num_layers = capture->info().num_layers, kv = focus.kv_head;
-    uint64_t sd = static_cast<uint64_t>(seed);
-    Backend* be = backend_;
-    worker.submit(
-        Lane::Focus, key,
-        ms.method->name() + " on L" + std::to_string(focus.layer) + " H" + std::to_string(kv),
-        [=](JobContext& ctx) -> ApplyFn {
-          return guarded(
-              [&]() -> ApplyFn {
-                auto t0 = std::chrono::steady_clock::now();
-                auto hr = std::make_shared<HeadRun>(
-                    run_head(*layer, num_layers, kv, ms, sd, true, be, ctx.cancel_flag()));
-                double ms_taken = seconds_since(t0) * 1000.0;
-                ctx.check_cancel();
-                return [=](AppState& s) {
-                  if (s.settings_generation_ != gen || s.focus_generation != fgen) return;
-                  s.run[static_cast<size_t>(slot)] = hr;
-                  s.run_error[static_cast<size_t>(slot)].clear();
-                  s.run_ms[static_cast<size_t>(slot)] = ms_taken;
-                  ++s.run_generation;
-                  if (slot == 0) s.request_query_comparison();
-                };
-              },
-              [=](const std::string& msg) -> ApplyFn {
-                return [=](AppState& s) {
-                  if (s.settings_generation_ != gen || s.focus_generation != fgen) return;
-                  s.run[static_cast<size_t>(slot)].reset();
-                  s.run_error[static_cast<size_t>(slot)] = msg;
-                  ++s.run_generation;
-                  if (slot == 0) s.query_cmp.reset();
-                };
-              });
-        });
-  }
+void AppState::cancel_job(const std::string& name) {
+  Result& r = results[name];
+  if (r.running.empty()) return;
+  worker.cancel(name);
+  r.cancelled = r.running;
+  r.running.clear();
+  if (r.partial) r.partial = false, r.key = "(cancelled)";
 }
 
-void AppState::request_grid() {
+void AppState::fit_settings_to_capture(bool announce) {
   if (!capture) return;
+  const CaptureInfo& ci = capture->info();
+  const int n = ci.num_tokens;
+  Settings& st = settings;
+  auto say = [&](const std::string& m) {
+    if (announce) notes.push_back(m);
+  };
+  if (st.focus.layer < 0 || st.focus.layer >= ci.num_layers || st.focus.kv_head < 0 ||
+      st.focus.kv_head >= ci.kv_heads) {
+    if (announce && (st.focus.layer != 0 || st.focus.kv_head != 0))
+      say("focus L" + std::to_string(st.focus.layer) + " H" + std::to_string(st.focus.kv_head) +
+          " is not in this capture: focused L0 H0");
+    st.focus = Focus{0, 0};
+  }
+  // Overrides that do not fit this capture are adjusted (and said), never passed on to fail.
+  if (st.eval_override == 0 || st.eval_override > n) {
+    int e = std::max(1, std::min(n, std::min(256, n / 8)));
+    say("eval override E = " + std::to_string(st.eval_override) + " does not fit " +
+        std::to_string(n) + " tokens: set to " + std::to_string(e));
+    st.eval_override = e;
+  }
+  if (st.sink_override >= 0) {
+    const int e = st.eval_override >= 1 ? st.eval_override : std::max(1, std::min(256, n / 8));
+    if (st.sink_override + e > n) {
+      int sk = std::max(0, std::min(n - e, std::min(256, n / 32)));
+      say("sink override s = " + std::to_string(st.sink_override) + " does not fit " +
+          std::to_string(n) + " tokens (E = " + std::to_string(e) + "): set to " +
+          std::to_string(sk));
+      st.sink_override = sk;
+    }
+  }
+  std::string note;
+  window(&note);
+  if (!note.empty()) say(note);
+  const int group = ci.group_size();
+  st.selected_q_head = std::clamp(st.selected_q_head, 0, std::max(0, group - 1));
+  if (st.selected_query >= n) st.selected_query = -1;
+}
+
+// ---------------------------------------------------------------- planning
+
+std::string AppState::common_key() const {
+  std::string note;
+  EvalWindow w = window(&note);
+  return "cap" + std::to_string(capture_id) + "|be=" + backend_active +
+         "|s=" + std::to_string(w.sink) + "|E=" + std::to_string(w.eval) +
+         "|est=" + estimator_name(settings.estimator);
+}
+
+namespace {
+
+// Work units of one head run of a method (one seed): the evaluation side costs about n*E*G*d
+// multiply-adds, the selection about n*d times a method factor; both scale like n * d * (E*G + 64).
+double head_units(const CaptureInfo& ci, const EvalWindow& w) {
+  return static_cast<double>(ci.num_tokens) * ci.head_dim *
+         (static_cast<double>(w.eval) * ci.group_size() + 64.0);
+}
+
+}  // namespace
+
+JobPlan AppState::plan_layer() const {
+  JobPlan p;
+  if (!capture) return p;
+  const int L = settings.focus.layer;
+  p.key = "cap" + std::to_string(capture_id) + "|L" + std::to_string(L);
+  p.lane = Lane::Focus;
+  p.label = "loading layer " + std::to_string(L);
+  p.auto_limit_s = 1e30;
+  std::shared_ptr<CaptureFile> cap = capture;
+  p.compute = [cap, L](JobContext&, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+    return cap->layer(L);
+  };
+  return p;
+}
+
+JobPlan AppState::plan_focus(int slot) const {
+  JobPlan p;
+  if (!capture || (slot == 1 && !settings.ab_enabled)) return p;
+  const CaptureInfo& ci = capture->info();
+  const MethodChoice& mc = settings.method[static_cast<size_t>(slot)];
+  const Focus f = settings.focus;
+  p.key = "focus|" + common_key() + "|L" + std::to_string(f.layer) + "H" +
+          std::to_string(f.kv_head) + "|" + mc.name + params_text(mc.params) +
+          "|r=" + std::to_string(settings.keep_ratio) + "|seed=" + std::to_string(settings.seed);
+  std::shared_ptr<const LayerData> layer = focus_layer();
+  if (!layer) {
+    p.waiting = "loading layer " + std::to_string(f.layer);
+    return p;
+  }
+  const MethodSettings ms = method_settings(slot);
+  p.lane = Lane::Focus;
+  p.label = mc.name + " on L" + std::to_string(f.layer) + " H" + std::to_string(f.kv_head);
+  p.cost_class = "head:" + mc.name;
+  p.units = head_units(ci, window());
+  p.auto_limit_s = kFocusAutoLimitS;
+  std::string why;
+  const bool refused = focus_refused(&why);
+  const std::string name = mc.name;
+  const int num_layers = ci.num_layers, kv = f.kv_head;
+  const uint64_t seed = static_cast<uint64_t>(settings.seed);
+  Backend* be = backend_;
+  p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+    if (!ms.method) throw InputError("unknown method '" + name + "'");
+    if (refused) throw InputError("head refused: " + why);
+    return std::make_shared<HeadRun>(
+        run_head(*layer, num_layers, kv, ms, seed, true, be, ctx.cancel_flag()));
+  };
+  return p;
+}
+
+JobPlan AppState::plan_grid() const {
+  JobPlan p;
+  if (!capture) return p;
+  const CaptureInfo& ci = capture->info();
+  const MethodChoice& a = settings.method[0];
+  const int seeds = grid_seeds();
+  p.key = "grid|" + common_key() + "|" + a.name + params_text(a.params) +
+          "|r=" + std::to_string(settings.keep_ratio) + "|seed=" + std::to_string(settings.seed) +
+          "|seeds=" + std::to_string(seeds);
   const Method* m = method(0);
-  if (!m) return;
   EvalSpec spec;
-  spec.methods = {m};
-  spec.ratios = {keep_ratio};
-  spec.seeds = grid_seeds;
-  spec.base_seed = static_cast<uint64_t>(seed);
-  spec.params = params;
-  spec.sink = sink_override;
-  spec.eval = eval_override;
-  spec.estimator = estimator;
+  if (m) spec.methods = {m};
+  spec.ratios = {settings.keep_ratio};
+  spec.seeds = seeds;
+  spec.base_seed = static_cast<uint64_t>(settings.seed);
+  // Only method A's own parameters: the engine rejects parameters of methods it does not run.
+  if (!a.params.empty()) spec.params[a.name] = a.params;
+  const MethodSettings ms = method_settings(0);
+  spec.sink = ms.sink;
+  spec.eval = ms.eval;
+  spec.estimator = settings.estimator;
   spec.threads = background_threads();
+  p.lane = Lane::Grid;
+  p.label = "grid: " + a.name + " at " + std::to_string(settings.keep_ratio);
+  p.cost_class = "eval:" + a.name;
+  p.units = head_units(ci, window()) * ci.num_layers * ci.kv_heads * seeds;
+  p.threads = spec.threads;
+  p.auto_limit_s = kBackgroundAutoLimitS;
   std::shared_ptr<CaptureFile> cap = capture;
   Backend* be = backend_;
-  const uint64_t gen = settings_generation_;
-  grid_error.clear();
-  worker.submit(
-      Lane::Grid, "grid", "grid: " + m->name() + " at " + std::to_string(keep_ratio),
-      [=](JobContext& ctx) -> ApplyFn {
-        return guarded(
-            [&]() -> ApplyFn {
-              auto rep = std::make_shared<EvalReport>(run_eval(
-                  *cap, spec, [&](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be));
-              ctx.check_cancel();
-              return [=](AppState& s) {
-                if (s.capture != cap || s.settings_generation_ != gen) return;
-                s.grid = rep;
-                s.grid_error.clear();
-              };
-            },
-            [=](const std::string& msg) -> ApplyFn {
-              return [=](AppState& s) {
-                if (s.capture != cap || s.settings_generation_ != gen) return;
-                s.grid.reset();
-                s.grid_error = msg;
-              };
-            });
-      });
+  const std::string name = a.name;
+  p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+    if (spec.methods.empty()) throw InputError("unknown method '" + name + "'");
+    return std::make_shared<EvalReport>(run_eval(
+        *cap, spec, [&](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be));
+  };
+  return p;
 }
 
-void AppState::request_entropy() {
-  if (!capture) return;
+JobPlan AppState::plan_sweep() const {
+  JobPlan p;
+  const SweepRequest& r = settings.sweep;
+  if (!capture || r.methods.empty()) return p;
+  const CaptureInfo& ci = capture->info();
+  EvalSpec spec;
+  std::string mkey;
+  for (const std::string& name : r.methods) {
+    const Method* m = find_method(name);
+    if (!m) continue;
+    spec.methods.push_back(m);
+    // Each method with the parameters of the slot that runs it (A or B), defaults otherwise;
+    // never parameters of a method the sweep does not run.
+    ParamValues pv = params_for(name);
+    if (!pv.empty()) spec.params[name] = pv;
+    mkey += name + params_text(pv) + ",";
+  }
+  if (spec.methods.empty()) return p;
+  spec.ratios = r.ratios;
+  spec.seeds = r.seeds;
+  spec.base_seed = static_cast<uint64_t>(settings.seed);
+  const MethodSettings ms = method_settings(0);
+  spec.sink = ms.sink;
+  spec.eval = ms.eval;
+  spec.estimator = settings.estimator;
+  spec.threads = background_threads();
+  if (r.focused_layer_only) spec.layers = {settings.focus.layer};
+  p.key = "sweep|" + common_key() + "|" + mkey + "|ratios=" + nlohmann::json(r.ratios).dump() +
+          "|seeds=" + std::to_string(r.seeds) + "|seed=" + std::to_string(settings.seed) +
+          (r.focused_layer_only ? "|L" + std::to_string(settings.focus.layer) : "");
+  p.lane = Lane::Analysis;
+  p.label = "error sweep";
+  const double layers = r.focused_layer_only ? 1.0 : ci.num_layers;
+  const double per_method_units = head_units(ci, window()) * layers * ci.kv_heads *
+                                  static_cast<double>(r.ratios.size()) * r.seeds;
+  // Mixed methods: the estimate sums each method's measured cost per unit (expressed in units
+  // of the general prior, as the plan has one class only).
+  double sum_per_unit = 0;
+  for (const Method* m : spec.methods) sum_per_unit += costs.per_unit("eval:" + m->name());
+  p.cost_class = "";
+  p.units = per_method_units * sum_per_unit / kPriorPerUnit;
+  p.threads = spec.threads;
+  p.auto_limit_s = kBackgroundAutoLimitS;
   std::shared_ptr<CaptureFile> cap = capture;
-  EvalWindow w = window();
-  worker.submit(Lane::Grid, "entropy", "attention entropy", [cap, w](JobContext& ctx) -> ApplyFn {
+  Backend* be = backend_;
+  p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+    return std::make_shared<EvalReport>(run_eval(
+        *cap, spec, [&](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be));
+  };
+  return p;
+}
+
+JobPlan AppState::plan_entropy() const {
+  JobPlan p;
+  if (!capture || settings.grid_metric != GridMetric::Entropy) return p;
+  const CaptureInfo& ci = capture->info();
+  if (!ci.has_queries) return p;
+  const EvalWindow w = window();
+  p.key = "entropy|" + common_key();
+  p.lane = Lane::Grid;
+  p.label = "attention entropy";
+  p.cost_class = "entropy";
+  p.units = static_cast<double>(ci.num_layers) * ci.q_heads * w.eval * ci.num_tokens * ci.head_dim;
+  p.auto_limit_s = kBackgroundAutoLimitS;
+  std::shared_ptr<CaptureFile> cap = capture;
+  p.compute = [cap, w](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
     const CaptureInfo& ci = cap->info();
     auto eg = std::make_shared<EntropyGrid>();
     eg->layers = ci.num_layers;
@@ -367,229 +576,372 @@ void AppState::request_entropy() {
       std::shared_ptr<const LayerData> layer;
       try {
         layer = cap->layer(L);
-      } catch (const std::exception&) {
+      } catch (const InputError&) {
         continue;  // the grid shows the loader's message; entropy stays NaN here
       }
-      if (layer->queries.empty()) continue;
-      for (int h = 0; h < ci.kv_heads; ++h) {
-        if (h < static_cast<int>(layer->refused.size()) && !layer->refused[h].empty()) continue;
-        double sum = 0;
-        int count = 0;
-        for (const MatrixF* Q : layer->group_queries(h)) {
-          for (int j = w.n - w.eval; j < w.n; ++j) {
-            ctx.check_cancel();
-            std::vector<double> p = attention_row(Q->row(j).data(), layer->keys[h], j);
-            double e = 0;
-            for (double x : p)
-              if (x > 0) e -= x * std::log(x);
-            sum += e;
-            ++count;
-          }
-        }
-        if (count) eg->values[static_cast<size_t>(L * ci.kv_heads + h)] = sum / count;
-      }
+      for (int h = 0; h < ci.kv_heads; ++h)
+        eg->values[static_cast<size_t>(L * ci.kv_heads + h)] =
+            mean_attention_entropy(*layer, h, w, ctx.cancel_flag());
     }
-    return [cap, eg](AppState& s) {
-      if (s.capture == cap) s.entropy = eg;
+    return eg;
+  };
+  return p;
+}
+
+JobPlan AppState::plan_query() const {
+  JobPlan p;
+  if (!capture || !capture->info().has_queries) return p;
+  const Result& ra = result(kFocusA);
+  std::shared_ptr<const LayerData> layer = focus_layer();
+  std::shared_ptr<const HeadRun> hr = run_ptr(0);
+  if (!ra.fresh() || !layer || !hr) {
+    // Wanted, but method A's run for these settings is not there yet.
+    p.key = "query|" + ra.want + "|q=" + std::to_string(settings.selected_query);
+    p.waiting = "waiting for method A";
+    return p;
+  }
+  const int kv = settings.focus.kv_head;
+  const int group = capture->info().group_size();
+  const int qh = kv * group + std::clamp(settings.selected_q_head, 0, std::max(0, group - 1));
+  const int j = effective_query();
+  p.key = "query|" + ra.key + "|j=" + std::to_string(j) + "|qh=" + std::to_string(qh);
+  p.lane = Lane::Focus;
+  p.label = "query comparison";
+  p.auto_limit_s = 1e30;  // one query: always cheap
+  p.compute = [=](JobContext&, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+    if (layer->queries.empty()) throw InputError("this capture has no queries");
+    const MatrixF& K = layer->keys[static_cast<size_t>(kv)];
+    const MatrixF& V = layer->values[static_cast<size_t>(kv)];
+    const float* q = layer->queries[static_cast<size_t>(qh)].row(j).data();
+    const EvalWindow& w = hr->window;
+    auto qc = std::make_shared<QueryComparison>();
+    qc->position = j;
+    qc->q_head = qh;
+    qc->exact_weights = attention_row(q, K, j);
+    qc->approx_weights = estimator_weights(q, K, j, w, hr->selection);
+    VectorD ex = exact_attention(q, K, V, j);
+    VectorD ap = weighted_attention(q, K, V, j, w, hr->selection);
+    qc->exact_output.assign(ex.data(), ex.data() + ex.size());
+    qc->approx_output.assign(ap.data(), ap.data() + ap.size());
+    double en = ex.norm();
+    qc->relative_error = en > 0 ? (ap - ex).norm() / en : 0;
+    return qc;
+  };
+  return p;
+}
+
+std::vector<NamedPlan> AppState::plans() const {
+  std::vector<NamedPlan> out;
+  out.emplace_back(kLayer, plan_layer());
+  out.emplace_back(kFocusA, plan_focus(0));
+  out.emplace_back(kFocusB, plan_focus(1));
+  out.emplace_back(kGrid, plan_grid());
+  out.emplace_back(kSweep, plan_sweep());
+  out.emplace_back(kEntropy, plan_entropy());
+  out.emplace_back(kQuery, plan_query());
+  return out;
+}
+
+void AppState::submit(const std::string& name, Result& r, const JobPlan& p) {
+  r.running = p.key;
+  const std::string key = p.key, cls = p.cost_class;
+  const double units = p.units;
+  const int threads = std::max(1, p.threads);
+  auto compute = p.compute;
+  worker.submit(p.lane, name, p.label, [=](JobContext& ctx) -> ApplyFn {
+    JobPlan::PartialFn partial = [&ctx, name, key](std::shared_ptr<const void> v) {
+      ctx.post([name, key, v](AppState& s) {
+        Result& r = s.results[name];
+        if (r.running != key) return;
+        r.value = v;
+        r.key = key;
+        r.error.clear();
+        r.partial = true;
+      });
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    std::shared_ptr<const void> value;
+    std::string error;
+    try {
+      value = compute(ctx, partial);
+    } catch (const Cancelled&) {
+      throw;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    ctx.check_cancel();
+    const double secs = seconds_since(t0);
+    return [=](AppState& s) {
+      Result& r = s.results[name];
+      if (r.running != key) return;  // outdated or cancelled meanwhile
+      r.running.clear();
+      r.key = key;
+      r.partial = false;
+      r.seconds = secs;
+      if (!error.empty()) {
+        r.value.reset();
+        r.error = error;
+        return;
+      }
+      r.value = value;
+      r.error.clear();
+      if (!cls.empty()) s.costs.record(cls, units, secs * threads);
     };
   });
 }
 
-void AppState::request_sweep(const SweepRequest& r) {
-  sweep_request = r;
-  if (!capture || r.methods.empty()) return;
-  EvalSpec spec;
-  for (const std::string& name : r.methods)
-    if (const Method* m = find_method(name)) spec.methods.push_back(m);
-  if (spec.methods.empty()) return;
-  spec.ratios = r.ratios;
-  spec.seeds = r.seeds;
-  spec.base_seed = static_cast<uint64_t>(seed);
-  spec.params = params;
-  spec.sink = sink_override;
-  spec.eval = eval_override;
-  spec.estimator = estimator;
-  spec.threads = background_threads();
-  if (r.focused_layer_only) spec.layers = {focus.layer};
-  std::shared_ptr<CaptureFile> cap = capture;
-  Backend* be = backend_;
-  sweep_error.clear();
-  sweep_stale = false;
-  worker.submit(Lane::Analysis, "sweep", "error sweep", [=](JobContext& ctx) -> ApplyFn {
-    return guarded(
-        [&]() -> ApplyFn {
-          auto rep = std::make_shared<EvalReport>(run_eval(
-              *cap, spec, [&](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be));
-          ctx.check_cancel();
-          return [=](AppState& s) {
-            if (s.capture != cap) return;
-            s.sweep = rep;
-            s.sweep_error.clear();
-          };
-        },
-        [=](const std::string& msg) -> ApplyFn {
-          return [=](AppState& s) {
-            if (s.capture != cap) return;
-            s.sweep_error = msg;
-          };
-        });
-  });
+void AppState::reconcile(const std::vector<NamedPlan>& extra) {
+  worker.drain(*this);
+  resolve_backend();
+  fit_settings_to_capture(false);
+  std::vector<NamedPlan> all = plans();
+  all.insert(all.end(), extra.begin(), extra.end());
+  std::set<std::string> planned;
+  for (const auto& [name, p] : all) {
+    planned.insert(name);
+    Result& r = results[name];
+    r.want = p.key;
+    r.waiting = p.waiting;
+    if (p.key.empty()) {
+      if (!r.running.empty()) worker.cancel(name);
+      r.running.clear();
+      r.held.clear();
+      r.estimate_s = -1;
+      r.estimate_text.clear();
+      continue;
+    }
+    if (p.compute) {
+      const double per_unit =
+          p.cost_class.empty() ? kPriorPerUnit : costs.per_unit(p.cost_class, p.prior_per_unit);
+      r.estimate_s = p.units * per_unit / std::max(1, p.threads);
+      r.estimate_text = "about " + fmt_seconds(r.estimate_s);
+      if (!p.cost_class.empty() && !costs.measured(p.cost_class))
+        r.estimate_text += " (not yet measured on this machine)";
+    }
+    if (r.key == p.key && !r.partial) continue;  // fresh
+    if (r.running == p.key) continue;            // on its way
+    if (!r.running.empty()) {                    // outdated job
+      worker.cancel(name);
+      r.running.clear();
+    }
+    if (!p.waiting.empty() || !p.compute) continue;
+    if (r.cancelled == p.key) continue;
+    if (r.estimate_s > p.auto_limit_s && r.approved != p.key) {
+      r.held = p.key;
+      continue;
+    }
+    r.held.clear();
+    submit(name, r, p);
+  }
+  for (auto& [name, r] : results)
+    if (!planned.count(name)) {
+      r.want.clear();
+      if (!r.running.empty()) worker.cancel(name);
+      r.running.clear();
+    }
 }
 
-void AppState::request_query_comparison() {
-  if (!focus_layer || !run[0] || focus_layer->queries.empty()) {
-    query_cmp.reset();
-    return;
-  }
-  std::shared_ptr<const LayerData> layer = focus_layer;
-  std::shared_ptr<const HeadRun> hr = run[0];
-  int kv = focus.kv_head;
-  int group = capture->info().group_size();
-  int qh = kv * group + std::clamp(selected_q_head, 0, std::max(0, group - 1));
-  int j = effective_query();
-  query_cmp_error.clear();
-  worker.submit(Lane::Focus, "focus.query", "query comparison", [=](JobContext&) -> ApplyFn {
-    return guarded(
-        [&]() -> ApplyFn {
-          const MatrixF& K = layer->keys[static_cast<size_t>(kv)];
-          const MatrixF& V = layer->values[static_cast<size_t>(kv)];
-          const float* q = layer->queries[static_cast<size_t>(qh)].row(j).data();
-          const EvalWindow& w = hr->window;
-          const Selection& sel = hr->selection;
-          auto qc = std::make_shared<QueryComparison>();
-          qc->position = j;
-          qc->q_head = qh;
-          qc->exact_weights = attention_row(q, K, j);
-          // The estimator's own normalised weights over [0, j]: weight 1 for sinks and the
-          // window, the method's weight on its (denominator) selection, 0 for dropped keys.
-          std::vector<double> w_key(static_cast<size_t>(j + 1), 0.0);
-          for (int i = 0; i < std::min(w.sink, j + 1); ++i) w_key[static_cast<size_t>(i)] = 1;
-          for (int i = w.n - w.eval; i <= j; ++i) w_key[static_cast<size_t>(i)] = 1;
-          const auto& idx = sel.separate ? sel.den_indices : sel.indices;
-          const auto& wts = sel.separate ? sel.den_weights : sel.weights;
-          for (size_t t = 0; t < idx.size() && t < wts.size(); ++t)
-            if (idx[t] <= j) w_key[static_cast<size_t>(idx[t])] = wts[t];
-          const int d = static_cast<int>(K.cols());
-          const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-          std::vector<double> logits(static_cast<size_t>(j + 1), -INFINITY);
-          double mx = -INFINITY;
-          for (int i = 0; i <= j; ++i) {
-            if (w_key[static_cast<size_t>(i)] <= 0) continue;
-            double dot = 0;
-            for (int c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * K(i, c);
-            logits[static_cast<size_t>(i)] = dot * scale + std::log(w_key[static_cast<size_t>(i)]);
-            mx = std::max(mx, logits[static_cast<size_t>(i)]);
-          }
-          double z = 0;
-          qc->approx_weights.assign(static_cast<size_t>(j + 1), 0.0);
-          for (int i = 0; i <= j; ++i)
-            if (std::isfinite(logits[static_cast<size_t>(i)]))
-              z += (qc->approx_weights[static_cast<size_t>(i)] =
-                        std::exp(logits[static_cast<size_t>(i)] - mx));
-          for (double& x : qc->approx_weights) x /= z;
-          VectorD ex = exact_attention(q, K, V, j);
-          VectorD ap = weighted_attention(q, K, V, j, w, sel);
-          qc->exact_output.assign(ex.data(), ex.data() + ex.size());
-          qc->approx_output.assign(ap.data(), ap.data() + ap.size());
-          double en = ex.norm();
-          qc->relative_error = en > 0 ? (ap - ex).norm() / en : 0;
-          return [qc, hr](AppState& s) {
-            if (s.run[0] == hr) s.query_cmp = qc;
-          };
-        },
-        [hr](const std::string& msg) -> ApplyFn {
-          return [msg, hr](AppState& s) {
-            if (s.run[0] == hr) s.query_cmp_error = msg;
-          };
-        });
-  });
-}
+// ---------------------------------------------------------------- sessions
 
 nlohmann::json AppState::to_session() const {
+  const Settings& st = settings;
   nlohmann::json j;
-  j["kvscope_session"] = 1;
+  j["kvscope_session"] = 2;
   j["capture"] = capture_path;
-  j["focus"] = {{"layer", focus.layer}, {"kv_head", focus.kv_head}};
-  j["method_a"] = method_name[0];
-  j["method_b"] = method_name[1];
-  j["ab_enabled"] = ab_enabled;
-  j["keep_ratio"] = keep_ratio;
-  j["seed"] = seed;
-  j["sink"] = sink_override;
-  j["eval"] = eval_override;
-  j["backend"] = backend_choice;
-  j["grid_seeds"] = grid_seeds;
-  j["grid_metric"] = grid_metric == GridMetric::Error ? "error" : "entropy";
-  j["selected_query"] = selected_query;
-  j["selected_q_head"] = selected_q_head;
-  j["active_view"] = active_view;
-  nlohmann::json p = nlohmann::json::object();
-  for (const auto& [name, values] : params) p[name] = values;
-  j["params"] = p;
-  j["sweep"] = {{"methods", sweep_request.methods},
-                {"ratios", sweep_request.ratios},
-                {"seeds", sweep_request.seeds},
-                {"focused_layer_only", sweep_request.focused_layer_only}};
+  j["focus"] = {{"layer", st.focus.layer}, {"kv_head", st.focus.kv_head}};
+  j["method_a"] = st.method[0].name;
+  j["method_b"] = st.method[1].name;
+  j["params_a"] = st.method[0].params;
+  j["params_b"] = st.method[1].params;
+  j["ab_enabled"] = st.ab_enabled;
+  j["keep_ratio"] = st.keep_ratio;
+  j["seed"] = st.seed;
+  j["sink"] = st.sink_override;
+  j["eval"] = st.eval_override;
+  j["estimator"] = estimator_name(st.estimator);
+  j["backend"] = st.backend;
+  j["grid_seeds"] = st.grid_seeds;
+  j["grid_metric"] = st.grid_metric == GridMetric::Error ? "error" : "entropy";
+  j["selected_query"] = st.selected_query;
+  j["selected_q_head"] = st.selected_q_head;
+  j["active_view"] = st.active_view;
+  j["panels"] = {st.panel_view[0], st.panel_view[1]};
+  j["sweep"] = {{"methods", st.sweep.methods},
+                {"ratios", st.sweep.ratios},
+                {"seeds", st.sweep.seeds},
+                {"focused_layer_only", st.sweep.focused_layer_only}};
   return j;
 }
 
+namespace {
+
+// Typed field access that names the field and the problem.
+struct SessionReader {
+  const nlohmann::json& j;
+  std::string prefix;
+
+  const nlohmann::json* find(const char* field) const {
+    auto it = j.find(field);
+    return it == j.end() ? nullptr : &*it;
+  }
+  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
+    throw InputError("session field \"" + prefix + field + "\": " + problem);
+  }
+  std::string kind(const nlohmann::json& v) const { return v.type_name(); }
+  void get(const char* field, int& out, int lo, int hi) const {
+    const nlohmann::json* v = find(field);
+    if (!v) return;
+    if (!v->is_number_integer()) fail(field, "expected an integer, got " + kind(*v));
+    const long long x = v->get<long long>();
+    if (x < lo || x > hi)
+      fail(field, std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "]");
+    out = static_cast<int>(x);
+  }
+  void get(const char* field, double& out) const {
+    const nlohmann::json* v = find(field);
+    if (!v) return;
+    if (!v->is_number()) fail(field, "expected a number, got " + kind(*v));
+    out = v->get<double>();
+  }
+  void get(const char* field, bool& out) const {
+    const nlohmann::json* v = find(field);
+    if (!v) return;
+    if (!v->is_boolean()) fail(field, "expected true or false, got " + kind(*v));
+    out = v->get<bool>();
+  }
+  void get(const char* field, std::string& out) const {
+    const nlohmann::json* v = find(field);
+    if (!v) return;
+    if (!v->is_string()) fail(field, "expected a string, got " + kind(*v));
+    out = v->get<std::string>();
+  }
+  ParamValues params(const char* field, const Method* m) const {
+    ParamValues pv;
+    const nlohmann::json* v = find(field);
+    if (!v) return pv;
+    if (!v->is_object()) fail(field, "expected an object of parameter values, got " + kind(*v));
+    for (const auto& [k, x] : v->items()) {
+      if (!x.is_number() && !x.is_boolean())
+        fail(std::string(field) + "." + k, "expected a number, got " + kind(x));
+      pv[k] = x.is_boolean() ? (x.get<bool>() ? 1.0 : 0.0) : x.get<double>();
+    }
+    if (m) try {
+        validate_method_params(*m, pv);
+      } catch (const InputError& e) {
+        fail(field, e.what());
+      }
+    return pv;
+  }
+};
+
+}  // namespace
+
+Settings AppState::parse_session(const nlohmann::json& j, std::string* capture_out) const {
+  if (!j.is_object() || !j.contains("kvscope_session"))
+    throw InputError("not a KVScope session (no \"kvscope_session\" key)");
+  Settings st;  // fields a session leaves out take their defaults
+  SessionReader rd{j, ""};
+  std::string cap = capture_path;
+  rd.get("capture", cap);
+  if (!cap.empty() && cap != capture_path) {
+    std::error_code ec;
+    if (!fs::exists(cap, ec)) rd.fail("capture", "file " + cap + " does not exist");
+    if (!fs::is_regular_file(cap, ec)) rd.fail("capture", cap + " is not a regular file");
+  }
+  if (const nlohmann::json* f = rd.find("focus")) {
+    if (!f->is_object()) rd.fail("focus", "expected an object {layer, kv_head}");
+    SessionReader fr{*f, "focus."};
+    fr.get("layer", st.focus.layer, 0, 1 << 20);
+    fr.get("kv_head", st.focus.kv_head, 0, 1 << 20);
+  }
+  const char* slot_field[2] = {"method_a", "method_b"};
+  const char* param_field[2] = {"params_a", "params_b"};
+  for (int k = 0; k < 2; ++k) {
+    MethodChoice& mc = st.method[static_cast<size_t>(k)];
+    rd.get(slot_field[k], mc.name);
+    const Method* m = find_method(mc.name);
+    if (!m) rd.fail(slot_field[k], "unknown method '" + mc.name + "'");
+    mc.params = rd.params(param_field[k], m);
+  }
+  // Version-1 sessions kept one parameter map by method name.
+  if (const nlohmann::json* legacy = rd.find("params")) {
+    if (!legacy->is_object()) rd.fail("params", "expected an object by method name");
+    for (int k = 0; k < 2; ++k) {
+      MethodChoice& mc = st.method[static_cast<size_t>(k)];
+      if (legacy->contains(mc.name) && !j.contains(param_field[k])) {
+        SessionReader lr{*legacy, "params."};
+        mc.params = lr.params(mc.name.c_str(), find_method(mc.name));
+      }
+    }
+  }
+  rd.get("ab_enabled", st.ab_enabled);
+  rd.get("keep_ratio", st.keep_ratio);
+  if (!(st.keep_ratio > 0 && st.keep_ratio <= 1))
+    rd.fail("keep_ratio", std::to_string(st.keep_ratio) + " is not in (0, 1]");
+  rd.get("seed", st.seed, 0, 1 << 30);
+  rd.get("sink", st.sink_override, -1, 1 << 30);
+  rd.get("eval", st.eval_override, -1, 1 << 30);
+  if (st.eval_override == 0) rd.fail("eval", "needs at least 1 evaluation query (or -1)");
+  std::string estimator = estimator_name(st.estimator);
+  rd.get("estimator", estimator);
+  if (estimator != "weighted" && estimator != "authors")
+    rd.fail("estimator", "'" + estimator + "' is not weighted or authors");
+  st.estimator = estimator == "authors" ? Estimator::Authors : Estimator::Weighted;
+  rd.get("backend", st.backend);
+  if (st.backend != "cpu" && st.backend != "cuda" && st.backend != "auto")
+    rd.fail("backend", "'" + st.backend + "' is not cpu, cuda or auto");
+  rd.get("grid_seeds", st.grid_seeds, 0, 10);
+  std::string metric = "error";
+  rd.get("grid_metric", metric);
+  if (metric != "error" && metric != "entropy")
+    rd.fail("grid_metric", "'" + metric + "' is not error or entropy");
+  st.grid_metric = metric == "entropy" ? GridMetric::Entropy : GridMetric::Error;
+  rd.get("selected_query", st.selected_query, -1, 1 << 30);
+  rd.get("selected_q_head", st.selected_q_head, 0, 1 << 20);
+  rd.get("active_view", st.active_view);
+  if (const nlohmann::json* p = rd.find("panels")) {
+    if (!p->is_array() || p->size() != 2 || !(*p)[0].is_string() || !(*p)[1].is_string())
+      rd.fail("panels", "expected two view names");
+    st.panel_view = {(*p)[0].get<std::string>(), (*p)[1].get<std::string>()};
+  }
+  if (const nlohmann::json* sw = rd.find("sweep")) {
+    if (!sw->is_object()) rd.fail("sweep", "expected an object");
+    SessionReader sr{*sw, "sweep."};
+    SweepRequest& r = st.sweep;
+    if (const nlohmann::json* ms = sr.find("methods")) {
+      if (!ms->is_array()) sr.fail("methods", "expected a list of method names");
+      r.methods.clear();
+      for (const auto& m : *ms) {
+        if (!m.is_string() || !find_method(m.get<std::string>()))
+          sr.fail("methods", "unknown method " + m.dump());
+        r.methods.push_back(m.get<std::string>());
+      }
+    }
+    if (const nlohmann::json* rs = sr.find("ratios")) {
+      if (!rs->is_array() || rs->empty()) sr.fail("ratios", "expected a non-empty list");
+      r.ratios.clear();
+      for (const auto& x : *rs) {
+        if (!x.is_number() || !(x.get<double>() > 0 && x.get<double>() <= 1))
+          sr.fail("ratios", x.dump() + " is not a keep ratio in (0, 1]");
+        r.ratios.push_back(x.get<double>());
+      }
+    }
+    sr.get("seeds", r.seeds, 1, 10);
+    sr.get("focused_layer_only", r.focused_layer_only);
+  }
+  if (capture_out) *capture_out = cap;
+  return st;
+}
+
 void AppState::apply_session(const nlohmann::json& j) {
-  try {
-    if (!j.is_object() || !j.contains("kvscope_session"))
-      throw InputError("not a KVScope session (no \"kvscope_session\" key)");
-    method_name[0] = j.value("method_a", method_name[0]);
-    method_name[1] = j.value("method_b", method_name[1]);
-    for (int slot = 0; slot < 2; ++slot)
-      if (!find_method(method_name[slot]))
-        throw InputError("method_" + std::string(slot ? "b" : "a") + ": unknown method '" +
-                         method_name[slot] + "'");
-    ab_enabled = j.value("ab_enabled", ab_enabled);
-    keep_ratio = j.value("keep_ratio", keep_ratio);
-    if (!(keep_ratio > 0 && keep_ratio <= 1))
-      throw InputError("keep_ratio: " + std::to_string(keep_ratio) + " is not in (0, 1]");
-    seed = j.value("seed", seed);
-    sink_override = j.value("sink", sink_override);
-    eval_override = j.value("eval", eval_override);
-    grid_seeds = std::clamp(j.value("grid_seeds", grid_seeds), 1, 10);
-    grid_metric = j.value("grid_metric", std::string("error")) == "entropy" ? GridMetric::Entropy
-                                                                            : GridMetric::Error;
-    selected_query = j.value("selected_query", selected_query);
-    selected_q_head = j.value("selected_q_head", selected_q_head);
-    active_view = j.value("active_view", active_view);
-    if (j.contains("params")) {
-      params.clear();
-      for (const auto& [name, values] : j["params"].items())
-        params[name] = values.get<ParamValues>();
-    }
-    if (j.contains("sweep")) {
-      const auto& sw = j["sweep"];
-      SweepRequest r;
-      r.methods = sw.value("methods", r.methods);
-      r.ratios = sw.value("ratios", r.ratios);
-      r.seeds = sw.value("seeds", r.seeds);
-      r.focused_layer_only = sw.value("focused_layer_only", false);
-      sweep_request = r;
-    }
-    set_backend(j.value("backend", backend_choice));
-    Focus f{0, 0};
-    if (j.contains("focus")) f = {j["focus"].value("layer", 0), j["focus"].value("kv_head", 0)};
-    std::string path = j.value("capture", std::string());
-    if (!path.empty() && path != capture_path) {
-      // Focus applies once the file is open (request_open resets it to 0/0 first).
-      request_open(path);
-      worker.submit(Lane::Focus, "session.focus", "restoring focus", [f](JobContext&) -> ApplyFn {
-        return [f](AppState& s) {
-          s.set_focus(f);
-          s.settings_changed();
-        };
-      });
-    } else {
-      set_focus(f);
-      settings_changed();
-      if (!sweep_request.methods.empty()) request_sweep(sweep_request);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(std::string("session: malformed JSON field: ") + e.what());
+  std::string path;
+  Settings st = parse_session(j, &path);  // throws before anything changes
+  settings = st;
+  if (!path.empty() && path != capture_path) {
+    request_open(path, true);  // settings are fitted to the file once it is open
+  } else {
+    fit_settings_to_capture(true);
   }
 }
 

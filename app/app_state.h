@@ -1,23 +1,29 @@
-// Everything the app shows and edits, owned by the UI thread. Views read it and change settings
-// through the request_* functions, which queue worker jobs; results come back as whole
-// shared_ptrs swapped in by apply closures (see worker.h). Nothing here is touched by a worker
-// thread directly.
+// Everything the app shows and edits, owned by the UI thread. docs/app.md has the picture.
+//
+//   Settings (plain values)  --views edit-->  AppState::settings
+//   Results  (derived)       --reconcile()--> each Result carries the key of the settings it was
+//                                             computed from; reconcile() runs once per frame,
+//                                             compares every result's key with the key the
+//                                             current settings give, cancels outdated jobs and
+//                                             submits missing ones (or holds them for a Run
+//                                             click when their estimated cost is too high).
+//
+// Views only edit `settings` (and their own view choices) and draw whatever result there is,
+// marked stale while its key differs from the wanted one. No view calls a request function and
+// no job result starts another job: every job is started by reconcile().
 //
 // For view authors (view_geometry.cpp, view_walk.cpp, ...):
-//   - the focused head:      s.focus.layer, s.focus.kv_head, s.focus_layer (LayerData, may be null
-//                            while loading), s.focus_keys() / focus_values() / focus_queries()
-//   - the current selection: s.run[0] (method A) and s.run[1] (method B, when s.ab_enabled):
-//                            shared_ptr<const HeadRun>; run[k]->selection.trace is the WalkTrace
-//                            (always requested for the focused head)
-//   - linked highlighting:   s.hovered_token (this frame, set by any view), s.selected_tokens
-//                            (box selection), s.selected_query (position of the chosen query)
-//   - change detection:      s.focus_generation (capture/layer/head changed), s.run_generation
-//                            (a new HeadRun arrived)
-//   - background work:       s.worker.submit(Lane::Geometry, "geometry.tsne", "t-SNE", job)
-//                            where job returns an ApplyFn that stores the result in the view.
+//   - settings:              s.settings.focus, .method[0/1] (name + params), .keep_ratio, ...
+//   - the focused head:      s.focus_layer() (LayerData, null while loading), s.focus_keys(),
+//                            focus_values(), focus_queries()
+//   - focused runs:          s.run(0) / s.run(1) (HeadRun*, null when none),
+//                            s.result(kFocusA).stale() etc.; run(k)->selection.trace is the walk
+//   - linked highlighting:   s.hovered_token (this frame), s.selected_tokens (box selection)
+//   - a view's own derived result: override View::plan() (view.h); reconcile runs it.
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -27,6 +33,7 @@
 #include <vector>
 
 #include "app/worker.h"
+#include "engine/attention_stats.h"
 #include "engine/capture.h"
 #include "engine/method.h"
 #include "engine/protocol.h"
@@ -42,15 +49,14 @@ struct Focus {
 // What the grid cells of the Capture view and the Error heatmap are coloured by.
 enum class GridMetric { Error = 0, Entropy = 1 };
 
-// Attention entropy of every (layer, kv head): mean over the evaluation queries of the group's
-// query heads of -sum p log p (nats). Computed in the background after a capture opens.
+// Attention entropy of every (layer, kv head) (engine/attention_stats.h), NaN when refused.
 struct EntropyGrid {
   int layers = 0, heads = 0;
-  std::vector<double> values;  // [layer * heads + head], NaN when refused / no queries
+  std::vector<double> values;  // [layer * heads + head]
   double at(int l, int h) const { return values[static_cast<size_t>(l * heads + h)]; }
 };
 
-// Exact vs approximate attention of one query (the Error view's last panel), per method slot.
+// Exact vs approximate attention of one query (the Error view's last panel), method A.
 struct QueryComparison {
   int position = -1;                   // absolute query position j
   int q_head = 0;                      // query head (absolute index)
@@ -61,7 +67,7 @@ struct QueryComparison {
   double relative_error = 0;
 };
 
-// The error sweep of the Error view: several methods x the protocol's ratios x seeds.
+// The error sweep of the Error view: several methods x ratios x seeds.
 struct SweepRequest {
   std::vector<std::string> methods;
   std::vector<double> ratios{0.5, 0.25, 0.125, 0.0625};
@@ -70,102 +76,226 @@ struct SweepRequest {
   bool operator==(const SweepRequest&) const = default;
 };
 
-struct AppState {
-  AppState();
-  ~AppState();
+// One method slot (A or B): the method and its own parameter values (only non-defaults).
+struct MethodChoice {
+  std::string name;
+  ParamValues params;
+  bool operator==(const MethodChoice&) const = default;
+};
 
-  // ---- capture
-  std::shared_ptr<CaptureFile> capture;  // CaptureFile::layer() is thread-safe
-  std::string capture_path;
-  std::string load_error;    // last failed open (the loader's InputError), shown in the window
-  std::string loading_path;  // non-empty while a file is being opened
+// Every setting, as plain values. Sessions save and restore exactly this (plus view choices).
+struct Settings {
   Focus focus;
-  std::shared_ptr<const LayerData> focus_layer;  // the focused layer (null while loading)
-  uint64_t focus_generation = 0;
-
-  // ---- method settings (A and the optional B of the A/B comparison)
-  std::array<std::string, 2> method_name{"balancekv", "uniform"};
+  std::array<MethodChoice, 2> method{MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
   bool ab_enabled = true;
-  std::map<std::string, ParamValues> params;  // by method name, only non-default entries matter
   double keep_ratio = 0.25;
   int seed = 0;
   int sink_override = -1, eval_override = -1;  // -1: protocol default
   Estimator estimator = Estimator::Weighted;   // the authors' estimator is a protocol option
-  std::string backend_choice = "cpu";          // cpu | cuda | auto
-  std::string backend_active;                  // name() of the backend in use
-  std::string backend_note;                    // why cuda is not used, or the device
-  int grid_seeds = 3;                          // seeds averaged in the background grid
+  std::string backend = "cpu";                 // cpu | cuda | auto
+  int grid_seeds = 0;                          // seeds of the background grid; 0: by capture size
   GridMetric grid_metric = GridMetric::Error;
+  SweepRequest sweep;       // empty methods: no sweep wanted (the Error view fills it in)
+  int selected_query = -1;  // absolute position of the Error view's query (-1: default)
+  int selected_q_head = 0;  // within the focused kv head's GQA group
+  std::string active_view = "capture";
+  std::array<std::string, 2> panel_view{"capture", "tokens"};  // tab shown in each panel
+  bool operator==(const Settings&) const = default;
+};
 
-  // ---- results (swapped in whole by apply closures)
-  std::array<std::shared_ptr<const HeadRun>, 2> run;  // focused head, A and B
-  std::array<std::string, 2> run_error;               // method failed / not implemented
-  std::array<double, 2> run_ms{0, 0};                 // wall time of the last run
-  uint64_t run_generation = 0;
-  std::shared_ptr<const EvalReport> grid;  // method A at keep_ratio, every layer and kv head
-  std::string grid_error;
-  std::shared_ptr<const EntropyGrid> entropy;
-  SweepRequest sweep_request;
-  std::shared_ptr<const EvalReport> sweep;
-  std::string sweep_error;
-  bool sweep_stale = false;                          // settings changed since the sweep ran
-  std::shared_ptr<const QueryComparison> query_cmp;  // for selected_query, method A
-  std::string query_cmp_error;
+// The names of the built-in derived results (also their worker job keys).
+inline constexpr const char* kLayer = "layer";
+inline constexpr const char* kFocusA = "focus.A";
+inline constexpr const char* kFocusB = "focus.B";
+inline constexpr const char* kGrid = "grid";
+inline constexpr const char* kSweep = "sweep";
+inline constexpr const char* kEntropy = "entropy";
+inline constexpr const char* kQuery = "query";
+
+// One derived result and the state of the job that computes it.
+struct Result {
+  std::string want;  // key the current settings give ("" = not wanted now)
+  std::string key;   // key `value` / `error` were computed from
+  std::shared_ptr<const void> value;
+  std::string error;     // the job failed for `key`
+  bool partial = false;  // value is an intermediate frame of a running job
+  double seconds = 0;    // wall time of the run that produced value
+  // Job state.
+  std::string running;     // key of the submitted job ("" = none)
+  std::string held;        // == want when the job waits for a Run click (estimate too high)
+  std::string cancelled;   // key the user cancelled (not resubmitted until Run)
+  std::string approved;    // key the user asked to run whatever its cost
+  std::string waiting;     // why the job cannot start yet (e.g. "loading layer 3")
+  double estimate_s = -1;  // expected seconds for `want` (-1: unknown)
+  std::string estimate_text;
+
+  bool has_value() const { return value != nullptr; }
+  // The value (or error) belongs to the current settings.
+  bool fresh() const { return !want.empty() && key == want && !partial; }
+  // Something is shown that was computed for other settings.
+  bool stale() const { return (value || !error.empty()) && key != want; }
+  bool busy() const { return !running.empty(); }
+  template <typename T>
+  const T* get() const {
+    return static_cast<const T*>(value.get());
+  }
+  template <typename T>
+  std::shared_ptr<const T> ptr() const {
+    return std::static_pointer_cast<const T>(value);
+  }
+};
+
+// What a derived result needs under the current settings: built every frame by a planner.
+struct JobPlan {
+  std::string key;      // the settings key; "" = not wanted
+  std::string waiting;  // non-empty: a prerequisite is missing (the job is not started)
+  Lane lane = Lane::Analysis;
+  std::string label;
+  // Cost: `units` of work of class `cost_class` (seconds per unit measured at run time) on
+  // `threads` threads. Jobs above the auto-run limit wait for a Run click.
+  std::string cost_class;
+  double units = 0;
+  double prior_per_unit = 0;  // seconds per unit before a measurement (0: the general prior)
+  int threads = 1;
+  double auto_limit_s = 3.0;
+  // Computes the value; `partial` posts an intermediate value (e.g. a t-SNE frame).
+  using PartialFn = std::function<void(std::shared_ptr<const void>)>;
+  std::function<std::shared_ptr<const void>(JobContext&, const PartialFn&)> compute;
+};
+using NamedPlan = std::pair<std::string, JobPlan>;
+
+// Measured seconds per unit of work, by cost class ("head:balancekv", "tsne", ...).
+class CostModel {
+ public:
+  // Seconds per unit of `cost_class`: measured when known, else the mean of the measured head
+  // classes, else a conservative prior.
+  double per_unit(const std::string& cost_class, double prior = 0) const;
+  bool measured(const std::string& cost_class) const { return per_unit_.count(cost_class) > 0; }
+  void record(const std::string& cost_class, double units, double seconds);
+  const std::map<std::string, double>& measured_table() const { return per_unit_; }
+
+ private:
+  std::map<std::string, double> per_unit_;
+};
+
+struct AppState {
+  AppState();
+  ~AppState();
+
+  Settings settings;
+
+  // ---- capture (opened by request_open: an action, not a setting)
+  std::shared_ptr<CaptureFile> capture;  // CaptureFile::layer() is thread-safe
+  std::string capture_path;
+  uint64_t capture_id = 0;   // incremented on every successful open (part of every key)
+  std::string load_error;    // last failed open (the loader's InputError), shown in the window
+  std::string loading_path;  // non-empty while a file is being opened
+  std::vector<std::string> notes;  // settings adjusted to fit the capture (shown until dismissed)
+
+  // ---- backend (resolved from settings.backend by reconcile)
+  std::string backend_active;  // name() of the backend in use
+  std::string backend_note;    // why cuda is not used, or the device
+
+  // ---- derived results, by name (kFocusA, kGrid, ..., and views' own)
+  std::map<std::string, Result> results;
+  CostModel costs;
   std::map<std::string, std::string> job_errors;  // by job key, from failed jobs
 
-  // ---- linked selection
+  // ---- linked selection (transient, not saved)
   int hovered_token = -1;         // reset every frame before views draw; any view may set it
   int selected_token = -1;        // clicked token
   std::set<int> selected_tokens;  // box selection (Geometry view) shown in the token strip
-  int selected_query = -1;        // absolute position of the query used by the Error view (-1:
-                                  // the last one)
-  int selected_q_head = 0;        // within the focused kv head's GQA group
-
-  // ---- UI state that persists in sessions
-  std::string active_view = "capture";  // the view shown (and screenshot) in each panel
-  std::string status_message;           // transient line in the status bar
+  std::string status_message;     // transient line in the status bar
+  // Screen rectangles of named widgets (for the GUI test), filled while drawing.
+  std::map<std::string, std::array<float, 4>> ui_items;
 
   Worker worker;
 
   // ---- accessors for views
   const Method* method(int slot) const;  // nullptr when unknown
-  MethodSettings settings(int slot) const;
+  const std::string& method_name(int slot) const {
+    return settings.method[static_cast<size_t>(slot)].name;
+  }
+  // Method, ratio, the slot's own parameters and the fitted window for the engine.
+  MethodSettings method_settings(int slot) const;
   const CaptureInfo* info() const { return capture ? &capture->info() : nullptr; }
   int num_tokens() const { return capture ? capture->info().num_tokens : 0; }
-  // Focused head data (nullptr while the layer is loading or when the head is refused).
+  const Result& result(const std::string& name) const;
+  // Current values (null when none; check result(name).stale() to know if they are outdated).
+  const HeadRun* run(int slot) const;
+  std::shared_ptr<const HeadRun> run_ptr(int slot) const;
+  // Why the focused run of a slot failed for the current settings ("" when it did not).
+  std::string run_error(int slot) const;
+  const EvalReport* grid() const { return result(kGrid).get<EvalReport>(); }
+  const EvalReport* sweep() const { return result(kSweep).get<EvalReport>(); }
+  const EntropyGrid* entropy() const { return result(kEntropy).get<EntropyGrid>(); }
+  const QueryComparison* query_cmp() const { return result(kQuery).get<QueryComparison>(); }
+  // The focused layer, only when it is the one the settings ask for.
+  std::shared_ptr<const LayerData> focus_layer() const;
   const MatrixF* focus_keys() const;
   const MatrixF* focus_values() const;
   std::vector<const MatrixF*> focus_queries() const;  // the GQA group, may be empty
   bool focus_refused(std::string* why = nullptr) const;
-  // The evaluation window the current settings give for the focused capture.
-  EvalWindow window() const;
-  // The query position the Error view uses (selected_query or the last one).
+  // The evaluation window the settings give, fitted to the capture (never throws with a capture
+  // open; see fit_window). `note` says what was clamped.
+  EvalWindow window(std::string* note = nullptr) const;
+  // Seeds of the background grid: settings.grid_seeds, or by capture size when 0.
+  int grid_seeds() const;
+  // The query position the Error view uses (selected_query or method A's worst one).
   int effective_query() const;
   // Token text for display (newlines and tabs escaped), "" when out of range.
   std::string token_text(int i) const;
-  Backend* backend() const;
+  Backend* backend() const { return backend_; }
+  // Progress of a result's running job (done, total), {0, 0} when none.
+  std::pair<int, int> progress(const std::string& name) const;
 
-  // ---- requests (UI thread): each queues worker jobs, never blocks
-  void request_open(const std::string& path);
+  // ---- actions (UI thread)
+  // Opens a capture in the background; the open one stays when it fails. A session's open
+  // keeps the selected query (a plain open resets it).
+  void request_open(const std::string& path, bool from_session = false);
+  // Focus a head (clamped to the capture); same as editing settings.focus.
   void set_focus(Focus f);
-  // Settings changed: re-run the focused head now and the grid in the background.
-  void settings_changed();
-  void request_focus_runs();
-  void request_grid();
-  void request_entropy();
-  void request_sweep(const SweepRequest& r);
-  void request_query_comparison();
-  void set_backend(const std::string& which);
+  // The user's Run / Cancel of a result's job.
+  void run_now(const std::string& name);
+  void cancel_job(const std::string& name);
+
+  // Once per frame (before views draw): applies finished jobs, fits settings to the capture,
+  // then compares keys and starts/cancels jobs. `extra` holds the views' own plans.
+  void reconcile(const std::vector<NamedPlan>& extra = {});
 
   // ---- sessions
   nlohmann::json to_session() const;
-  // Applies a session (opens its file when it differs). Throws InputError on malformed JSON.
+  // Parses and checks a whole session without changing anything; throws InputError naming the
+  // field and the problem.
+  Settings parse_session(const nlohmann::json& j, std::string* capture_path) const;
+  // Applies a session (validated whole first; opens its file when it differs).
   void apply_session(const nlohmann::json& j);
 
  private:
-  uint64_t settings_generation_ = 0;  // stale results are dropped at apply time
-  Backend* backend_ = nullptr;        // resolved from backend_choice (null: CPU)
+  std::vector<NamedPlan> plans() const;
+  JobPlan plan_layer() const;
+  JobPlan plan_focus(int slot) const;
+  JobPlan plan_grid() const;
+  JobPlan plan_sweep() const;
+  JobPlan plan_entropy() const;
+  JobPlan plan_query() const;
+  void submit(const std::string& name, Result& r, const JobPlan& p);
+  void resolve_backend();
+  void fit_settings_to_capture(bool announce);
+  // The method settings for any method name in jobs: the slot's own params when the name is
+  // method A's or B's, defaults otherwise.
+  ParamValues params_for(const std::string& method_name) const;
+  std::string common_key() const;  // capture, backend, window: part of every evaluation key
+
+  Backend* backend_ = nullptr;
+  std::string backend_resolved_;  // settings.backend the backend was resolved for
 };
+
+// The evaluation window for n tokens, clamped to fit (s + E <= n, E >= 1) when the protocol's
+// window or the overrides do not; `note` says what changed. Throws only for n <= 0.
+// (EvalWindow::fit of engine/protocol.h; keep_ratio outside (0, 1] is clamped first.)
+EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_override,
+                      std::string* note = nullptr);
 
 // Where the bundled sample capture is (relative to the executable, then the source tree).
 std::string default_capture_path(const char* argv0);

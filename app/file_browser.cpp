@@ -28,6 +28,14 @@ void FileBrowser::open(const std::string& title, const std::string& start_dir,
   refresh();
 }
 
+void FileBrowser::select(int i) {
+  if (i < 0 || i >= static_cast<int>(entries_.size())) return;
+  selected_ = i;
+  scroll_to_selected_ = true;
+  const Entry& e = entries_[static_cast<size_t>(i)];
+  if (!e.dir) std::snprintf(path_buf_, sizeof path_buf_, "%s", (fs::path(dir_) / e.name).c_str());
+}
+
 void FileBrowser::refresh() {
   entries_.clear();
   error_.clear();
@@ -54,7 +62,12 @@ void FileBrowser::refresh() {
   });
 }
 
-void FileBrowser::draw() {
+void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
+  auto record = [&](const std::string& name) {
+    if (!items) return;
+    const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+    (*items)[name] = {a.x, a.y, b.x, b.y};
+  };
   if (!visible_) return;
   if (open_next_) {
     ImGui::OpenPopup(title_.c_str());
@@ -67,6 +80,7 @@ void FileBrowser::draw() {
     return;
   }
   std::string pick;
+  bool activate = false;
   if (ImGui::Button("Up")) {
     fs::path p(dir_);
     if (p.has_parent_path()) dir_ = p.parent_path().string();
@@ -89,36 +103,63 @@ void FileBrowser::draw() {
       else
         std::snprintf(label, sizeof label, "       %s   (%.1f KiB)", e.name.c_str(),
                       static_cast<double>(e.bytes) / 1024.0);
-      if (ImGui::Selectable(label, selected_ == i, ImGuiSelectableFlags_AllowDoubleClick)) {
-        selected_ = i;
-        if (!e.dir)
-          std::snprintf(path_buf_, sizeof path_buf_, "%s", (fs::path(dir_) / e.name).c_str());
-        if (ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) {
-          if (e.dir) {
-            dir_ = (fs::path(dir_) / e.name).string();
-            selected_ = -1;
-            refresh();
-            break;
-          }
-          pick = (fs::path(dir_) / e.name).string();
-        }
+      const bool clicked =
+          ImGui::Selectable(label, selected_ == i, ImGuiSelectableFlags_AllowDoubleClick);
+      record("browser:" + e.name);
+      // A double-click opens the entry whether or not the Selectable reports it (it does only
+      // when both clicks land in separate frames).
+      const bool double_clicked =
+          ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left);
+      if (selected_ == i && scroll_to_selected_) {
+        ImGui::SetScrollHereY();
+        scroll_to_selected_ = false;
+      }
+      if (clicked || double_clicked) select(i);
+      if (double_clicked) {
+        activate = true;
+        break;
       }
     }
   }
   ImGui::EndChild();
+  // Keyboard: Up/Down move the selection, Enter opens it (or the typed path), Escape cancels.
+  const bool typing = ImGui::GetIO().WantTextInput;
+  if (!typing && !entries_.empty()) {
+    if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_DownArrow)))
+      select(std::min(static_cast<int>(entries_.size()) - 1, selected_ + 1));
+    if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_UpArrow)))
+      select(std::max(0, selected_ - 1));
+  }
+  const bool enter = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Enter), false) ||
+                     ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_KeyPadEnter), false);
+  const bool escape = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape), false);
   ImGui::SetNextItemWidth(-140);
-  ImGui::InputText("##path", path_buf_, sizeof path_buf_);
+  const bool typed_enter =
+      ImGui::InputText("##path", path_buf_, sizeof path_buf_, ImGuiInputTextFlags_EnterReturnsTrue);
+  record("browser:path");
   ImGui::SameLine();
-  if (ImGui::Button("Open", ImVec2(60, 0)) && path_buf_[0]) pick = path_buf_;
+  if ((ImGui::Button("Open", ImVec2(60, 0)) || typed_enter) && path_buf_[0]) pick = path_buf_;
+  if (activate || (enter && !typing && pick.empty())) {
+    if (selected_ >= 0 && selected_ < static_cast<int>(entries_.size())) {
+      const Entry& e = entries_[static_cast<size_t>(selected_)];
+      pick = (fs::path(dir_) / e.name).string();
+    } else if (path_buf_[0]) {
+      pick = path_buf_;
+    }
+  }
   ImGui::SameLine();
-  if (ImGui::Button("Cancel", ImVec2(60, 0))) {
+  if (ImGui::Button("Cancel", ImVec2(60, 0)) || escape) {
     visible_ = false;
     ImGui::CloseCurrentPopup();
+    ImGui::EndPopup();
+    return;
   }
   if (!pick.empty()) {
     std::error_code ec;
     if (fs::is_directory(pick, ec)) {
-      dir_ = pick;
+      dir_ = fs::weakly_canonical(pick, ec).string();
+      selected_ = -1;
+      path_buf_[0] = 0;
       refresh();
     } else {
       visible_ = false;

@@ -1,8 +1,11 @@
 // A small in-app file browser (ImGui modal): directories, then files with the wanted extensions;
-// double-click or Open picks a file. Used for captures (.safetensors, .npz) and sessions (.json).
+// double-click, Enter or Open picks a file (or enters a folder), Up/Down move the selection,
+// Escape cancels. Used for captures (.safetensors, .npz) and sessions (.json).
 #pragma once
 
+#include <array>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,12 +16,14 @@ class FileBrowser {
   // Opens the dialog next frame. `exts` like {".safetensors", ".npz"}; empty = every file.
   void open(const std::string& title, const std::string& start_dir, std::vector<std::string> exts,
             std::function<void(const std::string&)> on_pick);
-  // Call every frame.
-  void draw();
+  // Call every frame. `items` (optional) receives the screen rectangles of the entries
+  // ("browser:<name>") and the path field ("browser:path"), for the GUI test.
+  void draw(std::map<std::string, std::array<float, 4>>* items = nullptr);
   bool is_open() const { return visible_; }
 
  private:
   void refresh();
+  void select(int i);
   struct Entry {
     std::string name;
     bool dir = false;
@@ -30,6 +35,7 @@ class FileBrowser {
   std::function<void(const std::string&)> on_pick_;
   bool visible_ = false, open_next_ = false;
   int selected_ = -1;
+  bool scroll_to_selected_ = false;
   char path_buf_[1024] = {};
 };
 

@@ -85,30 +85,35 @@ GridValues grid_values(const AppState& s, GridMetric metric) {
     gv.map = Colormap::Magma;
     if (!ci->has_queries) {
       gv.caption = "attention entropy needs queries; this capture has none";
-    } else if (!s.entropy) {
-      gv.caption = s.worker.busy("entropy") ? "computing attention entropy..." : "no entropy yet";
+    } else if (!s.entropy()) {
+      gv.caption = s.result(kEntropy).busy() ? "computing attention entropy..." : "no entropy yet";
     } else {
       gv.caption = "mean attention entropy of the evaluation queries (nats)";
-      for (size_t i = 0; i < cells && i < s.entropy->values.size(); ++i)
-        gv.mean[i] = s.entropy->values[i];
+      if (s.result(kEntropy).stale()) gv.caption += " [stale]";
+      const EntropyGrid& eg = *s.entropy();
+      if (eg.layers == gv.layers && eg.heads == gv.heads)
+        for (size_t i = 0; i < cells && i < eg.values.size(); ++i) gv.mean[i] = eg.values[i];
     }
   } else {
     gv.unit = "rel. error";
     gv.map = Colormap::Viridis;
-    if (!s.grid_error.empty()) {
-      gv.caption = "grid failed: " + s.grid_error;
-    } else if (!s.grid) {
-      gv.caption = s.worker.busy("grid") ? "running " + s.method_name[0] + " on every head..."
-                                         : "no grid yet";
+    const Result& r = s.result(kGrid);
+    const EvalReport* grid = s.grid();
+    if (!r.error.empty()) {
+      gv.caption = "grid failed: " + r.error;
+    } else if (!grid) {
+      gv.caption = r.busy() ? "running " + s.method_name(0) + " on every head..." : "no grid yet";
     } else {
-      const HeadEval* first = s.grid->results.empty() ? nullptr : &s.grid->results.front();
+      const HeadEval* first = grid->results.empty() ? nullptr : &grid->results.front();
       char buf[256];
-      std::snprintf(buf, sizeof buf, "%s at keep ratio %s: relative error, mean of %d seed%s",
+      std::snprintf(buf, sizeof buf, "%s at keep ratio %s: relative error, mean of %d seed%s%s",
                     first ? first->method.c_str() : "?",
-                    ratio_label(first ? first->ratio : s.keep_ratio).c_str(), s.grid->spec.seeds,
-                    s.grid->spec.seeds == 1 ? "" : "s");
+                    ratio_label(first ? first->ratio : s.settings.keep_ratio).c_str(),
+                    grid->spec.seeds, grid->spec.seeds == 1 ? "" : "s",
+                    r.stale() ? " [stale: earlier settings]" : "");
       gv.caption = buf;
-      if (first) fill_from_report(gv, *s.grid, first->method, first->ratio);
+      if (first && grid->info.num_layers == gv.layers && grid->info.kv_heads == gv.heads)
+        fill_from_report(gv, *grid, first->method, first->ratio);
     }
   }
   finish_range(gv);
@@ -165,7 +170,7 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
       });
   // Outline the focused head.
   {
-    int l = s.focus.layer, h = s.focus.kv_head;
+    int l = s.settings.focus.layer, h = s.settings.focus.kv_head;
     if (l >= 0 && l < gv.layers && h >= 0 && h < gv.heads) {
       ImVec2 a(g0.x + label_w + h * (grid_w / gv.heads), g0.y + l * cell_h);
       dl->AddRect(a, ImVec2(a.x + grid_w / gv.heads, a.y + cell_h), kColSelect, 0, 0, 3.0f);
@@ -200,8 +205,8 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
 
 nlohmann::json grid_json(const AppState& s) {
   nlohmann::json cells = nlohmann::json::array();
-  if (s.grid)
-    for (const HeadEval& h : s.grid->results)
+  if (const EvalReport* grid = s.grid())
+    for (const HeadEval& h : grid->results)
       cells.push_back({{"layer", h.layer},
                        {"kv_head", h.kv_head},
                        {"method", h.method},
@@ -213,19 +218,30 @@ nlohmann::json grid_json(const AppState& s) {
                        {"refused", h.refused},
                        {"note", h.note}});
   nlohmann::json ent = nlohmann::json::array();
-  if (s.entropy)
-    for (int l = 0; l < s.entropy->layers; ++l)
-      for (int h = 0; h < s.entropy->heads; ++h) {
-        double v = s.entropy->at(l, h);
+  if (const EntropyGrid* eg = s.entropy())
+    for (int l = 0; l < eg->layers; ++l)
+      for (int h = 0; h < eg->heads; ++h) {
+        double v = eg->at(l, h);
         ent.push_back({{"layer", l},
                        {"kv_head", h},
                        {"entropy_nats", std::isfinite(v) ? nlohmann::json(v) : nlohmann::json()}});
       }
-  return {{"error_grid", cells}, {"entropy_grid", ent}, {"seeds", s.grid_seeds}};
+  const Result& r = s.result(kGrid);
+  return {{"error_grid", cells},
+          {"entropy_grid", ent},
+          {"seeds", s.grid_seeds()},
+          {"caption", grid_values(s, s.settings.grid_metric).caption},
+          {"stale", r.stale()},
+          {"running", r.busy()},
+          {"held_for_run", !r.held.empty() && r.held == r.want},
+          {"estimate_s", r.estimate_s},
+          {"error", r.error}};
 }
 
 std::string grid_csv(const AppState& s) {
-  if (!s.grid && !s.entropy) return {};
+  const EvalReport* grid = s.grid();
+  const EntropyGrid* eg = s.entropy();
+  if (!grid && !eg) return {};
   std::ostringstream o;
   o << "layer,kv_head,method,keep_ratio,relative_error_mean,relative_error_std,entropy_nats\n";
   const CaptureInfo* ci = s.info();
@@ -234,15 +250,15 @@ std::string grid_csv(const AppState& s) {
     for (int h = 0; h < ci->kv_heads; ++h) {
       o << l << "," << h << ",";
       const HeadEval* he = nullptr;
-      if (s.grid)
-        for (const HeadEval& x : s.grid->results)
+      if (grid)
+        for (const HeadEval& x : grid->results)
           if (x.layer == l && x.kv_head == h) he = &x;
       if (he && !he->refused)
         o << he->method << "," << he->ratio << "," << he->mean << "," << he->std;
       else
-        o << s.method_name[0] << "," << s.keep_ratio << ",,";
+        o << s.method_name(0) << "," << s.settings.keep_ratio << ",,";
       o << ",";
-      if (s.entropy && std::isfinite(s.entropy->at(l, h))) o << s.entropy->at(l, h);
+      if (eg && l < eg->layers && h < eg->heads && std::isfinite(eg->at(l, h))) o << eg->at(l, h);
       o << "\n";
     }
   return o.str();

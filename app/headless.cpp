@@ -1,6 +1,7 @@
 #include "app/headless.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <thread>
 
@@ -28,6 +29,11 @@ void validate_options(const HeadlessOptions& o) {
     throw InputError("--method: unknown method '" + o.method + "'");
   if (!o.method_b.empty() && !find_method(o.method_b))
     throw InputError("--method-b: unknown method '" + o.method_b + "'");
+  if (!(o.ui_scale >= kMinUiScale && o.ui_scale <= kMaxUiScale))
+    throw InputError("--ui-scale: " + std::to_string(o.ui_scale) + " is not in [1, 2.5]");
+  if (!(o.density >= 1 && o.ui_scale * o.density <= kMaxUiScale + 1e-6))
+    throw InputError("--density: " + std::to_string(o.density) +
+                     " must be >= 1 with ui-scale x density <= 2.5");
   if (o.width < 320 || o.height < 240 || o.width > 8192 || o.height > 8192)
     throw InputError("--size: " + std::to_string(o.width) + "x" + std::to_string(o.height) +
                      " is outside 320x240 .. 8192x8192");
@@ -35,19 +41,20 @@ void validate_options(const HeadlessOptions& o) {
 
 void apply_options(AppState& s, AppUi& ui, const HeadlessOptions& o) {
   if (!o.session.empty()) ui.load_session(o.session);
-  if (!o.method.empty()) s.method_name[0] = o.method;
+  if (!o.method.empty()) s.settings.method[0] = MethodChoice{o.method, {}};
   if (!o.method_b.empty()) {
-    s.method_name[1] = o.method_b;
-    s.ab_enabled = true;
+    s.settings.method[1] = MethodChoice{o.method_b, {}};
+    s.settings.ab_enabled = true;
   }
-  if (o.keep_ratio > 0) s.keep_ratio = o.keep_ratio;
+  if (o.keep_ratio > 0) s.settings.keep_ratio = o.keep_ratio;
   if (!o.backend.empty()) {
-    s.set_backend(o.backend);
-    if (s.backend_choice != o.backend) throw InputError(s.backend_note);
+    s.settings.backend = o.backend;
+    s.reconcile();  // resolves the backend (and says why when it cannot)
+    if (s.settings.backend != o.backend) throw InputError(s.backend_note);
   }
-  s.active_view = o.view;
+  s.settings.active_view = o.view;
   ui.show_view(o.view);
-  if (!o.capture.empty()) s.request_open(o.capture);
+  if (!o.capture.empty()) s.request_open(o.capture, !o.session.empty());
   if (!o.then_open.empty()) {
     // Queued behind the first open on the same lane, so it runs once that one has been applied.
     std::string path = o.then_open;
@@ -57,19 +64,28 @@ void apply_options(AppState& s, AppUi& ui, const HeadlessOptions& o) {
   }
 }
 
-int render_view_software(const HeadlessOptions& o) {
-  validate_options(o);
-  SoftTexture font = soft_init(o.width, o.height);
+int render_view_software(const HeadlessOptions& opt) {
+  validate_options(opt);
+  HeadlessOptions o = opt;
+  const float scale = o.ui_scale * o.density;
+  o.width = static_cast<int>(std::lround(o.width * o.density));
+  o.height = static_cast<int>(std::lround(o.height * o.density));
+  SoftTexture font = soft_init(o.width, o.height, scale);
+  const bool svg = is_svg_path(o.out);
   int rc = 0;
   {
     AppState s;
     AppUi ui(s);
+    ui.set_ui_scale(scale);
+    ui.take_font_rebuild();  // soft_init built the atlas at this scale already
     apply_options(s, ui, o);
     auto t0 = std::chrono::steady_clock::now();
     bool ready = false;
     while (!ready) {
-      s.worker.drain(s);
       ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+      // An SVG is taken from a frame without anti-aliasing (plain polygons, solid lines).
+      ImGuiStyle& st = ImGui::GetStyle();
+      st.AntiAliasedLines = st.AntiAliasedFill = !svg;
       ImGui::NewFrame();
       ui.draw();
       ImGui::Render();
@@ -90,10 +106,14 @@ int render_view_software(const HeadlessOptions& o) {
       ImGui::DestroyContext();
       throw InputError(msg);
     }
-    std::vector<uint8_t> px;
-    soft_render(ImGui::GetDrawData(), font, o.width, o.height, px, IM_COL32(23, 25, 28, 255));
     ScreenRect rect = o.full_window ? ScreenRect{} : ui.view_rect(o.view);
-    write_png(o.out, px, o.width, o.height, false, rect);
+    if (svg) {
+      write_svg(o.out, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
+    } else {
+      std::vector<uint8_t> pixels;
+      soft_render(ImGui::GetDrawData(), font, o.width, o.height, pixels, IM_COL32(23, 25, 28, 255));
+      write_png(o.out, pixels, o.width, o.height, false, rect);
+    }
   }
   ImGui::DestroyContext();
   return rc;

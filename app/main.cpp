@@ -6,15 +6,19 @@
 #include <CLI/CLI.hpp>
 #include <cfloat>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
+#include "app/export.h"
 #include "app/headless.h"
 #include "app/screenshot.h"
+#include "app/soft_render.h"
 #include "backends/imgui_impl_glfw.h"
 #include "backends/imgui_impl_opengl3.h"
 #include "engine/error.h"
@@ -22,6 +26,74 @@
 namespace {
 
 kvscope::app::AppState* g_state = nullptr;
+// Frames still to draw without waiting, because input arrived. ImGui answers some input only on
+// the frame after it (a combo's list, a popup, a double-click, the end of a drag), so a frame
+// that sees input is followed by a few more before the loop may sleep again.
+int g_input_frames = 0;
+constexpr int kFramesAfterInput = 4;
+
+void note_input() {
+  g_input_frames = kFramesAfterInput;
+}
+// Installed before ImGui's callbacks, which chain to them.
+void on_mouse_button(GLFWwindow*, int, int, int) {
+  note_input();
+}
+void on_scroll(GLFWwindow*, double, double) {
+  note_input();
+}
+// ImGui 1.86 reads keys as a state (io.KeysDown), so a key pressed and released between two
+// frames (a quick tap, or an X input event pair as xdotool sends it) would never be seen. Key
+// events are therefore queued here and fed to ImGui at most one press/release of a key per
+// frame; the rest waits for the next frame (which the loop draws at once).
+struct KeyEvent {
+  int key;
+  bool down;
+};
+std::vector<KeyEvent> g_key_queue;
+bool g_key_down[512] = {};
+
+void on_key(GLFWwindow*, int key, int, int action, int) {
+  note_input();
+  if (key < 0 || key >= 512) return;
+  if (action == GLFW_REPEAT) {
+    // GLFW (X11) takes a release followed within 20 ms by a press of the same key for auto-repeat
+    // and drops the release; on a loaded X server two separate taps arrive like that. Either
+    // way it is a new press: release and press again.
+    g_key_queue.push_back({key, false});
+    g_key_queue.push_back({key, true});
+    return;
+  }
+  g_key_queue.push_back({key, action == GLFW_PRESS});
+}
+
+// After polling: ImGui's callback has applied every event; replace that with the queued events
+// up to the first release of a key pressed in this same frame.
+void feed_keys() {
+  ImGuiIO& io = ImGui::GetIO();
+  for (int k = 0; k < 512; ++k) io.KeysDown[k] = g_key_down[k];
+  bool pressed_now[512] = {};
+  size_t used = 0;
+  for (; used < g_key_queue.size(); ++used) {
+    const KeyEvent& e = g_key_queue[used];
+    if (!e.down && pressed_now[e.key]) break;  // its release is for the next frame
+    if (e.down) pressed_now[e.key] = true;
+    g_key_down[e.key] = e.down;
+    io.KeysDown[e.key] = e.down;
+  }
+  g_key_queue.erase(g_key_queue.begin(), g_key_queue.begin() + static_cast<long>(used));
+  if (!g_key_queue.empty()) note_input();
+  io.KeyCtrl = io.KeysDown[GLFW_KEY_LEFT_CONTROL] || io.KeysDown[GLFW_KEY_RIGHT_CONTROL];
+  io.KeyShift = io.KeysDown[GLFW_KEY_LEFT_SHIFT] || io.KeysDown[GLFW_KEY_RIGHT_SHIFT];
+  io.KeyAlt = io.KeysDown[GLFW_KEY_LEFT_ALT] || io.KeysDown[GLFW_KEY_RIGHT_ALT];
+  io.KeySuper = io.KeysDown[GLFW_KEY_LEFT_SUPER] || io.KeysDown[GLFW_KEY_RIGHT_SUPER];
+}
+void on_char(GLFWwindow*, unsigned int) {
+  note_input();
+}
+void on_cursor(GLFWwindow*, double, double) {
+  note_input();
+}
 
 void on_drop(GLFWwindow*, int count, const char** paths) {
   // Several files dropped at once: the last one wins (one capture is open at a time).
@@ -52,6 +124,41 @@ uint64_t frame_fingerprint(const ImDrawData* dd) {
   return h;
 }
 
+// A PNG at `req.density` pixels per layout pixel: the same layout drawn again with the UI scale
+// and the window size multiplied (fonts rebuilt at that size, so text is crisp), rasterised on
+// the CPU (app/soft_render.h) without being shown, then the window's own scale and font texture
+// come back. Two frames, so auto-sized items settle at the new size.
+void save_dense_png(kvscope::app::AppUi& ui, const kvscope::app::AppUi::PngRequest& req) {
+  using namespace kvscope::app;
+  ImGuiIO& io = ImGui::GetIO();
+  const float base = ui.ui_scale(), d = req.density;
+  const float left = ui.left_panel_width();
+  if (left > 0) ui.set_left_panel_width(left * d);
+  setup_style_and_fonts(base * d);
+  ImGui::GetStyle().AntiAliasedLinesUseTex = false;  // the rasteriser samples nearest
+  const SoftTexture font = soft_font_texture();
+  int w = 0, h = 0;
+  for (int frame = 0; frame < 2; ++frame) {
+    ImGui_ImplGlfw_NewFrame();
+    w = static_cast<int>(std::lround(io.DisplaySize.x * d));
+    h = static_cast<int>(std::lround(io.DisplaySize.y * d));
+    io.DisplaySize = ImVec2(static_cast<float>(w), static_cast<float>(h));
+    io.DisplayFramebufferScale = ImVec2(1, 1);
+    io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);  // no hover highlights in the picture
+    ImGui::NewFrame();
+    ui.draw();
+    ImGui::Render();
+  }
+  std::vector<uint8_t> px;
+  soft_render(ImGui::GetDrawData(), font, w, h, px, IM_COL32(23, 25, 28, 255));
+  const ScreenRect rect = ui.view_rect(req.view);
+  if (left > 0) ui.set_left_panel_width(left);
+  setup_style_and_fonts(base);
+  ImGui_ImplOpenGL3_DestroyFontsTexture();
+  ImGui_ImplOpenGL3_CreateFontsTexture();
+  write_png(req.path, px, w, h, false, rect);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,10 +187,24 @@ int main(int argc, char** argv) {
   cli.add_option("--timeout", opt.timeout_s, "screenshot: seconds to wait for the view's work")
       ->default_val(300);
   cli.add_flag("--full-window", opt.full_window, "screenshot the whole window");
+  cli.add_option("--density", opt.density,
+                 "screenshot: pixels per layout pixel (2: a crisp 2x PNG of the same layout)")
+      ->default_val(1.0f);
+  float ui_scale = 0;
+  cli.add_option("--ui-scale", ui_scale,
+                 "presentation scale 1 to 2.5 (default: the last one used, Ctrl +/- to change; "
+                 "screenshots: 1)");
+  std::string export_dir;
+  cli.add_option("--export-dir", export_dir,
+                 "folder for keyboard exports: F9 writes every view's numbers and the app's "
+                 "state as JSON, F10 a PNG of the active view (used by the GUI test)");
   CLI11_PARSE(cli, argc, argv);
 
   const bool headless = !screenshot.empty();
   if (opt.view.empty()) opt.view = "capture";
+  // The remembered scale applies to interactive sessions; screenshots are reproducible (1x
+  // unless --ui-scale says otherwise).
+  opt.ui_scale = ui_scale > 0 ? ui_scale : headless ? 1.0f : load_ui_scale_pref();
   if (opt.capture.empty() && opt.session.empty()) opt.capture = default_capture_path(argv[0]);
   try {
     validate_options(opt);
@@ -112,9 +233,15 @@ int main(int argc, char** argv) {
   glfwMakeContextCurrent(window);
   glfwSwapInterval(headless ? 0 : 1);
 
+  glfwSetMouseButtonCallback(window, on_mouse_button);
+  glfwSetScrollCallback(window, on_scroll);
+  glfwSetKeyCallback(window, on_key);
+  glfwSetCharCallback(window, on_char);
+  glfwSetCursorPosCallback(window, on_cursor);
+
   IMGUI_CHECKVERSION();
   ImGui::CreateContext();
-  setup_style_and_fonts();
+  setup_style_and_fonts(opt.ui_scale);
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 330 core");
 
@@ -124,6 +251,9 @@ int main(int argc, char** argv) {
     g_state = &state;
     state.worker.set_wakeup([] { glfwPostEmptyEvent(); });
     AppUi ui(state);
+    ui.set_ui_scale(opt.ui_scale);
+    ui.take_font_rebuild();  // built at this scale above
+    ui.export_dir = export_dir;
     bool quit = false;
     ui.on_quit = [&quit] { quit = true; };
     glfwSetDropCallback(window, on_drop);
@@ -146,7 +276,9 @@ int main(int argc, char** argv) {
       const auto frame_start = std::chrono::steady_clock::now();
       bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
       bool animating = std::chrono::duration<double>(frame_start - last_change).count() < 0.25;
-      if (headless || busy || animating)
+      const bool input_pending = g_input_frames > 0;
+      if (g_input_frames > 0) --g_input_frames;
+      if (headless || busy || animating || input_pending)
         glfwPollEvents();
       else
         glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
@@ -157,13 +289,25 @@ int main(int argc, char** argv) {
         if (state.info() && state.info()->synthetic) title += " [SYNTHETIC]";
         glfwSetWindowTitle(window, title.c_str());
       }
+      if (ui.take_font_rebuild()) {
+        // Presentation mode: glyphs rasterised at the new size (crisp), not stretched.
+        setup_style_and_fonts(ui.ui_scale());
+        ImGui_ImplOpenGL3_DestroyFontsTexture();
+        ImGui_ImplOpenGL3_CreateFontsTexture();
+        if (!headless) save_ui_scale_pref(ui.ui_scale());
+      }
+      ui.before_frame();
+      if (headless && is_svg_path(screenshot))
+        ImGui::GetStyle().AntiAliasedLines = ImGui::GetStyle().AntiAliasedFill = false;
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
+      feed_keys();
       // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
       if (headless) ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
       ImGui::NewFrame();
       ui.draw();
       ImGui::Render();
+      ui.after_render(ImGui::GetDrawData());
       int fw = 0, fh = 0;
       glfwGetFramebufferSize(window, &fw, &fh);
       glViewport(0, 0, fw, fh);
@@ -174,7 +318,12 @@ int main(int argc, char** argv) {
       if (fp != last_fingerprint) last_change = std::chrono::steady_clock::now();
       last_fingerprint = fp;
       const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
+      std::vector<AppUi::PngRequest> dense;
       for (const auto& req : ui.take_png_requests()) {
+        if (req.density > 1) {
+          dense.push_back(req);  // after this frame is shown
+          continue;
+        }
         try {
           save_framebuffer_png(req.path, fw, fh, scale.x, scale.y, req.rect);
           state.status_message = "wrote " + req.path;
@@ -197,8 +346,13 @@ int main(int argc, char** argv) {
             rc = 3;
           }
           try {
-            save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y,
-                                 opt.full_window ? ScreenRect{} : ui.view_rect(opt.view));
+            const ScreenRect rect = opt.full_window ? ScreenRect{} : ui.view_rect(opt.view);
+            if (is_svg_path(screenshot))
+              write_svg(screenshot, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
+            else if (opt.density > 1)
+              save_dense_png(ui, {screenshot, {}, 0, opt.density, opt.view});
+            else
+              save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y, rect);
             std::printf("kvscope: wrote %s\n", screenshot.c_str());
           } catch (const std::exception& e) {
             std::fprintf(stderr, "kvscope: error: %s\n", e.what());
@@ -208,6 +362,14 @@ int main(int argc, char** argv) {
         }
       }
       glfwSwapBuffers(window);
+      for (const auto& req : dense) {
+        try {
+          save_dense_png(ui, req);
+          state.status_message = "wrote " + req.path;
+        } catch (const std::exception& e) {
+          state.status_message = e.what();
+        }
+      }
       // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
       if (!headless) {
         auto spent = std::chrono::steady_clock::now() - frame_start;

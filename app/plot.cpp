@@ -7,10 +7,20 @@
 namespace kvscope::app {
 namespace {
 
-constexpr float kLeftMargin = 56.0f;    // room for y tick labels and the rotated-free y label
-constexpr float kBottomMargin = 36.0f;  // x tick labels + x label
-constexpr float kTopMargin = 22.0f;     // title
-constexpr float kRightMargin = 12.0f;
+// Margins follow the font (UI scale): the left one is fitted to the widest y tick label.
+constexpr float kRightMargin = 12.0f;  // x font / 15
+
+}  // namespace
+
+std::string elide(const std::string& text, float width) {
+  if (ImGui::CalcTextSize(text.c_str()).x <= width) return text;
+  std::string t = text;
+  t.append("...");
+  while (t.size() > 3 && ImGui::CalcTextSize(t.c_str()).x > width) t.erase(t.size() - 4, 1);
+  return t;
+}
+
+namespace {
 
 std::string format_tick(double v) {
   char buf[32];
@@ -123,7 +133,7 @@ ImVec2 Plot::mouse_data() const {
   return ImVec2(static_cast<float>(data_x(m.x)), static_cast<float>(data_y(m.y)));
 }
 
-Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y)
+Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y, bool equal_aspect)
     : x_(std::move(x)), y_(std::move(y)) {
   // Log axes need positive ranges.
   for (Axis* a : {&x_, &y_}) {
@@ -142,20 +152,74 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   hovered_ = ImGui::IsItemHovered();
   clicked_ = ImGui::IsItemClicked(ImGuiMouseButton_Left);
   dl_ = ImGui::GetWindowDrawList();
-  p0_ = ImVec2(o.x + kLeftMargin, o.y + kTopMargin);
-  p1_ = ImVec2(o.x + size.x - kRightMargin, o.y + size.y - kBottomMargin);
+  const float font = ImGui::GetFontSize();
+  const float unit = font / 15.0f;
+  // Title and y label share the top line when both fit, else the title gets a line of its own.
+  const float title_w = ImGui::CalcTextSize(title.c_str()).x;
+  const float ylabel_w = ImGui::CalcTextSize(y_.label.c_str()).x;
+  // Short plots keep one line (the title is shortened with "..." after the y label instead).
+  const bool two_lines = !title.empty() && !y_.label.empty() &&
+                         ylabel_w + 16 * unit + title_w > size.x - 4 && size.y > 11 * font;
+  const float top = (two_lines ? 2 * font + 6 * unit : font) + 7 * unit;
+  const float bottom = 2 * font + 6 * unit;
+  p0_ = ImVec2(o.x, o.y + top);
+  p1_ = ImVec2(o.x + size.x - kRightMargin * unit, o.y + size.y - bottom);
+  // y ticks first: the left margin is the widest tick label.
+  std::vector<std::pair<double, std::string>> yt;
+  std::vector<double> y_minor;
+  if (y_.scale == Scale::Linear) {
+    for (double v :
+         linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>((p1_.y - p0_.y) / (40 * unit)))))
+      yt.emplace_back(v, format_tick(v));
+  } else {
+    double base = y_.scale == Scale::Log2 ? 2.0 : 10.0;
+    int a = static_cast<int>(std::ceil(tx(y_.min, y_) - 1e-9));
+    int b = static_cast<int>(std::floor(tx(y_.max, y_) + 1e-9));
+    if (b < a) {  // less than one decade: label the ends instead
+      yt.emplace_back(y_.min, format_tick(y_.min));
+      yt.emplace_back(y_.max, format_tick(y_.max));
+    }
+    // Every `stride`-th power so labels stay at least 1.3 lines apart.
+    const double per_power = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
+    const int stride =
+        std::max(1, static_cast<int>(std::ceil(1.3 * font / std::max(1e-9, per_power))));
+    for (int k = a; k <= b; ++k) {
+      double v = std::pow(base, k);
+      if (((k % stride) + stride) % stride != 0) continue;
+      yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
+      // Minor ticks at 2..9 x 10^k on log10 axes help reading values.
+      if (y_.scale == Scale::Log10 && stride == 1)
+        for (int m = 2; m <= 9; ++m)
+          if (m * v > y_.min && m * v < y_.max) y_minor.push_back(m * v);
+    }
+  }
+  float tick_w = 0;
+  for (const auto& t : yt) tick_w = std::max(tick_w, ImGui::CalcTextSize(t.second.c_str()).x);
+  p0_.x = o.x + std::max(30 * unit, tick_w + 10 * unit);
   if (p1_.x < p0_.x + 10) p1_.x = p0_.x + 10;
   if (p1_.y < p0_.y + 10) p1_.y = p0_.y + 10;
+  if (equal_aspect && x_.scale == Scale::Linear && y_.scale == Scale::Linear) {
+    // Data units per pixel: the larger of the two, applied to both around the centres.
+    const double w = p1_.x - p0_.x, h = p1_.y - p0_.y;
+    const double upp = std::max((x_.max - x_.min) / w, (y_.max - y_.min) / h);
+    const double cx = (x_.min + x_.max) / 2, cy = (y_.min + y_.max) / 2;
+    x_.min = cx - upp * w / 2, x_.max = cx + upp * w / 2;
+    y_.min = cy - upp * h / 2, y_.max = cy + upp * h / 2;
+    yt.clear();
+    for (double v : linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>(h / (40 * unit)))))
+      yt.emplace_back(v, format_tick(v));
+  }
   hovered_ = hovered_ && ImGui::IsMouseHoveringRect(p0_, p1_);
 
   dl_->AddRectFilled(p0_, p1_, kColPlotBg);
-  const float font = ImGui::GetFontSize();
+  for (double mv : y_minor)
+    dl_->AddLine(ImVec2(p0_.x, sy(mv)), ImVec2(p0_.x + 4, sy(mv)), kColAxisText);
 
   // x ticks
   std::vector<std::pair<double, std::string>> xt;
   if (x_.scale == Scale::Linear) {
     for (double v :
-         linear_ticks(x_.min, x_.max, std::max(2, static_cast<int>((p1_.x - p0_.x) / 80))))
+         linear_ticks(x_.min, x_.max, std::max(2, static_cast<int>((p1_.x - p0_.x) / (80 * unit)))))
       xt.emplace_back(v, format_tick(v));
   } else {
     double base = x_.scale == Scale::Log2 ? 2.0 : 10.0;
@@ -172,32 +236,6 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     ImVec2 ts = ImGui::CalcTextSize(s.c_str());
     dl_->AddText(ImVec2(px - ts.x / 2, p1_.y + 3), kColAxisText, s.c_str());
   }
-  // y ticks
-  std::vector<std::pair<double, std::string>> yt;
-  if (y_.scale == Scale::Linear) {
-    for (double v :
-         linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>((p1_.y - p0_.y) / 40))))
-      yt.emplace_back(v, format_tick(v));
-  } else {
-    double base = y_.scale == Scale::Log2 ? 2.0 : 10.0;
-    int a = static_cast<int>(std::ceil(tx(y_.min, y_) - 1e-9));
-    int b = static_cast<int>(std::floor(tx(y_.max, y_) + 1e-9));
-    if (b < a) {  // less than one decade: label the ends instead
-      yt.emplace_back(y_.min, format_tick(y_.min));
-      yt.emplace_back(y_.max, format_tick(y_.max));
-    }
-    for (int k = a; k <= b; ++k) {
-      double v = std::pow(base, k);
-      yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
-      // Minor ticks at 2..9 x 10^k on log10 axes help reading values.
-      if (y_.scale == Scale::Log10)
-        for (int m = 2; m <= 9; ++m) {
-          double mv = m * v;
-          if (mv > y_.min && mv < y_.max)
-            dl_->AddLine(ImVec2(p0_.x, sy(mv)), ImVec2(p0_.x + 4, sy(mv)), kColAxisText);
-        }
-    }
-  }
   for (auto& [v, s] : yt) {
     float py = sy(v);
     dl_->AddLine(ImVec2(p0_.x, py), ImVec2(p1_.x, py), kColGrid);
@@ -211,16 +249,52 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     dl_->AddText(ImVec2((p0_.x + p1_.x - ts.x) / 2, p1_.y + font + 4), kColAxisText,
                  x_.label.c_str());
   }
-  if (!y_.label.empty()) dl_->AddText(ImVec2(o.x + 2, o.y + 3), kColAxisText, y_.label.c_str());
+  const float ylabel_y = two_lines ? o.y + 3 + font + 4 * unit : o.y + 3;
+  dl_->PushClipRect(o, ImVec2(o.x + size.x, o.y + size.y), true);
+  if (!y_.label.empty())
+    dl_->AddText(ImVec2(o.x + 2, ylabel_y), kColAxisText, elide(y_.label, size.x - 4).c_str());
   if (!title.empty()) {
-    // Centred over the data area when it fits, else after the y label; clipped to the frame.
-    ImVec2 ts = ImGui::CalcTextSize(title.c_str());
-    float after_label = o.x + 2 + ImGui::CalcTextSize(y_.label.c_str()).x + 16;
-    dl_->PushClipRect(o, ImVec2(o.x + size.x, o.y + size.y), true);
-    dl_->AddText(ImVec2(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.y + 3),
-                 IM_COL32(235, 235, 240, 255), title.c_str());
-    dl_->PopClipRect();
+    // Centred over the data area when it fits, else after the y label (or on its own line);
+    // never cut: shortened with "..." when the frame is narrower than the title.
+    const float after_label =
+        two_lines || y_.label.empty() ? o.x + 2 : o.x + 2 + ylabel_w + 16 * unit;
+    const std::string shown = elide(title, o.x + size.x - 2 - after_label);
+    const ImVec2 ts = ImGui::CalcTextSize(shown.c_str());
+    const float x =
+        std::min(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.x + size.x - ts.x - 2);
+    dl_->AddText(ImVec2(std::max(o.x + 2, x), o.y + 3), IM_COL32(235, 235, 240, 255),
+                 shown.c_str());
   }
+  dl_->PopClipRect();
+}
+
+void Plot::dashed_line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
+                       float thickness, float dash) const {
+  dl_->PushClipRect(p0_, p1_, true);
+  const float on = dash * ImGui::GetFontSize() / 15.0f, period = 2 * on;
+  float phase = 0;  // distance along the polyline, so dashes run on across vertices
+  const size_t n = std::min(x.size(), y.size());
+  for (size_t i = 1; i < n; ++i) {
+    if (!std::isfinite(x[i - 1]) || !std::isfinite(y[i - 1]) || !std::isfinite(x[i]) ||
+        !std::isfinite(y[i]))
+      continue;
+    const ImVec2 a = to_screen(x[i - 1], y[i - 1]), b = to_screen(x[i], y[i]);
+    const float len = std::hypot(b.x - a.x, b.y - a.y);
+    if (len <= 0) continue;
+    float t = 0;
+    while (t < len) {
+      const float in_period = std::fmod(phase + t, period);
+      const float run = in_period < on ? on - in_period : period - in_period;
+      const float t1 = std::min(len, t + run);
+      if (in_period < on)
+        dl_->AddLine(ImVec2(a.x + (b.x - a.x) * t / len, a.y + (b.y - a.y) * t / len),
+                     ImVec2(a.x + (b.x - a.x) * t1 / len, a.y + (b.y - a.y) * t1 / len), col,
+                     thickness);
+      t = t1;
+    }
+    phase += len;
+  }
+  dl_->PopClipRect();
 }
 
 void Plot::line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
@@ -318,13 +392,34 @@ int Plot::nearest_x(const std::vector<double>& x) const {
   return best;
 }
 
+Plot::Corner Plot::emptiest_corner(const std::vector<ImVec2>& points) const {
+  // Points in each quarter of the data area; ties keep the order TR, TL, BR, BL.
+  int count[4] = {0, 0, 0, 0};
+  const float mx = (p0_.x + p1_.x) / 2, my = (p0_.y + p1_.y) / 2;
+  for (const ImVec2& p : points) {
+    if (p.x < p0_.x || p.x > p1_.x || p.y < p0_.y || p.y > p1_.y) continue;
+    const bool right = p.x >= mx, top = p.y < my;
+    ++count[top ? (right ? 0 : 1) : (right ? 2 : 3)];
+  }
+  int best = 0;
+  for (int k = 1; k < 4; ++k)
+    if (count[k] < count[best]) best = k;
+  const Corner order[4] = {Corner::TopRight, Corner::TopLeft, Corner::BottomRight,
+                           Corner::BottomLeft};
+  return order[best];
+}
+
 void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const {
   if (entries.empty()) return;
   const float line = ImGui::GetTextLineHeight() + 2;
+  const float u = ImGui::GetFontSize() / 15.0f;
   float w = 0;
   for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.label.c_str()).x);
-  w += 26;
+  w += 26 * u;
   float h = line * static_cast<float>(entries.size()) + 6;
+  // A legend that would hide half the data (a small plot on a small window) is left out; the
+  // same series are named in the view's larger plots or its text.
+  if (w * h > 0.5f * (p1_.x - p0_.x) * (p1_.y - p0_.y)) return;
   const bool right = corner == Corner::TopRight || corner == Corner::BottomRight;
   const bool top = corner == Corner::TopRight || corner == Corner::TopLeft;
   ImVec2 a(right ? p1_.x - w - 6 : p0_.x + 6, top ? p0_.y + 6 : p1_.y - h - 6);
@@ -333,8 +428,9 @@ void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const 
   dl_->AddRect(a, b, kColGrid);
   for (size_t i = 0; i < entries.size(); ++i) {
     float y = a.y + 3 + line * static_cast<float>(i);
-    dl_->AddRectFilled(ImVec2(a.x + 5, y + 3), ImVec2(a.x + 17, y + line - 4), entries[i].colour);
-    dl_->AddText(ImVec2(a.x + 22, y), IM_COL32(230, 230, 235, 255), entries[i].label.c_str());
+    dl_->AddRectFilled(ImVec2(a.x + 5 * u, y + 3 * u), ImVec2(a.x + 17 * u, y + line - 4 * u),
+                       entries[i].colour);
+    dl_->AddText(ImVec2(a.x + 22 * u, y), IM_COL32(230, 230, 235, 255), entries[i].label.c_str());
   }
 }
 
@@ -396,9 +492,12 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
   ImGui::Dummy(size);
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const float lh = ImGui::GetTextLineHeight();
-  const float bar_w = 14;
-  ImVec2 a(o.x, o.y + lh + 4), b(o.x + bar_w, o.y + size.y - lh / 2);
+  const float bar_w = 14 * lh / ImGui::GetFontSize();
+  // The title sits a full line above the bar's top value label (which is centred on the top).
+  ImVec2 a(o.x, o.y + lh * 1.5f + 6), b(o.x + bar_w, o.y + size.y - lh / 2);
+  dl->PushClipRect(o, ImVec2(o.x + std::max(size.x, 1.0f), o.y + size.y), true);
   dl->AddText(o, kColAxisText, label.c_str());
+  dl->PopClipRect();
   const int steps = 48;
   for (int i = 0; i < steps; ++i) {
     float y0 = b.y - (b.y - a.y) * static_cast<float>(i + 1) / steps;

@@ -29,7 +29,10 @@ class Plot {
  public:
   // Reserves `size` in the layout (a component <= 0 fills the available region), draws the
   // background, grid, ticks, axis labels and the title. The id must be unique in the window.
-  Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y);
+  // equal_aspect: one data unit is as long on both axes (angles are true); the axis ranges
+  // given are grown around their centres to fill the frame (linear axes only).
+  Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y,
+       bool equal_aspect = false);
 
   ImDrawList* draw_list() const { return dl_; }
   ImVec2 inner_min() const { return p0_; }
@@ -50,6 +53,10 @@ class Plot {
   // Series. Non-finite points break a line; points outside the axes are clipped.
   void line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
             float thickness = 2.0f) const;
+  // Dashed polyline (a reference drawn over or under a solid one): dashes of `dash` px at
+  // scale 1, running on across vertices.
+  void dashed_line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
+                   float thickness = 1.5f, float dash = 6.0f) const;
   void markers(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
                float radius = 3.0f) const;
   void band(const std::vector<double>& x, const std::vector<double>& lo,
@@ -68,6 +75,8 @@ class Plot {
   enum class Corner { TopRight, TopLeft, BottomRight, BottomLeft };
   // A boxed legend inside the data area.
   void legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
+  // The corner of the data area with the fewest of these screen points (for the legend).
+  Corner emptiest_corner(const std::vector<ImVec2>& points) const;
 
  private:
   ImDrawList* dl_ = nullptr;
@@ -93,6 +102,9 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
 
 // Small coloured square + text on one line (for legends outside plots).
 void legend_swatch(ImU32 colour, const char* text);
+
+// `text` shortened with "..." to fit `width` pixels.
+std::string elide(const std::string& text, float width);
 
 // Keep-ratio labels: 0.25 -> "1/4", 0.3 -> "0.3".
 std::string ratio_label(double r);

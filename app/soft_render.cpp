@@ -131,21 +131,27 @@ void soft_render(const ImDrawData* dd, const SoftTexture& font, int width, int h
   }
 }
 
-SoftTexture soft_init(int width, int height) {
-  IMGUI_CHECKVERSION();
-  ImGui::CreateContext();
+SoftTexture soft_font_texture() {
   ImGuiIO& io = ImGui::GetIO();
-  io.DisplaySize = ImVec2(static_cast<float>(width), static_cast<float>(height));
-  io.DeltaTime = 1.0f / 60.0f;
-  setup_style_and_fonts();
-  // Textured anti-aliased lines expect bilinear filtering; the rasteriser samples nearest, so
-  // let ImGui build line fringes from geometry instead.
-  ImGui::GetStyle().AntiAliasedLinesUseTex = false;
   SoftTexture t;
   unsigned char* px = nullptr;
   io.Fonts->GetTexDataAsRGBA32(&px, &t.width, &t.height);
   t.rgba = px;
   io.Fonts->SetTexID(reinterpret_cast<ImTextureID>(static_cast<intptr_t>(1)));
+  return t;
+}
+
+SoftTexture soft_init(int width, int height, float ui_scale) {
+  IMGUI_CHECKVERSION();
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  io.DisplaySize = ImVec2(static_cast<float>(width), static_cast<float>(height));
+  io.DeltaTime = 1.0f / 60.0f;
+  setup_style_and_fonts(ui_scale);
+  // Textured anti-aliased lines expect bilinear filtering; the rasteriser samples nearest, so
+  // let ImGui build line fringes from geometry instead.
+  ImGui::GetStyle().AntiAliasedLinesUseTex = false;
+  SoftTexture t = soft_font_texture();
   // The mouse is nowhere: no hover highlights in headless pictures.
   io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
   return t;

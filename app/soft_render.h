@@ -22,8 +22,11 @@ struct SoftTexture {
 void soft_render(const ImDrawData* dd, const SoftTexture& font, int width, int height,
                  std::vector<uint8_t>& out, ImU32 clear = IM_COL32(0, 0, 0, 255));
 
-// Creates an ImGui context sized `width` x `height` with the app's style and fonts, builds the
-// font atlas and returns it (the texture the rasteriser samples). Call once per process.
-SoftTexture soft_init(int width, int height);
+// Creates an ImGui context sized `width` x `height` with the app's style and fonts at `ui_scale`,
+// builds the font atlas and returns it (the texture the rasteriser samples). Call once per
+// process.
+SoftTexture soft_init(int width, int height, float ui_scale = 1.0f);
+// The font atlas as it is now (after setup_style_and_fonts rebuilt it at another scale).
+SoftTexture soft_font_texture();
 
 }  // namespace kvscope::app

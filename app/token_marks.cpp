@@ -45,7 +45,7 @@ TokenMarks token_marks(const HeadRun& run) {
   return m;
 }
 
-ImU32 token_colour(const TokenMarks& m, int i) {
+ImU32 token_colour(const TokenMarks& m, int i, int slot) {
   if (i < 0 || i >= static_cast<int>(m.kind.size())) return kColDropped;
   switch (m.kind[static_cast<size_t>(i)]) {
     case TokenKind::Sink:
@@ -57,8 +57,10 @@ ImU32 token_colour(const TokenMarks& m, int i) {
     case TokenKind::Kept: {
       double w = std::max(m.weight[static_cast<size_t>(i)], m.den_weight[static_cast<size_t>(i)]);
       double t = m.max_weight > 1 ? std::log(std::max(w, 1e-9)) / std::log(m.max_weight) : 1.0;
-      return lerp_colour(IM_COL32(150, 215, 165, 255), IM_COL32(20, 150, 60, 255),
-                         static_cast<float>(std::clamp(t, 0.0, 1.0)));
+      const float f = static_cast<float>(std::clamp(t, 0.0, 1.0));
+      if (slot == 1)  // method B: its legend's purple, pale to full
+        return lerp_colour(IM_COL32(225, 190, 240, 255), IM_COL32(150, 60, 190, 255), f);
+      return lerp_colour(IM_COL32(150, 215, 165, 255), IM_COL32(20, 150, 60, 255), f);
     }
   }
   return kColDropped;

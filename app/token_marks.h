@@ -27,8 +27,9 @@ struct TokenMarks {
 TokenMarks token_marks(const HeadRun& run);
 
 // The colour of a token in every view: kept tokens shade from pale (weight 1) to full green at
-// the largest weight, on a log scale.
-ImU32 token_colour(const TokenMarks& m, int i);
+// the largest weight, on a log scale; slot 1 (method B of the A/B comparison) shades in B's
+// purple (kColSlot[1]) instead, so stacked A/B strips match their legend.
+ImU32 token_colour(const TokenMarks& m, int i, int slot = 0);
 
 const char* token_kind_name(TokenKind k);
 

@@ -1,6 +1,6 @@
 // A view is one tab of the KVScope window: it draws the app state with ImGui / ImDrawList (no GL
 // calls, so the very same code renders headless through the software rasteriser of
-// kvscope-cli render), may queue worker jobs, and can export its numbers.
+// kvscope-cli render), edits settings, plans its own derived results, and exports its numbers.
 //
 // Adding a view: write app/view_<name>.cpp defining `std::unique_ptr<View> make_<name>_view()`.
 // The Geometry, Walk and Teaching views are picked up automatically when their files exist
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-namespace kvscope::app {
+#include "app/app_state.h"
 
-struct AppState;
+namespace kvscope::app {
 
 enum class Panel { Left, Main };
 
@@ -35,6 +35,10 @@ class View {
   // The view's numbers for File > Export (null / empty when it has none).
   virtual nlohmann::json export_json(const AppState& s) const { return nullptr; }
   virtual std::string export_csv(const AppState& s) const { return {}; }
+  // The view's own derived results (e.g. a projection), planned from the settings and the view's
+  // choices every frame; AppState::reconcile starts, keeps or cancels them. Results are then in
+  // s.result(name).
+  virtual void plan(const AppState& s, std::vector<NamedPlan>& out) const {}
   // Per-view UI state saved in sessions.
   virtual nlohmann::json save_state() const { return nullptr; }
   virtual void load_state(const nlohmann::json& j) {}

@@ -3,15 +3,18 @@
 // entropy); clicking a cell focuses that head.
 #include <imgui.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/grid_values.h"
 #include "app/plot.h"
+#include "app/result_status.h"
 #include "app/view.h"
 
 namespace kvscope::app {
@@ -45,8 +48,8 @@ class CaptureView final : public View {
   bool ready(const AppState& s) const override {
     // The grid must show numbers (or the reason it cannot).
     if (!s.capture) return true;
-    if (s.grid_metric == GridMetric::Entropy) return s.entropy || !s.info()->has_queries;
-    return s.grid || !s.grid_error.empty();
+    const Result& r = s.result(s.settings.grid_metric == GridMetric::Entropy ? kEntropy : kGrid);
+    return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
   }
 
   void draw(AppState& s) override {
@@ -78,7 +81,8 @@ class CaptureView final : public View {
       row("tokens", std::to_string(ci->num_tokens) + " (" + std::string(dtype_name(ci->dtype)) +
                         (ci->has_queries ? ", with queries)" : ", no queries: key-only methods)"));
       row("resident", bytes_text(s.capture->resident_bytes()) + " of tensor data in memory");
-      row("protocol", s.window().describe());
+      std::string note;
+      row("protocol", s.window(&note).describe() + (note.empty() ? "" : "\n" + note));
       std::string prompt = ci->prompt;
       if (prompt.size() > 160) prompt = prompt.substr(0, 160) + "...";
       if (!prompt.empty()) row("prompt", prompt);
@@ -86,14 +90,15 @@ class CaptureView final : public View {
     }
     ImGui::Separator();
 
-    int metric = static_cast<int>(s.grid_metric);
-    ImGui::SetNextItemWidth(240);
+    int metric = static_cast<int>(s.settings.grid_metric);
+    // As wide as fits beside its label and the (?) marker, at most 240 px (x UI scale).
+    ImGui::SetNextItemWidth(std::max(px(100), std::min(px(240), ImGui::GetContentRegionAvail().x -
+                                                                    labelled_width(0, "colour by") -
+                                                                    button_width("(?)") - px(12))));
     const char* metrics[] = {"error of method A", "attention entropy"};
     if (ImGui::Combo("colour by", &metric, metrics, 2))
-      s.grid_metric = static_cast<GridMetric>(metric);
-    if (s.grid_metric == GridMetric::Entropy && !s.entropy && !s.worker.busy("entropy"))
-      s.request_entropy();
-    ImGui::SameLine();
+      s.settings.grid_metric = static_cast<GridMetric>(metric);
+    toolbar_next(ImGui::CalcTextSize("(?)").x);
     ImGui::TextDisabled("(?)");
     if (ImGui::IsItemHovered())
       ImGui::SetTooltip(
@@ -101,10 +106,14 @@ class CaptureView final : public View {
           "ratio, mean over the evaluation queries, the GQA group and %d seeds.\n"
           "Entropy: mean attention entropy (nats) of the evaluation queries.\n"
           "Click a cell to focus that layer and kv head.",
-          s.grid_seeds);
+          s.grid_seeds());
 
-    GridValues gv = grid_values(s, s.grid_metric);
-    ImGui::TextDisabled("%s", gv.caption.c_str());
+    draw_result_status(s, s.settings.grid_metric == GridMetric::Entropy ? kEntropy : kGrid,
+                       s.settings.grid_metric == GridMetric::Entropy ? "entropy" : "grid");
+    GridValues gv = grid_values(s, s.settings.grid_metric);
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", gv.caption.c_str());
+    ImGui::PopStyleColor();
     draw_grid(s, gv, "##capgrid", 10000.0f);  // as tall as the panel allows
   }
 

@@ -7,13 +7,18 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <sstream>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/grid_values.h"
 #include "app/plot.h"
+#include "app/result_status.h"
 #include "app/view.h"
+#include "engine/error.h"
+#include "engine/sweep_grid.h"
 
 namespace kvscope::app {
 namespace {
@@ -44,6 +49,33 @@ void per_position(const HeadRun& r, std::vector<double>* x, std::vector<double>*
   }
 }
 
+// The tuning grid's result (a derived result of the Error view, keyed by what it was run for).
+struct TuneResult {
+  Grid2Result grid;
+  int scope = 0;  // the scope the grid was computed for
+};
+
+std::vector<double> parse_values(const std::string& text, const std::string& what) {
+  std::vector<double> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
+    if (used != item.size() || item.empty())
+      throw InputError(what + ": '" + item + "' is not a number");
+    out.push_back(v);
+  }
+  if (out.empty()) throw InputError(what + ": give values separated by commas");
+  return out;
+}
+
 class ErrorView final : public View {
  public:
   const char* name() const override { return "error"; }
@@ -51,10 +83,12 @@ class ErrorView final : public View {
 
   bool ready(const AppState& s) const override {
     if (!s.capture) return true;
-    bool sweep_done = s.sweep || !s.sweep_error.empty();
-    bool run_done = s.run[0] || !s.run_error[0].empty();
-    bool grid_done = s.grid || !s.grid_error.empty();
-    return sweep_done && run_done && grid_done;
+    auto done = [&](const char* n) {
+      const Result& r = s.result(n);
+      return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
+    };
+    if (mode_ == 1) return done(kTune);
+    return done(kSweep) && done(kFocusA) && done(kGrid) && !s.settings.sweep.methods.empty();
   }
 
   void draw(AppState& s) override {
@@ -62,19 +96,28 @@ class ErrorView final : public View {
       ImGui::TextDisabled("No capture open.");
       return;
     }
-    // The first visit starts the sweep with the protocol's ratios.
-    if (s.sweep_request.methods.empty()) {
+    // The first visit asks for the sweep with the protocol's ratios (a setting like any other:
+    // reconcile() runs it, or holds it for a Run click when it is costly).
+    if (s.settings.sweep.methods.empty()) {
       SweepRequest r;
       r.methods = {"uniform", "streaming", "snapkv", "subgen-kcenter", "balancekv"};
       r.methods.erase(std::remove_if(r.methods.begin(), r.methods.end(),
                                      [](const std::string& m) { return !find_method(m); }),
                       r.methods.end());
       for (int k = 0; k < 2; ++k)
-        if ((k == 0 || s.ab_enabled) &&
-            std::find(r.methods.begin(), r.methods.end(), s.method_name[k]) == r.methods.end())
-          r.methods.push_back(s.method_name[k]);
-      s.request_sweep(r);
+        if ((k == 0 || s.settings.ab_enabled) &&
+            std::find(r.methods.begin(), r.methods.end(), s.method_name(k)) == r.methods.end())
+          r.methods.push_back(s.method_name(k));
+      s.settings.sweep = r;
     }
+    ImGui::RadioButton("overview", &mode_, 0);
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
+    ImGui::RadioButton("tune two parameters", &mode_, 1);
+    if (mode_ == 1) {
+      draw_tuning(s);
+      return;
+    }
+    mark_figure_top();
     ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = 8;
     const float w2 = (avail.x - gap) / 2, h2 = (avail.y - gap) / 2;
@@ -96,29 +139,35 @@ class ErrorView final : public View {
 
   nlohmann::json export_json(const AppState& s) const override {
     nlohmann::json j;
-    if (s.sweep) {
+    if (s.sweep()) {
       nlohmann::json sum = nlohmann::json::array();
-      for (const EvalSummary& e : s.sweep->summary())
+      for (const EvalSummary& e : s.sweep()->summary())
         sum.push_back({{"method", e.method},
                        {"ratio", e.ratio},
                        {"mean", e.mean},
                        {"std", e.std},
                        {"heads", e.heads}});
       j["sweep_summary"] = sum;
-      j["sweep_report"] = s.sweep->to_json();
+      j["sweep_stale"] = s.result(kSweep).stale();
+      j["sweep_report"] = s.sweep()->to_json();
     }
     j["grid"] = grid_json(s);
+    j["sweep_status"] = {{"running", s.result(kSweep).busy()},
+                         {"held_for_run", !s.result(kSweep).held.empty()},
+                         {"estimate_s", s.result(kSweep).estimate_s},
+                         {"error", s.result(kSweep).error}};
     nlohmann::json runs = nlohmann::json::array();
     for (int k = 0; k < 2; ++k) {
-      if (!s.run[k]) continue;
+      if (!s.run(k)) continue;
       std::vector<double> x, y;
-      per_position(*s.run[k], &x, &y);
-      runs.push_back({{"method", s.method_name[k]}, {"position", x}, {"relative_error", y}});
+      per_position(*s.run(k), &x, &y);
+      runs.push_back({{"method", s.method_name(k)}, {"position", x}, {"relative_error", y}});
     }
-    j["focused_head"] = {
-        {"layer", s.focus.layer}, {"kv_head", s.focus.kv_head}, {"by_position", runs}};
-    if (s.query_cmp) {
-      const QueryComparison& q = *s.query_cmp;
+    j["focused_head"] = {{"layer", s.settings.focus.layer},
+                         {"kv_head", s.settings.focus.kv_head},
+                         {"by_position", runs}};
+    if (s.query_cmp()) {
+      const QueryComparison& q = *s.query_cmp();
       j["query"] = {{"position", q.position},
                     {"q_head", q.q_head},
                     {"exact_weights", q.exact_weights},
@@ -127,6 +176,7 @@ class ErrorView final : public View {
                     {"approx_output", q.approx_output},
                     {"relative_error", q.relative_error}};
     }
+    if (const TuneResult* t = s.result(kTune).get<TuneResult>()) j["tuning"] = t->grid.to_json();
     if (j.is_null()) return nullptr;
     return j;
   }
@@ -134,26 +184,306 @@ class ErrorView final : public View {
   nlohmann::json save_state() const override {
     return {{"log_attention", log_attention_},
             {"heatmap_method", heat_source_.first},
-            {"heatmap_ratio", heat_source_.second}};
+            {"heatmap_ratio", heat_source_.second},
+            {"mode", mode_ == 1 ? "tune" : "overview"},
+            {"tune",
+             {{"rows", tune_rows_},
+              {"row_values", row_values_},
+              {"cols", tune_cols_},
+              {"col_values", col_values_},
+              {"seeds", tune_seeds_},
+              {"scope", tune_scope_}}}};
   }
   void load_state(const nlohmann::json& j) override {
+    // Not an object: the app skips this entry and says so (AppUi::load_session).
+    if (!j.is_object()) throw InputError("expected an object of the Error view's choices");
     log_attention_ = j.value("log_attention", log_attention_);
     heat_source_ = {j.value("heatmap_method", std::string()), j.value("heatmap_ratio", 0.0)};
+    mode_ = j.value("mode", std::string()) == "tune" ? 1 : 0;
+    if (j.contains("tune") && j["tune"].is_object()) {
+      const auto& t = j["tune"];
+      tune_rows_ = t.value("rows", tune_rows_);
+      row_values_ = t.value("row_values", row_values_);
+      tune_cols_ = t.value("cols", tune_cols_);
+      col_values_ = t.value("col_values", col_values_);
+      tune_seeds_ = std::clamp(t.value("seeds", tune_seeds_), 1, 10);
+      tune_scope_ = std::clamp(t.value("scope", tune_scope_), 0, 2);
+    }
   }
 
   std::string export_csv(const AppState& s) const override {
-    if (!s.sweep) return {};
+    if (!s.sweep()) return {};
     std::ostringstream o;
     o << "method,keep_ratio,relative_error_mean,relative_error_std,heads\n";
-    for (const EvalSummary& e : s.sweep->summary())
+    for (const EvalSummary& e : s.sweep()->summary())
       o << e.method << "," << e.ratio << "," << e.mean << "," << e.std << "," << e.heads << "\n";
     return o.str();
   }
 
  private:
-  void draw_sweep(AppState& s) {
-    SweepRequest req = s.sweep_request;
+  // ---- Tuning two parameters of method A at once (engine/sweep_grid.h): a heatmap of the mean
+  // error over the grid and one of its spread over seeds, best and default cells marked.
+  void draw_tuning(AppState& s) {
+    const Method* m = s.method(0);
+    if (!m) return;
+    std::vector<std::string> names;
+    for (const ParamSpec& p : m->params())
+      if (p.type == ParamSpec::Type::Float || p.type == ParamSpec::Type::Int)
+        names.push_back(p.name);
+    if (names.size() < 2) {
+      ImGui::TextWrapped("Method A (%s) has fewer than two numeric parameters to tune.",
+                         m->name().c_str());
+      return;
+    }
+    if (tune_method_ != m->name()) {  // defaults for a new method
+      tune_method_ = m->name();
+      const bool bkv = std::find(names.begin(), names.end(), "gamma") != names.end() &&
+                       std::find(names.begin(), names.end(), "temp") != names.end();
+      tune_rows_ = bkv ? "gamma" : names[0];
+      tune_cols_ = bkv ? "temp" : names[1];
+      auto around = [&](const std::string& n) {
+        const double d = param_value(m->params(), {}, n);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%g,%g,%g", d / 2, d, d * 2);
+        return std::string(buf);
+      };
+      row_values_ = bkv ? "0,1,2,4" : around(tune_rows_);
+      col_values_ = bkv ? "0.1,0.3,1" : around(tune_cols_);
+    }
     bool changed = false;
+    auto param_combo = [&](const char* label, std::string* v) {
+      ImGui::SetNextItemWidth(px(110));
+      if (ImGui::BeginCombo(label, v->c_str())) {
+        for (const std::string& n : names)
+          if (ImGui::Selectable(n.c_str(), n == *v)) *v = n, changed = true;
+        ImGui::EndCombo();
+      }
+    };
+    auto values_input = [&](const char* label, std::string* v) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "%s", v->c_str());
+      ImGui::SetNextItemWidth(px(130));
+      if (ImGui::InputText(label, buf, sizeof buf, ImGuiInputTextFlags_EnterReturnsTrue))
+        *v = buf, changed = true;
+      if (ImGui::IsItemDeactivatedAfterEdit()) *v = buf, changed = true;
+    };
+    toolbar_next(labelled_width(px(110), "rows") + labelled_width(px(130), "##rv") + 8);
+    param_combo("rows", &tune_rows_);
+    ImGui::SameLine();
+    values_input("##rv", &row_values_);
+    toolbar_next(labelled_width(px(110), "columns") + labelled_width(px(130), "##cv") + 8);
+    param_combo("columns", &tune_cols_);
+    ImGui::SameLine();
+    values_input("##cv", &col_values_);
+    toolbar_next(labelled_width(px(80), "seeds"));
+    ImGui::SetNextItemWidth(px(80));
+    changed |= ImGui::SliderInt("seeds", &tune_seeds_, 1, 10);
+    toolbar_next(labelled_width(px(150), "scope"));
+    ImGui::SetNextItemWidth(px(150));
+    changed |= ImGui::Combo("scope", &tune_scope_, "focused head\0focused layer\0whole capture\0");
+    (void)changed;  // every choice is part of the grid's key: reconcile() re-plans it
+    // Run / Cancel / estimate: cheap grids run at once, costly ones wait for Run.
+    draw_result_status(s, kTune, "tuning grid");
+    const Result& res = s.result(kTune);
+    mark_figure_top();
+    const TuneResult* tr = res.get<TuneResult>();
+    if (!tr) {
+      ImGui::TextDisabled("%s", res.busy() ? "running the grid..." : "no grid yet");
+      return;
+    }
+    const Grid2Result& g = tr->grid;
+    const char* scope_name[] = {"the focused head", "the focused layer", "the whole capture"};
+    ImGui::TextWrapped(
+        "%s at keep ratio %s, %s (%zu head%s), %d seeds: mean relative error and its spread "
+        "(std over seeds). Outlined white: best cell; dashed yellow: the defaults (%s=%g, "
+        "%s=%g).",
+        g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tr->scope], g.heads.size(),
+        g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(), g.default_row_value,
+        g.cols.name.c_str(), g.default_col_value);
+    const ImVec2 avail = ImGui::GetContentRegionAvail();
+    const float gap = ImGui::GetStyle().ItemSpacing.x * 2;
+    const float w = std::max(px(200), (avail.x - gap) / 2);
+    draw_grid_panel("##tune_mean", g, g.mean[0], "mean relative error", "error",
+                    ImVec2(w, avail.y));
+    ImGui::SameLine(0, gap);
+    draw_grid_panel("##tune_std", g, g.seed_std[0], "spread: std over seeds", "std",
+                    ImVec2(w, avail.y));
+  }
+
+  // The tuning grid as a derived result: planned from the settings (method A's parameters,
+  // ratio, window, seed, focus) and this view's choices; AppState::reconcile() runs it.
+  static constexpr const char* kTune = "tune2";
+
+  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
+    out.emplace_back(kTune, plan_tuning(s));
+  }
+
+  JobPlan plan_tuning(const AppState& s) const {
+    JobPlan p;
+    const Method* m = s.method(0);
+    // Wanted while the tuning mode shows method A's grid (draw_tuning set its axes).
+    if (mode_ != 1 || !s.capture || !m || tune_method_ != m->name()) return p;
+    const CaptureInfo& ci = *s.info();
+    const MethodSettings ms = s.method_settings(0);
+    const Focus f = s.settings.focus;
+    const int scope = tune_scope_;
+    p.key = "tune2|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|" +
+            m->name() + nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
+            "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
+            "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
+            "|" + tune_rows_ + "=" + row_values_ + "|" + tune_cols_ + "=" + col_values_ +
+            "|seeds=" + std::to_string(tune_seeds_) + "|scope=" + std::to_string(scope) +
+            (scope <= 1 ? "|L" + std::to_string(f.layer) : "") +
+            (scope == 0 ? "H" + std::to_string(f.kv_head) : "");
+    Grid2Spec g;
+    g.method = m;
+    std::string err;
+    try {
+      if (tune_rows_ == tune_cols_) throw InputError("rows and columns sweep the same parameter");
+      g.rows = {tune_rows_, parse_values(row_values_, tune_rows_)};
+      g.cols = {tune_cols_, parse_values(col_values_, tune_cols_)};
+      for (double v : g.rows.values) validate_method_params(*m, {{g.rows.name, v}});
+      for (double v : g.cols.values) validate_method_params(*m, {{g.cols.name, v}});
+    } catch (const InputError& e) {
+      err = e.what();
+    }
+    // Other parameters as method A has them now.
+    for (const auto& [k, v] : ms.params)
+      if (k != g.rows.name && k != g.cols.name) g.fixed[k] = v;
+    EvalSpec spec;
+    spec.ratios = {ms.keep_ratio};
+    spec.seeds = tune_seeds_;
+    spec.base_seed = static_cast<uint64_t>(s.settings.seed);
+    spec.sink = ms.sink;
+    spec.eval = ms.eval;
+    spec.estimator = ms.estimator;
+    if (scope <= 1) spec.layers = {f.layer};
+    if (scope == 0) spec.heads = {f.kv_head};
+    p.lane = Lane::Analysis;
+    p.label = "tuning grid";
+    const double heads = scope == 0   ? 1.0
+                         : scope == 1 ? ci.kv_heads
+                                      : static_cast<double>(ci.kv_heads) * ci.num_layers;
+    const EvalWindow w = s.window();
+    p.cost_class = "eval:" + m->name();
+    p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
+              (static_cast<double>(w.eval) * ci.group_size() + 64.0) * heads * tune_seeds_ *
+              static_cast<double>(g.rows.values.size() * g.cols.values.size());
+    p.auto_limit_s = 3.0;
+    std::shared_ptr<CaptureFile> capture = s.capture;
+    Backend* be = s.backend();
+    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+      if (!err.empty()) throw InputError(err);
+      auto r = std::make_shared<TuneResult>();
+      r->grid = run_grid2(
+          *capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be);
+      r->scope = scope;
+      return r;
+    };
+    return p;
+  }
+
+  // One heatmap of the grid: rows = first parameter, columns = second, value in each cell, a
+  // colour bar, the best cell outlined white and the default cell dashed yellow.
+  void draw_grid_panel(const char* id, const Grid2Result& g,
+                       const std::vector<std::vector<double>>& values, const char* what,
+                       const char* bar_label, ImVec2 size) {
+    ImGui::BeginGroup();
+    const int R = static_cast<int>(g.rows.values.size()),
+              C = static_cast<int>(g.cols.values.size());
+    double lo = INFINITY, hi = -INFINITY;
+    for (const auto& row : values)
+      for (double v : row)
+        if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    if (!(hi > lo)) hi = lo + 1e-12;
+    const float lh = ImGui::GetTextLineHeight();
+    ImGui::TextUnformatted(what);
+    const ImVec2 o = ImGui::GetCursorScreenPos();
+    float label_w = ImGui::CalcTextSize(g.rows.name.c_str()).x;
+    for (double v : g.rows.values) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", v);
+      label_w = std::max(label_w, ImGui::CalcTextSize(b).x);
+    }
+    label_w += px(8);
+    const float bar_w = px(70);
+    const float map_w = std::max(px(60), size.x - label_w - bar_w - px(8));
+    const float map_h = std::max(px(60), std::min(size.y - 3 * lh - px(16), map_w * 0.9f));
+    ImDrawList* dl = ImGui::GetWindowDrawList();
+    // Column header: the second parameter's name and values.
+    dl->AddText(ImVec2(o.x, o.y), kColAxisText, (g.rows.name + " \\ " + g.cols.name).c_str());
+    const float cw = map_w / static_cast<float>(C), ch = map_h / static_cast<float>(R);
+    const float top = o.y + lh + px(4);
+    for (int c = 0; c < C; ++c) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", g.cols.values[static_cast<size_t>(c)]);
+      const float tw = ImGui::CalcTextSize(b).x;
+      dl->AddText(ImVec2(o.x + label_w + (c + 0.5f) * cw - tw / 2, top - lh - px(2) + lh),
+                  kColAxisText, b);
+    }
+    const float map_top = top + lh + px(2);
+    for (int r = 0; r < R; ++r) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", g.rows.values[static_cast<size_t>(r)]);
+      dl->AddText(ImVec2(o.x + label_w - ImGui::CalcTextSize(b).x - px(6),
+                         map_top + (r + 0.5f) * ch - lh / 2),
+                  kColAxisText, b);
+    }
+    ImGui::SetCursorScreenPos(ImVec2(o.x + label_w, map_top));
+    auto colour = [&](int r, int c) {
+      const double v = values[static_cast<size_t>(r)][static_cast<size_t>(c)];
+      if (!std::isfinite(v)) return kColRefused;
+      return colormap(Colormap::Viridis, (v - lo) / (hi - lo));
+    };
+    auto text = [&](int r, int c) {
+      const double v = values[static_cast<size_t>(r)][static_cast<size_t>(c)];
+      char b[32];
+      std::snprintf(b, sizeof b, std::isfinite(v) ? "%.4f" : "failed", v);
+      return std::string(b);
+    };
+    const HeatmapHit hit = heatmap(id, ImVec2(map_w, map_h), R, C, colour, text);
+    auto outline = [&](std::pair<int, int> cell, ImU32 col, bool dashed) {
+      if (cell.first < 0) return;
+      const ImVec2 a(o.x + label_w + cell.second * cw + 1, map_top + cell.first * ch + 1);
+      const ImVec2 b(a.x + cw - 2, a.y + ch - 2);
+      if (!dashed) {
+        dl->AddRect(a, b, col, 0, 0, px(3));
+        return;
+      }
+      const float dash = px(6);
+      const ImVec2 pts[5] = {a, ImVec2(b.x, a.y), b, ImVec2(a.x, b.y), a};
+      for (int e = 0; e < 4; ++e) {
+        const ImVec2 p = pts[e], q = pts[e + 1];
+        const float len = std::hypot(q.x - p.x, q.y - p.y);
+        for (float t = 0; t < len; t += 2 * dash) {
+          const float t1 = std::min(len, t + dash);
+          dl->AddLine(ImVec2(p.x + (q.x - p.x) * t / len, p.y + (q.y - p.y) * t / len),
+                      ImVec2(p.x + (q.x - p.x) * t1 / len, p.y + (q.y - p.y) * t1 / len), col,
+                      px(2));
+        }
+      }
+    };
+    outline(g.best(0), IM_COL32(255, 255, 255, 255), false);
+    outline(g.default_cell(), kColSelect, true);
+    ImGui::SameLine(0, px(8));
+    ImGui::SetCursorScreenPos(ImVec2(o.x + label_w + map_w + px(8), map_top - lh * 1.5f - 6));
+    colour_bar((std::string(id) + "_bar").c_str(), ImVec2(bar_w, map_h + lh * 1.5f + 6),
+               Colormap::Viridis, lo, hi, bar_label);
+    ImGui::SetCursorScreenPos(ImVec2(o.x, map_top + map_h + px(4)));
+    ImGui::TextDisabled("rows: %s, columns: %s", g.rows.name.c_str(), g.cols.name.c_str());
+    if (hit.row >= 0) {
+      ImGui::BeginTooltip();
+      ImGui::Text("%s = %g, %s = %g", g.rows.name.c_str(), g.rows.values[hit.row],
+                  g.cols.name.c_str(), g.cols.values[hit.col]);
+      ImGui::Text("mean %.5f, std over seeds %.5f", g.mean[0][hit.row][hit.col],
+                  g.seed_std[0][hit.row][hit.col]);
+      ImGui::EndTooltip();
+    }
+    ImGui::EndGroup();
+  }
+
+  void draw_sweep(AppState& s) {
+    SweepRequest& req = s.settings.sweep;
     if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
     if (ImGui::BeginPopup("##methods")) {
       for (const Method* m : all_methods()) {
@@ -163,37 +493,16 @@ class ErrorView final : public View {
             req.methods.push_back(m->name());
           else
             req.methods.erase(std::find(req.methods.begin(), req.methods.end(), m->name()));
-          changed = true;
         }
       }
       ImGui::EndPopup();
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(90);
-    if (ImGui::SliderInt("seeds", &req.seeds, 1, 10)) changed = true;
-    ImGui::SameLine();
-    if (ImGui::Checkbox("focused layer only", &req.focused_layer_only)) changed = true;
-    ImGui::SameLine();
-    bool busy = s.worker.busy("sweep");
-    if (ImGui::Button(busy ? "restart" : "run")) changed = true;
-    if (busy) {
-      for (const auto& j : s.worker.jobs())
-        if (j.key == "sweep" && j.running) {
-          ImGui::SameLine();
-          char ov[64];
-          std::snprintf(ov, sizeof ov, "%d/%d", j.done, j.total);
-          ImGui::ProgressBar(j.total ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(110, 0),
-                             ov);
-        }
-      ImGui::SameLine();
-      if (ImGui::SmallButton("cancel")) s.worker.cancel("sweep");
-    } else if (s.sweep_stale) {
-      ImGui::SameLine();
-      ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "settings changed: run again");
-    }
-    if (changed) s.request_sweep(req);
-    if (!s.sweep_error.empty())
-      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.sweep_error.c_str());
+    toolbar_next(labelled_width(px(90), "seeds"));
+    ImGui::SetNextItemWidth(px(90));
+    ImGui::SliderInt("seeds", &req.seeds, 1, 10);
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
+    ImGui::Checkbox("focused layer only", &req.focused_layer_only);
+    draw_result_status(s, kSweep, "sweep");
 
     // Series from the summary: mean over heads, spread = std over seeds of the head mean.
     struct Series {
@@ -203,9 +512,9 @@ class ErrorView final : public View {
     std::vector<Series> series;
     std::vector<double> all_y;
     std::vector<double> ratios;
-    if (s.sweep) {
+    if (s.sweep()) {
       std::map<std::string, Series> by;
-      for (const EvalSummary& e : s.sweep->summary()) {
+      for (const EvalSummary& e : s.sweep()->summary()) {
         Series& sr = by[e.method];
         sr.method = e.method;
         sr.x.push_back(e.ratio);
@@ -217,7 +526,7 @@ class ErrorView final : public View {
         all_y.push_back(sr.hi.back());
         ratios.push_back(e.ratio);
       }
-      for (const std::string& m : s.sweep_request.methods)
+      for (const std::string& m : s.settings.sweep.methods)
         if (by.count(m)) {
           Series sr = by[m];
           std::vector<size_t> ord(sr.x.size());
@@ -250,18 +559,23 @@ class ErrorView final : public View {
     }
     Axis xa{"keep ratio (log2 axis)", xlo / 1.25, xhi * 1.25, Scale::Log2, true};
     Axis ya{"relative error", ylo, yhi, Scale::Log10};
-    std::string title = s.sweep
-                            ? "error vs keep ratio: mean over heads, band = +-1 std over " +
-                                  std::to_string(s.sweep->spec.seeds) + " seeds"
-                            : (busy ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    const Result& res = s.result(kSweep);
+    std::string title =
+        s.sweep() ? "error vs keep ratio: mean over heads, band = +-1 std over " +
+                        std::to_string(s.sweep()->spec.seeds) + " seeds"
+                  : (res.busy() ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    // Curves computed for other settings stay visible, faded and labelled stale.
+    const bool stale = res.stale();
+    if (stale) title += "  [STALE: earlier settings]";
     Plot plot("##sweepplot", ImVec2(0, 0), title, xa, ya);
     std::vector<Plot::LegendEntry> legend;
     for (const Series& sr : series) {
       ImU32 c = method_colour(method_index(sr.method));
-      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, 0.18f));
+      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
     }
     for (const Series& sr : series) {
       ImU32 c = method_colour(method_index(sr.method));
+      if (stale) c = with_alpha(c, 0.4f);
       plot.line(sr.x, sr.y, c, 2.0f);
       plot.markers(sr.x, sr.y, c, 3.5f);
       legend.push_back({sr.method, c});
@@ -291,22 +605,23 @@ class ErrorView final : public View {
     // Source: the background grid (method A at the current ratio) or any (method, ratio) of
     // the sweep.
     std::vector<std::pair<std::string, double>> options;
-    if (s.sweep)
-      for (const EvalSummary& e : s.sweep->summary()) options.emplace_back(e.method, e.ratio);
+    if (s.sweep())
+      for (const EvalSummary& e : s.sweep()->summary()) options.emplace_back(e.method, e.ratio);
     auto label = [](const std::pair<std::string, double>& o) {
       return o.first + " at " + ratio_label(o.second) + " (sweep)";
     };
     bool from_sweep = false;
     for (const auto& o : options) from_sweep = from_sweep || o == heat_source_;
-    std::string current =
-        from_sweep ? label(heat_source_)
-                   : "A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)";
+    std::string current = from_sweep ? label(heat_source_)
+                                     : "A: " + s.method_name(0) + " at " +
+                                           ratio_label(s.settings.keep_ratio) + " (grid)";
     ImGui::TextUnformatted("error per layer and kv head");
-    ImGui::SameLine();
+    toolbar_next(px(160));
     ImGui::SetNextItemWidth(-1);
     if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
       if (ImGui::Selectable(
-              ("A: " + s.method_name[0] + " at " + ratio_label(s.keep_ratio) + " (grid)").c_str(),
+              ("A: " + s.method_name(0) + " at " + ratio_label(s.settings.keep_ratio) + " (grid)")
+                  .c_str(),
               !from_sweep))
         heat_source_ = {};
       for (const auto& o : options)
@@ -314,9 +629,11 @@ class ErrorView final : public View {
       ImGui::EndCombo();
     }
     GridValues gv =
-        from_sweep ? grid_values_from_report(s, *s.sweep, heat_source_.first, heat_source_.second)
+        from_sweep ? grid_values_from_report(s, *s.sweep(), heat_source_.first, heat_source_.second)
                    : grid_values(s, GridMetric::Error);
-    ImGui::TextDisabled("%s", gv.caption.c_str());
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s", gv.caption.c_str());
+    ImGui::PopStyleColor();
     draw_grid(s, gv, "##errgrid", 10000.0f);
   }
 
@@ -325,8 +642,8 @@ class ErrorView final : public View {
     std::vector<double> all;
     double xmin = 0, xmax = 1;
     for (int k = 0; k < 2; ++k)
-      if (s.run[k] && (k == 0 || s.ab_enabled)) {
-        per_position(*s.run[k], &xs[k], &ys[k]);
+      if (s.run(k) && (k == 0 || s.settings.ab_enabled)) {
+        per_position(*s.run(k), &xs[k], &ys[k]);
         for (double v : ys[k])
           if (v > 0 && std::isfinite(v)) all.push_back(v);
         if (!xs[k].empty()) {
@@ -341,7 +658,7 @@ class ErrorView final : public View {
     }
     char title[160];
     std::snprintf(title, sizeof title, "error vs query position (L%d H%d, mean over the GQA group)",
-                  s.focus.layer, s.focus.kv_head);
+                  s.settings.focus.layer, s.settings.focus.kv_head);
     Plot plot("##posplot", ImVec2(0, 0), title,
               Axis{"query position j (token index)", xmin - 0.5, xmax + 0.5},
               Axis{"relative error", ylo, yhi, Scale::Log10});
@@ -349,7 +666,7 @@ class ErrorView final : public View {
     for (int k = 0; k < 2; ++k) {
       if (xs[k].empty()) continue;
       plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
-      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name[k], kColSlot[k]});
+      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name(k), kColSlot[k]});
     }
     int q = s.effective_query();
     plot.vline(q, kColQuery, 1.5f);
@@ -363,19 +680,18 @@ class ErrorView final : public View {
         ImGui::Text("query %d \"%s\"", j, s.token_text(j).c_str());
         for (int k = 0; k < 2; ++k)
           if (static_cast<size_t>(i) < ys[k].size())
-            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name[k].c_str(),
+            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name(k).c_str(),
                         ys[k][static_cast<size_t>(i)]);
         ImGui::TextDisabled("click: compare exact and approximate attention for this query");
         ImGui::EndTooltip();
         if (plot.clicked()) {
-          s.selected_query = j;
-          s.request_query_comparison();
+          s.settings.selected_query = j;
         }
       }
     }
-    if (!s.run_error[0].empty())
+    if (!s.run_error(0).empty())
       plot.draw_list()->AddText(ImVec2(plot.inner_min().x + 8, plot.inner_min().y + 8),
-                                IM_COL32(255, 120, 120, 255), s.run_error[0].c_str());
+                                IM_COL32(255, 120, 120, 255), s.run_error(0).c_str());
   }
 
   void draw_query(AppState& s) {
@@ -385,25 +701,27 @@ class ErrorView final : public View {
     }
     int group = s.info()->group_size();
     if (group > 1) {
-      ImGui::SetNextItemWidth(120);
-      if (ImGui::SliderInt("query head in group", &s.selected_q_head, 0, group - 1))
-        s.request_query_comparison();
-      ImGui::SameLine();
+      ImGui::SetNextItemWidth(px(80));
+      ImGui::SliderInt("query head", &s.settings.selected_q_head, 0, group - 1);
+      if (ImGui::IsItemHovered()) ImGui::SetTooltip("query head within the GQA group");
     }
-    ImGui::TextDisabled("query %d \"%s\"", s.effective_query(),
-                        s.token_text(s.effective_query()).c_str());
-    ImGui::SameLine();
+    char qtext[160];
+    std::snprintf(qtext, sizeof qtext, "query %d \"%s\"", s.effective_query(),
+                  s.token_text(s.effective_query()).c_str());
+    if (group > 1) toolbar_next(ImGui::CalcTextSize(qtext).x);
+    ImGui::TextDisabled("%s", qtext);
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scale"));
     ImGui::Checkbox("log scale", &log_attention_);
-    if (!s.query_cmp) {
-      if (!s.query_cmp_error.empty())
-        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.query_cmp_error.c_str());
+    if (!s.query_cmp()) {
+      if (!s.result(kQuery).error.empty())
+        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.result(kQuery).error.c_str());
       else
         ImGui::TextDisabled("computing...");
       return;
     }
-    const QueryComparison& qc = *s.query_cmp;
+    const QueryComparison& qc = *s.query_cmp();
     ImVec2 avail = ImGui::GetContentRegionAvail();
-    float top_h = avail.y * 0.62f;
+    float top_h = avail.y * 0.55f;
     {
       const size_t n = qc.exact_weights.size();
       std::vector<double> x(n);
@@ -478,6 +796,9 @@ class ErrorView final : public View {
 
   bool log_attention_ = true;
   std::pair<std::string, double> heat_source_;  // empty method: the background grid
+  int mode_ = 0;                                // 0 overview, 1 tune two parameters
+  std::string tune_method_, tune_rows_, tune_cols_, row_values_, col_values_;
+  int tune_seeds_ = 3, tune_scope_ = 0;
 };
 
 }  // namespace

@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/plot.h"
 #include "app/point_renderer.h"
+#include "app/result_status.h"
 #include "app/token_marks.h"
 #include "app/view.h"
 #include "engine/error.h"
@@ -56,12 +58,8 @@ struct GeometryFrame {
   std::vector<float> key_norm;
 };
 
-// What the worker's apply closures write into; shared so a closure never outlives its target.
-struct GeometryShared {
-  std::string requested_key;
-  std::shared_ptr<const GeometryFrame> frame;
-  std::string error;  // for requested_key
-};
+// The name of this view's derived result (AppState::results).
+constexpr const char* kProjection = "geometry.projection";
 
 // Queries of the joint map: light rings, distinct from every category and cluster colour.
 constexpr ImU32 kColQueryPoint = IM_COL32(225, 228, 235, 190);
@@ -87,12 +85,12 @@ class GeometryView final : public View {
   const char* title() const override { return "Geometry"; }
 
   bool ready(const AppState& s) const override {
-    if (!s.capture || !s.focus_layer || s.focus_refused()) return true;
-    if (shared_->requested_key.empty()) return false;  // the first draw has not asked yet
-    if (!shared_->error.empty()) return true;
-    return shared_->frame && shared_->frame->key == shared_->requested_key &&
-           shared_->frame->done &&
-           (colour_ != ColourBy::Kept || s.run[0] || !s.run_error[0].empty());
+    if (!s.capture || !s.focus_layer() || s.focus_refused()) return true;
+    const Result& r = s.result(kProjection);
+    if (r.want.empty()) return false;  // not planned yet
+    if (!error_of(s).empty() || (!r.held.empty() && r.held == r.want)) return true;
+    return frame_of(s) && r.fresh() && frame_of(s)->done &&
+           (colour_ != ColourBy::Kept || s.run(0) || !s.run_error(0).empty());
   }
 
   void draw(AppState& s) override {
@@ -106,22 +104,22 @@ class GeometryView final : public View {
       ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "This head is refused: %s", why.c_str());
       return;
     }
-    if (!s.focus_layer) {
-      ImGui::TextDisabled("Loading layer %d ...", s.focus.layer);
+    if (!s.focus_layer()) {
+      ImGui::TextDisabled("Loading layer %d ...", s.settings.focus.layer);
       return;
     }
-    request_if_needed(s);
     draw_status(s);
-    const auto frame = shared_->frame;
+    draw_result_status(s, kProjection, "map");
+    const auto frame = frame_of(s);
     const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.6f;
     ImVec2 avail = ImGui::GetContentRegionAvail();
     const ImVec2 canvas_size(std::max(100.0f, avail.x), std::max(100.0f, avail.y - strip_h));
-    if (!frame || frame->key != shared_->requested_key) {
+    if (!frame || frame->key != s.result(kProjection).want) {
       // Nothing for this head yet (first t-SNE frame pending): keep the space, say so.
       ImGui::Dummy(canvas_size);
       ImGui::GetWindowDrawList()->AddText(
           ImVec2(ImGui::GetItemRectMin().x + 10, ImGui::GetItemRectMin().y + 10), kColAxisText,
-          shared_->error.empty() ? "Computing the map ..." : "No map (see the message above).");
+          error_of(s).empty() ? "Computing the map ..." : "No map (see the message above).");
       if (frame) draw_canvas(s, *frame, canvas_size, /*stale=*/true);
     } else {
       draw_canvas(s, *frame, canvas_size, false);
@@ -130,13 +128,13 @@ class GeometryView final : public View {
   }
 
   nlohmann::json export_json(const AppState& s) const override {
-    const auto f = shared_->frame;
+    const auto f = frame_of(s);
     if (!f) return nullptr;
     nlohmann::json j;
     j["view"] = "geometry";
     j["capture"] = s.capture_path;
-    j["layer"] = s.focus.layer;
-    j["kv_head"] = s.focus.kv_head;
+    j["layer"] = s.settings.focus.layer;
+    j["kv_head"] = s.settings.focus.kv_head;
     j["projection"] = projection_method_name(f->method);
     j["num_keys"] = f->num_keys;
     j["num_queries"] = f->num_queries;
@@ -154,10 +152,10 @@ class GeometryView final : public View {
   }
 
   std::string export_csv(const AppState& s) const override {
-    const auto f = shared_->frame;
+    const auto f = frame_of(s);
     if (!f) return {};
     std::unique_ptr<TokenMarks> marks;
-    if (s.run[0]) marks = std::make_unique<TokenMarks>(token_marks(*s.run[0]));
+    if (s.run(0)) marks = std::make_unique<TokenMarks>(token_marks(*s.run(0)));
     std::ostringstream out;
     out << "token,kind,x,y,status,cluster,key_norm\n";
     for (int i = 0; i < f->coords.rows(); ++i) {
@@ -206,11 +204,12 @@ class GeometryView final : public View {
 
  private:
   void draw_controls(AppState& s) {
-    ImGui::SetNextItemWidth(90);
+    // The toolbar wraps on narrow windows (toolbar_next).
+    ImGui::SetNextItemWidth(px(90));
     int m = settings_.method == ProjectionMethod::Pca ? 0 : 1;
     if (ImGui::Combo("map", &m, "PCA\0t-SNE\0"))
       settings_.method = m == 0 ? ProjectionMethod::Pca : ProjectionMethod::Tsne;
-    ImGui::SameLine();
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "with queries"));
     const bool has_queries = s.info() && s.info()->has_queries;
     if (!has_queries) ImGui::BeginDisabled();
     ImGui::Checkbox("with queries", &settings_.with_queries);
@@ -223,39 +222,39 @@ class GeometryView final : public View {
       ImGui::EndDisabled();
       settings_.with_queries = false;
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(215);
+    toolbar_next(labelled_width(px(215), "colour"));
+    ImGui::SetNextItemWidth(px(215));
     int c = static_cast<int>(colour_);
     if (ImGui::Combo("colour", &c, kColourNames, 4)) colour_ = static_cast<ColourBy>(c);
     if (settings_.method == ProjectionMethod::Tsne) {
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(110);
+      toolbar_next(labelled_width(px(110), "perplexity"));
+      ImGui::SetNextItemWidth(px(110));
       ImGui::SliderInt("perplexity", &edit_perplexity_, 2, 100);
       if (ImGui::IsItemDeactivatedAfterEdit()) settings_.perplexity = edit_perplexity_;
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(110);
+      toolbar_next(labelled_width(px(110), "iterations"));
+      ImGui::SetNextItemWidth(px(110));
       ImGui::SliderInt("iterations", &edit_iterations_, 250, 5000);
       if (ImGui::IsItemDeactivatedAfterEdit()) settings_.iterations = edit_iterations_;
     }
     if (colour_ == ColourBy::Cluster && !method_clusters(s)) {
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(90);
+      toolbar_next(labelled_width(px(90), "k"));
+      ImGui::SetNextItemWidth(px(90));
       ImGui::SliderInt("k", &edit_clusters_, 2, 32);
       if (ImGui::IsItemDeactivatedAfterEdit()) settings_.clusters = edit_clusters_;
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(80);
+    toolbar_next(labelled_width(px(80), "point"));
+    ImGui::SetNextItemWidth(px(80));
     ImGui::SliderFloat("point", &point_px_, 1.0f, 8.0f, "%.1f px");
     if (!s.selected_tokens.empty()) {
-      ImGui::SameLine();
+      toolbar_next(ImGui::CalcTextSize("clear selection").x + ImGui::GetStyle().FramePadding.x * 2);
       if (ImGui::SmallButton("clear selection")) s.selected_tokens.clear();
     }
   }
 
   // Clusters from method A when it reports them (subgen, subgen-kcenter), else null.
   const std::vector<int>* method_clusters(const AppState& s) const {
-    if (!s.run[0] || s.run[0]->selection.cluster.empty()) return nullptr;
-    return &s.run[0]->selection.cluster;
+    if (!s.run(0) || s.run(0)->selection.cluster.empty()) return nullptr;
+    return &s.run(0)->selection.cluster;
   }
 
   ProjectionRequest request_for(const AppState& s) const {
@@ -266,55 +265,65 @@ class GeometryView final : public View {
     r.tsne.exaggeration_iterations = std::min(250, settings_.iterations);
     r.with_queries = settings_.with_queries;
     if (r.with_queries && s.info())
-      r.query_head = s.focus.kv_head * s.info()->group_size() + s.selected_q_head;
+      r.query_head = s.settings.focus.kv_head * s.info()->group_size() + s.settings.selected_q_head;
     return r;
   }
 
-  void request_if_needed(AppState& s) {
+  // The projection of the focused head, planned from the settings and this view's choices;
+  // AppState::reconcile() runs it (intermediate t-SNE frames arrive as partial values).
+  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
+    JobPlan p;
+    if (!s.capture) {
+      out.emplace_back(kProjection, p);
+      return;
+    }
     const ProjectionRequest req = request_for(s);
-    const std::string pkey = projection_key(s.capture_path, s.focus.layer, s.focus.kv_head, req);
-    const std::string key = pkey + "|k=" + std::to_string(settings_.clusters) +
-                            "|gen=" + std::to_string(s.focus_generation);
-    if (key == shared_->requested_key) return;
-    shared_->requested_key = key;
-    shared_->error.clear();
-
-    auto layer = s.focus_layer;
+    const std::string pkey =
+        projection_key(s.capture_path, s.settings.focus.layer, s.settings.focus.kv_head, req);
+    const std::string key =
+        pkey + "|k=" + std::to_string(settings_.clusters) + "|cap=" + std::to_string(s.capture_id);
+    p.key = key;
+    auto layer = s.focus_layer();
+    std::string why;
+    if (!layer) {
+      p.waiting = "loading layer " + std::to_string(s.settings.focus.layer);
+      out.emplace_back(kProjection, p);
+      return;
+    }
+    if (s.focus_refused(&why)) {
+      p.key.clear();  // the view says why; nothing to compute
+      out.emplace_back(kProjection, p);
+      return;
+    }
     const CaptureInfo info = *s.info();
-    const int head = s.focus.kv_head;
+    const int head = s.settings.focus.kv_head;
     const int k = settings_.clusters;
     Backend* backend = s.backend();
-    auto shared = shared_;
-    const char* label = req.method == ProjectionMethod::Pca ? "Geometry: PCA" : "Geometry: t-SNE";
-    s.worker.submit(Lane::Geometry, "geometry.projection", label, [=](JobContext& ctx) -> ApplyFn {
-      auto fail = [&](const std::string& msg) -> ApplyFn {
-        return [shared, key, msg](AppState&) {
-          if (shared->requested_key == key) shared->error = msg;
-        };
-      };
+    p.lane = Lane::Geometry;
+    p.label = req.method == ProjectionMethod::Pca ? "Geometry: PCA" : "Geometry: t-SNE";
+    const double points = static_cast<double>(info.num_tokens) * (req.with_queries ? 2 : 1);
+    const bool cached = projection_cache().find(pkey) != nullptr;
+    p.cost_class = req.method == ProjectionMethod::Pca ? "pca" : "tsne";
+    // t-SNE (Barnes-Hut): about 1 us per point and iteration on the 2-core build machine (8192
+    // keys, 1000 iterations: 7.4 s); PCA is linear in the points. Measured at run time after.
+    p.prior_per_unit = req.method == ProjectionMethod::Pca ? 1e-6 : 1.5e-6;
+    p.units = cached ? 0 : points * (req.method == ProjectionMethod::Pca ? 1 : req.tsne.iterations);
+    p.auto_limit_s = 3.0;
+    p.compute = [=](JobContext& ctx,
+                    const JobPlan::PartialFn& partial) -> std::shared_ptr<const void> {
       const auto t0 = std::chrono::steady_clock::now();
       auto base = std::make_shared<GeometryFrame>();
       base->key = key;
       base->method = req.method;
-      MatrixF points;
-      try {
-        points = projection_input(info, *layer, head, req, &base->query_head);
-        const MatrixF& keys = layer->keys[head];
-        base->num_keys = static_cast<int>(keys.rows());
-        base->num_queries = static_cast<int>(points.rows()) - base->num_keys;
-        base->key_norm.resize(keys.rows());
-        for (int i = 0; i < keys.rows(); ++i) base->key_norm[i] = keys.row(i).norm();
-        const std::vector<int> centres =
-            greedy_kcenter(keys, std::min<int>(k, static_cast<int>(keys.rows())), 0);
-        base->kcenter_cluster = assign_to_centres(keys, centres);
-      } catch (const InputError& e) {
-        return fail(e.what());
-      }
-      auto publish = [shared, key](std::shared_ptr<const GeometryFrame> f) -> ApplyFn {
-        return [shared, key, f](AppState&) {
-          if (shared->requested_key == key) shared->frame = f;
-        };
-      };
+      MatrixF points = projection_input(info, *layer, head, req, &base->query_head);
+      const MatrixF& keys = layer->keys[head];
+      base->num_keys = static_cast<int>(keys.rows());
+      base->num_queries = static_cast<int>(points.rows()) - base->num_keys;
+      base->key_norm.resize(keys.rows());
+      for (int i = 0; i < keys.rows(); ++i) base->key_norm[i] = keys.row(i).norm();
+      const std::vector<int> centres =
+          greedy_kcenter(keys, std::min<int>(k, static_cast<int>(keys.rows())), 0);
+      base->kcenter_cluster = assign_to_centres(keys, centres);
       if (auto cached = projection_cache().find(pkey)) {
         auto f = std::make_shared<GeometryFrame>(*base);
         f->coords = cached->coords;
@@ -326,81 +335,72 @@ class GeometryView final : public View {
         f->explained[1] = cached->explained[1];
         f->done = true;
         f->from_cache = true;
-        return publish(f);
+        return f;
       }
       auto seconds = [&] {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       };
-      try {
-        if (req.method == ProjectionMethod::Pca) {
-          auto p = std::make_shared<Projection>(
-              compute_projection(info, *layer, head, req, backend, ctx.cancel_flag()));
-          projection_cache().put(pkey, p);
-          auto f = std::make_shared<GeometryFrame>(*base);
-          f->coords = p->coords;
-          f->explained[0] = p->explained[0];
-          f->explained[1] = p->explained[1];
-          f->done = true;
-          f->seconds = seconds();
-          return publish(f);
-        }
-        TsneRun run(points, req.tsne, backend, ctx.cancel_flag());
-        const int total = run.total_iterations();
-        auto last_post = std::chrono::steady_clock::now();
-        while (!run.done()) {
-          run.step(10);
-          ctx.progress(run.iteration(), total);
-          // About 20 frames a second is plenty for the animation.
-          const auto now = std::chrono::steady_clock::now();
-          if (!run.done() && now - last_post > std::chrono::milliseconds(50)) {
-            last_post = now;
+      if (req.method == ProjectionMethod::Pca) {
+        auto pr = std::make_shared<Projection>(
+            compute_projection(info, *layer, head, req, backend, ctx.cancel_flag()));
+        projection_cache().put(pkey, pr);
+        auto f = std::make_shared<GeometryFrame>(*base);
+        f->coords = pr->coords;
+        f->explained[0] = pr->explained[0];
+        f->explained[1] = pr->explained[1];
+        f->done = true;
+        f->seconds = seconds();
+        return f;
+      }
+      // The engine steps t-SNE and reports frames about 20 times a second for the animation.
+      auto pr = std::make_shared<Projection>(run_tsne_projection(
+          points, req.tsne, backend, ctx.cancel_flag(), 0.05, [&](const TsneRun& run) {
+            ctx.progress(run.iteration(), run.total_iterations());
             auto f = std::make_shared<GeometryFrame>(*base);
             f->coords = run.embedding();
             f->iteration = run.iteration();
-            f->total = total;
+            f->total = run.total_iterations();
             f->kl = run.kl();
             f->perplexity = run.perplexity();
             f->theta = run.theta();
             f->seconds = seconds();
-            ctx.post(publish(f));
-          }
-        }
-        ctx.check_cancel();
-        auto p = std::make_shared<Projection>();
-        p->coords = run.embedding();
-        p->num_keys = base->num_keys;
-        p->num_queries = base->num_queries;
-        p->query_head = base->query_head;
-        p->method = ProjectionMethod::Tsne;
-        p->kl = run.kl();
-        p->iterations = run.iteration();
-        p->perplexity = run.perplexity();
-        p->theta = run.theta();
-        p->learning_rate = run.learning_rate();
-        projection_cache().put(pkey, p);
-        auto f = std::make_shared<GeometryFrame>(*base);
-        f->coords = p->coords;
-        f->iteration = f->total = p->iterations;
-        f->kl = p->kl;
-        f->perplexity = p->perplexity;
-        f->theta = p->theta;
-        f->done = true;
-        f->seconds = seconds();
-        return publish(f);
-      } catch (const InputError& e) {
-        return fail(e.what());
-      }
-    });
+            partial(f);
+          }));
+      ctx.check_cancel();
+      pr->num_keys = base->num_keys;
+      pr->num_queries = base->num_queries;
+      pr->query_head = base->query_head;
+      projection_cache().put(pkey, pr);
+      auto f = std::make_shared<GeometryFrame>(*base);
+      f->coords = pr->coords;
+      f->iteration = f->total = pr->iterations;
+      f->kl = pr->kl;
+      f->perplexity = pr->perplexity;
+      f->theta = pr->theta;
+      f->done = true;
+      f->seconds = seconds();
+      return f;
+    };
+    out.emplace_back(kProjection, p);
+  }
+
+  std::shared_ptr<const GeometryFrame> frame_of(const AppState& s) const {
+    return s.result(kProjection).ptr<GeometryFrame>();
+  }
+  std::string error_of(const AppState& s) const {
+    const Result& r = s.result(kProjection);
+    return r.key == r.want ? r.error : std::string();
   }
 
   void draw_status(const AppState& s) {
-    const auto f = shared_->frame;
-    if (!shared_->error.empty()) {
-      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", shared_->error.c_str());
+    const auto f = frame_of(s);
+    if (!error_of(s).empty()) {
+      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", error_of(s).c_str());
       return;
     }
-    if (!f || f->key != shared_->requested_key) {
-      ImGui::TextDisabled("layer %d, kv head %d: computing ...", s.focus.layer, s.focus.kv_head);
+    if (!f || f->key != s.result(kProjection).want) {
+      ImGui::TextDisabled("layer %d, kv head %d: computing ...", s.settings.focus.layer,
+                          s.settings.focus.kv_head);
       return;
     }
     char line[512];
@@ -413,13 +413,13 @@ class GeometryView final : public View {
       std::snprintf(line, sizeof line,
                     "layer %d, kv head %d: %s. PCA: the axes show %.1f%% and %.1f%% of the "
                     "variance.%s",
-                    s.focus.layer, s.focus.kv_head, points.c_str(), 100 * f->explained[0],
-                    100 * f->explained[1], synth);
+                    s.settings.focus.layer, s.settings.focus.kv_head, points.c_str(),
+                    100 * f->explained[0], 100 * f->explained[1], synth);
     } else {
       std::snprintf(line, sizeof line,
                     "layer %d, kv head %d: %s. t-SNE perplexity %g, %s, iteration %d/%d%s, KL "
                     "%.3f%s%s",
-                    s.focus.layer, s.focus.kv_head, points.c_str(), f->perplexity,
+                    s.settings.focus.layer, s.settings.focus.kv_head, points.c_str(), f->perplexity,
                     f->theta > 0 ? "Barnes-Hut" : "exact gradient", f->iteration, f->total,
                     f->iteration < 250 ? " (early exaggeration)" : "", f->kl,
                     f->from_cache ? " (cached)" : "", synth);
@@ -443,7 +443,7 @@ class GeometryView final : public View {
       case ColourBy::Cluster: {
         if (query) return kColQueryPoint;
         if (const auto* mc = method_clusters(s)) {
-          const int mid = token - s.run[0]->window.mid_begin;
+          const int mid = token - s.run(0)->window.mid_begin;
           return mid >= 0 && mid < static_cast<int>(mc->size()) ? cluster_colour((*mc)[mid])
                                                                 : kColDropped;
         }
@@ -487,7 +487,7 @@ class GeometryView final : public View {
     };
 
     std::unique_ptr<TokenMarks> marks;
-    if (s.run[0]) marks = std::make_unique<TokenMarks>(token_marks(*s.run[0]));
+    if (s.run(0)) marks = std::make_unique<TokenMarks>(token_marks(*s.run(0)));
     if (!f.key_norm.empty()) {
       norm_lo_ = *std::min_element(f.key_norm.begin(), f.key_norm.end());
       norm_hi_ = *std::max_element(f.key_norm.begin(), f.key_norm.end());
@@ -609,9 +609,9 @@ class GeometryView final : public View {
       if (marks && t < static_cast<int>(marks->kind.size())) {
         const TokenKind k = marks->kind[t];
         if (k == TokenKind::Kept)
-          ImGui::Text("kept by %s, weight %.3g", s.method_name[0].c_str(), marks->weight[t]);
+          ImGui::Text("kept by %s, weight %.3g", s.method_name(0).c_str(), marks->weight[t]);
         else
-          ImGui::Text("%s (%s)", token_kind_name(k), s.method_name[0].c_str());
+          ImGui::Text("%s (%s)", token_kind_name(k), s.method_name(0).c_str());
       }
       if (t < static_cast<int>(f.key_norm.size())) ImGui::Text("|k| = %.3f", f.key_norm[t]);
       if (colour_ == ColourBy::Cluster && t < static_cast<int>(f.kcenter_cluster.size()))
@@ -634,7 +634,7 @@ class GeometryView final : public View {
                    {IM_COL32(150, 215, 165, 255), "kept (weight 1)"},
                    {IM_COL32(20, 150, 60, 255), "kept (max weight)"},
                    {kColDropped, "dropped"}};
-        if (!s.run[0]) entries.push_back({IM_COL32(150, 150, 150, 255), "(method A not run yet)"});
+        if (!s.run(0)) entries.push_back({IM_COL32(150, 150, 150, 255), "(method A not run yet)"});
         break;
       case ColourBy::Position:
         entries = {{colormap(Colormap::Viridis, 0), "token 0"},
@@ -643,7 +643,7 @@ class GeometryView final : public View {
         break;
       case ColourBy::Cluster: {
         if (method_clusters(s)) {
-          entries = {{kClusterPalette[0], s.method_name[0] + "'s clusters (middle tokens)"},
+          entries = {{kClusterPalette[0], s.method_name(0) + "'s clusters (middle tokens)"},
                      {kColDropped, "outside the middle"}};
         } else {
           entries = {{kClusterPalette[0],
@@ -688,7 +688,7 @@ class GeometryView final : public View {
       return;
     }
     std::unique_ptr<TokenMarks> marks;
-    if (s.run[0]) marks = std::make_unique<TokenMarks>(token_marks(*s.run[0]));
+    if (s.run(0)) marks = std::make_unique<TokenMarks>(token_marks(*s.run(0)));
     ImDrawList* dl = ImGui::GetWindowDrawList();
     const float width = ImGui::GetContentRegionAvail().x;
     const float h = ImGui::GetTextLineHeight() + 6;
@@ -731,7 +731,6 @@ class GeometryView final : public View {
   int edit_perplexity_ = 30, edit_iterations_ = 1000, edit_clusters_ = 8;
   ColourBy colour_ = ColourBy::Kept;
   float point_px_ = 3.0f;
-  std::shared_ptr<GeometryShared> shared_ = std::make_shared<GeometryShared>();
   PointRenderer renderer_;
   std::vector<PointInstance> points_;
   std::vector<int> order_;

@@ -1,14 +1,16 @@
 // Method view: method A (and B for the A/B comparison), keep ratio, each method's parameters
-// generated from its ParamSpec list, seed, sink/eval overrides and backend. Every change re-runs
-// the focused head at once and the whole grid in the background.
+// generated from its ParamSpec list (each slot its own values), seed, sink/eval overrides and
+// backend. The view only edits AppState::settings; reconcile() re-runs what the change outdates.
 #include <imgui.h>
 
 #include <cmath>
 #include <cstdio>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/plot.h"
+#include "app/result_status.h"
 #include "app/view.h"
 #include "engine/backend.h"
 
@@ -17,7 +19,7 @@ namespace {
 
 void help_marker(const std::string& text) {
   if (text.empty()) return;
-  ImGui::SameLine();
+  toolbar_next(ImGui::CalcTextSize("(?)").x);
   ImGui::TextDisabled("(?)");
   if (ImGui::IsItemHovered()) {
     ImGui::BeginTooltip();
@@ -28,9 +30,11 @@ void help_marker(const std::string& text) {
   }
 }
 
-bool method_combo(const char* label, std::string& name) {
+bool method_combo(AppState& s, const char* label, std::string& name) {
   bool changed = false;
-  if (ImGui::BeginCombo(label, name.c_str())) {
+  const bool open = ImGui::BeginCombo(label, name.c_str());
+  record_item(s, std::string("combo:") + label);
+  if (open) {
     const auto& all = all_methods();
     for (size_t i = 0; i < all.size(); ++i) {
       const Method* m = all[i];
@@ -41,6 +45,7 @@ bool method_combo(const char* label, std::string& name) {
         name = m->name();
         changed = true;
       }
+      record_item(s, std::string("combo:") + label + ":" + m->name());
       if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", m->summary().c_str());
       ImGui::PopID();
     }
@@ -50,12 +55,15 @@ bool method_combo(const char* label, std::string& name) {
 }
 
 // One ParamSpec as a widget; returns true when the value changed.
-bool param_widget(const ParamSpec& p, ParamValues& values) {
+bool param_widget(AppState& s, const std::string& item, const ParamSpec& p, ParamValues& values) {
   auto it = values.find(p.name);
   double v = it == values.end() ? p.default_value : it->second;
   bool changed = false;
   ImGui::PushID(p.name.c_str());
-  ImGui::SetNextItemWidth(200);
+  // At most 200 px (x UI scale), narrower when the panel is: room for the name and the (?).
+  ImGui::SetNextItemWidth(std::max(px(80), std::min(px(200), ImGui::GetContentRegionAvail().x -
+                                                                 labelled_width(0, p.name.c_str()) -
+                                                                 button_width("(?)") - px(12))));
   switch (p.type) {
     case ParamSpec::Type::Int: {
       int iv = static_cast<int>(std::lround(v));
@@ -111,6 +119,7 @@ bool param_widget(const ParamSpec& p, ParamValues& values) {
     int d = static_cast<int>(p.default_value);
     if (d >= 0 && d < static_cast<int>(p.choices.size())) help += "\ndefault: " + p.choices[d];
   }
+  record_item(s, item);  // the widget itself, before its help marker
   help_marker(help);
   if (v != p.default_value) {
     ImGui::SameLine();
@@ -129,32 +138,33 @@ bool param_widget(const ParamSpec& p, ParamValues& values) {
   return changed;
 }
 
-void run_summary(const AppState& s, int slot) {
+void run_summary(AppState& s, int slot) {
   const char* tag = slot == 0 ? "A" : "B";
   ImGui::PushID(slot);
-  legend_swatch(kColSlot[slot], (std::string(tag) + ": " + s.method_name[slot]).c_str());
-  if (!s.run_error[slot].empty()) {
-    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.45f, 0.45f, 1));
-    ImGui::TextWrapped("%s", s.run_error[slot].c_str());
-    ImGui::PopStyleColor();
-  } else if (!s.run[slot]) {
-    ImGui::TextDisabled("running...");
-  } else {
-    const HeadRun& r = *s.run[slot];
-    ImGui::Text("relative error %.4f   normalised (Eq. 2) %.4g", r.mean_relative,
-                r.mean_normalized);
+  legend_swatch(kColSlot[slot], (std::string(tag) + ": " + s.method_name(slot)).c_str());
+  const char* name = slot == 0 ? kFocusA : kFocusB;
+  const Result& res = s.result(name);
+  draw_result_status(s, name, slot == 0 ? "focused run A" : "focused run B");
+  if (const HeadRun* rp = s.run(slot)) {
+    const HeadRun& r = *rp;
+    if (res.stale()) ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.6f, 0.6f, 0.6f, 1));
+    ImGui::TextWrapped("relative error %.4f   normalised (Eq. 2) %.4g", r.mean_relative,
+                       r.mean_normalized);
     size_t kept = r.selection.indices.size();
-    ImGui::Text("kept %zu of %d middle tokens (m = %d)%s   attention mass %.3f", kept,
-                r.window.n_mid, r.window.budget,
-                r.selection.separate ? " [separate num/den sets]" : "", r.mean_mass);
-    ImGui::TextDisabled("ran in %.1f ms on the focused head", s.run_ms[slot]);
+    ImGui::TextWrapped("kept %zu of %d middle tokens (m = %d)%s   attention mass %.3f", kept,
+                       r.window.n_mid, r.window.budget,
+                       r.selection.separate ? " [separate num/den sets]" : "", r.mean_mass);
+    ImGui::TextDisabled("ran in %.1f ms on the focused head", res.seconds * 1000.0);
     if (r.selection.saturation >= 0)
-      ImGui::Text("walk saturation %.0f%% of steps (p clipped to 0 or 1)%s",
-                  100.0 * r.selection.saturation,
-                  r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)" : "");
+      ImGui::TextWrapped(
+          "walk saturation %.0f%% of steps (p clipped to 0 or 1)%s", 100.0 * r.selection.saturation,
+          r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)" : "");
     if (!r.selection.note.empty()) ImGui::TextWrapped("note: %s", r.selection.note.c_str());
     if (r.selection.trace && !r.selection.trace->note.empty())
       ImGui::TextWrapped("trace: %s", r.selection.trace->note.c_str());
+    if (res.stale()) ImGui::PopStyleColor();
+  } else if (res.busy() || !res.waiting.empty()) {
+    ImGui::TextDisabled("running...");
   }
   ImGui::PopID();
 }
@@ -166,30 +176,33 @@ class MethodView final : public View {
   Panel panel() const override { return Panel::Left; }
 
   bool ready(const AppState& s) const override {
-    return !s.capture || ((s.run[0] || !s.run_error[0].empty()) &&
-                          (!s.ab_enabled || s.run[1] || !s.run_error[1].empty()));
+    if (!s.capture) return true;
+    auto done = [&](const char* n) {
+      const Result& r = s.result(n);
+      return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
+    };
+    return done(kFocusA) && done(kFocusB);
   }
 
   void draw(AppState& s) override {
-    bool changed = false;
-    ImGui::SetNextItemWidth(220);
-    changed |= method_combo("method A", s.method_name[0]);
+    Settings& st = s.settings;
+    ImGui::SetNextItemWidth(fit_width(220, "method A"));
+    method_combo(s, "method A", st.method[0].name);
     if (const Method* m = s.method(0)) ImGui::TextWrapped("%s", m->summary().c_str());
-    changed |= ImGui::Checkbox("compare with method B", &s.ab_enabled);
-    if (s.ab_enabled) {
-      ImGui::SetNextItemWidth(220);
-      changed |= method_combo("method B", s.method_name[1]);
+    ImGui::Checkbox("compare with method B", &st.ab_enabled);
+    if (st.ab_enabled) {
+      ImGui::SetNextItemWidth(fit_width(220, "method B"));
+      method_combo(s, "method B", st.method[1].name);
     }
     ImGui::Separator();
 
     // Keep ratio: logarithmic slider plus the protocol's ratios as buttons.
-    float kr = static_cast<float>(s.keep_ratio);
-    ImGui::SetNextItemWidth(220);
+    float kr = static_cast<float>(st.keep_ratio);
+    ImGui::SetNextItemWidth(fit_width(220, "keep ratio"));
     if (ImGui::SliderFloat("keep ratio", &kr, 1.0f / 64, 1.0f, "%.4f",
-                           ImGuiSliderFlags_Logarithmic)) {
-      s.keep_ratio = std::clamp(static_cast<double>(kr), 1.0 / 64, 1.0);
-      changed = true;
-    }
+                           ImGuiSliderFlags_Logarithmic))
+      st.keep_ratio = std::clamp(static_cast<double>(kr), 1.0 / 64, 1.0);
+    record_item(s, "slider:keep ratio");
     help_marker(
         "Fraction of the middle [s, n-E) a method keeps: m = round(ratio * n_mid). "
         "Every method gets the same m.");
@@ -197,20 +210,14 @@ class MethodView final : public View {
       ImGui::SameLine(0, r == 0.5 ? 8 : 4);
       if (r == 0.5) ImGui::NewLine();
       std::string label = ratio_label(r);
-      bool on = std::fabs(s.keep_ratio - r) < 1e-9;
+      bool on = std::fabs(st.keep_ratio - r) < 1e-9;
       if (on)
         ImGui::PushStyleColor(ImGuiCol_Button, ImGui::GetStyleColorVec4(ImGuiCol_ButtonActive));
-      if (ImGui::Button(label.c_str(), ImVec2(48, 0))) {
-        s.keep_ratio = r;
-        changed = true;
-      }
+      if (ImGui::Button(label.c_str(), ImVec2(px(48), 0))) st.keep_ratio = r;
       if (on) ImGui::PopStyleColor();
     }
-    ImGui::SetNextItemWidth(120);
-    if (ImGui::InputInt("seed", &s.seed)) {
-      s.seed = std::max(0, s.seed);
-      changed = true;
-    }
+    ImGui::SetNextItemWidth(px(120));
+    if (ImGui::InputInt("seed", &st.seed)) st.seed = std::max(0, st.seed);
     help_marker(
         "Seed of every random draw (Philox counters): the same seed gives the same "
         "selection on CPU and GPU.");
@@ -218,41 +225,35 @@ class MethodView final : public View {
     ImGui::Separator();
     ImGui::TextUnformatted("focused head");
     ImGui::SameLine();
-    ImGui::TextDisabled("layer %d, kv head %d", s.focus.layer, s.focus.kv_head);
-    run_summary(s, 0);
-    if (s.ab_enabled) run_summary(s, 1);
-
-    // The background grid.
-    auto jobs = s.worker.jobs();
-    for (const auto& j : jobs)
-      if (j.key == "grid") {
-        float f = j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f;
-        char ov[64];
-        std::snprintf(ov, sizeof ov, "grid %d/%d", j.done, j.total);
-        ImGui::ProgressBar(f, ImVec2(220, 0), j.running ? ov : "grid queued");
-        ImGui::SameLine();
-        if (ImGui::SmallButton("cancel grid")) s.worker.cancel("grid");
-      }
-    if (!s.grid_error.empty())
-      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "grid: %s", s.grid_error.c_str());
+    ImGui::TextDisabled("layer %d, kv head %d", st.focus.layer, st.focus.kv_head);
+    if (!s.capture) {
+      ImGui::TextDisabled("No capture open: the settings apply once one is.");
+    } else {
+      run_summary(s, 0);
+      if (st.ab_enabled) run_summary(s, 1);
+      // The background grid.
+      draw_result_status(s, kGrid, "grid");
+    }
 
     ImGui::Separator();
-    // Parameters of each method in use.
-    for (int slot = 0; slot < (s.ab_enabled ? 2 : 1); ++slot) {
+    // Parameters of each slot: A and B each have their own values, even for the same method.
+    for (int slot = 0; slot < (st.ab_enabled ? 2 : 1); ++slot) {
       const Method* m = s.method(slot);
       if (!m) continue;
-      if (slot == 1 && s.method_name[1] == s.method_name[0]) continue;
       std::string header = "parameters of " + m->name() + (slot == 0 ? " (A)" : " (B)");
       ImGui::PushID(slot);
       if (ImGui::CollapsingHeader(header.c_str(), ImGuiTreeNodeFlags_DefaultOpen)) {
         auto specs = m->params();
         if (specs.empty()) ImGui::TextDisabled("no parameters");
-        ParamValues& pv = s.params[m->name()];
-        for (const ParamSpec& p : specs) changed |= param_widget(p, pv);
-        if (!pv.empty() && ImGui::Button("reset all to defaults")) {
-          pv.clear();
-          changed = true;
-        }
+        ParamValues& pv = st.method[static_cast<size_t>(slot)].params;
+        // Values of a method that is no longer in this slot are dropped.
+        std::erase_if(pv, [&](const auto& kv) {
+          return std::none_of(specs.begin(), specs.end(),
+                              [&](const ParamSpec& p) { return p.name == kv.first; });
+        });
+        for (const ParamSpec& p : specs)
+          param_widget(s, std::string("param:") + (slot == 0 ? "A:" : "B:") + p.name, p, pv);
+        if (!pv.empty() && ImGui::Button("reset all to defaults")) pv.clear();
         if (m->needs_queries() && s.info() && !s.info()->has_queries)
           ImGui::TextColored(ImVec4(1, 0.6f, 0.3f, 1), "needs queries; this capture has none");
       }
@@ -260,81 +261,82 @@ class MethodView final : public View {
     }
 
     if (ImGui::CollapsingHeader("evaluation protocol", ImGuiTreeNodeFlags_DefaultOpen)) {
-      bool so = s.sink_override >= 0, eo = s.eval_override >= 0;
-      EvalWindow def = EvalWindow::make(s.num_tokens(), s.keep_ratio);
-      if (ImGui::Checkbox("override sinks s", &so)) {
-        s.sink_override = so ? def.sink : -1;
-        changed = true;
-      }
+      const int n = s.num_tokens();
+      bool so = st.sink_override >= 0, eo = st.eval_override >= 0;
+      EvalWindow def = fit_window(std::max(1, n), st.keep_ratio, -1, -1);
+      if (ImGui::Checkbox("override sinks s", &so)) st.sink_override = so ? def.sink : -1;
       if (so) {
-        ImGui::SameLine();
-        ImGui::SetNextItemWidth(100);
-        if (ImGui::InputInt("##sink", &s.sink_override)) {
-          s.sink_override = std::clamp(s.sink_override, 0, std::max(0, s.num_tokens() / 2));
-          changed = true;
-        }
+        toolbar_next(px(100));
+        ImGui::SetNextItemWidth(px(100));
+        if (ImGui::InputInt("##sink", &st.sink_override))
+          st.sink_override = std::clamp(st.sink_override, 0, std::max(0, n / 2));
       }
-      if (ImGui::Checkbox("override eval window E", &eo)) {
-        s.eval_override = eo ? def.eval : -1;
-        changed = true;
-      }
+      if (ImGui::Checkbox("override eval window E", &eo)) st.eval_override = eo ? def.eval : -1;
       if (eo) {
-        ImGui::SameLine();
-        ImGui::SetNextItemWidth(100);
-        if (ImGui::InputInt("##eval", &s.eval_override)) {
-          s.eval_override = std::clamp(s.eval_override, 1, std::max(1, s.num_tokens() / 2));
-          changed = true;
-        }
+        toolbar_next(px(100));
+        ImGui::SetNextItemWidth(px(100));
+        if (ImGui::InputInt("##eval", &st.eval_override))
+          st.eval_override = std::clamp(st.eval_override, 1, std::max(1, n / 2));
       }
-      if (s.info()) ImGui::TextWrapped("%s", s.window().describe().c_str());
-      bool authors = s.estimator == Estimator::Authors;
-      if (ImGui::Checkbox("authors' estimator", &authors)) {
-        s.estimator = authors ? Estimator::Authors : Estimator::Weighted;
-        changed = true;
+      if (s.info()) {
+        std::string note;
+        EvalWindow w = s.window(&note);
+        ImGui::TextWrapped("%s", w.describe().c_str());
+        if (!note.empty()) ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "%s", note.c_str());
       }
+      bool authors = st.estimator == Estimator::Authors;
+      if (ImGui::Checkbox("authors' estimator", &authors))
+        st.estimator = authors ? Estimator::Authors : Estimator::Weighted;
       help_marker(
           "The BalanceKV authors' notebook and forward pass: numerator weight w, denominator "
           "weight 2^T on every kept token (T = ceil(log2(1/ratio))). Off: both use w.");
-      ImGui::SetNextItemWidth(120);
-      if (ImGui::SliderInt("grid seeds", &s.grid_seeds, 1, 10)) changed = true;
+      bool auto_seeds = st.grid_seeds == 0;
+      if (ImGui::Checkbox("grid seeds by capture size", &auto_seeds))
+        st.grid_seeds = auto_seeds ? 0 : s.grid_seeds();
+      if (!auto_seeds) {
+        toolbar_next(labelled_width(px(120), "grid seeds"));
+        ImGui::SetNextItemWidth(px(120));
+        ImGui::SliderInt("grid seeds", &st.grid_seeds, 1, 10);
+      } else {
+        ImGui::SameLine();
+        ImGui::TextDisabled("(%d)", s.grid_seeds());
+      }
       help_marker(
           "Seeds averaged in the background grid (the Capture view's cells). The paper "
-          "uses 10; fewer keep the grid quick.");
+          "uses 10; by default 3 up to 1024 tokens, 2 up to 4096, 1 above, so the grid stays "
+          "quick.");
     }
 
     if (ImGui::CollapsingHeader("backend", ImGuiTreeNodeFlags_DefaultOpen)) {
       const char* choices[] = {"cpu", "cuda", "auto"};
       int cur = 0;
       for (int i = 0; i < 3; ++i)
-        if (s.backend_choice == choices[i]) cur = i;
-      ImGui::SetNextItemWidth(120);
-      if (ImGui::Combo("backend", &cur, choices, 3)) {
-        std::string before = s.backend_active;
-        s.set_backend(choices[cur]);
-        changed = true;
-      }
+        if (st.backend == choices[i]) cur = i;
+      ImGui::SetNextItemWidth(px(120));
+      if (ImGui::Combo("backend", &cur, choices, 3)) st.backend = choices[cur];
       ImGui::Text("active: %s", s.backend_active.c_str());
       ImGui::TextWrapped("%s", s.backend_note.c_str());
     }
-
-    if (changed) s.settings_changed();
   }
 
   nlohmann::json export_json(const AppState& s) const override {
     nlohmann::json j = s.to_session();
     nlohmann::json runs = nlohmann::json::array();
     for (int slot = 0; slot < 2; ++slot) {
-      if (!s.run[slot]) continue;
-      const HeadRun& r = *s.run[slot];
+      const HeadRun* rp = s.run(slot);
+      if (!rp) continue;
+      const HeadRun& r = *rp;
+      const Result& res = s.result(slot == 0 ? kFocusA : kFocusB);
       runs.push_back({{"slot", slot == 0 ? "A" : "B"},
-                      {"method", s.method_name[slot]},
+                      {"method", s.method_name(slot)},
+                      {"stale", res.stale()},
                       {"window", r.window.describe()},
                       {"relative_error", r.mean_relative},
                       {"normalized_error", r.mean_normalized},
                       {"mass", r.mean_mass},
                       {"kept", r.selection.indices.size()},
                       {"note", r.selection.note},
-                      {"ms", s.run_ms[slot]}});
+                      {"ms", res.seconds * 1000.0}});
     }
     j["focused_runs"] = runs;
     return j;

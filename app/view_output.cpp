@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/new_capture_dialog.h"
@@ -136,7 +137,7 @@ class OutputView final : public View {
 
   void draw_controls(AppState& s) {
     const auto& models = bundled_models();
-    ImGui::SetNextItemWidth(150);
+    ImGui::SetNextItemWidth(px(150));
     if (ImGui::BeginCombo("##model", llama2c::model_name_from_path(checkpoint_).c_str())) {
       for (const BundledModel& m : models)
         if (ImGui::Selectable(m.name.c_str(), m.checkpoint == checkpoint_)) {
@@ -145,17 +146,17 @@ class OutputView final : public View {
         }
       ImGui::EndCombo();
     }
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(300);
+    toolbar_next(labelled_width(px(300), "checkpoint"));
+    ImGui::SetNextItemWidth(px(300));
     ImGui::InputText("checkpoint##out", checkpoint_, sizeof checkpoint_);
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(260);
+    toolbar_next(labelled_width(px(260), "tokenizer"));
+    ImGui::SetNextItemWidth(px(260));
     ImGui::InputText("tokenizer##out", tokenizer_, sizeof tokenizer_);
-    ImGui::SetNextItemWidth(360);
+    ImGui::SetNextItemWidth(px(360));
     ImGui::InputText("prompt##out", prompt_, sizeof prompt_);
     auto int_field = [](const char* label, int* v, int lo, int hi) {
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(56);
+      toolbar_next(labelled_width(px(56), label));
+      ImGui::SetNextItemWidth(px(56));
       ImGui::InputInt(label, v, 0);
       *v = std::clamp(*v, lo, hi);
     };
@@ -259,13 +260,14 @@ class OutputView final : public View {
   }
 
   void draw_summary_line(const GenerateReport& rep) {
-    ImGui::Text("%s: compressed at N = %d (s = %d sinks, window %d), %d steps, %s; %.1f s",
-                llama2c::model_name_from_path(rep.model).c_str(), rep.spec.compress_at, rep.sink,
-                rep.window, rep.spec.steps,
-                rep.spec.recompress_every > 0
-                    ? ("re-compressed every " + std::to_string(rep.spec.recompress_every)).c_str()
-                    : "compressed once",
-                shared_->seconds);
+    ImGui::TextWrapped(
+        "%s: compressed at N = %d (s = %d sinks, window %d), %d steps, %s; %.1f s",
+        llama2c::model_name_from_path(rep.model).c_str(), rep.spec.compress_at, rep.sink,
+        rep.window, rep.spec.steps,
+        rep.spec.recompress_every > 0
+            ? ("re-compressed every " + std::to_string(rep.spec.recompress_every)).c_str()
+            : "compressed once",
+        shared_->seconds);
     ImGui::TextDisabled(
         "top-1 and KL teacher-forced on the exact run's tokens; text below is free-running greedy");
   }
@@ -404,21 +406,20 @@ class OutputView final : public View {
     const size_t first = rep.prefix_text.size() > kShown + 1 ? rep.prefix_text.size() - kShown : 1;
     if (first > 1) prefix.push_back("... ");
     for (size_t i = first; i < rep.prefix_text.size(); ++i) prefix.push_back(rep.prefix_text[i]);
-    ImGui::Text("exact cache");
-    ImGui::SameLine(ImGui::GetContentRegionAvail().x * 0.5f + 8);
-    ImGui::Text("%s at %s: %zu/%d tokens differ from exact at the same step", r.method.c_str(),
-                ratio_label(r.ratio).c_str(),
-                static_cast<size_t>(std::count_if(
-                    r.tokens.begin(), r.tokens.end(),
-                    [&, t = 0](int tok) mutable { return tok != rep.exact_tokens[t++]; })),
-                rep.spec.steps);
+    const size_t differ = static_cast<size_t>(
+        std::count_if(r.tokens.begin(), r.tokens.end(),
+                      [&, t = 0](int tok) mutable { return tok != rep.exact_tokens[t++]; }));
+    // Each column titled inside itself, so a narrow window wraps the title instead of clipping.
     const float half = ImGui::GetContentRegionAvail().x * 0.5f - 4;
     ImGui::BeginChild("##exactcol", ImVec2(half, 0), false);
+    ImGui::TextWrapped("exact cache");
     token_flow(
         "##exacttext", prefix, rep.exact_text, [](int) { return false; }, -1);
     ImGui::EndChild();
     ImGui::SameLine();
     ImGui::BeginChild("##compcol", ImVec2(0, 0), false);
+    ImGui::TextWrapped("%s at %s: %zu/%d tokens differ from exact at the same step",
+                       r.method.c_str(), ratio_label(r.ratio).c_str(), differ, rep.spec.steps);
     token_flow(
         "##comptext", prefix, r.text, [&](int i) { return r.tokens[i] != rep.exact_tokens[i]; },
         r.first_divergence);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/plot.h"
@@ -32,13 +33,13 @@ constexpr ImU32 kColVector = IM_COL32(170, 175, 185, 255);
 constexpr ImU32 kColZ = IM_COL32(240, 200, 80, 255);
 constexpr ImU32 kColPrefix = IM_COL32(120, 200, 255, 255);
 constexpr int kMaxVectors = 16;
-constexpr double kExtent = 2.2;  // the plane shows [-kExtent, kExtent]^2
+constexpr double kExtent = 2.2;  // vectors are placed within [-kExtent, kExtent]^2
 
 void arrow(ImDrawList* dl, ImVec2 a, ImVec2 b, ImU32 col, float thickness) {
   dl->AddLine(a, b, col, thickness);
   const float dx = b.x - a.x, dy = b.y - a.y, len = std::sqrt(dx * dx + dy * dy);
   if (len < 4) return;
-  const float ux = dx / len, uy = dy / len, head = std::min(10.0f, len * 0.4f);
+  const float ux = dx / len, uy = dy / len, head = std::min(px(10.0f), len * 0.4f);
   dl->AddTriangleFilled(
       b, ImVec2(b.x - head * ux + head * 0.45f * uy, b.y - head * uy - head * 0.45f * ux),
       ImVec2(b.x - head * ux - head * 0.45f * uy, b.y - head * uy + head * 0.45f * ux), col);
@@ -53,18 +54,27 @@ class TeachingView final : public View {
 
   void draw(AppState&) override {
     draw_controls();
+    handle_keys();
     advance_playback();
+    draw_narration();
+    mark_figure_top();
     const ImVec2 avail = ImGui::GetContentRegionAvail();
-    const float table_h = ImGui::GetTextLineHeightWithSpacing() * 7.5f;
-    const float plot_h = std::max(220.0f, avail.y - table_h);
-    const float plane_w = std::min(avail.x * 0.55f, plot_h + 80);
+    const int rows = rule_ == TeachingWalk::Rule::SelfBalancing ? 6 : 5;
+    const float table_h =
+        ImGui::GetTextLineHeightWithSpacing() * (rows + 1.5f) + ImGui::GetStyle().ScrollbarSize;
+    const float plot_h = std::max(px(200), avail.y - table_h);
+    const float plane_w = std::max(px(200), std::min(avail.x * 0.55f, plot_h + px(80)));
     draw_plane(ImVec2(plane_w, plot_h));
     ImGui::SameLine();
     draw_prefix_plot(ImVec2(0, plot_h));
     draw_table();
   }
 
-  nlohmann::json export_json(const AppState&) const override { return state_json(); }
+  nlohmann::json export_json(const AppState&) const override {
+    nlohmann::json j = state_json();
+    j["narration"] = narration();
+    return j;
+  }
 
   nlohmann::json state_json() const {
     nlohmann::json j;
@@ -147,17 +157,51 @@ class TeachingView final : public View {
 
   int signed_count() const { return walk_ ? static_cast<int>(walk_->steps().size()) : 0; }
 
+  // Replays the walk up to `steps` signed vectors (the draws are seeded, so back = replay).
+  void replay_to(int steps) {
+    if (!walk_) return;
+    walk_->reset();
+    for (int i = 0; i < steps && walk_->step(); ++i) {
+    }
+  }
+
+  // The toolbar: playback first, so it never moves when the rule or its settings change; c and
+  // seed are always there (greyed out for the known-direction rule).
   void draw_controls() {
+    const bool can_step = walk_ && !walk_->done();
+    const bool can_back = walk_ && signed_count() > 0;
+    if (!can_back) ImGui::BeginDisabled();
+    if (ImGui::Button("reset")) walk_->reset(), playing_ = false;
+    ImGui::SameLine();
+    if (ImGui::Button("<")) replay_to(signed_count() - 1), playing_ = false;
+    if (!can_back) ImGui::EndDisabled();
+    ImGui::SameLine();
+    const float play_w = ImGui::CalcTextSize("pause").x + ImGui::GetStyle().FramePadding.x * 2;
+    if (!can_step && !playing_) ImGui::BeginDisabled();
+    if (ImGui::Button(playing_ ? "pause" : "play", ImVec2(play_w, 0)))
+      playing_ = !playing_, timer_ = 0;
+    if (!can_step && !playing_) ImGui::EndDisabled();
+    ImGui::SameLine();
+    if (!can_step) ImGui::BeginDisabled();
+    if (ImGui::Button("step >")) walk_->step(), playing_ = false;
+    ImGui::SameLine();
+    if (ImGui::Button("run")) walk_->run(), playing_ = false;
+    if (!can_step) ImGui::EndDisabled();
+    if (ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+      ImGui::SetTooltip("Keys: space = play / pause, right arrow = step, left arrow = back.");
+    toolbar_next(button_width("talk example") + button_width("clear") +
+                 ImGui::GetStyle().ItemSpacing.x);
     if (ImGui::Button("talk example")) load_talk_example();
     ImGui::SameLine();
     if (ImGui::Button("clear")) {
       vectors_.clear();
       walk_.reset();
+      playing_ = false;
       message_ = "Click in the plane to place vectors (up to 16).";
     }
-    ImGui::SameLine(0, 16);
     int rule = rule_ == TeachingWalk::Rule::KnownDirection ? 0 : 1;
-    ImGui::SetNextItemWidth(220);
+    toolbar_next(labelled_width(px(220), "rule"));
+    ImGui::SetNextItemWidth(px(220));
     if (ImGui::Combo("rule", &rule, "known direction z (talk)\0self-balancing (ALS walk)\0")) {
       rule_ = rule == 0 ? TeachingWalk::Rule::KnownDirection : TeachingWalk::Rule::SelfBalancing;
       rebuild(signed_count());
@@ -167,47 +211,106 @@ class TeachingView final : public View {
           "known direction: sigma_j = - when the prefix along z and <u_j, z> have the same sign\n"
           "(every prefix then stays within max |<u_i, z>|).\n"
           "self-balancing: p_j = 1/2 - <w_j, u_j> / (2c) with w_j the prefix sum; no z needed.");
-    if (rule_ == TeachingWalk::Rule::SelfBalancing) {
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(100);
-      float c = static_cast<float>(c_);
-      if (ImGui::SliderFloat("c", &c, 0.1f, 5.0f, "%.2f")) {
-        c_ = c;
-        rebuild(signed_count());
-      }
-      ImGui::SameLine();
-      ImGui::SetNextItemWidth(80);
-      int seed = static_cast<int>(seed_);
-      if (ImGui::InputInt("seed", &seed)) {
-        seed_ = static_cast<uint64_t>(std::max(0, seed));
-        rebuild(signed_count());
-      }
+    const bool sb = rule_ == TeachingWalk::Rule::SelfBalancing;
+    toolbar_next(labelled_width(px(100), "c") + labelled_width(px(90), "seed") +
+                 ImGui::GetStyle().ItemSpacing.x);
+    if (!sb) ImGui::BeginDisabled();
+    ImGui::SetNextItemWidth(px(100));
+    float c = static_cast<float>(c_);
+    if (ImGui::SliderFloat("c", &c, 0.1f, 5.0f, "%.2f")) {
+      c_ = c;
+      rebuild(signed_count());
     }
     ImGui::SameLine();
-    ImGui::SetNextItemWidth(120);
+    ImGui::SetNextItemWidth(px(90));
+    int seed = static_cast<int>(seed_);
+    if (ImGui::InputInt("seed", &seed)) {
+      seed_ = static_cast<uint64_t>(std::max(0, seed));
+      rebuild(signed_count());
+    }
+    if (!sb) ImGui::EndDisabled();
+    toolbar_next(labelled_width(px(120), "z angle"));
+    ImGui::SetNextItemWidth(px(120));
     float angle = static_cast<float>(std::atan2(z_[1], z_[0]) * 180.0 / M_PI);
     if (ImGui::SliderFloat("z angle", &angle, -180.0f, 180.0f, "%.0f deg")) {
       z_ = {std::cos(angle * M_PI / 180.0), std::sin(angle * M_PI / 180.0)};
       rebuild(signed_count());
     }
-    ImGui::SameLine(0, 16);
-    const bool can_step = walk_ && !walk_->done();
-    if (!can_step) ImGui::BeginDisabled();
-    if (ImGui::Button("step")) walk_->step(), playing_ = false;
-    ImGui::SameLine();
-    if (ImGui::Button(playing_ ? "pause" : "play")) playing_ = !playing_, timer_ = 0;
-    ImGui::SameLine();
-    if (ImGui::Button("run")) walk_->run(), playing_ = false;
-    if (!can_step) ImGui::EndDisabled();
-    ImGui::SameLine();
-    if (ImGui::Button("reset") && walk_) walk_->reset(), playing_ = false;
     if (!error_.empty())
       ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", error_.c_str());
-    else
-      ImGui::TextDisabled(
-          "%s  Left click: add a vector; drag a tip: move it; right click a tip: "
-          "remove it.",
+    else {
+      ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+      ImGui::TextWrapped(
+          "%s  Left click: add a vector; drag a tip: move it; right click a tip: remove it. "
+          "Keys: space = play, arrows = step.",
           message_.c_str());
+      ImGui::PopStyleColor();
+    }
+  }
+
+  // Space = play / pause, right arrow = step, left arrow = one step back (replay).
+  void handle_keys() {
+    const ImGuiIO& io = ImGui::GetIO();
+    if (io.WantTextInput || io.KeyCtrl || !walk_) return;
+    if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Space), false)) {
+      playing_ = !playing_ && !walk_->done();
+      timer_ = 0;
+    }
+    if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_RightArrow))) {
+      walk_->step();
+      playing_ = false;
+    }
+    if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_LeftArrow)) && signed_count() > 0) {
+      replay_to(signed_count() - 1);
+      playing_ = false;
+    }
+  }
+
+  // One sentence on the last step: what the rule saw and what it did.
+  std::string narration() const {
+    const int n = signed_count();
+    if (!walk_ || vectors_.empty()) return "Place vectors in the plane, then press play (space).";
+    if (n == 0)
+      return "Press play (space) or step (right arrow): the walk signs u1, u2, ... one at a time.";
+    const TeachingWalk::Step& st = walk_->steps()[static_cast<size_t>(n - 1)];
+    char buf[400];
+    const char* sg = st.sigma > 0 ? "+1" : "-1";
+    if (rule_ == TeachingWalk::Rule::KnownDirection) {
+      if (st.inner == 0 || st.along_z == 0)
+        std::snprintf(buf, sizeof buf,
+                      "u%d: the prefix along z is %.2f, nothing to pull back, so sigma = +1; "
+                      "prefix along z now %.2f.",
+                      st.index + 1, st.inner, st.prefix_along_z);
+      else
+        std::snprintf(buf, sizeof buf,
+                      "u%d: the prefix along z is %+.2f and <u%d, z> = %+.2f point %s, so sigma "
+                      "= %s pulls the prefix back towards 0: %+.2f -> %+.2f.",
+                      st.index + 1, st.inner, st.index + 1, st.along_z,
+                      st.inner * st.along_z > 0 ? "the same way" : "opposite ways", sg, st.inner,
+                      st.prefix_along_z);
+    } else {
+      const double pc = std::clamp(st.p, 0.0, 1.0);
+      const char* lean = st.inner > 0   ? "leans towards +u"
+                         : st.inner < 0 ? "leans towards -u"
+                                        : "is square to u";
+      const char* likely = pc < 0.5   ? "sigma = -1 is likely"
+                           : pc > 0.5 ? "sigma = +1 is likely"
+                                      : "both signs are even";
+      std::snprintf(buf, sizeof buf,
+                    "u%d: p = %.2f: the prefix %s%d (<w, u%d> = %+.2f), so %s%s; drew %.2f -> "
+                    "sigma = %s.",
+                    st.index + 1, st.p, lean, st.index + 1, st.index + 1, st.inner, likely,
+                    st.p <= 0 || st.p >= 1 ? " (p clipped: the sign is forced)" : "", st.uniform,
+                    sg);
+    }
+    return buf;
+  }
+
+  void draw_narration() {
+    const std::string line = narration();
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(0.95f, 0.93f, 0.75f, 1));
+    ImGui::TextWrapped("%s", line.c_str());
+    ImGui::PopStyleColor();
   }
 
   void advance_playback() {
@@ -221,47 +324,119 @@ class TeachingView final : public View {
     request_next_frame();
   }
 
-  // The plane: vectors from the origin, z, and the signed prefix sums chained head to tail.
+  // Everything the plane will show during the whole walk (all vectors, z, every prefix of the
+  // full run), so the axes fit the content and do not jump while the walk plays.
+  void content_bounds(double* x0, double* x1, double* y0, double* y1) const {
+    *x0 = *y0 = -1.1;
+    *x1 = *y1 = 1.1;
+    auto grow = [&](double x, double y) {
+      *x0 = std::min(*x0, x), *x1 = std::max(*x1, x);
+      *y0 = std::min(*y0, y), *y1 = std::max(*y1, y);
+    };
+    for (const Vec2& u : vectors_) grow(u[0], u[1]);
+    grow(z_[0] * 1.2, z_[1] * 1.2);
+    if (walk_) {
+      TeachingWalk full = *walk_;
+      full.run();
+      for (const auto& st : full.steps()) grow(st.prefix[0], st.prefix[1]);
+    }
+    const double pad = 0.12 * std::max(*x1 - *x0, *y1 - *y0);
+    *x0 -= pad, *x1 += pad, *y0 -= pad, *y1 += pad;
+  }
+
+  // The plane: vectors from the origin, z, and the signed prefix sums chained head to tail, on
+  // equal-aspect axes (angles are true) that fit the content.
   void draw_plane(ImVec2 size) {
     ImGui::BeginGroup();
+    double x0, x1, y0, y1;
+    content_bounds(&x0, &x1, &y0, &y1);
     Plot plot("##teach_plane", size, "vectors u_i, direction z and the signed prefix sums",
-              Axis{"x", -kExtent, kExtent}, Axis{"y", -kExtent, kExtent});
+              Axis{"x", x0, x1}, Axis{"y", y0, y1}, /*equal_aspect=*/true);
     ImDrawList* dl = plot.draw_list();
     dl->PushClipRect(plot.inner_min(), plot.inner_max(), true);
     const ImVec2 o = plot.to_screen(0, 0);
-    // z through the origin, both ways, and the +-1 band across it.
-    const ImVec2 zf = plot.to_screen(z_[0] * kExtent * 1.5, z_[1] * kExtent * 1.5);
-    const ImVec2 zb = plot.to_screen(-z_[0] * kExtent * 1.5, -z_[1] * kExtent * 1.5);
-    dl->AddLine(zb, zf, with_alpha(kColZ, 0.35f), 1.0f);
-    arrow(dl, o, plot.to_screen(z_[0], z_[1]), kColZ, 2.0f);
-    dl->AddText(plot.to_screen(z_[0] * 1.08, z_[1] * 1.08), kColZ, "z");
+    const double far = 4 * std::max({std::abs(x0), std::abs(x1), std::abs(y0), std::abs(y1)});
+    // z through the origin, both ways.
+    dl->AddLine(plot.to_screen(-z_[0] * far, -z_[1] * far),
+                plot.to_screen(z_[0] * far, z_[1] * far), with_alpha(kColZ, 0.35f), 1.0f);
+    arrow(dl, o, plot.to_screen(z_[0], z_[1]), kColZ, px(2.0f));
     const int signed_n = signed_count();
     for (size_t i = 0; i < vectors_.size(); ++i) {
       const Vec2& u = vectors_[i];
       ImU32 col = kColVector;
       if (static_cast<int>(i) < signed_n) col = walk_->steps()[i].sigma > 0 ? kColPlus : kColMinus;
-      arrow(dl, o, plot.to_screen(u[0], u[1]), with_alpha(col, 0.55f), 1.5f);
-      char label[16];
-      std::snprintf(label, sizeof label, "u%d", static_cast<int>(i) + 1);
-      dl->AddText(plot.to_screen(u[0], u[1]), with_alpha(col, 0.9f), label);
+      arrow(dl, o, plot.to_screen(u[0], u[1]), with_alpha(col, 0.55f), px(1.5f));
     }
     // Prefix sums: sigma_1 u_1, then + sigma_2 u_2, ... head to tail.
     Vec2 at{0, 0};
     for (int i = 0; i < signed_n; ++i) {
       const auto& st = walk_->steps()[i];
       arrow(dl, plot.to_screen(at[0], at[1]), plot.to_screen(st.prefix[0], st.prefix[1]),
-            st.sigma > 0 ? kColPlus : kColMinus, 2.5f);
+            st.sigma > 0 ? kColPlus : kColMinus, px(2.5f));
       at = st.prefix;
     }
-    if (signed_n > 0) dl->AddCircle(plot.to_screen(at[0], at[1]), 6, kColPrefix, 14, 2);
-    dl->AddCircleFilled(o, 3.5f, kColExact, 10);
+    if (signed_n > 0) dl->AddCircle(plot.to_screen(at[0], at[1]), px(6), kColPrefix, 14, 2);
+    dl->AddCircleFilled(o, px(3.5f), kColExact, 10);
+    // Labels: each placed next to its tip, outward along its vector, at the first of a few
+    // candidate spots that overlaps no label already placed (and no arrow tip).
+    std::vector<ImVec2> tips;
+    for (const Vec2& u : vectors_) tips.push_back(plot.to_screen(u[0], u[1]));
+    std::vector<ImVec4> placed;
+    auto place = [&](ImVec2 tip, ImVec2 dir, const char* text, ImU32 col) {
+      const ImVec2 ts = ImGui::CalcTextSize(text);
+      const float gap = px(4);
+      const float len = std::sqrt(dir.x * dir.x + dir.y * dir.y);
+      ImVec2 d = len > 0 ? ImVec2(dir.x / len, dir.y / len) : ImVec2(1, 0);
+      ImVec4 best;
+      float best_overlap = 1e30f;
+      for (int k = 0; k < 12; ++k) {
+        const float ang = std::atan2(d.y, d.x) + static_cast<float>(k / 2 + 1) * (k % 2 ? -1 : 1) *
+                                                     static_cast<float>(M_PI) / 6 * (k > 0);
+        const float r = (k < 8 ? 1.0f : 1.8f) * (gap + std::max(ts.x, ts.y) * 0.6f);
+        const ImVec2 c(tip.x + std::cos(ang) * r, tip.y + std::sin(ang) * r);
+        const ImVec4 box(c.x - ts.x / 2, c.y - ts.y / 2, c.x + ts.x / 2, c.y + ts.y / 2);
+        float overlap = 0;
+        auto add = [&](const ImVec4& b) {
+          const float w = std::min(box.z, b.z) - std::max(box.x, b.x);
+          const float h = std::min(box.w, b.w) - std::max(box.y, b.y);
+          if (w > 0 && h > 0) overlap += w * h;
+        };
+        for (const ImVec4& b : placed) add(b);
+        for (const ImVec2& t : tips) add(ImVec4(t.x - 3, t.y - 3, t.x + 3, t.y + 3));
+        add(ImVec4(o.x - 4, o.y - 4, o.x + 4, o.y + 4));
+        if (overlap < best_overlap) best_overlap = overlap, best = box;
+        if (overlap == 0) break;
+      }
+      placed.push_back(best);
+      dl->AddText(ImVec2(best.x, best.y), col, text);
+    };
+    const ImVec2 zt = plot.to_screen(z_[0], z_[1]);
+    place(zt, ImVec2(zt.x - o.x, zt.y - o.y), "z", kColZ);
+    for (size_t i = 0; i < vectors_.size(); ++i) {
+      ImU32 col = kColVector;
+      if (static_cast<int>(i) < signed_n) col = walk_->steps()[i].sigma > 0 ? kColPlus : kColMinus;
+      char label[16];
+      std::snprintf(label, sizeof label, "u%d", static_cast<int>(i) + 1);
+      place(tips[i], ImVec2(tips[i].x - o.x, tips[i].y - o.y), label, col);
+    }
     dl->PopClipRect();
     handle_plane_mouse(plot);
+    // The legend goes where the drawing is not: the quarter with the fewest tips, prefixes
+    // and labels.
+    std::vector<ImVec2> occupied = tips;
+    for (int i = 0; i < signed_n; ++i) {
+      const auto& st = walk_->steps()[i];
+      occupied.push_back(plot.to_screen(st.prefix[0], st.prefix[1]));
+      occupied.push_back(plot.to_screen(st.prefix[0] - st.sigma * st.u[0] / 2,
+                                        st.prefix[1] - st.sigma * st.u[1] / 2));
+    }
+    for (const ImVec4& b : placed) occupied.push_back(ImVec2((b.x + b.z) / 2, (b.y + b.w) / 2));
+    for (const Vec2& u : vectors_) occupied.push_back(plot.to_screen(u[0] / 2, u[1] / 2));
     plot.legend({{"u_i (unsigned)", kColVector},
                  {"sigma = +1", kColPlus},
                  {"sigma = -1", kColMinus},
                  {"z", kColZ}},
-                Plot::Corner::BottomRight);
+                plot.emptiest_corner(occupied));
     ImGui::EndGroup();
   }
 
@@ -270,7 +445,7 @@ class TeachingView final : public View {
     auto tip_near_mouse = [&]() {
       for (size_t i = 0; i < vectors_.size(); ++i) {
         const ImVec2 t = plot.to_screen(vectors_[i][0], vectors_[i][1]);
-        if ((t.x - mouse.x) * (t.x - mouse.x) + (t.y - mouse.y) * (t.y - mouse.y) < 64)
+        if ((t.x - mouse.x) * (t.x - mouse.x) + (t.y - mouse.y) * (t.y - mouse.y) < px(8) * px(8))
           return static_cast<int>(i);
       }
       return -1;
@@ -314,7 +489,7 @@ class TeachingView final : public View {
     if (walk_)
       for (const auto& st : walk_->steps()) lim = std::max(lim, std::abs(st.prefix_along_z) * 1.1);
     Plot plot("##teach_prefix", size, "prefix along z:  sum_{i<=j} sigma_i <u_i, z>",
-              Axis{"step j", 0, std::max(1.0, double(n))}, Axis{"<prefix, z>", -lim, lim});
+              Axis{"step j", -0.2, std::max(1.0, double(n)) + 0.2}, Axis{"<prefix, z>", -lim, lim});
     plot.hline(0, kColGrid, 1.5f);
     plot.hline(1, with_alpha(kColZ, 0.6f));
     plot.hline(-1, with_alpha(kColZ, 0.6f));
@@ -328,12 +503,13 @@ class TeachingView final : public View {
     ImDrawList* dl = plot.draw_list();
     if (walk_)
       for (const auto& st : walk_->steps())
-        dl->AddCircleFilled(plot.to_screen(st.index + 1, st.prefix_along_z), 4.5f,
+        dl->AddCircleFilled(plot.to_screen(st.index + 1, st.prefix_along_z), px(4.5f),
                             st.sigma > 0 ? kColPlus : kColMinus, 12);
     char text[160];
     std::snprintf(text, sizeof text, "max |prefix along z| = %.3f  (max |<u_i, z>| = %.3f)",
                   walk_ ? walk_->max_abs_prefix_along_z() : 0.0, bound);
-    dl->AddText(ImVec2(plot.inner_min().x + 6, plot.inner_min().y + 4), kColAxisText, text);
+    dl->AddText(ImVec2(plot.inner_min().x + 6, plot.inner_min().y + 4), kColAxisText,
+                elide(text, plot.inner_max().x - plot.inner_min().x - 12).c_str());
     plot.legend({{"sigma = +1", kColPlus}, {"sigma = -1", kColMinus}, {"+-1", kColZ}},
                 Plot::Corner::BottomRight);
   }
@@ -347,11 +523,11 @@ class TeachingView final : public View {
     const ImGuiTableFlags flags = ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg |
                                   ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_ScrollX;
     if (!ImGui::BeginTable("##teach_table", n + 1, flags)) return;
-    ImGui::TableSetupColumn("", ImGuiTableColumnFlags_WidthFixed, 200);
+    ImGui::TableSetupColumn("", ImGuiTableColumnFlags_WidthFixed, px(200));
     for (int i = 0; i < n; ++i) {
       char h[16];
       std::snprintf(h, sizeof h, "i = %d", i + 1);
-      ImGui::TableSetupColumn(h, ImGuiTableColumnFlags_WidthFixed, 70);
+      ImGui::TableSetupColumn(h, ImGuiTableColumnFlags_WidthFixed, px(70));
     }
     ImGui::TableHeadersRow();
     auto row = [&](const char* label, auto cell) {

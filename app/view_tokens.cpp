@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/plot.h"
@@ -19,7 +20,15 @@ namespace {
 
 enum class Mode { A = 0, Stacked = 1, Diff = 2 };
 
-constexpr ImU32 kColBoth = IM_COL32(60, 170, 170, 255);
+// Kept by both in difference mode: Okabe-Ito yellow, which stays apart from the window's blue,
+// A's green and B's purple under the common colour-vision deficiencies (teal did not).
+constexpr ImU32 kColBoth = IM_COL32(240, 228, 66, 255);
+
+bool is_light(ImU32 c) {
+  return 0.299f * ((c >> IM_COL32_R_SHIFT) & 0xFF) + 0.587f * ((c >> IM_COL32_G_SHIFT) & 0xFF) +
+             0.114f * ((c >> IM_COL32_B_SHIFT) & 0xFF) >
+         170;
+}
 
 std::string csv_escape(const std::string& s) {
   std::string o = "\"";
@@ -33,8 +42,8 @@ class TokensView final : public View {
   const char* title() const override { return "Tokens"; }
 
   bool ready(const AppState& s) const override {
-    return !s.capture || ((s.run[0] || !s.run_error[0].empty()) &&
-                          (!s.ab_enabled || s.run[1] || !s.run_error[1].empty()));
+    return !s.capture || ((s.run(0) || !s.run_error(0).empty()) &&
+                          (!s.settings.ab_enabled || s.run(1) || !s.run_error(1).empty()));
   }
 
   void draw(AppState& s) override {
@@ -44,20 +53,22 @@ class TokensView final : public View {
     }
     std::array<std::unique_ptr<TokenMarks>, 2> marks;
     for (int k = 0; k < 2; ++k)
-      if (s.run[k] && (k == 0 || s.ab_enabled))
-        marks[k] = std::make_unique<TokenMarks>(token_marks(*s.run[k]));
+      if (s.run(k) && (k == 0 || s.settings.ab_enabled))
+        marks[k] = std::make_unique<TokenMarks>(token_marks(*s.run(k)));
 
-    // Header: legend and mode.
+    // Header: legend and mode; both wrap on narrow windows.
+    const float sw = ImGui::GetTextLineHeight() + 4;  // swatch + gap before its text
+    auto swatch_w = [&](const std::string& t) { return sw + ImGui::CalcTextSize(t.c_str()).x; };
     legend_swatch(kColSink, "sink");
-    ImGui::SameLine(0, 14);
+    toolbar_next(swatch_w("eval window"));
     legend_swatch(kColWindow, "eval window");
-    ImGui::SameLine(0, 14);
+    toolbar_next(swatch_w("kept, weight 1") + swatch_w("... max weight") + 8);
     legend_swatch(IM_COL32(150, 215, 165, 255), "kept, weight 1");
     ImGui::SameLine(0, 4);
     legend_swatch(IM_COL32(20, 150, 60, 255), "... max weight");
-    ImGui::SameLine(0, 14);
+    toolbar_next(swatch_w("dropped"));
     legend_swatch(kColDropped, "dropped");
-    ImGui::SameLine(0, 14);
+    toolbar_next(swatch_w("selected query"));
     ImVec2 p = ImGui::GetCursorScreenPos();
     float h = ImGui::GetTextLineHeight();
     ImGui::GetWindowDrawList()->AddRect(ImVec2(p.x, p.y + 1), ImVec2(p.x + h, p.y + h - 1),
@@ -67,37 +78,44 @@ class TokensView final : public View {
     ImGui::TextUnformatted("selected query");
 
     int mode = static_cast<int>(mode_);
-    if (!s.ab_enabled) mode = 0;
-    ImGui::BeginDisabled(!s.ab_enabled);
+    if (!s.settings.ab_enabled) mode = 0;
+    ImGui::BeginDisabled(!s.settings.ab_enabled);
+    auto radio_w = [&](const char* t) {
+      return ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x +
+             ImGui::CalcTextSize(t).x;
+    };
     ImGui::RadioButton("A only", &mode, 0);
-    ImGui::SameLine();
+    toolbar_next(radio_w("A / B stacked (top A, bottom B)"));
     ImGui::RadioButton("A / B stacked (top A, bottom B)", &mode, 1);
-    ImGui::SameLine();
+    toolbar_next(radio_w("A vs B difference"));
     ImGui::RadioButton("A vs B difference", &mode, 2);
     ImGui::EndDisabled();
-    if (s.ab_enabled) mode_ = static_cast<Mode>(mode);
+    if (s.settings.ab_enabled) mode_ = static_cast<Mode>(mode);
     if (mode == 2) {
       legend_swatch(kColBoth, "kept by both");
-      ImGui::SameLine(0, 14);
-      legend_swatch(kColSlot[0], ("only A: " + s.method_name[0]).c_str());
-      ImGui::SameLine(0, 14);
-      legend_swatch(kColSlot[1], ("only B: " + s.method_name[1]).c_str());
-      ImGui::SameLine(0, 14);
+      const std::string only_a = "only A: " + s.method_name(0),
+                        only_b = "only B: " + s.method_name(1);
+      toolbar_next(swatch_w(only_a));
+      legend_swatch(kColSlot[0], only_a.c_str());
+      toolbar_next(swatch_w(only_b));
+      legend_swatch(kColSlot[1], only_b.c_str());
+      toolbar_next(swatch_w("neither"));
       legend_swatch(kColDropped, "neither");
     }
 
-    for (int k = 0; k < (s.ab_enabled ? 2 : 1); ++k) {
-      legend_swatch(kColSlot[k], (std::string(k == 0 ? "A: " : "B: ") + s.method_name[k]).c_str());
+    for (int k = 0; k < (s.settings.ab_enabled ? 2 : 1); ++k) {
+      legend_swatch(kColSlot[k], (std::string(k == 0 ? "A: " : "B: ") + s.method_name(k)).c_str());
       ImGui::SameLine();
-      if (!s.run_error[k].empty())
-        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.run_error[k].c_str());
-      else if (!s.run[k])
+      if (!s.run_error(k).empty())
+        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.run_error(k).c_str());
+      else if (!s.run(k))
         ImGui::TextDisabled("running...");
       else {
-        const HeadRun& r = *s.run[k];
-        ImGui::TextDisabled("keeps %zu of %d middle tokens, weights up to %.3g, rel. error %.4f",
+        const HeadRun& r = *s.run(k);
+        const bool stale = s.result(k == 0 ? kFocusA : kFocusB).stale();
+        ImGui::TextDisabled("keeps %zu of %d middle tokens, weights up to %.3g, rel. error %.4f%s",
                             r.selection.indices.size(), r.window.n_mid, marks[k]->max_weight,
-                            r.mean_relative);
+                            r.mean_relative, stale ? "  [stale: running for new settings]" : "");
       }
     }
     ImGui::Separator();
@@ -105,11 +123,11 @@ class TokensView final : public View {
   }
 
   nlohmann::json export_json(const AppState& s) const override {
-    if (!s.info() || !s.run[0]) return nullptr;
+    if (!s.info() || !s.run(0)) return nullptr;
     nlohmann::json toks = nlohmann::json::array();
     std::array<std::unique_ptr<TokenMarks>, 2> marks;
     for (int k = 0; k < 2; ++k)
-      if (s.run[k]) marks[k] = std::make_unique<TokenMarks>(token_marks(*s.run[k]));
+      if (s.run(k)) marks[k] = std::make_unique<TokenMarks>(token_marks(*s.run(k)));
     for (int i = 0; i < s.num_tokens(); ++i) {
       nlohmann::json t = {
           {"index", i},
@@ -123,16 +141,16 @@ class TokensView final : public View {
       }
       toks.push_back(t);
     }
-    return {{"layer", s.focus.layer},       {"kv_head", s.focus.kv_head},
-            {"method_a", s.method_name[0]}, {"method_b", s.run[1] ? s.method_name[1] : ""},
-            {"keep_ratio", s.keep_ratio},   {"tokens", toks}};
+    return {{"layer", s.settings.focus.layer},     {"kv_head", s.settings.focus.kv_head},
+            {"method_a", s.method_name(0)},        {"method_b", s.run(1) ? s.method_name(1) : ""},
+            {"keep_ratio", s.settings.keep_ratio}, {"tokens", toks}};
   }
 
   std::string export_csv(const AppState& s) const override {
-    if (!s.info() || !s.run[0]) return {};
+    if (!s.info() || !s.run(0)) return {};
     std::array<std::unique_ptr<TokenMarks>, 2> marks;
     for (int k = 0; k < 2; ++k)
-      if (s.run[k]) marks[k] = std::make_unique<TokenMarks>(token_marks(*s.run[k]));
+      if (s.run(k)) marks[k] = std::make_unique<TokenMarks>(token_marks(*s.run(k)));
     std::ostringstream o;
     o << "index,text,a_kind,a_weight,a_score,b_kind,b_weight,b_score\n";
     const char* kinds[] = {"sink", "window", "kept", "dropped"};
@@ -214,7 +232,7 @@ class TokensView final : public View {
         top = bottom = diff_colour(marks, i);
       } else {
         top = token_colour(*marks[0], i);
-        bottom = (mode == Mode::Stacked && marks[1]) ? token_colour(*marks[1], i) : top;
+        bottom = (mode == Mode::Stacked && marks[1]) ? token_colour(*marks[1], i, 1) : top;
       }
       if (top == bottom) {
         dl->AddRectFilled(a, b, top, 2.0f);
@@ -226,8 +244,12 @@ class TokensView final : public View {
       // Light text with a dark shadow reads on every category colour.
       const char* t = texts_[static_cast<size_t>(i)].c_str();
       ImVec2 tp(a.x + 3, (a.y + b.y - lh) / 2);
-      dl->AddText(ImVec2(tp.x + 1, tp.y + 1), IM_COL32(0, 0, 0, 200), t);
-      dl->AddText(tp, IM_COL32(250, 250, 250, 255), t);
+      if (is_light(top) && is_light(bottom)) {
+        dl->AddText(tp, IM_COL32(15, 15, 15, 255), t);  // dark on light cells (kept by both)
+      } else {
+        dl->AddText(ImVec2(tp.x + 1, tp.y + 1), IM_COL32(0, 0, 0, 200), t);
+        dl->AddText(tp, IM_COL32(250, 250, 250, 255), t);
+      }
       if (i == q) dl->AddRect(a, b, kColQuery, 2.0f, 0, 2.5f);
       if (s.selected_tokens.count(i)) dl->AddRect(a, b, kColSelect, 2.0f, 0, 2.0f);
       if (i == s.selected_token) dl->AddRect(a, b, kColSelect, 2.0f, 0, 1.0f);
@@ -244,8 +266,7 @@ class TokensView final : public View {
         s.selected_token = hovered;
         EvalWindow w = s.window();
         if (hovered >= w.n - w.eval) {
-          s.selected_query = hovered;
-          s.request_query_comparison();
+          s.settings.selected_query = hovered;
         }
       }
     }
@@ -258,7 +279,7 @@ class TokensView final : public View {
     for (int k = 0; k < 2; ++k) {
       if (!marks[k]) continue;
       const TokenMarks& m = *marks[k];
-      ImGui::Text("%s %s: %s", k == 0 ? "A" : "B", s.method_name[k].c_str(),
+      ImGui::Text("%s %s: %s", k == 0 ? "A" : "B", s.method_name(k).c_str(),
                   token_kind_name(m.kind[i]));
       if (m.kind[i] == TokenKind::Kept) {
         if (m.separate)
@@ -268,8 +289,8 @@ class TokensView final : public View {
       }
       if (std::isfinite(m.score[i])) ImGui::Text("   score %.4g", m.score[i]);
     }
-    if (s.query_cmp && i <= s.query_cmp->position) {
-      const QueryComparison& qc = *s.query_cmp;
+    if (s.query_cmp() && i <= s.query_cmp()->position) {
+      const QueryComparison& qc = *s.query_cmp();
       ImGui::Text("attention from query %d (q head %d): exact %.4g, approx (A) %.4g", qc.position,
                   qc.q_head, qc.exact_weights[static_cast<size_t>(i)],
                   qc.approx_weights[static_cast<size_t>(i)]);

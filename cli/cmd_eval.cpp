@@ -1,11 +1,14 @@
 // kvscope-cli eval: the evaluation protocol of DESIGN.md 3 over a capture (methods x keep ratios
 // x layers x kv heads x seeds), printed as tables and written as JSON/CSV; shardable (--shard i/N)
 // for job arrays, merged exactly by `kvscope-cli merge`.
-// kvscope-cli sweep: the same protocol over a grid of one method's parameters (for tuning).
+// kvscope-cli sweep: the same protocol over a grid of one method's parameters (for tuning);
+// --grid2 A=... B=... prints it as one table per ratio (rows A, columns B) with the best and the
+// default cell marked (engine/sweep_grid.h).
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -19,6 +22,7 @@
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/protocol.h"
+#include "engine/sweep_grid.h"
 
 namespace kvscope::cli {
 namespace {
@@ -51,6 +55,9 @@ struct SweepOptions {
   CommonOptions common;
   std::string method;
   std::vector<std::string> params;
+  std::vector<std::string> grid2;  // exactly two name=v1,v2,... (rows, columns)
+  std::string csv_out;
+  bool per_head_csv = false;
 };
 
 void add_common(CLI::App* sub, CommonOptions& o) {
@@ -182,12 +189,77 @@ std::pair<std::string, std::vector<double>> parse_grid(const std::string& text, 
   return {name, values};
 }
 
+// --grid2: two parameters at once, one table per ratio with the best (*) and default (d) cells.
+void run_grid2_command(const SweepOptions& o, const Method& m) {
+  if (o.grid2.size() != 2)
+    throw InputError("--grid2: give exactly two name=v1,v2,... lists (rows, then columns)");
+  Grid2Spec g;
+  g.method = &m;
+  const auto rows = parse_grid(o.grid2[0], m), cols = parse_grid(o.grid2[1], m);
+  g.rows = {rows.first, rows.second};
+  g.cols = {cols.first, cols.second};
+  for (const std::string& p : o.params) {  // other parameters held fixed: name=value
+    const auto fixed = parse_grid(p, m);
+    if (fixed.second.size() != 1)
+      throw InputError("--param " + p + ": with --grid2, --param holds one value fixed");
+    g.fixed[fixed.first] = fixed.second[0];
+  }
+  auto capture = CaptureFile::open(o.common.path);
+  const EvalSpec spec = base_spec(o.common, capture->info());
+  Backend& backend = select_backend(o.common.backend);
+  const Grid2Result res = run_grid2(*capture, spec, g, {}, nullptr, &backend);
+  std::printf("method   %s\nseeds    %d\nrows     %s\ncolumns  %s\n", m.name().c_str(), spec.seeds,
+              g.rows.name.c_str(), g.cols.name.c_str());
+  for (const std::string& note : res.notes) std::printf("note     %s\n", note.c_str());
+  const auto def = res.default_cell();
+  for (size_t r = 0; r < res.ratios.size(); ++r) {
+    const auto best = res.best(r);
+    std::printf("\nratio %g: mean relative error +- std over seeds (* best, d default)\n",
+                res.ratios[r]);
+    std::printf("%-14s", (g.rows.name + " \\ " + g.cols.name).c_str());
+    for (double c : g.cols.values) std::printf("  %-21g", c);
+    std::printf("\n");
+    for (size_t i = 0; i < g.rows.values.size(); ++i) {
+      std::printf("%-14g", g.rows.values[i]);
+      for (size_t j = 0; j < g.cols.values.size(); ++j) {
+        const std::pair<int, int> here{static_cast<int>(i), static_cast<int>(j)};
+        char buf[64];
+        if (std::isfinite(res.mean[r][i][j]))
+          std::snprintf(buf, sizeof buf, "%.4f +- %.4f%s%s", res.mean[r][i][j],
+                        res.seed_std[r][i][j], here == best ? " *" : "", here == def ? " d" : "");
+        else
+          std::snprintf(buf, sizeof buf, "failed/refused");
+        std::printf("  %-21s", buf);
+      }
+      std::printf("\n");
+    }
+    if (best.first >= 0)
+      std::printf("best: %s=%g %s=%g (%.4f)\n", g.rows.name.c_str(), g.rows.values[best.first],
+                  g.cols.name.c_str(), g.cols.values[best.second],
+                  res.mean[r][best.first][best.second]);
+  }
+  if (!o.common.json_out.empty()) write_json_file(o.common.json_out, res.to_json(), "--json");
+  if (!o.csv_out.empty()) {
+    std::FILE* f = std::fopen(o.csv_out.c_str(), "wb");
+    if (!f) throw InputError("--csv " + o.csv_out + ": cannot open for writing");
+    const std::string text = res.to_csv(o.per_head_csv);
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !ok) throw InputError("--csv " + o.csv_out + ": write failed");
+  }
+  for (const std::string& f : res.failures) std::fprintf(stderr, "kvscope-cli: %s\n", f.c_str());
+  if (!res.failures.empty())
+    throw std::runtime_error(m.name() + " failed at some grid points (see the lines above)");
+}
+
 void run_sweep_command(const SweepOptions& o) {
   const Method* m = find_method(o.method);
   if (!m) {
     parse_method_list(o.method);  // throws the "unknown method (known: ...)" message
     throw InputError("--method: no method given");
   }
+  if (!o.grid2.empty()) return run_grid2_command(o, *m);
+  if (!o.csv_out.empty())
+    throw InputError("--csv: only with --grid2 (the 1-D sweep writes --json)");
   if (o.params.empty()) throw InputError("--param: give at least one name=v1,v2,... to sweep");
   std::vector<std::pair<std::string, std::vector<double>>> grid;
   for (const std::string& p : o.params) grid.push_back(parse_grid(p, *m));
@@ -305,7 +377,17 @@ void add_eval_command(CLI::App& app) {
   auto* sw = app.add_subcommand("sweep", "error of one method over a grid of its parameters");
   add_common(sw, so->common);
   sw->add_option("--method", so->method, "the method to tune")->required();
-  sw->add_option("--param", so->params, "name=v1,v2,... (repeatable: the grid is their product)");
+  sw->add_option("--param", so->params,
+                 "name=v1,v2,... (repeatable: the grid is their product); with --grid2: "
+                 "name=value held fixed");
+  sw->add_option("--grid2", so->grid2,
+                 "two parameters at once: ROWS=v1,v2,... COLS=v1,v2,... (e.g. gamma=0,1,2,4 "
+                 "temp=0.1,0.3,1): one table per ratio, best (*) and default (d) marked")
+      ->expected(2);
+  sw->add_option("--csv", so->csv_out,
+                 "--grid2: one row per (ratio, row value, column value) with mean, seed_std");
+  sw->add_flag("--per-head", so->per_head_csv,
+               "--grid2 --csv: one row per (ratio, cell, layer, kv head) instead");
   sw->callback([so] { run_sweep_command(*so); });
 }
 

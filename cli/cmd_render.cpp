@@ -1,6 +1,7 @@
-// kvscope-cli render: a PNG of one app view without a window. The app's own view code draws into
-// ImGui draw lists, which a small software rasteriser (app/soft_render.cpp) fills on the CPU, so
-// no display, X server or GL context is needed. Built when the app is (KVSCOPE_BUILD_APP).
+// kvscope-cli render: a PNG or SVG of one app view's figure without a window. The app's own view
+// code draws into ImGui draw lists, which a small software rasteriser (app/soft_render.cpp) fills
+// on the CPU, so no display, X server or GL context is needed. Built when the app is
+// (KVSCOPE_BUILD_APP).
 #include <memory>
 
 #include "cli/commands.h"
@@ -14,13 +15,15 @@
 namespace kvscope::cli {
 
 void add_render_command(CLI::App& app) {
-  auto* sub = app.add_subcommand("render", "Write a PNG of one KVScope view without a window");
+  auto* sub = app.add_subcommand(
+      "render", "Write a PNG (or SVG: --out X.svg) of one KVScope view's figure without a window");
 #ifdef KVSCOPE_HAVE_UI
   auto opt = std::make_shared<app::HeadlessOptions>();
   sub->add_option("file", opt->capture, "capture file (.safetensors or .npz)")->required();
   sub->add_option("--view", opt->view, "capture, method, tokens, error, geometry, walk or teaching")
       ->default_val("capture");
-  sub->add_option("--out", opt->out, "PNG to write")->required();
+  sub->add_option("--out", opt->out, "PNG to write, or SVG (vector figure) when it ends in .svg")
+      ->required();
   sub->add_option("--method", opt->method, "method A (default balancekv)");
   sub->add_option("--method-b", opt->method_b, "method B of the A/B comparison");
   sub->add_option("--ratio", opt->keep_ratio, "keep ratio in (0, 1]");
@@ -30,7 +33,12 @@ void add_render_command(CLI::App& app) {
   sub->add_option("--height", opt->height, "window height in pixels")->default_val(1000);
   sub->add_option("--timeout", opt->timeout_s, "seconds to wait for the view's work")
       ->default_val(300);
-  sub->add_flag("--full-window", opt->full_window, "whole window instead of the view's panel");
+  sub->add_flag("--full-window", opt->full_window, "whole window instead of the view's figure");
+  sub->add_option("--ui-scale", opt->ui_scale, "presentation scale of fonts and sizes, 1 to 2.5")
+      ->default_val(1.0f);
+  sub->add_option("--density", opt->density,
+                  "pixels per layout pixel: 2 gives a 2x PNG of the same layout with crisp text")
+      ->default_val(1.0f);
   sub->callback([opt] {
     // The PNG is written by the app's code; the path is checked here first (never an input, a
     // link, a FIFO or a device).

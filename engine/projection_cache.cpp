@@ -1,5 +1,6 @@
 #include "engine/projection_cache.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -97,6 +98,33 @@ Projection compute_projection(const CaptureInfo& info, const LayerData& layer, i
   out.perplexity = run.perplexity();
   out.theta = run.theta();
   out.gradient = run.gradient_name();
+  out.learning_rate = run.learning_rate();
+  return out;
+}
+
+Projection run_tsne_projection(const MatrixF& points, const TsneParams& params, Backend* backend,
+                               const std::atomic<bool>* cancel, double frame_interval_s,
+                               const std::function<void(const TsneRun&)>& on_frame) {
+  TsneRun run(points, params, backend, cancel);
+  auto last = std::chrono::steady_clock::now();
+  while (!run.done()) {
+    run.step(10);
+    const auto now = std::chrono::steady_clock::now();
+    if (on_frame && !run.done() &&
+        std::chrono::duration<double>(now - last).count() > frame_interval_s) {
+      last = now;
+      on_frame(run);
+    }
+  }
+  if (cancel && cancel->load()) throw Cancelled();
+  Projection out;
+  out.coords = run.embedding();
+  out.num_keys = static_cast<int>(points.rows());
+  out.method = ProjectionMethod::Tsne;
+  out.kl = run.kl();
+  out.iterations = run.iteration();
+  out.perplexity = run.perplexity();
+  out.theta = run.theta();
   out.learning_rate = run.learning_rate();
   return out;
 }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -62,6 +63,13 @@ struct Projection {
 Projection compute_projection(const CaptureInfo& info, const LayerData& layer, int kv_head,
                               const ProjectionRequest& req, Backend* backend = nullptr,
                               const std::atomic<bool>* cancel = nullptr);
+
+// t-SNE of `points` to the end, stepping in blocks of 10 iterations and calling `on_frame` with
+// the run at most every `frame_interval_s` seconds (an animation of the map converging), never
+// for the final state. Throws Cancelled when `cancel` is set.
+Projection run_tsne_projection(const MatrixF& points, const TsneParams& params, Backend* backend,
+                               const std::atomic<bool>* cancel, double frame_interval_s,
+                               const std::function<void(const TsneRun&)>& on_frame);
 
 // Least-recently-used cache of finished projections. All members are thread-safe.
 class ProjectionCache {

@@ -25,7 +25,10 @@ TeachingWalk::TeachingWalk(std::vector<Vec2> vectors, Vec2 z, Rule rule, double 
 }
 
 TeachingWalk TeachingWalk::talk_example() {
-  return TeachingWalk({{0.1, 0}, {0.8, 0}, {0.5, 0}, {0.7, 0}, {0.3, 0}}, {1, 0},
+  // The talk gives only the projections on z; the perpendicular parts fan the vectors out so
+  // that each arrow and label stands apart in the plane (they do not change any sign or sum
+  // along z).
+  return TeachingWalk({{0.1, 0.9}, {0.8, 0.45}, {0.5, -0.45}, {0.7, -0.85}, {0.3, 0.3}}, {1, 0},
                       Rule::KnownDirection);
 }
 

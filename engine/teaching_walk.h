@@ -42,7 +42,8 @@ class TeachingWalk {
   TeachingWalk(std::vector<Vec2> vectors, Vec2 z, Rule rule, double c = 1.0, uint64_t seed = 0);
 
   // The talk's worked example: scalars 0.1, 0.8, 0.5, 0.7, 0.3 along z = (1, 0), known-direction
-  // rule; signs + - + + -, prefix sums 0.1, -0.7, -0.2, 0.5, 0.2.
+  // rule; signs + - + + -, prefix sums along z 0.1, -0.7, -0.2, 0.5, 0.2. The vectors get
+  // perpendicular parts 0.9, 0.45, -0.45, -0.85, 0.3 so that they fan out in the plane.
   static TeachingWalk talk_example();
 
   // Signs the next vector; false when every vector is already signed.

@@ -1,0 +1,78 @@
+#include "app/result_status.h"
+
+#include <imgui.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "app/app_frame.h"
+#include "app/app_state.h"
+
+namespace kvscope::app {
+
+bool draw_result_status(AppState& s, const std::string& name, const char* what) {
+  const Result& r = s.result(name);
+  if (r.want.empty() && !r.has_value()) return false;
+  ImGui::PushID(name.c_str());
+  bool drew = true;
+  const ImVec4 warn(1.0f, 0.8f, 0.3f, 1.0f), bad(1.0f, 0.45f, 0.45f, 1.0f);
+  if (r.busy()) {
+    auto [done, total] = s.progress(name);
+    char ov[160];
+    if (total > 0)
+      std::snprintf(ov, sizeof ov, "%s %d/%d", what, done, total);
+    else
+      std::snprintf(ov, sizeof ov, "%s: running (%s)", what, r.estimate_text.c_str());
+    if (ImGui::SmallButton("Cancel")) s.cancel_job(name);
+    s.ui_items["cancel:" + name] = {ImGui::GetItemRectMin().x, ImGui::GetItemRectMin().y,
+                                    ImGui::GetItemRectMax().x, ImGui::GetItemRectMax().y};
+    ImGui::SameLine();
+    ImGui::ProgressBar(
+        total > 0 ? static_cast<float>(done) / static_cast<float>(total) : 0.0f,
+        ImVec2(std::max(1.0f, std::min(px(260), ImGui::GetContentRegionAvail().x)), 0), ov);
+  } else if (!r.held.empty() && r.held == r.want) {
+    // The button first: the line may be wider than the panel.
+    if (ImGui::SmallButton("Run")) s.run_now(name);
+    s.ui_items["run:" + name] = {ImGui::GetItemRectMin().x, ImGui::GetItemRectMin().y,
+                                 ImGui::GetItemRectMax().x, ImGui::GetItemRectMax().y};
+    ImGui::SameLine();
+    ImGui::PushStyleColor(ImGuiCol_Text, warn);
+    ImGui::TextWrapped("%s would take %s", what, r.estimate_text.c_str());
+    ImGui::PopStyleColor();
+  } else if (!r.cancelled.empty() && r.cancelled == r.want) {
+    if (ImGui::SmallButton("Run")) s.run_now(name);
+    ImGui::SameLine();
+    ImGui::PushStyleColor(ImGuiCol_Text, warn);
+    ImGui::TextWrapped("%s cancelled (would take %s)", what, r.estimate_text.c_str());
+    ImGui::PopStyleColor();
+  } else if (!r.waiting.empty() && !r.fresh()) {
+    ImGui::TextDisabled("%s: %s ...", what, r.waiting.c_str());
+  } else if (!r.error.empty() && r.key == r.want) {
+    if (ImGui::SmallButton("Re-run")) s.run_now(name);
+    ImGui::SameLine();
+    ImGui::PushStyleColor(ImGuiCol_Text, bad);
+    ImGui::TextWrapped("%s failed: %s", what, r.error.c_str());
+    ImGui::PopStyleColor();
+  } else {
+    drew = false;
+  }
+  if (r.stale() && r.has_value()) {
+    ImGui::TextColored(warn, "[%s: stale, shown for earlier settings]", what);
+    drew = true;
+  } else if (r.partial && r.busy()) {
+    if (drew) ImGui::SameLine();
+    ImGui::TextDisabled("[converging]");
+    drew = true;
+  }
+  ImGui::PopID();
+  return drew;
+}
+
+}  // namespace kvscope::app
+
+namespace kvscope::app {
+void record_item(AppState& s, const std::string& name) {
+  const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+  s.ui_items[name] = {a.x, a.y, b.x, b.y};
+}
+}  // namespace kvscope::app

@@ -1,0 +1,382 @@
+// Layout and figure-export tests without a window (the software renderer's ImGui context):
+//  - every view, drawn at 1000x700 and 2560x1440 (and at 2560x1440 in presentation mode, UI
+//    scale 2), has no clipped item: every ImGui window's items lie inside it or it scrolls
+//    (app/layout_check.h); the frames are written as PNGs to look at;
+//  - SVG figures: the Error, Walk and Teaching views written as SVG parse as XML (a small
+//    well-formedness check here; tests/gui/check_svg.py does the same with xml.etree on
+//    kvscope-cli's output) and hold their plots' elements: paths and the titles as <text>;
+//  - 2x PNGs have twice the pixels of 1x ones;
+//  - the Teaching view's keyboard (space, arrows) and narration.
+#include <gtest/gtest.h>
+#include <imgui.h>
+#include <stb_image.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "app/app_frame.h"
+#include "app/app_state.h"
+#include "app/export.h"
+#include "app/headless.h"
+#include "app/layout_check.h"
+#include "app/soft_render.h"
+#include "app/view.h"
+#include "engine/error.h"
+
+namespace fs = std::filesystem;
+using namespace kvscope;
+using namespace kvscope::app;
+
+namespace {
+
+const std::string kSample =
+    std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
+
+fs::path out_dir() {
+  fs::path d = fs::path(KVSCOPE_GUI_OUT);
+  fs::create_directories(d);
+  return d;
+}
+
+// Draws frames until the view is ready (its work done) or 120 s pass.
+bool draw_until_ready(AppState& s, AppUi& ui, const std::string& view) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    s.worker.drain(s);
+    ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+    ImGui::NewFrame();
+    ui.draw();
+    ImGui::Render();
+    if (ui.ready_for_screenshot(view)) return true;
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+struct LayoutCase {
+  int w, h;
+  float scale;
+};
+
+// One app state for all sizes (the views' results are computed once); the window size and the
+// UI scale change between cases as they do when the user resizes or zooms.
+TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
+  const LayoutCase cases[] = {{1000, 700, 1.0f}, {2560, 1440, 1.0f}, {2560, 1440, 2.0f}};
+  soft_init(1000, 700, 1.0f);
+  {
+    AppState s;
+    AppUi ui(s);
+    s.settings.grid_seeds = 1;
+    s.request_open(kSample);
+    for (const LayoutCase& c : cases) {
+      ImGuiIO& io = ImGui::GetIO();
+      io.DisplaySize = ImVec2(static_cast<float>(c.w), static_cast<float>(c.h));
+      ui.set_ui_scale(c.scale);
+      if (ui.take_font_rebuild()) {
+        setup_style_and_fonts(c.scale);
+        ImGui::GetStyle().AntiAliasedLinesUseTex = false;  // as soft_init sets it
+      }
+      const SoftTexture font = soft_font_texture();
+      // Every view, plus the Error view's tuning grid and the Walk view's side by side.
+      std::vector<std::pair<std::string, nlohmann::json>> shown;
+      for (const auto& v : ui.views()) shown.emplace_back(v->name(), nullptr);
+      shown.emplace_back("error", nlohmann::json{{"mode", "tune"}});
+      shown.emplace_back("walk", nlohmann::json{{"compare", 1}});
+      for (const auto& [view_name, state] : shown) {
+        const std::string name = view_name;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (!state.is_null()) ui.find_view(name)->load_state(state);
+        ui.show_view(name);
+        s.settings.active_view = name;
+        ASSERT_TRUE(draw_until_ready(s, ui, name)) << name << " never became ready";
+        // One more frame after readiness, as a user would see it.
+        ImGui::NewFrame();
+        ui.draw();
+        ImGui::Render();
+        const auto problems = find_clipped_items();
+        std::string text;
+        for (const auto& p : problems) text += "\n  " + p.window + ": " + p.what;
+        EXPECT_TRUE(problems.empty())
+            << name << " at " << c.w << "x" << c.h << " scale " << c.scale << ":" << text;
+        // Pictures to look at: always the small window; large ones when they fail or when
+        // KVSCOPE_LAYOUT_PNGS is set (rasterising 2560x1440 on the CPU takes seconds).
+        if (c.w > 1000 && problems.empty() && !std::getenv("KVSCOPE_LAYOUT_PNGS")) continue;
+        std::vector<uint8_t> px;
+        soft_render(ImGui::GetDrawData(), font, c.w, c.h, px, IM_COL32(23, 25, 28, 255));
+        char file[128];
+        std::snprintf(file, sizeof file, "layout_%s%s_%dx%d_s%.0f.png", name.c_str(),
+                      state.is_null() ? "" : "_alt", c.w, c.h, c.scale * 100);
+        write_png((out_dir() / file).string(), px, c.w, c.h, false);
+        std::printf("%s: %.1f s\n", file,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        if (!state.is_null()) {  // back to the default state for the next size
+          nlohmann::json back = name == "error" ? nlohmann::json{{"mode", "overview"}}
+                                                : nlohmann::json{{"compare", 0}};
+          ui.find_view(name)->load_state(back);
+        }
+      }
+    }
+  }
+  ImGui::DestroyContext();
+}
+
+// A small XML well-formedness check: tags balance, names are names, attribute values are
+// quoted, entities are known. Returns "" when well-formed, else what is wrong. (Hand-written:
+// std::regex recurses per character and overflows the stack on long path data.)
+std::string xml_problem(const std::string& x) {
+  auto is_name_char = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == ':' || c == '-' || c == '_' ||
+           c == '.';
+  };
+  auto entity_ok = [&](size_t at) {
+    for (const char* e : {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"})
+      if (x.compare(at, std::strlen(e), e) == 0) return true;
+    return false;
+  };
+  std::vector<std::string> open;
+  size_t i = 0;
+  if (x.compare(0, 5, "<?xml") == 0) i = x.find("?>") + 2;
+  while (i < x.size()) {
+    if (x[i] == '&' && !entity_ok(i)) return "bad entity at " + std::to_string(i);
+    if (x[i] != '<') {
+      ++i;
+      continue;
+    }
+    const bool closing = i + 1 < x.size() && x[i + 1] == '/';
+    size_t j = i + (closing ? 2 : 1);
+    const size_t name_start = j;
+    while (j < x.size() && is_name_char(x[j])) ++j;
+    const std::string name = x.substr(name_start, j - name_start);
+    if (name.empty()) return "tag without a name at " + std::to_string(i);
+    if (closing) {
+      if (j >= x.size() || x[j] != '>') return "malformed </" + name + ">";
+      if (open.empty() || open.back() != name) return "</" + name + "> closes nothing open";
+      open.pop_back();
+      i = j + 1;
+      continue;
+    }
+    // Attributes: name="value" ...
+    for (;;) {
+      while (j < x.size() && std::isspace(static_cast<unsigned char>(x[j]))) ++j;
+      if (j >= x.size()) return "unterminated <" + name + ">";
+      if (x[j] == '>' || (x[j] == '/' && j + 1 < x.size() && x[j + 1] == '>')) break;
+      const size_t a0 = j;
+      while (j < x.size() && is_name_char(x[j])) ++j;
+      if (j == a0 || j + 1 >= x.size() || x[j] != '=' || x[j + 1] != '"')
+        return "malformed attribute in <" + name + "> at " + std::to_string(a0);
+      j += 2;
+      for (; j < x.size() && x[j] != '"'; ++j) {
+        if (x[j] == '<') return "'<' in an attribute of <" + name + ">";
+        if (x[j] == '&' && !entity_ok(j)) return "bad entity in <" + name + ">";
+      }
+      if (j >= x.size()) return "unterminated attribute in <" + name + ">";
+      ++j;
+    }
+    if (x[j] == '>') {
+      open.push_back(name);
+      i = j + 1;
+    } else {
+      i = j + 2;  // "/>"
+    }
+  }
+  if (!open.empty()) return "unclosed <" + open.back() + ">";
+  return "";
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int count(const std::string& hay, const std::string& needle) {
+  int n = 0;
+  for (size_t a = hay.find(needle); a != std::string::npos; a = hay.find(needle, a + 1)) ++n;
+  return n;
+}
+
+struct SvgCase {
+  const char* view;
+  std::vector<const char*> texts;  // strings the figure must hold as <text>
+};
+
+class SvgFigure : public ::testing::TestWithParam<SvgCase> {};
+
+TEST_P(SvgFigure, ParsesAndHoldsThePlot) {
+  const SvgCase c = GetParam();
+  HeadlessOptions o;
+  o.capture = kSample;
+  o.view = c.view;
+  o.width = 1400;
+  o.height = 900;
+  o.out = (out_dir() / (std::string("figure_") + c.view + ".svg")).string();
+  ASSERT_EQ(render_view_software(o), 0);
+  const std::string svg = read_file(o.out);
+  ASSERT_GT(svg.size(), 1000u);
+  EXPECT_EQ(xml_problem(svg), "");
+  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+  EXPECT_GT(count(svg, "<path "), 20) << "plot shapes missing";
+  EXPECT_GT(count(svg, "<text "), 10) << "labels missing";
+  for (const char* t : c.texts) EXPECT_NE(svg.find(std::string(">") + t), std::string::npos) << t;
+  // No menu bar or tab bar text: the figure is the view's content only.
+  EXPECT_EQ(svg.find(">File<"), std::string::npos);
+  EXPECT_EQ(svg.find(">Tokens<"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Views, SvgFigure,
+    ::testing::Values(SvgCase{"error", {"relative error", "keep ratio (log2 axis)"}},
+                      SvgCase{"walk", {"p_i before clipping", "discrepancy vs random signs"}},
+                      SvgCase{"teaching",
+                              {"vectors u_i, direction z and the signed prefix sums", "u1", "u5"}}),
+    [](const auto& info) { return std::string(info.param.view); });
+
+// File > Export view as SVG in the app: the request waits two frames (the dialog closes), the
+// frame it is taken from is drawn without anti-aliasing, and anti-aliasing comes back after.
+TEST(SvgFigure, AppRequestIsWrittenFromALaterFrame) {
+  soft_init(1200, 800);
+  const fs::path out = out_dir() / "app_request_teaching.svg";
+  fs::remove(out);
+  {
+    AppState s;
+    AppUi ui(s);
+    s.request_open(kSample);
+    ui.show_view("teaching");
+    s.settings.active_view = "teaching";
+    ASSERT_TRUE(draw_until_ready(s, ui, "teaching"));
+    ui.request_svg(out.string(), "teaching");
+    bool saw_aa_off = false;
+    for (int frame = 0; frame < 4; ++frame) {
+      ui.before_frame();
+      saw_aa_off = saw_aa_off || !ImGui::GetStyle().AntiAliasedLines;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+      ui.after_render(ImGui::GetDrawData());
+      if (frame < 2) {
+        EXPECT_FALSE(fs::exists(out)) << "written before the dialog closed";
+      }
+    }
+    EXPECT_TRUE(saw_aa_off);
+    EXPECT_TRUE(ImGui::GetStyle().AntiAliasedLines);  // restored
+    ASSERT_TRUE(fs::exists(out));
+    const std::string svg = read_file(out);
+    EXPECT_EQ(xml_problem(svg), "");
+    EXPECT_NE(svg.find(">u1<"), std::string::npos);
+    EXPECT_NE(svg.find(">vectors u_i, direction z and the signed prefix sums<"), std::string::npos);
+  }
+  ImGui::DestroyContext();
+}
+
+TEST(PngDensity, TwoXHasTwiceThePixels) {
+  int w[2], h[2];
+  for (int k = 0; k < 2; ++k) {
+    HeadlessOptions o;
+    o.capture = kSample;
+    o.view = "teaching";
+    o.width = 1000;
+    o.height = 700;
+    o.density = k == 0 ? 1.0f : 2.0f;
+    o.out = (out_dir() / (k == 0 ? "density_1x.png" : "density_2x.png")).string();
+    ASSERT_EQ(render_view_software(o), 0);
+    int n = 0;
+    unsigned char* px = stbi_load(o.out.c_str(), &w[k], &h[k], &n, 3);
+    ASSERT_NE(px, nullptr);
+    stbi_image_free(px);
+  }
+  // The same layout at twice the pixels: within 1.5% (style sizes are rounded to whole pixels
+  // when scaled, so a few rows and columns differ).
+  EXPECT_NEAR(w[1], 2 * w[0], 0.015 * w[1]);
+  EXPECT_NEAR(h[1], 2 * h[0], 0.015 * h[1]);
+}
+
+TEST(UiScale, OutOfRangeIsAnError) {
+  HeadlessOptions o;
+  o.capture = kSample;
+  o.out = "x.png";
+  o.ui_scale = 3.0f;
+  EXPECT_THROW(validate_options(o), InputError);
+  o.ui_scale = 2.0f;
+  o.density = 2.0f;
+  EXPECT_THROW(validate_options(o), InputError);
+}
+
+TEST(UiScale, PreferenceIsRemembered) {
+  const fs::path dir = fs::temp_directory_path() / "kvscope_prefs_test";
+  fs::remove_all(dir);
+  setenv("KVSCOPE_CONFIG_DIR", dir.c_str(), 1);
+  EXPECT_EQ(load_ui_scale_pref(), 1.0f);
+  save_ui_scale_pref(1.75f);
+  EXPECT_EQ(load_ui_scale_pref(), 1.75f);
+  {
+    std::ofstream f(dir / "ui.json");
+    f << "{ not json";
+  }
+  EXPECT_EQ(load_ui_scale_pref(), 1.0f);  // damaged file: the default, no crash
+  fs::remove_all(dir);
+  unsetenv("KVSCOPE_CONFIG_DIR");
+}
+
+// The Teaching view through its keys: right arrow signs one vector, space plays, left arrow
+// steps back; the narration names the step.
+TEST(Teaching, KeysStepAndPlay) {
+  soft_init(1200, 800);
+  {
+    AppState s;
+    AppUi ui(s);
+    ui.show_view("teaching");
+    View* v = ui.find_view("teaching");
+    ASSERT_NE(v, nullptr);
+    auto frame = [&](int key = -1) {
+      ImGuiIO& io = ImGui::GetIO();
+      for (bool& down : io.KeysDown) down = false;
+      if (key >= 0) io.KeysDown[key] = true;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+      if (key >= 0) {  // release
+        io.KeysDown[key] = false;
+        ImGui::NewFrame();
+        ui.draw();
+        ImGui::Render();
+      }
+    };
+    ImGuiIO& io = ImGui::GetIO();
+    // The software context has no backend key map; map the keys the view asks for.
+    io.KeyMap[ImGuiKey_Space] = 32;
+    io.KeyMap[ImGuiKey_RightArrow] = 262;
+    io.KeyMap[ImGuiKey_LeftArrow] = 263;
+    frame();
+    frame();
+    auto signed_steps = [&]() { return v->export_json(s)["steps"].size(); };
+    const size_t all = v->export_json(s)["vectors"].size();
+    ASSERT_EQ(all, 5u);
+    // The talk example opens filled in; reset via left arrows down to 0.
+    for (size_t i = 0; i < all; ++i) frame(263);
+    EXPECT_EQ(signed_steps(), 0u);
+    frame(262);
+    EXPECT_EQ(signed_steps(), 1u);
+    frame(262);
+    EXPECT_EQ(signed_steps(), 2u);
+    const nlohmann::json j = v->export_json(s);
+    EXPECT_EQ(j["steps"][1]["sigma"], -1);  // talk example: + - + + -
+    const std::string said = j["narration"];
+    EXPECT_NE(said.find("u2"), std::string::npos) << said;
+    EXPECT_NE(said.find("sigma = -1"), std::string::npos) << said;
+    frame(263);
+    EXPECT_EQ(signed_steps(), 1u);
+    frame(32);  // play: advances by itself over the next frames
+    for (int i = 0; i < 300 && signed_steps() < all; ++i) frame();
+    EXPECT_EQ(signed_steps(), all);
+  }
+  ImGui::DestroyContext();
+}
+
+}  // namespace
