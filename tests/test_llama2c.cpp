@@ -494,7 +494,28 @@ TEST(Llama2cCli, RegeneratesTheSampleCapturesByteForByte) {
     const std::vector<char> committed =
         read_bytes(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/" + s.file);
     ASSERT_FALSE(committed.empty()) << s.file << " is missing from sample_data/";
+#ifdef KVSCOPE_NATIVE_BUILD
+    // The sample captures were written by the portable build. A -march=native build runs the
+    // forward pass's GEMVs through Eigen's wider SIMD path, which sums in another order, so its
+    // floats differ in the last bits: the same tokens and header, tensors equal to float rounding.
+    auto a = CaptureFile::open(out.path());
+    auto b = CaptureFile::open(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/" + s.file);
+    EXPECT_EQ(a->info().tokens, b->info().tokens) << s.file;
+    EXPECT_EQ(made.size(), committed.size()) << s.file;
+    ASSERT_EQ(a->info().num_layers, b->info().num_layers);
+    for (int L = 0; L < a->info().num_layers; ++L) {
+      auto la = a->layer(L), lb = b->layer(L);
+      for (size_t h = 0; h < la->keys.size(); ++h) {
+        EXPECT_LE((la->keys[h] - lb->keys[h]).norm(), 1e-3 * lb->keys[h].norm()) << s.file;
+        EXPECT_LE((la->values[h] - lb->values[h]).norm(), 1e-3 * lb->values[h].norm()) << s.file;
+      }
+      for (size_t h = 0; h < la->queries.size(); ++h)
+        EXPECT_LE((la->queries[h] - lb->queries[h]).norm(), 1e-3 * lb->queries[h].norm())
+            << s.file;
+    }
+#else
     EXPECT_TRUE(made == committed) << s.file << " differs when regenerated (" << made.size()
                                    << " vs " << committed.size() << " bytes)";
+#endif
   }
 }
