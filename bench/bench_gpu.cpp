@@ -82,8 +82,12 @@ struct WalkData {
 
   // Round r (0-based) walks the first tokens / 2^r tokens of every head (the kept tokens of the
   // previous round are contiguous after the method's gather).
-  WalkBatch batch(int round) {
+  // `authors`: the authors' float32 semantics (BalanceKV's default); false: KVScope's double walk
+  // (preset kvscope-v1).
+  WalkBatch batch(int round, bool authors = true) {
     WalkBatch b;
+    b.float32 = authors;
+    b.value_eps = authors ? 1e-8 : 0.0;
     b.d = kDim;
     b.dv = kDim;
     const int blocks_per_head = (tokens >> round) / kBlock;
@@ -160,12 +164,16 @@ void run_gpu(benchmark::State& state, MakeTimers) {
 #endif
 
 // One layer, two rounds: round 1 over 32 x 32768 tokens, round 2 over the 32 x 16384 kept.
+// Arg 1: the authors' float32 walk (the default); 0: the double walk of preset kvscope-v1.
 void BM_GpuWalkLayerTwoRounds(benchmark::State& state) {
-  run_gpu(state, [] {
+  const bool authors = state.range(0) != 0;
+  run_gpu(state, [authors] {
     std::vector<std::unique_ptr<GpuOpTimer>> t;
 #ifdef KVSCOPE_HAVE_CUDA
-    t.push_back(cuda_walk_timer(layer_data().batch(0)));
-    t.push_back(cuda_walk_timer(layer_data().batch(1)));
+    t.push_back(cuda_walk_timer(layer_data().batch(0, authors)));
+    t.push_back(cuda_walk_timer(layer_data().batch(1, authors)));
+#else
+    (void)authors;
 #endif
     return t;
   });
@@ -251,18 +259,39 @@ struct ErrorData {
   }
 };
 
+// Arg 1: 0 = double scores (the default, the CPU's figures to rounding), 1 = float scores.
 void BM_GpuErrorsLayer(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
-  run_gpu(state, [n] {
+  const bool float_scores = state.range(1) != 0;
+  run_gpu(state, [n, float_scores] {
     std::vector<std::unique_ptr<GpuOpTimer>> t;
 #ifdef KVSCOPE_HAVE_CUDA
     ErrorData data(n, 32, 8);
+    data.batch.float_scores = float_scores;
     t.push_back(cuda_error_timer(data.batch));
 #else
     (void)n;
+    (void)float_scores;
 #endif
     return t;
   });
+}
+
+// The host-to-device copy of one layer's keys and values (8 kv heads x n x 128, both), from
+// pageable memory: reported apart from the device-resident op timings.
+void BM_GpuUploadLayer(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  static std::vector<float> host;
+  host.assign(static_cast<size_t>(8) * n * kDim * 2, 0.5f);
+  run_gpu(state, [] {
+    std::vector<std::unique_ptr<GpuOpTimer>> t;
+#ifdef KVSCOPE_HAVE_CUDA
+    t.push_back(cuda_upload_timer(host.data(), host.size() * sizeof(float)));
+#endif
+    return t;
+  });
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(host.size() * sizeof(float)));
 }
 
 void BM_GpuErrorsHead(benchmark::State& state) {
@@ -367,11 +396,18 @@ void BM_CpuKcenter(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_GpuWalkLayerTwoRounds)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GpuWalkLayerTwoRounds)->Arg(1)->Arg(0)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GpuWalkLayerRound)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GpuWalkHead)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CpuWalkHead)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GpuErrorsLayer)->Arg(8192)->Arg(32768)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GpuErrorsLayer)
+    ->Args({8192, 0})
+    ->Args({32768, 0})
+    ->Args({8192, 1})
+    ->Args({32768, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GpuUploadLayer)->Arg(8192)->Arg(32768)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GpuErrorsHead)->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CpuErrorsHead)->Arg(8192)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GpuTsneGradient)

@@ -54,6 +54,9 @@ struct ErrorBatch {
   double* relative = nullptr;
   double* normalized = nullptr;
   double* mass = nullptr;
+  // GPU only: logits and per-tile sums in float instead of double (faster; the figures then
+  // differ from the CPU reference by about 1e-6 relative). The CPU always computes in double.
+  bool float_scores = false;
 };
 
 // t-SNE gradient: P is a symmetric, normalised sparse affinity matrix in CSR form.

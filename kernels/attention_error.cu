@@ -24,13 +24,24 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ double warp_max(double v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 __device__ __forceinline__ double warp_sum(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ float exp_of(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double exp_of(double x) {
+  return exp(x);
+}
 // exp(old - now) for a running max that moved from `old` to `now` (0 when nothing was there).
-__device__ __forceinline__ float rescale(float old, float now) {
-  return old == -INFINITY ? 0.0f : expf(old - now);
+template <typename Real>
+__device__ __forceinline__ Real rescale(Real old, Real now) {
+  return old == -INFINITY ? Real(0) : exp_of(old - now);
 }
 
 // sum_{i<=j} ||v_i||^2 for each evaluation position j, per kv head, in double. One block per kv
@@ -74,22 +85,23 @@ __global__ void v_sq_prefix_kernel(ErrorDeviceArgs a) {
 // Key rows are padded to kpitch floats: d + 4 when d % 4 == 0 (rows stay 16-byte aligned for
 // float4 reads, and the +4 spreads a warp's rows over all banks), else d + 1 (scalar reads).
 // The tile's weights are stored transposed, [key][query], so a thread reads the weights of its
-// consecutive queries for one key as float4s.
+// consecutive queries for one key as float4s. `real` is the size of the scores' type (float or
+// double, see attention_error_kernel); keys and values stay float.
 struct ErrSmem {
   size_t state_d, state_f, q, s, px, pn, k, v, total;
   int kpitch;
   bool vec;
   __host__ __device__ static size_t up16(size_t x) { return (x + 15) / 16 * 16; }
-  __host__ __device__ ErrSmem(int d, int dv) {
+  __host__ __device__ ErrSmem(int d, int dv, size_t real) {
     vec = d % 4 == 0;
     kpitch = vec ? d + 4 : d + 1;
     state_d = 0;                                                 // 4 x kErrQueries doubles
-    state_f = up16(state_d + 4 * kErrQueries * sizeof(double));  // 5 x kErrQueries floats
-    q = up16(state_f + 5 * kErrQueries * sizeof(float));         // kErrQueries x d
-    s = up16(q + static_cast<size_t>(kErrQueries) * d * sizeof(float));
-    px = s + kErrQueries * kErrKeys * sizeof(float);
-    pn = px + kErrQueries * kErrKeys * sizeof(float);
-    k = pn + kErrQueries * kErrKeys * sizeof(float);  // kErrKeys x kpitch
+    state_f = up16(state_d + 4 * kErrQueries * sizeof(double));  // 5 x kErrQueries reals
+    q = up16(state_f + 5 * kErrQueries * real);                  // kErrQueries x d
+    s = up16(q + static_cast<size_t>(kErrQueries) * d * real);
+    px = s + kErrQueries * kErrKeys * real;
+    pn = px + kErrQueries * kErrKeys * real;
+    k = up16(pn + kErrQueries * kErrKeys * real);  // kErrKeys x kpitch
     v = up16(k + static_cast<size_t>(kErrKeys) * kpitch * sizeof(float));
     const size_t tiles_end = v + static_cast<size_t>(kErrKeys) * dv * sizeof(float);
     // The final reduction reuses the tile region for 2 x kErrQueries x dv doubles.
@@ -98,23 +110,29 @@ struct ErrSmem {
   }
 };
 
-template <int kMaxOut>  // outputs (query, dim) per thread: kErrQueries * dv / kErrThreads
+// Real: the type of the logits, the per-tile weights and sums and the running maxima. double
+// (the default) reproduces the CPU reference to rounding (its figures agree to about 1e-12);
+// float (ErrorBatch::float_scores) is faster, and its figures differ from the CPU's by about 1e-6
+// relative (more for error figures near zero). Output vectors and normalisers carried across
+// tiles are double in both.
+template <typename Real, int kMaxOut>  // kMaxOut: outputs (query, dim) per thread
 __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDeviceArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const ErrSmem L(a.d, a.dv);
+  constexpr bool kFloat = sizeof(Real) == sizeof(float);
+  const ErrSmem L(a.d, a.dv, sizeof(Real));
   double* st_sx = reinterpret_cast<double*>(smem + L.state_d);  // exact normaliser
   double* st_sq = st_sx + kErrQueries;                          // sum of squared exact weights
   double* st_sd = st_sq + kErrQueries;                          // denominator of z
   double* st_mass = st_sd + kErrQueries;                        // exact weight on the kept set
-  float* st_mx = reinterpret_cast<float*>(smem + L.state_f);    // running maxima
-  float* st_mn = st_mx + kErrQueries;
-  float* st_md = st_mn + kErrQueries;
-  float* st_ax = st_md + kErrQueries;  // this tile's rescale factors (exact, numerator)
-  float* st_an = st_ax + kErrQueries;
-  float* Qs = reinterpret_cast<float*>(smem + L.q);
-  float* S = reinterpret_cast<float*>(smem + L.s);
-  float* Px = reinterpret_cast<float*>(smem + L.px);  // [key][query]
-  float* Pn = reinterpret_cast<float*>(smem + L.pn);
+  Real* st_mx = reinterpret_cast<Real*>(smem + L.state_f);      // running maxima
+  Real* st_mn = st_mx + kErrQueries;
+  Real* st_md = st_mn + kErrQueries;
+  Real* st_ax = st_md + kErrQueries;  // this tile's rescale factors (exact, numerator)
+  Real* st_an = st_ax + kErrQueries;
+  Real* Qs = reinterpret_cast<Real*>(smem + L.q);
+  Real* S = reinterpret_cast<Real*>(smem + L.s);
+  Real* Px = reinterpret_cast<Real*>(smem + L.px);  // [key][query]
+  Real* Pn = reinterpret_cast<Real*>(smem + L.pn);
   float* Ks = reinterpret_cast<float*>(smem + L.k);
   float* Vs = reinterpret_cast<float*>(smem + L.v);
 
@@ -145,7 +163,9 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
     *c = o % dv;
     return o < kErrQueries * dv;
   };
+  // Logits as the CPU reference forms them: <q,k> / sqrt(d) (float: times 1/sqrt(d)).
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  const double sqrt_d = sqrt(static_cast<double>(d));
   const float* keys = a.keys + static_cast<size_t>(kvh) * a.n * d;
   const float* values = a.values + static_cast<size_t>(kvh) * a.n * dv;
   const float* lw_num = a.lw_num + static_cast<size_t>(kvh) * n_mid;
@@ -157,7 +177,8 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   }
   for (int e = tid; e < kErrQueries * d; e += kErrThreads) {
     const int q = e / d;
-    Qs[e] = q < nq ? a.queries[(static_cast<size_t>(qh) * a.eval + e0 + q) * d + e % d] : 0.0f;
+    Qs[e] = q < nq ? static_cast<Real>(a.queries[(static_cast<size_t>(qh) * a.eval + e0 + q) * d + e % d])
+                   : Real(0);
   }
 
   double acc_x[kMaxOut], acc_n[kMaxOut];
@@ -180,41 +201,56 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
     {
       const int kk = tid % kErrKeys, qa = tid / kErrKeys, qb = qa + kErrQueries / 2;
       const float* kv = Ks + kk * kpitch;
-      const float* qva = Qs + qa * d;
-      const float* qvb = Qs + qb * d;
-      float da = 0.0f, db = 0.0f;
+      const Real* qva = Qs + qa * d;
+      const Real* qvb = Qs + qb * d;
+      Real da = 0, db = 0;
       if (kk < kt) {
-        if (L.vec) {
-          for (int c = 0; c < d; c += 4) {
-            const float4 k4 = *reinterpret_cast<const float4*>(kv + c);
-            const float4 a4 = *reinterpret_cast<const float4*>(qva + c);
-            const float4 b4 = *reinterpret_cast<const float4*>(qvb + c);
-            da = fmaf(a4.x, k4.x, fmaf(a4.y, k4.y, fmaf(a4.z, k4.z, fmaf(a4.w, k4.w, da))));
-            db = fmaf(b4.x, k4.x, fmaf(b4.y, k4.y, fmaf(b4.z, k4.z, fmaf(b4.w, k4.w, db))));
+        if constexpr (kFloat) {
+          if (L.vec) {
+            for (int c = 0; c < d; c += 4) {
+              const float4 k4 = *reinterpret_cast<const float4*>(kv + c);
+              const float4 a4 = *reinterpret_cast<const float4*>(qva + c);
+              const float4 b4 = *reinterpret_cast<const float4*>(qvb + c);
+              da = fmaf(a4.x, k4.x, fmaf(a4.y, k4.y, fmaf(a4.z, k4.z, fmaf(a4.w, k4.w, da))));
+              db = fmaf(b4.x, k4.x, fmaf(b4.y, k4.y, fmaf(b4.z, k4.z, fmaf(b4.w, k4.w, db))));
+            }
+          } else {
+            for (int c = 0; c < d; ++c) {
+              da = fmaf(qva[c], kv[c], da);
+              db = fmaf(qvb[c], kv[c], db);
+            }
           }
         } else {
           for (int c = 0; c < d; ++c) {
-            da = fmaf(qva[c], kv[c], da);
-            db = fmaf(qvb[c], kv[c], db);
+            const double k = kv[c];
+            da = fma(qva[c], k, da);
+            db = fma(qvb[c], k, db);
           }
         }
       }
+      if constexpr (kFloat) {
+        da *= scale;
+        db *= scale;
+      } else {
+        da /= sqrt_d;
+        db /= sqrt_d;
+      }
       const int i = k0 + kk;
-      S[qa * kErrKeys + kk] = qa < nq && kk < kt && i <= win + e0 + qa ? da * scale : -INFINITY;
-      S[qb * kErrKeys + kk] = qb < nq && kk < kt && i <= win + e0 + qb ? db * scale : -INFINITY;
+      S[qa * kErrKeys + kk] = qa < nq && kk < kt && i <= win + e0 + qa ? da : Real(-INFINITY);
+      S[qb * kErrKeys + kk] = qb < nq && kk < kt && i <= win + e0 + qb ? db : Real(-INFINITY);
     }
     __syncthreads();
 
     // Per query: the tile's weights against the running maxima, and the scalar sums.
     for (int q = warp; q < kErrQueries; q += kWarps) {
       const int i = k0 + lane;
-      const float l = S[q * kErrKeys + lane];
+      const Real l = S[q * kErrKeys + lane];
       const bool valid = l > -INFINITY;
-      float lwn = -INFINITY, lwd = -INFINITY;
+      Real lwn = -INFINITY, lwd = -INFINITY;
       bool kept = false;
       if (valid) {
         if (i < a.sink || i >= win) {  // sinks and window: weight 1 in both sums
-          lwn = lwd = 0.0f;
+          lwn = lwd = 0;
           kept = true;
         } else {
           lwn = lw_num[i - a.sink];
@@ -222,22 +258,22 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
           kept = lwn > -INFINITY || lwd > -INFINITY;
         }
       }
-      const float ln = valid ? l + lwn : -INFINITY;
-      const float ld = valid ? l + lwd : -INFINITY;
-      const float old_x = st_mx[q], old_n = st_mn[q], old_d = st_md[q];
-      const float mx = fmaxf(old_x, warp_max(l));
-      const float mn = fmaxf(old_n, warp_max(ln));
-      const float md = fmaxf(old_d, warp_max(ld));
-      const float px = valid ? expf(l - mx) : 0.0f;
-      const float pn = ln > -INFINITY ? expf(ln - mn) : 0.0f;
-      const float pd = ld > -INFINITY ? expf(ld - md) : 0.0f;
+      const Real ln = valid ? l + lwn : Real(-INFINITY);
+      const Real ld = valid ? l + lwd : Real(-INFINITY);
+      const Real old_x = st_mx[q], old_n = st_mn[q], old_d = st_md[q];
+      const Real mx = fmax(old_x, warp_max(l));
+      const Real mn = fmax(old_n, warp_max(ln));
+      const Real md = fmax(old_d, warp_max(ld));
+      const Real px = valid ? exp_of(l - mx) : Real(0);
+      const Real pn = ln > -INFINITY ? exp_of(ln - mn) : Real(0);
+      const Real pd = ld > -INFINITY ? exp_of(ld - md) : Real(0);
       Px[lane * kErrQueries + q] = px;
       Pn[lane * kErrQueries + q] = pn;
-      const float sum_x = warp_sum(px), sum_sq = warp_sum(px * px), sum_d = warp_sum(pd);
-      const float sum_kept = warp_sum(kept ? px : 0.0f);
+      const Real sum_x = warp_sum(px), sum_sq = warp_sum(px * px), sum_d = warp_sum(pd);
+      const Real sum_kept = warp_sum(kept ? px : Real(0));
       __syncwarp();
       if (lane == 0) {
-        const float ax = rescale(old_x, mx), an = rescale(old_n, mn), ad = rescale(old_d, md);
+        const Real ax = rescale(old_x, mx), an = rescale(old_n, mn), ad = rescale(old_d, md);
         st_sx[q] = st_sx[q] * ax + sum_x;
         st_sq[q] = st_sq[q] * (static_cast<double>(ax) * ax) + sum_sq;
         st_sd[q] = st_sd[q] * ad + sum_d;
@@ -252,15 +288,17 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
     __syncthreads();
 
     // Output vectors.
-    if (column && per % 4 == 0) {
+    if (kFloat && column && per % 4 == 0) {
       // One V element and float4s of the weights of this thread's `per` queries per key.
       float sx[kMaxOut], sn[kMaxOut];
 #pragma unroll
       for (int r = 0; r < kMaxOut; ++r) sx[r] = sn[r] = 0.0f;
       for (int kk = 0; kk < kt; ++kk) {
         const float v = Vs[kk * dv + col_c];
-        const float4* px4 = reinterpret_cast<const float4*>(Px + kk * kErrQueries + col_q0);
-        const float4* pn4 = reinterpret_cast<const float4*>(Pn + kk * kErrQueries + col_q0);
+        const float4* px4 = reinterpret_cast<const float4*>(
+            reinterpret_cast<const float*>(Px) + kk * kErrQueries + col_q0);
+        const float4* pn4 = reinterpret_cast<const float4*>(
+            reinterpret_cast<const float*>(Pn) + kk * kErrQueries + col_q0);
 #pragma unroll
         for (int r4 = 0; r4 < kMaxOut / 4; ++r4) {
           if (4 * r4 < per) {
@@ -287,11 +325,11 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
       for (int r = 0; r < kMaxOut; ++r) {
         int q, c;
         if (output(r, &q, &c)) {
-          float sx = 0.0f, sn = 0.0f;
+          Real sx = 0, sn = 0;
           for (int kk = 0; kk < kt; ++kk) {
-            const float v = Vs[kk * dv + c];
-            sx = fmaf(Px[kk * kErrQueries + q], v, sx);
-            sn = fmaf(Pn[kk * kErrQueries + q], v, sn);
+            const Real v = Vs[kk * dv + c];
+            sx = fma(Px[kk * kErrQueries + q], v, sx);
+            sn = fma(Pn[kk * kErrQueries + q], v, sn);
           }
           acc_x[r] = acc_x[r] * st_ax[q] + sx;
           acc_n[r] = acc_n[r] * st_an[q] + sn;
@@ -412,6 +450,7 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cuda
   a.kv_heads = b.kv_heads;
   a.sink = b.sink;
   a.eval = b.eval;
+  a.float_scores = b.float_scores;
   float* keys = ws.keys.reserve_as<float>(kv * n * d);
   float* values = ws.values.reserve_as<float>(kv * n * dv);
   float* queries = ws.queries.reserve_as<float>(b.q_heads * E * d);
@@ -448,14 +487,14 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cuda
   return a;
 }
 
-size_t attention_error_smem_bytes(int d, int dv, int device_smem_optin) {
+size_t attention_error_smem_bytes(int d, int dv, int device_smem_optin, bool float_scores) {
   if (dv > kErrMaxDv || d <= 0 || dv <= 0) return 0;
-  const size_t bytes = ErrSmem(d, dv).total;
+  const size_t bytes = ErrSmem(d, dv, float_scores ? sizeof(float) : sizeof(double)).total;
   return bytes <= static_cast<size_t>(device_smem_optin) ? bytes : 0;
 }
 
 void launch_attention_errors(const ErrorDeviceArgs& a, int device_smem_optin, cudaStream_t stream) {
-  const size_t smem = attention_error_smem_bytes(a.d, a.dv, device_smem_optin);
+  const size_t smem = attention_error_smem_bytes(a.d, a.dv, device_smem_optin, a.float_scores);
   if (smem == 0)
     throw Unsupported("attention_errors: head dims d=" + std::to_string(a.d) +
                       ", dv=" + std::to_string(a.dv) +
@@ -465,17 +504,15 @@ void launch_attention_errors(const ErrorDeviceArgs& a, int device_smem_optin, cu
   KVS_CUDA_CHECK_LAUNCH("v_sq_prefix_kernel");
   const dim3 grid((a.eval + kErrQueries - 1) / kErrQueries, a.q_heads);
   const int outputs_per_thread = (kErrQueries * a.dv + kErrThreads - 1) / kErrThreads;
-  if (outputs_per_thread <= 8) {
-    auto* k = attention_error_kernel<8>;
-    KVS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-    k<<<grid, kErrThreads, smem, stream>>>(a);
-  } else {
-    auto* k = attention_error_kernel<16>;
-    KVS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-    k<<<grid, kErrThreads, smem, stream>>>(a);
-  }
+  void (*k)(ErrorDeviceArgs) = nullptr;
+  if (a.float_scores)
+    k = outputs_per_thread <= 8 ? attention_error_kernel<float, 8> : attention_error_kernel<float, 16>;
+  else
+    k = outputs_per_thread <= 8 ? attention_error_kernel<double, 8>
+                                : attention_error_kernel<double, 16>;
+  KVS_CUDA_CHECK(
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  k<<<grid, kErrThreads, smem, stream>>>(a);
   KVS_CUDA_CHECK_LAUNCH("attention_error_kernel");
 }
 

@@ -7,8 +7,9 @@
 // One thread block per (query head, tile of kErrQueries consecutive evaluation queries). Keys and
 // values stream through shared memory in tiles of kErrKeys; each query keeps three running
 // log-sum-exp states (exact, numerator, denominator: flash-attention style online rescaling), so
-// there is no limit on n and nothing overflows. Logits and per-tile sums are float; everything
-// carried across tiles (output vectors, normalisers, masses) is double.
+// there is no limit on n and nothing overflows. Logits and per-tile sums are double (float with
+// ErrorBatch::float_scores); everything carried across tiles (output vectors, normalisers,
+// masses) is double.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +26,7 @@ constexpr int kErrMaxDv = 256;  // value dims the register accumulators are size
 
 struct ErrorDeviceArgs {
   int n = 0, d = 0, dv = 0, q_heads = 0, kv_heads = 0, sink = 0, eval = 0;
+  bool float_scores = false;       // see ErrorBatch::float_scores
   const float* keys = nullptr;     // [kv_heads][n][d]
   const float* values = nullptr;   // [kv_heads][n][dv]
   const float* queries = nullptr;  // [q_heads][eval][d]: only the evaluation rows
@@ -56,7 +58,7 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cuda
 
 // Dynamic shared memory the main kernel needs for these shapes, or 0 when they are beyond what
 // this kernel supports (dv > kErrMaxDv, or more shared memory than the device allows).
-size_t attention_error_smem_bytes(int d, int dv, int device_smem_optin);
+size_t attention_error_smem_bytes(int d, int dv, int device_smem_optin, bool float_scores);
 
 // Enqueues the kernels; throws CudaFailure when a launch is rejected.
 void launch_attention_errors(const ErrorDeviceArgs& a, int device_smem_optin, cudaStream_t stream);

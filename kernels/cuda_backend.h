@@ -2,6 +2,7 @@
 // engine/, the CLI, the app, tests and benchmarks include it without nvcc.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -36,5 +37,7 @@ std::unique_ptr<GpuOpTimer> cuda_walk_timer(const WalkBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_error_timer(const ErrorBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_tsne_timer(const TsneGradInput& in);
 std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int k, int first);
+// A host-to-device copy of `bytes` bytes from pageable memory (the upload the op timers leave out).
+std::unique_ptr<GpuOpTimer> cuda_upload_timer(const void* host, size_t bytes);
 
 }  // namespace kvscope

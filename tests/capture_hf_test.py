@@ -5,11 +5,12 @@
       The dependency-free safetensors writer: a small capture in F32/F16/BF16 is read back by a
       reader written here and opened by `kvscope-cli info`; a truncated copy is refused.
   capture_hf_test.py --cli PATH
-      The model path: a tiny randomly initialised Llama (hidden 64, 2 layers, 4 heads, 2 kv
-      heads; nothing downloaded) is captured by running the tool as a user would, and
+      The model path: a tiny randomly initialised Llama and a Qwen2 (biased q/k/v projections),
+      each hidden 64, 2 layers, 4 heads, 2 kv heads (nothing downloaded), are captured by
+      running the tool as a user would, on the CPU and, where torch sees one, on the GPU; and
       softmax(q k^T / sqrt(d)) v over causal positions, computed from the captured tensors
       with the GQA mapping, must reproduce the model's own attention outputs (the input of
-      o_proj). Exits 77 (CTest SKIP_RETURN_CODE) with a message when torch or transformers is
+      o_proj); the file then opens and evaluates in kvscope-cli. Exits 77 (CTest SKIP_RETURN_CODE) with a message when torch or transformers is
       missing.
 """
 
@@ -134,7 +135,8 @@ def model_test(cli, workdir):
         import torch
         import transformers
         from tokenizers import Tokenizer, models, pre_tokenizers
-        from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+        from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config,
+                                  Qwen2ForCausalLM)
     except ImportError as e:
         print("SKIP: torch/transformers not available (%s); the model capture test needs them" % e)
         return SKIP
@@ -145,25 +147,55 @@ def model_test(cli, workdir):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(words) + 5, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(config).eval()
-    model_dir = os.path.join(workdir, "tiny-llama")
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    # Two architectures built like Llama: Qwen2 adds biases to q/k/v (so a capture that skipped
+    # them would not reproduce the outputs). Randomly initialised, nothing downloaded.
+    common = dict(vocab_size=len(words) + 5, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    archs = [("llama", LlamaConfig(**common), LlamaForCausalLM),
+             ("qwen2", Qwen2Config(**common), Qwen2ForCausalLM)]
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for arch, config, model_class in archs:
+        torch.manual_seed(0)
+        model = model_class(config).eval()
+        if arch == "qwen2":
+            # Random init leaves the biases at zero; make them matter.
+            with torch.no_grad():
+                for layer in model.model.layers:
+                    for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                        check(proj.bias is not None, "qwen2 %s has a bias" % proj)
+                        proj.bias.normal_(0.0, 0.5)
+        model_dir = os.path.join(workdir, "tiny-" + arch)
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        for device in devices:
+            status = check_capture(cli, workdir, arch, device, model, model_dir, tokenizer, prompt)
+            if status:
+                return status
+    print("model test: transformers %s, torch %s, devices %s" % (transformers.__version__, torch.__version__,
+                                                                  ",".join(devices)))
+    return 0
 
-    out = os.path.join(workdir, "tiny.safetensors")
+
+def check_capture(cli, workdir, arch, device, model, model_dir, tokenizer, prompt):
+    """Captures `model_dir` with the tool on `device` and checks the file against `model`'s own
+    attention outputs (computed on the CPU in float32)."""
+    import torch
+
+    out = os.path.join(workdir, "tiny-%s-%s.safetensors" % (arch, device))
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    result = subprocess.run([sys.executable, TOOL, "--model", model_dir, "--prompt", prompt, "--out", out],
-                            capture_output=True, text=True, env=env)
-    check(result.returncode == 0, "capture_hf.py failed: %s" % result.stderr[-2000:])
+    result = subprocess.run([sys.executable, TOOL, "--model", model_dir, "--prompt", prompt, "--out", out,
+                             "--device", device], capture_output=True, text=True, env=env)
+    check(result.returncode == 0, "%s/%s: capture_hf.py failed: %s" % (arch, device, result.stderr[-2000:]))
     if result.returncode != 0:
         return 1
 
-    # The model's own attention outputs: the input of o_proj, per layer.
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=True)["input_ids"]
+    # The model's own attention outputs (the input of o_proj, per layer) on the token ids the tool
+    # used: it loads the tokenizer with AutoTokenizer, which for some model types rebuilds it
+    # (transformers 5 gives Qwen2 its own pre-tokenizer), so tokenise the same way here.
+    from transformers import AutoTokenizer
+    ids = AutoTokenizer.from_pretrained(model_dir)(prompt, return_tensors="pt", add_special_tokens=True)["input_ids"]
     n = ids.shape[1]
+    check(n >= 8, "%s: the prompt gives %d tokens, too few for the checks" % (arch, n))
     attn_out = {}
     handles = [layer.self_attn.o_proj.register_forward_pre_hook(
         (lambda L: lambda module, args: attn_out.__setitem__(L, args[0][0].detach().double()))(L))
@@ -176,15 +208,15 @@ def model_test(cli, workdir):
     _, meta, tensors = read_safetensors(out)
     shapes = {k: meta.get(k) for k in ("num_layers", "q_heads", "kv_heads", "head_dim")}
     check(shapes == {"num_layers": "2", "q_heads": "4", "kv_heads": "2", "head_dim": "16"},
-          "metadata shapes: %s" % shapes)
-    check(len(json.loads(meta["tokens"])) == n, "one token string per position")
+          "%s/%s: metadata shapes: %s" % (arch, device, shapes))
+    check(len(json.loads(meta["tokens"])) == n, "%s/%s: one token string per position" % (arch, device))
     d, group = 16, 2
     worst = 0.0
     wrong_mapping = 0.0
     for L in range(2):
         def t(name, heads):
             shape, vals = tensors["layers.%d.%s" % (L, name)]
-            check(shape == [heads, n, d], "layers.%d.%s shape %s" % (L, name, shape))
+            check(shape == [heads, n, d], "%s: layers.%d.%s shape %s" % (arch, L, name, shape))
             return torch.tensor(vals, dtype=torch.float64).reshape(heads, n, d)
 
         q, k, v = t("query", 4), t("key", 2), t("value", 2)
@@ -200,8 +232,12 @@ def model_test(cli, workdir):
                     worst = max(worst, err)
                 else:
                     wrong_mapping = max(wrong_mapping, err)
-    check(worst < 1e-4, "captured q/k/v reproduce attention outputs: worst relative error %.3g" % worst)
-    check(wrong_mapping > 1e-3, "the check has teeth: the wrong GQA mapping should not match (%.3g)" % wrong_mapping)
+    # On a GPU, the capture's float32 products may use TF32 or another summation order.
+    tolerance = 1e-4 if device == "cpu" else 2e-3
+    check(worst < tolerance, "%s/%s: captured q/k/v reproduce attention outputs: worst relative error %.3g"
+          % (arch, device, worst))
+    check(wrong_mapping > 1e-3, "%s/%s: the check has teeth: the wrong GQA mapping should not match (%.3g)"
+          % (arch, device, wrong_mapping))
 
     # Keys are stored after RoPE: at position > 0 they differ from the raw k_proj output.
     raw = {}
@@ -212,13 +248,23 @@ def model_test(cli, workdir):
     handle.remove()
     k0 = torch.tensor(tensors["layers.0.key"][1], dtype=torch.float64).reshape(2, n, d)
     raw_k0 = raw["k"].reshape(n, 2, d).transpose(0, 1)
-    check(torch.allclose(k0[:, 0], raw_k0[:, 0], atol=1e-5), "position 0 is unrotated")
-    check(not torch.allclose(k0[:, 5], raw_k0[:, 5], atol=1e-3), "keys are stored after RoPE")
+    atol = 1e-5 if device == "cpu" else 2e-3
+    check(torch.allclose(k0[:, 0], raw_k0[:, 0], atol=atol), "%s/%s: position 0 is unrotated" % (arch, device))
+    check(not torch.allclose(k0[:, 5], raw_k0[:, 5], atol=1e-3), "%s/%s: keys are stored after RoPE" % (arch, device))
 
+    # The file opens in KVScope's engine and evaluates.
     rc, out_text = run_cli(cli, "info", out)
-    check(rc == 0, "kvscope-cli info on the HF capture failed (%d): %s" % (rc, out_text[-500:]))
-    print("model test: worst relative error %.3g over 2 layers x 4 heads x %d positions (transformers %s)"
-          % (worst, n, transformers.__version__))
+    check(rc == 0, "%s/%s: kvscope-cli info failed (%d): %s" % (arch, device, rc, out_text[-500:]))
+    report = os.path.join(workdir, "eval-%s-%s.json" % (arch, device))
+    rc, out_text = run_cli(cli, "eval", out, "--methods", "balancekv,uniform", "--ratios", "0.5", "--seeds", "2",
+                           "--json", report)
+    check(rc == 0, "%s/%s: kvscope-cli eval failed (%d): %s" % (arch, device, rc, out_text[-800:]))
+    if rc == 0:
+        with open(report) as f:
+            text = f.read()
+        check("balancekv" in text and "uniform" in text, "%s/%s: eval report names both methods" % (arch, device))
+    print("model test %s on %s: worst relative error %.3g over 2 layers x 4 heads x %d positions"
+          % (arch, device, worst, n))
     return 0
 
 

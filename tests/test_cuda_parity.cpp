@@ -386,13 +386,20 @@ void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu
   EXPECT_EQ(bad, 0) << what;
 }
 
+// Double scores (the default) must give the CPU reference's figures to rounding; float scores
+// (ErrorBatch::float_scores) to 1e-4.
 void check_error_parity(ErrorCase c, Backend& gpu) {
   c.run(cpu_backend());
   const auto rel = c.relative, nrm = c.normalized, mass = c.mass;
   c.run(gpu);
-  expect_close(c.relative, rel, 1e-4, 1e-7, "relative");
-  expect_close(c.normalized, nrm, 1e-4, 1e-7, "normalized");
-  expect_close(c.mass, mass, 1e-5, 1e-7, "mass");
+  expect_close(c.relative, rel, 1e-9, 1e-12, "relative (double scores)");
+  expect_close(c.normalized, nrm, 1e-9, 1e-12, "normalized (double scores)");
+  expect_close(c.mass, mass, 1e-9, 1e-12, "mass (double scores)");
+  c.batch.float_scores = true;
+  c.run(gpu);
+  expect_close(c.relative, rel, 1e-4, 1e-7, "relative (float scores)");
+  expect_close(c.normalized, nrm, 1e-4, 1e-7, "normalized (float scores)");
+  expect_close(c.mass, mass, 1e-5, 1e-7, "mass (float scores)");
 }
 
 TEST(CudaParity, AttentionErrorsMatchCpu) {

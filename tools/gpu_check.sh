@@ -2,7 +2,7 @@
 # One-shot check of the CUDA backend on a machine with an NVIDIA GPU (written for an H100):
 #   1. configure + build (Release, CUDA on) the parity test, the GPU benchmarks and the CLI
 #   2. run the CUDA tests through CTest (they must RUN, not skip, when a device is present)
-#   3. compute-sanitizer memcheck, racecheck and synccheck on the parity test
+#   3. compute-sanitizer memcheck, racecheck, initcheck and synccheck on the parity test
 #   4. bench/bench_gpu (Google Benchmark, JSON) and bench/torch_walk.py (PyTorch baseline)
 #   5. write a markdown table (GPU time, CPU time, ratios, DESIGN.md targets) and print it
 # Usage: tools/gpu_check.sh [build-dir]      (default: build-gpu; results in <build-dir>/gpu-report,
@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUILD=${1:-build-gpu}
-REPORT=${OUT:-$BUILD/gpu-report}
+REPORT=${GPU_CHECK_OUT:-${OUT:-$BUILD/gpu-report}}
 mkdir -p "$REPORT"
 LOG="$REPORT/gpu_check.log"
 : >"$LOG"
@@ -66,9 +66,10 @@ fi
 
 TEST_LOG="$REPORT/ctest_cuda.log"
 if [ "$PREBUILT" = 1 ]; then
-  step "CUDA tests (test_cuda_parity, prebuilt)"
-  (cd "$ROOT" && KVSCOPE_SOURCE_DIR="$ROOT" "$BUILD/tests/test_cuda_parity") >"$TEST_LOG" 2>&1 ||
-    fail "CUDA tests"
+  step "CUDA tests (test_cuda_parity, prebuilt, every golden case)"
+  (cd "$ROOT" && KVSCOPE_SOURCE_DIR="$ROOT" KVSCOPE_GOLDEN_STRIDE=1 "$BUILD/tests/test_cuda_parity") \
+    >"$TEST_LOG" 2>&1 || fail "CUDA tests"
+  grep -E "golden cases on the device|^\[  (FAILED|PASSED|SKIPPED)" "$TEST_LOG" | tee -a "$LOG"
 else
   step "CUDA tests (ctest -R Cuda)"
   (cd "$BUILD" && ctest -R 'Cuda|cuda' --output-on-failure -V) >"$TEST_LOG" 2>&1 || fail "CUDA tests"
@@ -78,10 +79,51 @@ if grep -q "no CUDA device" "$TEST_LOG"; then
   fail "CUDA tests skipped: the device was not usable (see $TEST_LOG)"
 fi
 
+step "eval --backend cuda against the CPU (every method, sample captures)"
+CLI="$BUILD/kvscope-cli"
+for cap in sample_data/stories260K_lily.safetensors sample_data/kjv3M_beginning.safetensors; do
+  name=$(basename "$cap" .safetensors)
+  for be in cpu cuda; do
+    "$CLI" eval "$cap" --methods all --ratios 0.5,0.25,0.125 --seeds 3 --backend "$be" \
+      --json "$REPORT/eval_${name}_$be.json" >"$REPORT/eval_${name}_$be.txt" 2>&1 ||
+      fail "eval $name --backend $be (see $REPORT/eval_${name}_$be.txt)"
+  done
+  python3 - "$REPORT/eval_${name}_cpu.json" "$REPORT/eval_${name}_cuda.json" <<'PY' 2>&1 | tee -a "$LOG" ||
+import json, math, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+worst, where, count = 0.0, "", 0
+def walk(x, y, path):
+    global worst, where, count
+    if isinstance(x, dict):
+        for k in x:
+            if k in ("backend", "elapsed_s", "seconds", "timing", "command"):
+                continue
+            walk(x[k], y.get(k) if isinstance(y, dict) else None, path + "." + k)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            walk(v, y[i] if isinstance(y, list) and i < len(y) else None, "%s[%d]" % (path, i))
+    elif isinstance(x, float) and isinstance(y, (int, float)):
+        count += 1
+        rel = abs(x - y) / max(abs(x), 1e-12)
+        if rel > worst and abs(x - y) > 1e-12:
+            worst, where = rel, path
+walk(a, b, "")
+print("%s: %d figures, worst relative difference cuda vs cpu %.3g at %s" % (sys.argv[1], count, worst, where))
+sys.exit(0 if worst <= 1e-6 and count > 0 else 1)
+PY
+    fail "eval $name: cuda differs from cpu by more than 1e-6 relative"
+done
+
+step "Hugging Face capture (tests/capture_hf_test.py: tiny Llama and Qwen2, CPU and GPU)"
+python3 tests/capture_hf_test.py --cli "$CLI" >"$REPORT/capture_hf.log" 2>&1
+rc=$?
+tail -8 "$REPORT/capture_hf.log" | tee -a "$LOG"
+[ $rc -eq 0 ] || fail "capture_hf_test.py (exit $rc)"
+
 step "compute-sanitizer"
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$SAN" ]; then
-  for tool in memcheck racecheck synccheck; do
+  for tool in memcheck racecheck initcheck synccheck; do
     if KVSCOPE_SOURCE_DIR="$ROOT" "$SAN" --tool "$tool" --error-exitcode 3 "$BUILD/tests/test_cuda_parity" \
       >"$REPORT/sanitizer_$tool.log" 2>&1; then
       echo "$tool: clean" | tee -a "$LOG"
@@ -144,12 +186,17 @@ def met(v, target):
     return "n/a" if v is None else ("yes" if v < target else "NO")
 
 rows = [
-    ("walk, layer 32 heads x 32768 tok, d 128, 2 rounds", "BM_GpuWalkLayerTwoRounds", None, 2.0),
+    ("walk, layer 32 heads x 32768 tok, d 128, 2 rounds (authors' float32)", "BM_GpuWalkLayerTwoRounds/1", None, 2.0),
+    ("walk, same, KVScope double walk (kvscope-v1)", "BM_GpuWalkLayerTwoRounds/0", None, None),
     ("walk, round 1 only", "BM_GpuWalkLayerRound/0", None, None),
     ("walk, round 2 only", "BM_GpuWalkLayerRound/1", None, None),
     ("walk, 1 head x 32768 tok, 2 rounds", "BM_GpuWalkHead", "BM_CpuWalkHead", None),
-    ("errors, 256 queries x 32 heads, n 8192", "BM_GpuErrorsLayer/8192", None, 1.0),
-    ("errors, 256 queries x 32 heads, n 32768", "BM_GpuErrorsLayer/32768", None, 1.0),
+    ("errors, 256 queries x 32 heads, n 8192 (double scores)", "BM_GpuErrorsLayer/8192/0", None, 1.0),
+    ("errors, 256 queries x 32 heads, n 32768 (double scores)", "BM_GpuErrorsLayer/32768/0", None, 1.0),
+    ("errors, same, n 8192, float scores", "BM_GpuErrorsLayer/8192/1", None, 1.0),
+    ("errors, same, n 32768, float scores", "BM_GpuErrorsLayer/32768/1", None, 1.0),
+    ("host-to-device copy of a layer's K and V, 8 kv heads x 8192", "BM_GpuUploadLayer/8192", None, None),
+    ("host-to-device copy of a layer's K and V, 8 kv heads x 32768", "BM_GpuUploadLayer/32768", None, None),
     ("errors, 256 queries x 1 head, n 8192", "BM_GpuErrorsHead/8192", "BM_CpuErrorsHead/8192", None),
     ("t-SNE exact gradient, 8192 points", "BM_GpuTsneGradient/8192", "BM_CpuTsneGradientExact/8192", None),
     ("t-SNE exact gradient, 32768 points (x1000 < 1 s)", "BM_GpuTsneGradient/32768", None, 1.0),
@@ -164,7 +211,7 @@ for label, g, c, target in rows:
     print(f"| {label} | {ms(g)} | {ms(c) if c else '-'} | {ratio(gv, cv) if c else '-'} | "
           f"{'< %g ms' % target if target else '-'} | {met(gv, target) if target else '-'} |")
 tw = torch.get("torch_walk_ms")
-kw = bench.get("BM_GpuWalkLayerTwoRounds")
+kw = bench.get("BM_GpuWalkLayerTwoRounds/1")
 print()
 if tw is not None:
     print(f"PyTorch walk (same layer, 2 rounds): {tw:.3f} ms; CUDA kernel speed-up: "

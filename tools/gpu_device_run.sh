@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, in a copy of the repository, with the bundle of tools/gpu_pack.sh:
+# unpacks it, makes the paths the CTest files were written with point here, then runs
+#   1. tools/gpu_check.sh on the prebuilt binaries (device parity incl. every golden case,
+#      eval --backend cuda against the CPU, the Hugging Face capture test, benchmarks, torch walk,
+#      compute-sanitizer), and
+#   2. the whole CTest suite on this machine's CPU (with the device present).
+# Results go to $GPU_REPORT (default /tmp/gpu-report); the caller archives them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUNDLE=${1:-.carry/bundle.tgz}
+REPORT=${GPU_REPORT:-/tmp/gpu-report}
+mkdir -p "$REPORT"
+tar -xzf "$BUNDLE" -C "$ROOT" || { echo "cannot unpack $BUNDLE"; exit 1; }
+# The CTest files and test binaries name the source folder of the build machine (and its
+# ../shared): link that path here.
+BUILT_ROOT=$(sed -n 's/^# Source directory: //p' build-gpu/CTestTestfile.cmake | head -1)
+if [ -n "$BUILT_ROOT" ] && [ "$BUILT_ROOT" != "$ROOT" ] && [ ! -e "$BUILT_ROOT" ]; then
+  mkdir -p "$(dirname "$BUILT_ROOT")" && ln -s "$ROOT" "$BUILT_ROOT"
+fi
+[ -e "$(dirname "$ROOT")/shared" ] || ln -s "$ROOT/shared" "$(dirname "$ROOT")/shared"
+export LD_LIBRARY_PATH="$ROOT/build-gpu/carried-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The CTest files name the build machine's Python (/usr/bin/python3).
+PY_BUILT=$(grep -ho '/[^" ]*/python3[.0-9]*' build-gpu/tests/CTestTestfile.cmake | head -1)
+if [ -n "$PY_BUILT" ] && [ ! -x "$PY_BUILT" ]; then mkdir -p "$(dirname "$PY_BUILT")" && ln -s "$(command -v python3)" "$PY_BUILT"; fi
+echo "source folder of the build: $BUILT_ROOT, here: $ROOT" | tee "$REPORT/paths.txt"
+{
+  nvidia-smi
+  lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed 's/Flags:.*\(avx512[a-z_]*\).*/Flags: ... avx512 present .../'
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+} >"$REPORT/machine.txt" 2>&1
+cat "$REPORT/machine.txt"
+
+GPU_CHECK_OUT="$REPORT" KVSCOPE_GPU_PREBUILT=1 tools/gpu_check.sh build-gpu
+check=$?
+
+echo "== CTest suite on this machine"
+(cd build-gpu && ctest -j 12 --timeout 600 --output-on-failure) >"$REPORT/ctest_all.log" 2>&1
+suite=$?
+grep -E "tests passed|tests failed|\*\*\*|Failed|Not Run" "$REPORT/ctest_all.log" | tail -30
+echo "gpu_check exit $check, ctest exit $suite"
+exit $((check | suite))
