@@ -13,14 +13,19 @@ namespace {
 constexpr int kTsneThreads = 256;
 constexpr int kReduceThreads = 1024;
 
-// Repulsion and the row's share of Z: sum_{j != i} q_ij^2 (y_i - y_j) and sum_{j != i} q_ij.
+// Repulsion and the row's share of Z over the j range of chunk blockIdx.y:
+// sum_{j != i} q_ij^2 (y_i - y_j) and sum_{j != i} q_ij.
 __global__ void __launch_bounds__(kTsneThreads) tsne_repulsive_kernel(TsneDeviceArgs a) {
   __shared__ float2 tile[kTsneThreads];
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const int tiles = (a.n + kTsneThreads - 1) / kTsneThreads;
+  const int chunk = blockIdx.y;
+  const int tile_begin = static_cast<int>(static_cast<long long>(tiles) * chunk / a.chunks);
+  const int tile_end = static_cast<int>(static_cast<long long>(tiles) * (chunk + 1) / a.chunks);
   float2 yi = make_float2(0.0f, 0.0f);
   if (i < a.n) yi = make_float2(a.y[2 * i], a.y[2 * i + 1]);
   double fx = 0.0, fy = 0.0, z = 0.0;
-  for (int base = 0; base < a.n; base += kTsneThreads) {
+  for (int base = tile_begin * kTsneThreads; base < tile_end * kTsneThreads; base += kTsneThreads) {
     const int j = base + threadIdx.x;
     __syncthreads();
     tile[threadIdx.x] = j < a.n ? make_float2(a.y[2 * j], a.y[2 * j + 1]) : make_float2(0.0f, 0.0f);
@@ -40,10 +45,27 @@ __global__ void __launch_bounds__(kTsneThreads) tsne_repulsive_kernel(TsneDevice
     z += tz;
   }
   if (i < a.n) {
-    a.rep[2 * i] = fx;
-    a.rep[2 * i + 1] = fy;
-    a.z_row[i] = z;
+    double* out = a.rep_part + 3 * (static_cast<size_t>(chunk) * a.n + i);
+    out[0] = fx;
+    out[1] = fy;
+    out[2] = z;
   }
+}
+
+// The chunks' partial repulsions, added in chunk order.
+__global__ void tsne_repulsive_sum_kernel(TsneDeviceArgs a) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= a.n) return;
+  double fx = 0.0, fy = 0.0, z = 0.0;
+  for (int c = 0; c < a.chunks; ++c) {
+    const double* part = a.rep_part + 3 * (static_cast<size_t>(c) * a.n + i);
+    fx += part[0];
+    fy += part[1];
+    z += part[2];
+  }
+  a.rep[2 * i] = fx;
+  a.rep[2 * i + 1] = fy;
+  a.z_row[i] = z;
 }
 
 // Attraction over the sparse P and the row's KL pieces, in double like the CPU reference.
@@ -127,7 +149,10 @@ TsneDeviceArgs upload_tsne_input(const TsneGradInput& in, TsneWorkspace& ws, cud
   int* rowptr = ws.rowptr.reserve_as<int>(un + 1);
   int* col = ws.col.reserve_as<int>(std::max(nnz, 1));
   float* val = ws.val.reserve_as<float>(std::max(nnz, 1));
-  double* scratch = ws.scratch.reserve_as<double>(7 * un);
+  // Enough j chunks for about 1024 blocks in all, each chunk at least one tile of points.
+  const int row_blocks = (n + kTsneThreads - 1) / kTsneThreads;
+  a.chunks = std::max(1, std::min(row_blocks, 1024 / row_blocks));
+  double* scratch = ws.scratch.reserve_as<double>((7 + 3 * static_cast<size_t>(a.chunks)) * un);
   KVS_CUDA_CHECK(cudaMemcpyAsync(y, in.y, 2 * un * sizeof(float), cudaMemcpyHostToDevice, stream));
   KVS_CUDA_CHECK(
       cudaMemcpyAsync(rowptr, in.p_rowptr, (un + 1) * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -146,6 +171,7 @@ TsneDeviceArgs upload_tsne_input(const TsneGradInput& in, TsneWorkspace& ws, cud
   a.z_row = scratch + 4 * un;
   a.kl_row = scratch + 5 * un;
   a.p_row = scratch + 6 * un;
+  a.rep_part = scratch + 7 * un;
   a.totals = ws.totals.reserve_as<double>(3);
   a.grad = ws.grad.reserve_as<float>(2 * un);
   return a;
@@ -153,8 +179,11 @@ TsneDeviceArgs upload_tsne_input(const TsneGradInput& in, TsneWorkspace& ws, cud
 
 void launch_tsne_gradient(const TsneDeviceArgs& a, cudaStream_t stream) {
   const int blocks = (a.n + kTsneThreads - 1) / kTsneThreads;
-  tsne_repulsive_kernel<<<blocks, kTsneThreads, 0, stream>>>(a);
+  const dim3 grid(blocks, a.chunks);
+  tsne_repulsive_kernel<<<grid, kTsneThreads, 0, stream>>>(a);
   KVS_CUDA_CHECK_LAUNCH("tsne_repulsive_kernel");
+  tsne_repulsive_sum_kernel<<<blocks, kTsneThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("tsne_repulsive_sum_kernel");
   tsne_attractive_kernel<<<blocks, kTsneThreads, 0, stream>>>(a);
   KVS_CUDA_CHECK_LAUNCH("tsne_attractive_kernel");
   tsne_totals_kernel<<<1, kReduceThreads, 0, stream>>>(a);

@@ -25,7 +25,12 @@ struct TsneDeviceArgs {
   const int* rowptr = nullptr;
   const int* col = nullptr;
   const float* val = nullptr;
-  double* rep = nullptr;     // n x 2
+  // The repulsion is split over `chunks` ranges of j (so a long embedding fills the GPU: one
+  // 256-thread block per 256 points alone leaves most SMs idle); each range writes its partial
+  // sums, added in a fixed order afterwards (deterministic).
+  int chunks = 1;
+  double* rep_part = nullptr;  // chunks x n x 3: fx, fy, z
+  double* rep = nullptr;       // n x 2
   double* attr = nullptr;    // n x 2
   double* z_row = nullptr;   // n
   double* kl_row = nullptr;  // n
