@@ -2,6 +2,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/walk.cuh"
@@ -74,58 +75,95 @@ __device__ __forceinline__ bool finite_f32(float x) {
   return x - x == 0.0f;
 }
 
-// The float32 walk of one fast block (walk_fast_kernel with a.float32), the keys' Gram tile
-// already in `acc`. Mirrors walk_block_f32 in engine/balance_walk.cpp.
-__device__ void walk_fast_f32(const WalkDeviceArgs& a, int b, int off, int rows, int tid,
-                              bool active, int tr, int tc, float acc[kTile][kTile], double u,
-                              float* tri, float* stage, int* tail_bad, double* sigma_s) {
-  const float temp = static_cast<float>(a.temp);
-  const float sqrt_d = static_cast<float>(sqrt(static_cast<double>(a.d)));
-  const float beta = static_cast<float>(a.beta);
-  const float eps = static_cast<float>(a.value_eps);
-  const float bias = static_cast<float>(a.value_bias);
+// Builds the block's kernel matrix in `tri` from the keys' Gram tile in `acc`, then walks it.
+// kF32: the authors' float32 semantics (WalkBatch::float32, mirrors walk_block_f32 in
+// engine/balance_walk.cpp): K in float with IEEE overflow, diagonal included, rows with a
+// non-finite K_tj for j >= t flagged in `tail_bad` (their p is NaN), sums in float, never a
+// fallback. Otherwise KVScope's double walk: exponent and product in double, stored as float,
+// strict lower triangle only; an exponent above kWalkMaxFloatExp (or not finite) sends the whole
+// block to walk_exact_kernel (returns without walking).
+template <bool kF32>
+__device__ void walk_fast_block(const WalkDeviceArgs& a, int b, int off, int rows, int tid,
+                                bool active, int tr, int tc, float acc[kTile][kTile], double u,
+                                float* tri, float* stage, int* tail_bad, int* overflow,
+                                double* sigma_s) {
+  // Same expressions as the CPU references: float32 (temp * <k,k>) / sqrt(d) - beta; double
+  // (temp / sqrt(d)) * <k,k> - beta.
+  const float temp_f = static_cast<float>(a.temp);
+  const float sqrt_d_f = static_cast<float>(sqrt(static_cast<double>(a.d)));
+  const float beta_f = static_cast<float>(a.beta);
+  const double scale = a.temp / sqrt(static_cast<double>(a.d));
+  auto in_triangle = [&](int r, int c) { return r < rows && (kF32 ? c <= r : c < r); };
   if (active) {
 #pragma unroll
     for (int i = 0; i < kTile; ++i)
 #pragma unroll
       for (int j = 0; j < kTile; ++j) {
         const int r = tr * kTile + i, c = tc * kTile + j;
-        if (r < rows && c <= r) tri[tri_index(r, c)] = expf((temp * acc[i][j]) / sqrt_d - beta);
+        if (in_triangle(r, c)) {
+          if constexpr (kF32) {
+            tri[tri_index(r, c)] = expf((temp_f * acc[i][j]) / sqrt_d_f - beta_f);
+          } else {
+            const double arg = scale * static_cast<double>(acc[i][j]) - a.beta;
+            if (!(arg <= kWalkMaxFloatExp)) atomicOr(overflow, 1);  // also catches NaN
+            tri[tri_index(r, c)] = static_cast<float>(exp(arg));
+          }
+        } else if (!kF32 && r == c && r < rows) {
+          // The double walk never uses K_ii (it would only trip the overflow check for long
+          // keys: |k|^2 / sqrt(d) is large for real heads).
+          tri[tri_index(r, c)] = 0.0f;
+        }
       }
   }
   gram_tile(a.values + static_cast<size_t>(off) * a.dv, rows, a.dv, stage, active, tr, tc, acc);
   if (active) {
+    const float eps_f = static_cast<float>(a.value_eps), bias_f = static_cast<float>(a.value_bias);
 #pragma unroll
     for (int i = 0; i < kTile; ++i)
 #pragma unroll
       for (int j = 0; j < kTile; ++j) {
         const int r = tr * kTile + i, c = tc * kTile + j;
-        if (r < rows && c <= r) {
-          const int at = tri_index(r, c);
-          const float k = tri[at] * ((acc[i][j] + eps) + bias);
+        if (!in_triangle(r, c)) continue;
+        const int at = tri_index(r, c);
+        if constexpr (kF32) {
+          const float k = tri[at] * ((acc[i][j] + eps_f) + bias_f);
           tri[at] = k;
           // K_rc = K_cr with r >= c: row c's sum over the whole block sees it.
           if (!finite_f32(k)) atomicOr(&tail_bad[c], 1);
+        } else {
+          tri[at] = static_cast<float>(static_cast<double>(tri[at]) *
+                                       (static_cast<double>(acc[i][j]) + a.value_bias));
         }
       }
   }
   __syncthreads();
-  if (tid == 0) a.needs_exact[b] = 0;
-  const float gamma = static_cast<float>(a.gamma);
-  float running = 0.0f;
+  const bool exact = !kF32 && *overflow != 0;
+  if (tid == 0) a.needs_exact[b] = exact ? 1 : 0;
+  if (exact) return;  // uniform across the block: walk_exact_kernel redoes it in double
+
+  // The walk. Thread t < rows owns row t: running = sum_{j<t} K_tj sigma_j (float32: in float,
+  // NaN for a flagged row; double: in double), summed in the order j = 0, 1, ... as the CPU
+  // does. One barrier per step.
+  using Sum = std::conditional_t<kF32, float, double>;
+  const Sum gamma = static_cast<Sum>(a.gamma);
+  Sum running = 0;
   for (int i = 0; i < rows; ++i) {
     if (tid == i) {
-      const float partial = tail_bad[i] ? static_cast<float>(NAN) : running;
-      const float p = 0.5f - gamma * partial;
-      const int s = walk_sign_f32(i, p, u);
+      const Sum partial = kF32 && tail_bad[i] ? static_cast<Sum>(NAN) : running;
+      const Sum p = static_cast<Sum>(0.5) - gamma * partial;
+      const int s = kF32 ? walk_sign_f32(i, static_cast<float>(p), u) : walk_sign(i, p, u);
       sigma_s[i] = static_cast<double>(s);
       a.sigma[off + i] = static_cast<int8_t>(s);
-      if (a.p) a.p[off + i] = p;
-      if (a.partial) a.partial[off + i] = partial;
+      if (a.p) a.p[off + i] = static_cast<float>(p);
+      if (a.partial) a.partial[off + i] = static_cast<float>(partial);
     }
     __syncthreads();
-    if (tid > i && tid < rows)
-      running = fmaf(tri[tri_index(tid, i)], static_cast<float>(sigma_s[i]), running);
+    if (tid > i && tid < rows) {
+      if constexpr (kF32)
+        running = fmaf(tri[tri_index(tid, i)], static_cast<float>(sigma_s[i]), running);
+      else
+        running = fma(static_cast<double>(tri[tri_index(tid, i)]), sigma_s[i], running);
+    }
   }
 }
 
@@ -162,70 +200,18 @@ __global__ void __launch_bounds__(kWalkThreads, 4) walk_fast_kernel(WalkDeviceAr
   int tr = 0, tc = 0;
   if (tid < kLowerTiles) lower_tile(tid, &tr, &tc);
   const bool active = tid < kLowerTiles && tr * kTile < rows;
-  // Same expression as the CPU reference: scale = temp / sqrt(d), exponent scale * <k,k> - beta.
-  const double scale = a.temp / sqrt(static_cast<double>(a.d));
 
   float acc[kTile][kTile];
   gram_tile(a.keys + static_cast<size_t>(off) * a.d, rows, a.d, stage, active, tr, tc, acc);
-  if (a.float32) {
-    walk_fast_f32(a, b, off, rows, tid, active, tr, tc, acc, u, tri, stage, tail_bad, sigma_s);
-    return;
-  }
-  if (active) {
-#pragma unroll
-    for (int i = 0; i < kTile; ++i)
-#pragma unroll
-      for (int j = 0; j < kTile; ++j) {
-        const int r = tr * kTile + i, c = tc * kTile + j;
-        if (r < rows && c < r) {
-          const double arg = scale * static_cast<double>(acc[i][j]) - a.beta;
-          if (!(arg <= kWalkMaxFloatExp)) atomicOr(&overflow, 1);  // also catches NaN
-          tri[tri_index(r, c)] = static_cast<float>(exp(arg));
-        } else if (r == c && r < rows) {
-          // The diagonal K_ii is never used by the walk (it would only trip the overflow check
-          // for long keys: |k|^2 / sqrt(d) is large for real heads).
-          tri[tri_index(r, c)] = 0.0f;
-        }
-      }
-  }
-  gram_tile(a.values + static_cast<size_t>(off) * a.dv, rows, a.dv, stage, active, tr, tc, acc);
-  if (active) {
-#pragma unroll
-    for (int i = 0; i < kTile; ++i)
-#pragma unroll
-      for (int j = 0; j < kTile; ++j) {
-        const int r = tr * kTile + i, c = tc * kTile + j;
-        if (r < rows && c < r) {
-          const int at = tri_index(r, c);
-          tri[at] = static_cast<float>(static_cast<double>(tri[at]) *
-                                       (static_cast<double>(acc[i][j]) + a.value_bias));
-        }
-      }
-  }
-  __syncthreads();
-  const bool exact = overflow != 0;
-  if (tid == 0) a.needs_exact[b] = exact ? 1 : 0;
-  if (exact) return;  // uniform across the block: walk_exact_kernel redoes it in double
-
-  // The walk. Thread t < rows owns row t: running = sum_{j<t} K_tj sigma_j, in double, summed in
-  // the order j = 0, 1, ... as the CPU reference does.
-  double running = 0.0;
-  for (int i = 0; i < rows; ++i) {
-    if (tid == i) {
-      const double p = 0.5 - a.gamma * running;
-      const int s = walk_sign(i, p, u);
-      sigma_s[i] = static_cast<double>(s);
-      a.sigma[off + i] = static_cast<int8_t>(s);
-      if (a.p) a.p[off + i] = static_cast<float>(p);
-      if (a.partial) a.partial[off + i] = static_cast<float>(running);
-    }
-    __syncthreads();
-    if (tid > i && tid < rows)
-      running = fma(static_cast<double>(tri[tri_index(tid, i)]), sigma_s[i], running);
-  }
+  if (a.float32)
+    walk_fast_block<true>(a, b, off, rows, tid, active, tr, tc, acc, u, tri, stage, tail_bad,
+                          &overflow, sigma_s);
+  else
+    walk_fast_block<false>(a, b, off, rows, tid, active, tr, tc, acc, u, tri, stage, tail_bad,
+                           &overflow, sigma_s);
 }
 
-// K_tj of the float32 walk, computed as walk_fast_f32 / the CPU do (float accumulation).
+// K_tj of the float32 walk, computed as walk_fast_block<true> / the CPU do (float accumulation).
 __device__ float kernel_f32(const WalkDeviceArgs& a, int off, int t, int j) {
   const float* kt = a.keys + static_cast<size_t>(off + t) * a.d;
   const float* kj = a.keys + static_cast<size_t>(off + j) * a.d;
