@@ -395,18 +395,24 @@ struct BlockRef {
   uint32_t head = 0, id = 0;  // the block's RNG key
 };
 
-// Step i of a block: sigma_0 = +1 (its uniform is never drawn); otherwise +1 when the step's
-// uniform, in the walk's precision T, is below p, and -1 when not or when p is NaN (so p outside
-// [0, 1] forces the sign: the double walk's clip to [0, 1] compares the same, as u is in
-// [0, 1)). Records the sign, p and the partial sum; returns the sign.
+// The block's uniforms u_1 .. u_{len-1} (u_0 is never drawn; u[0] is unused), drawn before the
+// walk: the draws do not depend on the signs, so they run back to back instead of adding the
+// generator's latency to every sequential step.
+void draw_uniforms(const WalkBatch& b, const BlockRef& blk, std::vector<double>& u) {
+  u.resize(blk.len);
+  u[0] = 0;
+  for (int i = 1; i < blk.len; ++i)
+    u[i] = counter_uniform(b.seed, kRandWalk, b.layer, blk.head, b.round, blk.id,
+                           static_cast<uint32_t>(i));
+}
+
+// Step i of a block: sigma_0 = +1; otherwise +1 when the step's uniform u, in the walk's
+// precision T, is below p, and -1 when not or when p is NaN (so p outside [0, 1] forces the
+// sign: the double walk's clip to [0, 1] compares the same, as u is in [0, 1)). Records the
+// sign, p and the partial sum; returns the sign.
 template <typename T>
-int8_t walk_step(const WalkBatch& b, const BlockRef& blk, int i, T p, T partial) {
-  int8_t s = +1;
-  if (i > 0) {
-    const T u = static_cast<T>(counter_uniform(b.seed, kRandWalk, b.layer, blk.head, b.round,
-                                               blk.id, static_cast<uint32_t>(i)));
-    s = u < p ? int8_t{+1} : int8_t{-1};
-  }
+int8_t walk_step(const WalkBatch& b, const BlockRef& blk, int i, double u, T p, T partial) {
+  const int8_t s = i == 0 || static_cast<T>(u) < p ? int8_t{+1} : int8_t{-1};
   b.sigma[blk.r0 + i] = s;
   if (b.p) b.p[blk.r0 + i] = static_cast<float>(p);
   if (b.partial) b.partial[blk.r0 + i] = static_cast<float>(partial);
@@ -417,6 +423,7 @@ int8_t walk_step(const WalkBatch& b, const BlockRef& blk, int i, T p, T partial)
 struct F32Block {
   std::vector<float> xk, xv, gk, gv, kern, sig;
   std::vector<char> tail_bad;
+  std::vector<double> u;
 };
 
 // The block's `dim`-wide rows for the Gram kernels, which read 8-wide slices of rows up to the
@@ -497,6 +504,7 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
     }
   }
   w.sig.assign(ld, 0.0f);
+  draw_uniforms(b, blk, w.u);
   const float gamma = static_cast<float>(b.gamma);
   for (int i = 0; i < len; ++i) {
     const float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
@@ -507,14 +515,14 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
     float partial = dot_f32_portable(ki, w.sig.data(), i);
 #endif
     if (w.tail_bad[i]) partial = std::numeric_limits<float>::quiet_NaN();
-    w.sig[i] = walk_step<float>(b, blk, i, 0.5f - gamma * partial, partial);
+    w.sig[i] = walk_step<float>(b, blk, i, w.u[i], 0.5f - gamma * partial, partial);
   }
 }
 
 // ---- The double walk's block (preset kvscope-v1): Grams in double, K_ij recomputed per row.
 struct F64Block {
   BlockGram gk, gv;
-  std::vector<double> sig;
+  std::vector<double> sig, u;
 };
 
 void walk_block_f64(const WalkBatch& b, const BlockRef& blk, F64Block& w) {
@@ -522,6 +530,7 @@ void walk_block_f64(const WalkBatch& b, const BlockRef& blk, F64Block& w) {
   w.gk.load(b.keys + static_cast<long>(blk.r0) * b.d, blk.len, b.d);
   w.gv.load(b.values + static_cast<long>(blk.r0) * b.dv, blk.len, b.dv);
   w.sig.assign(blk.len, 0.0);
+  draw_uniforms(b, blk, w.u);
   for (int i = 0; i < blk.len; ++i) {
     if (i % BlockGram::kPanel == 0) {
       w.gk.panel(i);
@@ -532,7 +541,7 @@ void walk_block_f64(const WalkBatch& b, const BlockRef& blk, F64Block& w) {
     const double* gvi = w.gv.row(i);
     for (int j = 0; j < i; ++j)
       partial += std::exp(scale * gki[j] - b.beta) * (gvi[j] + b.value_bias) * w.sig[j];
-    w.sig[i] = walk_step<double>(b, blk, i, 0.5 - b.gamma * partial, partial);
+    w.sig[i] = walk_step<double>(b, blk, i, w.u[i], 0.5 - b.gamma * partial, partial);
   }
 }
 
@@ -1015,17 +1024,36 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     // up front and only grow: no per-block zero fill.
     {
       size_t key_floats = 0, value_floats = 0;
+      long total_rows = 0;
       for (size_t j = 0; j < jobs.size(); ++j) {
         if (round >= static_cast<int>(st[j].schedule.size())) continue;
         const long n = static_cast<long>(st[j].seq.size());
         const long rows = padded ? (n + block - 1) / block * block : n;
+        total_rows += rows;
         key_floats += static_cast<size_t>(rows) * jobs[j].keys->cols();
         value_floats += static_cast<size_t>(rows) * jobs[j].values->cols();
       }
       if (keys.size() < key_floats) keys.resize(key_floats);
       if (values.size() < value_floats) values.resize(value_floats);
+      sigma.assign(total_rows, 0);
+      p.assign(total_rows, 0);
+      partial.assign(total_rows, 0);
     }
     size_t kpos = 0, vpos = 0;
+    WalkBatch batch;
+    batch.seed = seed;
+    batch.layer = static_cast<uint32_t>(layer);
+    batch.round = static_cast<uint32_t>(round);
+    batch.gamma = prm.gamma;
+    batch.temp = prm.temp;
+    batch.beta = prm.beta;
+    batch.value_bias = prm.value_bias;
+    batch.float32 = prm.float32;
+    batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
+    // On the CPU each block is walked as soon as it is prepared, while its rows are still in
+    // cache (the results do not depend on which blocks share a call); a GPU gets the whole round
+    // in one call.
+    const bool walk_each_block = !backend || !backend->is_gpu();
     std::vector<double> mean;
     std::vector<float> mean_f;
     for (size_t j = 0; j < jobs.size(); ++j) {
@@ -1076,6 +1104,28 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
           const double w = st[j].w[i];
           for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
         }
+        if (walk_each_block) {
+          const int row0 = offset.back();
+          const int one_offset[2] = {0, rows};
+          const uint32_t one_head = static_cast<uint32_t>(job.kv_head);
+          const uint32_t one_id = static_cast<uint32_t>(blk);
+          WalkBatch one = batch;
+          one.d = d;
+          one.dv = dv;
+          one.num_blocks = 1;
+          one.keys = keys.data() + kpos;
+          one.values = values.data() + vpos;
+          one.block_offset = one_offset;
+          one.block_head = &one_head;
+          one.block_id = &one_id;
+          one.sigma = sigma.data() + row0;
+          one.p = p.data() + row0;
+          one.partial = partial.data() + row0;
+          if (backend)
+            backend->walk_blocks(one);
+          else
+            cpu_walk_blocks(one);
+        }
         kpos += static_cast<size_t>(rows) * d;
         vpos += static_cast<size_t>(rows) * dv;
         offset.push_back(offset.back() + rows);
@@ -1088,35 +1138,20 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     }
     if (spans.empty()) break;
 
-    const int rows = offset.back();
-    sigma.assign(rows, 0);
-    p.assign(rows, 0);
-    partial.assign(rows, 0);
-    WalkBatch batch;
-    batch.d = d;
-    batch.dv = dv;
-    batch.num_blocks = static_cast<int>(head.size());
-    batch.keys = keys.data();
-    batch.values = values.data();
-    batch.block_offset = offset.data();
-    batch.block_head = head.data();
-    batch.block_id = bid.data();
-    batch.seed = seed;
-    batch.layer = static_cast<uint32_t>(layer);
-    batch.round = static_cast<uint32_t>(round);
-    batch.gamma = prm.gamma;
-    batch.temp = prm.temp;
-    batch.beta = prm.beta;
-    batch.value_bias = prm.value_bias;
-    batch.float32 = prm.float32;
-    batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
-    batch.sigma = sigma.data();
-    batch.p = p.data();
-    batch.partial = partial.data();
-    if (backend)
+    if (!walk_each_block) {
+      batch.d = d;
+      batch.dv = dv;
+      batch.num_blocks = static_cast<int>(head.size());
+      batch.keys = keys.data();
+      batch.values = values.data();
+      batch.block_offset = offset.data();
+      batch.block_head = head.data();
+      batch.block_id = bid.data();
+      batch.sigma = sigma.data();
+      batch.p = p.data();
+      batch.partial = partial.data();
       backend->walk_blocks(batch);
-    else
-      cpu_walk_blocks(batch);
+    }
 
     for (const Span& sp : spans) {
       JobState& s = st[sp.job];
