@@ -439,11 +439,18 @@ const float* gram_rows(const float* batch_rows, int total_rows, int dim, const B
     return batch_rows + static_cast<long>(blk.r0) * dim;
   }
   *dim8 = (dim + 7) / 8 * 8;
-  copy.assign(static_cast<size_t>(rows) * *dim8, 0.0f);
+  copy.resize(static_cast<size_t>(rows) * *dim8);
   const float* src = batch_rows + static_cast<long>(blk.r0) * dim;
-  for (int i = 0; i < blk.len; ++i)
-    std::copy(src + static_cast<long>(i) * dim, src + static_cast<long>(i + 1) * dim,
-              copy.data() + static_cast<size_t>(i) * *dim8);
+  float* dst = copy.data();
+  if (*dim8 == dim) {
+    dst = std::copy(src, src + static_cast<long>(blk.len) * dim, dst);
+  } else {
+    for (int i = 0; i < blk.len; ++i, src += dim) {
+      dst = std::copy(src, src + dim, dst);
+      dst = std::fill_n(dst, *dim8 - dim, 0.0f);
+    }
+  }
+  std::fill(dst, copy.data() + copy.size(), 0.0f);
   return copy.data();
 }
 
