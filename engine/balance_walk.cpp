@@ -232,14 +232,13 @@ __attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, _
   return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
 }
 
-// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) and j in [0, i] rounded up to
-// the 4-row tile; x row-major, dim8 wide (multiple of 8), rows zero-padded to a multiple of 4 past
-// iend. Row i goes to g + (i - ibegin) * ldg.
-// Tiles of 4 rows i by 3 rows j: 12 accumulators (latency-bound chains of 8 were the limit
-// with 2 x 4 tiles), 7 loads per 12 multiply-adds, each loaded row kept in a register for all
-// its uses (PIN: GCC would otherwise fold the loads into every FMA). Every entry is still its
-// 8 lane sums over c in order, reduced by reduce4f, so the result is bit-identical to any other
-// tiling. Reads rows up to i0 + 5 and writes columns up to i0 + 5 (callers pad).
+// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) (both multiples of 4) and j
+// in [0, i] rounded up to the 3-row tile; x row-major, dim8 wide (multiple of 8). Row i goes to
+// g + (i - ibegin) * ldg. Tiles of 4 rows i by 3 rows j: 12 accumulators (latency-bound chains of 8
+// were the limit with 2 x 4 tiles), 7 loads per 12 multiply-adds, each loaded row kept in a
+// register for all its uses (PIN: GCC would otherwise fold the loads into every FMA). Every entry
+// is still its 8 lane sums over c in order, reduced by reduce4f, so the result is bit-identical to
+// any other tiling. Reads rows up to i0 + 5 and writes columns up to i0 + 5 (callers pad).
 __attribute__((target("avx2,fma"))) void gram_lower_f32_avx2(const float* x, int ibegin, int iend,
                                                              int dim8, int ldg, float* g) {
   for (int i0 = ibegin; i0 < iend; i0 += 4) {
