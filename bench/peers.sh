@@ -9,7 +9,8 @@
 #      0.5/0.25/0.125, 3 seeds), plus `kvscope-cli eval --methods all` on a sample capture;
 #   2. t-SNE: scikit-learn's TSNE (Barnes-Hut, OMP_WAIT_POLICY=passive) vs `kvscope-cli embed`
 #      on 32768 synthetic keys (d = 128), 1000 iterations, with trustworthiness and peak memory;
-#   3. the walk: bench/torch_walk.py (the authors' walk in torch, CPU) vs `kvscope-cli bench`.
+#   3. the walk: bench/torch_walk.py (the authors' walk in torch, CPU, one thread) vs
+#      `kvscope-cli bench` (n = 8192, 2 rounds; per-walk CPU times).
 #
 # Needs (Debian, not in CI): python3-torch, libopenblas0-pthread, python3-sklearn, and a built
 # kvscope-cli (KVSCOPE_CLI, default build/kvscope-cli). Usage:
@@ -97,13 +98,15 @@ fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = walk ]; then
   echo
-  echo "== 3. the walk: one head, n = 8192, d = 128, one round, on the CPU"
+  # One core for both sides (the walk target is per core): torch with one intra-op thread, and
+  # the per-walk CPU times each side reports (torch_walk_cpu_ms, "thread CPU time median").
+  echo "== 3. the walk: one head, n = 8192, d = 128, B = 128, 2 rounds, one thread, on the CPU"
   for r in $(seq "$REPS"); do
-    timed "torch walk (torch_walk.py) #$r" "$WORK/tw.json" \
-      "$PY" bench/torch_walk.py --device cpu --heads 1 --tokens 8192 --rounds 1 --reps 5 --warmup 1
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timed "torch walk (torch_walk.py) #$r" "$WORK/tw.json" \
+      "$PY" bench/torch_walk.py --device cpu --heads 1 --tokens 8192 --rounds 2 --reps 5 --warmup 1
     echo "    $(tail -1 "$WORK/tw.json")"
     timed "kvscope-cli bench #$r" "$WORK/kb.txt" \
-      "$CLI" bench --backend cpu --n 8192 --heads 1 --rounds 1 --repeat 5
-    tail -3 "$WORK/kb.txt" | sed 's/^/    /'
+      "$CLI" bench --backend cpu --n 8192 --heads 1 --rounds 2 --repeat 9
+    grep -A1 "authors' walk" "$WORK/kb.txt" | tail -1 | sed 's/^/    /'
   done
 fi

@@ -243,7 +243,7 @@ def main():
             run()
         if on_gpu:
             torch.cuda.synchronize()
-        times = []
+        times, cpu_times = [], []  # wall (or GPU event) ms; process CPU ms (CPU device only)
         for _ in range(args.reps):
             if on_gpu:
                 start = torch.cuda.Event(enable_timing=True)
@@ -254,13 +254,17 @@ def main():
                 stop.synchronize()
                 times.append(start.elapsed_time(stop))
             else:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 run()
                 times.append((time.perf_counter() - t0) * 1e3)
+                cpu_times.append((time.process_time() - c0) * 1e3)
     times.sort()
+    cpu_times.sort()
     print(json.dumps({
         "torch_walk_ms": times[len(times) // 2],
         "torch_walk_min_ms": times[0],
+        # CPU time of the process per walk (all its threads): what a loaded machine disturbs least.
+        **({"torch_walk_cpu_ms": cpu_times[len(cpu_times) // 2]} if cpu_times else {}),
         "heads": args.heads, "tokens": args.tokens, "dim": args.dim, "block": args.block,
         "rounds": args.rounds, "reps": args.reps,
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "torch": torch.__version__,

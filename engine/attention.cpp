@@ -47,6 +47,9 @@ struct ExactReference::Kept {
   std::vector<char> in_num, in_den;
   std::vector<double> num_logw, den_logw;
   std::vector<double> num_inv_w, den_inv_w;  // 1 / w, to turn a weighted term back into exp(l)
+  // The value rows of every scored column (sinks, idx, window), gathered once per selection
+  // for all query heads and panels instead of in every product.
+  MatrixD values;
 };
 
 namespace {
@@ -207,6 +210,11 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
     k.num_inv_w[u] = std::exp(-k.num_logw[u]);
     k.den_inv_w[u] = std::exp(-k.den_logw[u]);
   }
+  const int kept = static_cast<int>(all.size());
+  k.values.resize(sink_ + kept + eval_, dv_);
+  for (int c = 0; c < sink_; ++c) k.values.row(c) = V_.row(c);
+  for (int u = 0; u < kept; ++u) k.values.row(sink_ + u) = V_.row(all[u]);
+  for (int w = 0; w < eval_; ++w) k.values.row(sink_ + kept + w) = V_.row(n_ - eval_ + w);
   return k;
 }
 
@@ -288,7 +296,7 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
       kern.col_sums(Wd.data(), C, nr, nr, den_mass_coef.data(), msum.data(), nullptr);
     }
     num.setZero(nr, dv_);
-    kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, V_.data(), dv_, tok.data(), num.data(), dv_);
+    kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, k.values.data(), dv_, nullptr, num.data(), dv_);
     for (int e = 0; e < nr; ++e) {
       const int row = r0 + e;
       // den > 0: the window always holds j itself.

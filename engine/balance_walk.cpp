@@ -224,6 +224,7 @@ class BlockGram {
 // float dot product of row i's lower part with the signs so far.
 
 #if defined(KVS_GRAM_AVX2)
+#define PIN(v) asm("" : "+x"(v))
 // Four 8-lane sums -> [sum a, sum b, sum c, sum d].
 __attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 t0 = _mm256_hadd_ps(a, b), t1 = _mm256_hadd_ps(c, d);
@@ -231,38 +232,58 @@ __attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, _
   return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
 }
 
-// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) and j in [0, i] rounded up to
-// the 4-row tile; x row-major, dim8 wide (multiple of 8), rows zero-padded to a multiple of 4 past
-// iend. Row i goes to g + (i - ibegin) * ldg.
+// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) (both multiples of 4) and j
+// in [0, i] rounded up to the 3-row tile; x row-major, dim8 wide (multiple of 8). Row i goes to
+// g + (i - ibegin) * ldg. Tiles of 4 rows i by 3 rows j: 12 accumulators (latency-bound chains of 8
+// were the limit with 2 x 4 tiles), 7 loads per 12 multiply-adds, each loaded row kept in a
+// register for all its uses (PIN: GCC would otherwise fold the loads into every FMA). Every entry
+// is still its 8 lane sums over c in order, reduced by reduce4f, so the result is bit-identical to
+// any other tiling. Reads rows up to i0 + 5 and writes columns up to i0 + 5 (callers pad).
 __attribute__((target("avx2,fma"))) void gram_lower_f32_avx2(const float* x, int ibegin, int iend,
                                                              int dim8, int ldg, float* g) {
-  for (int i0 = ibegin; i0 < iend; i0 += 2) {
-    const float* xi0 = x + static_cast<long>(i0) * dim8;
-    const float* xi1 = xi0 + dim8;
-    for (int j0 = 0; j0 <= i0 + 1; j0 += 4) {
+  for (int i0 = ibegin; i0 < iend; i0 += 4) {
+    const float* xi = x + static_cast<long>(i0) * dim8;
+    for (int j0 = 0; j0 <= i0 + 3; j0 += 3) {
       const float* xj = x + static_cast<long>(j0) * dim8;
-      __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
-      __m256 a02 = _mm256_setzero_ps(), a03 = _mm256_setzero_ps();
-      __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
-      __m256 a12 = _mm256_setzero_ps(), a13 = _mm256_setzero_ps();
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00,
+             a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
       for (int c = 0; c < dim8; c += 8) {
-        const __m256 u0 = _mm256_loadu_ps(xi0 + c), u1 = _mm256_loadu_ps(xi1 + c);
-        __m256 v = _mm256_loadu_ps(xj + c);
-        a00 = _mm256_fmadd_ps(u0, v, a00);
-        a10 = _mm256_fmadd_ps(u1, v, a10);
-        v = _mm256_loadu_ps(xj + dim8 + c);
-        a01 = _mm256_fmadd_ps(u0, v, a01);
-        a11 = _mm256_fmadd_ps(u1, v, a11);
-        v = _mm256_loadu_ps(xj + 2 * dim8 + c);
-        a02 = _mm256_fmadd_ps(u0, v, a02);
-        a12 = _mm256_fmadd_ps(u1, v, a12);
-        v = _mm256_loadu_ps(xj + 3 * dim8 + c);
-        a03 = _mm256_fmadd_ps(u0, v, a03);
-        a13 = _mm256_fmadd_ps(u1, v, a13);
+        __m256 y0 = _mm256_loadu_ps(xj + c), y1 = _mm256_loadu_ps(xj + dim8 + c),
+               y2 = _mm256_loadu_ps(xj + 2 * dim8 + c);
+        PIN(y0);
+        PIN(y1);
+        PIN(y2);
+        __m256 u = _mm256_loadu_ps(xi + c);
+        PIN(u);
+        a00 = _mm256_fmadd_ps(u, y0, a00);
+        a01 = _mm256_fmadd_ps(u, y1, a01);
+        a02 = _mm256_fmadd_ps(u, y2, a02);
+        u = _mm256_loadu_ps(xi + dim8 + c);
+        PIN(u);
+        a10 = _mm256_fmadd_ps(u, y0, a10);
+        a11 = _mm256_fmadd_ps(u, y1, a11);
+        a12 = _mm256_fmadd_ps(u, y2, a12);
+        u = _mm256_loadu_ps(xi + 2 * dim8 + c);
+        PIN(u);
+        a20 = _mm256_fmadd_ps(u, y0, a20);
+        a21 = _mm256_fmadd_ps(u, y1, a21);
+        a22 = _mm256_fmadd_ps(u, y2, a22);
+        u = _mm256_loadu_ps(xi + 3 * dim8 + c);
+        PIN(u);
+        a30 = _mm256_fmadd_ps(u, y0, a30);
+        a31 = _mm256_fmadd_ps(u, y1, a31);
+        a32 = _mm256_fmadd_ps(u, y2, a32);
       }
-      _mm_storeu_ps(g + static_cast<long>(i0 - ibegin) * ldg + j0, reduce4f(a00, a01, a02, a03));
-      _mm_storeu_ps(g + static_cast<long>(i0 + 1 - ibegin) * ldg + j0,
-                    reduce4f(a10, a11, a12, a13));
+      // Three sums per row: lanes 0-1 as one 64-bit store, lane 2 on its own.
+      auto put3 = [&](int r, __m128 sums) {
+        float* dst = g + static_cast<long>(i0 + r - ibegin) * ldg + j0;
+        _mm_storel_pi(reinterpret_cast<__m64*>(dst), sums);
+        _mm_store_ss(dst + 2, _mm_movehl_ps(sums, sums));
+      };
+      put3(0, reduce4f(a00, a01, a02, a02));
+      put3(1, reduce4f(a10, a11, a12, a12));
+      put3(2, reduce4f(a20, a21, a22, a22));
+      put3(3, reduce4f(a30, a31, a32, a32));
     }
   }
 }
@@ -367,35 +388,85 @@ float dot_f32_portable(const float* k, const float* s, int i) {
   return acc;
 }
 
-// Buffers of the float32 walk, one set per thread.
+// ---- What both walks share: the block's place in the batch, and one step of the walk.
+struct BlockRef {
+  int r0 = 0, len = 0;        // rows [r0, r0 + len) of the batch
+  uint32_t head = 0, id = 0;  // the block's RNG key
+};
+
+// The block's uniforms u_1 .. u_{len-1} (u_0 is never drawn; u[0] is unused), drawn before the
+// walk: the draws do not depend on the signs, so they run back to back instead of adding the
+// generator's latency to every sequential step.
+void draw_uniforms(const WalkBatch& b, const BlockRef& blk, std::vector<double>& u) {
+  u.resize(blk.len);
+  u[0] = 0;
+  for (int i = 1; i < blk.len; ++i)
+    u[i] = counter_uniform(b.seed, kRandWalk, b.layer, blk.head, b.round, blk.id,
+                           static_cast<uint32_t>(i));
+}
+
+// Step i of a block: sigma_0 = +1; otherwise +1 when the step's uniform u, in the walk's
+// precision T, is below p, and -1 when not or when p is NaN (so p outside [0, 1] forces the
+// sign: the double walk's clip to [0, 1] compares the same, as u is in [0, 1)). Records the
+// sign, p and the partial sum; returns the sign.
+template <typename T>
+int8_t walk_step(const WalkBatch& b, const BlockRef& blk, int i, double u, T p, T partial) {
+  const int8_t s = i == 0 || static_cast<T>(u) < p ? int8_t{+1} : int8_t{-1};
+  b.sigma[blk.r0 + i] = s;
+  if (b.p) b.p[blk.r0 + i] = static_cast<float>(p);
+  if (b.partial) b.partial[blk.r0 + i] = static_cast<float>(partial);
+  return s;
+}
+
+// ---- The float32 walk's block.
 struct F32Block {
   std::vector<float> xk, xv, gk, gv, kern, sig;
   std::vector<char> tail_bad;
+  std::vector<double> u;
 };
 
-// Copies `len` rows of width `dim` into a zero-padded row-major buffer (rows to a multiple of 4,
-// width to a multiple of 8).
-int load_padded(std::vector<float>& dst, const float* src, int len, int dim) {
-  const int dim8 = (dim + 7) / 8 * 8;
-  const int rows4 = (len + 3) / 4 * 4;
-  dst.assign(static_cast<size_t>(rows4) * dim8, 0.0f);
-  for (int i = 0; i < len; ++i)
-    std::copy(src + static_cast<long>(i) * dim, src + static_cast<long>(i + 1) * dim,
-              dst.data() + static_cast<size_t>(i) * dim8);
-  return dim8;
+// The block's `dim`-wide rows for the Gram kernels, which read 8-wide slices of rows up to the
+// length rounded up to 4, plus 4 (gram_lower_f32_avx2's tiles): in place when the row width is a
+// multiple of 8 and the batch holds the tiles' extra rows (they belong to the next block and reach
+// only Gram entries above the diagonal, which nothing reads), else copied into a zero-padded
+// buffer. Sets *dim8 to the row stride.
+const float* gram_rows(const float* batch_rows, int total_rows, int dim, const BlockRef& blk,
+                       std::vector<float>& copy, int* dim8) {
+  const int rows = (blk.len + 3) / 4 * 4 + 4;
+  if (dim % 8 == 0 && blk.r0 + rows <= total_rows) {
+    *dim8 = dim;
+    return batch_rows + static_cast<long>(blk.r0) * dim;
+  }
+  *dim8 = (dim + 7) / 8 * 8;
+  copy.resize(static_cast<size_t>(rows) * *dim8);
+  const float* src = batch_rows + static_cast<long>(blk.r0) * dim;
+  float* dst = copy.data();
+  if (*dim8 == dim) {
+    dst = std::copy(src, src + static_cast<long>(blk.len) * dim, dst);
+  } else {
+    for (int i = 0; i < blk.len; ++i, src += dim) {
+      dst = std::copy(src, src + dim, dst);
+      dst = std::fill_n(dst, *dim8 - dim, 0.0f);
+    }
+  }
+  std::fill(dst, copy.data() + copy.size(), 0.0f);
+  return copy.data();
 }
 
-void walk_block_f32(const WalkBatch& b, int blk, F32Block& w) {
-  const int r0 = b.block_offset[blk];
-  const int len = b.block_offset[blk + 1] - r0;
-  const int dk8 = load_padded(w.xk, b.keys + static_cast<long>(r0) * b.d, len, b.d);
-  const int dv8 = load_padded(w.xv, b.values + static_cast<long>(r0) * b.dv, len, b.dv);
+void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
+  const int len = blk.len;
+  const int total_rows = b.block_offset[b.num_blocks];
+  int dk8 = 0, dv8 = 0;
+  const float* xk = gram_rows(b.keys, total_rows, b.d, blk, w.xk, &dk8);
+  const float* xv = gram_rows(b.values, total_rows, b.dv, blk, w.xv, &dv8);
   const int ld = (len + 3) / 4 * 4;
-  w.kern.assign(static_cast<size_t>(len) * ld, 0.0f);
+  // Row i of `kern` holds K_ij for j <= i; nothing else is written or read.
+  if (w.kern.size() < static_cast<size_t>(len) * ld) w.kern.resize(static_cast<size_t>(len) * ld);
   w.tail_bad.assign(len, 0);
-  constexpr int kPanel = 64;
-  w.gk.resize(static_cast<size_t>(kPanel) * ld);
-  w.gv.resize(static_cast<size_t>(kPanel) * ld);
+  constexpr int kPanel = 64;  // a multiple of 4
+  const int ldg = ld + 4;     // the SIMD Gram writes up to 2 columns past the rounded length
+  w.gk.resize(static_cast<size_t>(kPanel) * ldg);
+  w.gv.resize(static_cast<size_t>(kPanel) * ldg);
 #if defined(KVS_GRAM_AVX2)
   const bool simd = g_walk_simd.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
 #else
@@ -410,18 +481,18 @@ void walk_block_f32(const WalkBatch& b, int blk, F32Block& w) {
     const int p1 = std::min(len, p0 + kPanel);
 #if defined(KVS_GRAM_AVX2)
     if (simd) {
-      const int iend = (p1 + 1) / 2 * 2;
-      gram_lower_f32_avx2(w.xk.data(), p0, iend, dk8, ld, w.gk.data());
-      gram_lower_f32_avx2(w.xv.data(), p0, iend, dv8, ld, w.gv.data());
+      const int iend = (p1 + 3) / 4 * 4;
+      gram_lower_f32_avx2(xk, p0, iend, dk8, ldg, w.gk.data());
+      gram_lower_f32_avx2(xv, p0, iend, dv8, ldg, w.gv.data());
     }
 #endif
     if (!simd) {
-      gram_lower_f32_portable(w.xk.data(), p0, p1, dk8, ld, w.gk.data());
-      gram_lower_f32_portable(w.xv.data(), p0, p1, dv8, ld, w.gv.data());
+      gram_lower_f32_portable(xk, p0, p1, dk8, ldg, w.gk.data());
+      gram_lower_f32_portable(xv, p0, p1, dv8, ldg, w.gv.data());
     }
     for (int i = p0; i < p1; ++i) {
-      const float* gki = w.gk.data() + static_cast<size_t>(i - p0) * ld;
-      const float* gvi = w.gv.data() + static_cast<size_t>(i - p0) * ld;
+      const float* gki = w.gk.data() + static_cast<size_t>(i - p0) * ldg;
+      const float* gvi = w.gv.data() + static_cast<size_t>(i - p0) * ldg;
       float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
       int j0 = 0;
 #if defined(KVS_GRAM_AVX2)
@@ -439,9 +510,8 @@ void walk_block_f32(const WalkBatch& b, int blk, F32Block& w) {
     }
   }
   w.sig.assign(ld, 0.0f);
+  draw_uniforms(b, blk, w.u);
   const float gamma = static_cast<float>(b.gamma);
-  const uint32_t head = b.block_head[blk];
-  const uint32_t bid = b.block_id[blk];
   for (int i = 0; i < len; ++i) {
     const float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
 #if defined(KVS_GRAM_AVX2)
@@ -451,17 +521,33 @@ void walk_block_f32(const WalkBatch& b, int blk, F32Block& w) {
     float partial = dot_f32_portable(ki, w.sig.data(), i);
 #endif
     if (w.tail_bad[i]) partial = std::numeric_limits<float>::quiet_NaN();
-    const float p = 0.5f - gamma * partial;
-    int8_t s = +1;  // sigma_0 = +1; its uniform is never drawn
-    if (i > 0) {
-      const float u = static_cast<float>(counter_uniform(b.seed, kRandWalk, b.layer, head, b.round,
-                                                         bid, static_cast<uint32_t>(i)));
-      s = u < p ? int8_t{+1} : int8_t{-1};
+    w.sig[i] = walk_step<float>(b, blk, i, w.u[i], 0.5f - gamma * partial, partial);
+  }
+}
+
+// ---- The double walk's block (preset kvscope-v1): Grams in double, K_ij recomputed per row.
+struct F64Block {
+  BlockGram gk, gv;
+  std::vector<double> sig, u;
+};
+
+void walk_block_f64(const WalkBatch& b, const BlockRef& blk, F64Block& w) {
+  const double scale = b.temp / std::sqrt(static_cast<double>(b.d));
+  w.gk.load(b.keys + static_cast<long>(blk.r0) * b.d, blk.len, b.d);
+  w.gv.load(b.values + static_cast<long>(blk.r0) * b.dv, blk.len, b.dv);
+  w.sig.assign(blk.len, 0.0);
+  draw_uniforms(b, blk, w.u);
+  for (int i = 0; i < blk.len; ++i) {
+    if (i % BlockGram::kPanel == 0) {
+      w.gk.panel(i);
+      w.gv.panel(i);
     }
-    w.sig[i] = s;
-    b.sigma[r0 + i] = s;
-    if (b.p) b.p[r0 + i] = p;
-    if (b.partial) b.partial[r0 + i] = partial;
+    double partial = 0;
+    const double* gki = w.gk.row(i);
+    const double* gvi = w.gv.row(i);
+    for (int j = 0; j < i; ++j)
+      partial += std::exp(scale * gki[j] - b.beta) * (gvi[j] + b.value_bias) * w.sig[j];
+    w.sig[i] = walk_step<double>(b, blk, i, w.u[i], 0.5 - b.gamma * partial, partial);
   }
 }
 
@@ -476,51 +562,18 @@ void cpu_walk_blocks(const WalkBatch& b) {
   if (!b.keys || !b.values || !b.block_offset || !b.block_head || !b.block_id || !b.sigma)
     throw std::invalid_argument("cpu_walk_blocks: missing input or output array");
   if (b.d <= 0 || b.dv <= 0) throw std::invalid_argument("cpu_walk_blocks: d and dv must be > 0");
-  if (b.float32) {
-    thread_local F32Block work;
-    for (int blk = 0; blk < b.num_blocks; ++blk)
-      if (b.block_offset[blk + 1] > b.block_offset[blk]) walk_block_f32(b, blk, work);
-    if (work.kern.capacity() > (size_t{16} << 20)) work = F32Block();
-    return;
+  thread_local F32Block f32;
+  thread_local F64Block f64;
+  for (int i = 0; i < b.num_blocks; ++i) {
+    const BlockRef blk{b.block_offset[i], b.block_offset[i + 1] - b.block_offset[i],
+                       b.block_head[i], b.block_id[i]};
+    if (blk.len <= 0) continue;
+    if (b.float32)
+      walk_block_f32(b, blk, f32);
+    else
+      walk_block_f64(b, blk, f64);
   }
-  const double scale = b.temp / std::sqrt(static_cast<double>(b.d));
-  thread_local BlockGram gk, gv;
-  thread_local std::vector<double> sig;
-  for (int blk = 0; blk < b.num_blocks; ++blk) {
-    const int r0 = b.block_offset[blk];
-    const int r1 = b.block_offset[blk + 1];
-    const int len = r1 - r0;
-    if (len <= 0) continue;
-    gk.load(b.keys + static_cast<long>(r0) * b.d, len, b.d);
-    gv.load(b.values + static_cast<long>(r0) * b.dv, len, b.dv);
-    sig.assign(len, 0.0);
-    const uint32_t head = b.block_head[blk];
-    const uint32_t bid = b.block_id[blk];
-    for (int i = 0; i < len; ++i) {
-      if (i % BlockGram::kPanel == 0) {
-        gk.panel(i);
-        gv.panel(i);
-      }
-      double partial = 0;
-      const double* gki = gk.row(i);
-      const double* gvi = gv.row(i);
-      for (int j = 0; j < i; ++j)
-        partial += std::exp(scale * gki[j] - b.beta) * (gvi[j] + b.value_bias) * sig[j];
-      const double p = 0.5 - b.gamma * partial;
-      int8_t s;
-      if (i == 0) {
-        s = +1;  // sigma_0 = +1 by definition; its uniform is never drawn
-      } else {
-        const double u = counter_uniform(b.seed, kRandWalk, b.layer, head, b.round, bid,
-                                         static_cast<uint32_t>(i));
-        s = u < std::clamp(p, 0.0, 1.0) ? int8_t{+1} : int8_t{-1};
-      }
-      sig[i] = s;
-      b.sigma[r0 + i] = s;
-      if (b.p) b.p[r0 + i] = static_cast<float>(p);
-      if (b.partial) b.partial[r0 + i] = static_cast<float>(partial);
-    }
-  }
+  if (f32.kern.capacity() > (size_t{16} << 20)) f32 = F32Block();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -970,9 +1023,43 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
 
   for (int round = 0;; ++round) {
     std::vector<Span> spans;
-    keys.clear(), values.clear(), offset.assign(1, 0), head.clear(), bid.clear();
+    offset.assign(1, 0), head.clear(), bid.clear();
     real_rows.clear();
     int d = -1, dv = -1;
+    // Every row of the round is written below (padding rows too), so the buffers are sized once
+    // up front and only grow: no per-block zero fill.
+    {
+      size_t key_floats = 0, value_floats = 0;
+      long total_rows = 0;
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        if (round >= static_cast<int>(st[j].schedule.size())) continue;
+        const long n = static_cast<long>(st[j].seq.size());
+        const long rows = padded ? (n + block - 1) / block * block : n;
+        total_rows += rows;
+        key_floats += static_cast<size_t>(rows) * jobs[j].keys->cols();
+        value_floats += static_cast<size_t>(rows) * jobs[j].values->cols();
+      }
+      if (keys.size() < key_floats) keys.resize(key_floats);
+      if (values.size() < value_floats) values.resize(value_floats);
+      sigma.assign(total_rows, 0);
+      p.assign(total_rows, 0);
+      partial.assign(total_rows, 0);
+    }
+    size_t kpos = 0, vpos = 0;
+    WalkBatch batch;
+    batch.seed = seed;
+    batch.layer = static_cast<uint32_t>(layer);
+    batch.round = static_cast<uint32_t>(round);
+    batch.gamma = prm.gamma;
+    batch.temp = prm.temp;
+    batch.beta = prm.beta;
+    batch.value_bias = prm.value_bias;
+    batch.float32 = prm.float32;
+    batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
+    // On the CPU each block is walked as soon as it is prepared, while its rows are still in
+    // cache (the results do not depend on which blocks share a call); a GPU gets the whole round
+    // in one call.
+    const bool walk_each_block = !backend || !backend->is_gpu();
     std::vector<double> mean;
     std::vector<float> mean_f;
     for (size_t j = 0; j < jobs.size(); ++j) {
@@ -993,9 +1080,6 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
         const int b1 = std::min(n, b0 + block);
         const int real = b1 - b0;
         const int rows = padded ? block : real;
-        const size_t kpos = keys.size(), vpos = values.size();
-        keys.resize(kpos + static_cast<size_t>(rows) * d, 0.0f);
-        values.resize(vpos + static_cast<size_t>(rows) * dv, 0.0f);
         mean.assign(d, 0.0);
         for (int i = b0; i < b1; ++i) {
           const float* k = job.keys->data() + static_cast<long>(st[j].seq[i]) * d;
@@ -1013,6 +1097,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
           if (i >= b1) {  // zero padding: centred key -mean, value 0
             for (int c = 0; c < d; ++c)
               kd[c] = prm.float32 ? 0.0f - mean_f[c] : static_cast<float>(-mean[c]);
+            std::fill(vd, vd + dv, 0.0f);
             continue;
           }
           const long tok = st[j].seq[i];
@@ -1025,6 +1110,30 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
           const double w = st[j].w[i];
           for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
         }
+        if (walk_each_block) {
+          const int row0 = offset.back();
+          const int one_offset[2] = {0, rows};
+          const uint32_t one_head = static_cast<uint32_t>(job.kv_head);
+          const uint32_t one_id = static_cast<uint32_t>(blk);
+          WalkBatch one = batch;
+          one.d = d;
+          one.dv = dv;
+          one.num_blocks = 1;
+          one.keys = keys.data() + kpos;
+          one.values = values.data() + vpos;
+          one.block_offset = one_offset;
+          one.block_head = &one_head;
+          one.block_id = &one_id;
+          one.sigma = sigma.data() + row0;
+          one.p = p.data() + row0;
+          one.partial = partial.data() + row0;
+          if (backend)
+            backend->walk_blocks(one);
+          else
+            cpu_walk_blocks(one);
+        }
+        kpos += static_cast<size_t>(rows) * d;
+        vpos += static_cast<size_t>(rows) * dv;
         offset.push_back(offset.back() + rows);
         real_rows.push_back(real);
         head.push_back(static_cast<uint32_t>(job.kv_head));
@@ -1035,35 +1144,20 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     }
     if (spans.empty()) break;
 
-    const int rows = offset.back();
-    sigma.assign(rows, 0);
-    p.assign(rows, 0);
-    partial.assign(rows, 0);
-    WalkBatch batch;
-    batch.d = d;
-    batch.dv = dv;
-    batch.num_blocks = static_cast<int>(head.size());
-    batch.keys = keys.data();
-    batch.values = values.data();
-    batch.block_offset = offset.data();
-    batch.block_head = head.data();
-    batch.block_id = bid.data();
-    batch.seed = seed;
-    batch.layer = static_cast<uint32_t>(layer);
-    batch.round = static_cast<uint32_t>(round);
-    batch.gamma = prm.gamma;
-    batch.temp = prm.temp;
-    batch.beta = prm.beta;
-    batch.value_bias = prm.value_bias;
-    batch.float32 = prm.float32;
-    batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
-    batch.sigma = sigma.data();
-    batch.p = p.data();
-    batch.partial = partial.data();
-    if (backend)
+    if (!walk_each_block) {
+      batch.d = d;
+      batch.dv = dv;
+      batch.num_blocks = static_cast<int>(head.size());
+      batch.keys = keys.data();
+      batch.values = values.data();
+      batch.block_offset = offset.data();
+      batch.block_head = head.data();
+      batch.block_id = bid.data();
+      batch.sigma = sigma.data();
+      batch.p = p.data();
+      batch.partial = partial.data();
       backend->walk_blocks(batch);
-    else
-      cpu_walk_blocks(batch);
+    }
 
     for (const Span& sp : spans) {
       JobState& s = st[sp.job];

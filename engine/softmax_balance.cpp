@@ -29,17 +29,46 @@ SoftmaxBalanceOutput softmax_balance(const MatrixF& keys, const MatrixF* values,
   const int len = static_cast<int>(tokens.size());
   if (len == 0) return out;
   const int d = static_cast<int>(keys.cols());
-  MatrixD kd(len, d);
+  // y_ji = exp(<k_j,k_i>/sqrt d) <v_j,v_i>. The walk reads i < j only, so without a trace only
+  // that strict lower triangle is exponentiated and weighted (half the exps); traces need the
+  // whole matrix. The products are the same Eigen expressions either way, so every entry the
+  // walk reads is bit-identical. The buffers live on the thread: a protocol run makes thousands
+  // of calls, and fresh MiB-sized matrices each time cost more in page faults than the walk.
+  const bool full = !cfg.trace_query.empty();
+  thread_local std::vector<double> kd_buf, vd_buf, kernel_buf, gv_buf;
+  auto map = [](std::vector<double>& buf, int rows, int cols) {
+    if (buf.size() < static_cast<size_t>(rows) * cols) buf.resize(static_cast<size_t>(rows) * cols);
+    return Eigen::Map<MatrixD>(buf.data(), rows, cols);
+  };
+  Eigen::Map<MatrixD> kd = map(kd_buf, len, d);
   for (int i = 0; i < len; ++i) kd.row(i) = keys.row(tokens[i]).cast<double>();
-  // y_i = exp(<k_i,k_j>/sqrt d) <v_i,v_j> for the whole batch (the walk reads j < i only; the
-  // full matrix is kept for traces).
-  MatrixD kernel = (kd * kd.transpose()) / std::sqrt(static_cast<double>(d));
-  simd::kernels().exp_inplace(kernel.data(), static_cast<int>(kernel.size()));
+  Eigen::Map<MatrixD> kernel = map(kernel_buf, len, len);
+  kernel.noalias() = (kd * kd.transpose()) / std::sqrt(static_cast<double>(d));
+  if (full)
+    simd::kernels().exp_inplace(kernel.data(), static_cast<int>(kernel.size()));
+  else
+    for (int j = 1; j < len; ++j) simd::kernels().exp_inplace(&kernel(j, 0), j);
   if (values) {
-    MatrixD vd(len, values->cols());
+    const int dv = static_cast<int>(values->cols());
+    Eigen::Map<MatrixD> vd = map(vd_buf, len, dv);
     for (int i = 0; i < len; ++i) vd.row(i) = values->row(tokens[i]).cast<double>();
-    kernel.array() *= (vd * vd.transpose()).array();
+    Eigen::Map<MatrixD> gv = map(gv_buf, len, len);
+    gv.noalias() = vd * vd.transpose();
+    if (full)
+      kernel.array() *= gv.array();
+    else
+      for (int j = 1; j < len; ++j)
+        for (int i = 0; i < j; ++i) kernel(j, i) *= gv(j, i);
   }
+  // Keep the buffers for the next call unless one huge batch would pin them on this thread.
+  auto release_if_large = [] {
+    if (kernel_buf.capacity() > (size_t{8} << 20)) {
+      std::vector<double>().swap(kd_buf);
+      std::vector<double>().swap(vd_buf);
+      std::vector<double>().swap(kernel_buf);
+      std::vector<double>().swap(gv_buf);
+    }
+  };
   const double cr2 = cfg.c * cfg.radius * cfg.radius;
   const uint32_t stream = (cfg.instance << 6) | (level & 63u);
   std::vector<int8_t> eta(len);
@@ -90,6 +119,7 @@ SoftmaxBalanceOutput softmax_balance(const MatrixF& keys, const MatrixF* values,
     if (biggest > 0) z /= biggest;
     fill_block_trace(t, kernel, z, cfg.seed, cfg.layer, cfg.head, stream, call);
   }
+  release_if_large();
   return out;
 }
 

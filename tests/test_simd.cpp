@@ -65,7 +65,7 @@ TEST(Simd, EveryTableMatchesScalar) {
     // Odd sizes exercise every tail of the blocked loops.
     for (int M : {1, 5, 37, 70})
       for (int N : {1, 3, 13, 36})
-        for (int K : {1, 7, 8, 33, 128}) {
+        for (int K : {1, 7, 8, 33, 128, 300}) {  // 300: more than one packed depth chunk
           const auto A = random_vector(static_cast<size_t>(M) * K, rng);
           const auto B = random_vector(static_cast<size_t>(N) * K, rng);
           std::vector<double> c0(static_cast<size_t>(M) * N), c1(c0.size());
