@@ -3,136 +3,24 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <nanoflann.hpp>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
 #include "engine/backend.h"
 #include "engine/cpu_ops.h"
 #include "engine/error.h"
+#include "engine/knn.h"
 #include "engine/pca.h"
 #include "engine/tsne_fft.h"
+#include "engine/tsne_parallel.h"
 
 namespace kvscope {
 namespace {
 
-// Static split of [0, n) over the machine's cores. Each index is handled by exactly one thread
-// and every reduction is done afterwards in index order, so results do not depend on the thread
-// count.
-template <class Fn>
-void parallel_for(int n, int min_per_thread, Fn&& fn) {
-  const int hw = std::max(1u, std::thread::hardware_concurrency());
-  const int threads = std::max(1, std::min(hw, n / std::max(1, min_per_thread)));
-  if (threads <= 1) {
-    fn(0, n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  const int chunk = (n + threads - 1) / threads;
-  for (int t = 1; t < threads; ++t) {
-    const int b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e) pool.emplace_back([&fn, b, e] { fn(b, e); });
-  }
-  fn(0, std::min(n, chunk));
-  for (auto& th : pool) th.join();
-}
-
 bool is_set(const std::atomic<bool>* flag) {
   return flag && flag->load(std::memory_order_relaxed);
-}
-
-// ---- nearest neighbours (squared Euclidean) -------------------------------------------------
-
-struct RowsAdaptor {
-  const MatrixF& m;
-  size_t kdtree_get_point_count() const { return static_cast<size_t>(m.rows()); }
-  float kdtree_get_pt(size_t idx, size_t dim) const {
-    return m(static_cast<Eigen::Index>(idx), static_cast<Eigen::Index>(dim));
-  }
-  template <class BBox>
-  bool kdtree_get_bbox(BBox&) const {
-    return false;
-  }
-};
-
-// neighbours[i * k + r], dist2[i * k + r]: the k nearest other points of i, nearest first
-// (ties broken by index).
-void knn(const MatrixF& x, int k, std::vector<int>& neighbours, std::vector<float>& dist2,
-         const std::atomic<bool>* cancel) {
-  const int n = static_cast<int>(x.rows());
-  const int d = static_cast<int>(x.cols());
-  neighbours.assign(static_cast<size_t>(n) * k, 0);
-  dist2.assign(static_cast<size_t>(n) * k, 0.f);
-
-  auto keep_k_nearest = [&](int i, std::vector<std::pair<float, int>>& cand) {
-    // Drop the point itself (duplicates of it are legitimate neighbours at distance 0).
-    cand.erase(std::remove_if(cand.begin(), cand.end(), [i](auto& c) { return c.second == i; }),
-               cand.end());
-    const size_t kk = static_cast<size_t>(k);
-    if (cand.size() > kk) {
-      std::nth_element(cand.begin(), cand.begin() + kk, cand.end());
-      cand.resize(kk);
-    }
-    std::sort(cand.begin(), cand.end());
-    for (int r = 0; r < k; ++r) {
-      neighbours[static_cast<size_t>(i) * k + r] = cand[r].second;
-      dist2[static_cast<size_t>(i) * k + r] = std::max(0.f, cand[r].first);
-    }
-  };
-
-  if (d <= 32) {
-    // Low dimension: an exact k-d tree search is far cheaper than all pairs.
-    RowsAdaptor adaptor{x};
-    using Tree =
-        nanoflann::KDTreeSingleIndexAdaptor<nanoflann::L2_Simple_Adaptor<float, RowsAdaptor>,
-                                            RowsAdaptor, -1, uint32_t>;
-    Tree tree(d, adaptor, nanoflann::KDTreeSingleIndexAdaptorParams(16));
-    parallel_for(n, 256, [&](int b, int e) {
-      std::vector<uint32_t> idx(k + 1);
-      std::vector<float> dd(k + 1);
-      std::vector<std::pair<float, int>> cand;
-      for (int i = b; i < e; ++i) {
-        if ((i & 255) == 0 && is_set(cancel)) return;
-        const size_t found = tree.knnSearch(x.row(i).data(), k + 1, idx.data(), dd.data());
-        cand.clear();
-        for (size_t r = 0; r < found; ++r) cand.emplace_back(dd[r], static_cast<int>(idx[r]));
-        keep_k_nearest(i, cand);
-      }
-    });
-  } else {
-    // High dimension: k-d trees degenerate; blocked brute force with a GEMM per block.
-    const VectorF norms = x.rowwise().squaredNorm();
-    constexpr int kBlock = 256;
-    const int blocks = (n + kBlock - 1) / kBlock;
-    parallel_for(blocks, 1, [&](int bb, int be) {
-      std::vector<std::pair<float, int>> cand;
-      std::vector<float> d2row(n), sorted(n);
-      for (int blk = bb; blk < be; ++blk) {
-        if (is_set(cancel)) return;
-        const int r0 = blk * kBlock, r1 = std::min(n, r0 + kBlock);
-        MatrixF dots = x.middleRows(r0, r1 - r0) * x.transpose();
-        for (int i = r0; i < r1; ++i) {
-          // Distances as plain floats; the (k+2)-th smallest is a threshold, and only the points
-          // at or below it (k + 1 or more with ties, the point itself among them) become
-          // (distance, index) candidates: the same k nearest, ties by index, as ranking all n.
-          for (int j = 0; j < n; ++j) d2row[j] = norms(i) + norms(j) - 2.f * dots(i - r0, j);
-          sorted.assign(d2row.begin(), d2row.end());
-          const int pivot = std::min(n - 1, k + 1);
-          std::nth_element(sorted.begin(), sorted.begin() + pivot, sorted.end());
-          const float threshold = sorted[pivot];
-          cand.clear();
-          for (int j = 0; j < n; ++j)
-            if (d2row[j] <= threshold) cand.emplace_back(d2row[j], j);
-          keep_k_nearest(i, cand);
-        }
-      }
-    });
-  }
-  if (is_set(cancel)) throw Cancelled();
 }
 
 // sklearn's _binary_search_perplexity for one point: finds the precision beta so that
@@ -342,7 +230,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
   if (in.theta > 0) {
     const QuadTree tree(y, n);
     // In tree order, so consecutive points walk nearly the same cells.
-    parallel_for(n, 512, [&](int b, int e) {
+    tsne_parallel_for(n, 512, [&](int b, int e) {
       for (int k = b; k < e; ++k) {
         const int i = tree.point(k);
         double fx = 0, fy = 0, z = 0;
@@ -353,7 +241,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
       }
     });
   } else {
-    parallel_for(n, 128, [&](int b, int e) {
+    tsne_parallel_for(n, 128, [&](int b, int e) {
       for (int i = b; i < e; ++i) {
         const double xi = y[2 * i], yi = y[2 * i + 1];
         // No j != i branch, and four independent partial sums (combined in a fixed order), so
@@ -438,7 +326,7 @@ double finish_gradient(const TsneGradInput& in, const std::vector<double>& rep,
     }
   };
   const bool want_kl = in.want_kl;
-  parallel_for(n, 512, [&](int b, int e) {
+  tsne_parallel_for(n, 512, [&](int b, int e) {
     if (want_kl) {
       attract(std::true_type{}, b, e);
     } else {
@@ -492,7 +380,7 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
     const VectorF norms = x.rowwise().squaredNorm();
     const MatrixF dots = x * x.transpose();
     MatrixF pc = MatrixF::Zero(n, n);
-    parallel_for(n, 64, [&](int b, int e) {
+    tsne_parallel_for(n, 64, [&](int b, int e) {
       std::vector<float> d2(n - 1), p(n - 1);
       for (int i = b; i < e; ++i) {
         if ((i & 63) == 0 && is_set(cancel)) return;
@@ -522,11 +410,11 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
   const int k = neighbours;
   std::vector<int> nb;
   std::vector<float> d2;
-  knn(x, k, nb, d2, cancel);
+  knn_exact(x, k, nb, d2, cancel);
 
   // Conditional p_{j|i} over each point's neighbour list.
   std::vector<float> pcond(static_cast<size_t>(n) * k);
-  parallel_for(n, 256, [&](int b, int e) {
+  tsne_parallel_for(n, 256, [&](int b, int e) {
     for (int i = b; i < e; ++i)
       calibrate_row(&d2[static_cast<size_t>(i) * k], k, log_perp,
                     &pcond[static_cast<size_t>(i) * k]);
@@ -725,7 +613,7 @@ double trustworthiness(const MatrixF& high, const MatrixF& low, int k) {
     return ((m.rowwise() - m.row(i)).cast<double>().rowwise().squaredNorm()).eval();
   };
   std::vector<double> penalty(n);
-  parallel_for(n, 64, [&](int b, int e) {
+  tsne_parallel_for(n, 64, [&](int b, int e) {
     std::vector<int> order(n), rank(n);
     for (int i = b; i < e; ++i) {
       // Rank of every point in the input-space ordering around i (1 = nearest other point).
