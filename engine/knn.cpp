@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <string>
 #include <nanoflann.hpp>
+#include <string>
 #include <utility>
 
 #include "engine/error.h"

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -216,8 +218,7 @@ class QuadTree {
 namespace {
 // The attractive term and the assembly of the gradient from repulsive sums rep (2n: sum_j
 // w_ij^2 (y_i - y_j)) and zi (n: sum_{j != i} w_ij), shared by every repulsion method.
-double finish_gradient(const TsneGradInput& in, const std::vector<double>& rep,
-                       const std::vector<double>& zi, float* grad);
+double finish_gradient(const TsneGradInput& in, const double* rep, const double* zi, float* grad);
 }  // namespace
 
 double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
@@ -272,81 +273,112 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
     });
   }
 
-  return finish_gradient(in, rep, zi, grad);
+  return finish_gradient(in, rep.data(), zi.data(), grad);
 }
 
 double fft_tsne_gradient(const TsneGradInput& in, float* grad, TsneFftRepulsion& repulsion) {
   const int n = in.n;
   if (n <= 0) return 0;
-  std::vector<double> rep(2 * static_cast<size_t>(n));
-  std::vector<double> zi(n);
-  repulsion.compute(in.y, n, rep.data(), zi.data());
-  return finish_gradient(in, rep, zi, grad);
+  const TsneFftRepulsion::Sums sums = repulsion.compute(in.y, n);
+  return finish_gradient(in, sums.rep, sums.z_each, grad);
 }
 
 namespace {
-double finish_gradient(const TsneGradInput& in, const std::vector<double>& rep,
-                       const std::vector<double>& zi, float* grad) {
-  const int n = in.n;
+
+// log(x) for a normal float x > 0, to about 2e-7 relative, in plain arithmetic the compiler
+// vectorises (no libm call): x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s),
+// s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^9.
+inline float vector_log(float x) {
+  int32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  int32_t e = ((bits >> 23) & 0xff) - 127;
+  bits = (bits & 0x007fffff) | 0x3f800000;
+  float m;
+  std::memcpy(&m, &bits, sizeof m);
+  const bool high = m > 1.41421356f;
+  m = high ? m * 0.5f : m;
+  e = high ? e + 1 : e;
+  const float s = (m - 1) / (m + 1), s2 = s * s;
+  const float series = 1 + s2 * (1.f / 3 + s2 * (1.f / 5 + s2 * (1.f / 7 + s2 * (1.f / 9))));
+  return static_cast<float>(e) * 0.693147180559945f + 2 * s * series;
+}
+
+constexpr int kLanes = 8;  // independent partial sums per row (vectorised without reassociation)
+
+// The attraction of row i, sum_j p_ij (y_i - y_j) / (1 + |y_i - y_j|^2), in float with kLanes
+// independent partial sums (so the compiler vectorises the row, with gathered loads of y_j,
+// without reassociating), combined in double in a fixed order.
+inline void attraction(const TsneGradInput& in, int i, double& fx, double& fy) {
   const float* y = in.y;
-  std::vector<double> attr(2 * static_cast<size_t>(n)), kl_terms(n);
-  // Attractive forces over the sparse P, plus (when asked) the per-row pieces of the KL
-  // divergence: KL = sum p log p - sum p log q_unnorm + (sum p) log Z. Two independent pairs of
-  // partial sums (even and odd entries of a row, combined in a fixed order) so the additions do
-  // not wait on each other; the forces are the same whether or not the KL is wanted.
-  std::vector<double> psum(n, 0.0);
-  auto attract = [&](auto with_kl, int b, int e) {
-    for (int i = b; i < e; ++i) {
-      const double xi = y[2 * i], yi = y[2 * i + 1];
-      double fx[2] = {0, 0}, fy[2] = {0, 0}, kl = 0, ps = 0;
-      auto entry = [&](int k, int l) {
-        const int j = in.p_col[k];
-        const double p = in.p_val[k];
-        const double dx = xi - y[2 * j], dy = yi - y[2 * j + 1];
-        const double d = 1.0 + dx * dx + dy * dy;  // 1 / q
-        const double pq = p / d;
-        fx[l] += pq * dx;
-        fy[l] += pq * dy;
-        if constexpr (decltype(with_kl)::value) {
-          if (p > 0) kl += p * (std::log(p) + std::log(d));
-          ps += p;
-        }
-      };
-      int k = in.p_rowptr[i];
-      const int end = in.p_rowptr[i + 1];
-      for (; k + 2 <= end; k += 2) {
-        entry(k, 0);
-        entry(k + 1, 1);
-      }
-      if (k < end) entry(k, 0);
-      attr[2 * i] = fx[0] + fx[1];
-      attr[2 * i + 1] = fy[0] + fy[1];
-      kl_terms[i] = kl;
-      psum[i] = ps;
-    }
+  const int* col = in.p_col;
+  const float* val = in.p_val;
+  const float xi = y[2 * i], yi = y[2 * i + 1];
+  float ax[kLanes] = {}, ay[kLanes] = {};
+  int k = in.p_rowptr[i];
+  const int end = in.p_rowptr[i + 1];
+  auto term = [&](int at, int l) {
+    const int j = col[at];
+    const float dx = xi - y[2 * j], dy = yi - y[2 * j + 1];
+    const float pq = val[at] / (1.f + dx * dx + dy * dy);
+    ax[l] += pq * dx;
+    ay[l] += pq * dy;
   };
+  for (; k + kLanes <= end; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) term(k + l, l);
+  for (int l = 0; k < end; ++k, ++l) term(k, l);
+  fx = 0, fy = 0;
+  for (int l = 0; l < kLanes; ++l) fx += ax[l], fy += ay[l];
+}
+
+// Row i's part of the KL divergence, sum_j p_ij log(p_ij (1 + |y_i - y_j|^2)), and sum_j p_ij.
+inline void kl_row(const TsneGradInput& in, int i, double& kl, double& ps) {
+  const float* y = in.y;
+  const float xi = y[2 * i], yi = y[2 * i + 1];
+  float akl[kLanes] = {}, aps[kLanes] = {};
+  int k = in.p_rowptr[i];
+  const int end = in.p_rowptr[i + 1];
+  auto term = [&](int at, int l) {
+    const int j = in.p_col[at];
+    const float p = in.p_val[at];
+    const float dx = xi - y[2 * j], dy = yi - y[2 * j + 1];
+    // p log p -> 0 as p -> 0; below 1e-30 (or a denormal) the term is dropped.
+    const float pd = p > 1e-30f ? p * (1.f + dx * dx + dy * dy) : 1.f;
+    akl[l] += p > 1e-30f ? p * vector_log(pd) : 0.f;
+    aps[l] += p;
+  };
+  for (; k + kLanes <= end; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) term(k + l, l);
+  for (int l = 0; k < end; ++k, ++l) term(k, l);
+  kl = 0, ps = 0;
+  for (int l = 0; l < kLanes; ++l) kl += akl[l], ps += aps[l];
+}
+
+double finish_gradient(const TsneGradInput& in, const double* rep, const double* zi, float* grad) {
+  const int n = in.n;
+  double z = 0;
+  for (int i = 0; i < n; ++i) z += zi[i];
+  z = std::max(z, std::numeric_limits<double>::min());
+  // Attractive forces over the sparse P and the gradient, and (when asked) the per-row pieces of
+  // the KL divergence: KL = sum p log p - sum p log q_unnorm + (sum p) log Z =
+  // sum p log(p (1 + d^2)) + (sum p) log Z, rows summed afterwards in index order.
   const bool want_kl = in.want_kl;
+  std::vector<double> kl_terms(want_kl ? n : 0), psum(want_kl ? n : 0);
+  const double exaggeration = in.exaggeration;
   tsne_parallel_for(n, 512, [&](int b, int e) {
-    if (want_kl) {
-      attract(std::true_type{}, b, e);
-    } else {
-      attract(std::false_type{}, b, e);
+    for (int i = b; i < e; ++i) {
+      double fx, fy;
+      attraction(in, i, fx, fy);
+      grad[2 * i] = static_cast<float>(4.0 * (exaggeration * fx - rep[2 * i] / z));
+      grad[2 * i + 1] = static_cast<float>(4.0 * (exaggeration * fy - rep[2 * i + 1] / z));
+      if (want_kl) kl_row(in, i, kl_terms[i], psum[i]);
     }
   });
-
-  double z = 0, kl = 0, ptotal = 0;
+  if (!want_kl) return std::numeric_limits<double>::quiet_NaN();
+  double kl = 0, ptotal = 0;
   for (int i = 0; i < n; ++i) {
-    z += zi[i];
     kl += kl_terms[i];
     ptotal += psum[i];
   }
-  z = std::max(z, std::numeric_limits<double>::min());
-  for (int i = 0; i < n; ++i) {
-    for (int c = 0; c < 2; ++c)
-      grad[2 * i + c] =
-          static_cast<float>(4.0 * (in.exaggeration * attr[2 * i + c] - rep[2 * i + c] / z));
-  }
-  if (!want_kl) return std::numeric_limits<double>::quiet_NaN();
   return kl + ptotal * std::log(z);
 }
 }  // namespace

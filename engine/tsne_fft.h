@@ -30,7 +30,7 @@ namespace kvscope {
 
 struct TsneFftParams {
   int nodes_per_box = 3;  // p
-  int min_boxes = 40;     // per side
+  int min_boxes = 50;     // per side
   double max_box = 1.0;   // largest box side h (embedding units)
 };
 
@@ -40,10 +40,16 @@ class TsneFftRepulsion {
  public:
   explicit TsneFftRepulsion(const TsneFftParams& params = {});
   ~TsneFftRepulsion();
-  // rep[2i..2i+1] = sum_j w_ij^2 (y_i - y_j), z_each[i] = sum_{j != i} w_ij (y: n x 2).
-  void compute(const float* y, int n, double* rep, double* z_each);
-  int last_fft_side() const { return last_fft_side_; }  // M of the latest call
-  double last_box() const { return last_box_; }         // h of the latest call
+  // rep[2i..2i+1] = sum_j w_ij^2 (y_i - y_j), z_each[i] = sum_{j != i} w_ij (y: n x 2), in
+  // buffers owned by this object (valid until the next call).
+  struct Sums {
+    const double* rep;
+    const double* z_each;
+  };
+  Sums compute(const float* y, int n);
+  int last_fft_side() const { return last_fft_side_; }    // M of the latest call
+  double last_box() const { return last_box_; }           // h of the latest call
+  int kernel_updates() const { return kernel_updates_; }  // spectra computed so far
 
  private:
   struct State;
@@ -51,6 +57,7 @@ class TsneFftRepulsion {
   std::unique_ptr<State> state_;
   int last_fft_side_ = 0;
   double last_box_ = 0;
+  int kernel_updates_ = 0;
 };
 
 // The gradient of KL(P || Q), with the same definition and return value as cpu_tsne_gradient
