@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "engine/error.h"
-#include "engine/tsne_parallel.h"
+#include "engine/tsne_util.h"
 
 namespace kvscope {
 namespace {

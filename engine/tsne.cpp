@@ -16,7 +16,7 @@
 #include "engine/knn.h"
 #include "engine/pca.h"
 #include "engine/tsne_fft.h"
-#include "engine/tsne_parallel.h"
+#include "engine/tsne_util.h"
 
 namespace kvscope {
 namespace {
@@ -88,13 +88,7 @@ class QuadTree {
   QuadTree(const float* y, int n) : y_(y) {
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0);
-    double minx = y[0], maxx = y[0], miny = y[1], maxy = y[1];
-    for (int i = 1; i < n; ++i) {
-      minx = std::min(minx, double(y[2 * i]));
-      maxx = std::max(maxx, double(y[2 * i]));
-      miny = std::min(miny, double(y[2 * i + 1]));
-      maxy = std::max(maxy, double(y[2 * i + 1]));
-    }
+    const auto [minx, maxx, miny, maxy] = tsne_bounding_box(y, n);
     const double half = std::max({maxx - minx, maxy - miny, 1e-12}) / 2 * (1 + 1e-6);
     nodes_.reserve(static_cast<size_t>(n) / 2 + 64);
     scratch_.resize(n);

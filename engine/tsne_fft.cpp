@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/tsne_parallel.h"
+#include "engine/tsne_util.h"
 
 namespace kvscope {
 namespace {
@@ -254,21 +254,6 @@ void store_strip(Grid& g, int r0, int cols, const float* sre, const float* sim) 
   }
 }
 
-// The bounding box of n 2-D points (x, y interleaved).
-struct Box {
-  double minx, maxx, miny, maxy;
-};
-Box bounding_box(const float* y, int n) {
-  Box b{y[0], y[0], y[1], y[1]};
-  for (int i = 1; i < n; ++i) {
-    b.minx = std::min(b.minx, double(y[2 * i]));
-    b.maxx = std::max(b.maxx, double(y[2 * i]));
-    b.miny = std::min(b.miny, double(y[2 * i + 1]));
-    b.maxy = std::max(b.maxy, double(y[2 * i + 1]));
-  }
-  return b;
-}
-
 }  // namespace
 
 // The state kept across iterations: the FFT plan and the kernel's spectrum (reused while the
@@ -355,7 +340,7 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   double* rep = st.rep.data();
   double* z_each = st.z_each.data();
   const int p = params_.nodes_per_box;
-  const Box bb = bounding_box(y, n);
+  const TsneBox bb = tsne_bounding_box(y, n);
   const double extent = std::max({bb.maxx - bb.minx, bb.maxy - bb.miny, 1e-6}) * (1 + 1e-9);
 
   // Boxes per side: enough for h <= max_box and at least min_boxes (FIt-SNE's

@@ -1,4 +1,5 @@
-// The static work split shared by the t-SNE code (tsne.cpp, tsne_fft.cpp, knn.cpp).
+// Helpers shared by the t-SNE code (tsne.cpp, tsne_fft.cpp, knn.cpp): the static work split and
+// the embedding's bounding box.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +34,21 @@ void tsne_parallel_for(int n, int min_per_thread, Fn&& fn) {
 inline int tsne_threads(int n, int min_per_thread) {
   const int hw = std::max(1u, std::thread::hardware_concurrency());
   return std::max(1, std::min(hw, n / std::max(1, min_per_thread)));
+}
+
+// The bounding box of n >= 1 points in 2-D (x, y interleaved), in double.
+struct TsneBox {
+  double minx, maxx, miny, maxy;
+};
+inline TsneBox tsne_bounding_box(const float* y, int n) {
+  TsneBox b{y[0], y[0], y[1], y[1]};
+  for (int i = 1; i < n; ++i) {
+    b.minx = std::min(b.minx, double(y[2 * i]));
+    b.maxx = std::max(b.maxx, double(y[2 * i]));
+    b.miny = std::min(b.miny, double(y[2 * i + 1]));
+    b.maxy = std::max(b.maxy, double(y[2 * i + 1]));
+  }
+  return b;
 }
 
 }  // namespace kvscope
