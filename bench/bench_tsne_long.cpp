@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   }
   int layer = 0, head = 0, iterations = 1000;
   double theta = -1;
+  long fft_above = -1;
   std::string out;
   for (int a = 2; a + 1 < argc; a += 2) {
     const std::string flag = argv[a];
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
       iterations = std::atoi(argv[a + 1]);
     else if (flag == "--theta")
       theta = std::atof(argv[a + 1]);
+    else if (flag == "--fft-above")
+      fft_above = std::atol(argv[a + 1]);
     else if (flag == "--out")
       out = argv[a + 1];
     else {
@@ -79,6 +82,7 @@ int main(int argc, char** argv) {
   params.iterations = iterations;
   params.exaggeration_iterations = std::min(250, iterations);
   params.theta = theta;
+  if (fft_above >= 0) params.fft_threshold = static_cast<int>(fft_above);
   kvscope::TsneRun run(keys, params);
   const double setup_cpu = cpu_seconds() - cpu0;
   double peak = rss_mib();

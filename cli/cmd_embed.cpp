@@ -23,7 +23,7 @@ struct EmbedOptions {
   int layer = 0, head = 0, query_head = -1;
   double perplexity = 30, theta = -1, learning_rate = 0;
   int iterations = 1000;
-  long long fft_above = -1;  // -1: the engine's default (FFT off)
+  long long fft_above = -1;  // -1: the engine's default (TsneParams::fft_threshold)
   bool with_queries = false, no_translate = false, no_scale = false;
 };
 
@@ -128,7 +128,7 @@ void add_embed_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--fft-above", o->fft_above,
                   "automatic mode on the CPU: FFT-interpolated repulsion (FIt-SNE) above this many "
-                  "points (off by default: slower than Barnes-Hut at 32k on the development CPU)");
+                  "points (default 10000; 1073741824 = never)");
   sub->add_option("--learning-rate", o->learning_rate,
                   "t-SNE learning rate; <= 0 = max(n / 12 / 4, 50)")
       ->capture_default_str();

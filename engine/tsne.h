@@ -6,7 +6,7 @@
 //    distribution p_{j|i} over squared Euclidean distances has the requested perplexity
 //    (entropy log(perplexity), tolerance 1e-5, at most 100 halvings). Small inputs
 //    (n <= exact_threshold) use every other point; large inputs use the 3*perplexity nearest
-//    neighbours (nanoflann k-d tree for d <= 32, blocked brute force otherwise), as BH-SNE does;
+//    neighbours (exact: engine/knn.h), as BH-SNE does;
 //  - P = (P_cond + P_cond^T) / (2n), stored as CSR (the Backend seam's TsneGradInput);
 //  - initialisation: the 2-D PCA of the input, scaled so column 0 has std 1e-4 (sklearn and
 //    openTSNE's "pca" init);
@@ -16,7 +16,7 @@
 //    gradient that includes the factor 4), embedding re-centred every iteration;
 //  - gradient: exact O(n^2) when theta == 0, Barnes-Hut quadtree with opening angle theta
 //    otherwise, via Backend::tsne_gradient (CPU: cpu_tsne_gradient below; CUDA: kernels/); in
-//    automatic mode on the CPU above fft_threshold points (opt-in), FFT-accelerated
+//    automatic mode on the CPU above fft_threshold points (10000), FFT-accelerated
 //    interpolation of the repulsion (FIt-SNE; engine/tsne_fft.h).
 #pragma once
 
@@ -45,11 +45,11 @@ struct TsneParams {
   double theta = -1;
   int exact_threshold = 2000;
   // Automatic mode (theta < 0) on the CPU: above this many points the repulsion is computed by
-  // FFT-accelerated interpolation (engine/tsne_fft.h) instead of Barnes-Hut. Off by default
-  // (kFftOff): at 32768 points the FFT path measured 1.3x slower than Barnes-Hut on the
-  // development CPU (docs/performance.md), so it is opt-in (`embed --fft-above N`) until faster.
+  // FFT-accelerated interpolation (engine/tsne_fft.h) instead of Barnes-Hut. At 32768 points it
+  // measured 1.9x less CPU than Barnes-Hut at the same trustworthiness (docs/performance.md);
+  // kFftOff keeps Barnes-Hut at every size (`embed --fft-above N` sets it).
   static constexpr int kFftOff = 1 << 30;
-  int fft_threshold = kFftOff;
+  int fft_threshold = 10000;
   // Every how many iterations the backend is asked for the KL divergence (and on the last one);
   // 0: never. It costs a log per P entry, as much as the forces themselves.
   int kl_every = 25;

@@ -4,400 +4,439 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
-#include <thread>
 #include <vector>
+
+#include "engine/tsne_util.h"
 
 namespace kvscope {
 namespace {
 
-// Static split of [0, n) over the cores; each index is handled by exactly one thread.
-template <class Fn>
-void parallel_ranges(int n, int min_per_thread, Fn&& fn) {
-  const int hw = std::max(1u, std::thread::hardware_concurrency());
-  const int threads = std::max(1, std::min(hw, n / std::max(1, min_per_thread)));
-  if (threads <= 1) {
-    fn(0, n);
-    return;
+// Lanes of one FFT strip: 16 independent transforms run side by side, one per float of a
+// 64-byte line, so every butterfly is a vector operation across the strip.
+constexpr int kLanes = 16;
+
+// The smallest m >= at_least whose only prime factors are 2, 3 and 5.
+int fft_friendly_size(int at_least) {
+  for (int m = std::max(at_least, 1);; ++m) {
+    int r = m;
+    for (int f : {2, 3, 5})
+      while (r % f == 0) r /= f;
+    if (r == 1) return m;
   }
-  std::vector<std::thread> pool;
-  const int chunk = (n + threads - 1) / threads;
-  for (int t = 1; t < threads; ++t) {
-    const int b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e) pool.emplace_back([&fn, b, e] { fn(b, e); });
-  }
-  fn(0, std::min(n, chunk));
-  for (auto& th : pool) th.join();
 }
 
-// Precision of the FFT grids.
-using GridReal = double;
-
-// Columns per strip of the column FFTs: 16 doubles = two cache lines per row and array, so a
-// strip of the largest grid (1024 rows) stays in L2 through all its stages.
-constexpr int kStrip = 16;
-
-// A complex M x M grid in split form (re, im), row-major with a padded row stride: a stride of
-// a power of two bytes would map every row of a strip to the same cache sets.
-struct Grid {
-  int M = 0, ld = 0;
-  std::vector<GridReal> re, im;
-  void reset(int m) {
-    M = m;
-    ld = m + 8;
-    re.assign(static_cast<size_t>(m) * ld, 0.0);
-    im.assign(static_cast<size_t>(m) * ld, 0.0);
-  }
-  size_t at(int row, int col) const { return static_cast<size_t>(row) * ld + col; }
-};
-
-// Radix-2 FFTs along the row index of columns [c0, c1) of an M x M split-complex grid, one strip
-// of columns at a time with every butterfly vectorised across the strip. Forward: decimation in
-// frequency, sign -1, output rows in bit-reversed order. Inverse: decimation in time, sign +1,
-// input rows in bit-reversed order, output natural (unscaled). A forward pass followed by the
-// inverse is M times the identity, and a pointwise product in between (in the same scrambled
-// order) is a circular convolution: the order never needs to be undone.
-class ColumnFft {
+// A mixed-radix (4, 2, 3, 5) FFT of length M, in place, on kLanes transforms at once: element t
+// of lane c lives at re[t * stride + c], im[t * stride + c]. Forward: decimation in frequency,
+// sign -1, output in digit-reversed order. Inverse: decimation in time, sign +1, input in that
+// same digit-reversed order, output natural and unscaled. So forward, a pointwise product with a
+// spectrum taken by the same forward transform, and inverse is M times a circular convolution:
+// the order never needs to be undone.
+class StripFft {
  public:
-  explicit ColumnFft(int M) : M_(M), cos_(M / 2), sin_(M / 2) {
-    for (int k = 0; k < M / 2; ++k) {
-      const double a = 2.0 * M_PI * k / M;
-      cos_[k] = std::cos(a);
-      sin_[k] = std::sin(a);
+  explicit StripFft(int M) : M_(M) {
+    int rest = M;
+    std::vector<int> radices;
+    while (rest % 4 == 0) radices.push_back(4), rest /= 4;
+    while (rest % 2 == 0) radices.push_back(2), rest /= 2;
+    while (rest % 3 == 0) radices.push_back(3), rest /= 3;
+    while (rest % 5 == 0) radices.push_back(5), rest /= 5;
+    if (rest != 1) throw std::logic_error("StripFft: size has a prime factor above 5");
+    int len = M;
+    for (int r : radices) {
+      Stage s;
+      s.radix = r;
+      s.len = len;
+      s.m = len / r;
+      // Twiddle w_len^(q k) = exp(-2 pi i q k / len) for q = 1..r-1, k < m.
+      s.tw_re.resize(static_cast<size_t>(r - 1) * s.m);
+      s.tw_im.resize(static_cast<size_t>(r - 1) * s.m);
+      for (int q = 1; q < r; ++q)
+        for (int k = 0; k < s.m; ++k) {
+          const double a = -2.0 * M_PI * q * k / len;
+          s.tw_re[static_cast<size_t>(q - 1) * s.m + k] = static_cast<float>(std::cos(a));
+          s.tw_im[static_cast<size_t>(q - 1) * s.m + k] = static_cast<float>(std::sin(a));
+        }
+      stages_.push_back(std::move(s));
+      len /= r;
     }
   }
   int size() const { return M_; }
 
-  void forward(Grid& g, int c0, int c1) const { run(g, c0, c1, false); }
-  void inverse(Grid& g, int c0, int c1) const { run(g, c0, c1, true); }
+  void forward(float* re, float* im, size_t stride) const {
+    for (const Stage& s : stages_) run_stage<false>(s, re, im, stride);
+  }
+  void inverse(float* re, float* im, size_t stride) const {
+    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it)
+      run_stage<true>(*it, re, im, stride);
+  }
 
  private:
-  void run(Grid& g, int c0, int c1, bool inverse) const {
-    const int strips = (c1 - c0 + kStrip - 1) / kStrip;
-    parallel_ranges(strips, 4, [&](int sb, int se) {
-      for (int s = sb; s < se; ++s) {
-        const int b = c0 + s * kStrip, e = std::min(c1, b + kStrip);
-        if (e - b == kStrip) {
-          inverse ? strip_dit<kStrip>(g, b, kStrip) : strip_dif<kStrip>(g, b, kStrip);
-        } else {
-          inverse ? strip_dit<0>(g, b, e - b) : strip_dif<0>(g, b, e - b);
-        }
-      }
-    });
-  }
+  struct Stage {
+    int radix, len, m;
+    std::vector<float> tw_re, tw_im;
+  };
 
-  // Twiddle exp(sign 2 pi i k / len) for 0 <= k < len, len dividing M.
-  double tw_re(int k, int len) const {
-    const int t = k * (M_ / len);  // in [0, M)
-    return t < M_ / 2 ? cos_[t] : -cos_[t - M_ / 2];
-  }
-  double tw_im(int k, int len) const {
-    const int t = k * (M_ / len);
-    return t < M_ / 2 ? sin_[t] : -sin_[t - M_ / 2];
-  }
-
-  // Radix-4 stages (two radix-2 stages in one pass over the strip), then one radix-2 stage when
-  // log2 M is odd. W = kStrip for a full strip (unrolled and vectorised), 0 for a partial one.
-  template <int W>
-  void strip_dif(Grid& g, int col, int width) const {
-    const int M = M_;
-    const size_t ld = g.ld;
-    const int w = W ? W : width;
-    GridReal* re = g.re.data() + col;
-    GridReal* im = g.im.data() + col;
-    int len = M;
-    for (; len >= 4; len /= 4) {
-      const int q = len / 4;
-      for (int start = 0; start < M; start += len)
-        for (int k = 0; k < q; ++k) {
-          // Forward: w = exp(-2 pi i / len).
-          const double w1r = tw_re(k, len), w1i = -tw_im(k, len);
-          const double w2r = tw_re(2 * k, len), w2i = -tw_im(2 * k, len);
-          const double w3r = tw_re(3 * k, len), w3i = -tw_im(3 * k, len);
-          GridReal* r0 = re + (start + k) * ld;
-          GridReal* i0 = im + (start + k) * ld;
-          GridReal* r1 = r0 + q * ld;
-          GridReal* i1 = i0 + q * ld;
-          GridReal* r2 = r1 + q * ld;
-          GridReal* i2 = i1 + q * ld;
-          GridReal* r3 = r2 + q * ld;
-          GridReal* i3 = i2 + q * ld;
-#pragma GCC ivdep
-          for (int c = 0; c < w; ++c) {
-            const double s0r = r0[c] + r2[c], s0i = i0[c] + i2[c];
-            const double s1r = r1[c] + r3[c], s1i = i1[c] + i3[c];
-            const double a1r = r0[c] - r2[c], a1i = i0[c] - i2[c];
-            // a3 = -i (x1 - x3)
-            const double a3r = i1[c] - i3[c], a3i = r3[c] - r1[c];
-            r0[c] = s0r + s1r;
-            i0[c] = s0i + s1i;
-            const double y1r = s0r - s1r, y1i = s0i - s1i;
-            r1[c] = y1r * w2r - y1i * w2i;
-            i1[c] = y1r * w2i + y1i * w2r;
-            const double y2r = a1r + a3r, y2i = a1i + a3i;
-            r2[c] = y2r * w1r - y2i * w1i;
-            i2[c] = y2r * w1i + y2i * w1r;
-            const double y3r = a1r - a3r, y3i = a1i - a3i;
-            r3[c] = y3r * w3r - y3i * w3i;
-            i3[c] = y3r * w3i + y3i * w3r;
-          }
-        }
+  template <bool Inverse>
+  void run_stage(const Stage& s, float* re, float* im, size_t stride) const {
+    switch (s.radix) {
+      case 4:
+        return radix_stage<4, Inverse>(s, re, im, stride);
+      case 2:
+        return radix_stage<2, Inverse>(s, re, im, stride);
+      case 3:
+        return radix_stage<3, Inverse>(s, re, im, stride);
+      default:
+        return radix_stage<5, Inverse>(s, re, im, stride);
     }
-    if (len == 2)
-      for (int start = 0; start < M; start += 2) {
-        GridReal* ar = re + start * ld;
-        GridReal* ai = im + start * ld;
-        GridReal* br = ar + ld;
-        GridReal* bi = ai + ld;
-#pragma GCC ivdep
-        for (int c = 0; c < w; ++c) {
-          const double ur = ar[c], ui = ai[c];
-          ar[c] = ur + br[c];
-          ai[c] = ui + bi[c];
-          br[c] = ur - br[c];
-          bi[c] = ui - bi[c];
-        }
-      }
   }
 
-  template <int W>
-  void strip_dit(Grid& g, int col, int width) const {
-    const int M = M_;
-    const size_t ld = g.ld;
-    const int w = W ? W : width;
-    GridReal* re = g.re.data() + col;
-    GridReal* im = g.im.data() + col;
-    int levels = 0;
-    while ((1 << levels) < M) ++levels;
-    int len = 2;
-    if (levels % 2 == 1) {
-      for (int start = 0; start < M; start += 2) {
-        GridReal* ar = re + start * ld;
-        GridReal* ai = im + start * ld;
-        GridReal* br = ar + ld;
-        GridReal* bi = ai + ld;
-#pragma GCC ivdep
-        for (int c = 0; c < w; ++c) {
-          const double ur = ar[c], ui = ai[c];
-          ar[c] = ur + br[c];
-          ai[c] = ui + bi[c];
-          br[c] = ur - br[c];
-          bi[c] = ui - bi[c];
-        }
-      }
-      len = 8;
+  // The R-point DFT of (xr, xi) with sign -1 (forward) or +1 (inverse), in place.
+  template <int R, bool Inverse>
+  static inline void small_dft(float* xr, float* xi) {
+    constexpr float sg = Inverse ? 1.f : -1.f;
+    if constexpr (R == 2) {
+      const float ar = xr[0] + xr[1], ai = xi[0] + xi[1];
+      xr[1] = xr[0] - xr[1];
+      xi[1] = xi[0] - xi[1];
+      xr[0] = ar;
+      xi[0] = ai;
+    } else if constexpr (R == 4) {
+      const float s0r = xr[0] + xr[2], s0i = xi[0] + xi[2];
+      const float d0r = xr[0] - xr[2], d0i = xi[0] - xi[2];
+      const float s1r = xr[1] + xr[3], s1i = xi[1] + xi[3];
+      const float d1r = xr[1] - xr[3], d1i = xi[1] - xi[3];
+      // X1 = d0 + sg i d1, X3 = d0 - sg i d1.
+      xr[0] = s0r + s1r;
+      xi[0] = s0i + s1i;
+      xr[2] = s0r - s1r;
+      xi[2] = s0i - s1i;
+      xr[1] = d0r - sg * d1i;
+      xi[1] = d0i + sg * d1r;
+      xr[3] = d0r + sg * d1i;
+      xi[3] = d0i - sg * d1r;
+    } else if constexpr (R == 3) {
+      constexpr float c = -0.5f, s = sg * 0.86602540378443864676f;
+      const float ar = xr[1] + xr[2], ai = xi[1] + xi[2];
+      const float br = xr[1] - xr[2], bi = xi[1] - xi[2];
+      const float tr = xr[0] + c * ar, ti = xi[0] + c * ai;
+      xr[0] += ar;
+      xi[0] += ai;
+      // X1 = t + i s b, X2 = t - i s b.
+      xr[1] = tr - s * bi;
+      xi[1] = ti + s * br;
+      xr[2] = tr + s * bi;
+      xi[2] = ti - s * br;
     } else {
-      len = 4;
+      constexpr float c1 = 0.30901699437494742410f, c2 = -0.80901699437494742410f;
+      constexpr float s1 = sg * 0.95105651629515357212f, s2 = sg * 0.58778525229247312917f;
+      const float a1r = xr[1] + xr[4], a1i = xi[1] + xi[4];
+      const float b1r = xr[1] - xr[4], b1i = xi[1] - xi[4];
+      const float a2r = xr[2] + xr[3], a2i = xi[2] + xi[3];
+      const float b2r = xr[2] - xr[3], b2i = xi[2] - xi[3];
+      const float t1r = xr[0] + c1 * a1r + c2 * a2r, t1i = xi[0] + c1 * a1i + c2 * a2i;
+      const float t2r = xr[0] + c2 * a1r + c1 * a2r, t2i = xi[0] + c2 * a1i + c1 * a2i;
+      const float u1r = s1 * b1r + s2 * b2r, u1i = s1 * b1i + s2 * b2i;  // X1 = t1 + i u1
+      const float u2r = s2 * b1r - s1 * b2r, u2i = s2 * b1i - s1 * b2i;  // X2 = t2 + i u2
+      xr[0] += a1r + a2r;
+      xi[0] += a1i + a2i;
+      xr[1] = t1r - u1i;
+      xi[1] = t1i + u1r;
+      xr[4] = t1r + u1i;
+      xi[4] = t1i - u1r;
+      xr[2] = t2r - u2i;
+      xi[2] = t2i + u2r;
+      xr[3] = t2r + u2i;
+      xi[3] = t2i - u2r;
     }
-    for (; len <= M; len *= 4) {
-      const int q = len / 4;
-      for (int start = 0; start < M; start += len)
-        for (int k = 0; k < q; ++k) {
-          // Inverse: w = exp(+2 pi i / len).
-          const double w1r = tw_re(k, len), w1i = tw_im(k, len);
-          const double w2r = tw_re(2 * k, len), w2i = tw_im(2 * k, len);
-          GridReal* r0 = re + (start + k) * ld;
-          GridReal* i0 = im + (start + k) * ld;
-          GridReal* r1 = r0 + q * ld;
-          GridReal* i1 = i0 + q * ld;
-          GridReal* r2 = r1 + q * ld;
-          GridReal* i2 = i1 + q * ld;
-          GridReal* r3 = r2 + q * ld;
-          GridReal* i3 = i2 + q * ld;
-#pragma GCC ivdep
-          for (int c = 0; c < w; ++c) {
-            // Stage len/2 on both halves (twiddle w^2k), then stage len (w^k, and w^k i).
-            const double t1r = r1[c] * w2r - i1[c] * w2i, t1i = r1[c] * w2i + i1[c] * w2r;
-            const double t3r = r3[c] * w2r - i3[c] * w2i, t3i = r3[c] * w2i + i3[c] * w2r;
-            const double x0r = r0[c] + t1r, x0i = i0[c] + t1i;
-            const double x1r = r0[c] - t1r, x1i = i0[c] - t1i;
-            const double x2r = r2[c] + t3r, x2i = i2[c] + t3i;
-            const double x3r = r2[c] - t3r, x3i = i2[c] - t3i;
-            const double u2r = x2r * w1r - x2i * w1i, u2i = x2r * w1i + x2i * w1r;
-            // x3 w^k i
-            const double v3r = x3r * w1r - x3i * w1i, v3i = x3r * w1i + x3i * w1r;
-            const double u3r = -v3i, u3i = v3r;
-            r0[c] = x0r + u2r;
-            i0[c] = x0i + u2i;
-            r2[c] = x0r - u2r;
-            i2[c] = x0i - u2i;
-            r1[c] = x1r + u3r;
-            i1[c] = x1i + u3i;
-            r3[c] = x1r - u3r;
-            i3[c] = x1i - u3i;
-          }
+  }
+
+  // One stage on every block of length s.len. Forward (DIF): the R inputs k + j m of a block,
+  // DFT, output q times w_len^(q k) to k + q m. Inverse (DIT): exactly the adjoint steps in
+  // reverse (conjugate twiddle, then the +1 DFT), so it undoes the forward stage up to R.
+  template <int R, bool Inverse>
+  void radix_stage(const Stage& s, float* re, float* im, size_t stride) const {
+    const int m = s.m;
+    for (int start = 0; start < M_; start += s.len)
+      for (int k = 0; k < m; ++k) {
+        float* __restrict pr[R];
+        float* __restrict pi[R];
+        float wr[R], wi[R];
+        for (int j = 0; j < R; ++j) {
+          pr[j] = re + static_cast<size_t>(start + k + j * m) * stride;
+          pi[j] = im + static_cast<size_t>(start + k + j * m) * stride;
         }
-    }
+        wr[0] = 1, wi[0] = 0;
+        for (int q = 1; q < R; ++q) {
+          wr[q] = s.tw_re[static_cast<size_t>(q - 1) * m + k];
+          wi[q] = Inverse ? -s.tw_im[static_cast<size_t>(q - 1) * m + k]
+                          : s.tw_im[static_cast<size_t>(q - 1) * m + k];
+        }
+        const bool plain = k == 0;  // all twiddles 1
+#pragma GCC ivdep
+        for (int c = 0; c < kLanes; ++c) {
+          float xr[R], xi[R];
+          for (int j = 0; j < R; ++j) xr[j] = pr[j][c], xi[j] = pi[j][c];
+          if (Inverse && !plain)
+            for (int q = 1; q < R; ++q) {
+              const float a = xr[q] * wr[q] - xi[q] * wi[q];
+              xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
+              xr[q] = a;
+            }
+          small_dft<R, Inverse>(xr, xi);
+          if (!Inverse && !plain)
+            for (int q = 1; q < R; ++q) {
+              const float a = xr[q] * wr[q] - xi[q] * wi[q];
+              xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
+              xr[q] = a;
+            }
+          for (int j = 0; j < R; ++j) pr[j][c] = xr[j], pi[j][c] = xi[j];
+        }
+      }
   }
 
   int M_;
-  std::vector<double> cos_, sin_;
+  std::vector<Stage> stages_;
 };
 
-// In-place transpose of both parts, in 32 x 32 tiles.
-void transpose(Grid& g) {
-  const int M = g.M;
-  constexpr int T = 32;
-  const int tiles = (M + T - 1) / T;
-  parallel_ranges(tiles, 2, [&](int tb, int te) {
-    for (int ti = tb; ti < te; ++ti)
-      for (int tj = ti; tj < tiles; ++tj)
-        for (std::vector<GridReal>* part : {&g.re, &g.im}) {
-          GridReal* a = part->data();
-          for (int i = ti * T; i < std::min(M, ti * T + T); ++i)
-            for (int j = (ti == tj ? i + 1 : tj * T); j < std::min(M, tj * T + T); ++j)
-              std::swap(a[g.at(i, j)], a[g.at(j, i)]);
-        }
-  });
+// A complex grid in split form, M rows of `ld` floats (ld a multiple of kLanes, padded so rows
+// do not alias in the cache).
+struct Grid {
+  int rows = 0, ld = 0;
+  std::vector<float> re, im;
+  void reset(int m, int columns) {
+    rows = m;
+    ld = (columns + kLanes - 1) / kLanes * kLanes;
+    if (ld % 256 == 0) ld += kLanes;
+    re.assign(static_cast<size_t>(m) * ld, 0.f);
+    im.assign(static_cast<size_t>(m) * ld, 0.f);
+  }
+  size_t at(int row, int col) const { return static_cast<size_t>(row) * ld + col; }
+};
+
+// The 2-D transforms of a grid whose data lie in columns [0, cols): the column transforms (along
+// the row index) strip by strip in place, and the row transforms through a scratch strip that
+// holds kLanes rows transposed (column index major), so they too run across lanes.
+void column_transforms(const StripFft& fft, Grid& g, int cols, bool inverse) {
+  for (int c0 = 0; c0 < cols; c0 += kLanes) {
+    if (inverse) {
+      fft.inverse(g.re.data() + c0, g.im.data() + c0, g.ld);
+    } else {
+      fft.forward(g.re.data() + c0, g.im.data() + c0, g.ld);
+    }
+  }
+}
+
+// Rows [r0, r0 + kLanes) of g, columns [0, cols), into the scratch strip (M x kLanes, zero
+// beyond cols and beyond the grid's last row).
+void load_strip(const Grid& g, int r0, int cols, int M, float* sre, float* sim) {
+  std::fill(sre, sre + static_cast<size_t>(M) * kLanes, 0.f);
+  std::fill(sim, sim + static_cast<size_t>(M) * kLanes, 0.f);
+  const int lanes = std::min(kLanes, g.rows - r0);
+  for (int l = 0; l < lanes; ++l) {
+    const float* gr = &g.re[g.at(r0 + l, 0)];
+    const float* gi = &g.im[g.at(r0 + l, 0)];
+    for (int c = 0; c < cols; ++c) {
+      sre[static_cast<size_t>(c) * kLanes + l] = gr[c];
+      sim[static_cast<size_t>(c) * kLanes + l] = gi[c];
+    }
+  }
+}
+
+void store_strip(Grid& g, int r0, int cols, const float* sre, const float* sim) {
+  const int lanes = std::min(kLanes, g.rows - r0);
+  for (int l = 0; l < lanes; ++l) {
+    float* gr = &g.re[g.at(r0 + l, 0)];
+    float* gi = &g.im[g.at(r0 + l, 0)];
+    for (int c = 0; c < cols; ++c) {
+      gr[c] = sre[static_cast<size_t>(c) * kLanes + l];
+      gi[c] = sim[static_cast<size_t>(c) * kLanes + l];
+    }
+  }
 }
 
 }  // namespace
 
-// The state kept across iterations: the FFT plan and the kernel's spectrum, reused while the
-// padded size and the node spacing stay the same (the spacing is rounded up to steps of 2^(1/32)
-// so a slowly growing embedding reuses it for several iterations).
+// The state kept across iterations: the FFT plan and the kernel's spectrum (reused while the
+// padded size and the node spacing stay the same: the spacing is quantised to steps of 2^(1/32)
+// so a slowly growing embedding keeps it for several iterations), and the two charge grids.
 struct TsneFftRepulsion::State {
-  int M = 0;
+  int M = 0, N = 0;
   double spacing = 0;
-  std::vector<GridReal> kernel_hat;  // real (the kernel is even), scrambled like the transforms
-  std::unique_ptr<ColumnFft> fft;
-  Grid a, b;  // charges 1 + i y_x and y_y + i |y|^2
+  std::unique_ptr<StripFft> fft;
+  // The kernel's spectrum, real (the kernel is even), scaled by 1 / M^2, in the order the row
+  // strips see it: [strip][column][lane].
+  std::vector<float> kernel_hat;
+  Grid a, b;                  // charges 1 + i y_x and y_y + i |y|^2 (relative to the grid centre)
+  std::vector<float> wx, wy;  // Lagrange weights, p per point and axis
+  std::vector<int> gx, gy;    // first node of each point's box
+  std::vector<double> rep, z_each;  // the results
 };
 
 TsneFftRepulsion::TsneFftRepulsion(const TsneFftParams& params)
     : params_(params), state_(std::make_unique<State>()) {
-  if (params_.nodes_per_box < 2 || params_.min_boxes < 1 || !(params_.max_box > 0))
+  if (params_.nodes_per_box < 2 || params_.nodes_per_box > 8 || params_.min_boxes < 1 ||
+      !(params_.max_box > 0))
     throw std::invalid_argument("t-SNE FFT: bad interpolation parameters");
 }
 TsneFftRepulsion::~TsneFftRepulsion() = default;
 
-void TsneFftRepulsion::compute(const float* y, int n, double* rep, double* z_each) {
-  State& st = *state_;
-  const int p = params_.nodes_per_box;
-  double minx = y[0], maxx = y[0], miny = y[1], maxy = y[1];
-  for (int i = 1; i < n; ++i) {
-    minx = std::min(minx, double(y[2 * i]));
-    maxx = std::max(maxx, double(y[2 * i]));
-    miny = std::min(miny, double(y[2 * i + 1]));
-    maxy = std::max(maxy, double(y[2 * i + 1]));
-  }
-  const double extent = std::max({maxx - minx, maxy - miny, 1e-6}) * (1 + 1e-9);
+namespace {
 
-  // Boxes per side: enough for h <= max_box and at least min_boxes; then the smallest
-  // power-of-two FFT side M with N = boxes * p <= (M + 1) / 2 (no wrap-around in the circular
-  // convolution), and as many boxes as that M allows (finer boxes at no extra cost).
+// The kernel w^2 = 1 / (1 + r^2)^2 at every lattice offset (a, b), |a|, |b| < N, placed
+// circulantly on an M x M grid, transformed like the charges, as [strip][column][lane].
+std::vector<float> kernel_spectrum(const StripFft& fft, int M, int N, double spacing) {
+  Grid k;
+  k.reset(M, M);
+  for (int a = -(N - 1); a < N; ++a)
+    for (int b = -(N - 1); b < N; ++b) {
+      const double dx = a * spacing, dy = b * spacing;
+      const double w = 1.0 / (1.0 + dx * dx + dy * dy);
+      k.re[k.at((a + M) % M, (b + M) % M)] = static_cast<float>(w * w);
+    }
+  const int strips_c = (M + kLanes - 1) / kLanes;
+  tsne_parallel_for(strips_c, 4, [&](int sb, int se) {
+    for (int s = sb; s < se; ++s) fft.forward(&k.re[s * kLanes], &k.im[s * kLanes], k.ld);
+  });
+  const int strips_r = (M + kLanes - 1) / kLanes;
+  std::vector<float> hat(static_cast<size_t>(strips_r) * M * kLanes);
+  const float scale = static_cast<float>(1.0 / (double(M) * M));
+  tsne_parallel_for(strips_r, 4, [&](int sb, int se) {
+    std::vector<float> sre(static_cast<size_t>(M) * kLanes), sim(sre.size());
+    for (int s = sb; s < se; ++s) {
+      load_strip(k, s * kLanes, M, M, sre.data(), sim.data());
+      fft.forward(sre.data(), sim.data(), kLanes);
+      float* out = &hat[static_cast<size_t>(s) * M * kLanes];
+      for (size_t t = 0; t < sre.size(); ++t) out[t] = sre[t] * scale;
+    }
+  });
+  return hat;
+}
+
+// Convolves grid g (data in rows and columns [0, N)) with the kernel; afterwards rows and
+// columns [0, N) hold the potentials.
+void convolve(const StripFft& fft, const std::vector<float>& kernel_hat, Grid& g, int M, int N) {
+  column_transforms(fft, g, N, false);
+  std::vector<float> sre(static_cast<size_t>(M) * kLanes), sim(sre.size());
+  for (int r0 = 0; r0 < M; r0 += kLanes) {
+    load_strip(g, r0, N, M, sre.data(), sim.data());
+    fft.forward(sre.data(), sim.data(), kLanes);
+    const float* kh = &kernel_hat[static_cast<size_t>(r0 / kLanes) * M * kLanes];
+    for (size_t t = 0; t < sre.size(); ++t) {
+      sre[t] *= kh[t];
+      sim[t] *= kh[t];
+    }
+    fft.inverse(sre.data(), sim.data(), kLanes);
+    store_strip(g, r0, N, sre.data(), sim.data());
+  }
+  column_transforms(fft, g, N, true);
+}
+
+}  // namespace
+
+TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
+  State& st = *state_;
+  st.rep.resize(2 * static_cast<size_t>(n));
+  st.z_each.resize(n);
+  double* rep = st.rep.data();
+  double* z_each = st.z_each.data();
+  const int p = params_.nodes_per_box;
+  const TsneBox bb = tsne_bounding_box(y, n);
+  const double extent = std::max({bb.maxx - bb.minx, bb.maxy - bb.miny, 1e-6}) * (1 + 1e-9);
+
+  // Boxes per side: enough for h <= max_box and at least min_boxes (FIt-SNE's
+  // intervals_per_integer and min_num_intervals); then the smallest FFT side M with factors 2, 3
+  // and 5 that holds N = boxes * p nodes without wrap-around in the circular convolution
+  // (M >= 2N - 1), and as many boxes as that M allows (finer boxes at no extra cost).
   const int wanted =
       std::max(params_.min_boxes, static_cast<int>(std::ceil(extent / params_.max_box)));
-  int M = 16;
-  while ((M + 1) / 2 / p < wanted) M *= 2;
+  const int M = fft_friendly_size(2 * wanted * p - 1);
   const int boxes = (M + 1) / 2 / p;
   const int N = boxes * p;
   double h = extent / boxes;
   h = std::exp2(std::ceil(std::log2(h) * 32) / 32);  // quantised: the spectrum is reused
   const double spacing = h / p;                      // of the node lattice
-  const double cx = (minx + maxx) / 2, cy = (miny + maxy) / 2;
+  const double cx = (bb.minx + bb.maxx) / 2, cy = (bb.miny + bb.maxy) / 2;
   const double x0 = cx - boxes * h / 2, y0 = cy - boxes * h / 2;
 
   if (st.M != M) {
-    st.fft = std::make_unique<ColumnFft>(M);
+    st.fft = std::make_unique<StripFft>(M);
     st.M = M;
     st.spacing = 0;
   }
-  const ColumnFft& fft = *st.fft;
-  if (st.spacing != spacing) {
-    // The kernel w^2 at every lattice offset (a, b), |a|, |b| < N, placed circulantly.
-    Grid& k = st.a;
-    k.reset(M);
-    for (int a = -(N - 1); a < N; ++a)
-      for (int b = -(N - 1); b < N; ++b) {
-        const double dx = a * spacing, dy = b * spacing;
-        const double w = 1.0 / (1.0 + dx * dx + dy * dy);
-        k.re[k.at((a + M) % M, (b + M) % M)] = static_cast<GridReal>(w * w);
-      }
-    fft.forward(k, 0, M);
-    transpose(k);
-    fft.forward(k, 0, M);
-    st.kernel_hat = k.re;
+  const StripFft& fft = *st.fft;
+  if (st.spacing != spacing || st.N != N) {
+    st.kernel_hat = kernel_spectrum(fft, M, N, spacing);
     st.spacing = spacing;
+    st.N = N;
+    ++kernel_updates_;
   }
 
-  // Lagrange weights of every point in its box along x and y, and its node offsets.
-  std::vector<double> nodes(p), denom(p);
+  // Lagrange weights of every point in its box along x and y, and its first node.
+  double nodes[8], denom[8];
   for (int k = 0; k < p; ++k) nodes[k] = (k + 0.5) / p;
   for (int k = 0; k < p; ++k) {
     denom[k] = 1;
     for (int l = 0; l < p; ++l)
       if (l != k) denom[k] *= nodes[k] - nodes[l];
   }
-  std::vector<double> wx(static_cast<size_t>(n) * p), wy(static_cast<size_t>(n) * p);
-  std::vector<int> gx(n), gy(n);
-  parallel_ranges(n, 4096, [&](int b, int e) {
+  st.wx.resize(static_cast<size_t>(n) * p);
+  st.wy.resize(static_cast<size_t>(n) * p);
+  st.gx.resize(n);
+  st.gy.resize(n);
+  tsne_parallel_for(n, 4096, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
       for (int axis = 0; axis < 2; ++axis) {
         const double u = (y[2 * i + axis] - (axis ? y0 : x0)) / h;
         const int box = std::clamp(static_cast<int>(u), 0, boxes - 1);
         const double t = u - box;
-        double* w = (axis ? wy.data() : wx.data()) + static_cast<size_t>(i) * p;
+        float* w = (axis ? st.wy.data() : st.wx.data()) + static_cast<size_t>(i) * p;
         for (int k = 0; k < p; ++k) {
           double v = 1;
           for (int l = 0; l < p; ++l)
             if (l != k) v *= t - nodes[l];
-          w[k] = v / denom[k];
+          w[k] = static_cast<float>(v / denom[k]);
         }
-        (axis ? gy : gx)[i] = box * p;
+        (axis ? st.gy : st.gx)[i] = box * p;
       }
     }
   });
 
-  // Spread the four charges (relative to the grid centre) onto the nodes.
-  st.a.reset(M);
-  st.b.reset(M);
-  for (int i = 0; i < n; ++i) {
-    const double px = y[2 * i] - cx, py = y[2 * i + 1] - cy;
-    const double c1 = px, c2 = py, c3 = px * px + py * py;
-    const double* ux = &wx[static_cast<size_t>(i) * p];
-    const double* uy = &wy[static_cast<size_t>(i) * p];
-    for (int kx = 0; kx < p; ++kx) {
-      const size_t row = st.a.at(gx[i] + kx, gy[i]);
-      for (int ky = 0; ky < p; ++ky) {
-        const double w = ux[kx] * uy[ky];
-        st.a.re[row + ky] += w;
-        st.a.im[row + ky] += w * c1;
-        st.b.re[row + ky] += w * c2;
-        st.b.im[row + ky] += w * c3;
+  // The two grids are independent: one thread each spreads its two charges (relative to the
+  // grid centre) onto the nodes and convolves.
+  tsne_parallel_for(2, 1, [&](int gb, int ge) {
+    for (int which = gb; which < ge; ++which) {
+      Grid& g = which == 0 ? st.a : st.b;
+      g.reset(M, N);
+      for (int i = 0; i < n; ++i) {
+        const float px = static_cast<float>(y[2 * i] - cx),
+                    py = static_cast<float>(y[2 * i + 1] - cy);
+        const float cre = which == 0 ? 1.f : py;
+        const float cim = which == 0 ? px : px * px + py * py;
+        const float* ux = &st.wx[static_cast<size_t>(i) * p];
+        const float* uy = &st.wy[static_cast<size_t>(i) * p];
+        for (int kx = 0; kx < p; ++kx) {
+          const size_t row = g.at(st.gx[i] + kx, st.gy[i]);
+          for (int ky = 0; ky < p; ++ky) {
+            const float w = ux[kx] * uy[ky];
+            g.re[row + ky] += w * cre;
+            g.im[row + ky] += w * cim;
+          }
+        }
       }
+      convolve(fft, st.kernel_hat, g, M, N);
     }
-  }
-
-  // Convolve both grids with the kernel: only the first N columns hold charges, and only the
-  // first N rows and columns of the result are read.
-  const double scale = 1.0 / (static_cast<double>(M) * M);
-  for (Grid* g : {&st.a, &st.b}) {
-    fft.forward(*g, 0, N);
-    transpose(*g);
-    fft.forward(*g, 0, M);
-    const GridReal* kh = st.kernel_hat.data();
-    GridReal* re = g->re.data();
-    GridReal* im = g->im.data();
-    const size_t total = g->re.size();  // the padding columns are zero in both
-    for (size_t t = 0; t < total; ++t) {
-      re[t] *= kh[t] * static_cast<GridReal>(scale);
-      im[t] *= kh[t] * static_cast<GridReal>(scale);
-    }
-    fft.inverse(*g, 0, M);
-    transpose(*g);
-    fft.inverse(*g, 0, N);
-  }
+  });
 
   // Interpolate the potentials back to the points; forces and Z_i from them.
-  parallel_ranges(n, 4096, [&](int b, int e) {
+  tsne_parallel_for(n, 4096, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
-      const double* ux = &wx[static_cast<size_t>(i) * p];
-      const double* uy = &wy[static_cast<size_t>(i) * p];
+      const float* ux = &st.wx[static_cast<size_t>(i) * p];
+      const float* uy = &st.wy[static_cast<size_t>(i) * p];
       double phi[4] = {0, 0, 0, 0};
       for (int kx = 0; kx < p; ++kx) {
-        const size_t row = st.a.at(gx[i] + kx, gy[i]);
+        const size_t row = st.a.at(st.gx[i] + kx, st.gy[i]);
         for (int ky = 0; ky < p; ++ky) {
-          const double w = ux[kx] * uy[ky];
+          const double w = double(ux[kx]) * uy[ky];
           phi[0] += w * st.a.re[row + ky];
           phi[1] += w * st.a.im[row + ky];
           phi[2] += w * st.b.re[row + ky];
@@ -413,6 +452,7 @@ void TsneFftRepulsion::compute(const float* y, int n, double* rep, double* z_eac
   });
   last_fft_side_ = M;
   last_box_ = h;
+  return {rep, z_each};
 }
 
 }  // namespace kvscope

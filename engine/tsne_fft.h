@@ -14,12 +14,24 @@
 //     equispaced interpolation nodes (p = 3);
 //  2. spreading the charges onto the nodes with the Lagrange polynomials of each point's box;
 //  3. convolving the node charges with K sampled on the node lattice, by a 2-D FFT of the
-//     zero-padded grid (a Toeplitz product embedded in a circulant one; radix-2, written here);
+//     zero-padded grid (a Toeplitz product embedded in a circulant one). The FFT is written here:
+//     mixed radix (4, 2, 3, 5) in float, 16 transforms side by side across the lanes of a strip;
+//     the column transforms run in place, the row transforms on 16 rows at a time copied into
+//     an L2-sized strip where the product with the kernel's (real) spectrum happens between the
+//     forward and the inverse transform, so the grid is never transposed. The 4 real charges
+//     are packed as 2 complex grids (1 + i y_x, y_y + i |y|^2: the kernel's spectrum is real, so
+//     real and imaginary parts never mix), one thread each;
 //  4. interpolating the node potentials back to the points with the same Lagrange weights.
-// Cost per iteration O(n p^2 + M^2 log M) with M the padded FFT side; memory O(n + M^2).
-// Accuracy is that of the interpolation of K over a box (h <= 1 by default, as FIt-SNE's
-// intervals_per_integer = 1): about 1e-3 relative on the force (test_tsne compares it to the
-// exact gradient).
+// Grid sizing as FIt-SNE's defaults: boxes of side h <= 1 (intervals_per_integer = 1), at least
+// 50 per side (min_num_intervals), p = 3 nodes; the padded side M is the smallest number with
+// no prime factor above 5 and M >= 2N - 1 (N = boxes * p), and the boxes are then made as many
+// as that M holds. At 32768 keys the embedding ends about 110 wide: M = 675 (a power of two
+// would need 1024).
+// Cost per iteration O(n p^2 + M^2 log M); memory O(n + M^2).
+// Accuracy is that of the interpolation of K over a box (test_tsne, gradient of a 1500-point
+// embedding against the exact one): 1e-4 relative with boxes of side 0.16 (the 50-box minimum on
+// that small embedding), 4% with boxes of side 1 (what long captures get; Barnes-Hut at
+// theta 0.5: 4.5%).
 #pragma once
 
 #include <memory>
@@ -30,7 +42,7 @@ namespace kvscope {
 
 struct TsneFftParams {
   int nodes_per_box = 3;  // p
-  int min_boxes = 40;     // per side
+  int min_boxes = 50;     // per side
   double max_box = 1.0;   // largest box side h (embedding units)
 };
 
@@ -40,10 +52,16 @@ class TsneFftRepulsion {
  public:
   explicit TsneFftRepulsion(const TsneFftParams& params = {});
   ~TsneFftRepulsion();
-  // rep[2i..2i+1] = sum_j w_ij^2 (y_i - y_j), z_each[i] = sum_{j != i} w_ij (y: n x 2).
-  void compute(const float* y, int n, double* rep, double* z_each);
-  int last_fft_side() const { return last_fft_side_; }  // M of the latest call
-  double last_box() const { return last_box_; }         // h of the latest call
+  // rep[2i..2i+1] = sum_j w_ij^2 (y_i - y_j), z_each[i] = sum_{j != i} w_ij (y: n x 2), in
+  // buffers owned by this object (valid until the next call).
+  struct Sums {
+    const double* rep;
+    const double* z_each;
+  };
+  Sums compute(const float* y, int n);
+  int last_fft_side() const { return last_fft_side_; }    // M of the latest call
+  double last_box() const { return last_box_; }           // h of the latest call
+  int kernel_updates() const { return kernel_updates_; }  // spectra computed so far
 
  private:
   struct State;
@@ -51,6 +69,7 @@ class TsneFftRepulsion {
   std::unique_ptr<State> state_;
   int last_fft_side_ = 0;
   double last_box_ = 0;
+  int kernel_updates_ = 0;
 };
 
 // The gradient of KL(P || Q), with the same definition and return value as cpu_tsne_gradient
