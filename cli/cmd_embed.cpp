@@ -97,11 +97,12 @@ void run_embed(const EmbedOptions& o) {
     std::printf("pca: axes show %.1f%% and %.1f%% of the variance; %.3f s\n", 100 * p.explained[0],
                 100 * p.explained[1], seconds);
   } else {
-    std::printf(
-        "tsne: perplexity %g, %d iterations, %s (theta %g), learning rate %g, KL %.4f; %.3f s on "
-        "%s\n",
-        p.perplexity, p.iterations, p.gradient.c_str(), p.theta, p.learning_rate, p.kl, seconds,
-        backend.name().c_str());
+    // The opening angle means something only for Barnes-Hut.
+    char theta[32] = "";
+    if (p.gradient == "Barnes-Hut") std::snprintf(theta, sizeof theta, " (theta %g)", p.theta);
+    std::printf("tsne: perplexity %g, %d iterations, %s%s, learning rate %g, KL %.4f; %.3f s on %s\n",
+                p.perplexity, p.iterations, p.gradient.c_str(), theta, p.learning_rate, p.kl,
+                seconds, backend.name().c_str());
   }
   std::printf("wrote %s (%lld rows)\n", printable(o.out).c_str(),
               static_cast<long long>(p.coords.rows()));
