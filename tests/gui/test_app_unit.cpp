@@ -1,8 +1,12 @@
 // Unit tests of the app framework without a window: the worker (results applied on the UI
 // thread, newest request wins, cancellation, errors), sessions, token classification, the PNG
-// writer and the software rasteriser.
+// writer, the software rasteriser, and the input queue (clicks and key chords that arrive
+// between two slow frames, the Open dialog's double-click).
 #include <gtest/gtest.h>
 #include <stb_image.h>
+
+#define GLFW_INCLUDE_NONE  // key and action codes only
+#include <GLFW/glfw3.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +18,8 @@
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/export.h"
+#include "app/file_browser.h"
+#include "app/input_queue.h"
 #include "app/plot.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
@@ -500,6 +506,127 @@ TEST(SoftRender, FillsRectanglesAndRespectsClipping) {
   stbi_image_free(img);
   fs::remove(png);
   EXPECT_THROW(write_png("/nonexistent-dir/x.png", px, 200, 120, false), InputError);
+  ImGui::DestroyContext();
+}
+
+// ---- input queue (app/input_queue.h): what the app's frame loop does with GLFW's events, with
+// frames 0.25 s apart as on a loaded machine rendering in software.
+struct SeenFrame {
+  bool clicked = false, double_clicked = false, released = false, ctrl_o = false;
+  ImVec2 pos;
+};
+SeenFrame slow_frame(InputQueue& q, ImVec2 pointer, const std::function<void()>& draw = {}) {
+  ImGuiIO& io = ImGui::GetIO();
+  io.DeltaTime = 0.25f;
+  io.MousePos = pointer;  // what the GLFW backend reads at the start of the frame
+  q.feed(io);
+  ImGui::NewFrame();
+  q.after_new_frame(io);
+  SeenFrame f;
+  f.clicked = ImGui::IsMouseClicked(ImGuiMouseButton_Left);
+  f.double_clicked = ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left);
+  f.released = ImGui::IsMouseReleased(ImGuiMouseButton_Left);
+  f.ctrl_o = io.KeyCtrl && ImGui::IsKeyPressed(GLFW_KEY_O, false);
+  f.pos = io.MousePos;
+  if (draw) draw();
+  ImGui::Render();
+  return f;
+}
+// xdotool's `click --repeat 2 --delay 80`: press, release, 80 ms, press, release.
+void queue_double_click(InputQueue& q, ImVec2 at, double t) {
+  q.cursor(at.x, at.y);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, t);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, t + 0.012);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, t + 0.092);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, t + 0.104);
+}
+
+TEST(InputQueue, TwoClicksBetweenTwoFramesAreTwoClicksAndADoubleClick) {
+  soft_init(800, 600);
+  InputQueue q;
+  slow_frame(q, {100, 100});
+  queue_double_click(q, {100, 100}, 1.0);
+  int clicks = 0, doubles = 0, releases = 0;
+  for (int f = 0; f < 8; ++f) {
+    const SeenFrame s = slow_frame(q, {100, 100});
+    clicks += s.clicked;
+    releases += s.released;
+    if (s.double_clicked) {
+      ++doubles;
+      EXPECT_EQ(clicks, 2) << "the double-click is the second click";
+    }
+  }
+  EXPECT_FALSE(q.pending());
+  EXPECT_EQ(clicks, 2);
+  EXPECT_EQ(releases, 2);
+  // The presses reach ImGui 0.5 s apart by its frame clock; by their arrival they are 92 ms.
+  EXPECT_EQ(doubles, 1);
+
+  // Clicks 0.8 s apart are two single clicks.
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 5.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 5.0);
+  for (int f = 0; f < 3; ++f) doubles += slow_frame(q, {100, 100}).double_clicked;
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 5.8);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 5.8);
+  for (int f = 0; f < 3; ++f) doubles += slow_frame(q, {100, 100}).double_clicked;
+  EXPECT_EQ(doubles, 1);
+  ImGui::DestroyContext();
+}
+
+TEST(InputQueue, APressCountsWhereItHappenedAndAChordSurvivesAFastRelease) {
+  soft_init(800, 600);
+  InputQueue q;
+  slow_frame(q, {10, 10});
+  // Pressed and released at (100, 100); the pointer is at (300, 300) by the next frame.
+  q.cursor(100, 100);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 1.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 1.05);
+  q.cursor(300, 300);
+  SeenFrame press = slow_frame(q, {300, 300});
+  EXPECT_TRUE(press.clicked);
+  EXPECT_EQ(press.pos.x, 100);
+  SeenFrame release = slow_frame(q, {300, 300});
+  EXPECT_TRUE(release.released);
+  EXPECT_EQ(release.pos.x, 100);
+  EXPECT_EQ(slow_frame(q, {300, 300}).pos.x, 300);
+
+  // Ctrl+O as xdotool sends it: Ctrl arrives, then O's press, Ctrl's release and O's release
+  // between two frames. Some frame must see O pressed with Ctrl held.
+  q.key(GLFW_KEY_LEFT_CONTROL, GLFW_PRESS);
+  bool chord = slow_frame(q, {300, 300}).ctrl_o;
+  q.key(GLFW_KEY_O, GLFW_PRESS);
+  q.key(GLFW_KEY_LEFT_CONTROL, GLFW_RELEASE);
+  q.key(GLFW_KEY_O, GLFW_RELEASE);
+  for (int f = 0; f < 4; ++f) chord |= slow_frame(q, {300, 300}).ctrl_o;
+  EXPECT_TRUE(chord);
+  EXPECT_FALSE(ImGui::GetIO().KeyCtrl);
+  EXPECT_FALSE(ImGui::GetIO().KeysDown[GLFW_KEY_O]);
+  ImGui::DestroyContext();
+}
+
+// The Open dialog, drawn as in the app: a double-click on a file opens it, even when both clicks
+// arrive between two slow frames.
+TEST(InputQueue, OpenDialogDoubleClickOpensTheFile) {
+  soft_init(1400, 900);
+  InputQueue q;
+  FileBrowser browser;
+  std::string picked;
+  browser.open("Open capture", std::string(KVSCOPE_SOURCE_DIR) + "/sample_data",
+               {".safetensors", ".npz"}, [&](const std::string& p) { picked = p; });
+  std::map<std::string, std::array<float, 4>> items;
+  auto draw = [&] {
+    items.clear();
+    browser.draw(&items);
+  };
+  const std::string entry = "browser:stories260K_dragon.safetensors";
+  for (int f = 0; f < 4; ++f) slow_frame(q, {-1, -1}, draw);  // the modal settles
+  ASSERT_TRUE(items.count(entry)) << "the dialog lists the other sample";
+  const auto& r = items[entry];
+  const ImVec2 at((r[0] + r[2]) / 2, (r[1] + r[3]) / 2);
+  queue_double_click(q, at, 10.0);
+  for (int f = 0; f < 8 && picked.empty(); ++f) slow_frame(q, at, draw);
+  EXPECT_EQ(fs::path(picked).filename(), "stories260K_dragon.safetensors");
+  EXPECT_FALSE(browser.is_open());
   ImGui::DestroyContext();
 }
 
