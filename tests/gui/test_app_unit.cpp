@@ -341,6 +341,23 @@ TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
   EXPECT_GT(s.result(kFocusA).seconds, 0.0);
 }
 
+// Evaluations of a method not yet measured: other methods' evaluation cost per unit, but no more
+// than the method's own focused run. (Costing every baseline like BalanceKV held the sample's
+// five-method sweep for a Run click at 4.5 s; it runs in about 1 s.)
+TEST(Costs, UnmeasuredEvaluationsCostNoMoreThanTheMethodsFocusedRun) {
+  CostModel c;
+  c.record("eval:balancekv", 1e6, 5e-3);  // 5e-9 s per unit
+  c.record("head:balancekv", 1e6, 5e-2);  // the focused run also records the walk trace
+  c.record("head:uniform", 1e6, 1e-3);
+  EXPECT_DOUBLE_EQ(c.per_unit("eval:balancekv"), 5e-9);
+  EXPECT_DOUBLE_EQ(c.per_unit("eval:uniform"), 1e-9);
+  EXPECT_DOUBLE_EQ(c.per_unit("eval:snapkv"), 5e-9);  // nothing of its own measured
+  EXPECT_FALSE(c.measured("eval:uniform"));
+  CostModel fresh_machine;
+  fresh_machine.record("head:streaming", 1e6, 2e-3);
+  EXPECT_DOUBLE_EQ(fresh_machine.per_unit("eval:streaming"), 2e-9);
+}
+
 TEST(Session, RoundTripsSettings) {
   AppState a;
   a.settings.method = {MethodChoice{"balancekv", {{"gamma", 0.5}}},
