@@ -30,6 +30,13 @@ void InputQueue::cursor(double x, double y) {
   has_cursor_ = true;
 }
 
+bool InputQueue::typed_text(int key, const ImGuiIO& io) const {
+  const bool modifier = key_down_[GLFW_KEY_LEFT_CONTROL] || key_down_[GLFW_KEY_RIGHT_CONTROL] ||
+                        key_down_[GLFW_KEY_LEFT_ALT] || key_down_[GLFW_KEY_RIGHT_ALT] ||
+                        key_down_[GLFW_KEY_LEFT_SUPER] || key_down_[GLFW_KEY_RIGHT_SUPER];
+  return io.WantTextInput && !modifier && key >= GLFW_KEY_SPACE && key <= GLFW_KEY_GRAVE_ACCENT;
+}
+
 void InputQueue::feed(ImGuiIO& io) {
   double_now_.fill(false);
   std::array<bool, kKeys> key_changed{};
@@ -42,8 +49,20 @@ void InputQueue::feed(ImGuiIO& io) {
     bool& changed = e.is_button ? button_changed[c] : key_changed[c];
     bool& down = e.is_button ? button_down_[c] : key_down_[c];
     if (down == e.down) continue;  // e.g. a release GLFW sent on losing focus
+    if (!e.is_button && typed_text(e.code, io)) {
+      down = e.down;  // text comes through ImGui's character queue: no frame of its own
+      continue;
+    }
     // A second change of one key or button, or a release after a press: the next frame.
     if (changed || (pressed && !e.down)) break;
+    if (e.is_button && e.has_pos && (e.x != shown_pos_.x || e.y != shown_pos_.y)) {
+      // The pointer moved and pressed (or released) between two frames: ImGui sees it at the
+      // new place for one frame first. Tabs (items that allow overlap) take a press only where
+      // the previous frame found the pointer: a click on a tab right after the pointer
+      // jumped there from another tab did nothing.
+      io.MousePos = ImVec2(e.x, e.y);
+      break;
+    }
     changed = true;
     down = e.down;
     pressed |= e.down;
@@ -60,6 +79,7 @@ void InputQueue::feed(ImGuiIO& io) {
     }
   }
   events_.erase(events_.begin(), events_.begin() + static_cast<long>(used));
+  shown_pos_ = io.MousePos;
   hold(io);
 }
 

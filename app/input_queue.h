@@ -9,9 +9,10 @@
 // one press or release of each key and button (the rest waits for the next frame, which the
 // loop draws at once), and a release that follows a press of this frame waits too, so that
 // Ctrl+O released as fast as xdotool does is still seen as a chord. A press or release of a
-// button is given at the pointer position where it happened,
-// and a double-click is decided from the times the two presses arrived, not from the frame
-// clock (two presses three frames apart are still a double-click when the frames are slow).
+// button is given at the pointer position where it happened, after one frame that shows the
+// pointer there (so the widget under it is hovered before it is clicked), and a double-click is
+// decided from the times the two presses arrived, not from the frame clock (two presses three
+// frames apart are still a double-click when the frames are slow).
 //
 // Keys and buttons are GLFW codes (ImGui 1.86's GLFW backend indexes io.KeysDown by them).
 #pragma once
@@ -48,6 +49,10 @@ class InputQueue {
   bool pending() const { return !events_.empty(); }
 
  private:
+  // A printable key without Ctrl, Alt or Super while a text field has the keyboard: typed text,
+  // which ImGui reads from its character queue, not from key states (a path typed by xdotool
+  // would otherwise take two frames per character).
+  bool typed_text(int key, const ImGuiIO& io) const;
   // One queue for keys and buttons: their order matters (Ctrl, then O, then the release of Ctrl).
   struct Event {
     bool is_button;
@@ -63,6 +68,7 @@ class InputQueue {
   std::array<double, kButtons> last_press_s_{-1e9, -1e9, -1e9, -1e9, -1e9};
   std::array<ImVec2, kButtons> last_press_pos_{};
   std::array<bool, kButtons> double_now_{};
+  ImVec2 shown_pos_{-1e30f, -1e30f};  // the pointer position ImGui saw in the last frame
   float cursor_x_ = 0, cursor_y_ = 0;
   bool has_cursor_ = false;
 };

@@ -599,6 +599,9 @@ TEST(InputQueue, APressCountsWhereItHappenedAndAChordSurvivesAFastRelease) {
   q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 1.0);
   q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 1.05);
   q.cursor(300, 300);
+  SeenFrame hover = slow_frame(q, {300, 300});  // the pointer shown where it pressed first
+  EXPECT_FALSE(hover.clicked);
+  EXPECT_EQ(hover.pos.x, 100);
   SeenFrame press = slow_frame(q, {300, 300});
   EXPECT_TRUE(press.clicked);
   EXPECT_EQ(press.pos.x, 100);
@@ -618,6 +621,65 @@ TEST(InputQueue, APressCountsWhereItHappenedAndAChordSurvivesAFastRelease) {
   EXPECT_TRUE(chord);
   EXPECT_FALSE(ImGui::GetIO().KeyCtrl);
   EXPECT_FALSE(ImGui::GetIO().KeysDown[GLFW_KEY_O]);
+  ImGui::DestroyContext();
+}
+
+// The pointer jumps from one tab to another and clicks between two frames: the other tab opens.
+// (ImGui takes a press on a tab only where the previous frame found the pointer.)
+TEST(InputQueue, AClickRightAfterAJumpToAnotherTabOpensIt) {
+  soft_init(800, 600);
+  InputQueue q;
+  ImVec2 centre[2];
+  int open_tab = -1;
+  auto draw = [&] {
+    ImGui::SetNextWindowPos(ImVec2(0, 0));
+    ImGui::SetNextWindowSize(ImVec2(800, 600));
+    ImGui::Begin("tabs", nullptr, ImGuiWindowFlags_NoDecoration);
+    if (ImGui::BeginTabBar("##bar")) {
+      for (int t = 0; t < 2; ++t) {
+        const bool open = ImGui::BeginTabItem(t == 0 ? "first tab" : "second tab");
+        const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+        centre[t] = ImVec2((a.x + b.x) / 2, (a.y + b.y) / 2);
+        if (open) {
+          open_tab = t;
+          ImGui::EndTabItem();
+        }
+      }
+      ImGui::EndTabBar();
+    }
+    ImGui::End();
+  };
+  for (int f = 0; f < 3; ++f) slow_frame(q, {-1, -1}, draw);
+  for (int f = 0; f < 2; ++f) slow_frame(q, centre[0], draw);  // hovering the first tab
+  ASSERT_EQ(open_tab, 0);
+  q.cursor(centre[1].x, centre[1].y);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 3.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 3.1);
+  for (int f = 0; f < 5; ++f) slow_frame(q, centre[1], draw);
+  EXPECT_EQ(open_tab, 1);
+  ImGui::DestroyContext();
+}
+
+// A path typed into a text field (xdotool types 60 characters in under a second) must not hold
+// the Enter that follows for two frames per character; Ctrl+letter still waits its turn.
+TEST(InputQueue, TypedTextDoesNotDelayTheKeysAfterIt) {
+  soft_init(800, 600);
+  InputQueue q;
+  slow_frame(q, {10, 10});
+  for (int i = 0; i < 60; ++i) {
+    q.key(GLFW_KEY_A + i % 26, GLFW_PRESS);
+    q.key(GLFW_KEY_A + i % 26, GLFW_RELEASE);
+  }
+  q.key(GLFW_KEY_ENTER, GLFW_PRESS);
+  q.key(GLFW_KEY_ENTER, GLFW_RELEASE);
+  int frames = 0;
+  bool enter = false;
+  for (; frames < 10 && !enter; ++frames) {
+    ImGui::GetIO().WantTextInput = true;  // a text field has the keyboard
+    slow_frame(q, {10, 10}, [&] { enter = ImGui::IsKeyPressed(GLFW_KEY_ENTER, false); });
+  }
+  EXPECT_TRUE(enter);
+  EXPECT_LE(frames, 1);
   ImGui::DestroyContext();
 }
 
