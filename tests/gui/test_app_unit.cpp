@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -621,6 +622,30 @@ TEST(InputQueue, APressCountsWhereItHappenedAndAChordSurvivesAFastRelease) {
   EXPECT_TRUE(chord);
   EXPECT_FALSE(ImGui::GetIO().KeyCtrl);
   EXPECT_FALSE(ImGui::GetIO().KeysDown[GLFW_KEY_O]);
+  ImGui::DestroyContext();
+}
+
+// The backend reports no pointer (the window has neither focus nor the pointer, as far as GLFW
+// knows) while a click arrives: the click still comes, at its own position, and is not put off
+// frame after frame (the frame before it showed the pointer there).
+TEST(InputQueue, AClickArrivesWhenTheBackendReportsNoPointer) {
+  soft_init(800, 600);
+  InputQueue q;
+  const ImVec2 nowhere(-FLT_MAX, -FLT_MAX);
+  slow_frame(q, nowhere);
+  q.cursor(100, 100);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 1.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 1.1);
+  int clicks = 0;
+  for (int f = 0; f < 6; ++f) {
+    const SeenFrame s = slow_frame(q, nowhere);
+    if (s.clicked) {
+      EXPECT_EQ(s.pos.x, 100);
+    }
+    clicks += s.clicked;
+  }
+  EXPECT_EQ(clicks, 1);
+  EXPECT_FALSE(q.pending());
   ImGui::DestroyContext();
 }
 
