@@ -409,6 +409,9 @@ void AppUi::export_all_json(const std::string& dir) const {
   nlohmann::json items = nlohmann::json::object();
   for (const auto& [name, rect] : s_.ui_items) items[name] = rect;
   st["ui_items"] = items;
+  // The rectangle an export of the active view covers (the GUI test checks a PNG has its size).
+  const ScreenRect r = view_rect(s_.settings.active_view);
+  st["view_rect"] = {r.x0, r.y0, r.x1, r.y1};
   std::ofstream f(fs::path(dir) / "state.json");
   f << st.dump(2) << "\n";
 }

@@ -28,10 +28,10 @@ void FileBrowser::open(const std::string& title, const std::string& start_dir,
   refresh();
 }
 
-void FileBrowser::select(int i) {
+void FileBrowser::select(int i, bool scroll) {
   if (i < 0 || i >= static_cast<int>(entries_.size())) return;
   selected_ = i;
-  scroll_to_selected_ = true;
+  scroll_to_selected_ = scroll;
   const Entry& e = entries_[static_cast<size_t>(i)];
   if (!e.dir) std::snprintf(path_buf_, sizeof path_buf_, "%s", (fs::path(dir_) / e.name).c_str());
 }
@@ -106,15 +106,16 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
       const bool clicked =
           ImGui::Selectable(label, selected_ == i, ImGuiSelectableFlags_AllowDoubleClick);
       record("browser:" + e.name);
-      // A double-click opens the entry whether or not the Selectable reports it (it does only
-      // when both clicks land in separate frames).
+      // The second press of a double-click (app/input_queue.h decides it from event times).
       const bool double_clicked =
           ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left);
       if (selected_ == i && scroll_to_selected_) {
         ImGui::SetScrollHereY();
         scroll_to_selected_ = false;
       }
-      if (clicked || double_clicked) select(i);
+      // A click never scrolls the list: the second click of a double-click must land on the
+      // same entry.
+      if (clicked || double_clicked) select(i, false);
       if (double_clicked) {
         activate = true;
         break;
@@ -126,9 +127,9 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
   const bool typing = ImGui::GetIO().WantTextInput;
   if (!typing && !entries_.empty()) {
     if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_DownArrow)))
-      select(std::min(static_cast<int>(entries_.size()) - 1, selected_ + 1));
+      select(std::min(static_cast<int>(entries_.size()) - 1, selected_ + 1), true);
     if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_UpArrow)))
-      select(std::max(0, selected_ - 1));
+      select(std::max(0, selected_ - 1), true);
   }
   const bool enter = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Enter), false) ||
                      ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_KeyPadEnter), false);

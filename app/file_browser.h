@@ -23,7 +23,8 @@ class FileBrowser {
 
  private:
   void refresh();
-  void select(int i);
+  // `scroll`: bring the entry into view (keyboard); a click leaves the list where it is.
+  void select(int i, bool scroll);
   struct Entry {
     std::string name;
     bool dir = false;

@@ -17,6 +17,7 @@
 #include "app/app_state.h"
 #include "app/export.h"
 #include "app/headless.h"
+#include "app/input_queue.h"
 #include "app/screenshot.h"
 #include "app/soft_render.h"
 #include "backends/imgui_impl_glfw.h"
@@ -35,64 +36,28 @@ constexpr int kFramesAfterInput = 4;
 void note_input() {
   g_input_frames = kFramesAfterInput;
 }
+// Keys and mouse buttons reach ImGui through this queue (see app/input_queue.h): one change per
+// key or button per frame, so taps and double-clicks between two frames are not lost.
+kvscope::app::InputQueue g_input;
+
 // Installed before ImGui's callbacks, which chain to them.
-void on_mouse_button(GLFWwindow*, int, int, int) {
+void on_mouse_button(GLFWwindow*, int button, int action, int) {
   note_input();
+  g_input.button(button, action, glfwGetTime());
 }
 void on_scroll(GLFWwindow*, double, double) {
   note_input();
 }
-// ImGui 1.86 reads keys as a state (io.KeysDown), so a key pressed and released between two
-// frames (a quick tap, or an X input event pair as xdotool sends it) would never be seen. Key
-// events are therefore queued here and fed to ImGui at most one press/release of a key per
-// frame; the rest waits for the next frame (which the loop draws at once).
-struct KeyEvent {
-  int key;
-  bool down;
-};
-std::vector<KeyEvent> g_key_queue;
-bool g_key_down[512] = {};
-
 void on_key(GLFWwindow*, int key, int, int action, int) {
   note_input();
-  if (key < 0 || key >= 512) return;
-  if (action == GLFW_REPEAT) {
-    // GLFW (X11) takes a release followed within 20 ms by a press of the same key for auto-repeat
-    // and drops the release; on a loaded X server two separate taps arrive like that. Either
-    // way it is a new press: release and press again.
-    g_key_queue.push_back({key, false});
-    g_key_queue.push_back({key, true});
-    return;
-  }
-  g_key_queue.push_back({key, action == GLFW_PRESS});
-}
-
-// After polling: ImGui's callback has applied every event; replace that with the queued events
-// up to the first release of a key pressed in this same frame.
-void feed_keys() {
-  ImGuiIO& io = ImGui::GetIO();
-  for (int k = 0; k < 512; ++k) io.KeysDown[k] = g_key_down[k];
-  bool pressed_now[512] = {};
-  size_t used = 0;
-  for (; used < g_key_queue.size(); ++used) {
-    const KeyEvent& e = g_key_queue[used];
-    if (!e.down && pressed_now[e.key]) break;  // its release is for the next frame
-    if (e.down) pressed_now[e.key] = true;
-    g_key_down[e.key] = e.down;
-    io.KeysDown[e.key] = e.down;
-  }
-  g_key_queue.erase(g_key_queue.begin(), g_key_queue.begin() + static_cast<long>(used));
-  if (!g_key_queue.empty()) note_input();
-  io.KeyCtrl = io.KeysDown[GLFW_KEY_LEFT_CONTROL] || io.KeysDown[GLFW_KEY_RIGHT_CONTROL];
-  io.KeyShift = io.KeysDown[GLFW_KEY_LEFT_SHIFT] || io.KeysDown[GLFW_KEY_RIGHT_SHIFT];
-  io.KeyAlt = io.KeysDown[GLFW_KEY_LEFT_ALT] || io.KeysDown[GLFW_KEY_RIGHT_ALT];
-  io.KeySuper = io.KeysDown[GLFW_KEY_LEFT_SUPER] || io.KeysDown[GLFW_KEY_RIGHT_SUPER];
+  g_input.key(key, action);
 }
 void on_char(GLFWwindow*, unsigned int) {
   note_input();
 }
-void on_cursor(GLFWwindow*, double, double) {
+void on_cursor(GLFWwindow*, double x, double y) {
   note_input();
+  g_input.cursor(x, y);
 }
 
 void on_drop(GLFWwindow*, int count, const char** paths) {
@@ -140,6 +105,7 @@ void save_dense_png(kvscope::app::AppUi& ui, const kvscope::app::AppUi::PngReque
   int w = 0, h = 0;
   for (int frame = 0; frame < 2; ++frame) {
     ImGui_ImplGlfw_NewFrame();
+    g_input.hold(io);  // no press or release seen in these frames
     w = static_cast<int>(std::lround(io.DisplaySize.x * d));
     h = static_cast<int>(std::lround(io.DisplaySize.y * d));
     io.DisplaySize = ImVec2(static_cast<float>(w), static_cast<float>(h));
@@ -301,10 +267,12 @@ int main(int argc, char** argv) {
         ImGui::GetStyle().AntiAliasedLines = ImGui::GetStyle().AntiAliasedFill = false;
       ImGui_ImplOpenGL3_NewFrame();
       ImGui_ImplGlfw_NewFrame();
-      feed_keys();
+      g_input.feed(ImGui::GetIO());
+      if (g_input.pending()) note_input();  // the rest in the next frame, drawn at once
       // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
       if (headless) ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
       ImGui::NewFrame();
+      g_input.after_new_frame(ImGui::GetIO());
       ui.draw();
       ImGui::Render();
       ui.after_render(ImGui::GetDrawData());

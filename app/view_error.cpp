@@ -367,7 +367,8 @@ class ErrorView final : public View {
     const EvalWindow w = s.window();
     p.cost_class = "eval:" + m->name();
     p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
-              (static_cast<double>(w.eval) * ci.group_size() + 64.0) * heads * tune_seeds_ *
+              (static_cast<double>(w.eval) * ci.group_size() + 64.0) * heads *
+              (m->depends_on_seed() ? tune_seeds_ : 1) *
               static_cast<double>(g.rows.values.size() * g.cols.values.size());
     p.auto_limit_s = 3.0;
     std::shared_ptr<CaptureFile> capture = s.capture;

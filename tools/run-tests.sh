@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/bootstrap.sh
 cd "${KVSCOPE_BUILD_DIR:-build}"
-ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE gui_flaky
+ctest --output-on-failure -j "$(nproc)" --timeout 900

@@ -1,11 +1,16 @@
 // Unit tests of the app framework without a window: the worker (results applied on the UI
 // thread, newest request wins, cancellation, errors), sessions, token classification, the PNG
-// writer and the software rasteriser.
+// writer, the software rasteriser, and the input queue (clicks and key chords that arrive
+// between two slow frames, the Open dialog's double-click).
 #include <gtest/gtest.h>
 #include <stb_image.h>
 
+#define GLFW_INCLUDE_NONE  // key and action codes only
+#include <GLFW/glfw3.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +19,8 @@
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/export.h"
+#include "app/file_browser.h"
+#include "app/input_queue.h"
 #include "app/plot.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
@@ -335,6 +342,23 @@ TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
   EXPECT_GT(s.result(kFocusA).seconds, 0.0);
 }
 
+// Evaluations of a method not yet measured: other methods' evaluation cost per unit, but no more
+// than the method's own focused run. (Costing every baseline like BalanceKV held the sample's
+// five-method sweep for a Run click at 4.5 s; it runs in about 1 s.)
+TEST(Costs, UnmeasuredEvaluationsCostNoMoreThanTheMethodsFocusedRun) {
+  CostModel c;
+  c.record("eval:balancekv", 1e6, 5e-3);  // 5e-9 s per unit
+  c.record("head:balancekv", 1e6, 5e-2);  // the focused run also records the walk trace
+  c.record("head:uniform", 1e6, 1e-3);
+  EXPECT_DOUBLE_EQ(c.per_unit("eval:balancekv"), 5e-9);
+  EXPECT_DOUBLE_EQ(c.per_unit("eval:uniform"), 1e-9);
+  EXPECT_DOUBLE_EQ(c.per_unit("eval:snapkv"), 5e-9);  // nothing of its own measured
+  EXPECT_FALSE(c.measured("eval:uniform"));
+  CostModel fresh_machine;
+  fresh_machine.record("head:streaming", 1e6, 2e-3);
+  EXPECT_DOUBLE_EQ(fresh_machine.per_unit("eval:streaming"), 2e-9);
+}
+
 TEST(Session, RoundTripsSettings) {
   AppState a;
   a.settings.method = {MethodChoice{"balancekv", {{"gamma", 0.5}}},
@@ -500,6 +524,213 @@ TEST(SoftRender, FillsRectanglesAndRespectsClipping) {
   stbi_image_free(img);
   fs::remove(png);
   EXPECT_THROW(write_png("/nonexistent-dir/x.png", px, 200, 120, false), InputError);
+  ImGui::DestroyContext();
+}
+
+// ---- input queue (app/input_queue.h): what the app's frame loop does with GLFW's events, with
+// frames 0.25 s apart as on a loaded machine rendering in software.
+struct SeenFrame {
+  bool clicked = false, double_clicked = false, released = false, ctrl_o = false;
+  ImVec2 pos;
+};
+SeenFrame slow_frame(InputQueue& q, ImVec2 pointer, const std::function<void()>& draw = {}) {
+  ImGuiIO& io = ImGui::GetIO();
+  io.DeltaTime = 0.25f;
+  io.MousePos = pointer;  // what the GLFW backend reads at the start of the frame
+  q.feed(io);
+  ImGui::NewFrame();
+  q.after_new_frame(io);
+  SeenFrame f;
+  f.clicked = ImGui::IsMouseClicked(ImGuiMouseButton_Left);
+  f.double_clicked = ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left);
+  f.released = ImGui::IsMouseReleased(ImGuiMouseButton_Left);
+  f.ctrl_o = io.KeyCtrl && ImGui::IsKeyPressed(GLFW_KEY_O, false);
+  f.pos = io.MousePos;
+  if (draw) draw();
+  ImGui::Render();
+  return f;
+}
+// xdotool's `click --repeat 2 --delay 80`: press, release, 80 ms, press, release.
+void queue_double_click(InputQueue& q, ImVec2 at, double t) {
+  q.cursor(at.x, at.y);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, t);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, t + 0.012);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, t + 0.092);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, t + 0.104);
+}
+
+TEST(InputQueue, TwoClicksBetweenTwoFramesAreTwoClicksAndADoubleClick) {
+  soft_init(800, 600);
+  InputQueue q;
+  slow_frame(q, {100, 100});
+  queue_double_click(q, {100, 100}, 1.0);
+  int clicks = 0, doubles = 0, releases = 0;
+  for (int f = 0; f < 8; ++f) {
+    const SeenFrame s = slow_frame(q, {100, 100});
+    clicks += s.clicked;
+    releases += s.released;
+    if (s.double_clicked) {
+      ++doubles;
+      EXPECT_EQ(clicks, 2) << "the double-click is the second click";
+    }
+  }
+  EXPECT_FALSE(q.pending());
+  EXPECT_EQ(clicks, 2);
+  EXPECT_EQ(releases, 2);
+  // The presses reach ImGui 0.5 s apart by its frame clock; by their arrival they are 92 ms.
+  EXPECT_EQ(doubles, 1);
+
+  // Clicks 0.8 s apart are two single clicks.
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 5.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 5.0);
+  for (int f = 0; f < 3; ++f) doubles += slow_frame(q, {100, 100}).double_clicked;
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 5.8);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 5.8);
+  for (int f = 0; f < 3; ++f) doubles += slow_frame(q, {100, 100}).double_clicked;
+  EXPECT_EQ(doubles, 1);
+  ImGui::DestroyContext();
+}
+
+TEST(InputQueue, APressCountsWhereItHappenedAndAChordSurvivesAFastRelease) {
+  soft_init(800, 600);
+  InputQueue q;
+  slow_frame(q, {10, 10});
+  // Pressed and released at (100, 100); the pointer is at (300, 300) by the next frame.
+  q.cursor(100, 100);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 1.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 1.05);
+  q.cursor(300, 300);
+  SeenFrame hover = slow_frame(q, {300, 300});  // the pointer shown where it pressed first
+  EXPECT_FALSE(hover.clicked);
+  EXPECT_EQ(hover.pos.x, 100);
+  SeenFrame press = slow_frame(q, {300, 300});
+  EXPECT_TRUE(press.clicked);
+  EXPECT_EQ(press.pos.x, 100);
+  SeenFrame release = slow_frame(q, {300, 300});
+  EXPECT_TRUE(release.released);
+  EXPECT_EQ(release.pos.x, 100);
+  EXPECT_EQ(slow_frame(q, {300, 300}).pos.x, 300);
+
+  // Ctrl+O as xdotool sends it: Ctrl arrives, then O's press, Ctrl's release and O's release
+  // between two frames. Some frame must see O pressed with Ctrl held.
+  q.key(GLFW_KEY_LEFT_CONTROL, GLFW_PRESS);
+  bool chord = slow_frame(q, {300, 300}).ctrl_o;
+  q.key(GLFW_KEY_O, GLFW_PRESS);
+  q.key(GLFW_KEY_LEFT_CONTROL, GLFW_RELEASE);
+  q.key(GLFW_KEY_O, GLFW_RELEASE);
+  for (int f = 0; f < 4; ++f) chord |= slow_frame(q, {300, 300}).ctrl_o;
+  EXPECT_TRUE(chord);
+  EXPECT_FALSE(ImGui::GetIO().KeyCtrl);
+  EXPECT_FALSE(ImGui::GetIO().KeysDown[GLFW_KEY_O]);
+  ImGui::DestroyContext();
+}
+
+// The backend reports no pointer (the window has neither focus nor the pointer, as far as GLFW
+// knows) while a click arrives: the click still comes, at its own position, and is not put off
+// frame after frame (the frame before it showed the pointer there).
+TEST(InputQueue, AClickArrivesWhenTheBackendReportsNoPointer) {
+  soft_init(800, 600);
+  InputQueue q;
+  const ImVec2 nowhere(-FLT_MAX, -FLT_MAX);
+  slow_frame(q, nowhere);
+  q.cursor(100, 100);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 1.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 1.1);
+  int clicks = 0;
+  for (int f = 0; f < 6; ++f) {
+    const SeenFrame s = slow_frame(q, nowhere);
+    if (s.clicked) {
+      EXPECT_EQ(s.pos.x, 100);
+    }
+    clicks += s.clicked;
+  }
+  EXPECT_EQ(clicks, 1);
+  EXPECT_FALSE(q.pending());
+  ImGui::DestroyContext();
+}
+
+// The pointer jumps from one tab to another and clicks between two frames: the other tab opens.
+// (ImGui takes a press on a tab only where the previous frame found the pointer.)
+TEST(InputQueue, AClickRightAfterAJumpToAnotherTabOpensIt) {
+  soft_init(800, 600);
+  InputQueue q;
+  ImVec2 centre[2];
+  int open_tab = -1;
+  auto draw = [&] {
+    ImGui::SetNextWindowPos(ImVec2(0, 0));
+    ImGui::SetNextWindowSize(ImVec2(800, 600));
+    ImGui::Begin("tabs", nullptr, ImGuiWindowFlags_NoDecoration);
+    if (ImGui::BeginTabBar("##bar")) {
+      for (int t = 0; t < 2; ++t) {
+        const bool open = ImGui::BeginTabItem(t == 0 ? "first tab" : "second tab");
+        const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+        centre[t] = ImVec2((a.x + b.x) / 2, (a.y + b.y) / 2);
+        if (open) {
+          open_tab = t;
+          ImGui::EndTabItem();
+        }
+      }
+      ImGui::EndTabBar();
+    }
+    ImGui::End();
+  };
+  for (int f = 0; f < 3; ++f) slow_frame(q, {-1, -1}, draw);
+  for (int f = 0; f < 2; ++f) slow_frame(q, centre[0], draw);  // hovering the first tab
+  ASSERT_EQ(open_tab, 0);
+  q.cursor(centre[1].x, centre[1].y);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_PRESS, 3.0);
+  q.button(GLFW_MOUSE_BUTTON_LEFT, GLFW_RELEASE, 3.1);
+  for (int f = 0; f < 5; ++f) slow_frame(q, centre[1], draw);
+  EXPECT_EQ(open_tab, 1);
+  ImGui::DestroyContext();
+}
+
+// A path typed into a text field (xdotool types 60 characters in under a second) must not hold
+// the Enter that follows for two frames per character; Ctrl+letter still waits its turn.
+TEST(InputQueue, TypedTextDoesNotDelayTheKeysAfterIt) {
+  soft_init(800, 600);
+  InputQueue q;
+  slow_frame(q, {10, 10});
+  for (int i = 0; i < 60; ++i) {
+    q.key(GLFW_KEY_A + i % 26, GLFW_PRESS);
+    q.key(GLFW_KEY_A + i % 26, GLFW_RELEASE);
+  }
+  q.key(GLFW_KEY_ENTER, GLFW_PRESS);
+  q.key(GLFW_KEY_ENTER, GLFW_RELEASE);
+  int frames = 0;
+  bool enter = false;
+  for (; frames < 10 && !enter; ++frames) {
+    ImGui::GetIO().WantTextInput = true;  // a text field has the keyboard
+    slow_frame(q, {10, 10}, [&] { enter = ImGui::IsKeyPressed(GLFW_KEY_ENTER, false); });
+  }
+  EXPECT_TRUE(enter);
+  EXPECT_LE(frames, 1);
+  ImGui::DestroyContext();
+}
+
+// The Open dialog, drawn as in the app: a double-click on a file opens it, even when both clicks
+// arrive between two slow frames.
+TEST(InputQueue, OpenDialogDoubleClickOpensTheFile) {
+  soft_init(1400, 900);
+  InputQueue q;
+  FileBrowser browser;
+  std::string picked;
+  browser.open("Open capture", std::string(KVSCOPE_SOURCE_DIR) + "/sample_data",
+               {".safetensors", ".npz"}, [&](const std::string& p) { picked = p; });
+  std::map<std::string, std::array<float, 4>> items;
+  auto draw = [&] {
+    items.clear();
+    browser.draw(&items);
+  };
+  const std::string entry = "browser:stories260K_dragon.safetensors";
+  for (int f = 0; f < 4; ++f) slow_frame(q, {-1, -1}, draw);  // the modal settles
+  ASSERT_TRUE(items.count(entry)) << "the dialog lists the other sample";
+  const auto& r = items[entry];
+  const ImVec2 at((r[0] + r[2]) / 2, (r[1] + r[3]) / 2);
+  queue_double_click(q, at, 10.0);
+  for (int f = 0; f < 8 && picked.empty(); ++f) slow_frame(q, at, draw);
+  EXPECT_EQ(fs::path(picked).filename(), "stories260K_dragon.safetensors");
+  EXPECT_FALSE(browser.is_open());
   ImGui::DestroyContext();
 }
 
