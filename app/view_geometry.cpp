@@ -53,6 +53,7 @@ struct GeometryFrame {
   bool from_cache = false;
   double kl = std::numeric_limits<double>::quiet_NaN();
   double perplexity = 0, theta = 0, explained[2] = {0, 0};
+  std::string gradient;  // "exact gradient", "Barnes-Hut" or "FFT interpolation"
   double seconds = 0;
   std::vector<int> kcenter_cluster;  // per key: index of its nearest greedy k-center centre
   std::vector<float> key_norm;
@@ -143,6 +144,7 @@ class GeometryView final : public View {
       j["perplexity"] = f->perplexity;
       j["iterations"] = f->iteration;
       j["theta"] = f->theta;
+      j["gradient"] = f->gradient;
       j["kl"] = std::isfinite(f->kl) ? nlohmann::json(f->kl) : nlohmann::json(nullptr);
     } else {
       j["explained_variance_share"] = {f->explained[0], f->explained[1]};
@@ -331,6 +333,7 @@ class GeometryView final : public View {
         f->kl = cached->kl;
         f->perplexity = cached->perplexity;
         f->theta = cached->theta;
+        f->gradient = cached->gradient;
         f->explained[0] = cached->explained[0];
         f->explained[1] = cached->explained[1];
         f->done = true;
@@ -363,6 +366,7 @@ class GeometryView final : public View {
             f->kl = run.kl();
             f->perplexity = run.perplexity();
             f->theta = run.theta();
+            f->gradient = run.gradient_name();
             f->seconds = seconds();
             partial(f);
           }));
@@ -377,6 +381,7 @@ class GeometryView final : public View {
       f->kl = pr->kl;
       f->perplexity = pr->perplexity;
       f->theta = pr->theta;
+      f->gradient = pr->gradient;
       f->done = true;
       f->seconds = seconds();
       return f;
@@ -420,7 +425,7 @@ class GeometryView final : public View {
                     "layer %d, kv head %d: %s. t-SNE perplexity %g, %s, iteration %d/%d%s, KL "
                     "%.3f%s%s",
                     s.settings.focus.layer, s.settings.focus.kv_head, points.c_str(), f->perplexity,
-                    f->theta > 0 ? "Barnes-Hut" : "exact gradient", f->iteration, f->total,
+                    f->gradient.c_str(), f->iteration, f->total,
                     f->iteration < 250 ? " (early exaggeration)" : "", f->kl,
                     f->from_cache ? " (cached)" : "", synth);
     }
