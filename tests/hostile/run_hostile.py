@@ -240,7 +240,7 @@ def generate_cases(case, r, models):
             (["--window", "0"], r"--window 0: must be at least 1"),
             (["--window", "-2"], r"--window -2: must be between -1 and 1048576"),
             (["--window", "400"], r"--sink/--window: s \+ W = \d+ \+ 400 exceeds"),
-            (["--sink", "5", "--window", "6", "--compress-at", "11"], r"no middle left to compress"),
+            (["--sink", "6", "--window", "6", "--compress-at", "12"], r"no middle left to compress"),
             (["--threads", "-1"], r"--threads -1: must be between 0 and 4096"),
             (["--threads", "100000"], r"--threads 100000: must be between 0 and 4096"),
             (["--seed", "-1"], r"--seed '-1': must be an integer between 0 and 18446744073709551615"),
@@ -260,11 +260,13 @@ def generate_cases(case, r, models):
             (["--param", "x"], r"--param x: expected method.name=value"),
             (["--methods", "bogus"], r"--methods: unknown method 'bogus'")):
         g = list(gen)
-        if "--methods" in flags:
-            i = g.index("--methods")
-            del g[i:i + 2]
+        for flag in ("--methods", "--steps"):  # given again in `flags`
+            if flag in flags:
+                i = g.index(flag)
+                del g[i:i + 2]
         case("generate " + " ".join(flags), g + flags, pattern=pat)
-    case("generate --steps beyond a 64-bit integer", gen + ["--steps", "99999999999999999999999"],
+    case("generate --steps beyond a 64-bit integer", base[:-3] + ["--quiet", "--prompt", prompt, "--steps",
+         "99999999999999999999999"],
          rc={1, 104, 105}, pattern=r"--steps")
 
     # prompts: too short for a window, longer than the context (no hang: the BPE merges were
@@ -306,7 +308,7 @@ def generate_cases(case, r, models):
     write("m_trunc.bin", ok_model[:100000])
     write("m_trunc20.bin", ok_model[:20])
     write("m_trailing.bin", ok_model + b"\0\0\0\0")
-    write("m_ak42.bin", b"ak42" + ok_model[4:])
+    write("m_ak42.bin", struct.pack("<I", 0x616B3432) + ok_model[4:])
     write("m_absurd.bin", LLAMA2C_HEADER.pack(65536, 262144, 1024, 32768, 32768, 4194304, 1048576) + bytes(64))
     write("m_neg_vocab.bin", LLAMA2C_HEADER.pack(*header[:5], -header[5], header[6]) + ok_model[28:])
     write("m_zero_heads.bin", LLAMA2C_HEADER.pack(header[0], header[1], header[2], 0, 0, header[5], header[6]) + ok_model[28:])
