@@ -25,6 +25,9 @@ import time
 import zlib
 
 HANG_GUARD_S = 120  # generous: a case that takes this long is a hang, not a slow run
+# Sanitized builds run the same work several times slower (the slowest case, 5M token strings,
+# took 109 s under ASan on a loaded 2-core machine), so their guard is wider.
+SANITIZED_HANG_GUARD_S = 480
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +145,10 @@ class Runner:
         self.cli, self.work, self.sanitized = cli, work, sanitized
         self.failures, self.passed = [], 0
 
-    def run(self, args, mem_mb=3072, stdout_path=None, timeout=HANG_GUARD_S):
+    def run(self, args, mem_mb=3072, stdout_path=None, timeout=None):
         """Runs the CLI; returns (rc, output text, seconds)."""
+        if timeout is None:
+            timeout = SANITIZED_HANG_GUARD_S if self.sanitized else HANG_GUARD_S
         env = dict(os.environ)
         if self.sanitized:
             # ASan reserves terabytes of address space, so RLIMIT_AS cannot bound it; its own RSS
