@@ -263,14 +263,14 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
                      std::to_string(rep.prompt_tokens) +
                      " tokens with BOS): compress at or after its end");
   if (static_cast<long long>(N) + spec.steps > c.seq_len)
-    throw InputError(
-        (spec_in.compress_at == 0
-             ? "--prompt is " + std::to_string(N) + " tokens with BOS (compressed at " +
-                   "its end); with --steps " + std::to_string(spec.steps) + " that is "
-             : "--compress-at " + std::to_string(N) + " + --steps " + std::to_string(spec.steps) +
-                   " = ") +
-        std::to_string(static_cast<long long>(N) + spec.steps) +
-        " positions, more than the model's context seq_len " + std::to_string(c.seq_len));
+    throw InputError((spec_in.compress_at == 0
+                          ? "--prompt is " + std::to_string(N) +
+                                " tokens with BOS (compressed at its end); with --steps " +
+                                std::to_string(spec.steps) + ", "
+                          : "--compress-at " + std::to_string(N) + " + --steps " +
+                                std::to_string(spec.steps) + " = ") +
+                     std::to_string(static_cast<long long>(N) + spec.steps) +
+                     " positions exceed the model's context seq_len " + std::to_string(c.seq_len));
   // The window in generate's own terms (EvalWindow::make would name eval's flags): s sinks and
   // the W most recent of the N cached positions are kept.
   const int sink = spec.sink >= 0 ? spec.sink : std::min(256, N / 32);

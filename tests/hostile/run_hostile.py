@@ -236,7 +236,7 @@ def generate_cases(case, r, models):
             (["--steps", "-1"], r"--steps -1: must be between 1 and 1048576"),
             (["--steps", "99999999999"], r"--steps 99999999999: must be between 1 and 1048576"),
             (["--compress-at", "-1"], r"--compress-at -1: must be between 0 and 1048576"),
-            (["--compress-at", "5000"], r"--compress-at 5000 \+ --steps 4 = 5004 positions, more than "
+            (["--compress-at", "5000"], r"--compress-at 5000 \+ --steps 4 = 5004 positions exceed "
                                         r"the model's context seq_len 512"),
             (["--compress-at", "3"], r"--compress-at 3 is inside the prompt"),
             (["--recompress-every", "-1"], r"--recompress-every -1: must be between 0 and 1048576"),
@@ -279,7 +279,7 @@ def generate_cases(case, r, models):
     case("generate: 2-token prompt (default window 0)", base + ["--prompt", "Once"],
          pattern=r"--compress-at 2: the default window W = floor\(N/8\) is 0 positions")
     case("generate: 120 KB prompt (no hang)", base + ["--prompt", "ab " * 40000],
-         pattern=r"--prompt is \d+ tokens with BOS .* more than the model's context seq_len 512")
+         pattern=r"--prompt is \d+ tokens with BOS .* positions exceed the model's context seq_len 512")
     case("generate: non-UTF-8 prompt and --json path", base + ["--prompt", b"Once upon a \xff\xfe time there was",
          "--json", b"gen\xff.json"], rc=0,
          check=lambda out: None if json.load(open(b"gen\xff.json"))["format"] == "kvscope-generate/1"
