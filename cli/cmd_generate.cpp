@@ -1,9 +1,14 @@
 // kvscope-cli generate: what compressing the cache does to a llama2.c model's output
 // (docs/generate.md).
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -24,8 +29,10 @@ namespace {
 struct GenerateOptions {
   std::string model, tokenizer, prompt, methods = "uniform,snapkv,balancekv", ratios = "0.25";
   std::vector<std::string> params;
-  int compress_at = 0, steps = 64, recompress_every = 0, sink = -1, window = -1, threads = 0;
-  unsigned long long seed = 0;
+  // Read wide, so a value far out of range gets the range message rather than CLI11's "could not
+  // convert"; the seed as text, so "-1" is refused instead of wrapping to 2^64 - 1.
+  long long compress_at = 0, steps = 64, recompress_every = 0, sink = -1, window = -1, threads = 0;
+  std::string seed = "0";
   std::string continuation_file, json_out;
   bool quiet = false;
 };
@@ -51,20 +58,43 @@ std::vector<double> parse_ratio_list(const std::string& list) {
     } catch (const std::exception&) {
       throw InputError("--ratios: '" + item + "' is not a number (e.g. 0.25 or 1/4)");
     }
+    for (double earlier : out)
+      if (earlier == value) throw InputError("--ratios: " + item + " given twice");
     out.push_back(value);
   }
   if (out.empty()) throw InputError("--ratios: empty list");
   return out;
 }
 
+uint64_t parse_seed(const std::string& text) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end)
+    throw InputError("--seed '" + printable(text) +
+                     "': must be an integer between 0 and 18446744073709551615");
+  return value;
+}
+
 std::string read_text(const std::string& path) {
-  // A continuation longer than the model's context cannot be scored anyway: refuse FIFOs,
-  // directories and huge files before reading them.
+  // A continuation longer than the model's context cannot be scored anyway: refuse FIFOs (opening
+  // one would wait for a writer), directories, devices and huge files before opening them.
   constexpr std::streamoff kMaxContinuationBytes = 1 << 20;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw InputError("--continuation " + printable(path) +
+                     ": cannot open: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw InputError("--continuation " + printable(path) + ": is " +
+                     (S_ISFIFO(st.st_mode)                         ? "a FIFO (named pipe)"
+                      : S_ISDIR(st.st_mode)                        ? "a directory"
+                      : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                   : "not a regular file") +
+                     "; it must be a regular text file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw InputError("--continuation " + printable(path) + ": cannot open");
   const std::streamoff size = in.tellg();
-  if (size < 0) throw InputError("--continuation " + printable(path) + ": not a regular file");
+  if (size < 0) throw InputError("--continuation " + printable(path) + ": cannot read its size");
   if (size > kMaxContinuationBytes)
     throw InputError("--continuation " + printable(path) + ": " + std::to_string(size) +
                      " bytes, more than the 1 MiB limit");
@@ -73,6 +103,13 @@ std::string read_text(const std::string& path) {
 }
 
 void run_generate_command(const GenerateOptions& o) {
+  // Every numeric flag first, with its limits (the engine checks how they fit the model).
+  check_range(o.steps, 1, 1 << 20, "--steps");
+  check_range(o.compress_at, 0, 1 << 20, "--compress-at");
+  check_range(o.recompress_every, 0, 1 << 20, "--recompress-every");
+  check_range(o.sink, -1, 1 << 20, "--sink");
+  check_range(o.window, -1, 1 << 20, "--window");
+  check_range(o.threads, 0, 4096, "--threads");
   GenerateSpec spec;
   spec.prompt = o.prompt;
   spec.methods = parse_method_list(o.methods);
@@ -83,27 +120,23 @@ void run_generate_command(const GenerateOptions& o) {
       throw InputError("--param " + p + ": expected method.name=value");
     try {
       spec.params[p.substr(0, dot)][p.substr(dot + 1, eq - dot - 1)] = std::stod(p.substr(eq + 1));
+    } catch (const std::out_of_range&) {
+      throw InputError("--param " + printable(p) + ": value is beyond the range of a double");
     } catch (const std::exception&) {
-      throw InputError("--param " + p + ": value is not a number");
+      throw InputError("--param " + printable(p) + ": value is not a number");
     }
   }
-  spec.compress_at = o.compress_at;
-  spec.steps = o.steps;
-  spec.recompress_every = o.recompress_every;
-  spec.sink = o.sink;
-  spec.window = o.window;
-  spec.seed = o.seed;
-  spec.threads = o.threads;
+  spec.compress_at = static_cast<int>(o.compress_at);
+  spec.steps = static_cast<int>(o.steps);
+  spec.recompress_every = static_cast<int>(o.recompress_every);
+  spec.sink = static_cast<int>(o.sink);
+  spec.window = static_cast<int>(o.window);
+  spec.seed = parse_seed(o.seed);
+  spec.threads = static_cast<int>(o.threads);
   if (!o.continuation_file.empty()) {
     spec.has_continuation = true;
     spec.continuation = read_text(o.continuation_file);
   }
-  check_range(o.steps, 1, 1 << 20, "--steps");
-  check_range(o.compress_at, 0, 1 << 20, "--compress-at");
-  check_range(o.recompress_every, 0, 1 << 20, "--recompress-every");
-  check_range(o.sink, -1, 1 << 20, "--sink");
-  check_range(o.window, -1, 1 << 20, "--window");
-  check_range(o.threads, 0, 4096, "--threads");
   const std::vector<std::string> inputs = {o.model, o.tokenizer, o.continuation_file};
   // Fail on an unwritable output before the model runs.
   if (!o.json_out.empty()) check_output(o.json_out, inputs, "--json");

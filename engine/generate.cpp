@@ -16,6 +16,7 @@
 
 #include "engine/error.h"
 #include "engine/protocol.h"
+#include "engine/selection_check.h"
 
 namespace kvscope {
 
@@ -40,40 +41,6 @@ double log_normaliser(const std::vector<float>& logits) {
   double sum = 0;
   for (float v : logits) sum += std::exp(static_cast<double>(v) - shift);
   return shift + std::log(sum);
-}
-
-// The protocol's rules for a selection (engine/protocol.cpp check_selection), against the middle
-// [mid_begin, mid_end) of the current cache entries: a bug in a method must fail loudly, not turn
-// into a plausible-looking divergence.
-void check_selection(const Selection& sel, const MethodInput& in, const Method& m) {
-  const std::string method = m.name();
-  auto check_set = [&](const std::vector<int>& idx, const std::vector<double>& wt,
-                       const char* which) {
-    if (idx.size() != wt.size())
-      throw std::runtime_error(method + ": " + which + " selection has " +
-                               std::to_string(idx.size()) + " indices but " +
-                               std::to_string(wt.size()) + " weights");
-    std::vector<char> seen(static_cast<size_t>(std::max(in.mid_end - in.mid_begin, 0)), 0);
-    for (size_t i = 0; i < idx.size(); ++i) {
-      if (idx[i] < in.mid_begin || idx[i] >= in.mid_end)
-        throw std::runtime_error(method + ": " + which + " index " + std::to_string(idx[i]) +
-                                 " is outside the middle [" + std::to_string(in.mid_begin) + ", " +
-                                 std::to_string(in.mid_end) + ")");
-      if (seen[idx[i] - in.mid_begin]++)
-        throw std::runtime_error(method + ": " + which + " selection holds entry " +
-                                 std::to_string(idx[i]) + " twice");
-      if (!(wt[i] > 0) || !std::isfinite(wt[i]))
-        throw std::runtime_error(method + ": weight " + fmt(wt[i]) + " of entry " +
-                                 std::to_string(idx[i]) + " is not positive and finite");
-    }
-  };
-  check_set(sel.indices, sel.weights, sel.separate ? "numerator" : "");
-  if (sel.separate) {
-    check_set(sel.den_indices, sel.den_weights, "denominator");
-  } else if (m.respects_budget() && static_cast<int>(sel.indices.size()) > in.budget) {
-    throw std::runtime_error(method + ": kept " + std::to_string(sel.indices.size()) +
-                             " middle entries, over the budget m = " + std::to_string(in.budget));
-  }
 }
 
 // The entries attention currently reads for (layer, kv head): the compressed ones, then every
@@ -172,7 +139,8 @@ std::string compress_cache(llama2c::Transformer& model, const Method& method, do
       in.seed = seed + static_cast<uint64_t>(round) * 0x9E3779B97F4A7C15ull;
       in.params = params;
       const Selection sel = method.select(in);
-      check_selection(sel, in, method);
+      // The protocol's rules, against the middle of the current cache entries.
+      check_selection(sel, in.mid_begin, in.mid_end, in.budget, method, SelectionUnit::CacheEntry);
       if (!sel.note.empty()) notes.insert(sel.note);
 
       std::vector<float> num_bias(n, kNegInf), den_bias(n, kNegInf);
@@ -294,11 +262,32 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
     throw InputError("--compress-at " + std::to_string(N) + " is inside the prompt (" +
                      std::to_string(rep.prompt_tokens) +
                      " tokens with BOS): compress at or after its end");
-  if (N + spec.steps > c.seq_len)
-    throw InputError("--compress-at " + std::to_string(N) + " + --steps " +
-                     std::to_string(spec.steps) + " = " + std::to_string(N + spec.steps) +
+  if (static_cast<long long>(N) + spec.steps > c.seq_len)
+    throw InputError((spec_in.compress_at == 0
+                          ? "--prompt is " + std::to_string(N) +
+                                " tokens with BOS (compressed at its end); with --steps " +
+                                std::to_string(spec.steps) + ", "
+                          : "--compress-at " + std::to_string(N) + " + --steps " +
+                                std::to_string(spec.steps) + " = ") +
+                     std::to_string(static_cast<long long>(N) + spec.steps) +
                      " positions exceed the model's context seq_len " + std::to_string(c.seq_len));
-  const EvalWindow w = EvalWindow::make(N, spec.ratios[0], spec.sink, spec.window);
+  // The window in generate's own terms (EvalWindow::make would name eval's flags): s sinks and
+  // the W most recent of the N cached positions are kept.
+  const int sink = spec.sink >= 0 ? spec.sink : std::min(256, N / 32);
+  const int recent = spec.window >= 0 ? spec.window : std::min(256, N / 8);
+  if (recent < 1)
+    throw InputError(spec.window >= 0
+                         ? "--window " + std::to_string(spec.window) +
+                               ": must be at least 1 (the newest position is always kept)"
+                         : "--compress-at " + std::to_string(N) +
+                               ": the default window W = floor(N/8) is 0 positions; compress at " +
+                               "8 or more positions (a longer --prompt or --compress-at) or " +
+                               "pass --window");
+  if (static_cast<long long>(sink) + recent > N)
+    throw InputError("--sink/--window: s + W = " + std::to_string(sink) + " + " +
+                     std::to_string(recent) + " exceeds the " + std::to_string(N) +
+                     " positions cached at compression (--compress-at)");
+  const EvalWindow w = EvalWindow::make(N, spec.ratios[0], sink, recent);
   rep.sink = w.sink;
   rep.window = w.eval;
   if (w.n_mid < 1)

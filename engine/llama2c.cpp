@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <queue>
 #include <stdexcept>
 
 #include "engine/error.h"
@@ -528,6 +529,60 @@ std::vector<int> Tokenizer::encode_continuation(const std::string& text) const {
   return encode_text(text, /*bos=*/false, /*eos=*/false, /*dummy_prefix=*/false);
 }
 
+void Tokenizer::merge_pairs(std::vector<int>& tokens) const {
+  const size_t n = tokens.size();
+  if (n < 2) return;
+  // A doubly linked list over the initial tokens; a merge keeps the left node and unlinks the
+  // right one. version[i] changes whenever node i changes or is unlinked, so a heap entry made
+  // before that is recognised as stale.
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> prev(n), next(n);
+  std::vector<uint32_t> version(n, 0);
+  std::vector<char> alive(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    prev[i] = i == 0 ? kNone : i - 1;
+    next[i] = i + 1 < n ? i + 1 : kNone;
+  }
+  struct Candidate {
+    float score;
+    int id;
+    size_t left, right;
+    uint32_t left_version, right_version;
+  };
+  // Highest score first; among equal scores the leftmost pair (list order is index order).
+  auto later = [](const Candidate& a, const Candidate& b) {
+    return a.score != b.score ? a.score < b.score : a.left > b.left;
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> heap(later);
+  auto consider = [&](size_t left) {
+    if (left == kNone || next[left] == kNone) return;
+    const size_t right = next[left];
+    const int id = find(pieces_[tokens[left]] + pieces_[tokens[right]]);
+    if (id >= 0 && scores_[id] > -1e10f)
+      heap.push({scores_[id], id, left, right, version[left], version[right]});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) consider(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right ||
+        version[c.left] != c.left_version || version[c.right] != c.right_version)
+      continue;
+    tokens[c.left] = c.id;
+    ++version[c.left];
+    alive[c.right] = 0;
+    ++version[c.right];
+    next[c.left] = next[c.right];
+    if (next[c.right] != kNone) prev[next[c.right]] = c.left;
+    consider(prev[c.left]);
+    consider(c.left);
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (alive[i]) tokens[kept++] = tokens[i];
+  tokens.resize(kept);
+}
+
 std::vector<int> Tokenizer::encode_text(const std::string& text, bool bos, bool eos,
                                         bool dummy_prefix) const {
   std::vector<int> tokens;
@@ -565,23 +620,12 @@ std::vector<int> Tokenizer::encode_text(const std::string& text, bool bos, bool 
     }
     buffer.clear();
   }
-  // Merge the adjacent pair with the best-scoring merged piece until no pair merges.
-  while (true) {
-    float best_score = -1e10f;
-    int best_id = -1;
-    int best_index = -1;
-    for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-      const int id = find(pieces_[tokens[i]] + pieces_[tokens[i + 1]]);
-      if (id >= 0 && scores_[id] > best_score) {
-        best_score = scores_[id];
-        best_id = id;
-        best_index = static_cast<int>(i);
-      }
-    }
-    if (best_index < 0) break;
-    tokens[best_index] = best_id;
-    tokens.erase(tokens.begin() + best_index + 1);
-  }
+  // Merge the adjacent pair with the best-scoring merged piece until no pair merges: run.c's
+  // rule (the highest score above -1e10, the leftmost pair on ties). run.c rescans every pair
+  // after each merge, O(n^2) lookups, so a long prompt or --continuation took hours; here the
+  // candidate pairs wait in a heap ordered the same way (score, then position), entries made
+  // stale by a merge are skipped, and the merges and their order are exactly run.c's.
+  merge_pairs(tokens);
   if (eos) tokens.push_back(kEosToken);
   return tokens;
 }

@@ -171,6 +171,8 @@ class Tokenizer {
   int byte_token_[256];                          // id of "<0xXX>", -1 when absent
 
   int find(const std::string& s) const;
+  // run.c's BPE merges, in run.c's order (O(n log n) instead of its O(n^2) rescans).
+  void merge_pairs(std::vector<int>& tokens) const;
   std::vector<int> encode_text(const std::string& text, bool bos, bool eos,
                                bool dummy_prefix) const;
 };

@@ -18,6 +18,7 @@
 
 #include "engine/backend.h"
 #include "engine/error.h"
+#include "engine/selection_check.h"
 
 namespace kvscope {
 namespace {
@@ -45,39 +46,6 @@ std::pair<double, double> mean_std(const std::vector<double>& x) {
   double ss = 0;
   for (double v : x) ss += (v - mean) * (v - mean);
   return {mean, std::sqrt(ss / static_cast<double>(x.size() - 1))};
-}
-
-// A method's selection must obey the protocol before it is scored: a bug in a method must not
-// turn into a plausible-looking error figure.
-void check_selection(const Selection& sel, const EvalWindow& w, const Method& m) {
-  const std::string method = m.name();
-  auto check_set = [&](const std::vector<int>& idx, const std::vector<double>& wt,
-                       const char* which) {
-    if (idx.size() != wt.size())
-      throw std::runtime_error(method + ": " + which + " selection has " +
-                               std::to_string(idx.size()) + " indices but " +
-                               std::to_string(wt.size()) + " weights");
-    std::vector<char> seen(static_cast<size_t>(std::max(w.n_mid, 0)), 0);
-    for (size_t i = 0; i < idx.size(); ++i) {
-      if (idx[i] < w.mid_begin || idx[i] >= w.mid_end)
-        throw std::runtime_error(method + ": " + which + " index " + std::to_string(idx[i]) +
-                                 " is outside the middle [" + std::to_string(w.mid_begin) + ", " +
-                                 std::to_string(w.mid_end) + ")");
-      if (seen[idx[i] - w.mid_begin]++)
-        throw std::runtime_error(method + ": " + which + " selection holds token " +
-                                 std::to_string(idx[i]) + " twice");
-      if (!(wt[i] > 0) || !std::isfinite(wt[i]))
-        throw std::runtime_error(method + ": weight " + fmt_double(wt[i]) + " of token " +
-                                 std::to_string(idx[i]) + " is not positive and finite");
-    }
-  };
-  check_set(sel.indices, sel.weights, sel.separate ? "numerator" : "");
-  if (sel.separate) {
-    check_set(sel.den_indices, sel.den_weights, "denominator");
-  } else if (m.respects_budget() && static_cast<int>(sel.indices.size()) > w.budget) {
-    throw std::runtime_error(method + ": kept " + std::to_string(sel.indices.size()) +
-                             " middle tokens, over the budget m = " + std::to_string(w.budget));
-  }
 }
 
 std::vector<float> log_weights(const std::vector<double>& w) {
@@ -383,7 +351,7 @@ HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const Meth
   in.cancel = cancel;
   in.backend = backend;
   Selection sel = s.method->select(in);
-  check_selection(sel, w, *s.method);
+  check_selection(sel, w.mid_begin, w.mid_end, w.budget, *s.method);
   if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
   if (cancel && cancel->load()) throw Cancelled();
   return score_head_run(layer, kv_head, w, std::move(sel), backend, nullptr);
@@ -477,7 +445,7 @@ HeadRun group_run(const LayerData& layer, int num_layers, int kv_head, const Met
   } else {
     sel = method.select(in);
   }
-  check_selection(sel, w, method);
+  check_selection(sel, w.mid_begin, w.mid_end, w.budget, method);
   if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
   if (cancel && cancel->load()) throw Cancelled();
   HeadRun run = score_head_run(layer, kv_head, w, std::move(sel), backend, reference);

@@ -17,6 +17,7 @@
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/llama2c.h"
+#include "tests/llama2c_reference.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
@@ -356,6 +357,58 @@ TEST(Llama2cTokenizer, MergesByScoreAndFallsBackToBytes) {
   EXPECT_EQ(tokenizer.token_text(llama2c::kBosToken, the[0]), "the");
 }
 
+TEST(Llama2cTokenizer, HeapMergesEqualRunCsRescans) {
+  REQUIRE_STORIES260K();
+  const std::string tok1024 = std::string(KVSCOPE_SHARED_DIR) + "/models/tok1024.bin";
+  std::vector<std::pair<std::string, int>> tokenizers = {{kTokenizerPath, 512}};
+  if (fs::exists(tok1024)) tokenizers.push_back({tok1024, 1024});
+  const std::vector<std::string> words = {
+      "Once",         " upon",  " a",    " time", ",",          " there", " was",     " little",
+      " girl",        " named", " Lily", ".",     "\n",         " ",      "  ",       "the",
+      "aaaa",         "ababab", "In",    " the",  " beginning", " God",   " created", "caf\xc3\xa9",
+      "\xe6\x97\xa5", "\xff",   "\x80",  "\xc3",  "!!"};
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  };
+  for (const auto& [path, vocab] : tokenizers) {
+    llama2c::Tokenizer tokenizer(path, vocab);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::string text;
+      const int parts = static_cast<int>(next() % 40);
+      for (int p = 0; p < parts; ++p) {
+        if (next() % 8 == 0)
+          text.push_back(static_cast<char>(next() % 256));  // any byte, UTF-8 or not
+        else
+          text += words[next() % words.size()];
+      }
+      EXPECT_EQ(tokenizer.encode(text, true, false),
+                llama2c::reference::run_c_encode(tokenizer, text, true, true).value())
+          << path << " text '" << text << "'";
+      EXPECT_EQ(tokenizer.encode_continuation(text),
+                llama2c::reference::run_c_encode(tokenizer, text, false, false).value())
+          << path << " continuation '" << text << "'";
+    }
+  }
+}
+
+TEST(Llama2cTokenizer, LongTextEncodesWithoutQuadraticRescans) {
+  // 256 KiB of text: run.c's rescans would take hours (a 1 MiB --continuation, or a 120 KiB
+  // --prompt, hung generate and capture); the heap-ordered merges take a fraction of a second.
+  // The ctest timeout is the hang guard.
+  REQUIRE_STORIES260K();
+  llama2c::Tokenizer tokenizer(kTokenizerPath, 512);
+  std::string text;
+  while (text.size() < (1u << 18)) text += "Once upon a time, there was a little girl. ";
+  const std::vector<int> tokens = tokenizer.encode_continuation(text);
+  std::string decoded;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    decoded += tokenizer.decode(i == 0 ? -1 : tokens[i - 1], tokens[i]);
+  EXPECT_EQ(decoded, text);
+  EXPECT_LT(tokens.size(), text.size() / 2);  // merged, not one token per byte
+}
+
 // ---- malformed files
 
 TEST(Llama2cMalformed, MissingFiles) {
@@ -510,8 +563,7 @@ TEST(Llama2cCli, RegeneratesTheSampleCapturesByteForByte) {
         EXPECT_LE((la->values[h] - lb->values[h]).norm(), 1e-3 * lb->values[h].norm()) << s.file;
       }
       for (size_t h = 0; h < la->queries.size(); ++h)
-        EXPECT_LE((la->queries[h] - lb->queries[h]).norm(), 1e-3 * lb->queries[h].norm())
-            << s.file;
+        EXPECT_LE((la->queries[h] - lb->queries[h]).norm(), 1e-3 * lb->queries[h].norm()) << s.file;
     }
 #else
     EXPECT_TRUE(made == committed) << s.file << " differs when regenerated (" << made.size()

@@ -25,6 +25,9 @@ import time
 import zlib
 
 HANG_GUARD_S = 120  # generous: a case that takes this long is a hang, not a slow run
+# Sanitized builds run the same work several times slower (the slowest case, 5M token strings,
+# took 109 s under ASan on a loaded 2-core machine), so their guard is wider.
+SANITIZED_HANG_GUARD_S = 480
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +145,10 @@ class Runner:
         self.cli, self.work, self.sanitized = cli, work, sanitized
         self.failures, self.passed = [], 0
 
-    def run(self, args, mem_mb=3072, stdout_path=None, timeout=HANG_GUARD_S):
+    def run(self, args, mem_mb=3072, stdout_path=None, timeout=None):
         """Runs the CLI; returns (rc, output text, seconds)."""
+        if timeout is None:
+            timeout = SANITIZED_HANG_GUARD_S if self.sanitized else HANG_GUARD_S
         env = dict(os.environ)
         if self.sanitized:
             # ASan reserves terabytes of address space, so RLIMIT_AS cannot bound it; its own RSS
@@ -205,6 +210,191 @@ class Runner:
 def sha(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# kvscope-cli generate: every flag out of range, hostile prompts, model/tokenizer/continuation
+# files that are missing, garbage, truncated, absurd or not regular files, and outputs that
+# would overwrite an input, a link's target, a FIFO or a device.
+
+LLAMA2C_HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len
+
+
+def generate_cases(case, r, models):
+    model = os.path.join(models, "stories260K.bin")
+    tok = os.path.join(models, "tok512.bin")
+    tok1024 = os.path.join(models, "tok1024.bin")
+    prompt = "Once upon a time there was a little girl"
+    base = ["generate", "--model", model, "--tokenizer", tok, "--methods", "uniform", "--steps", "4",
+            "--quiet"]
+    gen = base + ["--prompt", prompt]
+    case("generate: valid run", gen, rc=0, pattern=r"uniform\s+0\.2500")
+
+    # every numeric flag out of range, with its limits in the message
+    for flags, pat in (
+            (["--steps", "0"], r"--steps 0: must be between 1 and 1048576"),
+            (["--steps", "-1"], r"--steps -1: must be between 1 and 1048576"),
+            (["--steps", "99999999999"], r"--steps 99999999999: must be between 1 and 1048576"),
+            (["--compress-at", "-1"], r"--compress-at -1: must be between 0 and 1048576"),
+            (["--compress-at", "5000"], r"--compress-at 5000 \+ --steps 4 = 5004 positions exceed "
+                                        r"the model's context seq_len 512"),
+            (["--compress-at", "3"], r"--compress-at 3 is inside the prompt"),
+            (["--recompress-every", "-1"], r"--recompress-every -1: must be between 0 and 1048576"),
+            (["--sink", "-5"], r"--sink -5: must be between -1 and 1048576"),
+            (["--sink", "400"], r"--sink/--window: s \+ W = 400 \+ \d+ exceeds the \d+ positions cached"),
+            (["--window", "0"], r"--window 0: must be at least 1"),
+            (["--window", "-2"], r"--window -2: must be between -1 and 1048576"),
+            (["--window", "400"], r"--sink/--window: s \+ W = \d+ \+ 400 exceeds"),
+            (["--sink", "6", "--window", "6", "--compress-at", "12"], r"no middle left to compress"),
+            (["--threads", "-1"], r"--threads -1: must be between 0 and 4096"),
+            (["--threads", "100000"], r"--threads 100000: must be between 0 and 4096"),
+            (["--seed", "-1"], r"--seed '-1': must be an integer between 0 and 18446744073709551615"),
+            (["--seed", "18446744073709551616"], r"--seed '18446744073709551616': must be an integer"),
+            (["--seed", "1e3"], r"--seed '1e3': must be an integer"),
+            (["--ratios", "nan"], r"--ratios: keep ratio nan is not in \(0, 1\]"),
+            (["--ratios", "1/0"], r"--ratios: keep ratio inf is not in \(0, 1\]"),
+            (["--ratios", "0"], r"--ratios: keep ratio 0 is not in \(0, 1\]"),
+            (["--ratios", "-0.5"], r"--ratios: keep ratio -0.5 is not in \(0, 1\]"),
+            (["--ratios", "2"], r"--ratios: keep ratio 2 is not in \(0, 1\]"),
+            (["--ratios", "0.5,1/2"], r"--ratios: 1/2 given twice"),
+            (["--ratios", "abc"], r"--ratios: 'abc' is not a number"),
+            (["--methods", "balancekv", "--param", "balancekv.gamma=nan"], r"balancekv.gamma.*finite"),
+            (["--methods", "balancekv", "--param", "balancekv.gamma=1e400"], r"beyond the range of a double"),
+            (["--methods", "balancekv", "--param", "balancekv.block=-5"], r"balancekv.block: -5 is outside \[2, 4096\]"),
+            (["--param", "uniform.x=1"], r"--param uniform.x: unknown parameter"),
+            (["--param", "x"], r"--param x: expected method.name=value"),
+            (["--methods", "bogus"], r"--methods: unknown method 'bogus'")):
+        g = list(gen)
+        for flag in ("--methods", "--steps"):  # given again in `flags`
+            if flag in flags:
+                i = g.index(flag)
+                del g[i:i + 2]
+        case("generate " + " ".join(flags), g + flags, pattern=pat)
+    case("generate --steps beyond a 64-bit integer", base[:-3] + ["--quiet", "--prompt", prompt, "--steps",
+         "99999999999999999999999"],
+         rc={1, 104, 105}, pattern=r"--steps")
+
+    # prompts: too short for a window, longer than the context (no hang: the BPE merges were
+    # O(n^2)), not UTF-8, terminal escapes
+    case("generate: 2-token prompt (default window 0)", base + ["--prompt", "Once"],
+         pattern=r"--compress-at 2: the default window W = floor\(N/8\) is 0 positions")
+    case("generate: 120 KB prompt (no hang)", base + ["--prompt", "ab " * 40000],
+         pattern=r"--prompt is \d+ tokens with BOS .* positions exceed the model's context seq_len 512")
+    case("generate: non-UTF-8 prompt and --json path", base + ["--prompt", b"Once upon a \xff\xfe time there was",
+         "--json", b"gen\xff.json"], rc=0,
+         check=lambda out: None if json.load(open(b"gen\xff.json"))["format"] == "kvscope-generate/1"
+         else "no report")
+    case("generate: escape sequences in the prompt", base + ["--prompt", "Once \x1b[2J upon a time there was"],
+         rc=0, check=lambda out: "raw ESC printed" if "\x1b" in out else None)
+
+    # --continuation files
+    if not os.path.exists("gen.fifo"):
+        os.mkfifo("gen.fifo")
+    os.makedirs("gen_dir", exist_ok=True)
+    for label, path, pat in (("FIFO (no hang)", "gen.fifo", r"--continuation gen.fifo: is a FIFO"),
+                             ("directory", "gen_dir", r"--continuation gen_dir: is a directory"),
+                             ("device", "/dev/zero", r"--continuation /dev/zero: is a device"),
+                             ("missing", "no_such.txt", r"--continuation no_such.txt: cannot open")):
+        case(f"generate --continuation {label}", gen + ["--continuation", path], pattern=pat)
+    write("cont_2mb.txt", b"a" * (2 << 20))
+    case("generate --continuation of 2 MiB", gen + ["--continuation", "cont_2mb.txt"],
+         pattern=r"2097152 bytes, more than the 1 MiB limit")
+    write("cont_1mb.txt", b" and then they played together." * 33000)
+    case("generate --continuation of 1 MiB (truncated, no hang)", gen + ["--continuation", "cont_1mb.txt"],
+         rc=0, pattern=r"note: --continuation truncated to the model's context of 512 positions")
+    write("cont_bad_utf8.txt", b" she \xff\xfe saw a \xc3 dog")
+    case("generate --continuation not UTF-8", gen + ["--continuation", "cont_bad_utf8.txt"], rc=0,
+         pattern=r"continuation: \d+ tokens scored")
+
+    # --model: missing, not a regular file, garbage, truncated, absurd sizes, NaN weights
+    ok_model = open(model, "rb").read()
+    header = list(LLAMA2C_HEADER.unpack_from(ok_model))
+    write("m_garbage.bin", bytes((i * 7919 + 13) % 251 for i in range(1000)))
+    write("m_trunc.bin", ok_model[:100000])
+    write("m_trunc20.bin", ok_model[:20])
+    write("m_trailing.bin", ok_model + b"\0\0\0\0")
+    write("m_ak42.bin", struct.pack("<I", 0x616B3432) + ok_model[4:])
+    write("m_absurd.bin", LLAMA2C_HEADER.pack(65536, 262144, 1024, 32768, 32768, 4194304, 1048576) + bytes(64))
+    write("m_neg_vocab.bin", LLAMA2C_HEADER.pack(*header[:5], -header[5], header[6]) + ok_model[28:])
+    write("m_zero_heads.bin", LLAMA2C_HEADER.pack(header[0], header[1], header[2], 0, 0, header[5], header[6]) + ok_model[28:])
+    nan_model = bytearray(ok_model)
+    nan_model[28 + 4 * 1000:28 + 4 * 1001] = struct.pack("<f", float("nan"))
+    write("m_nan.bin", bytes(nan_model))
+    for label, path, pat in (
+            ("missing", "no_such.bin", r"no_such.bin: cannot open llama2.c checkpoint: no such file"),
+            ("FIFO (no hang)", "gen.fifo", r"gen.fifo: cannot open llama2.c checkpoint: not a regular file"),
+            ("directory", "gen_dir", r"gen_dir: cannot open llama2.c checkpoint: not a regular file"),
+            ("device", "/dev/zero", r"/dev/zero: cannot open llama2.c checkpoint: not a regular file"),
+            ("garbage", "m_garbage.bin", r"m_garbage.bin: bad llama2.c Config header"),
+            ("truncated", "m_trunc.bin", r"m_trunc.bin: truncated or config mismatch: the file has 100000 bytes"),
+            ("truncated in the header", "m_trunc20.bin", r"20 bytes, shorter than the 28-byte Config header"),
+            ("trailing bytes", "m_trailing.bin", r"trailing bytes or config mismatch"),
+            ("version 1/2 export", "m_ak42.bin", r"version 1/2 export"),
+            ("absurd sizes", "m_absurd.bin", r"m_absurd.bin: truncated or config mismatch: the file has 92 bytes"),
+            ("unshared classifier claimed", "m_neg_vocab.bin", r"truncated or config mismatch"),
+            ("zero heads", "m_zero_heads.bin", r"n_heads must be in \[1, dim\]"),
+            ("NaN weight", "m_nan.bin", r"m_nan.bin: checkpoint weights contain NaN or Inf")):
+        g = list(gen)
+        g[g.index("--model") + 1] = path
+        case(f"generate --model {label}", g, pattern=pat, mem_mb=1024)
+
+    # --tokenizer: missing, FIFO, another model's, truncated, bad header, NaN score
+    ok_tok = open(tok, "rb").read()
+    write("t_trunc.bin", ok_tok[:3000])
+    write("t_bad_max.bin", struct.pack("<i", -7) + ok_tok[4:])
+    nan_tok = bytearray(ok_tok)
+    nan_tok[4:8] = struct.pack("<f", float("nan"))
+    write("t_nan.bin", bytes(nan_tok))
+    for label, path, pat in (
+            ("missing", "no_such_tok.bin", r"no_such_tok.bin: cannot open llama2.c tokenizer: no such file"),
+            ("FIFO (no hang)", "gen.fifo", r"gen.fifo: cannot open llama2.c tokenizer: not a regular file"),
+            ("of another vocabulary", tok1024, r"bytes left after 512 tokens: the tokenizer does not match"),
+            ("truncated", "t_trunc.bin", r"t_trunc.bin: token \d+ of 512 .*truncated"),
+            ("bad max_token_length", "t_bad_max.bin", r"bad tokenizer header: max_token_length -7"),
+            ("NaN score", "t_nan.bin", r"t_nan.bin: token 0 of 512 .*score is NaN or Inf")):
+        if not os.path.exists(path) and path == tok1024:
+            continue
+        g = list(gen)
+        g[g.index("--tokenizer") + 1] = path
+        case(f"generate --tokenizer {label}", g, pattern=pat)
+
+    # --json: never over an input, a link's target, a FIFO, a device or a directory
+    shutil.copy(model, "g_model.bin")
+    shutil.copy(tok, "g_tok.bin")
+    write("g_cont.txt", b" and they played.")
+    before = {p: sha(p) for p in ("g_model.bin", "g_tok.bin", "g_cont.txt")}
+    unchanged = lambda out: None if all(sha(p) == h for p, h in before.items()) else "an input was modified"
+    local = ["generate", "--model", "g_model.bin", "--tokenizer", "g_tok.bin", "--methods", "uniform",
+             "--steps", "4", "--quiet", "--prompt", prompt, "--continuation", "g_cont.txt"]
+    for label, path in (("--model", "g_model.bin"), ("--tokenizer", "g_tok.bin"),
+                        ("--continuation", "g_cont.txt"), ("--model via ./", "./g_model.bin")):
+        case(f"generate --json over its {label}", local + ["--json", path], pattern=r"is the input file",
+             check=unchanged)
+    os.link("g_model.bin", "g_model_hardlink.json")
+    case("generate --json over a hard link of --model", local + ["--json", "g_model_hardlink.json"],
+         pattern=r"is the input file", check=unchanged)
+    write("g_target.json", b"keep me\n")
+    os.symlink("g_target.json", "g_link.json")
+    case("generate --json over a symlink", local + ["--json", "g_link.json"], pattern=r"symbolic link",
+         check=lambda out: None if (os.path.islink("g_link.json") and open("g_target.json").read() == "keep me\n")
+         else "the link or its target changed")
+    os.symlink("g_model.bin", "g_model_link.json")
+    case("generate --json over a symlink to --model", local + ["--json", "g_model_link.json"],
+         pattern=r"symbolic link|is the input file", check=unchanged)
+    case("generate --json FIFO (no hang)", local + ["--json", "gen.fifo"], pattern=r"FIFO",
+         check=lambda out: None if stat.S_ISFIFO(os.lstat("gen.fifo").st_mode) else "the FIFO was replaced")
+    case("generate --json /dev/null", local + ["--json", "/dev/null"], pattern=r"device",
+         check=lambda out: None if stat.S_ISCHR(os.stat("/dev/null").st_mode) else "/dev/null replaced")
+    case("generate --json a directory", local + ["--json", "gen_dir"], pattern=r"directory")
+    write("g_report.json", b"previous report\n")
+    case("generate: failed run leaves the old --json intact", ["generate", "--model", "m_trunc.bin",
+         "--tokenizer", tok, "--prompt", prompt, "--json", "g_report.json"], pattern=r"truncated",
+         check=lambda out: None if open("g_report.json").read() == "previous report\n" else "g_report.json changed")
+    if os.path.exists("/dev/full"):
+        case("generate > /dev/full", gen, stdout_path="/dev/full", pattern=r"writing to standard output failed")
+        case("generate --json - > /dev/full", gen + ["--json", "-"], stdout_path="/dev/full",
+             pattern=r"standard output failed")
+
 
 
 def main():
@@ -424,8 +614,9 @@ def main():
              "--tokenizer", os.path.join(models, "tok512.bin"), "--steps", "4", "--out",
              "model.safetensors"], pattern=r"is the input file",
              check=lambda out: None if sha("model.safetensors") == model_sha else "the model was modified")
+        generate_cases(case, r, models)
     else:
-        print("skip capture cases: no stories260K.bin/tok512.bin under --models")
+        print("skip capture and generate cases: no stories260K.bin/tok512.bin under --models")
 
     # ---- 5. numbers: huge values, flag ranges
     for label, big in (("1e20", 1e20), ("FLT_MAX", 3.4028234663852886e38)):
