@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/seed_flag.h"
 #include "cli/validate.h"
 #include "engine/backend.h"
 #include "engine/balance_walk.h"
@@ -197,7 +198,7 @@ void add_bench_command(CLI::App& app) {
       ->default_val(2);
   sub->add_option("--repeat", opts->repeat, "timed repeats (after one warm-up)")->default_val(5);
   sub->add_option("--block", opts->block, "walk block length B")->default_val(128);
-  sub->add_option("--seed", opts->seed, "walk seed")->default_val(0);
+  sub->add_option("--seed", opts->seed, "walk seed")->check(seed_validator())->default_val(0);
   sub->callback([opts] { run_bench(*opts); });
 }
 

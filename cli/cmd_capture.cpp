@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/output_file.h"
+#include "cli/seed_flag.h"
 #include "cli/validate.h"
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -142,6 +143,7 @@ void add_capture_command(CLI::App& app) {
   sub->add_option("--topp", options->topp, "Nucleus sampling threshold when temperature > 0")
       ->capture_default_str();
   sub->add_option("--seed", options->seed, "Seed for sampling when temperature > 0")
+      ->check(seed_validator())
       ->capture_default_str();
   sub->add_option("--dtype", options->dtype, "Tensor dtype in the file: f32, f16 or bf16")
       ->capture_default_str();

@@ -100,9 +100,10 @@ void run_embed(const EmbedOptions& o) {
     // The opening angle means something only for Barnes-Hut.
     char theta[32] = "";
     if (p.gradient == "Barnes-Hut") std::snprintf(theta, sizeof theta, " (theta %g)", p.theta);
-    std::printf("tsne: perplexity %g, %d iterations, %s%s, learning rate %g, KL %.4f; %.3f s on %s\n",
-                p.perplexity, p.iterations, p.gradient.c_str(), theta, p.learning_rate, p.kl,
-                seconds, backend.name().c_str());
+    std::printf(
+        "tsne: perplexity %g, %d iterations, %s%s, learning rate %g, KL %.4f; %.3f s on %s\n",
+        p.perplexity, p.iterations, p.gradient.c_str(), theta, p.learning_rate, p.kl, seconds,
+        backend.name().c_str());
   }
   std::printf("wrote %s (%lld rows)\n", printable(o.out).c_str(),
               static_cast<long long>(p.coords.rows()));

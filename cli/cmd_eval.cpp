@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/eval_output.h"
 #include "cli/output_file.h"
+#include "cli/seed_flag.h"
 #include "cli/validate.h"
 #include "engine/backend.h"
 #include "engine/capture.h"
@@ -66,7 +67,10 @@ void add_common(CLI::App* sub, CommonOptions& o) {
       ->capture_default_str();
   sub->add_option("--seeds", o.seeds, "seeds R: seed r runs with base-seed + r")
       ->capture_default_str();
-  sub->add_option("--base-seed", o.base_seed, "first seed")->capture_default_str();
+  // The check reads the text: an unsigned option would take "-1" as 2^64 - 1.
+  sub->add_option("--base-seed", o.base_seed, "first seed")
+      ->check(seed_validator())
+      ->capture_default_str();
   sub->add_option("--layers", o.layers, "layers, e.g. 0,2,4-7 (default all)");
   sub->add_option("--heads", o.heads, "kv heads, e.g. 0-3 (default all)");
   o.sink_option = sub->add_option("--sink", o.sink, "sink tokens s (default min(256, n/32))");

@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/output_file.h"
+#include "cli/seed_flag.h"
 #include "cli/validate.h"
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -100,7 +101,7 @@ void add_synth_command(CLI::App& app) {
   sub->add_option("--out", opt->out, "Output file (.safetensors, or .npz for f32/f16)")->required();
   sub->add_option("--layers", opt->layers, "Number of layers (default: the shape's)");
   sub->add_option("--dtype", opt->dtype, "Stored dtype: f32, f16 or bf16")->default_val("bf16");
-  sub->add_option("--seed", opt->seed, "Random seed")->default_val(0);
+  sub->add_option("--seed", opt->seed, "Random seed")->check(seed_validator())->default_val(0);
   sub->add_flag("--quiet", opt->quiet, "No progress output");
   sub->callback([opt] { run_synth(*opt); });
 }

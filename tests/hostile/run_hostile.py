@@ -639,6 +639,7 @@ def main():
                        (["--seeds", "0"], r"--seeds 0: must be between 1 and 100000"),
                        (["--seeds", "1000000000"], r"--seeds 1000000000: must be between 1 and 100000"),
                        (["--threads", "-1"], r"--threads -1: must be between 0 and 1024"),
+                       (["--base-seed", "-1"], r"--base-seed: '-1' must be an integer between 0 and 18446744073709551615"),
                        (["--ratios", "nan"], r"--ratios: 'nan' is not a number"),
                        (["--ratios", "2"], r"--ratios: keep ratio 2 is not in \(0, 1\]"),
                        (["--shard", "-1/2"], r"-1/2"),
