@@ -160,7 +160,9 @@ void run_summary(AppState& s, int slot) {
           "walk saturation %.0f%% of steps (p clipped to 0 or 1)%s", 100.0 * r.selection.saturation,
           r.selection.saturation >= 0.9 ? ": nearly deterministic (see temp, gamma)" : "");
     if (!r.selection.note.empty()) ImGui::TextWrapped("note: %s", r.selection.note.c_str());
-    if (r.selection.trace && !r.selection.trace->note.empty())
+    // BalanceKV's trace repeats the selection's note; show the trace's only when it adds something.
+    if (r.selection.trace && !r.selection.trace->note.empty() &&
+        r.selection.trace->note != r.selection.note)
       ImGui::TextWrapped("trace: %s", r.selection.trace->note.c_str());
     if (res.stale()) ImGui::PopStyleColor();
   } else if (res.busy() || !res.waiting.empty()) {

@@ -125,6 +125,7 @@ Projection run_tsne_projection(const MatrixF& points, const TsneParams& params, 
   out.iterations = run.iteration();
   out.perplexity = run.perplexity();
   out.theta = run.theta();
+  out.gradient = run.gradient_name();
   out.learning_rate = run.learning_rate();
   return out;
 }

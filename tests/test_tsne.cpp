@@ -427,6 +427,22 @@ TEST(Tsne, CoincidentPointsDoNotBreakTheTree) {
   EXPECT_TRUE(y.allFinite());
 }
 
+// The stepped run the Geometry view uses reports how its repulsion was computed, as the one-shot
+// compute_projection does (the view's caption and JSON show it).
+TEST(ProjectionCache, SteppedRunNamesItsGradient) {
+  std::vector<int> labels;
+  const MatrixF points = gaussian_blobs(300, 6, 3, 5, &labels);
+  TsneParams params;
+  params.iterations = 30;
+  params.theta = 0.5;
+  const Projection p = run_tsne_projection(points, params, nullptr, nullptr, 0.0, {});
+  EXPECT_EQ(p.gradient, "Barnes-Hut");
+  EXPECT_EQ(p.iterations, 30);
+  params.theta = 0.0;
+  EXPECT_EQ(run_tsne_projection(points, params, nullptr, nullptr, 0.0, {}).gradient,
+            "exact gradient");
+}
+
 TEST(ProjectionCache, KeysNameEveryParameterAndEvictOldest) {
   ProjectionRequest a;
   ProjectionRequest b = a;
