@@ -177,8 +177,10 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   }
   for (int e = tid; e < kErrQueries * d; e += kErrThreads) {
     const int q = e / d;
-    Qs[e] = q < nq ? static_cast<Real>(a.queries[(static_cast<size_t>(qh) * a.eval + e0 + q) * d + e % d])
-                   : Real(0);
+    Qs[e] =
+        q < nq
+            ? static_cast<Real>(a.queries[(static_cast<size_t>(qh) * a.eval + e0 + q) * d + e % d])
+            : Real(0);
   }
 
   double acc_x[kMaxOut], acc_n[kMaxOut];
@@ -295,10 +297,10 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
       for (int r = 0; r < kMaxOut; ++r) sx[r] = sn[r] = 0.0f;
       for (int kk = 0; kk < kt; ++kk) {
         const float v = Vs[kk * dv + col_c];
-        const float4* px4 = reinterpret_cast<const float4*>(
-            reinterpret_cast<const float*>(Px) + kk * kErrQueries + col_q0);
-        const float4* pn4 = reinterpret_cast<const float4*>(
-            reinterpret_cast<const float*>(Pn) + kk * kErrQueries + col_q0);
+        const float4* px4 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(Px) +
+                                                            kk * kErrQueries + col_q0);
+        const float4* pn4 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(Pn) +
+                                                            kk * kErrQueries + col_q0);
 #pragma unroll
         for (int r4 = 0; r4 < kMaxOut / 4; ++r4) {
           if (4 * r4 < per) {
@@ -506,7 +508,8 @@ void launch_attention_errors(const ErrorDeviceArgs& a, int device_smem_optin, cu
   const int outputs_per_thread = (kErrQueries * a.dv + kErrThreads - 1) / kErrThreads;
   void (*k)(ErrorDeviceArgs) = nullptr;
   if (a.float_scores)
-    k = outputs_per_thread <= 8 ? attention_error_kernel<float, 8> : attention_error_kernel<float, 16>;
+    k = outputs_per_thread <= 8 ? attention_error_kernel<float, 8>
+                                : attention_error_kernel<float, 16>;
   else
     k = outputs_per_thread <= 8 ? attention_error_kernel<double, 8>
                                 : attention_error_kernel<double, 16>;

@@ -74,7 +74,8 @@ class CudaBackend final : public Backend {
     guarded(
         "attention_errors",
         [&] {
-          if (cuda::attention_error_smem_bytes(b.d, b.dv, smem_optin_, b.float_scores) == 0 && b.d > 0 && b.dv > 0)
+          if (cuda::attention_error_smem_bytes(b.d, b.dv, smem_optin_, b.float_scores) == 0 &&
+              b.d > 0 && b.dv > 0)
             throw Unsupported("attention_errors: head dims d=" + std::to_string(b.d) +
                               ", dv=" + std::to_string(b.dv) + " exceed the CUDA kernel's tiles");
           const cuda::ErrorDeviceArgs a = cuda::upload_error_batch(b, error_ws_, stream_);

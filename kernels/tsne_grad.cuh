@@ -31,12 +31,12 @@ struct TsneDeviceArgs {
   int chunks = 1;
   double* rep_part = nullptr;  // chunks x n x 3: fx, fy, z
   double* rep = nullptr;       // n x 2
-  double* attr = nullptr;    // n x 2
-  double* z_row = nullptr;   // n
-  double* kl_row = nullptr;  // n
-  double* p_row = nullptr;   // n
-  double* totals = nullptr;  // 3: Z, sum p (log p - log q), sum p
-  float* grad = nullptr;     // n x 2
+  double* attr = nullptr;      // n x 2
+  double* z_row = nullptr;     // n
+  double* kl_row = nullptr;    // n
+  double* p_row = nullptr;     // n
+  double* totals = nullptr;    // 3: Z, sum p (log p - log q), sum p
+  float* grad = nullptr;       // n x 2
 };
 
 struct TsneWorkspace {
