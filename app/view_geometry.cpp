@@ -326,17 +326,22 @@ class GeometryView final : public View {
       const std::vector<int> centres =
           greedy_kcenter(keys, std::min<int>(k, static_cast<int>(keys.rows())), 0);
       base->kcenter_cluster = assign_to_centres(keys, centres);
-      if (auto cached = projection_cache().find(pkey)) {
+      // The finished map of a projection, from the cache or just computed.
+      auto finished = [&](const Projection& pr) {
         auto f = std::make_shared<GeometryFrame>(*base);
-        f->coords = cached->coords;
-        f->iteration = f->total = cached->iterations;
-        f->kl = cached->kl;
-        f->perplexity = cached->perplexity;
-        f->theta = cached->theta;
-        f->gradient = cached->gradient;
-        f->explained[0] = cached->explained[0];
-        f->explained[1] = cached->explained[1];
+        f->coords = pr.coords;
+        f->iteration = f->total = pr.iterations;
+        f->kl = pr.kl;
+        f->perplexity = pr.perplexity;
+        f->theta = pr.theta;
+        f->gradient = pr.gradient;
+        f->explained[0] = pr.explained[0];
+        f->explained[1] = pr.explained[1];
         f->done = true;
+        return f;
+      };
+      if (auto cached = projection_cache().find(pkey)) {
+        auto f = finished(*cached);
         f->from_cache = true;
         return f;
       }
@@ -347,11 +352,7 @@ class GeometryView final : public View {
         auto pr = std::make_shared<Projection>(
             compute_projection(info, *layer, head, req, backend, ctx.cancel_flag()));
         projection_cache().put(pkey, pr);
-        auto f = std::make_shared<GeometryFrame>(*base);
-        f->coords = pr->coords;
-        f->explained[0] = pr->explained[0];
-        f->explained[1] = pr->explained[1];
-        f->done = true;
+        auto f = finished(*pr);
         f->seconds = seconds();
         return f;
       }
@@ -375,14 +376,7 @@ class GeometryView final : public View {
       pr->num_queries = base->num_queries;
       pr->query_head = base->query_head;
       projection_cache().put(pkey, pr);
-      auto f = std::make_shared<GeometryFrame>(*base);
-      f->coords = pr->coords;
-      f->iteration = f->total = pr->iterations;
-      f->kl = pr->kl;
-      f->perplexity = pr->perplexity;
-      f->theta = pr->theta;
-      f->gradient = pr->gradient;
-      f->done = true;
+      auto f = finished(*pr);
       f->seconds = seconds();
       return f;
     };

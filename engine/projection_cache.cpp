@@ -73,6 +73,21 @@ std::string projection_key(const std::string& capture_path, int layer, int kv_he
   return key;
 }
 
+namespace {
+
+// What a finished t-SNE run puts into a Projection, for both the one-shot and the stepped path.
+void take_tsne_result(const TsneRun& run, Projection& out) {
+  out.coords = run.embedding();
+  out.kl = run.kl();
+  out.iterations = run.iteration();
+  out.perplexity = run.perplexity();
+  out.theta = run.theta();
+  out.gradient = run.gradient_name();
+  out.learning_rate = run.learning_rate();
+}
+
+}  // namespace
+
 Projection compute_projection(const CaptureInfo& info, const LayerData& layer, int kv_head,
                               const ProjectionRequest& req, Backend* backend,
                               const std::atomic<bool>* cancel) {
@@ -92,13 +107,7 @@ Projection compute_projection(const CaptureInfo& info, const LayerData& layer, i
   }
   TsneRun run(points, req.tsne, backend, cancel);
   run.run_to_end();
-  out.coords = run.embedding();
-  out.kl = run.kl();
-  out.iterations = run.iteration();
-  out.perplexity = run.perplexity();
-  out.theta = run.theta();
-  out.gradient = run.gradient_name();
-  out.learning_rate = run.learning_rate();
+  take_tsne_result(run, out);
   return out;
 }
 
@@ -118,15 +127,9 @@ Projection run_tsne_projection(const MatrixF& points, const TsneParams& params, 
   }
   if (cancel && cancel->load()) throw Cancelled();
   Projection out;
-  out.coords = run.embedding();
   out.num_keys = static_cast<int>(points.rows());
   out.method = ProjectionMethod::Tsne;
-  out.kl = run.kl();
-  out.iterations = run.iteration();
-  out.perplexity = run.perplexity();
-  out.theta = run.theta();
-  out.gradient = run.gradient_name();
-  out.learning_rate = run.learning_rate();
+  take_tsne_result(run, out);
   return out;
 }
 
