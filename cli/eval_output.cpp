@@ -46,17 +46,6 @@ bool parse_double(const std::string& s, double* out) {
   }
 }
 
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (;;) {
-    const size_t p = text.find(sep, start);
-    out.push_back(text.substr(start, p == std::string::npos ? std::string::npos : p - start));
-    if (p == std::string::npos) return out;
-    start = p + 1;
-  }
-}
-
 }  // namespace
 
 std::vector<double> parse_number_list(const std::string& text, const std::string& flag) {

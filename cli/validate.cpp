@@ -28,8 +28,6 @@ void check_range_real(double value, double lo, double hi, const std::string& fla
   }
 }
 
-namespace {
-
 std::vector<std::string> split(const std::string& text, char sep) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -40,6 +38,8 @@ std::vector<std::string> split(const std::string& text, char sep) {
     start = p + 1;
   }
 }
+
+namespace {
 
 // A whole non-negative decimal integer, or -1 (also for values beyond 2^31).
 long long to_index(const std::string& s) {

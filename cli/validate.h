@@ -14,6 +14,9 @@ namespace kvscope::cli {
 void check_range(long long value, long long lo, long long hi, const std::string& flag);
 void check_range_real(double value, double lo, double hi, const std::string& flag);
 
+// `text` cut at every `sep`, empty pieces kept ("a,,b" -> "a", "", "b").
+std::vector<std::string> split(const std::string& text, char sep);
+
 // "0,2,5-7" -> {0, 2, 5, 6, 7}, every index < `count` (the capture's layers or kv heads; `what`
 // is "layer" or "kv head" in the message), checked before the list is expanded; duplicates are
 // refused.
