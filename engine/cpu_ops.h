@@ -11,6 +11,9 @@ namespace kvscope {
 void cpu_walk_blocks(const WalkBatch& batch);
 void cpu_attention_errors(const ErrorBatch& batch);
 double cpu_tsne_gradient(const TsneGradInput& in, float* grad);
+// The t-SNE attraction and KL rows use AVX2 where the CPU has it; false forces the portable
+// scalar path (tests compare the two). Returns the previous setting.
+bool set_cpu_tsne_simd(bool enabled);
 std::vector<int> cpu_kcenter(const float* x, int n, int d, int k, int first);
 
 }  // namespace kvscope

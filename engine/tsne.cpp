@@ -356,11 +356,13 @@ inline void kl_row_portable(const TsneGradInput& in, int i, double& kl, double& 
   for (int l = 0; l < kLanes; ++l) kl += akl[l], ps += aps[l];
 }
 
+std::atomic<bool> g_tsne_simd{true};
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVS_TSNE_AVX2 1
 bool cpu_has_avx2_fma() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
+  return yes && g_tsne_simd.load(std::memory_order_relaxed);
 }
 
 // The 8 neighbours' coordinates, y_j for j = col[0..7], as x and y lanes in neighbour order:
@@ -521,6 +523,10 @@ double finish_gradient(const TsneGradInput& in, const double* rep, const double*
   return kl + ptotal * std::log(z);
 }
 }  // namespace
+
+bool set_cpu_tsne_simd(bool enabled) {
+  return g_tsne_simd.exchange(enabled);
+}
 
 // ---- affinities ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -515,6 +516,39 @@ TEST(ProjectionCache, InputChecksNameTheProblem) {
   EXPECT_EQ(p.coords.rows(), 50);
   EXPECT_GT(p.explained[0], 0.0);
   EXPECT_GE(p.explained[0], p.explained[1]);
+}
+
+// The AVX2 attraction and KL rows (the default where the CPU has AVX2) against the portable
+// scalar ones: the same float terms summed in another order, so agreement to float rounding.
+TEST(Tsne, Avx2AttractionMatchesPortable) {
+  std::vector<int> labels;
+  const MatrixF x = gaussian_blobs(1200, 8, 4, 3, &labels);
+  const TsneAffinities p = tsne_affinities(x, 30, 91);
+  MatrixF y(x.rows(), 2);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.f, 5.f);
+  for (Eigen::Index i = 0; i < y.size(); ++i) y.data()[i] = g(rng);
+  TsneGradInput in;
+  in.n = static_cast<int>(y.rows());
+  in.y = y.data();
+  in.p_rowptr = p.rowptr.data();
+  in.p_col = p.col.data();
+  in.p_val = p.val.data();
+  in.theta = 0;
+  in.exaggeration = 12;  // the attraction dominates the gradient
+  in.want_kl = true;
+  MatrixF fast(y.rows(), 2), portable(y.rows(), 2);
+  const double kl_fast = cpu_tsne_gradient(in, fast.data());
+  const bool before = set_cpu_tsne_simd(false);
+  const double kl_portable = cpu_tsne_gradient(in, portable.data());
+  set_cpu_tsne_simd(before);
+  EXPECT_LT((fast - portable).norm() / portable.norm(), 1e-5);
+  EXPECT_NEAR(kl_fast, kl_portable, 1e-5 * std::abs(kl_portable));
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_GT((fast - portable).cwiseAbs().maxCoeff(), 0.f) << "both runs took the same path";
+  }
+#endif
 }
 
 }  // namespace
