@@ -598,39 +598,54 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
   });
   if (is_set(cancel)) throw Cancelled();
 
-  // Symmetrise: p_ij = (p_{j|i} + p_{i|j}) / (2n), as CSR with sorted columns.
-  std::vector<std::vector<std::pair<int, float>>> rows(n);
-  for (int i = 0; i < n; ++i) rows[i].reserve(2 * k);
-  for (int i = 0; i < n; ++i) {
-    for (int r = 0; r < k; ++r) {
-      const size_t at = static_cast<size_t>(i) * k + r;
-      const int j = nb[at];
-      const float v = pcond[at];
-      rows[i].emplace_back(j, v);
-      rows[j].emplace_back(i, v);
-    }
-  }
-  out.rowptr.assign(n + 1, 0);
-  for (int i = 0; i < n; ++i) {
-    auto& row = rows[i];
-    std::sort(row.begin(), row.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    size_t w = 0;
-    for (size_t r = 0; r < row.size(); ++r) {
-      if (w > 0 && row[w - 1].first == row[r].first) {
-        row[w - 1].second += row[r].second;
-      } else {
-        row[w++] = row[r];
+  // Symmetrise: p_ij = (p_{j|i} + p_{i|j}) / (2n), as CSR with sorted columns. Row i holds its own
+  // k entries and one from every list it appears in, all in one array (sized by a count pass),
+  // then each row is sorted and merged on its own thread. At most two entries share a column
+  // (one each way), so the merged float sums do not depend on the order.
+  std::vector<size_t> start(static_cast<size_t>(n) + 1, 0);
+  for (const int j : nb) ++start[static_cast<size_t>(j) + 1];
+  for (int i = 0; i < n; ++i) start[i + 1] += start[i] + k;
+  std::vector<std::pair<int, float>> entries(start[n]);
+  {
+    std::vector<size_t> fill(start.begin(), start.end() - 1);
+    for (int i = 0; i < n; ++i) {
+      for (int r = 0; r < k; ++r) {
+        const size_t at = static_cast<size_t>(i) * k + r;
+        const int j = nb[at];
+        entries[fill[i]++] = {j, pcond[at]};
+        entries[fill[j]++] = {i, pcond[at]};
       }
     }
-    row.resize(w);
-    for (auto& [j, v] : row) {
-      out.col.push_back(j);
-      out.val.push_back(static_cast<float>(v * scale));
-    }
-    out.rowptr[i + 1] = static_cast<int>(out.col.size());
-    std::vector<std::pair<int, float>>().swap(row);
   }
+  std::vector<int> merged(n);
+  tsne_parallel_for(n, 1024, [&](int b, int e) {
+    for (int i = b; i < e; ++i) {
+      const auto first = entries.begin() + static_cast<std::ptrdiff_t>(start[i]);
+      const auto last = entries.begin() + static_cast<std::ptrdiff_t>(start[i + 1]);
+      std::sort(first, last, [](const auto& a, const auto& c) { return a.first < c.first; });
+      auto w = first;
+      for (auto r = first; r != last; ++r) {
+        if (w != first && (w - 1)->first == r->first) {
+          (w - 1)->second += r->second;
+        } else {
+          *w++ = *r;
+        }
+      }
+      merged[i] = static_cast<int>(w - first);
+    }
+  });
+  out.rowptr.assign(n + 1, 0);
+  for (int i = 0; i < n; ++i) out.rowptr[i + 1] = out.rowptr[i] + merged[i];
+  out.col.resize(out.rowptr[n]);
+  out.val.resize(out.rowptr[n]);
+  tsne_parallel_for(n, 1024, [&](int b, int e) {
+    for (int i = b; i < e; ++i)
+      for (int r = 0; r < merged[i]; ++r) {
+        const auto& [j, v] = entries[start[i] + r];
+        out.col[out.rowptr[i] + r] = j;
+        out.val[out.rowptr[i] + r] = static_cast<float>(v * scale);
+      }
+  });
   return out;
 }
 
