@@ -19,6 +19,7 @@
 #include "engine/error.h"
 #include "engine/knn.h"
 #include "engine/pca.h"
+#include "engine/simd.h"
 #include "engine/tsne_fft.h"
 #include "engine/tsne_util.h"
 
@@ -45,12 +46,12 @@ void calibrate_row(const float* d2, int count, double log_perplexity, float* out
   double beta_min = -std::numeric_limits<double>::infinity();
   double beta_max = std::numeric_limits<double>::infinity();
   std::vector<double> p(count);
+  const simd::Kernels& simd_kernels = simd::kernels();  // exp of a whole row in SIMD lanes
   for (int step = 0; step < kSteps; ++step) {
+    for (int j = 0; j < count; ++j) p[j] = -(d2[j] - dmin) * beta;
+    simd_kernels.exp_inplace(p.data(), count);
     double sum = 0;
-    for (int j = 0; j < count; ++j) {
-      p[j] = std::exp(-(d2[j] - dmin) * beta);
-      sum += p[j];
-    }
+    for (int j = 0; j < count; ++j) sum += p[j];
     double weighted = 0;
     for (int j = 0; j < count; ++j) {
       p[j] /= sum;
