@@ -24,8 +24,10 @@
 #include "app/result_status.h"
 #include "app/token_marks.h"
 #include "app/view.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/kcenter.h"
+#include "engine/backend.h"
 #include "engine/projection_cache.h"
 
 namespace kvscope::app {
@@ -305,10 +307,16 @@ class GeometryView final : public View {
     p.label = req.method == ProjectionMethod::Pca ? "Geometry: PCA" : "Geometry: t-SNE";
     const double points = static_cast<double>(info.num_tokens) * (req.with_queries ? 2 : 1);
     const bool cached = projection_cache().find(pkey) != nullptr;
-    p.cost_class = req.method == ProjectionMethod::Pca ? "pca" : "tsne";
+    // Long maps on the CPU take the FFT-interpolated repulsion (TsneRun's automatic choice), whose
+    // cost per point and iteration is a third of Barnes-Hut's: its own cost class, so a measured
+    // 8k-point Barnes-Hut map does not set the estimate of a 32k-point FFT one.
+    const bool fft = req.method == ProjectionMethod::Tsne && req.tsne.theta < 0 &&
+                     points > req.tsne.fft_threshold && !(backend && backend->is_gpu());
+    p.cost_class = req.method == ProjectionMethod::Pca ? "pca" : fft ? "tsne-fft" : "tsne";
     // t-SNE (Barnes-Hut): about 1 us per point and iteration on the 2-core build machine (8192
-    // keys, 1000 iterations: 7.4 s); PCA is linear in the points. Measured at run time after.
-    p.prior_per_unit = req.method == ProjectionMethod::Pca ? 1e-6 : 1.5e-6;
+    // keys, 1000 iterations: 7.4 s); FFT about 0.3 us (32768 keys: about 10 s); PCA is linear
+    // in the points. Deliberately on the slow side; measured at run time after.
+    p.prior_per_unit = req.method == ProjectionMethod::Pca ? 1e-6 : fft ? 0.5e-6 : 1.5e-6;
     p.units = cached ? 0 : points * (req.method == ProjectionMethod::Pca ? 1 : req.tsne.iterations);
     p.auto_limit_s = 3.0;
     p.compute = [=](JobContext& ctx,
