@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -14,6 +15,18 @@ namespace {
 // Lanes of one FFT strip: 16 independent transforms run side by side, one per float of a
 // 64-byte line, so every butterfly is a vector operation across the strip.
 constexpr int kLanes = 16;
+
+// The butterflies run on vectors of kVec lanes (GCC/Clang vector extension: AVX with
+// -march=native, pairs of SSE registers in a portable build).
+constexpr int kVec = 8;
+typedef float Vec __attribute__((vector_size(kVec * sizeof(float))));
+static_assert(kLanes % kVec == 0);
+inline Vec load_vec(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 // The smallest m >= at_least whose only prime factors are 2, 3 and 5.
 int fft_friendly_size(int at_least) {
@@ -62,12 +75,16 @@ class StripFft {
   }
   int size() const { return M_; }
 
-  void forward(float* re, float* im, size_t stride) const {
-    for (const Stage& s : stages_) run_stage<false>(s, re, im, stride);
+  // `live`: the inputs at t >= live are zero (and need not be stored: they are not read).
+  void forward(float* re, float* im, size_t stride, int live) const {
+    for (size_t i = 0; i < stages_.size(); ++i)
+      run_stage<false>(stages_[i], re, im, stride, i == 0 ? live : M_, M_);
   }
-  void inverse(float* re, float* im, size_t stride) const {
-    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it)
-      run_stage<true>(*it, re, im, stride);
+  void forward(float* re, float* im, size_t stride) const { forward(re, im, stride, M_); }
+  // `keep`: only the outputs t < keep are wanted (the others are left unspecified).
+  void inverse(float* re, float* im, size_t stride, int keep) const {
+    for (size_t i = stages_.size(); i-- > 0;)
+      run_stage<true>(stages_[i], re, im, stride, M_, i == 0 ? keep : M_);
   }
 
  private:
@@ -77,48 +94,56 @@ class StripFft {
   };
 
   template <bool Inverse>
-  void run_stage(const Stage& s, float* re, float* im, size_t stride) const {
+  void run_stage(const Stage& s, float* re, float* im, size_t stride, int live, int keep) const {
     switch (s.radix) {
       case 4:
-        return radix_stage<4, Inverse>(s, re, im, stride);
+        return radix_stage<4, Inverse>(s, re, im, stride, live, keep);
       case 2:
-        return radix_stage<2, Inverse>(s, re, im, stride);
+        return radix_stage<2, Inverse>(s, re, im, stride, live, keep);
       case 3:
-        return radix_stage<3, Inverse>(s, re, im, stride);
+        return radix_stage<3, Inverse>(s, re, im, stride, live, keep);
       default:
-        return radix_stage<5, Inverse>(s, re, im, stride);
+        return radix_stage<5, Inverse>(s, re, im, stride, live, keep);
     }
   }
 
-  // The R-point DFT of (xr, xi) with sign -1 (forward) or +1 (inverse), in place.
-  template <int R, bool Inverse>
-  static inline void small_dft(float* xr, float* xi) {
+  // The R-point DFT of (xr, xi) with sign -1 (forward) or +1 (inverse), in place; T is a float or
+  // a vector of kVec lanes (the arithmetic is the same, the constants broadcast).
+  template <int R, bool Inverse, class T>
+  static inline void small_dft(T* xr, T* xi) {
     constexpr float sg = Inverse ? 1.f : -1.f;
     if constexpr (R == 2) {
-      const float ar = xr[0] + xr[1], ai = xi[0] + xi[1];
+      const T ar = xr[0] + xr[1], ai = xi[0] + xi[1];
       xr[1] = xr[0] - xr[1];
       xi[1] = xi[0] - xi[1];
       xr[0] = ar;
       xi[0] = ai;
     } else if constexpr (R == 4) {
-      const float s0r = xr[0] + xr[2], s0i = xi[0] + xi[2];
-      const float d0r = xr[0] - xr[2], d0i = xi[0] - xi[2];
-      const float s1r = xr[1] + xr[3], s1i = xi[1] + xi[3];
-      const float d1r = xr[1] - xr[3], d1i = xi[1] - xi[3];
+      const T s0r = xr[0] + xr[2], s0i = xi[0] + xi[2];
+      const T d0r = xr[0] - xr[2], d0i = xi[0] - xi[2];
+      const T s1r = xr[1] + xr[3], s1i = xi[1] + xi[3];
+      const T d1r = xr[1] - xr[3], d1i = xi[1] - xi[3];
       // X1 = d0 + sg i d1, X3 = d0 - sg i d1.
       xr[0] = s0r + s1r;
       xi[0] = s0i + s1i;
       xr[2] = s0r - s1r;
       xi[2] = s0i - s1i;
-      xr[1] = d0r - sg * d1i;
-      xi[1] = d0i + sg * d1r;
-      xr[3] = d0r + sg * d1i;
-      xi[3] = d0i - sg * d1r;
+      if constexpr (Inverse) {
+        xr[1] = d0r - d1i;
+        xi[1] = d0i + d1r;
+        xr[3] = d0r + d1i;
+        xi[3] = d0i - d1r;
+      } else {
+        xr[1] = d0r + d1i;
+        xi[1] = d0i - d1r;
+        xr[3] = d0r - d1i;
+        xi[3] = d0i + d1r;
+      }
     } else if constexpr (R == 3) {
       constexpr float c = -0.5f, s = sg * 0.86602540378443864676f;
-      const float ar = xr[1] + xr[2], ai = xi[1] + xi[2];
-      const float br = xr[1] - xr[2], bi = xi[1] - xi[2];
-      const float tr = xr[0] + c * ar, ti = xi[0] + c * ai;
+      const T ar = xr[1] + xr[2], ai = xi[1] + xi[2];
+      const T br = xr[1] - xr[2], bi = xi[1] - xi[2];
+      const T tr = xr[0] + c * ar, ti = xi[0] + c * ai;
       xr[0] += ar;
       xi[0] += ai;
       // X1 = t + i s b, X2 = t - i s b.
@@ -129,14 +154,14 @@ class StripFft {
     } else {
       constexpr float c1 = 0.30901699437494742410f, c2 = -0.80901699437494742410f;
       constexpr float s1 = sg * 0.95105651629515357212f, s2 = sg * 0.58778525229247312917f;
-      const float a1r = xr[1] + xr[4], a1i = xi[1] + xi[4];
-      const float b1r = xr[1] - xr[4], b1i = xi[1] - xi[4];
-      const float a2r = xr[2] + xr[3], a2i = xi[2] + xi[3];
-      const float b2r = xr[2] - xr[3], b2i = xi[2] - xi[3];
-      const float t1r = xr[0] + c1 * a1r + c2 * a2r, t1i = xi[0] + c1 * a1i + c2 * a2i;
-      const float t2r = xr[0] + c2 * a1r + c1 * a2r, t2i = xi[0] + c2 * a1i + c1 * a2i;
-      const float u1r = s1 * b1r + s2 * b2r, u1i = s1 * b1i + s2 * b2i;  // X1 = t1 + i u1
-      const float u2r = s2 * b1r - s1 * b2r, u2i = s2 * b1i - s1 * b2i;  // X2 = t2 + i u2
+      const T a1r = xr[1] + xr[4], a1i = xi[1] + xi[4];
+      const T b1r = xr[1] - xr[4], b1i = xi[1] - xi[4];
+      const T a2r = xr[2] + xr[3], a2i = xi[2] + xi[3];
+      const T b2r = xr[2] - xr[3], b2i = xi[2] - xi[3];
+      const T t1r = xr[0] + c1 * a1r + c2 * a2r, t1i = xi[0] + c1 * a1i + c2 * a2i;
+      const T t2r = xr[0] + c2 * a1r + c1 * a2r, t2i = xi[0] + c2 * a1i + c1 * a2i;
+      const T u1r = s1 * b1r + s2 * b2r, u1i = s1 * b1i + s2 * b2i;  // X1 = t1 + i u1
+      const T u2r = s2 * b1r - s1 * b2r, u2i = s2 * b1i - s1 * b2i;  // X2 = t2 + i u2
       xr[0] += a1r + a2r;
       xi[0] += a1i + a2i;
       xr[1] = t1r - u1i;
@@ -153,17 +178,23 @@ class StripFft {
   // One stage on every block of length s.len. Forward (DIF): the R inputs k + j m of a block,
   // DFT, output q times w_len^(q k) to k + q m. Inverse (DIT): exactly the adjoint steps in
   // reverse (conjugate twiddle, then the +1 DFT), so it undoes the forward stage up to R.
+  // `live` prunes the first forward stage (a single block): inputs at or beyond it are zero and
+  // are not read. `keep` prunes the last inverse stage: outputs at or beyond it are not stored.
   template <int R, bool Inverse>
-  void radix_stage(const Stage& s, float* re, float* im, size_t stride) const {
+  void radix_stage(const Stage& s, float* re, float* im, size_t stride, int live, int keep) const {
     const int m = s.m;
     for (int start = 0; start < M_; start += s.len)
       for (int k = 0; k < m; ++k) {
-        float* __restrict pr[R];
-        float* __restrict pi[R];
+        float* pr[R];
+        float* pi[R];
         float wr[R], wi[R];
+        int nonzero = R, stored = R;  // inputs read (the rest are zero), outputs written
         for (int j = 0; j < R; ++j) {
-          pr[j] = re + static_cast<size_t>(start + k + j * m) * stride;
-          pi[j] = im + static_cast<size_t>(start + k + j * m) * stride;
+          const int t = start + k + j * m;
+          pr[j] = re + static_cast<size_t>(t) * stride;
+          pi[j] = im + static_cast<size_t>(t) * stride;
+          if (t >= live) nonzero = std::min(nonzero, j);
+          if (t >= keep) stored = std::min(stored, j);
         }
         wr[0] = 1, wi[0] = 0;
         for (int q = 1; q < R; ++q) {
@@ -172,24 +203,34 @@ class StripFft {
                           : s.tw_im[static_cast<size_t>(q - 1) * m + k];
         }
         const bool plain = k == 0;  // all twiddles 1
-#pragma GCC ivdep
-        for (int c = 0; c < kLanes; ++c) {
-          float xr[R], xi[R];
-          for (int j = 0; j < R; ++j) xr[j] = pr[j][c], xi[j] = pi[j][c];
+        for (int c = 0; c < kLanes; c += kVec) {
+          Vec xr[R], xi[R];
+          for (int j = 0; j < R; ++j) {
+            if (j < nonzero) {
+              xr[j] = load_vec(pr[j] + c);
+              xi[j] = load_vec(pi[j] + c);
+            } else {
+              xr[j] = Vec{};
+              xi[j] = Vec{};
+            }
+          }
           if (Inverse && !plain)
             for (int q = 1; q < R; ++q) {
-              const float a = xr[q] * wr[q] - xi[q] * wi[q];
+              const Vec a = xr[q] * wr[q] - xi[q] * wi[q];
               xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
               xr[q] = a;
             }
           small_dft<R, Inverse>(xr, xi);
           if (!Inverse && !plain)
             for (int q = 1; q < R; ++q) {
-              const float a = xr[q] * wr[q] - xi[q] * wi[q];
+              const Vec a = xr[q] * wr[q] - xi[q] * wi[q];
               xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
               xr[q] = a;
             }
-          for (int j = 0; j < R; ++j) pr[j][c] = xr[j], pi[j][c] = xi[j];
+          for (int j = 0; j < stored; ++j) {
+            store_vec(pr[j] + c, xr[j]);
+            store_vec(pi[j] + c, xi[j]);
+          }
         }
       }
   }
@@ -219,7 +260,7 @@ struct Grid {
 void column_transforms(const StripFft& fft, Grid& g, int cols, bool inverse) {
   for (int c0 = 0; c0 < cols; c0 += kLanes) {
     if (inverse) {
-      fft.inverse(g.re.data() + c0, g.im.data() + c0, g.ld);
+      fft.inverse(g.re.data() + c0, g.im.data() + c0, g.ld, fft.size());
     } else {
       fft.forward(g.re.data() + c0, g.im.data() + c0, g.ld);
     }
@@ -325,7 +366,7 @@ void convolve(const StripFft& fft, const std::vector<float>& kernel_hat, Grid& g
       sre[t] *= kh[t];
       sim[t] *= kh[t];
     }
-    fft.inverse(sre.data(), sim.data(), kLanes);
+    fft.inverse(sre.data(), sim.data(), kLanes, M);
     store_strip(g, r0, N, sre.data(), sim.data());
   }
   column_transforms(fft, g, N, true);
