@@ -75,16 +75,14 @@ class StripFft {
   }
   int size() const { return M_; }
 
-  // `live`: the inputs at t >= live are zero (and need not be stored: they are not read).
+  // `live`: the inputs at t >= live are zero (they are not read, and need not be stored).
   void forward(float* re, float* im, size_t stride, int live) const {
-    for (size_t i = 0; i < stages_.size(); ++i)
-      run_stage<false>(stages_[i], re, im, stride, i == 0 ? live : M_, M_);
+    forward_block(0, re, im, stride, 0, live);
   }
   void forward(float* re, float* im, size_t stride) const { forward(re, im, stride, M_); }
   // `keep`: only the outputs t < keep are wanted (the others are left unspecified).
   void inverse(float* re, float* im, size_t stride, int keep) const {
-    for (size_t i = stages_.size(); i-- > 0;)
-      run_stage<true>(stages_[i], re, im, stride, M_, i == 0 ? keep : M_);
+    inverse_block(0, re, im, stride, 0, keep);
   }
 
  private:
@@ -93,17 +91,35 @@ class StripFft {
     std::vector<float> tw_re, tw_im;
   };
 
+  // The stages run depth first: stage i on one block of length stages_[i].len, then (forward)
+  // each of its radix sub-blocks through all later stages before the next, so that once a block
+  // fits in L1 all its remaining passes stay there (breadth first, every stage would stream the
+  // whole strip, 86 KB at M = 675, through L2). The inverse runs the same tree bottom up.
+  // `limit` prunes the top block only: inputs (forward) or outputs (inverse) at t >= limit.
+  void forward_block(size_t i, float* re, float* im, size_t stride, int start, int limit) const {
+    const Stage& s = stages_[i];
+    run_stage<false>(s, re, im, stride, start, limit);
+    if (i + 1 < stages_.size())
+      for (int b = 0; b < s.radix; ++b) forward_block(i + 1, re, im, stride, start + b * s.m, M_);
+  }
+  void inverse_block(size_t i, float* re, float* im, size_t stride, int start, int limit) const {
+    const Stage& s = stages_[i];
+    if (i + 1 < stages_.size())
+      for (int b = 0; b < s.radix; ++b) inverse_block(i + 1, re, im, stride, start + b * s.m, M_);
+    run_stage<true>(s, re, im, stride, start, limit);
+  }
+
   template <bool Inverse>
-  void run_stage(const Stage& s, float* re, float* im, size_t stride, int live, int keep) const {
+  void run_stage(const Stage& s, float* re, float* im, size_t stride, int start, int limit) const {
     switch (s.radix) {
       case 4:
-        return radix_stage<4, Inverse>(s, re, im, stride, live, keep);
+        return radix_stage<4, Inverse>(s, re, im, stride, start, limit);
       case 2:
-        return radix_stage<2, Inverse>(s, re, im, stride, live, keep);
+        return radix_stage<2, Inverse>(s, re, im, stride, start, limit);
       case 3:
-        return radix_stage<3, Inverse>(s, re, im, stride, live, keep);
+        return radix_stage<3, Inverse>(s, re, im, stride, start, limit);
       default:
-        return radix_stage<5, Inverse>(s, re, im, stride, live, keep);
+        return radix_stage<5, Inverse>(s, re, im, stride, start, limit);
     }
   }
 
@@ -175,64 +191,96 @@ class StripFft {
     }
   }
 
-  // One stage on every block of length s.len. Forward (DIF): the R inputs k + j m of a block,
-  // DFT, output q times w_len^(q k) to k + q m. Inverse (DIT): exactly the adjoint steps in
-  // reverse (conjugate twiddle, then the +1 DFT), so it undoes the forward stage up to R.
-  // `live` prunes the first forward stage (a single block): inputs at or beyond it are zero and
-  // are not read. `keep` prunes the last inverse stage: outputs at or beyond it are not stored.
+  // One stage on the block [start, start + s.len). Forward (DIF): the R inputs k + j m, DFT,
+  // output q times w_len^(q k) to k + q m. Inverse (DIT): exactly the adjoint steps in reverse
+  // (conjugate twiddle, then the +1 DFT), so it undoes the forward stage up to R. Pruned
+  // (limit < start + len): the k are split by how many of their R indices lie below limit, and
+  // each range runs with that count fixed at compile time (fewer loads forward, fewer stores
+  // inverse; the k with none below the limit are skipped inverse and give zeros forward).
   template <int R, bool Inverse>
-  void radix_stage(const Stage& s, float* re, float* im, size_t stride, int live, int keep) const {
+  void radix_stage(const Stage& s, float* re, float* im, size_t stride, int start,
+                   int limit) const {
     const int m = s.m;
-    for (int start = 0; start < M_; start += s.len)
-      for (int k = 0; k < m; ++k) {
-        float* pr[R];
-        float* pi[R];
-        float wr[R], wi[R];
-        int nonzero = R, stored = R;  // inputs read (the rest are zero), outputs written
+    if (limit >= start + s.len) return butterflies<R, Inverse, R>(s, re, im, stride, start, 0, m);
+    const int rel = limit - start;
+    for (int count = R; count >= 0; --count) {
+      const int k0 = std::max(0, rel - count * m), k1 = std::min(m, rel - (count - 1) * m);
+      if (k0 >= k1) continue;
+      switch (count) {
+        case 0:
+          if constexpr (!Inverse) butterflies<R, Inverse, 0>(s, re, im, stride, start, k0, k1);
+          break;
+        case 1:
+          butterflies<R, Inverse, 1>(s, re, im, stride, start, k0, k1);
+          break;
+        case 2:
+          butterflies<R, Inverse, 2>(s, re, im, stride, start, k0, k1);
+          break;
+        case 3:
+          if constexpr (R >= 3) butterflies<R, Inverse, 3>(s, re, im, stride, start, k0, k1);
+          break;
+        case 4:
+          if constexpr (R >= 4) butterflies<R, Inverse, 4>(s, re, im, stride, start, k0, k1);
+          break;
+        default:
+          if constexpr (R >= 5) butterflies<R, Inverse, 5>(s, re, im, stride, start, k0, k1);
+          break;
+      }
+    }
+  }
+
+  // The butterflies k in [k0, k1) of one block; Live of the R inputs are read forward (the rest
+  // are zero), Live of the R outputs are stored inverse.
+  template <int R, bool Inverse, int Live>
+  void butterflies(const Stage& s, float* re, float* im, size_t stride, int start, int k0,
+                   int k1) const {
+    constexpr int kRead = Inverse ? R : Live, kStored = Inverse ? Live : R;
+    const int m = s.m;
+    for (int k = k0; k < k1; ++k) {
+      float* pr[R];
+      float* pi[R];
+      float wr[R], wi[R];
+      for (int j = 0; j < R; ++j) {
+        pr[j] = re + static_cast<size_t>(start + k + j * m) * stride;
+        pi[j] = im + static_cast<size_t>(start + k + j * m) * stride;
+      }
+      wr[0] = 1, wi[0] = 0;
+      for (int q = 1; q < R; ++q) {
+        wr[q] = s.tw_re[static_cast<size_t>(q - 1) * m + k];
+        wi[q] = Inverse ? -s.tw_im[static_cast<size_t>(q - 1) * m + k]
+                        : s.tw_im[static_cast<size_t>(q - 1) * m + k];
+      }
+      const bool plain = k == 0;  // all twiddles 1
+      for (int c = 0; c < kLanes; c += kVec) {
+        Vec xr[R], xi[R];
         for (int j = 0; j < R; ++j) {
-          const int t = start + k + j * m;
-          pr[j] = re + static_cast<size_t>(t) * stride;
-          pi[j] = im + static_cast<size_t>(t) * stride;
-          if (t >= live) nonzero = std::min(nonzero, j);
-          if (t >= keep) stored = std::min(stored, j);
-        }
-        wr[0] = 1, wi[0] = 0;
-        for (int q = 1; q < R; ++q) {
-          wr[q] = s.tw_re[static_cast<size_t>(q - 1) * m + k];
-          wi[q] = Inverse ? -s.tw_im[static_cast<size_t>(q - 1) * m + k]
-                          : s.tw_im[static_cast<size_t>(q - 1) * m + k];
-        }
-        const bool plain = k == 0;  // all twiddles 1
-        for (int c = 0; c < kLanes; c += kVec) {
-          Vec xr[R], xi[R];
-          for (int j = 0; j < R; ++j) {
-            if (j < nonzero) {
-              xr[j] = load_vec(pr[j] + c);
-              xi[j] = load_vec(pi[j] + c);
-            } else {
-              xr[j] = Vec{};
-              xi[j] = Vec{};
-            }
+          if (j < kRead) {
+            xr[j] = load_vec(pr[j] + c);
+            xi[j] = load_vec(pi[j] + c);
+          } else {
+            xr[j] = Vec{};
+            xi[j] = Vec{};
           }
-          if (Inverse && !plain)
-            for (int q = 1; q < R; ++q) {
-              const Vec a = xr[q] * wr[q] - xi[q] * wi[q];
-              xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
-              xr[q] = a;
-            }
-          small_dft<R, Inverse>(xr, xi);
-          if (!Inverse && !plain)
-            for (int q = 1; q < R; ++q) {
-              const Vec a = xr[q] * wr[q] - xi[q] * wi[q];
-              xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
-              xr[q] = a;
-            }
-          for (int j = 0; j < stored; ++j) {
-            store_vec(pr[j] + c, xr[j]);
-            store_vec(pi[j] + c, xi[j]);
+        }
+        if (Inverse && !plain)
+          for (int q = 1; q < R; ++q) {
+            const Vec a = xr[q] * wr[q] - xi[q] * wi[q];
+            xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
+            xr[q] = a;
           }
+        small_dft<R, Inverse>(xr, xi);
+        if (!Inverse && !plain)
+          for (int q = 1; q < R; ++q) {
+            const Vec a = xr[q] * wr[q] - xi[q] * wi[q];
+            xi[q] = xr[q] * wi[q] + xi[q] * wr[q];
+            xr[q] = a;
+          }
+        for (int j = 0; j < kStored; ++j) {
+          store_vec(pr[j] + c, xr[j]);
+          store_vec(pi[j] + c, xi[j]);
         }
       }
+    }
   }
 
   int M_;
@@ -254,24 +302,24 @@ struct Grid {
   size_t at(int row, int col) const { return static_cast<size_t>(row) * ld + col; }
 };
 
-// The 2-D transforms of a grid whose data lie in columns [0, cols): the column transforms (along
-// the row index) strip by strip in place, and the row transforms through a scratch strip that
-// holds kLanes rows transposed (column index major), so they too run across lanes.
-void column_transforms(const StripFft& fft, Grid& g, int cols, bool inverse) {
-  for (int c0 = 0; c0 < cols; c0 += kLanes) {
+// The 2-D transforms of a grid whose data lie in rows and columns [0, N): the column transforms
+// (along the row index) strip by strip in place, and the row transforms through a scratch strip
+// that holds kLanes rows transposed (column index major), so they too run across lanes. Both
+// are pruned: forward, rows [N, M) are zero and not read; inverse, only rows [0, N) are
+// computed (rows [N, M) are left unspecified).
+void column_transforms(const StripFft& fft, Grid& g, int N, bool inverse) {
+  for (int c0 = 0; c0 < N; c0 += kLanes) {
     if (inverse) {
-      fft.inverse(g.re.data() + c0, g.im.data() + c0, g.ld, fft.size());
+      fft.inverse(g.re.data() + c0, g.im.data() + c0, g.ld, N);
     } else {
-      fft.forward(g.re.data() + c0, g.im.data() + c0, g.ld);
+      fft.forward(g.re.data() + c0, g.im.data() + c0, g.ld, N);
     }
   }
 }
 
-// Rows [r0, r0 + kLanes) of g, columns [0, cols), into the scratch strip (M x kLanes, zero
-// beyond cols and beyond the grid's last row).
-void load_strip(const Grid& g, int r0, int cols, int M, float* sre, float* sim) {
-  std::fill(sre, sre + static_cast<size_t>(M) * kLanes, 0.f);
-  std::fill(sim, sim + static_cast<size_t>(M) * kLanes, 0.f);
+// Rows [r0, r0 + kLanes) of g, columns [0, cols), into the scratch strip (M x kLanes; what lies
+// beyond cols is left as it is: the pruned forward transform does not read it).
+void load_strip(const Grid& g, int r0, int cols, float* sre, float* sim) {
   const int lanes = std::min(kLanes, g.rows - r0);
   for (int l = 0; l < lanes; ++l) {
     const float* gr = &g.re[g.at(r0 + l, 0)];
@@ -344,7 +392,7 @@ std::vector<float> kernel_spectrum(const StripFft& fft, int M, int N, double spa
   tsne_parallel_for(strips_r, 4, [&](int sb, int se) {
     std::vector<float> sre(static_cast<size_t>(M) * kLanes), sim(sre.size());
     for (int s = sb; s < se; ++s) {
-      load_strip(k, s * kLanes, M, M, sre.data(), sim.data());
+      load_strip(k, s * kLanes, M, sre.data(), sim.data());
       fft.forward(sre.data(), sim.data(), kLanes);
       float* out = &hat[static_cast<size_t>(s) * M * kLanes];
       for (size_t t = 0; t < sre.size(); ++t) out[t] = sre[t] * scale;
@@ -359,14 +407,14 @@ void convolve(const StripFft& fft, const std::vector<float>& kernel_hat, Grid& g
   column_transforms(fft, g, N, false);
   std::vector<float> sre(static_cast<size_t>(M) * kLanes), sim(sre.size());
   for (int r0 = 0; r0 < M; r0 += kLanes) {
-    load_strip(g, r0, N, M, sre.data(), sim.data());
-    fft.forward(sre.data(), sim.data(), kLanes);
+    load_strip(g, r0, N, sre.data(), sim.data());
+    fft.forward(sre.data(), sim.data(), kLanes, N);
     const float* kh = &kernel_hat[static_cast<size_t>(r0 / kLanes) * M * kLanes];
     for (size_t t = 0; t < sre.size(); ++t) {
       sre[t] *= kh[t];
       sim[t] *= kh[t];
     }
-    fft.inverse(sre.data(), sim.data(), kLanes, M);
+    fft.inverse(sre.data(), sim.data(), kLanes, N);
     store_strip(g, r0, N, sre.data(), sim.data());
   }
   column_transforms(fft, g, N, true);
