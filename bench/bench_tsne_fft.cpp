@@ -50,8 +50,8 @@ void BM_TsneFftRepulsion(benchmark::State& state) {
     checksum += s.rep[0] + s.z_each[n - 1];
   }
   benchmark::DoNotOptimize(checksum);
-  state.counters["cpu_ms"] = benchmark::Counter(
-      1e3 * (process_cpu_seconds() - cpu0) / static_cast<double>(state.iterations()));
+  state.counters["cpu_ms"] = benchmark::Counter(1e3 * (process_cpu_seconds() - cpu0) /
+                                                static_cast<double>(state.iterations()));
   state.counters["fft_side"] = repulsion.last_fft_side();
 }
 

@@ -26,7 +26,9 @@ inline Vec load_vec(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+inline void store_vec(float* p, Vec v) {
+  std::memcpy(p, &v, sizeof v);
+}
 
 // The smallest m >= at_least whose only prime factors are 2, 3 and 5.
 int fft_friendly_size(int at_least) {
@@ -77,12 +79,13 @@ class StripFft {
 
   // `live`: the inputs at t >= live are zero (they are not read, and need not be stored).
   void forward(float* re, float* im, size_t stride, int live) const {
-    forward_block(0, re, im, stride, 0, live);
+    if (!stages_.empty()) return forward_block(0, re, im, stride, 0, live);
+    if (live < M_) std::fill(re, re + kLanes, 0.f), std::fill(im, im + kLanes, 0.f);  // M = 1
   }
   void forward(float* re, float* im, size_t stride) const { forward(re, im, stride, M_); }
   // `keep`: only the outputs t < keep are wanted (the others are left unspecified).
   void inverse(float* re, float* im, size_t stride, int keep) const {
-    inverse_block(0, re, im, stride, 0, keep);
+    if (!stages_.empty()) inverse_block(0, re, im, stride, 0, keep);
   }
 
  private:
@@ -421,6 +424,43 @@ void convolve(const StripFft& fft, const std::vector<float>& kernel_hat, Grid& g
 }
 
 }  // namespace
+
+std::vector<std::complex<double>> tsne_fft_circular_convolution(
+    const std::vector<std::complex<float>>& x, const std::vector<std::complex<float>>& kernel,
+    int live, int keep) {
+  const int M = static_cast<int>(x.size());
+  if (M < 1 || kernel.size() != x.size() || live < 0 || live > M || keep < 0 || keep > M)
+    throw std::invalid_argument("tsne_fft_circular_convolution: bad sizes");
+  const StripFft fft(M);
+  // The sequence in lane 0, lane l holding it times (l + 1): every lane is checked.
+  std::vector<float> xr(static_cast<size_t>(M) * kLanes), xi(xr.size());
+  std::vector<float> kr(xr.size()), ki(xr.size());
+  for (int t = 0; t < M; ++t)
+    for (int l = 0; l < kLanes; ++l) {
+      const size_t at = static_cast<size_t>(t) * kLanes + l;
+      // Beyond `live` the strip holds garbage: the pruned transform must not read it.
+      xr[at] = t < live ? x[t].real() * (l + 1) : 1e30f;
+      xi[at] = t < live ? x[t].imag() * (l + 1) : -1e30f;
+      kr[at] = kernel[t].real();
+      ki[at] = kernel[t].imag();
+    }
+  fft.forward(kr.data(), ki.data(), kLanes);
+  fft.forward(xr.data(), xi.data(), kLanes, live);
+  for (size_t t = 0; t < xr.size(); ++t) {
+    const float a = xr[t] * kr[t] - xi[t] * ki[t];
+    xi[t] = xr[t] * ki[t] + xi[t] * kr[t];
+    xr[t] = a;
+  }
+  fft.inverse(xr.data(), xi.data(), kLanes, keep);
+  std::vector<std::complex<double>> out(static_cast<size_t>(keep) * kLanes);
+  for (int t = 0; t < keep; ++t)
+    for (int l = 0; l < kLanes; ++l) {
+      const size_t at = static_cast<size_t>(t) * kLanes + l;
+      out[static_cast<size_t>(l) * keep + t] =
+          std::complex<double>(xr[at], xi[at]) / (double(M) * (l + 1));
+    }
+  return out;
+}
 
 TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   State& st = *state_;

@@ -34,7 +34,9 @@
 // theta 0.5: 4.5%).
 #pragma once
 
+#include <complex>
 #include <memory>
+#include <vector>
 
 #include "engine/backend.h"
 
@@ -71,6 +73,16 @@ class TsneFftRepulsion {
   double last_box_ = 0;
   int kernel_updates_ = 0;
 };
+
+// The circular convolution (x * kernel)[t] = sum_s x[s] kernel[(t - s) mod M], t < keep, by the
+// FFT the repulsion uses (M = x.size() = kernel.size(), no prime factor above 5; forward pruned
+// to the first `live` entries of x, which must be the only nonzero ones; inverse pruned to the
+// first `keep` outputs). The FFT runs 16 transforms side by side: lane l transforms (l + 1) x
+// and its result is divided back, so the answer is 16 copies of the convolution, `keep` entries
+// each, lane after lane. For the tests, against the O(M^2) sum.
+std::vector<std::complex<double>> tsne_fft_circular_convolution(
+    const std::vector<std::complex<float>>& x, const std::vector<std::complex<float>>& kernel,
+    int live, int keep);
 
 // The gradient of KL(P || Q), with the same definition and return value as cpu_tsne_gradient
 // (whose theta is ignored here), the repulsion from `repulsion`. Defined in tsne.cpp next to the
