@@ -7,6 +7,10 @@
 #include <stdexcept>
 #include <vector>
 
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
 #include "engine/tsne_util.h"
 
 namespace kvscope {
@@ -27,6 +31,17 @@ inline Vec load_vec(const float* p) {
   return v;
 }
 inline void store_vec(float* p, Vec v) {
+  std::memcpy(p, &v, sizeof v);
+}
+// The four charges (and potentials) of one node, and their sums in double.
+typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
+typedef double Vec4d __attribute__((vector_size(4 * sizeof(double))));
+inline Vec4 load_vec4(const float* p) {
+  Vec4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec4(float* p, Vec4 v) {
   std::memcpy(p, &v, sizeof v);
 }
 
@@ -320,30 +335,57 @@ void column_transforms(const StripFft& fft, Grid& g, int N, bool inverse) {
   }
 }
 
+#ifdef __AVX__
+// dst row c = src column c, for an 8 x 8 block.
+inline void transpose8x8(const float* src, size_t src_ld, float* dst, size_t dst_ld) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * dst_ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * dst_ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+#endif
+
+// dst[c * dst_ld + r] = src[r * src_ld + c] for r < rows, c < cols: 8 x 8 blocks in registers
+// where AVX is there, the edges (and everything without AVX) one float at a time.
+void transpose(const float* src, size_t src_ld, float* dst, size_t dst_ld, int rows, int cols) {
+  int r = 0;
+#ifdef __AVX__
+  for (; r + 8 <= rows; r += 8) {
+    int c = 0;
+    for (; c + 8 <= cols; c += 8)
+      transpose8x8(src + r * src_ld + c, src_ld, dst + c * dst_ld + r, dst_ld);
+    for (; c < cols; ++c)
+      for (int i = r; i < r + 8; ++i) dst[c * dst_ld + i] = src[i * src_ld + c];
+  }
+#endif
+  for (; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) dst[c * dst_ld + r] = src[r * src_ld + c];
+}
+
 // Rows [r0, r0 + kLanes) of g, columns [0, cols), into the scratch strip (M x kLanes; what lies
 // beyond cols is left as it is: the pruned forward transform does not read it).
 void load_strip(const Grid& g, int r0, int cols, float* sre, float* sim) {
   const int lanes = std::min(kLanes, g.rows - r0);
-  for (int l = 0; l < lanes; ++l) {
-    const float* gr = &g.re[g.at(r0 + l, 0)];
-    const float* gi = &g.im[g.at(r0 + l, 0)];
-    for (int c = 0; c < cols; ++c) {
-      sre[static_cast<size_t>(c) * kLanes + l] = gr[c];
-      sim[static_cast<size_t>(c) * kLanes + l] = gi[c];
-    }
-  }
+  transpose(&g.re[g.at(r0, 0)], g.ld, sre, kLanes, lanes, cols);
+  transpose(&g.im[g.at(r0, 0)], g.ld, sim, kLanes, lanes, cols);
 }
 
 void store_strip(Grid& g, int r0, int cols, const float* sre, const float* sim) {
   const int lanes = std::min(kLanes, g.rows - r0);
-  for (int l = 0; l < lanes; ++l) {
-    float* gr = &g.re[g.at(r0 + l, 0)];
-    float* gi = &g.im[g.at(r0 + l, 0)];
-    for (int c = 0; c < cols; ++c) {
-      gr[c] = sre[static_cast<size_t>(c) * kLanes + l];
-      gi[c] = sim[static_cast<size_t>(c) * kLanes + l];
-    }
-  }
+  transpose(sre, kLanes, &g.re[g.at(r0, 0)], g.ld, cols, lanes);
+  transpose(sim, kLanes, &g.im[g.at(r0, 0)], g.ld, cols, lanes);
 }
 
 }  // namespace
@@ -358,9 +400,15 @@ struct TsneFftRepulsion::State {
   // The kernel's spectrum, real (the kernel is even), scaled by 1 / M^2, in the order the row
   // strips see it: [strip][column][lane].
   std::vector<float> kernel_hat;
-  Grid a, b;                  // charges 1 + i y_x and y_y + i |y|^2 (relative to the grid centre)
-  std::vector<float> wx, wy;  // Lagrange weights, p per point and axis
-  std::vector<int> gx, gy;    // first node of each point's box
+  Grid a, b;  // charges 1 + i y_x and y_y + i |y|^2 (relative to the grid centre)
+  // The points by box row (order[o] = i), where each box row starts in that order, its box row.
+  std::vector<int> order, row_start, row_fill, box_row;
+  // In that order: position relative to the grid centre, Lagrange weights (p per axis), first
+  // node of the box.
+  std::vector<double> pos;
+  std::vector<float> wx, wy;
+  std::vector<int> gx, gy;
+  std::vector<float> nodes;         // N x N x 4: the charges, then the potentials, interleaved
   std::vector<double> rep, z_each;  // the results
 };
 
@@ -500,7 +548,28 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
     ++kernel_updates_;
   }
 
-  // Lagrange weights of every point in its box along x and y, and its first node.
+  // The points in the order of their box's row (a counting sort): every per-point array below
+  // is kept in that order, so that spreading and interpolation sweep the nodes a few rows at a
+  // time and read the points' data sequentially. Boxes share no nodes, so the points of two
+  // disjoint ranges of box rows spread onto disjoint node rows: two threads spread two halves.
+  st.box_row.resize(n);
+  st.row_start.assign(static_cast<size_t>(boxes) + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    const int r = std::clamp(static_cast<int>((y[2 * i] - x0) / h), 0, boxes - 1);
+    st.box_row[i] = r;
+    ++st.row_start[r + 1];
+  }
+  for (int r = 0; r < boxes; ++r) st.row_start[r + 1] += st.row_start[r];
+  st.row_fill.assign(st.row_start.begin(), st.row_start.end() - 1);
+  st.order.resize(n);
+  for (int i = 0; i < n; ++i) st.order[st.row_fill[st.box_row[i]]++] = i;
+  const int split_row = std::clamp(
+      static_cast<int>(std::lower_bound(st.row_start.begin(), st.row_start.end(), n / 2) -
+                       st.row_start.begin()),
+      0, boxes);
+
+  // The position (relative to the grid centre), Lagrange weights along x and y and first node
+  // of the point at every place o of that order.
   double nodes[8], denom[8];
   for (int k = 0; k < p; ++k) nodes[k] = (k + 0.5) / p;
   for (int k = 0; k < p; ++k) {
@@ -508,71 +577,102 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
     for (int l = 0; l < p; ++l)
       if (l != k) denom[k] *= nodes[k] - nodes[l];
   }
+  st.pos.resize(2 * static_cast<size_t>(n));
   st.wx.resize(static_cast<size_t>(n) * p);
   st.wy.resize(static_cast<size_t>(n) * p);
   st.gx.resize(n);
   st.gy.resize(n);
   tsne_parallel_for(n, 4096, [&](int b, int e) {
-    for (int i = b; i < e; ++i) {
+    for (int o = b; o < e; ++o) {
+      const int i = st.order[o];
+      st.pos[2 * o] = y[2 * i] - cx;
+      st.pos[2 * o + 1] = y[2 * i + 1] - cy;
       for (int axis = 0; axis < 2; ++axis) {
         const double u = (y[2 * i + axis] - (axis ? y0 : x0)) / h;
-        const int box = std::clamp(static_cast<int>(u), 0, boxes - 1);
+        const int box = axis ? std::clamp(static_cast<int>(u), 0, boxes - 1) : st.box_row[i];
         const double t = u - box;
-        float* w = (axis ? st.wy.data() : st.wx.data()) + static_cast<size_t>(i) * p;
+        float* w = (axis ? st.wy.data() : st.wx.data()) + static_cast<size_t>(o) * p;
         for (int k = 0; k < p; ++k) {
           double v = 1;
           for (int l = 0; l < p; ++l)
             if (l != k) v *= t - nodes[l];
           w[k] = static_cast<float>(v / denom[k]);
         }
-        (axis ? st.gy : st.gx)[i] = box * p;
+        (axis ? st.gy : st.gx)[o] = box * p;
       }
     }
   });
 
-  // The two grids are independent: one thread each spreads its two charges (relative to the
-  // grid centre) onto the nodes and convolves.
+  // The four charges of every node (1, y_x, y_y, |y|^2, relative to the grid centre),
+  // interleaved: one 16-byte update per node and point.
+  const size_t node_floats = static_cast<size_t>(N) * N * 4;
+  st.nodes.resize(node_floats);
+  float* q = st.nodes.data();
+  tsne_parallel_for(2, 1, [&](int hb, int he) {
+    for (int half = hb; half < he; ++half) {
+      const int r0 = half ? split_row : 0, r1 = half ? boxes : split_row;
+      std::fill(q + static_cast<size_t>(r0) * p * N * 4, q + static_cast<size_t>(r1) * p * N * 4,
+                0.f);
+      for (int o = st.row_start[r0]; o < st.row_start[r1]; ++o) {
+        const float px = static_cast<float>(st.pos[2 * o]),
+                    py = static_cast<float>(st.pos[2 * o + 1]);
+        const Vec4 charge = {1.f, px, py, px * px + py * py};
+        const float* ux = &st.wx[static_cast<size_t>(o) * p];
+        const float* uy = &st.wy[static_cast<size_t>(o) * p];
+        for (int kx = 0; kx < p; ++kx) {
+          float* node = q + (static_cast<size_t>(st.gx[o] + kx) * N + st.gy[o]) * 4;
+          for (int ky = 0; ky < p; ++ky)
+            store_vec4(node + 4 * ky, load_vec4(node + 4 * ky) + (ux[kx] * uy[ky]) * charge);
+        }
+      }
+    }
+  });
+
+  // The two grids are independent: one thread each takes its two charges as one complex grid
+  // (rows [N, M) need no zeros: the pruned transforms do not read them) and convolves.
   tsne_parallel_for(2, 1, [&](int gb, int ge) {
     for (int which = gb; which < ge; ++which) {
       Grid& g = which == 0 ? st.a : st.b;
-      g.reset(M, N);
-      for (int i = 0; i < n; ++i) {
-        const float px = static_cast<float>(y[2 * i] - cx),
-                    py = static_cast<float>(y[2 * i + 1] - cy);
-        const float cre = which == 0 ? 1.f : py;
-        const float cim = which == 0 ? px : px * px + py * py;
-        const float* ux = &st.wx[static_cast<size_t>(i) * p];
-        const float* uy = &st.wy[static_cast<size_t>(i) * p];
-        for (int kx = 0; kx < p; ++kx) {
-          const size_t row = g.at(st.gx[i] + kx, st.gy[i]);
-          for (int ky = 0; ky < p; ++ky) {
-            const float w = ux[kx] * uy[ky];
-            g.re[row + ky] += w * cre;
-            g.im[row + ky] += w * cim;
-          }
-        }
+      if (g.rows != M) g.reset(M, N);
+      for (int r = 0; r < N; ++r) {
+        float* gr = &g.re[g.at(r, 0)];
+        float* gi = &g.im[g.at(r, 0)];
+        const float* qr = q + static_cast<size_t>(r) * N * 4 + 2 * which;
+        for (int c = 0; c < N; ++c) gr[c] = qr[4 * c], gi[c] = qr[4 * c + 1];
+        std::fill(gr + N, gr + g.ld, 0.f);  // the lanes of the last column strip
+        std::fill(gi + N, gi + g.ld, 0.f);
       }
       convolve(fft, st.kernel_hat, g, M, N);
     }
   });
 
-  // Interpolate the potentials back to the points; forces and Z_i from them.
+  // The four potentials of every node, interleaved in place of the charges.
+  tsne_parallel_for(N, 64, [&](int rb, int re) {
+    for (int r = rb; r < re; ++r) {
+      const float* ar = &st.a.re[st.a.at(r, 0)];
+      const float* ai = &st.a.im[st.a.at(r, 0)];
+      const float* br = &st.b.re[st.b.at(r, 0)];
+      const float* bi = &st.b.im[st.b.at(r, 0)];
+      float* qr = q + static_cast<size_t>(r) * N * 4;
+      for (int c = 0; c < N; ++c)
+        qr[4 * c] = ar[c], qr[4 * c + 1] = ai[c], qr[4 * c + 2] = br[c], qr[4 * c + 3] = bi[c];
+    }
+  });
+
+  // Interpolate the potentials back to the points (in box-row order); forces and Z_i from them.
   tsne_parallel_for(n, 4096, [&](int b, int e) {
-    for (int i = b; i < e; ++i) {
-      const float* ux = &st.wx[static_cast<size_t>(i) * p];
-      const float* uy = &st.wy[static_cast<size_t>(i) * p];
-      double phi[4] = {0, 0, 0, 0};
+    for (int o = b; o < e; ++o) {
+      const float* ux = &st.wx[static_cast<size_t>(o) * p];
+      const float* uy = &st.wy[static_cast<size_t>(o) * p];
+      Vec4d phi = {0, 0, 0, 0};
       for (int kx = 0; kx < p; ++kx) {
-        const size_t row = st.a.at(st.gx[i] + kx, st.gy[i]);
-        for (int ky = 0; ky < p; ++ky) {
-          const double w = double(ux[kx]) * uy[ky];
-          phi[0] += w * st.a.re[row + ky];
-          phi[1] += w * st.a.im[row + ky];
-          phi[2] += w * st.b.re[row + ky];
-          phi[3] += w * st.b.im[row + ky];
-        }
+        const float* node = q + (static_cast<size_t>(st.gx[o] + kx) * N + st.gy[o]) * 4;
+        for (int ky = 0; ky < p; ++ky)
+          phi +=
+              (double(ux[kx]) * uy[ky]) * __builtin_convertvector(load_vec4(node + 4 * ky), Vec4d);
       }
-      const double px = y[2 * i] - cx, py = y[2 * i + 1] - cy;
+      const int i = st.order[o];
+      const double px = st.pos[2 * o], py = st.pos[2 * o + 1];
       rep[2 * i] = px * phi[0] - phi[1];
       rep[2 * i + 1] = py * phi[0] - phi[2];
       // The j = i term adds exactly 1 (w_ii = 1): taken out.
