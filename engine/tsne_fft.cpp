@@ -102,6 +102,17 @@ class StripFft {
   void inverse(float* re, float* im, size_t stride, int keep) const {
     if (!stages_.empty()) inverse_block(0, re, im, stride, 0, keep);
   }
+  // forward(live), the pointwise product with a spectrum taken by forward (hat_re + i hat_im;
+  // real where hat_im is null; laid out like the strip: M x kLanes), inverse(keep), on one strip
+  // of stride kLanes: M times the circular convolution. Fused: below the top stage each block
+  // goes forward, through the product and back while it is in L1.
+  void convolve(float* re, float* im, int live, int keep, const float* hat_re,
+                const float* hat_im) const {
+    if (hat_im)
+      convolve_block<true>(0, re, im, 0, live, keep, hat_re, hat_im);
+    else
+      convolve_block<false>(0, re, im, 0, live, keep, hat_re, hat_im);
+  }
 
  private:
   struct Stage {
@@ -125,6 +136,37 @@ class StripFft {
     if (i + 1 < stages_.size())
       for (int b = 0; b < s.radix; ++b) inverse_block(i + 1, re, im, stride, start + b * s.m, M_);
     run_stage<true>(s, re, im, stride, start, limit);
+  }
+
+  template <bool ComplexHat>
+  void convolve_block(size_t i, float* re, float* im, int start, int live, int keep,
+                      const float* hat_re, const float* hat_im) const {
+    if (i < stages_.size()) {
+      const Stage& s = stages_[i];
+      run_stage<false>(s, re, im, kLanes, start, live);
+      for (int b = 0; b < s.radix; ++b)
+        convolve_block<ComplexHat>(i + 1, re, im, start + b * s.m, M_, M_, hat_re, hat_im);
+      run_stage<true>(s, re, im, kLanes, start, keep);
+      return;
+    }
+    // A leaf: one entry of every lane, transformed (M = 1: the input itself, zero if not live).
+    const size_t at = static_cast<size_t>(start) * kLanes;
+    for (int c = 0; c < kLanes; c += kVec) {
+      Vec xr = start < live ? load_vec(re + at + c) : Vec{};
+      Vec xi = start < live ? load_vec(im + at + c) : Vec{};
+      const Vec hr = load_vec(hat_re + at + c);
+      if constexpr (ComplexHat) {
+        const Vec hi = load_vec(hat_im + at + c);
+        const Vec a = xr * hr - xi * hi;
+        xi = xr * hi + xi * hr;
+        xr = a;
+      } else {
+        xr *= hr;
+        xi *= hr;
+      }
+      store_vec(re + at + c, xr);
+      store_vec(im + at + c, xi);
+    }
   }
 
   template <bool Inverse>
@@ -459,13 +501,8 @@ void convolve(const StripFft& fft, const std::vector<float>& kernel_hat, Grid& g
   std::vector<float> sre(static_cast<size_t>(M) * kLanes), sim(sre.size());
   for (int r0 = 0; r0 < M; r0 += kLanes) {
     load_strip(g, r0, N, sre.data(), sim.data());
-    fft.forward(sre.data(), sim.data(), kLanes, N);
-    const float* kh = &kernel_hat[static_cast<size_t>(r0 / kLanes) * M * kLanes];
-    for (size_t t = 0; t < sre.size(); ++t) {
-      sre[t] *= kh[t];
-      sim[t] *= kh[t];
-    }
-    fft.inverse(sre.data(), sim.data(), kLanes, N);
+    fft.convolve(sre.data(), sim.data(), N, N,
+                 &kernel_hat[static_cast<size_t>(r0 / kLanes) * M * kLanes], nullptr);
     store_strip(g, r0, N, sre.data(), sim.data());
   }
   column_transforms(fft, g, N, true);
@@ -493,13 +530,7 @@ std::vector<std::complex<double>> tsne_fft_circular_convolution(
       ki[at] = kernel[t].imag();
     }
   fft.forward(kr.data(), ki.data(), kLanes);
-  fft.forward(xr.data(), xi.data(), kLanes, live);
-  for (size_t t = 0; t < xr.size(); ++t) {
-    const float a = xr[t] * kr[t] - xi[t] * ki[t];
-    xi[t] = xr[t] * ki[t] + xi[t] * kr[t];
-    xr[t] = a;
-  }
-  fft.inverse(xr.data(), xi.data(), kLanes, keep);
+  fft.convolve(xr.data(), xi.data(), live, keep, kr.data(), ki.data());
   std::vector<std::complex<double>> out(static_cast<size_t>(keep) * kLanes);
   for (int t = 0; t < keep; ++t)
     for (int l = 0; l < kLanes; ++l) {
