@@ -510,6 +510,26 @@ void convolve(const StripFft& fft, const std::vector<float>& kernel_hat, Grid& g
 
 }  // namespace
 
+namespace {
+
+// The p Lagrange polynomials on the nodes at t (inv_denom[k] = 1 / prod_{l != k} (node_k -
+// node_l)).
+inline void lagrange_weights(int p, double t, const double* nodes, const double* inv_denom,
+                             float* w) {
+  for (int k = 0; k < p; ++k) {
+    double v = inv_denom[k];
+    for (int l = 0; l < p; ++l)
+      if (l != k) v *= t - nodes[l];
+    w[k] = static_cast<float>(v);
+  }
+}
+template <int P>
+inline void lagrange_weights(double t, const double* nodes, const double* inv_denom, float* w) {
+  lagrange_weights(P, t, nodes, inv_denom, w);
+}
+
+}  // namespace
+
 std::vector<std::complex<double>> tsne_fft_circular_convolution(
     const std::vector<std::complex<float>>& x, const std::vector<std::complex<float>>& kernel,
     int live, int keep) {
@@ -583,10 +603,11 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   // is kept in that order, so that spreading and interpolation sweep the nodes a few rows at a
   // time and read the points' data sequentially. Boxes share no nodes, so the points of two
   // disjoint ranges of box rows spread onto disjoint node rows: two threads spread two halves.
+  const double inv_h = 1 / h;
   st.box_row.resize(n);
   st.row_start.assign(static_cast<size_t>(boxes) + 1, 0);
   for (int i = 0; i < n; ++i) {
-    const int r = std::clamp(static_cast<int>((y[2 * i] - x0) / h), 0, boxes - 1);
+    const int r = std::clamp(static_cast<int>((y[2 * i] - x0) * inv_h), 0, boxes - 1);
     st.box_row[i] = r;
     ++st.row_start[r + 1];
   }
@@ -601,12 +622,13 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
 
   // The position (relative to the grid centre), Lagrange weights along x and y and first node
   // of the point at every place o of that order.
-  double nodes[8], denom[8];
+  double nodes[8], inv_denom[8];
   for (int k = 0; k < p; ++k) nodes[k] = (k + 0.5) / p;
   for (int k = 0; k < p; ++k) {
-    denom[k] = 1;
+    double denom = 1;
     for (int l = 0; l < p; ++l)
-      if (l != k) denom[k] *= nodes[k] - nodes[l];
+      if (l != k) denom *= nodes[k] - nodes[l];
+    inv_denom[k] = 1 / denom;
   }
   st.pos.resize(2 * static_cast<size_t>(n));
   st.wx.resize(static_cast<size_t>(n) * p);
@@ -619,16 +641,14 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
       st.pos[2 * o] = y[2 * i] - cx;
       st.pos[2 * o + 1] = y[2 * i + 1] - cy;
       for (int axis = 0; axis < 2; ++axis) {
-        const double u = (y[2 * i + axis] - (axis ? y0 : x0)) / h;
+        const double u = (y[2 * i + axis] - (axis ? y0 : x0)) * inv_h;
         const int box = axis ? std::clamp(static_cast<int>(u), 0, boxes - 1) : st.box_row[i];
         const double t = u - box;
         float* w = (axis ? st.wy.data() : st.wx.data()) + static_cast<size_t>(o) * p;
-        for (int k = 0; k < p; ++k) {
-          double v = 1;
-          for (int l = 0; l < p; ++l)
-            if (l != k) v *= t - nodes[l];
-          w[k] = static_cast<float>(v / denom[k]);
-        }
+        if (p == 3)  // FIt-SNE's default, unrolled
+          lagrange_weights<3>(t, nodes, inv_denom, w);
+        else
+          lagrange_weights(p, t, nodes, inv_denom, w);
         (axis ? st.gy : st.gx)[o] = box * p;
       }
     }
