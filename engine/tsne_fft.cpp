@@ -20,9 +20,13 @@ namespace {
 // 64-byte line, so every butterfly is a vector operation across the strip.
 constexpr int kLanes = 16;
 
-// The butterflies run on vectors of kVec lanes (GCC/Clang vector extension: AVX with
-// -march=native, pairs of SSE registers in a portable build).
+// The butterflies run on vectors of kVec lanes (GCC/Clang vector extension): 8 floats where the
+// build has AVX (-march=native), 4 (SSE) in a portable build.
+#ifdef __AVX__
 constexpr int kVec = 8;
+#else
+constexpr int kVec = 4;  // SSE: a wider vector type would change the ABI of the helpers below
+#endif
 typedef float Vec __attribute__((vector_size(kVec * sizeof(float))));
 static_assert(kLanes % kVec == 0);
 inline Vec load_vec(const float* p) {
