@@ -12,16 +12,22 @@
 // (the j = i terms add exactly 1 to each Z_i and nothing to the force). The sums are computed by
 //  1. splitting the embedding's bounding square into B x B boxes of side h, each with p x p
 //     equispaced interpolation nodes (p = 3);
-//  2. spreading the charges onto the nodes with the Lagrange polynomials of each point's box;
+//  2. spreading the charges onto the nodes with the Lagrange polynomials of each point's box
+//     (the points taken in the order of their box's row, a counting sort, so the node grid is
+//     swept rather than hit at random; two threads on the two halves of the box rows, which own
+//     disjoint node rows; the 4 charges of a node interleaved);
 //  3. convolving the node charges with K sampled on the node lattice, by a 2-D FFT of the
 //     zero-padded grid (a Toeplitz product embedded in a circulant one). The FFT is written here:
-//     mixed radix (4, 2, 3, 5) in float, 16 transforms side by side across the lanes of a strip;
-//     the column transforms run in place, the row transforms on 16 rows at a time copied into
-//     an L2-sized strip where the product with the kernel's (real) spectrum happens between the
-//     forward and the inverse transform, so the grid is never transposed. The 4 real charges
-//     are packed as 2 complex grids (1 + i y_x, y_y + i |y|^2: the kernel's spectrum is real, so
-//     real and imaginary parts never mix), one thread each;
-//  4. interpolating the node potentials back to the points with the same Lagrange weights.
+//     mixed radix (4, 2, 3, 5) in float, 16 transforms side by side across the lanes of a strip
+//     (butterflies on 8-float vectors), stages run depth first so a block's later passes stay in
+//     L1, the first forward and last inverse stage pruned to the N of M entries that are nonzero
+//     or wanted; the column transforms run in place, the row transforms on 16 rows at a time
+//     copied (8 x 8 register transposes) into an L2-sized strip where the forward transform, the
+//     product with the kernel's (real) spectrum and the inverse run fused, so the grid is never
+//     transposed. The 4 real charges are packed as 2 complex grids (1 + i y_x, y_y + i |y|^2: the
+//     kernel's spectrum is real, so real and imaginary parts never mix), one thread each;
+//  4. interpolating the node potentials (interleaved again) back to the points with the same
+//     Lagrange weights.
 // Grid sizing as FIt-SNE's defaults: boxes of side h <= 1 (intervals_per_integer = 1), at least
 // 50 per side (min_num_intervals), p = 3 nodes; the padded side M is the smallest number with
 // no prime factor above 5 and M >= 2N - 1 (N = boxes * p), and the boxes are then made as many
@@ -34,7 +40,9 @@
 // theta 0.5: 4.5%).
 #pragma once
 
+#include <complex>
 #include <memory>
+#include <vector>
 
 #include "engine/backend.h"
 
@@ -71,6 +79,16 @@ class TsneFftRepulsion {
   double last_box_ = 0;
   int kernel_updates_ = 0;
 };
+
+// The circular convolution (x * kernel)[t] = sum_s x[s] kernel[(t - s) mod M], t < keep, by the
+// FFT the repulsion uses (M = x.size() = kernel.size(), no prime factor above 5; forward pruned
+// to the first `live` entries of x, which must be the only nonzero ones; inverse pruned to the
+// first `keep` outputs). The FFT runs 16 transforms side by side: lane l transforms (l + 1) x
+// and its result is divided back, so the answer is 16 copies of the convolution, `keep` entries
+// each, lane after lane. For the tests, against the O(M^2) sum.
+std::vector<std::complex<double>> tsne_fft_circular_convolution(
+    const std::vector<std::complex<float>>& x, const std::vector<std::complex<float>>& kernel,
+    int live, int keep);
 
 // The gradient of KL(P || Q), with the same definition and return value as cpu_tsne_gradient
 // (whose theta is ignored here), the repulsion from `repulsion`. Defined in tsne.cpp next to the

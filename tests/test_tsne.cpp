@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <complex>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -549,6 +550,55 @@ TEST(Tsne, Avx2AttractionMatchesPortable) {
     EXPECT_GT((fast - portable).cwiseAbs().maxCoeff(), 0.f) << "both runs took the same path";
   }
 #endif
+}
+
+// The FFT under the repulsion (mixed radix 4, 2, 3, 5, 16 lanes, depth first, pruned to the live
+// inputs and the kept outputs) against the O(M^2) circular convolution, on every size with no
+// prime factor above 5 up to 160 and the sides the 32k-key runs use, full and pruned as
+// convolve() prunes it (half the entries live, half the outputs kept) and to the extremes.
+TEST(Tsne, FftCircularConvolutionMatchesDirectSum) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<int> sizes;
+  for (int m = 1; m <= 160; ++m) {
+    int r = m;
+    for (int f : {2, 3, 5})
+      while (r % f == 0) r /= f;
+    if (r == 1) sizes.push_back(m);
+  }
+  for (int m : {300, 640, 675}) sizes.push_back(m);
+  int checked = 0;
+  for (int M : sizes) {
+    std::vector<std::complex<float>> x(M), kernel(M);
+    for (auto& k : kernel) k = {u(rng), u(rng)};
+    const int half = (M + 1) / 2;
+    for (auto [live, keep] : {std::pair{M, M}, {half, half}, {1, M}, {M, 1}, {0, M}}) {
+      for (int t = 0; t < M; ++t) x[t] = t < live ? std::complex<float>(u(rng), u(rng)) : 0.f;
+      const std::vector<std::complex<double>> got =
+          tsne_fft_circular_convolution(x, kernel, live, keep);
+      ASSERT_EQ(got.size() % std::max(keep, 1), 0u);
+      double err = 0, norm = 0;
+      for (int t = 0; t < keep; ++t) {
+        std::complex<double> want = 0;
+        for (int s = 0; s < M; ++s)
+          want += std::complex<double>(x[s]) * std::complex<double>(kernel[(t - s + M) % M]);
+        norm += std::norm(want);
+        for (size_t lane = 0; lane < got.size() / keep; ++lane)
+          err = std::max(err, std::abs(got[lane * keep + t] - want));
+      }
+      const double scale = std::sqrt(norm / std::max(keep, 1)) + 1e-30;
+      EXPECT_LT(err, 1e-5 * std::sqrt(double(M)) * scale + (live == 0 ? 1e-30 : 0))
+          << "M " << M << " live " << live << " keep " << keep;
+      if (live == 0) {
+        EXPECT_EQ(err, 0.0) << "M " << M;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 150);
+  EXPECT_THROW(tsne_fft_circular_convolution(std::vector<std::complex<float>>(7),
+                                             std::vector<std::complex<float>>(7), 7, 7),
+               std::logic_error);
 }
 
 }  // namespace
