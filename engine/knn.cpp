@@ -103,10 +103,11 @@ class NearestSets {
     Candidate* b = &buffer_[static_cast<size_t>(i) * capacity_];
     int& s = size_[i];
     b[s++] = Candidate{d, j};
-    if (s == k_ && threshold_[i] == std::numeric_limits<float>::infinity()) {
+    if (s == k_) {
+      // The first k: their farthest bounds the k-th distance.
       float worst = b[0].d;
       for (int r = 1; r < k_; ++r) worst = std::max(worst, b[r].d);
-      threshold_[i] = worst;
+      threshold_[i] = std::min(threshold_[i], worst);
     } else if (s == capacity_) {
       cut(i);
     }
@@ -125,6 +126,7 @@ class NearestSets {
     threshold_[i] = kth;
   }
   const float* threshold() const { return threshold_.data(); }
+  void set_threshold(int i, float t) { threshold_[i] = t; }
   // The kept candidates of point i (unordered; the k first among them are its k nearest).
   Candidate* begin(int i) { return &buffer_[static_cast<size_t>(i) * capacity_]; }
   int size(int i) const { return size_[i]; }
@@ -285,7 +287,63 @@ void scan_tile_portable(const Points& p, int i0, int i1, int j0, int j1, Nearest
   }
 }
 
+// Sampled thresholds. With thresholds that start at +inf, a point's threshold comes down as
+// candidates arrive, and until it is near the final k-th distance most candidates pass it: on
+// keys without much order (the 32k synthetic head) about 10 k candidates per point entered the
+// buffers, each costing far more than its distance. So every point first gets an estimate of its
+// k-th distance from a strided sample of m points (a float GEMM, m/n of the Gram matrix): the
+// distance of rank r among the sample, where r is chosen so that about kSampleSlack x k points
+// lie within it. Offers beyond the estimate are rejected from the start.
+// The estimate is not a bound, so it is checked: a point whose buffers end with k or more
+// candidates has its exact k nearest among them (everything rejected was farther than k kept
+// ones); a point with fewer is recomputed against all others (rare: the rank is chosen so that
+// a Poisson count of mean kSampleHits must reach r for it to happen).
+constexpr double kSampleHits = 6;  // expected sample points within the true k-th distance
+constexpr int kSampleRank = 14;    // P(Poisson(6) >= 14) = 0.4%: points recomputed
+
+// The sample, packed like the points: panels of kPanel sample points, NaN norms and row -1
+// past the last.
+struct Sample {
+  int padded = 0;
+  AlignedFloats panels, norms;
+  std::vector<int> row;
+};
+
 #ifdef KVSCOPE_KNN_AVX2
+// The dot products of 6 consecutive rows (from a, d floats apart) with the 16 points of a panel:
+// one fused multiply-add per dimension in order, in 12 accumulators.
+struct DotBlock {
+  __m256 v[kRows][2];
+};
+__attribute__((target("avx2,fma"), always_inline)) inline DotBlock dot_block(const float* a, int d,
+                                                                             const float* panel) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int c = 0; c < d; ++c) {
+    const __m256 b0 = _mm256_load_ps(panel + c * kPanel);
+    const __m256 b1 = _mm256_load_ps(panel + c * kPanel + 8);
+    __m256 v = _mm256_broadcast_ss(a + c);
+    c00 = _mm256_fmadd_ps(v, b0, c00);
+    c01 = _mm256_fmadd_ps(v, b1, c01);
+    v = _mm256_broadcast_ss(a + d + c);
+    c10 = _mm256_fmadd_ps(v, b0, c10);
+    c11 = _mm256_fmadd_ps(v, b1, c11);
+    v = _mm256_broadcast_ss(a + 2 * d + c);
+    c20 = _mm256_fmadd_ps(v, b0, c20);
+    c21 = _mm256_fmadd_ps(v, b1, c21);
+    v = _mm256_broadcast_ss(a + 3 * d + c);
+    c30 = _mm256_fmadd_ps(v, b0, c30);
+    c31 = _mm256_fmadd_ps(v, b1, c31);
+    v = _mm256_broadcast_ss(a + 4 * d + c);
+    c40 = _mm256_fmadd_ps(v, b0, c40);
+    c41 = _mm256_fmadd_ps(v, b1, c41);
+    v = _mm256_broadcast_ss(a + 5 * d + c);
+    c50 = _mm256_fmadd_ps(v, b0, c50);
+    c51 = _mm256_fmadd_ps(v, b1, c51);
+  }
+  return DotBlock{{{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}}};
+}
+
 // AVX2 + FMA: a 6 x 16 register block over the whole dimension, its distances compared while
 // still in registers (the Gram block is never written out). Panels of the column block stay in
 // L1 while the tile's rows (512 x d floats) stream from L2.
@@ -304,40 +362,14 @@ __attribute__((target("avx2,fma"))) void scan_tile_avx2(const Points& p, int i0,
     // On the diagonal tile, rows from j + 15 on have no column above them in this panel.
     const int row_end = diagonal ? std::min(i1, j + kPanel - 1) : i1;
     for (int i = i0; i < row_end; i += kRows) {
-      const float* a = p.rows.get() + static_cast<size_t>(i) * d;
-      __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-             c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-      for (int c = 0; c < d; ++c) {
-        const __m256 b0 = _mm256_load_ps(panel + c * kPanel);
-        const __m256 b1 = _mm256_load_ps(panel + c * kPanel + 8);
-        __m256 v = _mm256_broadcast_ss(a + c);
-        c00 = _mm256_fmadd_ps(v, b0, c00);
-        c01 = _mm256_fmadd_ps(v, b1, c01);
-        v = _mm256_broadcast_ss(a + d + c);
-        c10 = _mm256_fmadd_ps(v, b0, c10);
-        c11 = _mm256_fmadd_ps(v, b1, c11);
-        v = _mm256_broadcast_ss(a + 2 * d + c);
-        c20 = _mm256_fmadd_ps(v, b0, c20);
-        c21 = _mm256_fmadd_ps(v, b1, c21);
-        v = _mm256_broadcast_ss(a + 3 * d + c);
-        c30 = _mm256_fmadd_ps(v, b0, c30);
-        c31 = _mm256_fmadd_ps(v, b1, c31);
-        v = _mm256_broadcast_ss(a + 4 * d + c);
-        c40 = _mm256_fmadd_ps(v, b0, c40);
-        c41 = _mm256_fmadd_ps(v, b1, c41);
-        v = _mm256_broadcast_ss(a + 5 * d + c);
-        c50 = _mm256_fmadd_ps(v, b0, c50);
-        c51 = _mm256_fmadd_ps(v, b1, c51);
-      }
-      const __m256 acc[kRows][2] = {{c00, c01}, {c10, c11}, {c20, c21},
-                                    {c30, c31}, {c40, c41}, {c50, c51}};
+      const DotBlock acc = dot_block(p.rows.get() + static_cast<size_t>(i) * d, d, panel);
       const int rows = std::min(kRows, i1 - i);
       for (int r = 0; r < rows; ++r) {
         const int row = i + r;
         // d = |a|^2 + |b|^2 - 2 a.b, the same value for both points of the pair.
         const __m256 ni = _mm256_set1_ps(p.norms[row]);
-        const __m256 d0 = _mm256_fmadd_ps(minus_two, acc[r][0], _mm256_add_ps(ni, nj0));
-        const __m256 d1 = _mm256_fmadd_ps(minus_two, acc[r][1], _mm256_add_ps(ni, nj1));
+        const __m256 d0 = _mm256_fmadd_ps(minus_two, acc.v[r][0], _mm256_add_ps(ni, nj0));
+        const __m256 d1 = _mm256_fmadd_ps(minus_two, acc.v[r][1], _mm256_add_ps(ni, nj1));
         const __m256 wi = _mm256_set1_ps(sets.threshold()[row]);
         const float* wj = sets.threshold() + j;
         __m256 r0 = _mm256_cmp_ps(d0, wi, _CMP_LE_OQ), r1 = _mm256_cmp_ps(d1, wi, _CMP_LE_OQ);
@@ -366,6 +398,58 @@ __attribute__((target("avx2,fma"))) void scan_tile_avx2(const Points& p, int i0,
     }
   }
 }
+
+// The estimates of rows [i0, i1) (i0 a multiple of kRows): the kSampleRank-th smallest distance
+// to a sample point other than the row itself, +inf when the sample has fewer.
+__attribute__((target("avx2,fma"))) void sample_ranks_avx2(const Points& p, const Sample& s, int i0,
+                                                           int i1, float* estimate) {
+  const int d = p.d;
+  const __m256 minus_two = _mm256_set1_ps(-2.f);
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  for (int i = i0; i < i1; i += kRows) {
+    const int rows = std::min(kRows, i1 - i);
+    float best[kRows][kSampleRank];  // ascending
+    int kept[kRows] = {};
+    float bound[kRows];
+    std::fill(bound, bound + kRows, inf);
+    for (int j = 0; j < s.padded; j += kPanel) {
+      const DotBlock acc = dot_block(p.rows.get() + static_cast<size_t>(i) * d, d,
+                                     s.panels.get() + static_cast<size_t>(j) * d);
+      const __m256 nj0 = _mm256_load_ps(s.norms.get() + j);
+      const __m256 nj1 = _mm256_load_ps(s.norms.get() + j + 8);
+      const __m256i id0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.row.data() + j));
+      const __m256i id1 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.row.data() + j + 8));
+      for (int r = 0; r < rows; ++r) {
+        const __m256 ni = _mm256_set1_ps(p.norms[i + r]);
+        const __m256 d0 = _mm256_fmadd_ps(minus_two, acc.v[r][0], _mm256_add_ps(ni, nj0));
+        const __m256 d1 = _mm256_fmadd_ps(minus_two, acc.v[r][1], _mm256_add_ps(ni, nj1));
+        const __m256 b = _mm256_set1_ps(bound[r]);
+        const __m256i self = _mm256_set1_epi32(i + r);
+        const __m256 m0 = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(id0, self)),
+                                           _mm256_cmp_ps(d0, b, _CMP_LT_OQ));
+        const __m256 m1 = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(id1, self)),
+                                           _mm256_cmp_ps(d1, b, _CMP_LT_OQ));
+        unsigned bits = unsigned(_mm256_movemask_ps(m0)) | (unsigned(_mm256_movemask_ps(m1)) << 8);
+        if (!bits) continue;
+        alignas(32) float dd[kPanel];
+        _mm256_store_ps(dd, d0);
+        _mm256_store_ps(dd + 8, d1);
+        float* list = best[r];
+        while (bits) {
+          const float v = dd[__builtin_ctz(bits)];
+          bits &= bits - 1;
+          if (v >= bound[r]) continue;
+          int at = kept[r] < kSampleRank ? kept[r]++ : kSampleRank - 1;
+          for (; at > 0 && list[at - 1] > v; --at) list[at] = list[at - 1];
+          list[at] = v;
+          if (kept[r] == kSampleRank) bound[r] = list[kSampleRank - 1];
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) estimate[i + r] = bound[r];
+  }
+}
 #endif
 
 TileScan pick_tile_scan() {
@@ -375,6 +459,59 @@ TileScan pick_tile_scan() {
   if (name == "avx2" || name == "avx512") return scan_tile_avx2;
 #endif
   return scan_tile_portable;
+}
+
+// Row i against every other point, exactly as the AVX2 tile kernel computes a distance (one fused
+// multiply-add per dimension in order, then |a|^2 + |b|^2 - 2 a.b fused), into `cand`.
+void all_distances(const Points& p, int i, std::vector<Candidate>& cand) {
+  cand.clear();
+  const float* a = p.rows.get() + static_cast<size_t>(i) * p.d;
+  for (int j = 0; j < p.n; ++j) {
+    if (j == i) continue;
+    const float* b = p.rows.get() + static_cast<size_t>(j) * p.d;
+    float dot = 0;
+    for (int c = 0; c < p.d; ++c) dot = std::fma(a[c], b[c], dot);
+    cand.push_back({std::fma(-2.f, dot, p.norms[i] + p.norms[j]), j});
+  }
+}
+
+// Estimated k-th distances of every point (see kSampleHits), or empty where a sample is not worth
+// it (small n: it would be a large share of the work) or the AVX2 kernel does not run (the
+// recomputation of a point matches that kernel's arithmetic only).
+std::vector<float> sampled_thresholds(const Points& p, int k, TileScan scan,
+                                      const std::atomic<bool>* cancel) {
+#ifdef KVSCOPE_KNN_AVX2
+  const int n = p.n, d = p.d;
+  const int m = static_cast<int>(std::ceil(kSampleHits * n / k));
+  if (scan != scan_tile_avx2 || n < 4096 || 8 * m > n || m <= 2 * kSampleRank) return {};
+  Sample s;
+  s.padded = (m + kPanel - 1) / kPanel * kPanel;
+  s.panels = aligned_floats(static_cast<size_t>(s.padded) * d);
+  s.norms = aligned_floats(s.padded);
+  s.row.assign(s.padded, -1);
+  for (int t = 0; t < s.padded; ++t) {
+    s.norms[t] = std::numeric_limits<float>::quiet_NaN();
+    if (t >= m) continue;
+    // Sample t is row t * n / m (the stride keeps it spread over a capture's positions).
+    const int i = static_cast<int>(static_cast<int64_t>(t) * n / m);
+    s.row[t] = i;
+    s.norms[t] = p.norms[i];
+    float* panel = s.panels.get() + static_cast<size_t>(t / kPanel) * kPanel * d + t % kPanel;
+    for (int c = 0; c < d; ++c) panel[c * kPanel] = p.rows[static_cast<size_t>(i) * d + c];
+  }
+  std::vector<float> estimate(n);
+  const int groups = (n + kRows - 1) / kRows;
+  tsne_parallel_for(groups, 64, [&](int gb, int ge) {
+    for (int g = gb; g < ge; g += 64) {
+      if (is_set(cancel)) return;
+      sample_ranks_avx2(p, s, g * kRows, std::min(n, std::min(ge, g + 64) * kRows),
+                        estimate.data());
+    }
+  });
+  return estimate;
+#else
+  return {};
+#endif
 }
 
 void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
@@ -394,6 +531,10 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
   std::vector<NearestSets> sets;
   sets.reserve(threads);
   for (int t = 0; t < threads; ++t) sets.emplace_back(n, points.padded + kPanel, k, 2 * k);
+  const std::vector<float> estimate = sampled_thresholds(points, k, scan, cancel);
+  if (is_set(cancel)) return;
+  for (int i = 0; i < static_cast<int>(estimate.size()); ++i)
+    for (NearestSets& s : sets) s.set_threshold(i, estimate[i]);
   // Threads take the next tile as they finish one, so both stay busy to the end. Each pair is
   // seen by exactly one thread, and a heap keeps the k first of what it was offered by (distance,
   // index) whatever the order, so the merged result does not depend on the schedule.
@@ -414,12 +555,14 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
     std::vector<Candidate> cand;
     std::vector<float> scratch;
     for (int i = b; i < e; ++i) {
-      if (threads == 1) {
+      if (threads == 1 && sets[0].size(i) >= k) {
         write_row(i, k, sets[0].begin(i), sets[0].size(i), neighbours, dist2, scratch);
         continue;
       }
       cand.clear();
       for (NearestSets& s : sets) cand.insert(cand.end(), s.begin(i), s.begin(i) + s.size(i));
+      // Fewer than k within the sampled estimate: it was too tight for this point.
+      if (static_cast<int>(cand.size()) < k) all_distances(points, i, cand);
       write_row(i, k, cand.data(), static_cast<int>(cand.size()), neighbours, dist2, scratch);
     }
   });

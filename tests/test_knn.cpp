@@ -156,6 +156,38 @@ TEST(Knn, IntegerPointsGiveTheExactRankingWithTiesToTheLowerIndex) {
   });
 }
 
+// From n = 4096 on, each point's threshold starts at an estimate of its k-th distance from a
+// strided sample of the points (engine/knn.cpp: sample t is row t * n / m, m = ceil(6 n / k)),
+// and a point left with fewer than k candidates within it is recomputed against all others.
+// Row 7 is copied onto sample rows 1..14, so its estimate (the 14th smallest sample distance) is
+// 0 and only its 14 copies are within it: it takes the recomputation. Integer coordinates keep
+// every distance exact, so the ranking must be exactly the reference one.
+TEST(Knn, SampledThresholdsKeepTheRankingExact) {
+  const int n = 4500, d = 40, k = 50;
+  const int m = (6 * n + k - 1) / k;
+  CounterRng rng(11, kRandMisc, 9, 10);
+  MatrixF x(n, d);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c) x(i, c) = static_cast<float>(static_cast<int>(rng.below(3)) - 1);
+  for (int t = 1; t <= 14; ++t) x.row(static_cast<int>(static_cast<int64_t>(t) * n / m)) = x.row(7);
+  for (int i = 0; i < 30; ++i) x.row(4000 + i) = x.row(2000 + i % 3);  // more equal rows
+  const auto truth = reference_knn(x, k);
+  for_each_kernel([&] {
+    std::vector<int> nb;
+    std::vector<float> d2;
+    knn_exact(x, k, nb, d2);
+    int wrong = 0;
+    for (int i = 0; i < n; ++i)
+      for (int r = 0; r < k; ++r) {
+        const size_t at = static_cast<size_t>(i) * k + r;
+        wrong += nb[at] != truth[i][r].second || d2[at] != static_cast<float>(truth[i][r].first);
+      }
+    EXPECT_EQ(wrong, 0);
+    for (int t = 0; t < 14; ++t) EXPECT_EQ(d2[static_cast<size_t>(7) * k + t], 0.f);
+    EXPECT_GT(d2[static_cast<size_t>(7) * k + 14], 0.f);
+  });
+}
+
 // Fewer points than one tile, k = n - 1 (every other point), and the thread count's edge: the
 // same ranking.
 TEST(Knn, AllOtherPointsWhenKIsNMinusOne) {
