@@ -461,19 +461,39 @@ TileScan pick_tile_scan() {
   return scan_tile_portable;
 }
 
+#ifdef KVSCOPE_KNN_AVX2
 // Row i against every other point, exactly as the AVX2 tile kernel computes a distance (one fused
-// multiply-add per dimension in order, then |a|^2 + |b|^2 - 2 a.b fused), into `cand`.
-void all_distances(const Points& p, int i, std::vector<Candidate>& cand) {
+// multiply-add per dimension in order, then |a|^2 + |b|^2 - 2 a.b fused), into `cand`: four
+// panels at a time, so that eight accumulators hide the multiply-add latency.
+__attribute__((target("avx2,fma"))) void all_distances(const Points& p, int i,
+                                                       std::vector<Candidate>& cand) {
   cand.clear();
-  const float* a = p.rows.get() + static_cast<size_t>(i) * p.d;
-  for (int j = 0; j < p.n; ++j) {
-    if (j == i) continue;
-    const float* b = p.rows.get() + static_cast<size_t>(j) * p.d;
-    float dot = 0;
-    for (int c = 0; c < p.d; ++c) dot = std::fma(a[c], b[c], dot);
-    cand.push_back({std::fma(-2.f, dot, p.norms[i] + p.norms[j]), j});
+  const int d = p.d;
+  const float* a = p.rows.get() + static_cast<size_t>(i) * d;
+  const __m256 minus_two = _mm256_set1_ps(-2.f);
+  const __m256 ni = _mm256_set1_ps(p.norms[i]);
+  constexpr int kWide = 4 * kPanel;  // p.padded is a multiple of it
+  for (int j0 = 0; j0 < p.n; j0 += kWide) {
+    __m256 acc[8];
+    for (__m256& v : acc) v = _mm256_setzero_ps();
+    const float* panel = p.panels.get() + static_cast<size_t>(j0) * d;
+    for (int c = 0; c < d; ++c) {
+      const __m256 v = _mm256_broadcast_ss(a + c);
+      for (int q = 0; q < 8; ++q) {
+        const float* b = panel + static_cast<size_t>(q / 2) * kPanel * d + c * kPanel + (q % 2) * 8;
+        acc[q] = _mm256_fmadd_ps(v, _mm256_load_ps(b), acc[q]);
+      }
+    }
+    alignas(32) float dd[kWide];
+    for (int q = 0; q < 8; ++q) {
+      const __m256 nj = _mm256_load_ps(p.norms.get() + j0 + q * 8);
+      _mm256_store_ps(dd + q * 8, _mm256_fmadd_ps(minus_two, acc[q], _mm256_add_ps(ni, nj)));
+    }
+    for (int c = 0; c < kWide && j0 + c < p.n; ++c)
+      if (j0 + c != i) cand.push_back({dd[c], j0 + c});
   }
 }
+#endif
 
 // Estimated k-th distances of every point (see kSampleHits), or empty where a sample is not worth
 // it (small n: it would be a large share of the work) or the AVX2 kernel does not run (the
@@ -561,8 +581,10 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
       }
       cand.clear();
       for (NearestSets& s : sets) cand.insert(cand.end(), s.begin(i), s.begin(i) + s.size(i));
-      // Fewer than k within the sampled estimate: it was too tight for this point.
+        // Fewer than k within the sampled estimate: it was too tight for this point.
+#ifdef KVSCOPE_KNN_AVX2
       if (static_cast<int>(cand.size()) < k) all_distances(points, i, cand);
+#endif
       write_row(i, k, cand.data(), static_cast<int>(cand.size()), neighbours, dist2, scratch);
     }
   });
