@@ -37,7 +37,7 @@ inline bool before(const Candidate& a, const Candidate& b) {
 
 // The distance of rank `rank` (0-based) among c[0..count): a quickselect whose partition passes
 // are branch-free (candidates arrive in no useful order, so the branches of std::nth_element's
-// partition mispredict about half the time; this is several times faster on 2k candidates).
+// partition mispredict about half the time; on the 32k run this halved the cost of the cuts).
 float kth_distance(const Candidate* c, int count, int rank, std::vector<float>& scratch) {
   scratch.resize(3 * static_cast<size_t>(count));
   float* a = scratch.data();
@@ -86,15 +86,16 @@ int keep_within(Candidate* c, int count, float limit) {
 // `capacity` (> k) slots. An offer that beats the point's threshold is appended (a store, where a
 // bounded heap took a sift of log k unpredictable steps through cache lines of other points); a
 // full buffer is cut back to the candidates at most its k-th distance away (k of them, unless
-// some tie with the k-th), and the threshold becomes that distance. The threshold is +inf until k
-// are kept; offers equal to it are kept, so ties are settled by index when the buffer is cut.
-// `threshold` has `slots` >= n entries so that padded columns of a tile can read theirs.
+// some tie with the k-th), and the threshold becomes that distance. The threshold starts at +inf
+// or at a sampled estimate (set_threshold) and only comes down; offers equal to it are kept, so
+// ties are settled by index at the end. `threshold` has `slots` >= n entries so that padded
+// columns of a tile can read theirs.
 class NearestSets {
  public:
   NearestSets(int n, int slots, int k, int capacity)
       : k_(k),
         capacity_(capacity),
-        buffer_(static_cast<size_t>(n) * capacity),
+        buffer_(new Candidate[static_cast<size_t>(n) * capacity]),  // not zeroed: written first
         size_(n, 0),
         threshold_(slots, std::numeric_limits<float>::infinity()) {}
 
@@ -133,7 +134,7 @@ class NearestSets {
 
  private:
   int k_, capacity_;
-  std::vector<Candidate> buffer_;
+  std::unique_ptr<Candidate[]> buffer_;
   std::vector<int> size_;
   std::vector<float> threshold_;
   std::vector<float> scratch_;
@@ -289,15 +290,17 @@ void scan_tile_portable(const Points& p, int i0, int i1, int j0, int j1, Nearest
 
 // Sampled thresholds. With thresholds that start at +inf, a point's threshold comes down as
 // candidates arrive, and until it is near the final k-th distance most candidates pass it: on
-// keys without much order (the 32k synthetic head) about 10 k candidates per point entered the
-// buffers, each costing far more than its distance. So every point first gets an estimate of its
-// k-th distance from a strided sample of m points (a float GEMM, m/n of the Gram matrix): the
-// distance of rank r among the sample, where r is chosen so that about kSampleSlack x k points
-// lie within it. Offers beyond the estimate are rejected from the start.
+// the 32k synthetic head (keys with little order) about 10 k candidates per point entered the
+// buffers, each costing far more than its distance, and the buffers were cut 290 000 times. So
+// every point first gets an estimate of its k-th distance from a strided sample of
+// m = kSampleHits n / k points (the same register-block kernel; 2m/n = 12/k of the sweep's
+// multiply-adds, 13% at k = 91): the distance of rank kSampleRank among the sample, within which
+// lie about kSampleRank / kSampleHits x k = 2.3 k points. Offers beyond it are rejected from the
+// start (about 7 M candidates entered the buffers instead of 31 M, 5 000 cuts).
 // The estimate is not a bound, so it is checked: a point whose buffers end with k or more
 // candidates has its exact k nearest among them (everything rejected was farther than k kept
-// ones); a point with fewer is recomputed against all others (rare: the rank is chosen so that
-// a Poisson count of mean kSampleHits must reach r for it to happen).
+// ones); a point with fewer is recomputed against all others (rare: a Poisson count of mean
+// kSampleHits has to reach kSampleRank; 19 of the 32768 points).
 constexpr double kSampleHits = 6;  // expected sample points within the true k-th distance
 constexpr int kSampleRank = 14;    // P(Poisson(6) >= 14) = 0.4%: points recomputed
 
@@ -541,9 +544,8 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
   const TileScan scan = pick_tile_scan();
   const int blocks = points.padded / kBlock;
   // Tiles (I, J), J >= I, diagonal first, then by distance from it: neighbouring tokens of a
-  // capture tend to be near in key space too, so the heaps fill with close candidates early and
-  // later offers are mostly rejected by the first compare (in index order, candidates that keep
-  // getting closer made the heaps take several times more updates).
+  // capture tend to be near in key space too, so thresholds come down early (without a sampled
+  // estimate; a median-split ordering of the points, tried instead, let more candidates in).
   std::vector<std::pair<int, int>> tiles;
   for (int gap = 0; gap < blocks; ++gap)
     for (int bi = 0; bi + gap < blocks; ++bi) tiles.emplace_back(bi, bi + gap);
@@ -556,8 +558,8 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
   for (int i = 0; i < static_cast<int>(estimate.size()); ++i)
     for (NearestSets& s : sets) s.set_threshold(i, estimate[i]);
   // Threads take the next tile as they finish one, so both stay busy to the end. Each pair is
-  // seen by exactly one thread, and a heap keeps the k first of what it was offered by (distance,
-  // index) whatever the order, so the merged result does not depend on the schedule.
+  // seen by exactly one thread, nothing a thread drops can be among the k nearest, and the final
+  // ranking is by (distance, index): the result does not depend on the schedule.
   std::atomic<size_t> next{0};
   tsne_parallel_for(threads, 1, [&](int tb, int te) {
     MatrixF scratch;
@@ -581,8 +583,8 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
       }
       cand.clear();
       for (NearestSets& s : sets) cand.insert(cand.end(), s.begin(i), s.begin(i) + s.size(i));
-        // Fewer than k within the sampled estimate: it was too tight for this point.
 #ifdef KVSCOPE_KNN_AVX2
+      // Fewer than k within the sampled estimate: it was too tight for this point.
       if (static_cast<int>(cand.size()) < k) all_distances(points, i, cand);
 #endif
       write_row(i, k, cand.data(), static_cast<int>(cand.size()), neighbours, dist2, scratch);
