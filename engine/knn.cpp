@@ -600,6 +600,10 @@ void knn_exact(const MatrixF& x, int k, std::vector<int>& neighbours, std::vecto
   if (k < 1 || k > n - 1)
     throw InputError("nearest neighbours: k must be in [1, " + std::to_string(n - 1) + "], got " +
                      std::to_string(k));
+  // A NaN distance fails every compare and breaks the ordering the ranking relies on.
+  if (!x.rowwise().squaredNorm().allFinite())
+    throw InputError(
+        "nearest neighbours: the points hold NaN or Inf, or values too large for float distances");
   neighbours.assign(static_cast<size_t>(n) * k, 0);
   dist2.assign(static_cast<size_t>(n) * k, 0.f);
   if (x.cols() <= 32) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,12 +212,17 @@ TEST(Knn, AllOtherPointsWhenKIsNMinusOne) {
   }
 }
 
-TEST(Knn, BadKAndCancellation) {
+TEST(Knn, BadInputAndCancellation) {
   const MatrixF x = clustered_points(900, 40, 3);
   std::vector<int> nb;
   std::vector<float> d2;
   EXPECT_THROW(knn_exact(x, 0, nb, d2), InputError);
   EXPECT_THROW(knn_exact(x, 900, nb, d2), InputError);
+  MatrixF bad = x;
+  bad(17, 3) = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(knn_exact(bad, 10, nb, d2), InputError);
+  bad(17, 3) = 3e20f;  // finite, but its square overflows float
+  EXPECT_THROW(knn_exact(bad, 10, nb, d2), InputError);
   std::atomic<bool> cancel{true};
   EXPECT_THROW(knn_exact(x, 10, nb, d2, &cancel), Cancelled);
 }
