@@ -1,14 +1,23 @@
 #include "engine/knn.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <nanoflann.hpp>
+#include <new>
 #include <string>
 #include <utility>
 
 #include "engine/error.h"
+#include "engine/simd.h"
 #include "engine/tsne_util.h"
+
+#if defined(KVSCOPE_SIMD_X86) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define KVSCOPE_KNN_AVX2 1
+#endif
 
 namespace kvscope {
 namespace {
@@ -26,52 +35,109 @@ inline bool before(const Candidate& a, const Candidate& b) {
   return a.d < b.d || (a.d == b.d && a.j < b.j);
 }
 
-// For every point, the k best candidates offered so far: a max-heap on (distance, index), so the
-// worst kept one is on top and a new one is compared with it alone. `worst` mirrors the top's
-// distance (+inf until k are kept) so most offers are rejected by one load and one compare.
+// The distance of rank `rank` (0-based) among c[0..count): a quickselect whose partition passes
+// are branch-free (candidates arrive in no useful order, so the branches of std::nth_element's
+// partition mispredict about half the time; on the 32k run this halved the cost of the cuts).
+float kth_distance(const Candidate* c, int count, int rank, std::vector<float>& scratch) {
+  scratch.resize(3 * static_cast<size_t>(count));
+  float* a = scratch.data();
+  float* lt = a + count;
+  float* gt = lt + count;
+  for (int r = 0; r < count; ++r) a[r] = c[r].d;
+  int n = count;
+  while (n > 16) {
+    const float x0 = a[0], x1 = a[n / 2], x2 = a[n - 1];
+    const float pivot = std::max(std::min(x0, x1), std::min(std::max(x0, x1), x2));
+    int nl = 0, ng = 0;
+    for (int r = 0; r < n; ++r) {
+      const float x = a[r];
+      lt[nl] = x;
+      gt[ng] = x;
+      nl += x < pivot;
+      ng += x > pivot;
+    }
+    if (rank < nl) {
+      std::swap(a, lt);
+      n = nl;
+    } else if (rank >= n - ng) {
+      rank -= n - ng;
+      std::swap(a, gt);
+      n = ng;
+    } else {
+      return pivot;
+    }
+  }
+  std::nth_element(a, a + rank, a + n);
+  return a[rank];
+}
+
+// Moves the candidates of c[0..count) at most `limit` away to the front; returns how many.
+int keep_within(Candidate* c, int count, float limit) {
+  int w = 0;
+  for (int r = 0; r < count; ++r) {
+    const Candidate x = c[r];
+    c[w] = x;
+    w += x.d <= limit;
+  }
+  return w;
+}
+
+// For every point, the candidates that may still be among its k nearest: an unordered buffer of
+// `capacity` (> k) slots. An offer that beats the point's threshold is appended (a store, where a
+// bounded heap took a sift of log k unpredictable steps through cache lines of other points); a
+// full buffer is cut back to the candidates at most its k-th distance away (k of them, unless
+// some tie with the k-th), and the threshold becomes that distance. The threshold starts at +inf
+// or at a sampled estimate (set_threshold) and only comes down; offers equal to it are kept, so
+// ties are settled by index at the end. `threshold` has `slots` >= n entries so that padded
+// columns of a tile can read theirs.
 class NearestSets {
  public:
-  NearestSets(int n, int k)
+  NearestSets(int n, int slots, int k, int capacity)
       : k_(k),
-        heap_(static_cast<size_t>(n) * k),
+        capacity_(capacity),
+        buffer_(new Candidate[static_cast<size_t>(n) * capacity]),  // not zeroed: written first
         size_(n, 0),
-        worst_(n, std::numeric_limits<float>::infinity()) {}
+        threshold_(slots, std::numeric_limits<float>::infinity()) {}
 
   void offer(int i, float d, int j) {
-    if (d > worst_[i]) return;
-    Candidate* h = &heap_[static_cast<size_t>(i) * k_];
+    if (d > threshold_[i]) return;
+    Candidate* b = &buffer_[static_cast<size_t>(i) * capacity_];
     int& s = size_[i];
-    const Candidate c{d, j};
-    if (s < k_) {
-      h[s++] = c;
-      std::push_heap(h, h + s, before);
-      if (s == k_) worst_[i] = h[0].d;
-      return;
+    b[s++] = Candidate{d, j};
+    if (s == k_) {
+      // The first k: their farthest bounds the k-th distance.
+      float worst = b[0].d;
+      for (int r = 1; r < k_; ++r) worst = std::max(worst, b[r].d);
+      threshold_[i] = std::min(threshold_[i], worst);
+    } else if (s == capacity_) {
+      cut(i);
     }
-    if (!before(c, h[0])) return;
-    // Replace the top and sift it down.
-    int at = 0;
-    for (;;) {
-      int child = 2 * at + 1;
-      if (child >= k_) break;
-      if (child + 1 < k_ && before(h[child], h[child + 1])) ++child;
-      if (!before(c, h[child])) break;
-      h[at] = h[child];
-      at = child;
-    }
-    h[at] = c;
-    worst_[i] = h[0].d;
   }
-  // The kept candidates of point i (unordered).
-  const float* worst() const { return worst_.data(); }
-  const Candidate* begin(int i) const { return &heap_[static_cast<size_t>(i) * k_]; }
+  // Cuts a full buffer back to what is at most its k-th distance away.
+  void cut(int i) {
+    Candidate* b = &buffer_[static_cast<size_t>(i) * capacity_];
+    const float kth = kth_distance(b, capacity_, k_ - 1, scratch_);
+    int kept = keep_within(b, capacity_, kth);
+    if (kept > (k_ + capacity_) / 2) {
+      // Many ties with the k-th (duplicated points): keep the k first by (distance, index).
+      std::nth_element(b, b + k_ - 1, b + kept, before);
+      kept = k_;
+    }
+    size_[i] = kept;
+    threshold_[i] = kth;
+  }
+  const float* threshold() const { return threshold_.data(); }
+  void set_threshold(int i, float t) { threshold_[i] = t; }
+  // The kept candidates of point i (unordered; the k first among them are its k nearest).
+  Candidate* begin(int i) { return &buffer_[static_cast<size_t>(i) * capacity_]; }
   int size(int i) const { return size_[i]; }
 
  private:
-  int k_;
-  std::vector<Candidate> heap_;
+  int k_, capacity_;
+  std::unique_ptr<Candidate[]> buffer_;
   std::vector<int> size_;
-  std::vector<float> worst_;
+  std::vector<float> threshold_;
+  std::vector<float> scratch_;
 };
 
 struct RowsAdaptor {
@@ -86,9 +152,11 @@ struct RowsAdaptor {
   }
 };
 
-void write_row(int i, int k, std::vector<Candidate>& cand, std::vector<int>& neighbours,
-               std::vector<float>& dist2) {
-  std::sort(cand.begin(), cand.end(), before);
+// `cand` holds at least k candidates of row i, unordered: the k first by (distance, index).
+void write_row(int i, int k, Candidate* cand, int count, std::vector<int>& neighbours,
+               std::vector<float>& dist2, std::vector<float>& scratch) {
+  if (count > k) count = keep_within(cand, count, kth_distance(cand, count, k - 1, scratch));
+  std::sort(cand, cand + count, before);
   for (int r = 0; r < k; ++r) {
     neighbours[static_cast<size_t>(i) * k + r] = cand[r].j;
     dist2[static_cast<size_t>(i) * k + r] = std::max(0.f, cand[r].d);
@@ -107,6 +175,7 @@ void knn_kdtree(const MatrixF& x, int k, std::vector<int>& neighbours, std::vect
     std::vector<uint32_t> idx(k + 1);
     std::vector<float> dd(k + 1);
     std::vector<Candidate> cand;
+    std::vector<float> scratch;
     for (int i = b; i < e; ++i) {
       if ((i & 255) == 0 && is_set(cancel)) return;
       const size_t found = tree.knnSearch(x.row(i).data(), k + 1, idx.data(), dd.data());
@@ -114,85 +183,411 @@ void knn_kdtree(const MatrixF& x, int k, std::vector<int>& neighbours, std::vect
       // The point itself is dropped (found among the k + 1 unless k + 1 duplicates tie with it).
       for (size_t r = 0; r < found; ++r)
         if (static_cast<int>(idx[r]) != i) cand.push_back({dd[r], static_cast<int>(idx[r])});
-      std::sort(cand.begin(), cand.end(), before);
-      cand.resize(std::min<size_t>(cand.size(), k));
-      write_row(i, k, cand, neighbours, dist2);
+      write_row(i, k, cand.data(), static_cast<int>(cand.size()), neighbours, dist2, scratch);
     }
   });
+}
+
+// ---- brute force -----------------------------------------------------------------------------
+
+constexpr int kBlock = 512;  // rows and columns of a tile (a multiple of kPanel)
+constexpr int kPanel = 16;   // columns of a packed panel: two AVX2 vectors
+constexpr int kRows = 6;     // rows of the register block (6 x 16 accumulators: 12 of 16 ymm)
+
+// 64-byte aligned float storage.
+struct AlignedDelete {
+  void operator()(float* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+using AlignedFloats = std::unique_ptr<float[], AlignedDelete>;
+AlignedFloats aligned_floats(size_t count) {
+  float* p = static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64)));
+  std::fill(p, p + count, 0.f);
+  return AlignedFloats(p);
+}
+
+// The points twice: row-major with kRows rows of zero padding (the register block reads rows past
+// the last one), and as panels of kPanel columns, dimension-major (panel p holds, for each
+// dimension c, points 16p .. 16p + 15), zero-padded to whole tiles. Squared norms are NaN past n
+// so every padded distance is NaN and fails every compare.
+struct Points {
+  int n = 0, d = 0, padded = 0;
+  AlignedFloats rows, panels, norms;
+};
+
+Points pack_points(const MatrixF& x) {
+  Points p;
+  p.n = static_cast<int>(x.rows());
+  p.d = static_cast<int>(x.cols());
+  p.padded = (p.n + kBlock - 1) / kBlock * kBlock;
+  const size_t d = p.d;
+  p.rows = aligned_floats((static_cast<size_t>(p.n) + kRows) * d);
+  p.panels = aligned_floats(static_cast<size_t>(p.padded) * d);
+  p.norms = aligned_floats(static_cast<size_t>(p.padded) + kRows);
+  for (int i = 0; i < p.padded + kRows; ++i) p.norms[i] = std::numeric_limits<float>::quiet_NaN();
+  for (int i = 0; i < p.n; ++i) {
+    const auto src = x.row(i);
+    std::copy(src.data(), src.data() + d, p.rows.get() + i * d);
+    float* panel = p.panels.get() + static_cast<size_t>(i / kPanel) * kPanel * d + i % kPanel;
+    for (size_t c = 0; c < d; ++c) panel[c * kPanel] = src(static_cast<Eigen::Index>(c));
+    p.norms[i] = src.squaredNorm();
+  }
+  return p;
+}
+
+// Offers the pairs (i, j0 + c), c < 16, whose bits are set: those in `for_row` to point i, those
+// in `for_col` to the points j0 + c.
+inline void offer_masked(NearestSets& sets, int i, int j0, const float* dd, unsigned for_row,
+                         unsigned for_col) {
+  while (for_row) {
+    const int c = __builtin_ctz(for_row);
+    for_row &= for_row - 1;
+    sets.offer(i, dd[c], j0 + c);
+  }
+  while (for_col) {
+    const int c = __builtin_ctz(for_col);
+    for_col &= for_col - 1;
+    sets.offer(j0 + c, dd[c], i);
+  }
+}
+
+// The distances of one tile: rows [i0, i1) against columns [j0, j1) (j1 - j0 a multiple of
+// kPanel; columns past n are padding), only j > i on the diagonal tile. Each is offered to both
+// points when it beats either one's current k-th distance.
+using TileScan = void (*)(const Points& p, int i0, int i1, int j0, int j1, NearestSets& sets,
+                          MatrixF& scratch);
+
+// Portable: the tile's Gram block by an Eigen float GEMM, then one pass over it.
+void scan_tile_portable(const Points& p, int i0, int i1, int j0, int j1, NearestSets& sets,
+                        MatrixF& scratch) {
+  const bool diagonal = i0 == j0;
+  const int cols = std::min(j1, p.n) - j0;
+  using RowMap = Eigen::Map<const MatrixF>;
+  const RowMap a(p.rows.get() + static_cast<size_t>(i0) * p.d, i1 - i0, p.d);
+  const RowMap b(p.rows.get() + static_cast<size_t>(j0) * p.d, cols, p.d);
+  scratch.resize(kBlock, kBlock);
+  auto tile = scratch.topLeftCorner(i1 - i0, cols);
+  tile.noalias() = a * b.transpose();
+  const float* nj = p.norms.get() + j0;
+  for (int i = i0; i < i1; ++i) {
+    const float* row = &scratch(i - i0, 0);
+    const float ni = p.norms[i];
+    for (int b0 = diagonal ? (i + 1 - j0) / kPanel * kPanel : 0; b0 < cols; b0 += kPanel) {
+      const int len = std::min(kPanel, cols - b0);
+      const float wi = sets.threshold()[i];
+      const float* wj = sets.threshold() + j0 + b0;
+      float dd[kPanel];
+      unsigned for_row = 0, for_col = 0;
+      for (int c = 0; c < len; ++c) {
+        dd[c] = ni + nj[b0 + c] - 2.f * row[b0 + c];
+        const bool above = !diagonal || j0 + b0 + c > i;
+        for_row |= unsigned(above && dd[c] <= wi) << c;
+        for_col |= unsigned(above && dd[c] <= wj[c]) << c;
+      }
+      if (for_row | for_col) offer_masked(sets, i, j0 + b0, dd, for_row, for_col);
+    }
+  }
+}
+
+// Sampled thresholds. With thresholds that start at +inf, a point's threshold comes down as
+// candidates arrive, and until it is near the final k-th distance most candidates pass it: on
+// the 32k synthetic head (keys with little order) about 10 k candidates per point entered the
+// buffers, each costing far more than its distance, and the buffers were cut 290 000 times. So
+// every point first gets an estimate of its k-th distance from a strided sample of
+// m = kSampleHits n / k points (the same register-block kernel; 2m/n = 12/k of the sweep's
+// multiply-adds, 13% at k = 91): the distance of rank kSampleRank among the sample, within which
+// lie about kSampleRank / kSampleHits x k = 2.3 k points. Offers beyond it are rejected from the
+// start (about 7 M candidates entered the buffers instead of 31 M, 5 000 cuts).
+// The estimate is not a bound, so it is checked: a point whose buffers end with k or more
+// candidates has its exact k nearest among them (everything rejected was farther than k kept
+// ones); a point with fewer is recomputed against all others (rare: a Poisson count of mean
+// kSampleHits has to reach kSampleRank; 19 of the 32768 points).
+constexpr double kSampleHits = 6;  // expected sample points within the true k-th distance
+constexpr int kSampleRank = 14;    // P(Poisson(6) >= 14) = 0.4%: points recomputed
+
+// The sample, packed like the points: panels of kPanel sample points, NaN norms and row -1
+// past the last.
+struct Sample {
+  int padded = 0;
+  AlignedFloats panels, norms;
+  std::vector<int> row;
+};
+
+#ifdef KVSCOPE_KNN_AVX2
+// The dot products of 6 consecutive rows (from a, d floats apart) with the 16 points of a panel:
+// one fused multiply-add per dimension in order, in 12 accumulators.
+struct DotBlock {
+  __m256 v[kRows][2];
+};
+__attribute__((target("avx2,fma"), always_inline)) inline DotBlock dot_block(const float* a, int d,
+                                                                             const float* panel) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int c = 0; c < d; ++c) {
+    const __m256 b0 = _mm256_load_ps(panel + c * kPanel);
+    const __m256 b1 = _mm256_load_ps(panel + c * kPanel + 8);
+    __m256 v = _mm256_broadcast_ss(a + c);
+    c00 = _mm256_fmadd_ps(v, b0, c00);
+    c01 = _mm256_fmadd_ps(v, b1, c01);
+    v = _mm256_broadcast_ss(a + d + c);
+    c10 = _mm256_fmadd_ps(v, b0, c10);
+    c11 = _mm256_fmadd_ps(v, b1, c11);
+    v = _mm256_broadcast_ss(a + 2 * d + c);
+    c20 = _mm256_fmadd_ps(v, b0, c20);
+    c21 = _mm256_fmadd_ps(v, b1, c21);
+    v = _mm256_broadcast_ss(a + 3 * d + c);
+    c30 = _mm256_fmadd_ps(v, b0, c30);
+    c31 = _mm256_fmadd_ps(v, b1, c31);
+    v = _mm256_broadcast_ss(a + 4 * d + c);
+    c40 = _mm256_fmadd_ps(v, b0, c40);
+    c41 = _mm256_fmadd_ps(v, b1, c41);
+    v = _mm256_broadcast_ss(a + 5 * d + c);
+    c50 = _mm256_fmadd_ps(v, b0, c50);
+    c51 = _mm256_fmadd_ps(v, b1, c51);
+  }
+  return DotBlock{{{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}}};
+}
+
+// AVX2 + FMA: a 6 x 16 register block over the whole dimension, its distances compared while
+// still in registers (the Gram block is never written out). Panels of the column block stay in
+// L1 while the tile's rows (512 x d floats) stream from L2.
+__attribute__((target("avx2,fma"))) void scan_tile_avx2(const Points& p, int i0, int i1, int j0,
+                                                        int j1, NearestSets& sets, MatrixF&) {
+  const int d = p.d;
+  const bool diagonal = i0 == j0;
+  const __m256 minus_two = _mm256_set1_ps(-2.f);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int j = j0; j < j1; j += kPanel) {
+    const float* panel = p.panels.get() + static_cast<size_t>(j) * d;
+    const __m256 nj0 = _mm256_load_ps(p.norms.get() + j);
+    const __m256 nj1 = _mm256_load_ps(p.norms.get() + j + 8);
+    const __m256i col0 = _mm256_add_epi32(_mm256_set1_epi32(j), lane);
+    const __m256i col1 = _mm256_add_epi32(col0, _mm256_set1_epi32(8));
+    // On the diagonal tile, rows from j + 15 on have no column above them in this panel.
+    const int row_end = diagonal ? std::min(i1, j + kPanel - 1) : i1;
+    for (int i = i0; i < row_end; i += kRows) {
+      const DotBlock acc = dot_block(p.rows.get() + static_cast<size_t>(i) * d, d, panel);
+      const int rows = std::min(kRows, i1 - i);
+      for (int r = 0; r < rows; ++r) {
+        const int row = i + r;
+        // d = |a|^2 + |b|^2 - 2 a.b, the same value for both points of the pair.
+        const __m256 ni = _mm256_set1_ps(p.norms[row]);
+        const __m256 d0 = _mm256_fmadd_ps(minus_two, acc.v[r][0], _mm256_add_ps(ni, nj0));
+        const __m256 d1 = _mm256_fmadd_ps(minus_two, acc.v[r][1], _mm256_add_ps(ni, nj1));
+        const __m256 wi = _mm256_set1_ps(sets.threshold()[row]);
+        const float* wj = sets.threshold() + j;
+        __m256 r0 = _mm256_cmp_ps(d0, wi, _CMP_LE_OQ), r1 = _mm256_cmp_ps(d1, wi, _CMP_LE_OQ);
+        __m256 q0 = _mm256_cmp_ps(d0, _mm256_loadu_ps(wj), _CMP_LE_OQ);
+        __m256 q1 = _mm256_cmp_ps(d1, _mm256_loadu_ps(wj + 8), _CMP_LE_OQ);
+        if (diagonal) {
+          const __m256i rv = _mm256_set1_epi32(row);
+          const __m256 above0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(col0, rv));
+          const __m256 above1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(col1, rv));
+          r0 = _mm256_and_ps(r0, above0);
+          r1 = _mm256_and_ps(r1, above1);
+          q0 = _mm256_and_ps(q0, above0);
+          q1 = _mm256_and_ps(q1, above1);
+        }
+        const unsigned for_row =
+            unsigned(_mm256_movemask_ps(r0)) | (unsigned(_mm256_movemask_ps(r1)) << 8);
+        const unsigned for_col =
+            unsigned(_mm256_movemask_ps(q0)) | (unsigned(_mm256_movemask_ps(q1)) << 8);
+        if (for_row | for_col) {
+          alignas(32) float dd[kPanel];
+          _mm256_store_ps(dd, d0);
+          _mm256_store_ps(dd + 8, d1);
+          offer_masked(sets, row, j, dd, for_row, for_col);
+        }
+      }
+    }
+  }
+}
+
+// The estimates of rows [i0, i1) (i0 a multiple of kRows): the kSampleRank-th smallest distance
+// to a sample point other than the row itself, +inf when the sample has fewer.
+__attribute__((target("avx2,fma"))) void sample_ranks_avx2(const Points& p, const Sample& s, int i0,
+                                                           int i1, float* estimate) {
+  const int d = p.d;
+  const __m256 minus_two = _mm256_set1_ps(-2.f);
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  for (int i = i0; i < i1; i += kRows) {
+    const int rows = std::min(kRows, i1 - i);
+    float best[kRows][kSampleRank];  // ascending
+    int kept[kRows] = {};
+    float bound[kRows];
+    std::fill(bound, bound + kRows, inf);
+    for (int j = 0; j < s.padded; j += kPanel) {
+      const DotBlock acc = dot_block(p.rows.get() + static_cast<size_t>(i) * d, d,
+                                     s.panels.get() + static_cast<size_t>(j) * d);
+      const __m256 nj0 = _mm256_load_ps(s.norms.get() + j);
+      const __m256 nj1 = _mm256_load_ps(s.norms.get() + j + 8);
+      const __m256i id0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.row.data() + j));
+      const __m256i id1 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.row.data() + j + 8));
+      for (int r = 0; r < rows; ++r) {
+        const __m256 ni = _mm256_set1_ps(p.norms[i + r]);
+        const __m256 d0 = _mm256_fmadd_ps(minus_two, acc.v[r][0], _mm256_add_ps(ni, nj0));
+        const __m256 d1 = _mm256_fmadd_ps(minus_two, acc.v[r][1], _mm256_add_ps(ni, nj1));
+        const __m256 b = _mm256_set1_ps(bound[r]);
+        const __m256i self = _mm256_set1_epi32(i + r);
+        const __m256 m0 = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(id0, self)),
+                                           _mm256_cmp_ps(d0, b, _CMP_LT_OQ));
+        const __m256 m1 = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(id1, self)),
+                                           _mm256_cmp_ps(d1, b, _CMP_LT_OQ));
+        unsigned bits = unsigned(_mm256_movemask_ps(m0)) | (unsigned(_mm256_movemask_ps(m1)) << 8);
+        if (!bits) continue;
+        alignas(32) float dd[kPanel];
+        _mm256_store_ps(dd, d0);
+        _mm256_store_ps(dd + 8, d1);
+        float* list = best[r];
+        while (bits) {
+          const float v = dd[__builtin_ctz(bits)];
+          bits &= bits - 1;
+          if (v >= bound[r]) continue;
+          int at = kept[r] < kSampleRank ? kept[r]++ : kSampleRank - 1;
+          for (; at > 0 && list[at - 1] > v; --at) list[at] = list[at - 1];
+          list[at] = v;
+          if (kept[r] == kSampleRank) bound[r] = list[kSampleRank - 1];
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) estimate[i + r] = bound[r];
+  }
+}
+#endif
+
+TileScan pick_tile_scan() {
+#ifdef KVSCOPE_KNN_AVX2
+  // The AVX2 kernel where the SIMD dispatcher (engine/simd.h, KVSCOPE_SIMD) runs AVX2 or wider.
+  const std::string name = simd::kernels().name;
+  if (name == "avx2" || name == "avx512") return scan_tile_avx2;
+#endif
+  return scan_tile_portable;
+}
+
+#ifdef KVSCOPE_KNN_AVX2
+// Row i against every other point, exactly as the AVX2 tile kernel computes a distance (one fused
+// multiply-add per dimension in order, then |a|^2 + |b|^2 - 2 a.b fused), into `cand`: four
+// panels at a time, so that eight accumulators hide the multiply-add latency.
+__attribute__((target("avx2,fma"))) void all_distances(const Points& p, int i,
+                                                       std::vector<Candidate>& cand) {
+  cand.clear();
+  const int d = p.d;
+  const float* a = p.rows.get() + static_cast<size_t>(i) * d;
+  const __m256 minus_two = _mm256_set1_ps(-2.f);
+  const __m256 ni = _mm256_set1_ps(p.norms[i]);
+  constexpr int kWide = 4 * kPanel;  // p.padded is a multiple of it
+  for (int j0 = 0; j0 < p.n; j0 += kWide) {
+    __m256 acc[8];
+    for (__m256& v : acc) v = _mm256_setzero_ps();
+    const float* panel = p.panels.get() + static_cast<size_t>(j0) * d;
+    for (int c = 0; c < d; ++c) {
+      const __m256 v = _mm256_broadcast_ss(a + c);
+      for (int q = 0; q < 8; ++q) {
+        const float* b = panel + static_cast<size_t>(q / 2) * kPanel * d + c * kPanel + (q % 2) * 8;
+        acc[q] = _mm256_fmadd_ps(v, _mm256_load_ps(b), acc[q]);
+      }
+    }
+    alignas(32) float dd[kWide];
+    for (int q = 0; q < 8; ++q) {
+      const __m256 nj = _mm256_load_ps(p.norms.get() + j0 + q * 8);
+      _mm256_store_ps(dd + q * 8, _mm256_fmadd_ps(minus_two, acc[q], _mm256_add_ps(ni, nj)));
+    }
+    for (int c = 0; c < kWide && j0 + c < p.n; ++c)
+      if (j0 + c != i) cand.push_back({dd[c], j0 + c});
+  }
+}
+#endif
+
+// Estimated k-th distances of every point (see kSampleHits), or empty where a sample is not worth
+// it (small n: it would be a large share of the work) or the AVX2 kernel does not run (the
+// recomputation of a point matches that kernel's arithmetic only).
+std::vector<float> sampled_thresholds(const Points& p, int k, TileScan scan,
+                                      const std::atomic<bool>* cancel) {
+#ifdef KVSCOPE_KNN_AVX2
+  const int n = p.n, d = p.d;
+  const int m = static_cast<int>(std::ceil(kSampleHits * n / k));
+  if (scan != scan_tile_avx2 || n < 4096 || 8 * m > n || m <= 2 * kSampleRank) return {};
+  Sample s;
+  s.padded = (m + kPanel - 1) / kPanel * kPanel;
+  s.panels = aligned_floats(static_cast<size_t>(s.padded) * d);
+  s.norms = aligned_floats(s.padded);
+  s.row.assign(s.padded, -1);
+  for (int t = 0; t < s.padded; ++t) {
+    s.norms[t] = std::numeric_limits<float>::quiet_NaN();
+    if (t >= m) continue;
+    // Sample t is row t * n / m (the stride keeps it spread over a capture's positions).
+    const int i = static_cast<int>(static_cast<int64_t>(t) * n / m);
+    s.row[t] = i;
+    s.norms[t] = p.norms[i];
+    float* panel = s.panels.get() + static_cast<size_t>(t / kPanel) * kPanel * d + t % kPanel;
+    for (int c = 0; c < d; ++c) panel[c * kPanel] = p.rows[static_cast<size_t>(i) * d + c];
+  }
+  std::vector<float> estimate(n);
+  const int groups = (n + kRows - 1) / kRows;
+  tsne_parallel_for(groups, 64, [&](int gb, int ge) {
+    for (int g = gb; g < ge; g += 64) {
+      if (is_set(cancel)) return;
+      sample_ranks_avx2(p, s, g * kRows, std::min(n, std::min(ge, g + 64) * kRows),
+                        estimate.data());
+    }
+  });
+  return estimate;
+#else
+  return {};
+#endif
 }
 
 void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
                      std::vector<float>& dist2, const std::atomic<bool>* cancel) {
   const int n = static_cast<int>(x.rows());
-  const VectorF norms = x.rowwise().squaredNorm();
-  constexpr int kBlock = 512;
-  constexpr int kChunk = 16;
-  const int blocks = (n + kBlock - 1) / kBlock;
+  const Points points = pack_points(x);
+  const TileScan scan = pick_tile_scan();
+  const int blocks = points.padded / kBlock;
   // Tiles (I, J), J >= I, diagonal first, then by distance from it: neighbouring tokens of a
-  // capture tend to be near in key space too, so the heaps fill with close candidates early and
-  // later offers are mostly rejected by the first compare (in index order, candidates that keep
-  // getting closer made the heaps take several times more updates).
+  // capture tend to be near in key space too, so thresholds come down early (without a sampled
+  // estimate; a median-split ordering of the points, tried instead, let more candidates in).
   std::vector<std::pair<int, int>> tiles;
   for (int gap = 0; gap < blocks; ++gap)
     for (int bi = 0; bi + gap < blocks; ++bi) tiles.emplace_back(bi, bi + gap);
   const int threads = tsne_threads(static_cast<int>(tiles.size()), 8);
   std::vector<NearestSets> sets;
   sets.reserve(threads);
-  for (int t = 0; t < threads; ++t) sets.emplace_back(n, k);
-  // Thread t takes tiles t, t + threads, ...: balanced, and which thread saw a pair does not
-  // change the merged result.
+  for (int t = 0; t < threads; ++t) sets.emplace_back(n, points.padded + kPanel, k, 2 * k);
+  const std::vector<float> estimate = sampled_thresholds(points, k, scan, cancel);
+  if (is_set(cancel)) return;
+  for (int i = 0; i < static_cast<int>(estimate.size()); ++i)
+    for (NearestSets& s : sets) s.set_threshold(i, estimate[i]);
+  // Threads take the next tile as they finish one, so both stay busy to the end. Each pair is
+  // seen by exactly one thread, nothing a thread drops can be among the k nearest, and the final
+  // ranking is by (distance, index): the result does not depend on the schedule.
+  std::atomic<size_t> next{0};
   tsne_parallel_for(threads, 1, [&](int tb, int te) {
-    MatrixF dots(kBlock, kBlock);
+    MatrixF scratch;
     for (int t = tb; t < te; ++t) {
-      NearestSets& mine = sets[t];
-      for (size_t at = t; at < tiles.size(); at += threads) {
+      for (size_t at = next.fetch_add(1); at < tiles.size(); at = next.fetch_add(1)) {
         if (is_set(cancel)) return;
         const int i0 = tiles[at].first * kBlock, i1 = std::min(n, i0 + kBlock);
-        const int j0 = tiles[at].second * kBlock, j1 = std::min(n, j0 + kBlock);
-        const bool diagonal = i0 == j0;
-        auto tile = dots.topLeftCorner(i1 - i0, j1 - j0);
-        tile.noalias() = x.middleRows(i0, i1 - i0) * x.middleRows(j0, j1 - j0).transpose();
-        const float* nj = norms.data() + j0;
-        const float* wj = mine.worst() + j0;
-        for (int i = i0; i < i1; ++i) {
-          const float* row = &dots(i - i0, 0);
-          // Chunks of kChunk distances: one vectorised pass says whether any of them beats
-          // point i's or its partner's current k-th distance (rare once the heaps are full);
-          // only then are they offered one by one (offer() checks again, exactly).
-          for (int b = diagonal ? i + 1 - j0 : 0; b < j1 - j0; b += kChunk) {
-            const int len = std::min(kChunk, j1 - j0 - b);
-            float dd[kChunk];
-            const float ni = norms(i), wi = mine.worst()[i];
-            int any = 0;
-            if (len == kChunk) {
-              for (int c = 0; c < kChunk; ++c) {
-                dd[c] = ni + nj[b + c] - 2.f * row[b + c];
-                any |= (dd[c] <= wi) | (dd[c] <= wj[b + c]);
-              }
-            } else {
-              for (int c = 0; c < len; ++c) {
-                dd[c] = ni + nj[b + c] - 2.f * row[b + c];
-                any |= (dd[c] <= wi) | (dd[c] <= wj[b + c]);
-              }
-            }
-            if (!any) continue;
-            for (int c = 0; c < len; ++c) {
-              const int j = j0 + b + c;
-              mine.offer(i, dd[c], j);
-              mine.offer(j, dd[c], i);
-            }
-          }
-        }
+        const int j0 = tiles[at].second * kBlock, j1 = j0 + kBlock;
+        scan(points, i0, i1, j0, j1, sets[t], scratch);
       }
     }
   });
   if (is_set(cancel)) return;
   tsne_parallel_for(n, 1024, [&](int b, int e) {
     std::vector<Candidate> cand;
+    std::vector<float> scratch;
     for (int i = b; i < e; ++i) {
+      if (threads == 1 && sets[0].size(i) >= k) {
+        write_row(i, k, sets[0].begin(i), sets[0].size(i), neighbours, dist2, scratch);
+        continue;
+      }
       cand.clear();
-      for (const NearestSets& s : sets) cand.insert(cand.end(), s.begin(i), s.begin(i) + s.size(i));
-      write_row(i, k, cand, neighbours, dist2);
+      for (NearestSets& s : sets) cand.insert(cand.end(), s.begin(i), s.begin(i) + s.size(i));
+#ifdef KVSCOPE_KNN_AVX2
+      // Fewer than k within the sampled estimate: it was too tight for this point.
+      if (static_cast<int>(cand.size()) < k) all_distances(points, i, cand);
+#endif
+      write_row(i, k, cand.data(), static_cast<int>(cand.size()), neighbours, dist2, scratch);
     }
   });
 }
@@ -205,6 +600,10 @@ void knn_exact(const MatrixF& x, int k, std::vector<int>& neighbours, std::vecto
   if (k < 1 || k > n - 1)
     throw InputError("nearest neighbours: k must be in [1, " + std::to_string(n - 1) + "], got " +
                      std::to_string(k));
+  // A NaN distance fails every compare and breaks the ordering the ranking relies on.
+  if (!x.rowwise().squaredNorm().allFinite())
+    throw InputError(
+        "nearest neighbours: the points hold NaN or Inf, or values too large for float distances");
   neighbours.assign(static_cast<size_t>(n) * k, 0);
   dist2.assign(static_cast<size_t>(n) * k, 0.f);
   if (x.cols() <= 32) {
