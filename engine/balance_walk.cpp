@@ -21,9 +21,6 @@
 #include "engine/random.h"
 
 namespace kvscope {
-#ifndef KVS_CHUNK
-#define KVS_CHUNK 32
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // The CPU reference of Backend::walk_blocks.
@@ -510,9 +507,9 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   w.tail_bad.assign(len, 0);
   // Gram rows are computed a panel at a time (memory stays panel x L for long blocks), each
   // panel in chunks of columns that stay in the L1 cache while the panel's rows pass by.
-  constexpr int kPanel = 66;         // a multiple of the tile's 3 rows
-  constexpr int kChunk = KVS_CHUNK;  // a multiple of the tile's 4 columns
-  const int ldg = ld + 8;            // the SIMD Gram writes up to 5 columns past the last row
+  constexpr int kPanel = 66;  // a multiple of the tile's 3 rows
+  constexpr int kChunk = 32;  // 16 KiB of 128-wide rows; a multiple of the tile's 4 columns
+  const int ldg = ld + 8;     // the SIMD Gram writes up to 5 columns past the last row
   w.gk.resize(static_cast<size_t>(kPanel) * ldg);
   w.gv.resize(static_cast<size_t>(kPanel) * ldg);
 #if defined(KVS_GRAM_AVX2)
@@ -1001,6 +998,45 @@ std::vector<float> trace_query_vector(const MethodInput& in, int* position_out) 
 
 namespace {
 
+// sum[c] = the sum over the rows `tokens` (in order) of row[c], in double, as the block mean
+// always summed them; the AVX2 version keeps 16 columns in registers per pass over the rows.
+#if defined(KVS_GRAM_AVX2)
+__attribute__((target("avx2,fma"))) void column_sums_avx2(const float* rows, const int* tokens,
+                                                          int count, int d, double* sum) {
+  int c0 = 0;
+  for (; c0 + 16 <= d; c0 += 16) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < count; ++i) {
+      const float* k = rows + static_cast<long>(tokens[i]) * d + c0;
+      a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm_loadu_ps(k)));
+      a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm_loadu_ps(k + 4)));
+      a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm_loadu_ps(k + 8)));
+      a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm_loadu_ps(k + 12)));
+    }
+    _mm256_storeu_pd(sum + c0, a0);
+    _mm256_storeu_pd(sum + c0 + 4, a1);
+    _mm256_storeu_pd(sum + c0 + 8, a2);
+    _mm256_storeu_pd(sum + c0 + 12, a3);
+  }
+  for (; c0 < d; ++c0) {
+    double a = 0;
+    for (int i = 0; i < count; ++i) a += rows[static_cast<long>(tokens[i]) * d + c0];
+    sum[c0] = a;
+  }
+}
+#endif
+
+void column_sums(const float* rows, const int* tokens, int count, int d, double* sum) {
+#if defined(KVS_GRAM_AVX2)
+  if (cpu_has_avx2_fma()) return column_sums_avx2(rows, tokens, count, d, sum);
+#endif
+  std::fill(sum, sum + d, 0.0);
+  for (int i = 0; i < count; ++i) {
+    const float* k = rows + static_cast<long>(tokens[i]) * d;
+    for (int c = 0; c < d; ++c) sum[c] += k[c];
+  }
+}
+
 // The walk's kernel for one block of prepared rows (centred keys, weighted values), full and
 // symmetric, in double; used only for traces.
 MatrixD block_kernel(const float* keys, const float* values, int len, int d, int dv,
@@ -1149,21 +1185,9 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
         const int b1 = std::min(n, b0 + block);
         const int real = b1 - b0;
         const int rows = padded ? block : real;
-        // The mean's sums run over the rows in order for every column, 16 columns at a time
-        // in registers.
         mean.resize(d);
-        for (int c0 = 0; c0 < d; c0 += 16) {
-          double acc[16] = {};
-          const int cw = std::min(16, d - c0);
-          for (int i = b0; i < b1; ++i) {
-            const float* k = job.keys->data() + static_cast<long>(st[j].seq[i]) * d + c0;
-            if (cw == 16)
-              for (int c = 0; c < 16; ++c) acc[c] += k[c];
-            else
-              for (int c = 0; c < cw; ++c) acc[c] += k[c];
-          }
-          for (int c = 0; c < cw; ++c) mean[c0 + c] = acc[c] / rows;
-        }
+        column_sums(job.keys->data(), st[j].seq.data() + b0, real, d, mean.data());
+        for (double& m : mean) m /= rows;
         if (prm.float32) {
           // As torch: the float32 mean, subtracted in float32.
           mean_f.resize(d);
@@ -1344,7 +1368,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
       next.reserve(h.kept.size() + added.size());
       for (size_t k = 0; k < h.kept.size(); ++k) next.push_back({h.kept[k], h.factor[k]});
       for (int pos : added) next.push_back({pos, 1.0});
-      std::sort(next.begin(), next.end());
+      if (!added.empty()) std::sort(next.begin(), next.end());  // h.kept is already ascending
       std::vector<int> seq;
       std::vector<double> w;
       seq.reserve(next.size());
