@@ -216,8 +216,8 @@ class BlockGram {
 // ---- Prefetching the next block. run_balance_walks walks each block as soon as it has prepared
 // it; preparing reads the block's key and value rows from the head (gathered through the round's
 // token order), and those reads used to wait on memory. While one block is walked its Grams keep
-// the core busy, so the rows of the block prepared next are prefetched then, a few lines after
-// each Gram tile row. Only a hint: no result depends on it.
+// the core busy, so the rows of the block prepared next are prefetched then, a line or two after
+// each Gram tile. Only a hint: no result depends on it.
 struct NextRows {
   const float* keys = nullptr;    // the head's rows, d wide
   const float* values = nullptr;  // dv wide
