@@ -213,6 +213,51 @@ class BlockGram {
   MatrixD xd_, gm_;
 };
 
+// ---- Prefetching the next block. run_balance_walks walks each block as soon as it has prepared
+// it; preparing reads the block's key and value rows from the head (gathered through the round's
+// token order), and those reads used to wait on memory. While one block is walked its Grams keep
+// the core busy, so the rows of the block prepared next are prefetched then, a line or two after
+// each Gram tile. Only a hint: no result depends on it.
+struct NextRows {
+  const float* keys = nullptr;    // the head's rows, d wide
+  const float* values = nullptr;  // dv wide
+  int d = 0, dv = 0;
+  const int* tokens = nullptr;  // rows of the next block
+  int count = 0;
+};
+// Set by run_balance_walks around each one-block walk on this thread; null otherwise.
+thread_local const NextRows* t_next_rows = nullptr;
+
+class RowPrefetch {
+ public:
+  explicit RowPrefetch(const NextRows* r) : r_(r) {
+    if (!r_ || r_->count <= 0) return;
+    key_lines_ = (r_->d * 4 + 63) / 64;
+    value_lines_ = (r_->dv * 4 + 63) / 64;
+    total_ = static_cast<long>(r_->count) * (key_lines_ + value_lines_);
+  }
+  long total() const { return total_; }
+  // Issues the next `lines` prefetches (fewer at the end).
+  void issue(long lines) { upto(issued_ + lines); }
+  // Issues prefetches until `target` of total() lines have been requested.
+  void upto(long target) {
+    for (target = std::min(target, total_); issued_ < target; ++issued_) {
+      const long tok = r_->tokens[row_];
+      const float* addr =
+          line_ < key_lines_
+              ? r_->keys + tok * r_->d + std::min(line_ * 16, r_->d - 1)
+              : r_->values + tok * r_->dv + std::min((line_ - key_lines_) * 16, r_->dv - 1);
+      __builtin_prefetch(addr, 0, 3);
+      if (++line_ == key_lines_ + value_lines_) line_ = 0, ++row_;
+    }
+  }
+
+ private:
+  const NextRows* r_;
+  int key_lines_ = 0, value_lines_ = 0, row_ = 0, line_ = 0;
+  long total_ = 0, issued_ = 0;
+};
+
 // ---- The float32 walk (the authors' semantics, WalkBatch::float32).
 //
 // The block's kernel matrix is computed in float32 as torch computes it in the authors'
@@ -232,58 +277,63 @@ __attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, _
   return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
 }
 
-// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) (both multiples of 4) and j
-// in [0, i] rounded up to the 3-row tile; x row-major, dim8 wide (multiple of 8). Row i goes to
-// g + (i - ibegin) * ldg. Tiles of 4 rows i by 3 rows j: 12 accumulators (latency-bound chains of 8
-// were the limit with 2 x 4 tiles), 7 loads per 12 multiply-adds, each loaded row kept in a
-// register for all its uses (PIN: GCC would otherwise fold the loads into every FMA). Every entry
-// is still its 8 lane sums over c in order, reduced by reduce4f, so the result is bit-identical to
-// any other tiling. Reads rows up to i0 + 5 and writes columns up to i0 + 5 (callers pad).
-__attribute__((target("avx2,fma"))) void gram_lower_f32_avx2(const float* x, int ibegin, int iend,
-                                                             int dim8, int ldg, float* g) {
-  for (int i0 = ibegin; i0 < iend; i0 += 4) {
-    const float* xi = x + static_cast<long>(i0) * dim8;
-    for (int j0 = 0; j0 <= i0 + 3; j0 += 3) {
-      const float* xj = x + static_cast<long>(j0) * dim8;
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00,
-             a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) and j in [jbegin, jend) up
+// to i rounded up to the 4-row tile (jbegin a multiple of 4); x row-major, `rows` rows dim8 wide
+// (dim8 a multiple of 8). Row i goes to g + (i - ibegin) * ldg. Tiles of 3 rows i by 4 rows j: 12
+// accumulators (latency-bound chains of 8 were the limit with 2 x 4 tiles), 7 loads per 12
+// multiply-adds, each loaded row kept in a register for all its uses (PIN: GCC would otherwise
+// fold the loads into every FMA), and each row's 4 sums reduced together and stored as one vector.
+// Every entry is still its 8 lane sums over c in order, reduced by reduce4f, so the result is
+// bit-identical to any other tiling. Tiles reaching past the last row read the last row again
+// instead (those entries lie above the diagonal or beyond `rows`, and nothing reads them), so the
+// rows are read in place: no padded copy. Writes rows up to iend + 2 and columns up to i + 5.
+// Issues `prefetch_per_tile` lines of `prefetch` after each tile.
+__attribute__((target("avx2,fma"))) void gram_lower_f32_avx2(const float* x, int rows, int ibegin,
+                                                             int iend, int jbegin, int jend,
+                                                             int dim8, int ldg, float* g,
+                                                             RowPrefetch& prefetch,
+                                                             int prefetch_per_tile) {
+  const int last = rows - 1;
+  auto row = [&](int r) { return x + static_cast<long>(std::min(r, last)) * dim8; };
+  for (int i0 = ibegin; i0 < iend; i0 += 3) {
+    const int jstop = std::min(jend, (i0 + 2) / 4 * 4 + 4);
+    const float *xi0 = row(i0), *xi1 = row(i0 + 1), *xi2 = row(i0 + 2);
+    float* g0 = g + static_cast<long>(i0 - ibegin) * ldg;
+    for (int j0 = jbegin; j0 < jstop; j0 += 4) {
+      const float *xj0 = row(j0), *xj1 = row(j0 + 1), *xj2 = row(j0 + 2), *xj3 = row(j0 + 3);
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
+             a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
       for (int c = 0; c < dim8; c += 8) {
-        __m256 y0 = _mm256_loadu_ps(xj + c), y1 = _mm256_loadu_ps(xj + dim8 + c),
-               y2 = _mm256_loadu_ps(xj + 2 * dim8 + c);
-        PIN(y0);
-        PIN(y1);
-        PIN(y2);
-        __m256 u = _mm256_loadu_ps(xi + c);
-        PIN(u);
-        a00 = _mm256_fmadd_ps(u, y0, a00);
-        a01 = _mm256_fmadd_ps(u, y1, a01);
-        a02 = _mm256_fmadd_ps(u, y2, a02);
-        u = _mm256_loadu_ps(xi + dim8 + c);
-        PIN(u);
-        a10 = _mm256_fmadd_ps(u, y0, a10);
-        a11 = _mm256_fmadd_ps(u, y1, a11);
-        a12 = _mm256_fmadd_ps(u, y2, a12);
-        u = _mm256_loadu_ps(xi + 2 * dim8 + c);
-        PIN(u);
-        a20 = _mm256_fmadd_ps(u, y0, a20);
-        a21 = _mm256_fmadd_ps(u, y1, a21);
-        a22 = _mm256_fmadd_ps(u, y2, a22);
-        u = _mm256_loadu_ps(xi + 3 * dim8 + c);
-        PIN(u);
-        a30 = _mm256_fmadd_ps(u, y0, a30);
-        a31 = _mm256_fmadd_ps(u, y1, a31);
-        a32 = _mm256_fmadd_ps(u, y2, a32);
+        __m256 u0 = _mm256_loadu_ps(xi0 + c), u1 = _mm256_loadu_ps(xi1 + c),
+               u2 = _mm256_loadu_ps(xi2 + c);
+        PIN(u0);
+        PIN(u1);
+        PIN(u2);
+        __m256 y = _mm256_loadu_ps(xj0 + c);
+        PIN(y);
+        a00 = _mm256_fmadd_ps(u0, y, a00);
+        a10 = _mm256_fmadd_ps(u1, y, a10);
+        a20 = _mm256_fmadd_ps(u2, y, a20);
+        y = _mm256_loadu_ps(xj1 + c);
+        PIN(y);
+        a01 = _mm256_fmadd_ps(u0, y, a01);
+        a11 = _mm256_fmadd_ps(u1, y, a11);
+        a21 = _mm256_fmadd_ps(u2, y, a21);
+        y = _mm256_loadu_ps(xj2 + c);
+        PIN(y);
+        a02 = _mm256_fmadd_ps(u0, y, a02);
+        a12 = _mm256_fmadd_ps(u1, y, a12);
+        a22 = _mm256_fmadd_ps(u2, y, a22);
+        y = _mm256_loadu_ps(xj3 + c);
+        PIN(y);
+        a03 = _mm256_fmadd_ps(u0, y, a03);
+        a13 = _mm256_fmadd_ps(u1, y, a13);
+        a23 = _mm256_fmadd_ps(u2, y, a23);
       }
-      // Three sums per row: lanes 0-1 as one 64-bit store, lane 2 on its own.
-      auto put3 = [&](int r, __m128 sums) {
-        float* dst = g + static_cast<long>(i0 + r - ibegin) * ldg + j0;
-        _mm_storel_pi(reinterpret_cast<__m64*>(dst), sums);
-        _mm_store_ss(dst + 2, _mm_movehl_ps(sums, sums));
-      };
-      put3(0, reduce4f(a00, a01, a02, a02));
-      put3(1, reduce4f(a10, a11, a12, a12));
-      put3(2, reduce4f(a20, a21, a22, a22));
-      put3(3, reduce4f(a30, a31, a32, a32));
+      _mm_storeu_ps(g0 + j0, reduce4f(a00, a01, a02, a03));
+      _mm_storeu_ps(g0 + ldg + j0, reduce4f(a10, a11, a12, a13));
+      _mm_storeu_ps(g0 + 2 * ldg + j0, reduce4f(a20, a21, a22, a23));
+      prefetch.issue(prefetch_per_tile);
     }
   }
 }
@@ -328,8 +378,9 @@ __attribute__((target("avx2,fma"))) int kernel_row_f32_avx2(const float* gk, con
                                                             float* out, char* tail_bad) {
   const __m256 vt = _mm256_set1_ps(temp), vs = _mm256_set1_ps(sqrt_d), vb = _mm256_set1_ps(beta);
   const __m256 ve = _mm256_set1_ps(eps), vbias = _mm256_set1_ps(bias);
-  const __m256 inf = _mm256_set1_ps(INFINITY);
+  const __m256 big = _mm256_set1_ps(std::numeric_limits<float>::max());
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 any_bad = _mm256_setzero_ps();
   int j = 0;
   for (; j + 8 <= len; j += 8) {
     const __m256 arg =
@@ -337,13 +388,13 @@ __attribute__((target("avx2,fma"))) int kernel_row_f32_avx2(const float* gk, con
     const __m256 vterm = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(gv + j), ve), vbias);
     const __m256 k = _mm256_mul_ps(exp_f32_avx2(arg), vterm);
     _mm256_storeu_ps(out + j, k);
-    // Not finite: |k| == inf, or NaN (unordered).
-    const __m256 bad = _mm256_or_ps(_mm256_cmp_ps(_mm256_and_ps(k, abs_mask), inf, _CMP_EQ_OQ),
-                                    _mm256_cmp_ps(k, k, _CMP_UNORD_Q));
-    if (int m = _mm256_movemask_ps(bad))
-      for (int l = 0; l < 8; ++l)
-        if (m & (1 << l)) tail_bad[j + l] = 1;
+    // Not finite: |k| above the largest float (inf), or NaN (unordered).
+    any_bad = _mm256_or_ps(any_bad, _mm256_cmp_ps(_mm256_and_ps(k, abs_mask), big, _CMP_NLE_UQ));
   }
+  // Rare (an overflowing kernel entry): find which entries.
+  if (_mm256_movemask_ps(any_bad))
+    for (int l = 0; l < j; ++l)
+      if (!std::isfinite(out[l])) tail_bad[l] = 1;
   return j;
 }
 
@@ -425,46 +476,40 @@ struct F32Block {
   std::vector<double> u;
 };
 
-// The block's `dim`-wide rows for the Gram kernels, which read 8-wide slices of rows up to the
-// length rounded up to 4, plus 4 (gram_lower_f32_avx2's tiles): in place when the row width is a
-// multiple of 8 and the batch holds the tiles' extra rows (they belong to the next block and reach
-// only Gram entries above the diagonal, which nothing reads), else copied into a zero-padded
-// buffer. Sets *dim8 to the row stride.
-const float* gram_rows(const float* batch_rows, int total_rows, int dim, const BlockRef& blk,
+// The block's `dim`-wide rows for the Gram kernels, which read 8-wide slices: in place when the
+// row width is a multiple of 8, else copied into a zero-padded buffer. Sets *dim8 to the row
+// stride.
+const float* gram_rows(const float* batch_rows, int dim, const BlockRef& blk,
                        std::vector<float>& copy, int* dim8) {
-  const int rows = (blk.len + 3) / 4 * 4 + 4;
-  if (dim % 8 == 0 && blk.r0 + rows <= total_rows) {
+  const float* src = batch_rows + static_cast<long>(blk.r0) * dim;
+  if (dim % 8 == 0) {
     *dim8 = dim;
-    return batch_rows + static_cast<long>(blk.r0) * dim;
+    return src;
   }
   *dim8 = (dim + 7) / 8 * 8;
-  copy.resize(static_cast<size_t>(rows) * *dim8);
-  const float* src = batch_rows + static_cast<long>(blk.r0) * dim;
+  copy.resize(static_cast<size_t>(blk.len) * *dim8);
   float* dst = copy.data();
-  if (*dim8 == dim) {
-    dst = std::copy(src, src + static_cast<long>(blk.len) * dim, dst);
-  } else {
-    for (int i = 0; i < blk.len; ++i, src += dim) {
-      dst = std::copy(src, src + dim, dst);
-      dst = std::fill_n(dst, *dim8 - dim, 0.0f);
-    }
+  for (int i = 0; i < blk.len; ++i, src += dim) {
+    dst = std::copy(src, src + dim, dst);
+    dst = std::fill_n(dst, *dim8 - dim, 0.0f);
   }
-  std::fill(dst, copy.data() + copy.size(), 0.0f);
   return copy.data();
 }
 
 void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   const int len = blk.len;
-  const int total_rows = b.block_offset[b.num_blocks];
   int dk8 = 0, dv8 = 0;
-  const float* xk = gram_rows(b.keys, total_rows, b.d, blk, w.xk, &dk8);
-  const float* xv = gram_rows(b.values, total_rows, b.dv, blk, w.xv, &dv8);
+  const float* xk = gram_rows(b.keys, b.d, blk, w.xk, &dk8);
+  const float* xv = gram_rows(b.values, b.dv, blk, w.xv, &dv8);
   const int ld = (len + 3) / 4 * 4;
   // Row i of `kern` holds K_ij for j <= i; nothing else is written or read.
   if (w.kern.size() < static_cast<size_t>(len) * ld) w.kern.resize(static_cast<size_t>(len) * ld);
   w.tail_bad.assign(len, 0);
-  constexpr int kPanel = 64;  // a multiple of 4
-  const int ldg = ld + 4;     // the SIMD Gram writes up to 2 columns past the rounded length
+  // Gram rows are computed a panel at a time (memory stays panel x L for long blocks), each
+  // panel in chunks of columns that stay in the L1 cache while the panel's rows pass by.
+  constexpr int kPanel = 66;  // a multiple of the tile's 3 rows
+  constexpr int kChunk = 32;  // 16 KiB of 128-wide rows; a multiple of the tile's 4 columns
+  const int ldg = ld + 8;     // the SIMD Gram writes up to 5 columns past the last row
   w.gk.resize(static_cast<size_t>(kPanel) * ldg);
   w.gv.resize(static_cast<size_t>(kPanel) * ldg);
 #if defined(KVS_GRAM_AVX2)
@@ -477,13 +522,21 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   const float beta = static_cast<float>(b.beta);
   const float eps = static_cast<float>(b.value_eps);
   const float bias = static_cast<float>(b.value_bias);
+  // The next block's rows are prefetched in step with the Grams' tiles, a line or two per tile.
+  RowPrefetch prefetch(t_next_rows);
+  long tiles = 0;
+  for (int i0 = 0; i0 < len; i0 += 3) tiles += (i0 + 2) / 4 + 1;
+  const int per_tile = static_cast<int>((prefetch.total() + 2 * tiles - 1) / (2 * tiles));
   for (int p0 = 0; p0 < len; p0 += kPanel) {
     const int p1 = std::min(len, p0 + kPanel);
 #if defined(KVS_GRAM_AVX2)
     if (simd) {
-      const int iend = (p1 + 3) / 4 * 4;
-      gram_lower_f32_avx2(xk, p0, iend, dk8, ldg, w.gk.data());
-      gram_lower_f32_avx2(xv, p0, iend, dv8, ldg, w.gv.data());
+      for (int j0 = 0; j0 < p1; j0 += kChunk) {
+        gram_lower_f32_avx2(xk, len, p0, p1, j0, j0 + kChunk, dk8, ldg, w.gk.data(), prefetch,
+                            per_tile);
+        gram_lower_f32_avx2(xv, len, p0, p1, j0, j0 + kChunk, dv8, ldg, w.gv.data(), prefetch,
+                            per_tile);
+      }
     }
 #endif
     if (!simd) {
@@ -509,6 +562,7 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
       }
     }
   }
+  prefetch.upto(prefetch.total());
   w.sig.assign(ld, 0.0f);
   draw_uniforms(b, blk, w.u);
   const float gamma = static_cast<float>(b.gamma);
@@ -944,6 +998,45 @@ std::vector<float> trace_query_vector(const MethodInput& in, int* position_out) 
 
 namespace {
 
+// sum[c] = the sum over the rows `tokens` (in order) of row[c], in double, as the block mean
+// always summed them; the AVX2 version keeps 16 columns in registers per pass over the rows.
+#if defined(KVS_GRAM_AVX2)
+__attribute__((target("avx2,fma"))) void column_sums_avx2(const float* rows, const int* tokens,
+                                                          int count, int d, double* sum) {
+  int c0 = 0;
+  for (; c0 + 16 <= d; c0 += 16) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < count; ++i) {
+      const float* k = rows + static_cast<long>(tokens[i]) * d + c0;
+      a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm_loadu_ps(k)));
+      a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm_loadu_ps(k + 4)));
+      a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm_loadu_ps(k + 8)));
+      a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm_loadu_ps(k + 12)));
+    }
+    _mm256_storeu_pd(sum + c0, a0);
+    _mm256_storeu_pd(sum + c0 + 4, a1);
+    _mm256_storeu_pd(sum + c0 + 8, a2);
+    _mm256_storeu_pd(sum + c0 + 12, a3);
+  }
+  for (; c0 < d; ++c0) {
+    double a = 0;
+    for (int i = 0; i < count; ++i) a += rows[static_cast<long>(tokens[i]) * d + c0];
+    sum[c0] = a;
+  }
+}
+#endif
+
+void column_sums(const float* rows, const int* tokens, int count, int d, double* sum) {
+#if defined(KVS_GRAM_AVX2)
+  if (cpu_has_avx2_fma()) return column_sums_avx2(rows, tokens, count, d, sum);
+#endif
+  std::fill(sum, sum + d, 0.0);
+  for (int i = 0; i < count; ++i) {
+    const float* k = rows + static_cast<long>(tokens[i]) * d;
+    for (int c = 0; c < d; ++c) sum[c] += k[c];
+  }
+}
+
 // The walk's kernel for one block of prepared rows (centred keys, weighted values), full and
 // symmetric, in double; used only for traces.
 MatrixD block_kernel(const float* keys, const float* values, int len, int d, int dv,
@@ -1026,6 +1119,16 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     offset.assign(1, 0), head.clear(), bid.clear();
     real_rows.clear();
     int d = -1, dv = -1;
+    // On the CPU each block is walked as soon as it is prepared, while its rows are still in
+    // cache (the results do not depend on which blocks share a call); a GPU gets the whole round
+    // in one call. Without traces (which read the round's prepared rows afterwards) the CPU
+    // prepares every block into the same rows, which stay in cache.
+    const bool walk_each_block = !backend || !backend->is_gpu();
+    bool any_trace = false;
+    for (size_t j = 0; j < jobs.size(); ++j)
+      if (round < static_cast<int>(st[j].schedule.size()) && !jobs[j].trace_query.empty())
+        any_trace = true;
+    const bool reuse_block_rows = walk_each_block && !any_trace;
     // Every row of the round is written below (padding rows too), so the buffers are sized once
     // up front and only grow: no per-block zero fill.
     {
@@ -1036,8 +1139,14 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
         const long n = static_cast<long>(st[j].seq.size());
         const long rows = padded ? (n + block - 1) / block * block : n;
         total_rows += rows;
-        key_floats += static_cast<size_t>(rows) * jobs[j].keys->cols();
-        value_floats += static_cast<size_t>(rows) * jobs[j].values->cols();
+        const long held = reuse_block_rows ? std::min<long>(rows, block) : rows;
+        if (reuse_block_rows) {
+          key_floats = std::max(key_floats, static_cast<size_t>(held) * jobs[j].keys->cols());
+          value_floats = std::max(value_floats, static_cast<size_t>(held) * jobs[j].values->cols());
+        } else {
+          key_floats += static_cast<size_t>(held) * jobs[j].keys->cols();
+          value_floats += static_cast<size_t>(held) * jobs[j].values->cols();
+        }
       }
       if (keys.size() < key_floats) keys.resize(key_floats);
       if (values.size() < value_floats) values.resize(value_floats);
@@ -1056,10 +1165,6 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     batch.value_bias = prm.value_bias;
     batch.float32 = prm.float32;
     batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
-    // On the CPU each block is walked as soon as it is prepared, while its rows are still in
-    // cache (the results do not depend on which blocks share a call); a GPU gets the whole round
-    // in one call.
-    const bool walk_each_block = !backend || !backend->is_gpu();
     std::vector<double> mean;
     std::vector<float> mean_f;
     for (size_t j = 0; j < jobs.size(); ++j) {
@@ -1080,11 +1185,8 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
         const int b1 = std::min(n, b0 + block);
         const int real = b1 - b0;
         const int rows = padded ? block : real;
-        mean.assign(d, 0.0);
-        for (int i = b0; i < b1; ++i) {
-          const float* k = job.keys->data() + static_cast<long>(st[j].seq[i]) * d;
-          for (int c = 0; c < d; ++c) mean[c] += k[c];
-        }
+        mean.resize(d);
+        column_sums(job.keys->data(), st[j].seq.data() + b0, real, d, mean.data());
         for (double& m : mean) m /= rows;
         if (prm.float32) {
           // As torch: the float32 mean, subtracted in float32.
@@ -1108,7 +1210,10 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
           else
             for (int c = 0; c < d; ++c) kd[c] = static_cast<float>(k[c] - mean[c]);
           const double w = st[j].w[i];
-          for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
+          if (w == 1.0)  // every weight of round 1: v * 1 in double, back to float, is v
+            std::copy(v, v + dv, vd);
+          else
+            for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
         }
         if (walk_each_block) {
           const int row0 = offset.back();
@@ -1127,13 +1232,27 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
           one.sigma = sigma.data() + row0;
           one.p = p.data() + row0;
           one.partial = partial.data() + row0;
+          // The next block of this job (the first block of the next job is not prefetched).
+          NextRows next;
+          next.keys = job.keys->data();
+          next.values = job.values->data();
+          next.d = d;
+          next.dv = dv;
+          next.tokens = st[j].seq.data() + std::min(n, b0 + block);
+          next.count = std::min(n, b0 + 2 * block) - std::min(n, b0 + block);
+          struct Hint {  // cleared however the walk returns
+            explicit Hint(const NextRows* r) { t_next_rows = r; }
+            ~Hint() { t_next_rows = nullptr; }
+          } hint(&next);
           if (backend)
             backend->walk_blocks(one);
           else
             cpu_walk_blocks(one);
         }
-        kpos += static_cast<size_t>(rows) * d;
-        vpos += static_cast<size_t>(rows) * dv;
+        if (!reuse_block_rows) {
+          kpos += static_cast<size_t>(rows) * d;
+          vpos += static_cast<size_t>(rows) * dv;
+        }
         offset.push_back(offset.back() + rows);
         real_rows.push_back(real);
         head.push_back(static_cast<uint32_t>(job.kv_head));
@@ -1249,7 +1368,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
       next.reserve(h.kept.size() + added.size());
       for (size_t k = 0; k < h.kept.size(); ++k) next.push_back({h.kept[k], h.factor[k]});
       for (int pos : added) next.push_back({pos, 1.0});
-      std::sort(next.begin(), next.end());
+      if (!added.empty()) std::sort(next.begin(), next.end());  // h.kept is already ascending
       std::vector<int> seq;
       std::vector<double> w;
       seq.reserve(next.size());

@@ -456,3 +456,107 @@ TEST(BlockTrace, KernelNormQueryDiscrepancyAndPcaPath) {
     EXPECT_NEAR(std::abs(t.path.back()[a]), std::abs(sum.dot(dir)), 1e-8) << "component " << a;
   }
 }
+
+// ---- The float32 walk's bits. The CPU float32 walk must give exactly the signs it always gave
+// (the CUDA float walk is tested against it, and 1656 golden cases against the authors' code), so
+// speed changes (Gram tiling, Gram rows read in place, block rows reused, prefetching the next
+// block) are pinned here by hashes of selections and signs recorded before those changes, on
+// block lengths and widths that reach every edge of the tiles (rows not a multiple of 4, widths
+// not a multiple of 8, a block shorter than B, an overflowing kernel entry, several jobs in one
+// call, top-ups).
+namespace {
+
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void add(const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+};
+
+uint64_t hash_outcomes(const std::vector<WalkOutcome>& out) {
+  Fnv f;
+  for (const WalkOutcome& o : out) {
+    f.add(o.indices.data(), o.indices.size() * sizeof(int));
+    f.add(o.weights.data(), o.weights.size() * sizeof(double));
+    f.add(&o.saturated_steps, sizeof(long));
+  }
+  return f.h;
+}
+
+WalkJob walk_job(const MatrixF& keys, const MatrixF& values, int kv_head, int n, int target) {
+  WalkJob job;
+  job.keys = &keys;
+  job.values = &values;
+  job.kv_head = kv_head;
+  for (int t = 0; t < n; ++t) job.tokens.push_back(t);
+  job.target = target;
+  return job;
+}
+
+bool float32_walk_uses_avx2() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TEST(CpuWalkFloat32, SelectionsAndSignsHashAsBefore) {
+  if (!float32_walk_uses_avx2()) GTEST_SKIP() << "hashes are of the AVX2 float32 Gram's bits";
+  // Keys with a shared offset, as real keys have; one far-out key overflows exp in its block.
+  MatrixF keys = random_matrix(1000, 128, 41, 0.3f, 0.2f);
+  const MatrixF values = random_matrix(1000, 128, 42, 0.1f);
+  for (int c = 0; c < 128; ++c) keys(300, c) = 12.0f;
+  // Two heads in one call: 1000 tokens to 250 (two rounds, the last block short), 777 to 300
+  // (a ratio that is not a power of two: two rounds and a top-up).
+  const std::vector<WalkJob> jobs = {walk_job(keys, values, 0, 1000, 250),
+                                     walk_job(keys, values, 1, 777, 300)};
+  const uint64_t two_heads =
+      hash_outcomes(run_balance_walks(jobs, 3, 77, BalanceParams{}, nullptr));
+  EXPECT_EQ(two_heads, 17156138043989436690ull) << "two heads, d = 128";
+
+  // Widths not a multiple of 8 and blocks of 50 rows (not a multiple of 4).
+  const MatrixF k72 = random_matrix(333, 72, 43, 0.35f, -0.1f);
+  const MatrixF v40 = random_matrix(333, 40, 44, 0.15f);
+  BalanceParams b50;
+  b50.block = 50;
+  const uint64_t narrow =
+      hash_outcomes(run_balance_walks({walk_job(k72, v40, 2, 333, 83)}, 1, 5, b50, nullptr));
+  EXPECT_EQ(narrow, 10291668621779200529ull) << "d = 72, dv = 40, B = 50";
+
+  // The op alone: blocks of 37, 128 and 61 rows in one batch, signs and p.
+  OneBatch b = make_batch(keys, values, {37, 128, 61}, 9, 4.0);
+  b.batch.float32 = true;
+  b.batch.value_eps = kAuthorsValueEps;
+  cpu_walk_blocks(b.batch);
+  Fnv f;
+  f.add(b.sigma.data(), b.sigma.size());
+  f.add(b.p.data(), b.p.size() * sizeof(float));
+  EXPECT_EQ(f.h, 3504263066323618404ull) << "op, blocks 37 + 128 + 61";
+}
+
+TEST(CpuWalkFloat32, SameSelectionsWhateverIsWalkedAlongside) {
+  // Each head alone, both heads in one call, and with traces on (which keep the whole round's
+  // prepared rows instead of reusing one block's) give the same kept tokens and weights.
+  const MatrixF keys = random_matrix(700, 64, 51, 0.3f, 0.3f);
+  const MatrixF values = random_matrix(700, 64, 52, 0.1f);
+  const std::vector<WalkJob> jobs = {walk_job(keys, values, 0, 700, 175),
+                                     walk_job(keys, values, 1, 431, 150)};
+  const std::vector<WalkOutcome> both = run_balance_walks(jobs, 0, 3, BalanceParams{}, nullptr);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const std::vector<WalkOutcome> alone =
+        run_balance_walks({jobs[j]}, 0, 3, BalanceParams{}, nullptr);
+    EXPECT_EQ(alone[0].indices, both[j].indices) << "head " << j;
+    EXPECT_EQ(alone[0].weights, both[j].weights) << "head " << j;
+    WalkJob traced = jobs[j];
+    traced.trace_query.assign(64, 0.1f);
+    const std::vector<WalkOutcome> with_trace =
+        run_balance_walks({traced}, 0, 3, BalanceParams{}, nullptr);
+    EXPECT_EQ(with_trace[0].indices, both[j].indices) << "head " << j << " traced";
+    EXPECT_EQ(with_trace[0].weights, both[j].weights) << "head " << j << " traced";
+    EXPECT_FALSE(with_trace[0].trace_blocks.empty());
+  }
+}
