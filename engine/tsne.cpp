@@ -706,6 +706,54 @@ bool TsneRun::cancelled() const {
   return own_cancel_.load() || is_set(external_cancel_);
 }
 
+namespace {
+
+// One step of gradient descent with momentum and sklearn's gains, for every coordinate c: gains
+// grow by 0.2 where the gradient changed sign against the last update and shrink by 0.8 where it
+// agrees (at least min_gain), then u = momentum u - lr gain g and y += u. The AVX2 path does the
+// same float operations in the same order (bit for bit); GCC keeps the plain loop scalar (its
+// selects are control flow under -ftrapping-math), which cost 3% of a 32k-point run on the
+// caller's thread alone.
+#if defined(KVS_TSNE_AVX2)
+__attribute__((target("avx2,fma"))) long gradient_step_avx2(const float* g, float* u, float* gain,
+                                                            float* y, long size, float momentum,
+                                                            float lr, float min_gain) {
+  const __m256 vm = _mm256_set1_ps(momentum), vlr = _mm256_set1_ps(lr);
+  const __m256 vmin = _mm256_set1_ps(min_gain), up = _mm256_set1_ps(0.2f);
+  const __m256 down = _mm256_set1_ps(0.8f), zero = _mm256_setzero_ps();
+  long c = 0;
+  for (; c + 8 <= size; c += 8) {
+    const __m256 gc = _mm256_loadu_ps(g + c), uc = _mm256_loadu_ps(u + c);
+    const __m256 ga = _mm256_loadu_ps(gain + c);
+    const __m256 flipped = _mm256_cmp_ps(_mm256_mul_ps(uc, gc), zero, _CMP_LT_OQ);
+    __m256 gn = _mm256_blendv_ps(_mm256_mul_ps(ga, down), _mm256_add_ps(ga, up), flipped);
+    gn = _mm256_max_ps(vmin, gn);  // gn < min_gain ? min_gain : gn
+    const __m256 un =
+        _mm256_sub_ps(_mm256_mul_ps(vm, uc), _mm256_mul_ps(_mm256_mul_ps(vlr, gn), gc));
+    _mm256_storeu_ps(gain + c, gn);
+    _mm256_storeu_ps(u + c, un);
+    _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), un));
+  }
+  return c;
+}
+#endif
+
+void gradient_step(const float* g, float* u, float* gain, float* y, long size, float momentum,
+                   float lr, float min_gain) {
+  long c = 0;
+#if defined(KVS_TSNE_AVX2)
+  if (cpu_has_avx2_fma()) c = gradient_step_avx2(g, u, gain, y, size, momentum, lr, min_gain);
+#endif
+  for (; c < size; ++c) {
+    gain[c] = (u[c] * g[c] < 0) ? gain[c] + 0.2f : gain[c] * 0.8f;
+    gain[c] = std::max(gain[c], min_gain);
+    u[c] = momentum * u[c] - lr * gain[c] * g[c];
+    y[c] += u[c];
+  }
+}
+
+}  // namespace
+
 void TsneRun::iterate_once() {
   const bool early = iteration_ < params_.exaggeration_iterations;
   if (iteration_ == params_.exaggeration_iterations && iteration_ > 0) {
@@ -730,20 +778,15 @@ void TsneRun::iterate_once() {
   const float momentum = static_cast<float>(early ? params_.momentum_early : params_.momentum_late);
   const float lr = static_cast<float>(learning_rate_);
   const float min_gain = static_cast<float>(params_.min_gain);
-  float* g = grad_.data();
-  float* u = update_.data();
-  float* gain = gains_.data();
-  float* y = y_.data();
-  const Eigen::Index size = y_.size();
-  for (Eigen::Index c = 0; c < size; ++c) {
-    // Gains grow where the gradient changed sign against the last step, shrink where it agrees.
-    gain[c] = (u[c] * g[c] < 0) ? gain[c] + 0.2f : gain[c] * 0.8f;
-    gain[c] = std::max(gain[c], min_gain);
-    u[c] = momentum * u[c] - lr * gain[c] * g[c];
-    y[c] += u[c];
-  }
+  gradient_step(grad_.data(), update_.data(), gains_.data(), y_.data(), y_.size(), momentum, lr,
+                min_gain);
   const Eigen::RowVector2f centre = y_.colwise().mean();
-  y_.rowwise() -= centre;
+  const float cx = centre(0), cy = centre(1);
+  float* y = y_.data();
+  for (Eigen::Index c = 0; c < y_.size(); c += 2) {
+    y[c] -= cx;
+    y[c + 1] -= cy;
+  }
   ++iteration_;
 }
 
