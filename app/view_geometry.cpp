@@ -27,7 +27,6 @@
 #include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/kcenter.h"
-#include "engine/backend.h"
 #include "engine/projection_cache.h"
 
 namespace kvscope::app {
