@@ -21,4 +21,15 @@ cmake --build "$build" -j "$(nproc)"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:strict_string_checks=1:check_initialization_order=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 cd "$build"
-ctest --output-on-failure -j "$(nproc)" --timeout 1800 -LE gui_flaky "$@"
+if ! grep -q "KVSCOPE_BUILD_APP:BOOL=ON" CMakeCache.txt; then
+  exec ctest --output-on-failure -j "$(nproc)" --timeout 1800 -LE gui_flaky "$@"
+fi
+# With the app: the GUI tests (label gui) run without LeakSanitizer. Mesa's GL driver, which
+# libglvnd unloads at exit, leaks 128 bytes at start-up (a six-line GLFW program that opens a
+# window, clears it and exits reports the same "Direct leak of 128 byte(s)" under Xvfb), and an
+# unloaded module's frames cannot be matched by a suppression. Every other check stays on.
+rc=0
+ctest --output-on-failure -j "$(nproc)" --timeout 1800 -LE "gui_flaky|^gui$" "$@" || rc=$?
+ASAN_OPTIONS="${ASAN_OPTIONS}:detect_leaks=0" \
+  ctest --output-on-failure -j "$(nproc)" --timeout 1800 -L "^gui$" -LE gui_flaky "$@" || rc=$?
+exit $rc
