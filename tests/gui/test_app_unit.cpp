@@ -342,6 +342,36 @@ TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
   EXPECT_GT(s.result(kFocusA).seconds, 0.0);
 }
 
+// The Geometry view's t-SNE estimate: a map above the FFT threshold (10000 points) has its own
+// cost class with its own prior (0.5 us per point and iteration, a third of Barnes-Hut's), so a
+// measured Barnes-Hut map does not set it; both are held for a Run click above 3 s.
+TEST(Costs, LongTsneMapsHaveTheirOwnCostClass) {
+  [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
+  for (const auto& [tokens, per_unit] : {std::pair{8000, 1.5e-6}, std::pair{12000, 0.5e-6}}) {
+    AppState s;
+    s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"uniform", {}}};
+    s.request_open(synth_capture(tokens));
+    ASSERT_TRUE(pump(s, [&] { return s.capture != nullptr; })) << s.load_error;
+    AppUi ui(s);
+    ui.show_view("geometry");
+    s.settings.active_view = "geometry";
+    // The map waits for the focused layer to load; then its plan has an estimate.
+    for (int f = 0; f < 500 && s.result("geometry.projection").estimate_s < 0; ++f) {
+      ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const Result& map = s.result("geometry.projection");
+    EXPECT_NEAR(map.estimate_s, tokens * 1000 * per_unit, 1e-6 * tokens) << tokens << " tokens";
+    EXPECT_FALSE(map.want.empty());
+    EXPECT_EQ(map.held, map.want) << tokens << " tokens";  // waits for a Run click
+    s.cancel_job("geometry.projection");
+  }
+  ImGui::DestroyContext();
+}
+
 // Evaluations of a method not yet measured: other methods' evaluation cost per unit, but no more
 // than the method's own focused run. (Costing every baseline like BalanceKV held the sample's
 // five-method sweep for a Run click at 4.5 s; it runs in about 1 s.)
