@@ -111,6 +111,7 @@ class TsneRun {
   const std::atomic<bool>* external_cancel_;
   std::atomic<bool> own_cancel_{false};
   TsneAffinities affinities_;
+  std::vector<uint16_t> col16_;  // affinities_.col as 16-bit indices when n <= 65536
   MatrixF y_, update_, gains_, grad_;
   std::unique_ptr<TsneFftRepulsion> fft_;  // set when the FFT repulsion is used
   double theta_ = 0, learning_rate_ = 0, kl_;

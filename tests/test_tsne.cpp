@@ -541,8 +541,14 @@ TEST(Tsne, Avx2AttractionMatchesPortable) {
   in.theta = 0;
   in.exaggeration = 12;  // the attraction dominates the gradient
   in.want_kl = true;
-  MatrixF fast(y.rows(), 2), portable(y.rows(), 2);
+  MatrixF fast(y.rows(), 2), portable(y.rows(), 2), fast16(y.rows(), 2);
   const double kl_fast = cpu_tsne_gradient(in, fast.data());
+  // 16-bit columns (what TsneRun passes when n <= 65536): the same terms, bit for bit.
+  const std::vector<uint16_t> col16(p.col.begin(), p.col.end());
+  in.p_col16 = col16.data();
+  EXPECT_EQ(cpu_tsne_gradient(in, fast16.data()), kl_fast);
+  EXPECT_EQ(fast16, fast);
+  in.p_col16 = nullptr;
   const bool before = set_cpu_tsne_simd(false);
   const double kl_portable = cpu_tsne_gradient(in, portable.data());
   set_cpu_tsne_simd(before);
