@@ -35,6 +35,19 @@ std::vector<std::vector<std::pair<double, int>>> reference_knn(const MatrixF& x,
   return out;
 }
 
+// Entries of knn_exact's result (neighbours nb, distances d2, k per row) that differ from the
+// reference ranking, in index or in distance (exact distances: integer coordinates).
+int ranking_mismatches(const std::vector<int>& nb, const std::vector<float>& d2,
+                       const std::vector<std::vector<std::pair<double, int>>>& truth, int k) {
+  int wrong = 0;
+  for (size_t i = 0; i < truth.size(); ++i)
+    for (int r = 0; r < k; ++r) {
+      const size_t at = i * k + r;
+      wrong += nb[at] != truth[i][r].second || d2[at] != static_cast<float>(truth[i][r].first);
+    }
+  return wrong;
+}
+
 // Runs `fn` once with each tile kernel the CPU runs ("portable" through the SSE2 table, "avx2"
 // through the widest), then restores the table.
 template <class Fn>
@@ -142,13 +155,7 @@ TEST(Knn, IntegerPointsGiveTheExactRankingWithTiesToTheLowerIndex) {
     std::vector<int> nb;
     std::vector<float> d2;
     knn_exact(x, k, nb, d2);
-    int wrong = 0;
-    for (int i = 0; i < n; ++i)
-      for (int r = 0; r < k; ++r) {
-        const size_t at = static_cast<size_t>(i) * k + r;
-        wrong += nb[at] != truth[i][r].second || d2[at] != static_cast<float>(truth[i][r].first);
-      }
-    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(ranking_mismatches(nb, d2, truth, k), 0);
     // Row 0's copies are rows 700, 705, ..., 745: its ten first neighbours, lowest index first.
     for (int r = 0; r < 10; ++r) {
       EXPECT_EQ(nb[r], 700 + 5 * r);
@@ -177,13 +184,7 @@ TEST(Knn, SampledThresholdsKeepTheRankingExact) {
     std::vector<int> nb;
     std::vector<float> d2;
     knn_exact(x, k, nb, d2);
-    int wrong = 0;
-    for (int i = 0; i < n; ++i)
-      for (int r = 0; r < k; ++r) {
-        const size_t at = static_cast<size_t>(i) * k + r;
-        wrong += nb[at] != truth[i][r].second || d2[at] != static_cast<float>(truth[i][r].first);
-      }
-    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(ranking_mismatches(nb, d2, truth, k), 0);
     for (int t = 0; t < 14; ++t) EXPECT_EQ(d2[static_cast<size_t>(7) * k + t], 0.f);
     EXPECT_GT(d2[static_cast<size_t>(7) * k + 14], 0.f);
   });
