@@ -84,11 +84,11 @@ void BM_BalanceKVLayer32(benchmark::State& state) {
   run_heads(state, 32);
 }
 
-// The walk op alone on one round of one head (64 blocks of 128 rows, keys used as given), to
-// separate the op from block preparation and halving. Arg 1: float32 (default), 0: double.
-void BM_WalkOpOneRound(benchmark::State& state) {
-  const int n = 8192, d = 128, block = 128;
-  Head h = make_head(n, d, 5);
+// The walk op alone on the rows of one synthetic head (n rows, a multiple of 128, in blocks of 128,
+// keys used as given, head seeded with `seed`), float32 (the authors' walk) or double.
+void time_walk_op(benchmark::State& state, int n, bool float32, uint32_t seed) {
+  const int d = 128, block = 128;
+  Head h = make_head(n, d, seed);
   std::vector<int> offset;
   std::vector<uint32_t> head, id;
   for (int b = 0; b * block <= n; ++b) offset.push_back(std::min(n, b * block));
@@ -98,8 +98,8 @@ void BM_WalkOpOneRound(benchmark::State& state) {
   }
   std::vector<int8_t> sigma(n);
   WalkBatch batch;
-  batch.float32 = state.range(0) != 0;  // 1: the authors' float32 walk, 0: the double walk
-  batch.value_eps = batch.float32 ? kAuthorsValueEps : 0.0;
+  batch.float32 = float32;
+  batch.value_eps = float32 ? kAuthorsValueEps : 0.0;
   batch.d = d;
   batch.dv = d;
   batch.num_blocks = static_cast<int>(head.size());
@@ -118,34 +118,17 @@ void BM_WalkOpOneRound(benchmark::State& state) {
   state.SetLabel(backend.name());
 }
 
+// One round of one head (64 blocks of 128 rows), to separate the op from block preparation and
+// halving. Arg 1: float32 (default), 0: double.
+void BM_WalkOpOneRound(benchmark::State& state) {
+  time_walk_op(state, 8192, state.range(0) != 0, 5);
+}
+
 // The float32 op on one block of 128 rows again and again, its rows in cache: the compute floor
 // of a block (two Grams, kernel rows, signs) without memory traffic; a walk at n = 8192 and two
 // rounds walks 96 such blocks.
 void BM_WalkOpOneBlockInCache(benchmark::State& state) {
-  const int block = 128, d = 128;
-  Head h = make_head(block, d, 6);
-  const int offset[2] = {0, block};
-  const uint32_t head = 0, id = 0;
-  std::vector<int8_t> sigma(block);
-  WalkBatch batch;
-  batch.float32 = true;
-  batch.value_eps = kAuthorsValueEps;
-  batch.d = d;
-  batch.dv = d;
-  batch.num_blocks = 1;
-  batch.keys = h.keys.data();
-  batch.values = h.values.data();
-  batch.block_offset = offset;
-  batch.block_head = &head;
-  batch.block_id = &id;
-  batch.sigma = sigma.data();
-  Backend& backend = bench_backend();
-  for (auto _ : state) {
-    backend.walk_blocks(batch);
-    benchmark::DoNotOptimize(sigma.data());
-    ++batch.seed;
-  }
-  state.SetLabel(backend.name());
+  time_walk_op(state, 128, true, 6);
 }
 
 }  // namespace
