@@ -51,6 +51,19 @@ MatrixF gaussian_blobs(int n, int d, int blobs, uint64_t seed, std::vector<int>*
   return x;
 }
 
+// The gradient's input for embedding y (n x 2) and affinities p: exact repulsion (theta 0),
+// no exaggeration, KL wanted.
+TsneGradInput gradient_input(const MatrixF& y, const TsneAffinities& p) {
+  TsneGradInput in;
+  in.n = static_cast<int>(y.rows());
+  in.y = y.data();
+  in.p_rowptr = p.rowptr.data();
+  in.p_col = p.col.data();
+  in.p_val = p.val.data();
+  in.theta = 0;
+  return in;
+}
+
 // Share of points whose nearest embedded neighbour has their label.
 double nearest_neighbour_label_agreement(const MatrixF& y, const std::vector<int>& labels) {
   const int n = static_cast<int>(y.rows());
@@ -113,12 +126,7 @@ TEST(Tsne, BarnesHutGradientApproachesExact) {
   const TsneAffinities p = tsne_affinities(x, 30, 91);
 
   auto gradient = [&](double theta, double* kl) {
-    TsneGradInput in;
-    in.n = static_cast<int>(y.rows());
-    in.y = y.data();
-    in.p_rowptr = p.rowptr.data();
-    in.p_col = p.col.data();
-    in.p_val = p.val.data();
+    TsneGradInput in = gradient_input(y, p);
     in.theta = theta;
     MatrixF g(y.rows(), 2);
     *kl = cpu_tsne_gradient(in, g.data());
@@ -152,13 +160,7 @@ TEST(Tsne, FftGradientApproachesExact) {
   run.run_to_end();
   const MatrixF y = run.embedding();
   const TsneAffinities p = tsne_affinities(x, 30, 91);
-  TsneGradInput in;
-  in.n = static_cast<int>(y.rows());
-  in.y = y.data();
-  in.p_rowptr = p.rowptr.data();
-  in.p_col = p.col.data();
-  in.p_val = p.val.data();
-  in.theta = 0;
+  const TsneGradInput in = gradient_input(y, p);
   MatrixF exact(y.rows(), 2), fft(y.rows(), 2);
   const double kl_exact = cpu_tsne_gradient(in, exact.data());
   TsneFftRepulsion repulsion;
@@ -224,12 +226,7 @@ TEST(Tsne, ExactGradientIsTheDerivativeOfKl) {
   for (int i = 0; i < y.size(); ++i) y.data()[i] = static_cast<float>(2 * gaussian(rng));
 
   auto kl_and_grad = [&](const MatrixF& at, MatrixF* g) {
-    TsneGradInput in;
-    in.n = 60;
-    in.y = at.data();
-    in.p_rowptr = p.rowptr.data();
-    in.p_col = p.col.data();
-    in.p_val = p.val.data();
+    const TsneGradInput in = gradient_input(at, p);
     MatrixF scratch(60, 2);
     return cpu_tsne_gradient(in, g ? g->data() : scratch.data());
   };
@@ -532,13 +529,7 @@ TEST(Tsne, Avx2AttractionMatchesPortable) {
   std::mt19937 rng(3);
   std::normal_distribution<float> g(0.f, 5.f);
   for (Eigen::Index i = 0; i < y.size(); ++i) y.data()[i] = g(rng);
-  TsneGradInput in;
-  in.n = static_cast<int>(y.rows());
-  in.y = y.data();
-  in.p_rowptr = p.rowptr.data();
-  in.p_col = p.col.data();
-  in.p_val = p.val.data();
-  in.theta = 0;
+  TsneGradInput in = gradient_input(y, p);
   in.exaggeration = 12;  // the attraction dominates the gradient
   in.want_kl = true;
   MatrixF fast(y.rows(), 2), portable(y.rows(), 2), fast16(y.rows(), 2);
