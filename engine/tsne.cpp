@@ -393,38 +393,6 @@ __attribute__((target("avx2,fma"))) inline double lane_sum(__m256 v) {
   return s;
 }
 
-// attraction_portable with 8 neighbours per step in the lanes of one vector (the same float
-// terms; the sums associate differently, so results agree to float rounding, not bit for bit).
-template <class Index>
-__attribute__((target("avx2,fma"))) void attraction_avx2(const TsneGradInput& in, const Index* col,
-                                                         int i, double& fx, double& fy) {
-  const float* y = in.y;
-  const float* val = in.p_val;
-  const __m256 xi = _mm256_set1_ps(y[2 * i]), yi = _mm256_set1_ps(y[2 * i + 1]);
-  const __m256 one = _mm256_set1_ps(1.f);
-  __m256 ax = _mm256_setzero_ps(), ay = ax;
-  int k = in.p_rowptr[i];
-  const int end = in.p_rowptr[i + 1];
-  for (; k + 8 <= end; k += 8) {
-    __m256 xs, ys;
-    load_neighbours(y, col + k, xs, ys);
-    const __m256 dx = _mm256_sub_ps(xi, xs), dy = _mm256_sub_ps(yi, ys);
-    const __m256 den = _mm256_fmadd_ps(dy, dy, _mm256_fmadd_ps(dx, dx, one));
-    const __m256 pq = _mm256_div_ps(_mm256_loadu_ps(val + k), den);
-    ax = _mm256_fmadd_ps(pq, dx, ax);
-    ay = _mm256_fmadd_ps(pq, dy, ay);
-  }
-  fx = lane_sum(ax), fy = lane_sum(ay);
-  const float xs = y[2 * i], ysc = y[2 * i + 1];
-  for (; k < end; ++k) {
-    const int j = col[k];
-    const float dx = xs - y[2 * j], dy = ysc - y[2 * j + 1];
-    const float pq = val[k] / (1.f + dx * dx + dy * dy);
-    fx += pq * dx;
-    fy += pq * dy;
-  }
-}
-
 // vector_log for 8 floats (normal, positive inputs).
 __attribute__((target("avx2,fma"))) inline __m256 log_avx2(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
@@ -447,15 +415,18 @@ __attribute__((target("avx2,fma"))) inline __m256 log_avx2(__m256 x) {
                          _mm256_mul_ps(_mm256_add_ps(s, s), series));
 }
 
-// kl_row_portable with 8 neighbours per step.
-template <class Index>
-__attribute__((target("avx2,fma"))) void kl_row_avx2(const TsneGradInput& in, const Index* col,
-                                                     int i, double& kl, double& ps) {
+// attraction_portable, and with kKl kl_row_portable in the same pass over the row, with 8
+// neighbours per step in the lanes of one vector (the same float terms; the sums associate
+// differently, so results agree with the portable ones to float rounding, not bit for bit).
+template <bool kKl, class Index>
+__attribute__((target("avx2,fma"))) void row_terms_avx2(const TsneGradInput& in, const Index* col,
+                                                        int i, double& fx, double& fy, double* kl,
+                                                        double* ps) {
   const float* y = in.y;
   const float* val = in.p_val;
   const __m256 xi = _mm256_set1_ps(y[2 * i]), yi = _mm256_set1_ps(y[2 * i + 1]);
   const __m256 one = _mm256_set1_ps(1.f), tiny = _mm256_set1_ps(1e-30f);
-  __m256 akl = _mm256_setzero_ps(), aps = akl;
+  __m256 ax = _mm256_setzero_ps(), ay = ax, akl = ax, aps = ax;
   int k = in.p_rowptr[i];
   const int end = in.p_rowptr[i + 1];
   for (; k + 8 <= end; k += 8) {
@@ -463,41 +434,51 @@ __attribute__((target("avx2,fma"))) void kl_row_avx2(const TsneGradInput& in, co
     load_neighbours(y, col + k, xs, ys);
     const __m256 dx = _mm256_sub_ps(xi, xs), dy = _mm256_sub_ps(yi, ys);
     const __m256 p = _mm256_loadu_ps(val + k);
-    const __m256 keep = _mm256_cmp_ps(p, tiny, _CMP_GT_OQ);
-    const __m256 pd = _mm256_blendv_ps(
-        one, _mm256_mul_ps(p, _mm256_fmadd_ps(dy, dy, _mm256_fmadd_ps(dx, dx, one))), keep);
-    akl = _mm256_add_ps(akl, _mm256_and_ps(keep, _mm256_mul_ps(p, log_avx2(pd))));
-    aps = _mm256_add_ps(aps, p);
+    const __m256 den = _mm256_fmadd_ps(dy, dy, _mm256_fmadd_ps(dx, dx, one));
+    const __m256 pq = _mm256_div_ps(p, den);
+    ax = _mm256_fmadd_ps(pq, dx, ax);
+    ay = _mm256_fmadd_ps(pq, dy, ay);
+    if constexpr (kKl) {
+      // p log p -> 0 as p -> 0: below 1e-30 the term is dropped.
+      const __m256 keep = _mm256_cmp_ps(p, tiny, _CMP_GT_OQ);
+      const __m256 pd = _mm256_blendv_ps(one, _mm256_mul_ps(p, den), keep);
+      akl = _mm256_add_ps(akl, _mm256_and_ps(keep, _mm256_mul_ps(p, log_avx2(pd))));
+      aps = _mm256_add_ps(aps, p);
+    }
   }
-  kl = lane_sum(akl), ps = lane_sum(aps);
+  fx = lane_sum(ax), fy = lane_sum(ay);
+  if constexpr (kKl) *kl = lane_sum(akl), *ps = lane_sum(aps);
   const float xs = y[2 * i], ysc = y[2 * i + 1];
   for (; k < end; ++k) {
     const int j = col[k];
     const float p = val[k];
     const float dx = xs - y[2 * j], dy = ysc - y[2 * j + 1];
-    if (p > 1e-30f) kl += p * vector_log(p * (1.f + dx * dx + dy * dy));
-    ps += p;
+    const float den = 1.f + dx * dx + dy * dy;
+    const float pq = p / den;
+    fx += pq * dx;
+    fy += pq * dy;
+    if constexpr (kKl) {
+      if (p > 1e-30f) *kl += p * vector_log(p * den);
+      *ps += p;
+    }
   }
 }
 #endif
 
-// The fast path where the CPU has it (the portable build dispatches at run time).
-void attraction(const TsneGradInput& in, int i, double& fx, double& fy) {
+// Row i's attraction, and with kl/ps its part of the KL divergence and sum_j p_ij: the fast path
+// where the CPU has it (the portable build dispatches at run time).
+void row_terms(const TsneGradInput& in, int i, double& fx, double& fy, double* kl, double* ps) {
 #if defined(KVS_TSNE_AVX2)
-  if (cpu_has_avx2_fma())
-    return in.p_col16 ? attraction_avx2(in, in.p_col16, i, fx, fy)
-                      : attraction_avx2(in, in.p_col, i, fx, fy);
+  if (cpu_has_avx2_fma()) {
+    if (kl)
+      return in.p_col16 ? row_terms_avx2<true>(in, in.p_col16, i, fx, fy, kl, ps)
+                        : row_terms_avx2<true>(in, in.p_col, i, fx, fy, kl, ps);
+    return in.p_col16 ? row_terms_avx2<false>(in, in.p_col16, i, fx, fy, kl, ps)
+                      : row_terms_avx2<false>(in, in.p_col, i, fx, fy, kl, ps);
+  }
 #endif
   attraction_portable(in, i, fx, fy);
-}
-
-void kl_row(const TsneGradInput& in, int i, double& kl, double& ps) {
-#if defined(KVS_TSNE_AVX2)
-  if (cpu_has_avx2_fma())
-    return in.p_col16 ? kl_row_avx2(in, in.p_col16, i, kl, ps)
-                      : kl_row_avx2(in, in.p_col, i, kl, ps);
-#endif
-  kl_row_portable(in, i, kl, ps);
+  if (kl) kl_row_portable(in, i, *kl, *ps);
 }
 
 double finish_gradient(const TsneGradInput& in, const double* rep, const double* zi, float* grad) {
@@ -514,10 +495,9 @@ double finish_gradient(const TsneGradInput& in, const double* rep, const double*
   tsne_parallel_for(n, 512, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
       double fx, fy;
-      attraction(in, i, fx, fy);
+      row_terms(in, i, fx, fy, want_kl ? &kl_terms[i] : nullptr, want_kl ? &psum[i] : nullptr);
       grad[2 * i] = static_cast<float>(4.0 * (exaggeration * fx - rep[2 * i] / z));
       grad[2 * i + 1] = static_cast<float>(4.0 * (exaggeration * fy - rep[2 * i + 1] / z));
-      if (want_kl) kl_row(in, i, kl_terms[i], psum[i]);
     }
   });
   if (!want_kl) return std::numeric_limits<double>::quiet_NaN();
