@@ -361,10 +361,22 @@ std::atomic<bool> g_tsne_simd{true};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVS_TSNE_AVX2 1
-bool cpu_has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes && g_tsne_simd.load(std::memory_order_relaxed);
+#endif
+
+// Whether the AVX2 paths below run: when the SIMD table in use (engine/simd.h: the widest the
+// CPU runs, or KVSCOPE_SIMD) has AVX2 and FMA, as for the kNN kernel, and set_cpu_tsne_simd has
+// not turned them off. Asked once per gradient, not per row.
+bool use_tsne_avx2() {
+#if defined(KVS_TSNE_AVX2)
+  if (!g_tsne_simd.load(std::memory_order_relaxed)) return false;
+  const std::string name = simd::kernels().name;
+  return name == "avx2" || name == "avx512";
+#else
+  return false;
+#endif
 }
+
+#if defined(KVS_TSNE_AVX2)
 
 // The 8 neighbours' coordinates, y_j for j = col[0..7], as x and y lanes in neighbour order:
 // each (x, y) pair is one 64-bit load (a gather instruction measured slower on Zen 3), pairs 0, 1,
@@ -465,11 +477,12 @@ __attribute__((target("avx2,fma"))) void row_terms_avx2(const TsneGradInput& in,
 }
 #endif
 
-// Row i's attraction, and with kl/ps its part of the KL divergence and sum_j p_ij: the fast path
-// where the CPU has it (the portable build dispatches at run time).
-void row_terms(const TsneGradInput& in, int i, double& fx, double& fy, double* kl, double* ps) {
+// Row i's attraction, and with kl/ps its part of the KL divergence and sum_j p_ij: the AVX2 rows
+// when avx2 (use_tsne_avx2()), else the portable ones.
+void row_terms(const TsneGradInput& in, bool avx2, int i, double& fx, double& fy, double* kl,
+               double* ps) {
 #if defined(KVS_TSNE_AVX2)
-  if (cpu_has_avx2_fma()) {
+  if (avx2) {
     if (kl)
       return in.p_col16 ? row_terms_avx2<true>(in, in.p_col16, i, fx, fy, kl, ps)
                         : row_terms_avx2<true>(in, in.p_col, i, fx, fy, kl, ps);
@@ -492,10 +505,12 @@ double finish_gradient(const TsneGradInput& in, const double* rep, const double*
   const bool want_kl = in.want_kl;
   std::vector<double> kl_terms(want_kl ? n : 0), psum(want_kl ? n : 0);
   const double exaggeration = in.exaggeration;
+  const bool avx2 = use_tsne_avx2();
   tsne_parallel_for(n, 512, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
       double fx, fy;
-      row_terms(in, i, fx, fy, want_kl ? &kl_terms[i] : nullptr, want_kl ? &psum[i] : nullptr);
+      row_terms(in, avx2, i, fx, fy, want_kl ? &kl_terms[i] : nullptr,
+                want_kl ? &psum[i] : nullptr);
       grad[2 * i] = static_cast<float>(4.0 * (exaggeration * fx - rep[2 * i] / z));
       grad[2 * i + 1] = static_cast<float>(4.0 * (exaggeration * fy - rep[2 * i + 1] / z));
     }
@@ -730,7 +745,7 @@ void gradient_step(const float* g, float* u, float* gain, float* y, long size, f
                    float lr, float min_gain) {
   long c = 0;
 #if defined(KVS_TSNE_AVX2)
-  if (cpu_has_avx2_fma()) c = gradient_step_avx2(g, u, gain, y, size, momentum, lr, min_gain);
+  if (use_tsne_avx2()) c = gradient_step_avx2(g, u, gain, y, size, momentum, lr, min_gain);
 #endif
   for (; c < size; ++c) {
     gain[c] = (u[c] * g[c] < 0) ? gain[c] + 0.2f : gain[c] * 0.8f;
