@@ -19,6 +19,7 @@
 #include "engine/error.h"
 #include "engine/protocol.h"
 #include "engine/random.h"
+#include "engine/simd.h"
 
 namespace kvscope {
 
@@ -239,6 +240,12 @@ class RowPrefetch {
   long total() const { return total_; }
   // Issues the next `lines` prefetches (fewer at the end).
   void issue(long lines) { upto(issued_ + lines); }
+  // The Gram kernel's per-tile hook (engine/simd.h walk_gram_f32): the next per_tile lines.
+  void set_per_tile(int lines) { per_tile_ = lines; }
+  static void after_tile(void* self) {
+    auto* p = static_cast<RowPrefetch*>(self);
+    p->issue(p->per_tile_);
+  }
   // Issues prefetches until `target` of total() lines have been requested.
   void upto(long target) {
     for (target = std::min(target, total_); issued_ < target; ++issued_) {
@@ -254,7 +261,7 @@ class RowPrefetch {
 
  private:
   const NextRows* r_;
-  int key_lines_ = 0, value_lines_ = 0, row_ = 0, line_ = 0;
+  int key_lines_ = 0, value_lines_ = 0, row_ = 0, line_ = 0, per_tile_ = 0;
   long total_ = 0, issued_ = 0;
 };
 
@@ -269,72 +276,58 @@ class RowPrefetch {
 // float dot product of row i's lower part with the signs so far.
 
 #if defined(KVS_GRAM_AVX2)
-#define PIN(v) asm("" : "+x"(v))
-// Four 8-lane sums -> [sum a, sum b, sum c, sum d].
-__attribute__((target("avx2,fma"))) inline __m128 reduce4f(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 t0 = _mm256_hadd_ps(a, b), t1 = _mm256_hadd_ps(c, d);
-  const __m256 t2 = _mm256_hadd_ps(t0, t1);
-  return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
+// The block's Gram matrices come from the SIMD table's walk_gram_f32 (engine/simd.h): those of
+// CUDA's gram_tile (kernels/walk.cu) bit for bit, each entry summed by one fused multiply-add per
+// feature in order. (torch's sgemm sums in its own order; the golden cases do not depend on
+// which.) That order is also the fast one on a CPU: the kernel is an outer product, 8 or 16
+// entries per vector, so no entry needs a horizontal sum, and AVX-512 only widens it.
+
+// The 8 x 8 transpose of rows a[0..7] (8 floats each): out[k] = column k.
+__attribute__((target("avx2,fma"))) inline void transpose8(const __m256* a, __m256* out) {
+  const __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]),
+               t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]),
+               t4 = _mm256_unpacklo_ps(a[4], a[5]), t5 = _mm256_unpackhi_ps(a[4], a[5]),
+               t6 = _mm256_unpacklo_ps(a[6], a[7]), t7 = _mm256_unpackhi_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  out[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  out[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  out[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  out[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  out[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  out[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  out[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  out[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-// G[i][j] = <x_i, x_j> (float accumulation) for i in [ibegin, iend) and j in [jbegin, jend) up
-// to i rounded up to the 4-row tile (jbegin a multiple of 4); x row-major, `rows` rows dim8 wide
-// (dim8 a multiple of 8). Row i goes to g + (i - ibegin) * ldg. Tiles of 3 rows i by 4 rows j: 12
-// accumulators (latency-bound chains of 8 were the limit with 2 x 4 tiles), 7 loads per 12
-// multiply-adds, each loaded row kept in a register for all its uses (PIN: GCC would otherwise
-// fold the loads into every FMA), and each row's 4 sums reduced together and stored as one vector.
-// Every entry is still its 8 lane sums over c in order, reduced by reduce4f, so the result is
-// bit-identical to any other tiling. Tiles reaching past the last row read the last row again
-// instead (those entries lie above the diagonal or beyond `rows`, and nothing reads them), so the
-// rows are read in place: no padded copy. Writes rows up to iend + 2 and columns up to i + 5.
-// Issues `prefetch_per_tile` lines of `prefetch` after each tile.
-__attribute__((target("avx2,fma"))) void gram_lower_f32_avx2(const float* x, int rows, int ibegin,
-                                                             int iend, int jbegin, int jend,
-                                                             int dim8, int ldg, float* g,
-                                                             RowPrefetch& prefetch,
-                                                             int prefetch_per_tile) {
-  const int last = rows - 1;
-  auto row = [&](int r) { return x + static_cast<long>(std::min(r, last)) * dim8; };
-  for (int i0 = ibegin; i0 < iend; i0 += 3) {
-    const int jstop = std::min(jend, (i0 + 2) / 4 * 4 + 4);
-    const float *xi0 = row(i0), *xi1 = row(i0 + 1), *xi2 = row(i0 + 2);
-    float* g0 = g + static_cast<long>(i0 - ibegin) * ldg;
-    for (int j0 = jbegin; j0 < jstop; j0 += 4) {
-      const float *xj0 = row(j0), *xj1 = row(j0 + 1), *xj2 = row(j0 + 2), *xj3 = row(j0 + 3);
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-             a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-      for (int c = 0; c < dim8; c += 8) {
-        __m256 u0 = _mm256_loadu_ps(xi0 + c), u1 = _mm256_loadu_ps(xi1 + c),
-               u2 = _mm256_loadu_ps(xi2 + c);
-        PIN(u0);
-        PIN(u1);
-        PIN(u2);
-        __m256 y = _mm256_loadu_ps(xj0 + c);
-        PIN(y);
-        a00 = _mm256_fmadd_ps(u0, y, a00);
-        a10 = _mm256_fmadd_ps(u1, y, a10);
-        a20 = _mm256_fmadd_ps(u2, y, a20);
-        y = _mm256_loadu_ps(xj1 + c);
-        PIN(y);
-        a01 = _mm256_fmadd_ps(u0, y, a01);
-        a11 = _mm256_fmadd_ps(u1, y, a11);
-        a21 = _mm256_fmadd_ps(u2, y, a21);
-        y = _mm256_loadu_ps(xj2 + c);
-        PIN(y);
-        a02 = _mm256_fmadd_ps(u0, y, a02);
-        a12 = _mm256_fmadd_ps(u1, y, a12);
-        a22 = _mm256_fmadd_ps(u2, y, a22);
-        y = _mm256_loadu_ps(xj3 + c);
-        PIN(y);
-        a03 = _mm256_fmadd_ps(u0, y, a03);
-        a13 = _mm256_fmadd_ps(u1, y, a13);
-        a23 = _mm256_fmadd_ps(u2, y, a23);
+// Packs `len` rows of x (row-major, `dim` wide) as walk_gram_f32 reads them (engine/simd.h):
+// panel t holds rows 16t .. 16t + 15 feature by feature, x[16t + r][c] at
+// out[(t * dim + c) * 16 + r]; rows past the last repeat it (the entries they give lie beyond the
+// block and are never read). Both 8-row halves of a panel are transposed together, so each
+// feature's 64 bytes are written whole.
+__attribute__((target("avx2,fma"))) void pack_panels16_avx2(const float* x, int len, int dim,
+                                                            float* out) {
+  const int last = len - 1;
+  for (int r0 = 0; r0 < len; r0 += 16, out += static_cast<long>(dim) * 16) {
+    const float* row[16];
+    for (int r = 0; r < 16; ++r) row[r] = x + static_cast<long>(std::min(r0 + r, last)) * dim;
+    int c = 0;
+    for (; c + 8 <= dim; c += 8) {
+      __m256 a[8], lo[8], hi[8];
+      for (int r = 0; r < 8; ++r) a[r] = _mm256_loadu_ps(row[r] + c);
+      transpose8(a, lo);
+      for (int r = 0; r < 8; ++r) a[r] = _mm256_loadu_ps(row[8 + r] + c);
+      transpose8(a, hi);
+      float* o = out + c * 16;
+      for (int k = 0; k < 8; ++k) {
+        _mm256_storeu_ps(o + k * 16, lo[k]);
+        _mm256_storeu_ps(o + k * 16 + 8, hi[k]);
       }
-      _mm_storeu_ps(g0 + j0, reduce4f(a00, a01, a02, a03));
-      _mm_storeu_ps(g0 + ldg + j0, reduce4f(a10, a11, a12, a13));
-      _mm_storeu_ps(g0 + 2 * ldg + j0, reduce4f(a20, a21, a22, a23));
-      prefetch.issue(prefetch_per_tile);
     }
+    for (; c < dim; ++c)
+      for (int r = 0; r < 16; ++r) out[c * 16 + r] = row[r][c];
   }
 }
 
@@ -370,10 +363,10 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_f32_avx2(__m256 x) {
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-// K_ij for j < len (len rounded down to 8) of one row, flagging tail_bad[j] for non-finite
-// entries; returns how many entries it did (the caller finishes the rest).
+// K_ij of one row for j < `valid` rounded up to 8 (the Gram rows hold real products there),
+// flagging tail_bad[j] for non-finite entries with j < valid; returns how many entries it did.
 __attribute__((target("avx2,fma"))) int kernel_row_f32_avx2(const float* gk, const float* gv,
-                                                            int len, float temp, float sqrt_d,
+                                                            int valid, float temp, float sqrt_d,
                                                             float beta, float eps, float bias,
                                                             float* out, char* tail_bad) {
   const __m256 vt = _mm256_set1_ps(temp), vs = _mm256_set1_ps(sqrt_d), vb = _mm256_set1_ps(beta);
@@ -382,7 +375,7 @@ __attribute__((target("avx2,fma"))) int kernel_row_f32_avx2(const float* gk, con
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 any_bad = _mm256_setzero_ps();
   int j = 0;
-  for (; j + 8 <= len; j += 8) {
+  for (; j < valid; j += 8) {
     const __m256 arg =
         _mm256_sub_ps(_mm256_div_ps(_mm256_mul_ps(vt, _mm256_loadu_ps(gk + j)), vs), vb);
     const __m256 vterm = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(gv + j), ve), vbias);
@@ -393,9 +386,9 @@ __attribute__((target("avx2,fma"))) int kernel_row_f32_avx2(const float* gk, con
   }
   // Rare (an overflowing kernel entry): find which entries.
   if (_mm256_movemask_ps(any_bad))
-    for (int l = 0; l < j; ++l)
+    for (int l = 0; l < valid; ++l)
       if (!std::isfinite(out[l])) tail_bad[l] = 1;
-  return j;
+  return valid;
 }
 
 // sum_{j<i} k[j] * s[j] in float, 8 lanes.
@@ -418,16 +411,15 @@ __attribute__((target("avx2,fma"))) float dot_f32_avx2(const float* k, const flo
 }
 #endif
 
-void gram_lower_f32_portable(const float* x, int ibegin, int iend, int dim8, int ldg, float* g) {
+// The Gram rows of the kernel's order (one sum per entry, c = 0, 1, ... in order) with separate
+// multiplies and adds: a rounding apart from the fused path, for CPUs without AVX2 and FMA.
+void gram_lower_f32_portable(const float* x, int dim, int ibegin, int iend, int ldg, float* g) {
   for (int i = ibegin; i < iend; ++i) {
-    const float* xi = x + static_cast<long>(i) * dim8;
+    const float* xi = x + static_cast<long>(i) * dim;
     for (int j = 0; j <= i; ++j) {
-      const float* xj = x + static_cast<long>(j) * dim8;
-      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int c = 0; c < dim8; c += 8)
-        for (int l = 0; l < 8; ++l) lanes[l] += xi[c + l] * xj[c + l];
+      const float* xj = x + static_cast<long>(j) * dim;
       float acc = 0;
-      for (float v : lanes) acc += v;
+      for (int c = 0; c < dim; ++c) acc += xi[c] * xj[c];
       g[static_cast<long>(i - ibegin) * ldg + j] = acc;
     }
   }
@@ -471,49 +463,29 @@ int8_t walk_step(const WalkBatch& b, const BlockRef& blk, int i, double u, T p, 
 
 // ---- The float32 walk's block.
 struct F32Block {
-  std::vector<float> xk, xv, gk, gv, kern, sig;
+  std::vector<float> pk, pv, gk, gv, kern, sig;
   std::vector<char> tail_bad;
   std::vector<double> u;
 };
 
-// The block's `dim`-wide rows for the Gram kernels, which read 8-wide slices: in place when the
-// row width is a multiple of 8, else copied into a zero-padded buffer. Sets *dim8 to the row
-// stride.
-const float* gram_rows(const float* batch_rows, int dim, const BlockRef& blk,
-                       std::vector<float>& copy, int* dim8) {
-  const float* src = batch_rows + static_cast<long>(blk.r0) * dim;
-  if (dim % 8 == 0) {
-    *dim8 = dim;
-    return src;
-  }
-  *dim8 = (dim + 7) / 8 * 8;
-  copy.resize(static_cast<size_t>(blk.len) * *dim8);
-  float* dst = copy.data();
-  for (int i = 0; i < blk.len; ++i, src += dim) {
-    dst = std::copy(src, src + dim, dst);
-    dst = std::fill_n(dst, *dim8 - dim, 0.0f);
-  }
-  return copy.data();
-}
-
 void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   const int len = blk.len;
-  int dk8 = 0, dv8 = 0;
-  const float* xk = gram_rows(b.keys, b.d, blk, w.xk, &dk8);
-  const float* xv = gram_rows(b.values, b.dv, blk, w.xv, &dv8);
-  const int ld = (len + 3) / 4 * 4;
-  // Row i of `kern` holds K_ij for j <= i; nothing else is written or read.
+  const float* xk = b.keys + static_cast<long>(blk.r0) * b.d;
+  const float* xv = b.values + static_cast<long>(blk.r0) * b.dv;
+  const int ld = (len + 15) / 16 * 16;  // walk_gram_f32 writes columns up to len rounded to 16
+  // Row i of `kern` holds K_ij for j <= i (and, on the SIMD path, up to i rounded up to 8, never
+  // read).
   if (w.kern.size() < static_cast<size_t>(len) * ld) w.kern.resize(static_cast<size_t>(len) * ld);
   w.tail_bad.assign(len, 0);
-  // Gram rows are computed a panel at a time (memory stays panel x L for long blocks), each
-  // panel in chunks of columns that stay in the L1 cache while the panel's rows pass by.
-  constexpr int kPanel = 66;  // a multiple of the tile's 3 rows
-  constexpr int kChunk = 32;  // 16 KiB of 128-wide rows; a multiple of the tile's 4 columns
-  const int ldg = ld + 8;     // the SIMD Gram writes up to 5 columns past the last row
-  w.gk.resize(static_cast<size_t>(kPanel) * ldg);
-  w.gv.resize(static_cast<size_t>(kPanel) * ldg);
+  // Gram rows are computed a panel at a time, so memory stays panel x L for long blocks.
+  constexpr int kPanel = 132;  // a multiple of the tile's 6 rows; one panel for B = 128
+  w.gk.resize(static_cast<size_t>(kPanel + 6) * ld);
+  w.gv.resize(static_cast<size_t>(kPanel + 6) * ld);
+  // The fused Gram of the SIMD table in use (KVSCOPE_SIMD=sse2 or set_cpu_walk_simd(false):
+  // the portable one, a rounding apart).
+  const auto gram = simd::kernels().walk_gram_f32;
 #if defined(KVS_GRAM_AVX2)
-  const bool simd = g_walk_simd.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
+  const bool simd = g_walk_simd.load(std::memory_order_relaxed) && gram && cpu_has_avx2_fma();
 #else
   const bool simd = false;
 #endif
@@ -524,28 +496,33 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   const float bias = static_cast<float>(b.value_bias);
   // The next block's rows are prefetched in step with the Grams' tiles, a line or two per tile.
   RowPrefetch prefetch(t_next_rows);
-  long tiles = 0;
-  for (int i0 = 0; i0 < len; i0 += 3) tiles += (i0 + 2) / 4 + 1;
-  const int per_tile = static_cast<int>((prefetch.total() + 2 * tiles - 1) / (2 * tiles));
+  long tiles = 0;  // of 6 rows by 16 columns, as the AVX2 kernel's
+  for (int i0 = 0; i0 < len; i0 += 6) tiles += (std::min(i0 + 6, len) + 15) / 16;
+  prefetch.set_per_tile(static_cast<int>((prefetch.total() + 2 * tiles - 1) / (2 * tiles)));
+#if defined(KVS_GRAM_AVX2)
+  if (simd) {
+    const size_t packed = static_cast<size_t>((len + 15) / 16) * 16;
+    w.pk.resize(packed * b.d);
+    w.pv.resize(packed * b.dv);
+    pack_panels16_avx2(xk, len, b.d, w.pk.data());
+    pack_panels16_avx2(xv, len, b.dv, w.pv.data());
+  }
+#endif
   for (int p0 = 0; p0 < len; p0 += kPanel) {
     const int p1 = std::min(len, p0 + kPanel);
 #if defined(KVS_GRAM_AVX2)
     if (simd) {
-      for (int j0 = 0; j0 < p1; j0 += kChunk) {
-        gram_lower_f32_avx2(xk, len, p0, p1, j0, j0 + kChunk, dk8, ldg, w.gk.data(), prefetch,
-                            per_tile);
-        gram_lower_f32_avx2(xv, len, p0, p1, j0, j0 + kChunk, dv8, ldg, w.gv.data(), prefetch,
-                            per_tile);
-      }
+      gram(xk, w.pk.data(), len, b.d, p0, p1, ld, w.gk.data(), RowPrefetch::after_tile, &prefetch);
+      gram(xv, w.pv.data(), len, b.dv, p0, p1, ld, w.gv.data(), RowPrefetch::after_tile, &prefetch);
     }
 #endif
     if (!simd) {
-      gram_lower_f32_portable(xk, p0, p1, dk8, ldg, w.gk.data());
-      gram_lower_f32_portable(xv, p0, p1, dv8, ldg, w.gv.data());
+      gram_lower_f32_portable(xk, b.d, p0, p1, ld, w.gk.data());
+      gram_lower_f32_portable(xv, b.dv, p0, p1, ld, w.gv.data());
     }
     for (int i = p0; i < p1; ++i) {
-      const float* gki = w.gk.data() + static_cast<size_t>(i - p0) * ldg;
-      const float* gvi = w.gv.data() + static_cast<size_t>(i - p0) * ldg;
+      const float* gki = w.gk.data() + static_cast<size_t>(i - p0) * ld;
+      const float* gvi = w.gv.data() + static_cast<size_t>(i - p0) * ld;
       float* ki = w.kern.data() + static_cast<size_t>(i) * ld;
       int j0 = 0;
 #if defined(KVS_GRAM_AVX2)
@@ -609,6 +586,25 @@ void walk_block_f64(const WalkBatch& b, const BlockRef& blk, F64Block& w) {
 
 bool set_cpu_walk_simd(bool enabled) {
   return g_walk_simd.exchange(enabled);
+}
+
+void cpu_walk_gram_f32(const float* x, int rows, int dim, float* g, int ldg) {
+  if (rows <= 0) return;
+  if (dim <= 0 || ldg < rows) throw std::invalid_argument("cpu_walk_gram_f32: bad dim or ldg");
+#if defined(KVS_GRAM_AVX2)
+  const auto gram = simd::kernels().walk_gram_f32;
+  if (g_walk_simd.load(std::memory_order_relaxed) && gram && cpu_has_avx2_fma()) {
+    const int ld = (rows + 15) / 16 * 16;
+    std::vector<float> packed(static_cast<size_t>(ld) * dim);
+    std::vector<float> full(static_cast<size_t>(rows + 6) * ld);
+    pack_panels16_avx2(x, rows, dim, packed.data());
+    gram(x, packed.data(), rows, dim, 0, rows, ld, full.data(), nullptr, nullptr);
+    for (int i = 0; i < rows; ++i)
+      std::copy_n(full.data() + static_cast<size_t>(i) * ld, i + 1, g + static_cast<long>(i) * ldg);
+    return;
+  }
+#endif
+  gram_lower_f32_portable(x, dim, 0, rows, ldg, g);
 }
 
 void cpu_walk_blocks(const WalkBatch& b) {

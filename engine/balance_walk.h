@@ -62,6 +62,12 @@ BalanceParams kvscope_v1_params(BalanceParams p);
 // the previous setting.
 bool set_cpu_walk_simd(bool enabled);
 
+// The float32 walk's block Gram as the CPU walk op computes it: g[i * ldg + j] = <x_i, x_j> for
+// j <= i < rows (x row-major, `dim` wide; ldg >= rows), summed in float in feature order, with
+// fused multiply-adds where the SIMD table in use has walk_gram_f32 (engine/simd.h: AVX2 and
+// AVX-512, the order of the CUDA kernel), separate multiplies and adds otherwise. For tests.
+void cpu_walk_gram_f32(const float* x, int rows, int dim, float* g, int ldg);
+
 // ---- Halving of one round (DESIGN.md 4). Given the round's signs in walk order and how many
 // elements to keep, returns the survivors (positions in walk order, ascending) and their weight
 // factors. Both rules keep `keep` elements.

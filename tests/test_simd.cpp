@@ -9,10 +9,16 @@
 #include <vector>
 
 #include "engine/attention.h"
+#include "engine/balance_walk.h"
 #include "engine/protocol.h"
 #include "engine/simd.h"
 
 namespace kvscope {
+#if defined(KVSCOPE_TEST_WIDE_ON_AVX2)
+namespace simd::detail {
+extern const Kernels avx512_width_on_avx2_table;  // tests/simd_wide_on_avx2.cpp
+}
+#endif
 namespace {
 
 std::vector<double> random_vector(size_t n, std::mt19937& rng, double scale = 1) {
@@ -153,6 +159,119 @@ TEST(Simd, ScoringMatchesScalarOnEveryTable) {
   const std::vector<double> want = errors("scalar");
   for (const std::string& name : simd::available()) expect_close(want, errors(name), name);
   simd::use(simd::available().back());
+}
+
+}  // namespace
+}  // namespace kvscope
+
+namespace kvscope {
+namespace {
+
+// ---- The float32 walk's block Gram (Kernels::walk_gram_f32). Every FMA table, the AVX-512 code at
+// its width (built for AVX2 here), and cpu_walk_gram_f32 give each lower-triangle entry exactly
+// the float sum of fused multiply-adds in feature order, the CUDA walk's order.
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float offset) {
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng) + offset;
+  return v;
+}
+
+float fused_dot(const float* a, const float* b, int dim) {
+  float acc = 0.0f;
+  for (int c = 0; c < dim; ++c) acc = std::fmaf(a[c], b[c], acc);
+  return acc;
+}
+
+// The packed layout engine/simd.h documents, written plainly.
+std::vector<float> pack_rows(const std::vector<float>& x, int rows, int dim) {
+  const int ld = (rows + 15) / 16 * 16;
+  std::vector<float> p(static_cast<size_t>(ld) * dim);
+  for (int t = 0; t < ld / 16; ++t)
+    for (int c = 0; c < dim; ++c)
+      for (int r = 0; r < 16; ++r)
+        p[(static_cast<size_t>(t) * dim + c) * 16 + r] =
+            x[static_cast<size_t>(std::min(16 * t + r, rows - 1)) * dim + c];
+  return p;
+}
+
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+TEST(Simd, WalkGramIsTheFusedFeatureOrderSumOnEveryFmaTable) {
+  std::vector<std::pair<std::string, const simd::Kernels*>> tables;
+  for (const std::string& name : simd::available())
+    if (simd::table(name).walk_gram_f32) tables.emplace_back(name, &simd::table(name));
+#if defined(KVSCOPE_TEST_WIDE_ON_AVX2)
+  if (cpu_has_avx2_fma())
+    tables.emplace_back("avx512 at its width", &simd::detail::avx512_width_on_avx2_table);
+#endif
+  if (tables.empty()) GTEST_SKIP() << "no table with fused multiply-adds on this CPU";
+  std::mt19937 rng(17);
+  int checked = 0;
+  for (const int rows : {1, 5, 16, 37, 128, 133})
+    for (const int dim : {1, 7, 64, 72, 128}) {
+      const std::vector<float> x = random_floats(static_cast<size_t>(rows) * dim, rng, 0.3f);
+      const std::vector<float> packed = pack_rows(x, rows, dim);
+      const int ld = (rows + 15) / 16 * 16;
+      for (const auto& [name, t] : tables)
+        // The whole block at once, and in row panels that start mid-tile (as long blocks are).
+        for (const int panel : {rows, 66, 12}) {
+          std::vector<float> g(static_cast<size_t>(panel + 6) * ld, -1.0f);
+          for (int p0 = 0; p0 < rows; p0 += panel) {
+            const int p1 = std::min(rows, p0 + panel);
+            t->walk_gram_f32(x.data(), packed.data(), rows, dim, p0, p1, ld, g.data(), nullptr,
+                             nullptr);
+            for (int i = p0; i < p1; ++i)
+              for (int j = 0; j <= i; ++j) {
+                const float want = fused_dot(&x[static_cast<size_t>(i) * dim],
+                                             &x[static_cast<size_t>(j) * dim], dim);
+                const float got = g[static_cast<size_t>(i - p0) * ld + j];
+                ASSERT_EQ(want, got) << name << ": rows " << rows << " dim " << dim << " panel "
+                                     << panel << " entry (" << i << ", " << j << ")";
+                ++checked;
+              }
+          }
+        }
+    }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(Simd, WalkGramOfTheCpuWalkIsTheFusedSumWhereTheTableHasIt) {
+  std::mt19937 rng(5);
+  const int rows = 45, dim = 40, ldg = 47;
+  const std::vector<float> x = random_floats(static_cast<size_t>(rows) * dim, rng, -0.2f);
+  std::vector<float> g(static_cast<size_t>(rows) * ldg, 0.0f);
+  cpu_walk_gram_f32(x.data(), rows, dim, g.data(), ldg);
+  const bool fused = simd::kernels().walk_gram_f32 && cpu_has_avx2_fma();
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j <= i; ++j) {
+      const float* a = &x[static_cast<size_t>(i) * dim];
+      const float* b = &x[static_cast<size_t>(j) * dim];
+      float plain = 0.0f;
+      for (int c = 0; c < dim; ++c) plain += a[c] * b[c];
+      const float got = g[static_cast<size_t>(i) * ldg + j];
+      if (fused)
+        ASSERT_EQ(fused_dot(a, b, dim), got) << "entry (" << i << ", " << j << ")";
+      else
+        ASSERT_NEAR(plain, got, 1e-5f * (1 + std::abs(plain)))
+            << "entry (" << i << ", " << j << ")";
+    }
+  // The portable path: separate multiplies and adds, a rounding or so apart.
+  const bool before = set_cpu_walk_simd(false);
+  std::vector<float> gp(g.size(), 0.0f);
+  cpu_walk_gram_f32(x.data(), rows, dim, gp.data(), ldg);
+  set_cpu_walk_simd(before);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j <= i; ++j)
+      ASSERT_NEAR(g[static_cast<size_t>(i) * ldg + j], gp[static_cast<size_t>(i) * ldg + j],
+                  1e-5f * (1 + std::abs(gp[static_cast<size_t>(i) * ldg + j])));
 }
 
 }  // namespace
