@@ -268,8 +268,8 @@ class RowPrefetch {
 // ---- The float32 walk (the authors' semantics, WalkBatch::float32).
 //
 // The block's kernel matrix is computed in float32 as torch computes it in the authors'
-// balanced_walk: Gram products accumulated in float (here 8-lane AVX2 FMAs; torch uses sgemm,
-// so the two agree to float rounding), exponent ((temp * g) / sqrt(d)) - beta, value term
+// balanced_walk: Gram products accumulated in float (here fused, in feature order; torch uses
+// sgemm, so the two agree to float rounding), exponent ((temp * g) / sqrt(d)) - beta, value term
 // ((gv + 1e-8) + 0.025). Overflow is kept as IEEE inf: the authors' partial sum runs over the
 // whole block row with sigma_j = 0 for j >= i, so one non-finite K_ij anywhere in row i (inf * 0
 // is NaN) makes p_i NaN and the sign -1. `tail_bad[i]` records exactly that. The sign loop is a
