@@ -478,9 +478,9 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   if (w.kern.size() < static_cast<size_t>(len) * ld) w.kern.resize(static_cast<size_t>(len) * ld);
   w.tail_bad.assign(len, 0);
   // Gram rows are computed a panel at a time, so memory stays panel x L for long blocks.
-  constexpr int kPanel = 132;  // a multiple of the tile's 6 rows; one panel for B = 128
-  w.gk.resize(static_cast<size_t>(kPanel + 6) * ld);
-  w.gv.resize(static_cast<size_t>(kPanel + 6) * ld);
+  constexpr int kPanel = 136;  // a multiple of the tile's 8 rows; one panel for B = 128
+  w.gk.resize(static_cast<size_t>(kPanel + 8) * ld);
+  w.gv.resize(static_cast<size_t>(kPanel + 8) * ld);
   // The fused Gram of the SIMD table in use (KVSCOPE_SIMD=sse2 or set_cpu_walk_simd(false):
   // the portable one, a rounding apart).
   const auto gram = simd::kernels().walk_gram_f32;
@@ -496,8 +496,8 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   const float bias = static_cast<float>(b.value_bias);
   // The next block's rows are prefetched in step with the Grams' tiles, a line or two per tile.
   RowPrefetch prefetch(t_next_rows);
-  long tiles = 0;  // of 6 rows by 16 columns, as the AVX2 kernel's
-  for (int i0 = 0; i0 < len; i0 += 6) tiles += (std::min(i0 + 6, len) + 15) / 16;
+  long tiles = 0;  // of 8 rows by 8 columns, as the AVX2 kernel's
+  for (int i0 = 0; i0 < len; i0 += 8) tiles += (std::min(i0 + 8, len) + 7) / 8;
   prefetch.set_per_tile(static_cast<int>((prefetch.total() + 2 * tiles - 1) / (2 * tiles)));
 #if defined(KVS_GRAM_AVX2)
   if (simd) {
@@ -596,7 +596,7 @@ void cpu_walk_gram_f32(const float* x, int rows, int dim, float* g, int ldg) {
   if (g_walk_simd.load(std::memory_order_relaxed) && gram && cpu_has_avx2_fma()) {
     const int ld = (rows + 15) / 16 * 16;
     std::vector<float> packed(static_cast<size_t>(ld) * dim);
-    std::vector<float> full(static_cast<size_t>(rows + 6) * ld);
+    std::vector<float> full(static_cast<size_t>(rows + 8) * ld);
     pack_panels16_avx2(x, rows, dim, packed.data());
     gram(x, packed.data(), rows, dim, 0, rows, ld, full.data(), nullptr, nullptr);
     for (int i = 0; i < rows; ++i)

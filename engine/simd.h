@@ -39,7 +39,7 @@ struct Kernels {
   // started at 0 and one fused multiply-add per feature in order c = 0, 1, ... (the order of the
   // CUDA walk's gram_tile, so every FMA table and the GPU agree bit for bit), for j from 0 through
   // at least i (more columns of the same products up to a multiple of 16; rows past the last
-  // repeat it). Row i goes to g + (i - ibegin) * ldg; writes rows below iend + 6 and columns below
+  // repeat it). Row i goes to g + (i - ibegin) * ldg; writes rows below iend + 8 and columns below
   // `rows` rounded up to 16 (ldg at least that). `packed`: x in panels of 16 rows, feature by
   // feature: x[16t + r][c] at packed[(t * dim + c) * 16 + r], rows past the last repeating it.
   // on_tile(ctx), when not null, runs after each tile of products (prefetch hints).

@@ -223,7 +223,7 @@ TEST(Simd, WalkGramIsTheFusedFeatureOrderSumOnEveryFmaTable) {
       for (const auto& [name, t] : tables)
         // The whole block at once, and in row panels that start mid-tile (as long blocks are).
         for (const int panel : {rows, 66, 12}) {
-          std::vector<float> g(static_cast<size_t>(panel + 6) * ld, -1.0f);
+          std::vector<float> g(static_cast<size_t>(panel + 8) * ld, -1.0f);
           for (int p0 = 0; p0 < rows; p0 += panel) {
             const int p1 = std::min(rows, p0 + panel);
             t->walk_gram_f32(x.data(), packed.data(), rows, dim, p0, p1, ld, g.data(), nullptr,
