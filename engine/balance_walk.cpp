@@ -254,7 +254,8 @@ class RowPrefetch {
           line_ < key_lines_
               ? r_->keys + tok * r_->d + std::min(line_ * 16, r_->d - 1)
               : r_->values + tok * r_->dv + std::min((line_ - key_lines_) * 16, r_->dv - 1);
-      __builtin_prefetch(addr, 0, 1);  // to L2 (not L1, where the Gram tiles work): measured ~2% faster
+      __builtin_prefetch(addr, 0,
+                         1);  // to L2 (not L1, where the Gram tiles work): measured ~2% faster
       if (++line_ == key_lines_ + value_lines_) line_ = 0, ++row_;
     }
   }
@@ -387,8 +388,7 @@ __attribute__((target("avx2,fma"))) void kernel_rows_f32_avx2(const float* gk, c
       const __m256 k = _mm256_mul_ps(exp_f32_avx2(arg), vterm);
       _mm256_storeu_ps(out + static_cast<long>(r) * ld + j, k);
       // Not finite: |k| above the largest float (inf), or NaN (unordered).
-      any_bad =
-          _mm256_or_ps(any_bad, _mm256_cmp_ps(_mm256_and_ps(k, abs_mask), big, _CMP_NLE_UQ));
+      any_bad = _mm256_or_ps(any_bad, _mm256_cmp_ps(_mm256_and_ps(k, abs_mask), big, _CMP_NLE_UQ));
     }
   }
   // Rare (an overflowing kernel entry): find which entries.
