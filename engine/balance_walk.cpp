@@ -485,9 +485,11 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   if (w.kern.size() < static_cast<size_t>(len) * ld) w.kern.resize(static_cast<size_t>(len) * ld);
   w.tail_bad.assign(len, 0);
   // Gram rows are computed a panel at a time, so memory stays panel x L for long blocks.
-  constexpr int kPanel = 136;  // a multiple of the tile's 8 rows; one panel for B = 128
-  w.gk.resize(static_cast<size_t>(kPanel + 8) * ld);
-  w.gv.resize(static_cast<size_t>(kPanel + 8) * ld);
+  // 64 rows: the two Grams' panels take 64 KiB at B = 128, so they, the packed rows and the
+  // kernel rows stay within a 512 KiB L2 cache.
+  constexpr int kPanel = 64;
+  w.gk.resize(static_cast<size_t>(kPanel) * ld);
+  w.gv.resize(static_cast<size_t>(kPanel) * ld);
   // The fused Gram of the SIMD table in use (KVSCOPE_SIMD=sse2 or set_cpu_walk_simd(false):
   // the portable one, a rounding apart).
   const auto gram = simd::kernels().walk_gram_f32;
@@ -519,8 +521,8 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
     const int p1 = std::min(len, p0 + kPanel);
 #if defined(KVS_GRAM_AVX2)
     if (simd) {
-      gram(xk, w.pk.data(), len, b.d, p0, p1, ld, w.gk.data(), RowPrefetch::after_tile, &prefetch);
-      gram(xv, w.pv.data(), len, b.dv, p0, p1, ld, w.gv.data(), RowPrefetch::after_tile, &prefetch);
+      gram(w.pk.data(), len, b.d, p0, p1, ld, w.gk.data(), RowPrefetch::after_tile, &prefetch);
+      gram(w.pv.data(), len, b.dv, p0, p1, ld, w.gv.data(), RowPrefetch::after_tile, &prefetch);
     }
 #endif
     if (!simd) {
@@ -606,9 +608,9 @@ void cpu_walk_gram_f32(const float* x, int rows, int dim, float* g, int ldg) {
   if (g_walk_simd.load(std::memory_order_relaxed) && gram && cpu_has_avx2_fma()) {
     const int ld = (rows + 15) / 16 * 16;
     std::vector<float> packed(static_cast<size_t>(ld) * dim);
-    std::vector<float> full(static_cast<size_t>(rows + 8) * ld);
+    std::vector<float> full(static_cast<size_t>(rows) * ld);
     pack_panels16_avx2(x, rows, dim, packed.data());
-    gram(x, packed.data(), rows, dim, 0, rows, ld, full.data(), nullptr, nullptr);
+    gram(packed.data(), rows, dim, 0, rows, ld, full.data(), nullptr, nullptr);
     for (int i = 0; i < rows; ++i)
       std::copy_n(full.data() + static_cast<size_t>(i) * ld, i + 1, g + static_cast<long>(i) * ldg);
     return;

@@ -34,17 +34,17 @@ struct Kernels {
   void (*col_sums)(const double* X, int rows, int cols, int ld, const double* coef, double* out,
                    double* out_sq);
   // The float32 walk's block Gram (engine/balance_walk.cpp); null in the tables without fused
-  // multiply-adds (scalar, sse2). Rows i in [ibegin, iend) of G = X X^T for the `rows` rows of x
-  // (row-major, `dim` wide): G[i][j] = sum_c x_i[c] x_j[c] in float, one accumulator per entry
-  // started at 0 and one fused multiply-add per feature in order c = 0, 1, ... (the order of the
-  // CUDA walk's gram_tile, so every FMA table and the GPU agree bit for bit), for j from 0 through
-  // at least i (more columns of the same products up to a multiple of 16; rows past the last
-  // repeat it). Row i goes to g + (i - ibegin) * ldg; writes rows below iend + 8 and columns below
-  // `rows` rounded up to 16 (ldg at least that). `packed`: x in panels of 16 rows, feature by
-  // feature: x[16t + r][c] at packed[(t * dim + c) * 16 + r], rows past the last repeating it.
-  // on_tile(ctx), when not null, runs after each tile of products (prefetch hints).
-  void (*walk_gram_f32)(const float* x, const float* packed, int rows, int dim, int ibegin,
-                        int iend, int ldg, float* g, void (*on_tile)(void*), void* ctx);
+  // multiply-adds (scalar, sse2). Rows i in [ibegin, iend) of G = X X^T for the `rows` rows of X
+  // (`dim` features), given packed: G[i][j] = sum_c x_i[c] x_j[c] in float, one accumulator per
+  // entry started at 0 and one fused multiply-add per feature in order c = 0, 1, ... (the order
+  // of the CUDA walk's gram_tile, so every FMA table and the GPU agree bit for bit), for j from 0
+  // through at least i (more columns of the same products up to a multiple of 16). Row i goes to
+  // g + (i - ibegin) * ldg; writes rows below iend and columns below `rows` rounded up to 16 (ldg
+  // at least that). `packed`: X in panels of 16 rows, feature by feature, x[16t + r][c] at
+  // packed[(t * dim + c) * 16 + r], rows past the last repeating it. on_tile(ctx), when not null,
+  // runs after each tile of products (prefetch hints).
+  void (*walk_gram_f32)(const float* packed, int rows, int dim, int ibegin, int iend, int ldg,
+                        float* g, void (*on_tile)(void*), void* ctx);
 };
 
 // The table in use: the widest the CPU supports, unless KVSCOPE_SIMD=<name> in the environment
