@@ -13,6 +13,7 @@
 #include "engine/backend.h"
 #include "engine/balance_walk.h"
 #include "engine/cpu_ops.h"
+#include "engine/simd.h"
 
 using namespace kvscope;
 
@@ -130,6 +131,40 @@ void BM_WalkOpOneRound(benchmark::State& state) {
 void BM_WalkOpOneBlockInCache(benchmark::State& state) {
   time_walk_op(state, 128, true, 6);
 }
+
+// One 128-row block's float32 Gram (d = 128) alone, rows in cache, with the walk_gram_f32 of the
+// SIMD table named by the benchmark (engine/simd.h): the AVX2 / AVX-512 comparison on a CPU with
+// both. Counter: 8-lane-equivalent FMAs per second (lower triangle only, as the walk needs).
+void BM_WalkGramF32(benchmark::State& state, const std::string& table) {
+  const simd::Kernels& t = simd::table(table);
+  const int rows = 128, dim = 128, ld = 128;
+  const Head h = make_head(rows, dim, 3);
+  std::vector<float> packed(static_cast<size_t>(ld) * dim), g(static_cast<size_t>(rows) * ld);
+  for (int p = 0; p < ld / 16; ++p)
+    for (int c = 0; c < dim; ++c)
+      for (int r = 0; r < 16; ++r)
+        packed[(static_cast<size_t>(p) * dim + c) * 16 + r] =
+            h.keys(std::min(16 * p + r, rows - 1), c);
+  for (auto _ : state) {
+    t.walk_gram_f32(packed.data(), rows, dim, 0, rows, ld, g.data(), nullptr, nullptr);
+    benchmark::DoNotOptimize(g.data());
+    benchmark::ClobberMemory();
+  }
+  const double lower = rows * (rows + 1) / 2.0 * dim / 8.0;
+  state.counters["Gfma8"] =
+      benchmark::Counter(lower * 1e-9 * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(table);
+}
+
+// A benchmark per table of this CPU that has the walk Gram.
+const bool kWalkGramBenchmarks = [] {
+  for (const std::string& name : simd::available())
+    if (simd::table(name).walk_gram_f32)
+      benchmark::RegisterBenchmark(("BM_WalkGramF32/" + name).c_str(), [name](benchmark::State& s) {
+        BM_WalkGramF32(s, name);
+      })->Unit(benchmark::kMicrosecond);
+  return true;
+}();
 
 }  // namespace
 

@@ -35,6 +35,27 @@ cat "$REPORT/machine.txt"
 GPU_CHECK_OUT="$REPORT" KVSCOPE_GPU_PREBUILT=1 tools/gpu_check.sh build-gpu
 check=$?
 
+# The CPU walk on this host (issue 14's target machine is an AVX-512 Xeon, which the development
+# VM is not): the walk Gram of each SIMD table alone, and the whole walk with the AVX2 table
+# forced and with the widest one, alternated, one core each.
+echo "== CPU walk on this host"
+{
+  build-gpu/bench/bench_walk --benchmark_filter='WalkGramF32' --benchmark_repetitions=5 \
+    --benchmark_report_aggregates_only=true
+  for i in 1 2 3; do
+    for simd in avx2 default; do
+      echo "walk, KVSCOPE_SIMD=$simd, run $i"
+      if [ "$simd" = default ]; then env -u KVSCOPE_SIMD taskset -c 2 build-gpu/kvscope-cli bench \
+          --backend cpu --n 8192 --heads 1 --rounds 2 --repeat 40 | sed -n 3p
+      else KVSCOPE_SIMD=$simd taskset -c 2 build-gpu/kvscope-cli bench --backend cpu --n 8192 \
+          --heads 1 --rounds 2 --repeat 40 | sed -n 3p; fi
+    done
+  done
+  KVSCOPE_CLI=build-gpu/kvscope-cli PYTHON=$(command -v python3) bench/peers.sh --only walk --reps 3 \
+    2>&1 | tail -12
+} >"$REPORT/cpu_walk.txt" 2>&1
+cat "$REPORT/cpu_walk.txt"
+
 echo "== CTest suite on this machine"
 (cd build-gpu && ctest -j 12 --timeout 600 --output-on-failure) >"$REPORT/ctest_all.log" 2>&1
 suite=$?
