@@ -318,6 +318,45 @@ TEST(CpuWalk, VectorAndPortableGramPathsAgree) {
   EXPECT_EQ(same, 600);
 }
 
+// The float32 op's two paths (the fused SIMD Gram and kernel rows, and the portable loops used
+// without AVX2 or under KVSCOPE_SIMD=sse2) on blocks from 1 row to longer than a Gram panel, odd
+// widths included: the same overflow flags, the same signs except where the uniform lies within
+// float rounding of p, and partial sums a few roundings apart.
+TEST(CpuWalkFloat32, VectorAndPortablePathsAgree) {
+  MatrixF keys = random_matrix(700, 40, 61, 0.3f, 0.2f);
+  const MatrixF values = random_matrix(700, 24, 62, 0.4f);
+  for (int c = 0; c < 40; ++c) keys(650, c) = 14.0f;  // overflows exp in its block
+  const std::vector<int> lengths = {1, 2, 3, 7, 8, 9, 37, 128, 200, 305};
+  OneBatch fast = make_batch(keys, values, lengths, 21, 4.0);
+  OneBatch portable = make_batch(keys, values, lengths, 21, 4.0);
+  for (OneBatch* b : {&fast, &portable}) {
+    b->batch.float32 = true;
+    b->batch.value_eps = kAuthorsValueEps;
+  }
+  cpu_walk_blocks(fast.batch);
+  const bool before = set_cpu_walk_simd(false);
+  cpu_walk_blocks(portable.batch);
+  set_cpu_walk_simd(before);
+  int nan_rows = 0;
+  for (size_t blk = 0; blk + 1 < fast.offset.size(); ++blk) {
+    for (int i = fast.offset[blk]; i < fast.offset[blk + 1]; ++i) {
+      ASSERT_EQ(std::isnan(fast.p[i]), std::isnan(portable.p[i]))
+          << "block " << blk << " row " << i;
+      nan_rows += std::isnan(fast.p[i]);
+      if (std::isnan(fast.p[i])) continue;
+      const float tol = 1e-4f * (1 + std::abs(portable.partial[i]));
+      if (fast.sigma[i] != portable.sigma[i]) {
+        const double u = counter_uniform(21, kRandWalk, 2, fast.head[blk], 1, fast.id[blk],
+                                         static_cast<uint32_t>(i - fast.offset[blk]));
+        EXPECT_LT(std::abs(u - portable.p[i]), 1e-4) << "block " << blk << " row " << i;
+        break;  // the rest of the block walks on different signs
+      }
+      ASSERT_NEAR(fast.partial[i], portable.partial[i], tol) << "block " << blk << " row " << i;
+    }
+  }
+  EXPECT_GT(nan_rows, 0) << "the far-out key should overflow float32 in its block";
+}
+
 TEST(CpuWalk, DeterministicPerSeedAndDifferentAcrossSeeds) {
   const MatrixF keys = random_matrix(256, 16, 4);
   const MatrixF values = random_matrix(256, 16, 5);
