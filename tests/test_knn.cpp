@@ -65,6 +65,16 @@ void for_each_kernel(Fn&& fn) {
 }
 
 // Clustered float points (a few Gaussian blobs), some rows exact copies of others.
+// Coordinates in {-1, 0, 1}: every squared distance is an exact small integer, so rankings
+// (ties broken by index) must match the reference exactly.
+MatrixF integer_points(int n, int d, uint64_t seed) {
+  CounterRng rng(seed, kRandMisc, 5, 6);
+  MatrixF x(n, d);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c) x(i, c) = static_cast<float>(static_cast<int>(rng.below(3)) - 1);
+  return x;
+}
+
 MatrixF clustered_points(int n, int d, uint64_t seed) {
   CounterRng rng(seed, kRandMisc, 3, 4);
   const int blobs = 7;
@@ -145,10 +155,7 @@ TEST(Knn, FloatPointsGiveTheExactNeighbours) {
 // all (many rows are at equal distances, and whole groups of rows are identical).
 TEST(Knn, IntegerPointsGiveTheExactRankingWithTiesToTheLowerIndex) {
   const int n = 1400, d = 40, k = 23;
-  CounterRng rng(7, kRandMisc, 5, 6);
-  MatrixF x(n, d);
-  for (int i = 0; i < n; ++i)
-    for (int c = 0; c < d; ++c) x(i, c) = static_cast<float>(static_cast<int>(rng.below(3)) - 1);
+  MatrixF x = integer_points(n, d, 7);
   for (int i = 0; i < 50; ++i) x.row(700 + i) = x.row(i % 5);  // five groups of 11 equal rows
   const auto truth = reference_knn(x, k);
   for_each_kernel([&] {
@@ -173,10 +180,7 @@ TEST(Knn, IntegerPointsGiveTheExactRankingWithTiesToTheLowerIndex) {
 TEST(Knn, SampledThresholdsKeepTheRankingExact) {
   const int n = 4500, d = 40, k = 50;
   const int m = (6 * n + k - 1) / k;
-  CounterRng rng(11, kRandMisc, 9, 10);
-  MatrixF x(n, d);
-  for (int i = 0; i < n; ++i)
-    for (int c = 0; c < d; ++c) x(i, c) = static_cast<float>(static_cast<int>(rng.below(3)) - 1);
+  MatrixF x = integer_points(n, d, 11);
   for (int t = 1; t <= 14; ++t) x.row(static_cast<int>(static_cast<int64_t>(t) * n / m)) = x.row(7);
   for (int i = 0; i < 30; ++i) x.row(4000 + i) = x.row(2000 + i % 3);  // more equal rows
   const auto truth = reference_knn(x, k);
