@@ -505,8 +505,12 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   const float bias = static_cast<float>(b.value_bias);
   // The next block's rows are prefetched in step with the Grams' tiles, a line or two per tile.
   RowPrefetch prefetch(t_next_rows);
-  long tiles = 0;  // of 8 rows by 8 columns, as the AVX2 kernel's
-  for (int i0 = 0; i0 < len; i0 += 8) tiles += (std::min(i0 + 8, len) + 7) / 8;
+  // Tiles per Gram as the AVX2 kernel walks them (a short first band, then bands of 6 rows, each
+  // in tiles of up to 16 columns through its last row); the AVX-512 kernel's fewer, wider tiles
+  // leave the rest of the prefetches to the end of the block.
+  long tiles = 0;
+  for (int i0 = 0, band = len % 6 ? len % 6 : 6; i0 < len; i0 += band, band = 6)
+    tiles += ((std::min(i0 + band, len) + 7) / 8 * 8 + 15) / 16;
   prefetch.set_per_tile(static_cast<int>((prefetch.total() + 2 * tiles - 1) / (2 * tiles)));
 #if defined(KVS_GRAM_AVX2)
   if (simd) {
