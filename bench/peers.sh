@@ -51,8 +51,9 @@ timed() {
     exit 1
   }
   read -r user sys wall rss <"$WORK/time.txt"
-  printf '%-34s cpu %7.2f s  wall %7.2f s  peak %6.0f MiB\n' "$label" \
-    "$(echo "$user + $sys" | bc)" "$wall" "$(echo "$rss / 1024" | bc)"
+  # awk, not bc: bare machines (the GPU hosts) have no bc.
+  awk -v l="$label" -v u="$user" -v s="$sys" -v w="$wall" -v m="$rss" \
+    'BEGIN { printf "%-34s cpu %7.2f s  wall %7.2f s  peak %6.0f MiB\n", l, u + s, w, m / 1024 }'
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = eval ]; then

@@ -6,10 +6,12 @@
 #      compute-sanitizer), and
 #   2. the whole CTest suite on this machine's CPU (with the device present).
 # Results go to $GPU_REPORT (default /tmp/gpu-report); the caller archives them.
+# A second argument `cpu-walk` runs only the CPU walk timings (no GPU work, no CTest).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUNDLE=${1:-.carry/bundle.tgz}
+ONLY=${2:-}
 REPORT=${GPU_REPORT:-/tmp/gpu-report}
 mkdir -p "$REPORT"
 tar -xzf "$BUNDLE" -C "$ROOT" || { echo "cannot unpack $BUNDLE"; exit 1; }
@@ -32,17 +34,26 @@ echo "source folder of the build: $BUILT_ROOT, here: $ROOT" | tee "$REPORT/paths
 } >"$REPORT/machine.txt" 2>&1
 cat "$REPORT/machine.txt"
 
-GPU_CHECK_OUT="$REPORT" KVSCOPE_GPU_PREBUILT=1 tools/gpu_check.sh build-gpu
-check=$?
+check=0
+if [ "$ONLY" != cpu-walk ]; then
+  GPU_CHECK_OUT="$REPORT" KVSCOPE_GPU_PREBUILT=1 tools/gpu_check.sh build-gpu
+  check=$?
+fi
 
 # The CPU walk on this host (issue 14's target machine is an AVX-512 Xeon, which the development
 # VM is not): the walk Gram of each SIMD table alone, and the whole walk with the AVX2 table
 # forced and with the widest one, alternated, one core each.
 echo "== CPU walk on this host"
 {
-  build-gpu/bench/bench_walk --benchmark_filter='WalkGramF32' --benchmark_repetitions=5 \
-    --benchmark_report_aggregates_only=true
-  for i in 1 2 3; do
+  lscpu | grep -E "Model name|^CPU\(s\)"
+  for simd in avx2 default; do
+    echo "bench_walk, KVSCOPE_SIMD=$simd"
+    if [ "$simd" = default ]; then unset KVSCOPE_SIMD; else export KVSCOPE_SIMD=$simd; fi
+    taskset -c 2 build-gpu/bench/bench_walk --benchmark_filter='WalkGramF32|WalkOpOneBlockInCache|WalkOpOneRound' \
+      --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+  done
+  unset KVSCOPE_SIMD
+  for i in 1 2 3 4 5; do
     for simd in avx2 default; do
       echo "walk, KVSCOPE_SIMD=$simd, run $i"
       if [ "$simd" = default ]; then env -u KVSCOPE_SIMD taskset -c 2 build-gpu/kvscope-cli bench \
@@ -51,10 +62,20 @@ echo "== CPU walk on this host"
           --heads 1 --rounds 2 --repeat 40 | sed -n 3p; fi
     done
   done
-  KVSCOPE_CLI=build-gpu/kvscope-cli PYTHON=$(command -v python3) bench/peers.sh --only walk --reps 3 \
-    2>&1 | tail -12
+  for block in 512; do
+    for simd in avx2 default; do
+      echo "walk --block $block, KVSCOPE_SIMD=$simd"
+      if [ "$simd" = default ]; then unset KVSCOPE_SIMD; else export KVSCOPE_SIMD=$simd; fi
+      taskset -c 2 build-gpu/kvscope-cli bench --backend cpu --n 8192 --heads 1 --rounds 2 \
+        --block $block --repeat 10 | sed -n 3p
+    done
+  done
+  unset KVSCOPE_SIMD
+  KVSCOPE_CLI=build-gpu/kvscope-cli PYTHON=$(command -v python3) bench/peers.sh --only walk --reps 5 \
+    2>&1 | tail -16
 } >"$REPORT/cpu_walk.txt" 2>&1
 cat "$REPORT/cpu_walk.txt"
+[ "$ONLY" = cpu-walk ] && exit 0
 
 echo "== CTest suite on this machine"
 (cd build-gpu && ctest -j 12 --timeout 600 --output-on-failure) >"$REPORT/ctest_all.log" 2>&1
