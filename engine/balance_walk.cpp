@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -248,16 +249,23 @@ class RowPrefetch {
   }
   // Issues prefetches until `target` of total() lines have been requested.
   void upto(long target) {
-    for (target = std::min(target, total_); issued_ < target; ++issued_) {
-      const long tok = r_->tokens[row_];
+    target = std::min(target, total_);
+    if (issued_ >= target) return;
+    // The position in locals: stores to the members inside the loop cost as much as the
+    // prefetches (the compiler cannot keep them in registers across the token loads).
+    int row = row_, line = line_;
+    const int lines = key_lines_ + value_lines_;
+    for (long k = issued_; k < target; ++k) {
+      const long tok = r_->tokens[row];
       const float* addr =
-          line_ < key_lines_
-              ? r_->keys + tok * r_->d + std::min(line_ * 16, r_->d - 1)
-              : r_->values + tok * r_->dv + std::min((line_ - key_lines_) * 16, r_->dv - 1);
+          line < key_lines_
+              ? r_->keys + tok * r_->d + std::min(line * 16, r_->d - 1)
+              : r_->values + tok * r_->dv + std::min((line - key_lines_) * 16, r_->dv - 1);
       __builtin_prefetch(addr, 0,
                          1);  // to L2 (not L1, where the Gram tiles work): measured ~2% faster
-      if (++line_ == key_lines_ + value_lines_) line_ = 0, ++row_;
+      if (++line == lines) line = 0, ++row;
     }
+    issued_ = target, row_ = row, line_ = line;
   }
 
  private:
@@ -398,6 +406,69 @@ __attribute__((target("avx2,fma"))) void kernel_rows_f32_avx2(const float* gk, c
         if (!std::isfinite(out[static_cast<long>(r) * ld + l])) tail_bad[l] = 1;
 }
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized flags.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// exp_f32_avx2 on 16 floats: the same operations in the same order, so every lane's bits are
+// those of the 8-lane version (AVX512F only; masks take the place of the compare vectors).
+__attribute__((target("avx512f"))) inline __m512 exp_f32_avx512(__m512 x) {
+  const __m512 hi = _mm512_set1_ps(88.72283935546875f), lo = _mm512_set1_ps(-87.33654022216797f);
+  const __mmask16 over = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  const __m512 xc = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i ni = _mm512_cvtps_epi32(n);
+  const __m512i half = _mm512_srai_epi32(ni, 1);
+  const __m512 s1 =
+      _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
+  const __m512 s2 = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), _mm512_set1_epi32(127)), 23));
+  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+  y = _mm512_mask_blend_ps(over, y, _mm512_set1_ps(INFINITY));
+  y = _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), y);  // +0 below the range
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+// kernel_rows_f32_avx2 for one group of 16 rows (rows 16m .. 16m + 15 all need j < 16m + 16:
+// `nvec` = m + 1 vectors of 16), with exp_f32_avx512: the same bits, half the instructions.
+__attribute__((target("avx512f"))) void kernel_rows_f32_avx512(const float* gk, const float* gv,
+                                                               int g0, float* out, int ld, int r0,
+                                                               int r1, int nvec, float temp,
+                                                               float sqrt_d, float beta, float eps,
+                                                               float bias, char* tail_bad) {
+  const __m512 vt = _mm512_set1_ps(temp), vs = _mm512_set1_ps(sqrt_d), vb = _mm512_set1_ps(beta);
+  const __m512 ve = _mm512_set1_ps(eps), vbias = _mm512_set1_ps(bias);
+  const __m512 big = _mm512_set1_ps(std::numeric_limits<float>::max());
+  __mmask16 any_bad = 0;
+  for (int v = 0; v < nvec; ++v) {
+    const long j = 16L * v;
+    for (int r = r0; r < r1; ++r) {
+      const long at = static_cast<long>(r - g0) * ld + j;
+      const __m512 arg =
+          _mm512_sub_ps(_mm512_div_ps(_mm512_mul_ps(vt, _mm512_loadu_ps(gk + at)), vs), vb);
+      const __m512 vterm = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(gv + at), ve), vbias);
+      const __m512 k = _mm512_mul_ps(exp_f32_avx512(arg), vterm);
+      _mm512_storeu_ps(out + static_cast<long>(r) * ld + j, k);
+      any_bad |= _mm512_cmp_ps_mask(_mm512_abs_ps(k), big, _CMP_NLE_UQ);
+    }
+  }
+  if (any_bad)
+    for (int r = r0; r < r1; ++r)
+      for (int l = 0; l <= r; ++l)
+        if (!std::isfinite(out[static_cast<long>(r) * ld + l])) tail_bad[l] = 1;
+}
+#pragma GCC diagnostic pop
+
 // sum_{j<i} k[j] * s[j] in float, 8 lanes.
 __attribute__((target("avx2,fma"))) float dot_f32_avx2(const float* k, const float* s, int i) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -495,6 +566,9 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
   const auto gram = simd::kernels().walk_gram_f32;
 #if defined(KVS_GRAM_AVX2)
   const bool simd = g_walk_simd.load(std::memory_order_relaxed) && gram && cpu_has_avx2_fma();
+  // With the AVX-512 table, the kernel rows 16 wide too (the same bits; KVSCOPE_SIMD=avx2 gives
+  // the 8-wide ones).
+  const bool wide_rows = simd && std::strcmp(simd::kernels().name, "avx512") == 0;
 #else
   const bool simd = false;
 #endif
@@ -534,6 +608,13 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
       gram_lower_f32_portable(xv, b.dv, p0, p1, ld, w.gv.data());
     }
 #if defined(KVS_GRAM_AVX2)
+    if (simd && wide_rows) {
+      for (int r0 = p0; r0 < p1; r0 = (r0 / 16 + 1) * 16)
+        kernel_rows_f32_avx512(w.gk.data(), w.gv.data(), p0, w.kern.data(), ld, r0,
+                               std::min(p1, (r0 / 16 + 1) * 16), r0 / 16 + 1, temp, sqrt_d, beta,
+                               eps, bias, w.tail_bad.data());
+      continue;
+    }
     if (simd) {
       for (int r0 = p0; r0 < p1; r0 = (r0 / 8 + 1) * 8)
         kernel_rows_f32_avx2(w.gk.data(), w.gv.data(), p0, w.kern.data(), ld, r0,
@@ -1011,24 +1092,27 @@ std::vector<float> trace_query_vector(const MethodInput& in, int* position_out) 
 namespace {
 
 // sum[c] = the sum over the rows `tokens` (in order) of row[c], in double, as the block mean
-// always summed them; the AVX2 version keeps 16 columns in registers per pass over the rows.
+// always summed them. The AVX2 version keeps 32 columns in 8 registers per pass over the rows:
+// each column's sum is one chain of dependent adds, and 8 chains (not 4) keep both add units busy
+// past the add latency.
 #if defined(KVS_GRAM_AVX2)
 __attribute__((target("avx2,fma"))) void column_sums_avx2(const float* rows, const int* tokens,
                                                           int count, int d, double* sum) {
   int c0 = 0;
-  for (; c0 + 16 <= d; c0 += 16) {
-    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+  for (; c0 + 32 <= d; c0 += 32) {
+    __m256d a[8];
+    for (__m256d& v : a) v = _mm256_setzero_pd();
     for (int i = 0; i < count; ++i) {
       const float* k = rows + static_cast<long>(tokens[i]) * d + c0;
-      a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm_loadu_ps(k)));
-      a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm_loadu_ps(k + 4)));
-      a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm_loadu_ps(k + 8)));
-      a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm_loadu_ps(k + 12)));
+      for (int q = 0; q < 8; ++q) a[q] = _mm256_add_pd(a[q], _mm256_cvtps_pd(_mm_loadu_ps(k + 4 * q)));
     }
-    _mm256_storeu_pd(sum + c0, a0);
-    _mm256_storeu_pd(sum + c0 + 4, a1);
-    _mm256_storeu_pd(sum + c0 + 8, a2);
-    _mm256_storeu_pd(sum + c0 + 12, a3);
+    for (int q = 0; q < 8; ++q) _mm256_storeu_pd(sum + c0 + 4 * q, a[q]);
+  }
+  for (; c0 + 4 <= d; c0 += 4) {
+    __m256d a = _mm256_setzero_pd();
+    for (int i = 0; i < count; ++i)
+      a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm_loadu_ps(rows + static_cast<long>(tokens[i]) * d + c0)));
+    _mm256_storeu_pd(sum + c0, a);
   }
   for (; c0 < d; ++c0) {
     double a = 0;

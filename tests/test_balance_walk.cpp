@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/balance_walk.h"
@@ -579,6 +581,44 @@ TEST(CpuWalkFloat32, SelectionsAndSignsHashAsBefore) {
   f.add(b.sigma.data(), b.sigma.size());
   f.add(b.p.data(), b.p.size() * sizeof(float));
   EXPECT_EQ(f.h, 16562020968355184307ull) << "op, blocks 37 + 128 + 61";
+}
+
+// Every table with the fused Gram (avx2, and avx512 where the CPU has it: there the kernel rows
+// run 16 wide too) walks to the same bits: signs, p and partial sums, overflowing rows included,
+// on blocks from 1 row to longer than a Gram panel.
+TEST(CpuWalkFloat32, EveryFusedTableWalksToTheSameBits) {
+  std::vector<std::string> fused;
+  for (const std::string& name : simd::available())
+    if (simd::table(name).walk_gram_f32) fused.push_back(name);
+  if (fused.size() < 2) GTEST_SKIP() << "this CPU runs one fused table only";
+  MatrixF keys = random_matrix(900, 128, 71, 0.3f, 0.2f);
+  const MatrixF values = random_matrix(900, 72, 72, 0.4f);
+  for (int c = 0; c < 128; ++c) keys(610, c) = 13.0f;  // overflows exp in its block
+  const std::vector<int> lengths = {1, 5, 16, 17, 33, 128, 100, 300, 200};
+  const std::string before = simd::kernels().name;
+  std::vector<OneBatch> runs;
+  runs.reserve(fused.size());  // the batches point into their own vectors
+  for (const std::string& name : fused) {
+    simd::use(name);
+    runs.push_back(make_batch(keys, values, lengths, 23, 4.0));
+    runs.back().batch.float32 = true;
+    runs.back().batch.value_eps = kAuthorsValueEps;
+    cpu_walk_blocks(runs.back().batch);
+  }
+  simd::use(before);
+  int nan_rows = 0;
+  const int walked = runs[0].offset.back();  // rows past the blocks are not written
+  for (size_t t = 1; t < runs.size(); ++t) {
+    EXPECT_EQ(runs[t].sigma, runs[0].sigma) << fused[t] << " vs " << fused[0];
+    for (int i = 0; i < walked; ++i) {
+      ASSERT_EQ(std::memcmp(&runs[t].p[i], &runs[0].p[i], sizeof(float)), 0)
+          << fused[t] << " row " << i << ": p " << runs[t].p[i] << " vs " << runs[0].p[i];
+      ASSERT_EQ(std::memcmp(&runs[t].partial[i], &runs[0].partial[i], sizeof(float)), 0)
+          << fused[t] << " row " << i;
+    }
+  }
+  for (int i = 0; i < walked; ++i) nan_rows += std::isnan(runs[0].p[i]);
+  EXPECT_GT(nan_rows, 0) << "the far-out key should overflow float32 in its block";
 }
 
 TEST(CpuWalkFloat32, SameSelectionsWhateverIsWalkedAlongside) {

@@ -53,14 +53,22 @@ echo "== CPU walk on this host"
       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
   done
   unset KVSCOPE_SIMD
-  for i in 1 2 3 4 5; do
-    for simd in avx2 default; do
-      echo "walk, KVSCOPE_SIMD=$simd, run $i"
-      if [ "$simd" = default ]; then env -u KVSCOPE_SIMD taskset -c 2 build-gpu/kvscope-cli bench \
-          --backend cpu --n 8192 --heads 1 --rounds 2 --repeat 40 | sed -n 3p
-      else KVSCOPE_SIMD=$simd taskset -c 2 build-gpu/kvscope-cli bench --backend cpu --n 8192 \
-          --heads 1 --rounds 2 --repeat 40 | sed -n 3p; fi
-    done
+  # The whole walk, one line per run: this build with the AVX2 table forced and with the widest
+  # table, and (when the bundle carries one, tools/gpu_pack.sh BEFORE=...) an earlier build,
+  # alternated so drifts of this host's speed hit all alike.
+  walk() {  # label, binary, KVSCOPE_SIMD or "default"
+    local out
+    if [ "$3" = default ]; then
+      out=$(env -u KVSCOPE_SIMD taskset -c 2 "$2" bench --backend cpu --n 8192 --heads 1 --rounds 2 --repeat 40)
+    else
+      out=$(KVSCOPE_SIMD=$3 taskset -c 2 "$2" bench --backend cpu --n 8192 --heads 1 --rounds 2 --repeat 40)
+    fi
+    echo "walk $1: $(echo "$out" | sed -n 3p)"
+  }
+  for i in 1 2 3 4 5 6; do
+    walk "avx2, run $i" build-gpu/kvscope-cli avx2
+    walk "default, run $i" build-gpu/kvscope-cli default
+    [ -x build-gpu/kvscope-cli.before ] && walk "before (default), run $i" build-gpu/kvscope-cli.before default
   done
   for block in 512; do
     for simd in avx2 default; do

@@ -5,6 +5,7 @@
 # tools/gpu_device_run.sh unpacks it and runs the CTest suite and tools/gpu_check.sh.
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSCOPE_NATIVE=OFF \
 #         -DKVSCOPE_BUILD_APP=OFF && cmake --build build-gpu && tools/gpu_pack.sh build-gpu
+# (optionally BEFORE=<an earlier kvscope-cli> tools/gpu_pack.sh build-gpu: see below)
 # (KVSCOPE_NATIVE=OFF: the GPU machine's CPU differs; the SIMD kernels dispatch at run time.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,9 @@ mkdir -p .carry/stage/$B/carried-lib
 for exe in $B/bench/bench_gpu; do
   ldd "$exe" | awk '/libbenchmark/ {print $3}' | xargs -r -I{} cp -L {} .carry/stage/$B/carried-lib/
 done
+# BEFORE=path/to/an/earlier/kvscope-cli: carried as $B/kvscope-cli.before, which the device run
+# times alternately with this build's (same machine, same minutes).
+if [ -n "${BEFORE:-}" ]; then cp "$BEFORE" ".carry/stage/$B/kvscope-cli.before" && strip --strip-debug ".carry/stage/$B/kvscope-cli.before"; fi
 mkdir -p .carry/stage/shared && cp -r ../shared/golden ../shared/models .carry/stage/shared/
 tar -C .carry/stage -czf .carry/bundle.tgz . && rm -rf .carry/stage
 du -sh .carry/bundle.tgz
