@@ -1104,14 +1104,16 @@ __attribute__((target("avx2,fma"))) void column_sums_avx2(const float* rows, con
     for (__m256d& v : a) v = _mm256_setzero_pd();
     for (int i = 0; i < count; ++i) {
       const float* k = rows + static_cast<long>(tokens[i]) * d + c0;
-      for (int q = 0; q < 8; ++q) a[q] = _mm256_add_pd(a[q], _mm256_cvtps_pd(_mm_loadu_ps(k + 4 * q)));
+      for (int q = 0; q < 8; ++q)
+        a[q] = _mm256_add_pd(a[q], _mm256_cvtps_pd(_mm_loadu_ps(k + 4 * q)));
     }
     for (int q = 0; q < 8; ++q) _mm256_storeu_pd(sum + c0 + 4 * q, a[q]);
   }
   for (; c0 + 4 <= d; c0 += 4) {
     __m256d a = _mm256_setzero_pd();
     for (int i = 0; i < count; ++i)
-      a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm_loadu_ps(rows + static_cast<long>(tokens[i]) * d + c0)));
+      a = _mm256_add_pd(
+          a, _mm256_cvtps_pd(_mm_loadu_ps(rows + static_cast<long>(tokens[i]) * d + c0)));
     _mm256_storeu_pd(sum + c0, a);
   }
   for (; c0 < d; ++c0) {
