@@ -8,8 +8,19 @@
 # ratios with how many pairs B won.
 #   bench/walk_ab.sh OLD_CLI NEW_CLI [PAIRS=6] [CORE_A=2] [CORE_B=3] [extra bench flags...]
 set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: bench/walk_ab.sh OLD_CLI NEW_CLI [PAIRS] [CORE_A] [CORE_B] [bench flags...]" >&2
+  exit 2
+fi
 A=$1 B=$2 PAIRS=${3:-6} CA=${4:-2} CB=${5:-3}
 shift $(($# < 5 ? $# : 5))
+for exe in "$A" "$B"; do
+  [ -x "$exe" ] || { echo "walk_ab.sh: $exe is not an executable kvscope-cli" >&2; exit 2; }
+done
+case "$PAIRS" in '' | *[!0-9]*) echo "walk_ab.sh: PAIRS must be a positive integer, not '$PAIRS'" >&2; exit 2 ;; esac
+for core in "$CA" "$CB"; do
+  taskset -c "$core" true 2>/dev/null || { echo "walk_ab.sh: cannot pin to core '$core' (nproc: $(nproc))" >&2; exit 2; }
+done
 run() {  # core, binary, extra flags -> median thread CPU ms
   taskset -c "$1" "$2" bench --backend cpu --n 8192 --heads 1 --rounds 2 --repeat 30 "${@:3}" |
     sed -n 3p | sed 's/.*thread CPU time median *\([0-9.]*\) ms.*/\1/'

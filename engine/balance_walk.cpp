@@ -608,7 +608,7 @@ void walk_block_f32(const WalkBatch& b, const BlockRef& blk, F32Block& w) {
       gram_lower_f32_portable(xv, b.dv, p0, p1, ld, w.gv.data());
     }
 #if defined(KVS_GRAM_AVX2)
-    if (simd && wide_rows) {
+    if (wide_rows) {
       for (int r0 = p0; r0 < p1; r0 = (r0 / 16 + 1) * 16)
         kernel_rows_f32_avx512(w.gk.data(), w.gv.data(), p0, w.kern.data(), ld, r0,
                                std::min(p1, (r0 / 16 + 1) * 16), r0 / 16 + 1, temp, sqrt_d, beta,
