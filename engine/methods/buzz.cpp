@@ -1,42 +1,60 @@
 // BUZZ (Zhao et al., "BUZZ: Beehive-structured Sparse KV Cache with Segmented Heavy Hitters",
-// 2024; github.com/JunqiZhao888/buzz-llm): attention sinks, a sliding window, and a "beehive" of
-// local heavy hitters in between. Algorithms 1 and 2 of the paper, run over the capture's prefix:
+// 2024; reference code github.com/JunqiZhao888/buzz-llm, class BuzzKVCacheWithAccumulation in
+// entry_function/eval_inside_forward/cache/cache_entity_collection.py): attention sinks, a sliding
+// window, and a "beehive" of local heavy hitters in between. Algorithms 1 and 2 of the paper, run
+// over the capture's prefix one token at a time, as the authors' eval_long_ppl.py feeds their
+// class:
 //
-//   Tokens stream in order; each new token's query adds its (causal, group-averaged) attention
-//   row to the accumulated scores A. The first k tokens are sinks; the last w tokens are the
-//   window. A token that leaves the window joins the "new" buffer. When old survivors + new
-//   buffer exceed the threshold T (the authors' code tests `other_size > sample_threshold`), one
-//   eviction runs (Algorithm 1, line 15):
+//   Each arriving token joins the cache, and its query's attention over the cache is added to
+//   the accumulated scores A (accumulate = compressed-cache, the default and the authors' rule:
+//   the softmax runs over the *current, already compressed* cache, the token itself included, and
+//   a token gathers score only while it is cached; accumulate = full-prefix is KVScope's earlier
+//   rule: the causal softmax over every key 0..t, whether evicted or not). The first k tokens are
+//   sinks; the last w tokens are the window. A token that leaves the window joins the "new"
+//   buffer. When old survivors + new buffer exceed the threshold T (the authors' test
+//   `other_size > sample_threshold`), one eviction runs (Algorithm 1, line 15):
 //     old <- interval_sample(old, s^)  ++  local_max_sample(new, s),   new <- []
 //   with s^ = floor((s+1)/2) = ceil(s/2); interval_sample keeps old[0], old[s^], old[2 s^], ...;
 //   local_max_sample (Algorithm 2) keeps argmax A over each chunk new[idx .. idx+s) (the first
-//   maximum on ties, like torch.argmax).
+//   maximum on ties, like torch's max).
 //   At the end of the prefix, evictions repeat while sinks + old + new + window exceed the
-//   budget (the paper's Remark 2 for long prefills: "continuously conduct sampling until the
-//   selected tokens fit").
+//   budget m (the paper's Remark 2 for long prefills, "continuously conduct sampling until the
+//   selected tokens can fit within a container of length T + k + w"; here the container is m).
+//
+// The paper's ablations are switches: swap_strides (Fig. 8(a): new tokens chunked with s^, old
+// survivors re-sampled with stride s), local_max = 0 (Fig. 8(b), the authors' BuzzKVCacheNoMax:
+// interval sampling new[0], new[s], ... for the new tokens too) and log_n (Eq. 7-8: the scores
+// come from softmax(log_512(L) <q,k>/sqrt(d)), L the number of keys the query attends to, as the
+// line left commented out in the authors' modify_llama_forward.py computes it; it changes which
+// tokens are kept, while KVScope's error is still measured against the model's own attention).
 //
 // Mapping to the protocol and divergences (each shown in Selection::note when it applies):
 // - The stream is the middle [s, n-E): the protocol's sinks are always kept and play BUZZ's
 //   sinks; only when the protocol has fewer than k sinks are the first k - s middle tokens kept
 //   as BUZZ sinks (they count toward m). The window is the most recent w middle tokens.
-// - Scores are the attention each token has received from all queries so far, averaged over the
-//   GQA group (the authors' code sums the heads; the argmax is the same).
-// - Defaults k = 4, w = 160, s = 5, T = 400 (the authors' code). For budgets where the window
-//   would take more than half of m, w and T are scaled by the same factor (w = floor(m/2),
-//   T = max(s, round(T w_scaled / w))), keeping the given T/w ratio (2.5 for the defaults) and
-//   the paper's Theorem 3.1 picture of a steady state with about as many samples as window
-//   tokens (so the window should not take more than about half). Turn off with auto_scale = 0.
+// - GQA: the authors' class keeps one score row per query head and has no GQA path (its masks
+//   have the query heads' shape and are applied to the kv heads' tensors). KVScope's choice: the
+//   softmax rows of the group's query heads (each over the kv head's cached keys) are averaged
+//   into one score per kv head.
+// - Defaults k = 4, w = 160, s = 5, T = 400 (the authors' eval config, T/w = 2.5). For budgets
+//   where the window would take more than half of m, w = floor(m/2) and T follows the paper's
+//   Theorem 3.1 (Eq. 6): T/w = (s^2+1)/(s+1) for odd s (4.33 for s = 5), s - 1 for even s, the
+//   ratio at which the survivors after an eviction settle at about w (the steady state of
+//   a = a/s^ + (T-a)/s). auto_scale = given-ratio keeps the given T/w instead (KVScope's earlier
+//   rule: 2.5 with the defaults); auto_scale = off keeps w and T.
 // - The repeated final evictions shrink the middle in jumps (by about s and s^), so the result
 //   can land below m. To give BUZZ the same m as every other method, the remaining slots are
 //   filled with the most recent dropped middle tokens (top_up = recent, the default: the window
 //   grows backwards, following the paper's Remark 1 that sink and window have priority), or with
-//   the dropped tokens of highest accumulated score (top_up = score). On the stories260K sample
-//   captures "recent" gives the lower error (e.g. 0.077 vs 0.094 at ratio 1/8 on lily). With
-//   top_up = off the selection keeps fewer than m and says so.
-// - If even the window does not fit (auto_scale = 0 and w > m), its oldest tokens are dropped.
+//   the dropped tokens of highest accumulated score (top_up = score). The note says how many of
+//   the m slots the top-up filled. With top_up = off the selection keeps fewer than m and says so.
+// - If even the window does not fit (auto_scale = off and w > m), its oldest tokens are dropped.
+// tests/test_buzz.cpp checks the default against kept sets from the authors' class
+// (tests/data/buzz_authors.json, made by tools/buzz_golden.py).
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <iomanip>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -51,6 +69,14 @@ namespace {
 
 constexpr int kDefaultWindow = 160;
 constexpr int kDefaultThreshold = 400;
+
+enum Accumulate { kCompressedCache = 0, kFullPrefix = 1 };
+enum AutoScale { kScaleOff = 0, kScaleTheorem = 1, kScaleGivenRatio = 2 };
+
+// Theorem 3.1 (Eq. 6) of the paper: the T/w at which the survivors of an eviction settle at w.
+double theorem_ratio(int stride) {
+  return stride % 2 ? (stride * stride + 1.0) / (stride + 1.0) : stride - 1.0;
+}
 
 class Buzz final : public Method {
  public:
@@ -69,13 +95,30 @@ class Buzz final : public Method {
                    "survivors are re-sampled with stride ceil(s/2)"),
         param_spec("threshold", ParamSpec::Type::Int, 1, 65536, kDefaultThreshold,
                    "T: evict when old survivors + new buffer exceed T"),
-        param_spec("auto_scale", ParamSpec::Type::Bool, 0, 1, 1,
-                   "scale w and T down so the window takes at most half of the budget"),
+        param_spec("auto_scale", ParamSpec::Type::Choice, 0, 2, kScaleTheorem,
+                   "when the window would take more than half of the budget, w = m/2 and T/w "
+                   "from the paper's Theorem 3.1 ((s^2+1)/(s+1) for odd s, s-1 for even s), or "
+                   "the given T/w (KVScope's earlier rule); off keeps w and T",
+                   {"off", "theorem", "given-ratio"}),
         param_spec("top_up", ParamSpec::Type::Choice, 0, 2, 2,
                    "fill the slots left after the last eviction so BUZZ keeps exactly m: with "
                    "the highest-scoring dropped tokens, or the most recent ones (a longer "
                    "window)",
                    {"off", "score", "recent"}),
+        param_spec("accumulate", ParamSpec::Type::Choice, 0, 1, kCompressedCache,
+                   "scores: each query's softmax over the current compressed cache, a token "
+                   "scoring only while cached (the authors' code), or over the full causal "
+                   "prefix (KVScope's earlier rule)",
+                   {"compressed-cache", "full-prefix"}),
+        param_spec("swap_strides", ParamSpec::Type::Bool, 0, 1, 0,
+                   "ablation (paper Fig. 8a): new tokens chunked with ceil(s/2), old survivors "
+                   "re-sampled with stride s"),
+        param_spec("local_max", ParamSpec::Type::Bool, 0, 1, 1,
+                   "1: the heavy hitter of each chunk of new tokens; 0: its first token "
+                   "(ablation, paper Fig. 8b, the authors' BuzzKVCacheNoMax)"),
+        param_spec("log_n", ParamSpec::Type::Bool, 0, 1, 0,
+                   "BUZZ with log n (paper Eq. 7-8): scores from softmax(log_512(L) q.k/sqrt(d)), "
+                   "L = keys attended; the error is still against the model's attention"),
     };
   }
   bool needs_queries() const override { return true; }
@@ -89,29 +132,48 @@ class Buzz final : public Method {
     int window = static_cast<int>(param_value(specs, in.params, "window"));
     const int stride = static_cast<int>(param_value(specs, in.params, "stride"));
     int threshold = static_cast<int>(param_value(specs, in.params, "threshold"));
-    const bool auto_scale = param_value(specs, in.params, "auto_scale") >= 0.5;
+    const int auto_scale = static_cast<int>(param_value(specs, in.params, "auto_scale"));
     const int top_up = static_cast<int>(param_value(specs, in.params, "top_up"));
+    const int accumulate = static_cast<int>(param_value(specs, in.params, "accumulate"));
+    const bool swap_strides = param_value(specs, in.params, "swap_strides") >= 0.5;
+    const bool local_max = param_value(specs, in.params, "local_max") >= 0.5;
+    const bool log_n = param_value(specs, in.params, "log_n") >= 0.5;
     if (sink < 0) throw InputError("buzz.sink must be >= 0");
     if (window < 0) throw InputError("buzz.window must be >= 0");
     if (stride < 1) throw InputError("buzz.stride must be >= 1");
     if (threshold < 1) throw InputError("buzz.threshold must be >= 1");
     const int m = in.budget;
     const int small_stride = (stride + 1) / 2;
+    const int new_stride = swap_strides ? small_stride : stride;
+    const int old_stride = swap_strides ? stride : small_stride;
 
     std::ostringstream note;  // parts start with a space; trimmed at the end
-    if (auto_scale && 2 * window > m) {
+    if (auto_scale != kScaleOff && 2 * window > m) {
       const int scaled_window = m / 2;
+      const bool theorem = auto_scale == kScaleTheorem;
+      // given-ratio: T scaled by the window's factor, as KVScope computed it before.
       const double factor = window > 0 ? static_cast<double>(scaled_window) / window : 0.0;
-      const int scaled_threshold =
-          std::max(stride, static_cast<int>(std::lround(threshold * factor)));
-      note << " window " << scaled_window << ", threshold " << scaled_threshold << " (scaled from "
-           << window << "/" << threshold << " so the window is at most half of m = " << m << ");";
+      const double ratio = theorem      ? theorem_ratio(stride)
+                           : window > 0 ? static_cast<double>(threshold) / window
+                                        : 0.0;
+      const int scaled_threshold = std::max(
+          stride,
+          static_cast<int>(std::lround(theorem ? scaled_window * ratio : threshold * factor)));
+      note << " window " << scaled_window << ", threshold " << scaled_threshold << " (window at "
+           << "most half of m = " << m << ", T/w = " << std::setprecision(3) << ratio
+           << (theorem ? " by the paper's Theorem 3.1 for stride " + std::to_string(stride)
+                       : std::string(" as given"))
+           << "; given " << window << "/" << threshold << ");";
       window = scaled_window;
       threshold = scaled_threshold;
     } else {
       note << " window " << window << ", threshold " << threshold << ";";
     }
-    note << " stride " << stride << "/" << small_stride << ";";
+    note << " stride " << new_stride << "/" << old_stride
+         << (swap_strides ? " (swapped: new/old, ablation)" : "") << ";";
+    if (!local_max) note << " no local max (new tokens interval-sampled, ablation);";
+    if (accumulate == kFullPrefix) note << " scores over the full prefix;";
+    if (log_n) note << " log n scores;";
 
     const int n_mid = in.mid_end - in.mid_begin;
     std::vector<double> acc(in.mid_end, 0.0);  // accumulated attention per key
@@ -121,35 +183,90 @@ class Buzz final : public Method {
 
     auto evict = [&]() {
       std::vector<int> next;
-      for (size_t i = 0; i < old_kept.size(); i += small_stride) next.push_back(old_kept[i]);
-      for (size_t c = 0; c < fresh.size(); c += stride) {
-        const size_t end = std::min(fresh.size(), c + stride);
+      for (size_t i = 0; i < old_kept.size(); i += old_stride) next.push_back(old_kept[i]);
+      for (size_t c = 0; c < fresh.size(); c += new_stride) {
+        const size_t end = std::min(fresh.size(), c + new_stride);
         int best = fresh[c];
-        for (size_t i = c + 1; i < end; ++i)
-          if (acc[fresh[i]] > acc[best]) best = fresh[i];
+        if (local_max)
+          for (size_t i = c + 1; i < end; ++i)
+            if (acc[fresh[i]] > acc[best]) best = fresh[i];
         next.push_back(best);
       }
       old_kept = std::move(next);
       fresh.clear();
       ++evictions;
     };
+    // Token t arrives (after its scores were added): a sink, or the window's newest token.
+    auto arrive = [&](int t) {
+      if (t < sink) {
+        sinks.push_back(t);
+        return;
+      }
+      recent.push_back(t);
+      if (static_cast<int>(recent.size()) > window) {
+        fresh.push_back(recent.front());
+        recent.pop_front();
+      }
+      if (static_cast<int>(old_kept.size() + fresh.size()) > threshold) evict();
+    };
 
-    for_each_attention_row(
-        in.queries, *in.keys, in.mid_begin, in.mid_end,
-        [&](int t, const double* p) {
-          for (int i = in.mid_begin; i <= t; ++i) acc[i] += p[i];
-          if (t < sink) {
-            sinks.push_back(t);
-            return;
+    if (accumulate == kFullPrefix && !log_n) {
+      // KVScope's earlier rule, computed as before (blocked causal rows).
+      for_each_attention_row(
+          in.queries, *in.keys, in.mid_begin, in.mid_end,
+          [&](int t, const double* p) {
+            for (int i = in.mid_begin; i <= t; ++i) acc[i] += p[i];
+            arrive(t);
+          },
+          in.cancel);
+    } else {
+      // One row per step over the keys the query attends to: the cache as it stands with the
+      // new token in it (compressed-cache), or every key 0..t (full-prefix with log n).
+      const int d = static_cast<int>(in.keys->cols());
+      const MatrixD keys = in.keys->topRows(in.mid_end).cast<double>();
+      std::vector<MatrixD> queries;
+      for (const MatrixF* q : in.queries) queries.push_back(q->topRows(in.mid_end).cast<double>());
+      const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
+      const double group = static_cast<double>(queries.size());
+      std::vector<int> ids;
+      std::vector<double> logits;
+      for (int t = in.mid_begin; t < in.mid_end; ++t) {
+        if ((t - in.mid_begin) % 64 == 0 && in.cancel && in.cancel->load(std::memory_order_relaxed))
+          throw Cancelled();
+        ids.clear();
+        if (accumulate == kFullPrefix) {
+          for (int i = 0; i <= t; ++i) ids.push_back(i);
+        } else {
+          // The cache before t arrives, then t itself (where arrive() will put it).
+          for (int i = 0; i < in.mid_begin; ++i) ids.push_back(i);
+          ids.insert(ids.end(), sinks.begin(), sinks.end());
+          ids.insert(ids.end(), old_kept.begin(), old_kept.end());
+          ids.insert(ids.end(), fresh.begin(), fresh.end());
+          ids.insert(ids.end(), recent.begin(), recent.end());
+          ids.push_back(t);
+        }
+        const double scale =
+            inv_sqrt_d *
+            (log_n ? std::log(static_cast<double>(ids.size())) / std::log(512.0) : 1.0);
+        logits.resize(ids.size());
+        for (const MatrixD& q : queries) {
+          const double* qt = q.row(t).data();
+          double mx = -std::numeric_limits<double>::infinity();
+          for (size_t j = 0; j < ids.size(); ++j) {
+            const double* k = keys.row(ids[j]).data();
+            double dot = 0;
+            for (int c = 0; c < d; ++c) dot += qt[c] * k[c];
+            logits[j] = dot * scale;
+            mx = std::max(mx, logits[j]);
           }
-          recent.push_back(t);
-          if (static_cast<int>(recent.size()) > window) {
-            fresh.push_back(recent.front());
-            recent.pop_front();
-          }
-          if (static_cast<int>(old_kept.size() + fresh.size()) > threshold) evict();
-        },
-        in.cancel);
+          double z = 0;
+          for (double& x : logits) z += (x = std::exp(x - mx));
+          const double norm = 1.0 / (z * group);
+          for (size_t j = 0; j < ids.size(); ++j) acc[ids[j]] += logits[j] * norm;
+        }
+        arrive(t);
+      }
+    }
     const int streamed_evictions = evictions;
 
     auto total = [&] {
@@ -157,7 +274,7 @@ class Buzz final : public Method {
     };
     // Remark 2: keep sampling until the middle fits. An eviction makes progress while the new
     // buffer is non-empty or the old survivors can still be thinned.
-    while (total() > m && (!fresh.empty() || (old_kept.size() > 1 && small_stride > 1))) evict();
+    while (total() > m && (!fresh.empty() || (old_kept.size() > 1 && old_stride > 1))) evict();
     if (total() > m) {
       // Only sinks and window are left and they do not fit: drop the window's oldest tokens,
       // then (degenerate budgets) the last sinks.
@@ -176,7 +293,8 @@ class Buzz final : public Method {
          << evictions - streamed_evictions << " to fit m;";
 
     std::vector<double> scores(acc.begin() + in.mid_begin, acc.end());
-    const int missing = m - total();
+    const int fitted = total();
+    const int missing = m - fitted;
     if (missing > 0 && top_up != 0) {
       // Rank the dropped tokens by accumulated score (top_up = score) or by position (recent).
       std::vector<double> rank(n_mid);
@@ -184,9 +302,11 @@ class Buzz final : public Method {
         rank[i] = kept[i] ? -std::numeric_limits<double>::infinity()
                           : (top_up == 1 ? scores[i] : static_cast<double>(i));
       for (int i : top_m_indices(rank, missing)) kept[i] = 1;
-      note << " topped up " << missing << (top_up == 1 ? " by score;" : " with the most recent;");
+      note << " the fit left " << fitted << " of m = " << m << ": topped up " << missing << " ("
+           << std::lround(100.0 * missing / m) << "% of m)"
+           << (top_up == 1 ? " by score;" : " with the most recent dropped tokens;");
     } else if (missing > 0) {
-      note << " keeps " << total() << " < m = " << m << " (top_up off);";
+      note << " keeps " << fitted << " < m = " << m << " (top_up off);";
     }
 
     Selection sel;
