@@ -115,6 +115,57 @@ class MetadataReader {
   std::string where_;
 };
 
+// RoPE of the keys and queries (engine/rope.h): `rope_theta` (a positive number) and `rope_layout`
+// ("interleaved" | "half") when stored; otherwise what made the file fixes them: llama2.c's run.c
+// (engine/llama2c.cpp, metadata `llama2c_config`) always rotates pairs (2i, 2i+1) with theta
+// 10000, and `kvscope-cli synth` (engine/synth.cpp, metadata `synthetic_shape`) rotate-half with
+// theta 500000. Anything else stays unknown, and methods that need it refuse.
+RopeInfo read_rope(const MetadataReader& meta, int head_dim) {
+  RopeInfo rope;
+  const std::string* theta = meta.find("rope_theta");
+  const std::string* layout = meta.find("rope_layout");
+  if (theta) {
+    const std::string shown = theta->size() > 40 ? theta->substr(0, 40) + "..." : *theta;
+    double value = 0;
+    auto [end, ec] = std::from_chars(theta->data(), theta->data() + theta->size(), value);
+    if (ec != std::errc() || end != theta->data() + theta->size() || !std::isfinite(value) ||
+        value <= 1)
+      throw InputError(meta.where() + " entry \"rope_theta\" = \"" + shown +
+                       "\" is not a number above 1");
+    rope.theta = value;
+  }
+  if (layout) {
+    if (*layout == "interleaved")
+      rope.layout = RopeInfo::Layout::Interleaved;
+    else if (*layout == "half")
+      rope.layout = RopeInfo::Layout::Half;
+    else
+      throw InputError(meta.where() + " entry \"rope_layout\" = \"" +
+                       (layout->size() > 40 ? layout->substr(0, 40) + "..." : *layout) +
+                       "\", expected \"interleaved\" or \"half\"");
+  }
+  if (!theta && !layout) {
+    if (meta.find("llama2c_config")) {
+      rope.layout = RopeInfo::Layout::Interleaved;
+      rope.theta = 10000;
+    } else if (meta.find("synthetic_shape")) {
+      rope.layout = RopeInfo::Layout::Half;
+      rope.theta = 500000;
+    }
+  }
+  if (head_dim % 2 != 0) {
+    rope = RopeInfo();
+    rope.missing = "head_dim " + std::to_string(head_dim) + " is odd, so RoPE cannot apply";
+  } else if (!rope.known()) {
+    rope.layout = RopeInfo::Layout::Unknown;
+    rope.missing = std::string("the capture metadata has no ") +
+                   (!theta ? (!layout ? "\"rope_theta\" and \"rope_layout\"" : "\"rope_theta\"")
+                           : "\"rope_layout\"") +
+                   " (docs/capture-format.md)";
+  }
+  return rope;
+}
+
 // True when some value is NaN or +-Inf (exponent bits all ones) or larger in magnitude than
 // kMaxCaptureAbsValue (compared on the bits of |x|: for non-negative floats the bit patterns order
 // like the values). Written as a branch-free reduction so it vectorises; Eigen's allFinite() runs
@@ -278,6 +329,7 @@ class ArchiveCapture final : public CaptureFile {
     if (const std::string* rope = meta.find("rope"); rope && *rope != "applied")
       throw InputError(meta.where() + " entry \"rope\" = \"" + *rope +
                        "\": KVScope needs keys and queries after RoPE (\"applied\")");
+    info_.rope = read_rope(meta, info_.head_dim);
     if (const std::string* v = meta.find("model")) info_.model = *v;
     if (const std::string* v = meta.find("prompt")) info_.prompt = *v;
     if (const std::string* v = meta.find("source")) info_.source = *v;
@@ -425,6 +477,7 @@ class ArchiveCapture final : public CaptureFile {
   std::shared_ptr<const LayerData> load(int L) const {
     auto data = std::make_shared<LayerData>();
     data->layer = L;
+    data->rope = info_.rope;
     data->refused.assign(info_.kv_heads, std::string());
     auto refuse = [&](int kv, const std::string& reason) {
       std::string& r = data->refused[kv];

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/rope.h"
 #include "engine/tensor.h"
 
 namespace kvscope {
@@ -44,7 +45,8 @@ struct CaptureInfo {
   bool synthetic = false;  // metadata "synthetic" == "true": always labelled in the UI
   std::vector<std::string> tokens;
   std::map<std::string, std::string> metadata;  // every __metadata__ entry as stored
-  std::string file_format;                      // "safetensors" or "npz"
+  RopeInfo rope;            // from rope_theta / rope_layout, or what made the file (engine/rope.h)
+  std::string file_format;  // "safetensors" or "npz"
   long long file_bytes = 0;
 
   int group_size() const { return kv_heads > 0 ? q_heads / kv_heads : 1; }
@@ -60,6 +62,7 @@ struct LayerData {
   std::vector<MatrixF> queries;  // [q_heads] n x d, empty when the capture has none
   // Per kv head: empty when usable, else why it is refused (e.g. NaN in layers.3.key head 1).
   std::vector<std::string> refused;
+  RopeInfo rope;  // the capture's (CaptureInfo::rope)
 
   // The query heads of kv head `kv` (GQA group), as pointers into `queries`.
   std::vector<const MatrixF*> group_queries(int kv) const;

@@ -742,11 +742,18 @@ CaptureData make_capture(const Transformer& model, const Generation& generation,
   info.metadata["kv_heads"] = std::to_string(c.n_kv_heads);
   info.metadata["head_dim"] = std::to_string(hs);
   info.metadata["llama2c_config"] = config_string(c);
+  // run.c's RoPE (forward() above). Not written as rope_theta / rope_layout: the loader derives
+  // them from llama2c_config (engine/capture.cpp, read_rope), and the sample captures stay the
+  // bytes they are.
+  info.rope.layout = RopeInfo::Layout::Interleaved;
+  info.rope.theta = 10000;
 
   data.layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     LayerData& layer = data.layers[l];
     layer.layer = l;
+    layer.rope.layout = RopeInfo::Layout::Interleaved;
+    layer.rope.theta = 10000;
     for (int kv = 0; kv < c.n_kv_heads; ++kv) {
       layer.keys.push_back(model.keys(l).block(0, kv * hs, n, hs));
       layer.values.push_back(model.values(l).block(0, kv * hs, n, hs));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/rope.h"
 #include "engine/tensor.h"
 #include "engine/walk_trace.h"
 
@@ -57,6 +58,7 @@ struct MethodInput {
   int trace_query = -1;  // query position used in walk traces (-1: last)
   const std::atomic<bool>* cancel = nullptr;
   Backend* backend = nullptr;  // nullptr: CPU
+  RopeInfo rope;               // how keys and queries were rotated (the capture's; engine/rope.h)
 };
 
 // A score-ranking method's ordering of the middle (see Method::ranks_by_score).
@@ -126,6 +128,11 @@ std::unique_ptr<Method> make_snapkv();
 std::unique_ptr<Method> make_pyramidkv();
 std::unique_ptr<Method> make_tova();
 std::unique_ptr<Method> make_knorm();
+// Ports of kvpress presses (docs/methods.md, "kvpress presses").
+std::unique_ptr<Method> make_keydiff();
+std::unique_ptr<Method> make_lagkv();
+std::unique_ptr<Method> make_cur();
+std::unique_ptr<Method> make_expected_attention();
 std::unique_ptr<Method> make_subgen();
 std::unique_ptr<Method> make_subgen_kcenter();
 std::unique_ptr<Method> make_buzz();

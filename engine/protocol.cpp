@@ -246,6 +246,7 @@ MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_hea
   in.kv_head = kv_head;
   in.seed = seed;
   in.params = params;
+  in.rope = layer.rope;
   return in;
 }
 

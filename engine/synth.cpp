@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 
 #include "engine/error.h"
@@ -225,6 +226,14 @@ SynthGenerator::SynthGenerator(const SynthSpec& spec) : spec_(spec) {
   info_.has_queries = true;
   info_.metadata["synthetic_shape"] = spec.shape;
   info_.metadata["synthetic_seed"] = std::to_string(spec.seed);
+  if (spec.apply_rope) {
+    char theta[32];
+    std::snprintf(theta, sizeof theta, "%.17g", spec.rope_theta);
+    info_.metadata["rope_theta"] = theta;
+    info_.metadata["rope_layout"] = "half";
+    info_.rope.layout = RopeInfo::Layout::Half;
+    info_.rope.theta = spec.rope_theta;
+  }
   info_.tokens.reserve(n);
   for (int t = 0; t < n; ++t) info_.tokens.push_back("<syn " + std::to_string(t) + ">");
 
@@ -305,6 +314,7 @@ LayerData SynthGenerator::layer(int L) const {
 
   LayerData out;
   out.layer = L;
+  out.rope = info_.rope;
   out.refused.assign(spec_.kv_heads, std::string());
   out.keys.assign(spec_.kv_heads, MatrixF(n, d));
   out.values.assign(spec_.kv_heads, MatrixF(n, d));

@@ -17,6 +17,10 @@ const std::vector<const Method*>& all_methods() {
     m.push_back(make_pyramidkv());
     m.push_back(make_tova());
     m.push_back(make_knorm());
+    m.push_back(make_keydiff());
+    m.push_back(make_lagkv());
+    m.push_back(make_cur());
+    m.push_back(make_expected_attention());
     m.push_back(make_subgen());
     m.push_back(make_subgen_kcenter());
     m.push_back(make_buzz());

@@ -1,0 +1,133 @@
+// Expected Attention (Devoto et al., "Expected Attention: KV Cache Compression by Estimating
+// Attention from Future Queries Distribution", 2025), ported from kvpress's
+// ExpectedAttentionPress (kvpress/presses/expected_attention_press.py, the reference;
+// docs/methods.md names the commit). The queries of the context after `n_sink` tokens, before
+// RoPE, give a mean mu and covariance S (divided by their count); RoPE averaged over the next
+// `n_future_positions` positions, R = mean_p R(p), moves them to where future queries will be
+// (mu' = R mu, S' = R S R^T). A key k (after RoPE) then expects the logit
+// k.mu'/sqrt(d) + k^T S' k / (2d) (the log of E[exp(q.k/sqrt(d))] for Gaussian q); the softmax
+// over the context's keys after the sinks, averaged over the GQA group's query heads and scaled
+// by (score + epsilon) |v|, is the score. The first n_sink tokens score above every other.
+//
+// Mapping to the protocol (docs/methods.md, "kvpress presses"): the press's prefill is the prefix
+// [0, n-E), so the statistics use the captured queries of [n_sink, n-E) rotated back to before
+// RoPE (the capture stores them after RoPE; engine/rope.h, with the capture's rope_theta and
+// rope_layout: a capture without them is refused), the future positions are [n-E, n-E+512), and
+// the top m of the middle are kept, weight 1. Everything is double; the RoPE angles are computed
+// in double (Hugging Face's rotary embedding computes them in float32). Only unscaled RoPE
+// (theta^(-2i/d)) is modelled.
+#include <algorithm>
+#include <cmath>
+
+#include "engine/attention_scores.h"
+#include "engine/error.h"
+#include "engine/method.h"
+
+namespace kvscope {
+namespace {
+
+std::vector<ParamSpec> ea_params() {
+  return {
+      param_spec("n_future_positions", ParamSpec::Type::Int, 1, 1 << 20, 512,
+                 "future positions RoPE is averaged over"),
+      param_spec("n_sink", ParamSpec::Type::Int, 0, 4096, 4,
+                 "first tokens left out of the query statistics and kept first"),
+      param_spec("use_covariance", ParamSpec::Type::Bool, 0, 1, 1,
+                 "add the queries' covariance term k^T S k / (2d)"),
+      param_spec("use_vnorm", ParamSpec::Type::Bool, 0, 1, 1,
+                 "scale by the value norm: (score + epsilon) |v|"),
+      param_spec("epsilon", ParamSpec::Type::Float, 0, 1, 0, "added before the value-norm scaling"),
+  };
+}
+
+class ExpectedAttention final : public Method {
+ public:
+  std::string name() const override { return "expected-attention"; }
+  std::string summary() const override {
+    return "kvpress Expected Attention: top m by the attention Gaussian future queries "
+           "(mean, covariance, averaged RoPE) expect, times |v|";
+  }
+  std::vector<ParamSpec> params() const override { return ea_params(); }
+  bool needs_queries() const override { return true; }
+  bool depends_on_seed() const override { return false; }
+  bool ranks_by_score() const override { return true; }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
+    return prefix_selection(in, r, in.budget);
+  }
+  Ranking rank(const MethodInput& in) const override {
+    check_method_input(in, name(), true);
+    check_params(params(), in.params, name());
+    if (!in.rope.known())
+      throw InputError(name() +
+                       ": needs the capture's RoPE (rope_theta and rope_layout) to rotate the "
+                       "queries back to before RoPE, and " +
+                       (in.rope.missing.empty() ? std::string("it is unknown") : in.rope.missing));
+    const auto specs = params();
+    const int future = static_cast<int>(param_value(specs, in.params, "n_future_positions"));
+    const int sink = static_cast<int>(param_value(specs, in.params, "n_sink"));
+    const bool use_cov = param_value(specs, in.params, "use_covariance") >= 0.5;
+    const bool use_vnorm = param_value(specs, in.params, "use_vnorm") >= 0.5;
+    const double eps = param_value(specs, in.params, "epsilon");
+    const int ctx = in.mid_end, d = static_cast<int>(in.keys->cols());
+    if (ctx <= sink)
+      throw InputError(name() + ": the context [0, n-E) has " + std::to_string(ctx) +
+                       " tokens, not more than n_sink = " + std::to_string(sink));
+    const int count = ctx - sink;
+
+    // R = mean over positions p in [ctx, ctx + future) of RoPE's rotation at p.
+    MatrixD R = MatrixD::Zero(d, d);
+    for (int i = 0; i < d / 2; ++i) {
+      const double freq = std::pow(in.rope.theta, -2.0 * i / d);
+      double c = 0, s = 0;
+      for (int p = ctx; p < ctx + future; ++p) {
+        c += std::cos(p * freq);
+        s += std::sin(p * freq);
+      }
+      c /= future, s /= future;
+      const int a = rope_first(in.rope.layout, d, i), b = rope_second(in.rope.layout, d, i);
+      R(a, a) = c, R(a, b) = -s, R(b, a) = s, R(b, b) = c;
+    }
+
+    MatrixD K(count, d);
+    for (int t = sink; t < ctx; ++t) K.row(t - sink) = in.keys->row(t).cast<double>();
+    std::vector<double> mean_probs(count, 0.0);
+    for (const MatrixF* Q : in.queries) {
+      if (in.cancel && in.cancel->load()) throw Cancelled();
+      const MatrixD q = unrotate_rows(*Q, sink, ctx, in.rope);
+      const Eigen::RowVectorXd mu = q.colwise().mean();
+      const Eigen::VectorXd mu_r = R * mu.transpose();
+      Eigen::VectorXd logits = K * mu_r / std::sqrt(static_cast<double>(d));
+      if (use_cov) {
+        const MatrixD centred = q.rowwise() - mu;
+        const MatrixD cov = (centred.transpose() * centred) / static_cast<double>(count);
+        const MatrixD cov_r = R * cov * R.transpose();
+        const MatrixD KC = K * cov_r;
+        logits += (KC.cwiseProduct(K)).rowwise().sum() / static_cast<double>(d) / 2.0;
+      }
+      const double top = logits.maxCoeff();
+      double sum = 0;
+      for (int j = 0; j < count; ++j) sum += std::exp(logits[j] - top);
+      for (int j = 0; j < count; ++j)
+        mean_probs[j] += std::exp(logits[j] - top) / sum / static_cast<double>(in.queries.size());
+    }
+    double best = -INFINITY;
+    for (int j = 0; j < count; ++j) {
+      if (use_vnorm)
+        mean_probs[j] = (mean_probs[j] + eps) * in.values->row(sink + j).cast<double>().norm();
+      best = std::max(best, mean_probs[j]);
+    }
+    std::vector<double> scores(in.mid_end - in.mid_begin);
+    for (int t = in.mid_begin; t < in.mid_end; ++t)
+      scores[t - in.mid_begin] = t < sink ? best + 1 : mean_probs[t - sink];
+    return rank_by_scores(scores, scores);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Method> make_expected_attention() {
+  return std::make_unique<ExpectedAttention>();
+}
+
+}  // namespace kvscope
