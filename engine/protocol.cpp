@@ -18,6 +18,7 @@
 
 #include "engine/backend.h"
 #include "engine/error.h"
+#include "engine/json_fields.h"
 #include "engine/selection_check.h"
 
 namespace kvscope {
@@ -805,101 +806,100 @@ nlohmann::json EvalReport::to_json() const {
 }
 
 EvalReport EvalReport::from_json(const nlohmann::json& j) {
+  // Every field is read through JsonField: a wrong type, a missing field or a value out of range
+  // throws InputError naming the field's path ("eval report field \"results[3].mean\": expected a
+  // number, got null"). Ranges are checked before anything is sized by them (merge allocates per
+  // shard and per work item).
   EvalReport rep;
+  const JsonField doc(j, "eval report");
+  if (!j.is_object() || !j.contains("format") || !j["format"].is_string() ||
+      j["format"].get<std::string>() != "kvscope-eval/1")
+    doc.fail("not a kvscope eval report (\"format\" is not \"kvscope-eval/1\")");
+
+  const JsonField c = doc.at("capture");
+  rep.capture_path = c.at("path").string();
+  rep.info.path = rep.capture_path;
+  rep.info.model = c.at("model").string();
+  rep.info.source = c.get("source", "");
+  rep.info.synthetic = c.get("synthetic", false);
+  rep.info.num_layers = c.at("num_layers").integer(1, kMaxCaptureLayers);
+  rep.info.q_heads = c.at("q_heads").integer(1, kMaxCaptureHeads);
+  rep.info.kv_heads = c.at("kv_heads").integer(1, kMaxCaptureHeads);
+  rep.info.head_dim = c.at("head_dim").integer(1, kMaxCaptureHeadDim);
+  rep.info.value_dim = c.get("value_dim", rep.info.head_dim, 1, kMaxCaptureHeadDim);
+  rep.info.num_tokens = c.at("num_tokens").integer(1, kMaxCaptureTokens);
+  rep.info.has_queries = c.at("has_queries").boolean();
+
+  const JsonField s = doc.at("spec");
+  for (const JsonField& name : s.at("methods").elements()) {
+    const Method* m = find_method(name.string());
+    if (!m) name.fail("unknown method '" + name.string() + "'");
+    rep.spec.methods.push_back(m);
+  }
+  const JsonField ratios = s.at("ratios");
+  if (ratios.size() < 1 || ratios.size() > 1000)
+    ratios.fail("holds " + std::to_string(ratios.size()) + " ratios, expected 1 to 1000");
+  rep.spec.ratios.clear();  // EvalSpec's default ratios are not the report's
+  for (const JsonField& r : ratios.elements()) {
+    const double x = r.number();
+    if (!(x > 0 && x <= 1)) r.fail(fmt_double(x) + " is not a keep ratio in (0, 1]");
+    rep.spec.ratios.push_back(x);
+  }
+  rep.spec.seeds = s.at("seeds").integer(1, kMaxSeeds);
+  rep.spec.base_seed = s.at("base_seed").unsigned_integer();
+  rep.spec.layers = s.at("layers").integers(0, rep.info.num_layers - 1);
+  rep.spec.heads = s.at("heads").integers(0, rep.info.kv_heads - 1);
+  if (rep.spec.layers.size() > static_cast<size_t>(rep.info.num_layers) ||
+      rep.spec.heads.size() > static_cast<size_t>(rep.info.kv_heads))
+    s.fail("lists more layers or heads than the capture has");
+  for (const auto& [method, values] : s.at("params").members())
+    for (const auto& [name, value] : values.members())
+      rep.spec.params[method][name] = value.number();
+  rep.spec.sink = s.at("sink").integer(-1, kMaxCaptureTokens);
+  rep.spec.eval = s.at("eval").integer(-1, kMaxCaptureTokens);
+  rep.spec.shard_count = s.at("shard_count").integer(1, kMaxShards);
+  rep.spec.shard_index = s.at("shard_index").integer(0, rep.spec.shard_count - 1);
+  if (const std::optional<JsonField> e = s.find("estimator")) {
+    const std::string name = e->string();
+    if (name != "weighted" && name != "authors")
+      e->fail("'" + name + "' is not weighted or authors");
+    rep.spec.estimator = parse_estimator(name);
+  }
   try {
-    if (!j.is_object() || j.value("format", "") != "kvscope-eval/1")
-      throw InputError("not a kvscope eval report (\"format\" is not \"kvscope-eval/1\")");
-    const auto& c = j.at("capture");
-    rep.capture_path = c.at("path").get<std::string>();
-    rep.info.path = rep.capture_path;
-    rep.info.model = c.at("model").get<std::string>();
-    rep.info.source = c.value("source", "");
-    rep.info.synthetic = c.value("synthetic", false);
-    rep.info.num_layers = c.at("num_layers").get<int>();
-    rep.info.q_heads = c.at("q_heads").get<int>();
-    rep.info.kv_heads = c.at("kv_heads").get<int>();
-    rep.info.head_dim = c.at("head_dim").get<int>();
-    rep.info.value_dim = c.value("value_dim", rep.info.head_dim);
-    rep.info.num_tokens = c.at("num_tokens").get<int>();
-    rep.info.has_queries = c.at("has_queries").get<bool>();
+    rep.window_example =
+        EvalWindow::make(rep.info.num_tokens, rep.spec.ratios[0], rep.spec.sink, rep.spec.eval);
+  } catch (const InputError& e) {
+    s.fail(std::string("its window does not fit the capture: ") + e.what());
+  }
 
-    const auto& s = j.at("spec");
-    for (const std::string& name : s.at("methods").get<std::vector<std::string>>()) {
-      const Method* m = find_method(name);
-      if (!m) throw InputError("unknown method '" + name + "' in \"spec\".\"methods\"");
-      rep.spec.methods.push_back(m);
-    }
-    rep.spec.ratios = s.at("ratios").get<std::vector<double>>();
-    rep.spec.seeds = s.at("seeds").get<int>();
-    rep.spec.base_seed = s.at("base_seed").get<uint64_t>();
-    rep.spec.layers = s.at("layers").get<std::vector<int>>();
-    rep.spec.heads = s.at("heads").get<std::vector<int>>();
-    for (const auto& [method, values] : s.at("params").items())
-      for (const auto& [name, value] : values.items())
-        rep.spec.params[method][name] = value.get<double>();
-    rep.spec.sink = s.at("sink").get<int>();
-    rep.spec.eval = s.at("eval").get<int>();
-    rep.spec.shard_index = s.at("shard_index").get<int>();
-    rep.spec.shard_count = s.at("shard_count").get<int>();
-    // Checked before anything is sized by them (merge allocates per shard and per work item).
-    auto in_range = [](long long v, long long lo, long long hi, const std::string& what) {
-      if (v < lo || v > hi)
-        throw InputError(what + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) +
-                         ", " + std::to_string(hi) + "]");
-    };
-    in_range(rep.spec.shard_count, 1, kMaxShards, "\"spec\".\"shard_count\"");
-    in_range(rep.spec.shard_index, 0, rep.spec.shard_count - 1, "\"spec\".\"shard_index\"");
-    in_range(rep.spec.seeds, 1, kMaxSeeds, "\"spec\".\"seeds\"");
-    in_range(rep.info.num_layers, 1, kMaxCaptureLayers, "\"capture\".\"num_layers\"");
-    in_range(rep.info.kv_heads, 1, kMaxCaptureHeads, "\"capture\".\"kv_heads\"");
-    in_range(rep.info.q_heads, 1, kMaxCaptureHeads, "\"capture\".\"q_heads\"");
-    in_range(rep.info.num_tokens, 1, kMaxCaptureTokens, "\"capture\".\"num_tokens\"");
-    in_range(static_cast<long long>(rep.spec.ratios.size()), 1, 1000,
-             "the number of \"spec\".\"ratios\"");
-    for (int l : rep.spec.layers)
-      in_range(l, 0, rep.info.num_layers - 1, "a \"spec\".\"layers\" entry");
-    for (int h : rep.spec.heads)
-      in_range(h, 0, rep.info.kv_heads - 1, "a \"spec\".\"heads\" entry");
-    if (rep.spec.layers.size() > static_cast<size_t>(rep.info.num_layers) ||
-        rep.spec.heads.size() > static_cast<size_t>(rep.info.kv_heads))
-      throw InputError("\"spec\" lists more layers or heads than the capture has");
-    rep.spec.estimator = parse_estimator(s.value("estimator", "weighted"));
-    if (rep.spec.ratios.empty()) throw InputError("\"spec\".\"ratios\" is empty");
-    if (rep.info.num_tokens > 0)
-      rep.window_example =
-          EvalWindow::make(rep.info.num_tokens, rep.spec.ratios[0], rep.spec.sink, rep.spec.eval);
-
-    rep.proxy_queries = j.value("proxy_queries", false);
-    rep.notes = j.value("notes", std::vector<std::string>{});
-    const size_t max_results =
-        static_cast<size_t>(rep.spec.methods.size()) * rep.spec.ratios.size() *
-        std::max<size_t>(1, rep.spec.layers.size()) * std::max<size_t>(1, rep.spec.heads.size());
-    if (j.at("results").size() > max_results)
-      throw InputError("\"results\" holds " + std::to_string(j.at("results").size()) +
-                       " entries, more than the spec's " + std::to_string(max_results) +
-                       " work items");
-    for (const auto& r : j.at("results")) {
-      HeadEval he;
-      he.method = r.at("method").get<std::string>();
-      he.ratio = r.at("ratio").get<double>();
-      he.layer = r.at("layer").get<int>();
-      he.kv_head = r.at("kv_head").get<int>();
-      he.mean = r.at("mean").get<double>();
-      he.std = r.at("std").get<double>();
-      he.normalized_mean = r.value("normalized_mean", 0.0);
-      he.mass_mean = r.value("mass_mean", 0.0);
-      he.per_seed = r.value("per_seed", std::vector<double>{});
-      he.per_query = r.value("per_query", std::vector<double>{});
-      he.refused = r.value("refused", false);
-      he.note = r.value("note", "");
-      he.error = r.value("error", "");
-      he.kept = r.value("kept", 0);
-      he.budget = r.value("budget", 0);
-      he.saturation = r.value("saturation", -1.0);
-      rep.results.push_back(std::move(he));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(std::string("eval report: ") + e.what());
+  rep.proxy_queries = doc.get("proxy_queries", false);
+  if (const std::optional<JsonField> notes = doc.find("notes")) rep.notes = notes->strings();
+  const JsonField results = doc.at("results");
+  const size_t max_results = static_cast<size_t>(rep.spec.methods.size()) * rep.spec.ratios.size() *
+                             std::max<size_t>(1, rep.spec.layers.size()) *
+                             std::max<size_t>(1, rep.spec.heads.size());
+  if (results.size() > max_results)
+    results.fail("holds " + std::to_string(results.size()) + " entries, more than the spec's " +
+                 std::to_string(max_results) + " work items");
+  for (const JsonField& r : results.elements()) {
+    HeadEval he;
+    he.method = r.at("method").string();
+    he.ratio = r.at("ratio").number();
+    he.layer = r.at("layer").integer(0, rep.info.num_layers - 1);
+    he.kv_head = r.at("kv_head").integer(0, rep.info.kv_heads - 1);
+    he.mean = r.at("mean").number();
+    he.std = r.at("std").number();
+    he.normalized_mean = r.get("normalized_mean", 0.0);
+    he.mass_mean = r.get("mass_mean", 0.0);
+    if (const std::optional<JsonField> v = r.find("per_seed")) he.per_seed = v->numbers();
+    if (const std::optional<JsonField> v = r.find("per_query")) he.per_query = v->numbers();
+    he.refused = r.get("refused", false);
+    he.note = r.get("note", "");
+    he.error = r.get("error", "");
+    he.kept = r.get("kept", 0, 0, kMaxCaptureTokens);
+    he.budget = r.get("budget", 0, 0, kMaxCaptureTokens);
+    he.saturation = r.get("saturation", -1.0);
+    rep.results.push_back(std::move(he));
   }
   return rep;
 }

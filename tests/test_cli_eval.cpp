@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "engine/capture.h"
 #include "engine/method.h"
@@ -149,6 +150,94 @@ TEST_F(CliEval, ShardsMergeToTheUnshardedResults) {
   bad = run_cli("merge " + s0.string() + " " + s0.string() + " " + s1.string());
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.output.find("twice"), std::string::npos) << bad.output;
+}
+
+// Issue 27, item 3: merge reads every field of a report through a typed accessor; a wrong type
+// (null where a number belongs, a string for a list, ...) is refused with the file and the
+// field's path named, never with the JSON library's bare "type must be number, but is null".
+TEST_F(CliEval, MergeNamesEveryWrongTypedField) {
+  const std::string common = "eval " + capture_ + " --methods uniform --ratios 0.5 --seeds 2";
+  const fs::path s0 = dir_ / "typed_s0.json", s1 = dir_ / "typed_s1.json",
+                 bad = dir_ / "typed_bad.json";
+  ASSERT_EQ(run_cli(common + " --shard 0/2 --json " + s0.string()).code, 0);
+  ASSERT_EQ(run_cli(common + " --shard 1/2 --json " + s1.string()).code, 0);
+  const nlohmann::json good = read_json(s0);
+  ASSERT_FALSE(good["results"].empty());
+  using nlohmann::json;
+  struct Case {
+    std::string pointer;  // JSON pointer of the field set to `value`
+    json value;
+    std::string field;  // the path the message must name
+  };
+  const std::vector<Case> cases = {
+      {"/capture", 5, "capture"},
+      {"/capture/path", nullptr, "capture.path"},
+      {"/capture/model", 3, "capture.model"},
+      {"/capture/source", 1, "capture.source"},
+      {"/capture/synthetic", "yes", "capture.synthetic"},
+      {"/capture/num_layers", nullptr, "capture.num_layers"},
+      {"/capture/q_heads", "4", "capture.q_heads"},
+      {"/capture/kv_heads", 2.5, "capture.kv_heads"},
+      {"/capture/head_dim", nullptr, "capture.head_dim"},
+      {"/capture/value_dim", "8", "capture.value_dim"},
+      {"/capture/num_tokens", true, "capture.num_tokens"},
+      {"/capture/has_queries", 1, "capture.has_queries"},
+      {"/spec", json::array(), "spec"},
+      {"/spec/methods", "uniform", "spec.methods"},
+      {"/spec/methods/0", 5, "spec.methods[0]"},
+      {"/spec/methods/0", "no-such-method", "spec.methods[0]"},
+      {"/spec/ratios", 0.5, "spec.ratios"},
+      {"/spec/ratios/0", nullptr, "spec.ratios[0]"},
+      {"/spec/seeds", nullptr, "spec.seeds"},
+      {"/spec/base_seed", -1, "spec.base_seed"},
+      {"/spec/layers", json::object(), "spec.layers"},
+      {"/spec/layers/0", "0", "spec.layers[0]"},
+      {"/spec/heads/0", 1.5, "spec.heads[0]"},
+      {"/spec/params", json::array(), "spec.params"},
+      {"/spec/params/uniform", 1, "spec.params.uniform"},
+      {"/spec/params/uniform", {{"x", "y"}}, "spec.params.uniform.x"},
+      {"/spec/sink", "4", "spec.sink"},
+      {"/spec/eval", nullptr, "spec.eval"},
+      {"/spec/shard_index", "0", "spec.shard_index"},
+      {"/spec/shard_count", 2.0, "spec.shard_count"},
+      {"/spec/shard_count", 0, "spec.shard_count"},
+      {"/spec/estimator", 3, "spec.estimator"},
+      {"/proxy_queries", "no", "proxy_queries"},
+      {"/notes", "x", "notes"},
+      {"/notes", {1}, "notes[0]"},
+      {"/results", json::object(), "results"},
+      {"/results/0", 3, "results[0]"},
+      {"/results/0/method", nullptr, "results[0].method"},
+      {"/results/0/ratio", "0.5", "results[0].ratio"},
+      {"/results/0/layer", nullptr, "results[0].layer"},
+      {"/results/0/kv_head", "0", "results[0].kv_head"},
+      {"/results/0/mean", nullptr, "results[0].mean"},
+      {"/results/0/std", "x", "results[0].std"},
+      {"/results/0/normalized_mean", nullptr, "results[0].normalized_mean"},
+      {"/results/0/mass_mean", json::array(), "results[0].mass_mean"},
+      {"/results/0/per_seed", 0.1, "results[0].per_seed"},
+      {"/results/0/per_seed/0", nullptr, "results[0].per_seed[0]"},
+      {"/results/0/per_query/0", "x", "results[0].per_query[0]"},
+      {"/results/0/refused", 0, "results[0].refused"},
+      {"/results/0/note", 5, "results[0].note"},
+      {"/results/0/error", false, "results[0].error"},
+      {"/results/0/kept", "3", "results[0].kept"},
+      {"/results/0/budget", 1.5, "results[0].budget"},
+      {"/results/0/saturation", "x", "results[0].saturation"},
+  };
+  for (const Case& c : cases) {
+    json j = good;
+    j[json::json_pointer(c.pointer)] = c.value;
+    std::ofstream(bad) << j.dump();
+    const Result r = run_cli("merge " + bad.string() + " " + s1.string() + " --quiet");
+    EXPECT_EQ(r.code, 1) << c.pointer << ": " << r.output;
+    EXPECT_NE(r.output.find(bad.string() + ": eval report field \"" + c.field + "\""),
+              std::string::npos)
+        << c.pointer << ": " << r.output;
+    EXPECT_EQ(r.output.find("type must be"), std::string::npos) << r.output;
+  }
+  // The report itself is untouched: both shards still merge.
+  EXPECT_EQ(run_cli("merge " + s0.string() + " " + s1.string() + " --quiet").code, 0);
 }
 
 TEST_F(CliEval, BadFlagsGiveOneClearError) {
