@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "app/app_state.h"
 #include "app/colormap.h"
@@ -14,6 +15,8 @@
 #include "app/result_status.h"
 #include "app/view.h"
 #include "engine/error.h"
+#include "engine/json_fields.h"
+#include "engine/json_limits.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -329,50 +332,46 @@ void AppUi::save_session(const std::string& path) const {
 }
 
 void AppUi::load_session(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw InputError(path + ": cannot open session file");
-  nlohmann::json j;
+  // A session file is user input: parsed under the JSON limits (nesting, values, duplicate keys).
+  JsonLimits limits;
+  const nlohmann::json j = read_json_file_limited(path, 64ull << 20, limits);
   try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path + ": not valid JSON: " + e.what());
-  }
-  // Validate the whole session first: nothing changes when any field is wrong.
-  try {
-    s_.parse_session(j, nullptr);
-    auto known_view = [&](const nlohmann::json& v) {
-      return v.is_string() && find_view(v.get<std::string>()) != nullptr;
-    };
-    if (j.contains("active_view") && !known_view(j["active_view"]))
-      throw InputError("session field \"active_view\": " + j["active_view"].dump() +
-                       " is not a view of this build");
-    if (j.contains("panels"))
-      for (const auto& p : j["panels"])
-        if (!known_view(p))
-          throw InputError("session field \"panels\": " + p.dump() +
-                           " is not a view of this build");
+    load_session_json(j);
   } catch (const InputError& e) {
     throw InputError(path + ": " + e.what());
   }
-  s_.apply_session(j);
-  // Views' own choices: an entry a view cannot read is skipped (and said), the rest applies.
-  if (j.contains("views")) {
-    if (!j["views"].is_object()) {
-      s_.notes.push_back("session field \"views\": not an object, view choices left as they were");
-    } else {
-      for (const auto& v : views_) {
-        if (!j["views"].contains(v->name())) continue;
-        const nlohmann::json before = v->save_state();
-        try {
-          v->load_state(j["views"][v->name()]);
-        } catch (const std::exception& e) {
-          if (!before.is_null()) v->load_state(before);
-          s_.notes.push_back("session field \"views." + std::string(v->name()) + "\": ignored (" +
-                             e.what() + ")");
-        }
-      }
+}
+
+void AppUi::check_session(const nlohmann::json& j) const {
+  s_.parse_session(j, nullptr);  // the settings, and `views` an object of objects
+  const JsonField doc(j, "session");
+  auto known_view = [&](const JsonField& v) {
+    const std::string name = v.string();
+    if (!find_view(name)) v.fail("'" + name + "' is not a view of this build");
+  };
+  if (const std::optional<JsonField> a = doc.find("active_view")) known_view(*a);
+  if (const std::optional<JsonField> p = doc.find("panels"))
+    for (const JsonField& v : p->elements()) known_view(v);
+  // The views' own choices: each view's load_state checks its fields and names the wrong one.
+  // Fresh views read them here, so nothing of this window changes when one is wrong.
+  if (const std::optional<JsonField> vs = doc.find("views")) {
+    const std::vector<std::unique_ptr<View>> probes = make_views();
+    for (const auto& member : vs->members()) {
+      const std::string& name = member.first;
+      auto it = std::find_if(probes.begin(), probes.end(),
+                             [&](const auto& v) { return name == v->name(); });
+      if (it == probes.end()) member.second.fail("'" + name + "' is not a view of this build");
+      (*it)->load_state(member.second.json());
     }
   }
+}
+
+void AppUi::load_session_json(const nlohmann::json& j) {
+  check_session(j);  // the whole session first: nothing changes when any field is wrong
+  s_.apply_session(j);
+  if (j.contains("views"))
+    for (const auto& v : views_)
+      if (j["views"].contains(v->name())) v->load_state(j["views"][v->name()]);
   for (const std::string& p : s_.settings.panel_view) show_view(p);
   show_view(s_.settings.active_view);
 }

@@ -110,9 +110,15 @@ class AppUi {
   std::function<void()> on_quit;
 
   // Session save / load with the views' own states. load_session validates the whole file
-  // before changing anything and throws InputError naming the field and the problem.
+  // before changing anything and throws InputError naming the file, the field and the problem.
   void save_session(const std::string& path) const;
   void load_session(const std::string& path);
+  // The same for a parsed session (kvscope-cli render --session goes through load_session):
+  // check_session checks every field of the settings and of the views' own states and throws
+  // InputError naming the field ("session field \"views.geometry.perplexity\": ..."), changing
+  // nothing; load_session_json checks, then applies.
+  void check_session(const nlohmann::json& j) const;
+  void load_session_json(const nlohmann::json& j);
 
   // With a folder set (kvscope --export-dir DIR): F9 writes every view's numbers and the app's
   // state as JSON there, F10 a PNG of the active view (what the GUI test reads).

@@ -1,9 +1,11 @@
 // Sessions: AppState::to_session, parse_session and apply_session (declared in app_state.h).
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "app/app_state.h"
 #include "engine/error.h"
+#include "engine/json_fields.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -40,161 +42,121 @@ nlohmann::json AppState::to_session() const {
 
 namespace {
 
-// Typed field access that names the field and the problem.
-struct SessionReader {
-  const nlohmann::json& j;
-  std::string prefix;
-
-  const nlohmann::json* find(const char* field) const {
-    auto it = j.find(field);
-    return it == j.end() ? nullptr : &*it;
-  }
-  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
-    throw InputError("session field \"" + prefix + field + "\": " + problem);
-  }
-  std::string kind(const nlohmann::json& v) const { return v.type_name(); }
-  void get(const char* field, int& out, int lo, int hi) const {
-    const nlohmann::json* v = find(field);
-    if (!v) return;
-    if (!v->is_number_integer()) fail(field, "expected an integer, got " + kind(*v));
-    const long long x = v->get<long long>();
-    if (x < lo || x > hi)
-      fail(field, std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
-                      std::to_string(hi) + "]");
-    out = static_cast<int>(x);
-  }
-  void get(const char* field, double& out) const {
-    const nlohmann::json* v = find(field);
-    if (!v) return;
-    if (!v->is_number()) fail(field, "expected a number, got " + kind(*v));
-    out = v->get<double>();
-  }
-  void get(const char* field, bool& out) const {
-    const nlohmann::json* v = find(field);
-    if (!v) return;
-    if (!v->is_boolean()) fail(field, "expected true or false, got " + kind(*v));
-    out = v->get<bool>();
-  }
-  void get(const char* field, std::string& out) const {
-    const nlohmann::json* v = find(field);
-    if (!v) return;
-    if (!v->is_string()) fail(field, "expected a string, got " + kind(*v));
-    out = v->get<std::string>();
-  }
-  ParamValues params(const char* field, const Method* m) const {
-    ParamValues pv;
-    const nlohmann::json* v = find(field);
-    if (!v) return pv;
-    if (!v->is_object()) fail(field, "expected an object of parameter values, got " + kind(*v));
-    for (const auto& [k, x] : v->items()) {
-      if (!x.is_number() && !x.is_boolean())
-        fail(std::string(field) + "." + k, "expected a number, got " + kind(x));
-      pv[k] = x.is_boolean() ? (x.get<bool>() ? 1.0 : 0.0) : x.get<double>();
-    }
+// A method slot's parameter values (`params_a`, `params_b`, or a version-1 `params.<method>`):
+// an object of numbers (true/false for switches), each checked against the method's ParamSpec.
+ParamValues read_params(const JsonField& f, const Method* m) {
+  ParamValues pv;
+  for (const auto& [name, v] : f.members()) {
+    const double x = v.json().is_boolean() ? (v.boolean() ? 1.0 : 0.0) : v.number();
     if (m) try {
-        validate_method_params(*m, pv);
+        validate_method_params(*m, {{name, x}});
       } catch (const InputError& e) {
-        fail(field, e.what());
+        // "--param balancekv.gamma: 99 is outside [0, 10]": the field path already says which.
+        std::string why = e.what();
+        const size_t colon = why.find(": ");
+        if (why.rfind("--param ", 0) == 0 && colon != std::string::npos) why.erase(0, colon + 2);
+        v.fail(why);
       }
-    return pv;
+    pv[name] = x;
   }
-};
+  return pv;
+}
+
+double keep_ratio(const JsonField& f) {
+  const double x = f.number();
+  if (!(x > 0 && x <= 1)) f.fail(f.json().dump() + " is not a keep ratio in (0, 1]");
+  return x;
+}
 
 }  // namespace
 
 Settings AppState::parse_session(const nlohmann::json& j, std::string* capture_out) const {
+  // Every field is read through JsonField (engine/json_fields.h): a wrong type or value throws
+  // InputError naming the field's path, before anything is changed.
+  const JsonField doc(j, "session");
   if (!j.is_object() || !j.contains("kvscope_session"))
-    throw InputError("not a KVScope session (no \"kvscope_session\" key)");
-  Settings st;  // fields a session leaves out take their defaults
-  SessionReader rd{j, ""};
-  std::string cap = capture_path;
-  rd.get("capture", cap);
+    doc.fail("not a KVScope session (no \"kvscope_session\" key)");
+  doc.at("kvscope_session").integer(1, 2);  // the version: 1 (one params map) or 2
+  Settings st;                              // fields a session leaves out take their defaults
+  const std::string cap = doc.get("capture", capture_path);
   if (!cap.empty() && cap != capture_path) {
     std::error_code ec;
-    if (!fs::exists(cap, ec)) rd.fail("capture", "file " + cap + " does not exist");
-    if (!fs::is_regular_file(cap, ec)) rd.fail("capture", cap + " is not a regular file");
+    if (!fs::exists(cap, ec)) doc.at("capture").fail("file " + cap + " does not exist");
+    if (!fs::is_regular_file(cap, ec)) doc.at("capture").fail(cap + " is not a regular file");
   }
-  if (const nlohmann::json* f = rd.find("focus")) {
-    if (!f->is_object()) rd.fail("focus", "expected an object {layer, kv_head}");
-    SessionReader fr{*f, "focus."};
-    fr.get("layer", st.focus.layer, 0, 1 << 20);
-    fr.get("kv_head", st.focus.kv_head, 0, 1 << 20);
+  if (const std::optional<JsonField> f = doc.find("focus")) {
+    st.focus.layer = f->get("layer", st.focus.layer, 0, 1 << 20);
+    st.focus.kv_head = f->get("kv_head", st.focus.kv_head, 0, 1 << 20);
   }
   const char* slot_field[2] = {"method_a", "method_b"};
   const char* param_field[2] = {"params_a", "params_b"};
   for (int k = 0; k < 2; ++k) {
     MethodChoice& mc = st.method[static_cast<size_t>(k)];
-    rd.get(slot_field[k], mc.name);
+    mc.name = doc.get(slot_field[k], mc.name);
     const Method* m = find_method(mc.name);
-    if (!m) rd.fail(slot_field[k], "unknown method '" + mc.name + "'");
-    mc.params = rd.params(param_field[k], m);
+    if (!m) doc.at(slot_field[k]).fail("unknown method '" + mc.name + "'");
+    if (const std::optional<JsonField> p = doc.find(param_field[k])) mc.params = read_params(*p, m);
   }
-  // Version-1 sessions kept one parameter map by method name.
-  if (const nlohmann::json* legacy = rd.find("params")) {
-    if (!legacy->is_object()) rd.fail("params", "expected an object by method name");
-    for (int k = 0; k < 2; ++k) {
-      MethodChoice& mc = st.method[static_cast<size_t>(k)];
-      if (legacy->contains(mc.name) && !j.contains(param_field[k])) {
-        SessionReader lr{*legacy, "params."};
-        mc.params = lr.params(mc.name.c_str(), find_method(mc.name));
+  // Version-1 sessions kept one parameter map by method name: every entry is checked, the slots'
+  // methods take theirs unless the session also has params_a / params_b.
+  if (const std::optional<JsonField> legacy = doc.find("params")) {
+    for (const auto& [name, values] : legacy->members()) {
+      const Method* m = find_method(name);
+      if (!m) values.fail("unknown method '" + name + "'");
+      const ParamValues pv = read_params(values, m);
+      for (int k = 0; k < 2; ++k) {
+        MethodChoice& mc = st.method[static_cast<size_t>(k)];
+        if (mc.name == name && !doc.has(param_field[k])) mc.params = pv;
       }
     }
   }
-  rd.get("ab_enabled", st.ab_enabled);
-  rd.get("keep_ratio", st.keep_ratio);
-  if (!(st.keep_ratio > 0 && st.keep_ratio <= 1))
-    rd.fail("keep_ratio", std::to_string(st.keep_ratio) + " is not in (0, 1]");
-  rd.get("seed", st.seed, 0, 1 << 30);
-  rd.get("sink", st.sink_override, -1, 1 << 30);
-  rd.get("eval", st.eval_override, -1, 1 << 30);
-  if (st.eval_override == 0) rd.fail("eval", "needs at least 1 evaluation query (or -1)");
-  std::string estimator = estimator_name(st.estimator);
-  rd.get("estimator", estimator);
+  st.ab_enabled = doc.get("ab_enabled", st.ab_enabled);
+  if (const std::optional<JsonField> f = doc.find("keep_ratio")) st.keep_ratio = keep_ratio(*f);
+  st.seed = doc.get("seed", st.seed, 0, 1 << 30);
+  st.sink_override = doc.get("sink", st.sink_override, -1, 1 << 30);
+  st.eval_override = doc.get("eval", st.eval_override, -1, 1 << 30);
+  if (st.eval_override == 0) doc.at("eval").fail("needs at least 1 evaluation query (or -1)");
+  const std::string estimator = doc.get("estimator", estimator_name(st.estimator));
   if (estimator != "weighted" && estimator != "authors")
-    rd.fail("estimator", "'" + estimator + "' is not weighted or authors");
+    doc.at("estimator").fail("'" + estimator + "' is not weighted or authors");
   st.estimator = estimator == "authors" ? Estimator::Authors : Estimator::Weighted;
-  rd.get("backend", st.backend);
+  st.backend = doc.get("backend", st.backend);
   if (st.backend != "cpu" && st.backend != "cuda" && st.backend != "auto")
-    rd.fail("backend", "'" + st.backend + "' is not cpu, cuda or auto");
-  rd.get("grid_seeds", st.grid_seeds, 0, 10);
-  std::string metric = "error";
-  rd.get("grid_metric", metric);
+    doc.at("backend").fail("'" + st.backend + "' is not cpu, cuda or auto");
+  st.grid_seeds = doc.get("grid_seeds", st.grid_seeds, 0, 10);
+  const std::string metric = doc.get("grid_metric", "error");
   if (metric != "error" && metric != "entropy")
-    rd.fail("grid_metric", "'" + metric + "' is not error or entropy");
+    doc.at("grid_metric").fail("'" + metric + "' is not error or entropy");
   st.grid_metric = metric == "entropy" ? GridMetric::Entropy : GridMetric::Error;
-  rd.get("selected_query", st.selected_query, -1, 1 << 30);
-  rd.get("selected_q_head", st.selected_q_head, 0, 1 << 20);
-  rd.get("active_view", st.active_view);
-  if (const nlohmann::json* p = rd.find("panels")) {
-    if (!p->is_array() || p->size() != 2 || !(*p)[0].is_string() || !(*p)[1].is_string())
-      rd.fail("panels", "expected two view names");
-    st.panel_view = {(*p)[0].get<std::string>(), (*p)[1].get<std::string>()};
+  st.selected_query = doc.get("selected_query", st.selected_query, -1, 1 << 30);
+  st.selected_q_head = doc.get("selected_q_head", st.selected_q_head, 0, 1 << 20);
+  st.active_view = doc.get("active_view", st.active_view);
+  if (const std::optional<JsonField> p = doc.find("panels")) {
+    if (p->size() != 2) p->fail("expected two view names, got " + std::to_string(p->size()));
+    st.panel_view = {p->at(size_t{0}).string(), p->at(size_t{1}).string()};
   }
-  if (const nlohmann::json* sw = rd.find("sweep")) {
-    if (!sw->is_object()) rd.fail("sweep", "expected an object");
-    SessionReader sr{*sw, "sweep."};
+  if (const std::optional<JsonField> sw = doc.find("sweep")) {
     SweepRequest& r = st.sweep;
-    if (const nlohmann::json* ms = sr.find("methods")) {
-      if (!ms->is_array()) sr.fail("methods", "expected a list of method names");
+    if (const std::optional<JsonField> ms = sw->find("methods")) {
       r.methods.clear();
-      for (const auto& m : *ms) {
-        if (!m.is_string() || !find_method(m.get<std::string>()))
-          sr.fail("methods", "unknown method " + m.dump());
-        r.methods.push_back(m.get<std::string>());
+      for (const JsonField& m : ms->elements()) {
+        const std::string name = m.string();
+        if (!find_method(name)) m.fail("unknown method '" + name + "'");
+        r.methods.push_back(name);
       }
     }
-    if (const nlohmann::json* rs = sr.find("ratios")) {
-      if (!rs->is_array() || rs->empty()) sr.fail("ratios", "expected a non-empty list");
+    if (const std::optional<JsonField> rs = sw->find("ratios")) {
+      if (rs->size() == 0) rs->fail("expected a non-empty list of keep ratios");
       r.ratios.clear();
-      for (const auto& x : *rs) {
-        if (!x.is_number() || !(x.get<double>() > 0 && x.get<double>() <= 1))
-          sr.fail("ratios", x.dump() + " is not a keep ratio in (0, 1]");
-        r.ratios.push_back(x.get<double>());
-      }
+      for (const JsonField& x : rs->elements()) r.ratios.push_back(keep_ratio(x));
     }
-    sr.get("seeds", r.seeds, 1, 10);
-    sr.get("focused_layer_only", r.focused_layer_only);
+    r.seeds = sw->get("seeds", r.seeds, 1, 10);
+    r.focused_layer_only = sw->get("focused_layer_only", r.focused_layer_only);
   }
+  // The views' own choices (AppUi::load_session hands each to its view's load_state, which
+  // checks its fields): an object of objects by view name.
+  if (const std::optional<JsonField> vs = doc.find("views"))
+    for (const auto& [name, state] : vs->members()) state.expect_object();
   if (capture_out) *capture_out = cap;
   return st;
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "app/app_frame.h"
@@ -18,6 +19,7 @@
 #include "app/result_status.h"
 #include "app/view.h"
 #include "engine/error.h"
+#include "engine/json_fields.h"
 #include "engine/sweep_grid.h"
 
 namespace kvscope::app {
@@ -195,20 +197,35 @@ class ErrorView final : public View {
               {"scope", tune_scope_}}}};
   }
   void load_state(const nlohmann::json& j) override {
-    // Not an object: the app skips this entry and says so (AppUi::load_session).
-    if (!j.is_object()) throw InputError("expected an object of the Error view's choices");
-    log_attention_ = j.value("log_attention", log_attention_);
-    heat_source_ = {j.value("heatmap_method", std::string()), j.value("heatmap_ratio", 0.0)};
-    mode_ = j.value("mode", std::string()) == "tune" ? 1 : 0;
-    if (j.contains("tune") && j["tune"].is_object()) {
-      const auto& t = j["tune"];
-      tune_rows_ = t.value("rows", tune_rows_);
-      row_values_ = t.value("row_values", row_values_);
-      tune_cols_ = t.value("cols", tune_cols_);
-      col_values_ = t.value("col_values", col_values_);
-      tune_seeds_ = std::clamp(t.value("seeds", tune_seeds_), 1, 10);
-      tune_scope_ = std::clamp(t.value("scope", tune_scope_), 0, 2);
+    // Every field is checked before anything changes; a wrong one throws InputError naming it
+    // ("session field \"views.error.tune.seeds\": ..."), and AppUi::load_session refuses the
+    // session.
+    const JsonField f(j, "session", "views.error");
+    const bool log_attention = f.get("log_attention", log_attention_);
+    std::pair<std::string, double> heat{f.get("heatmap_method", ""), f.get("heatmap_ratio", 0.0)};
+    const std::string mode = f.get("mode", "overview");
+    if (mode != "overview" && mode != "tune")
+      f.at("mode").fail("'" + mode + "' is not overview or tune");
+    std::string rows = tune_rows_, row_values = row_values_, cols = tune_cols_,
+                col_values = col_values_;
+    int seeds = tune_seeds_, scope = tune_scope_;
+    if (const std::optional<JsonField> t = f.find("tune")) {
+      rows = t->get("rows", rows);
+      row_values = t->get("row_values", row_values);
+      cols = t->get("cols", cols);
+      col_values = t->get("col_values", col_values);
+      seeds = t->get("seeds", seeds, 1, 10);
+      scope = t->get("scope", scope, 0, 2);
     }
+    log_attention_ = log_attention;
+    heat_source_ = std::move(heat);
+    mode_ = mode == "tune" ? 1 : 0;
+    tune_rows_ = std::move(rows);
+    row_values_ = std::move(row_values);
+    tune_cols_ = std::move(cols);
+    col_values_ = std::move(col_values);
+    tune_seeds_ = seeds;
+    tune_scope_ = scope;
   }
 
   std::string export_csv(const AppState& s) const override {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "app/view.h"
 #include "engine/backend.h"
 #include "engine/error.h"
+#include "engine/json_fields.h"
 #include "engine/kcenter.h"
 #include "engine/projection_cache.h"
 
@@ -186,23 +188,29 @@ class GeometryView final : public View {
   }
 
   void load_state(const nlohmann::json& j) override {
-    if (!j.is_object()) return;
-    try {
-      if (j.contains("projection"))
-        settings_.method =
-            parse_projection_method(j["projection"].get<std::string>(), "projection");
-      settings_.with_queries = j.value("with_queries", settings_.with_queries);
-      settings_.perplexity = std::clamp(j.value("perplexity", settings_.perplexity), 2, 200);
-      settings_.iterations = std::clamp(j.value("iterations", settings_.iterations), 0, 20000);
-      settings_.clusters = std::clamp(j.value("clusters", settings_.clusters), 1, 64);
-      colour_ = static_cast<ColourBy>(std::clamp(j.value("colour", 0), 0, 3));
-      point_px_ = std::clamp(j.value("point_px", point_px_), 1.0f, 12.0f);
-      edit_perplexity_ = settings_.perplexity;
-      edit_iterations_ = settings_.iterations;
-      edit_clusters_ = settings_.clusters;
-    } catch (const std::exception&) {
-      // A malformed view entry keeps the defaults; the session itself still opens.
+    // Every field is checked before anything changes; a wrong one throws InputError naming it
+    // ("session field \"views.geometry.perplexity\": ..."), and AppUi::load_session refuses the
+    // session.
+    const JsonField f(j, "session", "views.geometry");
+    GeometrySettings st = settings_;
+    if (const std::optional<JsonField> p = f.find("projection")) {
+      const std::string name = p->string();
+      if (name != "pca" && name != "tsne" && name != "t-sne")
+        p->fail("'" + name + "' is not a projection (pca or tsne)");
+      st.method = parse_projection_method(name, "projection");
     }
+    st.with_queries = f.get("with_queries", st.with_queries);
+    st.perplexity = f.get("perplexity", st.perplexity, 2, 200);
+    st.iterations = f.get("iterations", st.iterations, 0, 20000);
+    st.clusters = f.get("clusters", st.clusters, 1, 64);
+    const int colour = f.get("colour", 0, 0, 3);
+    const double point_px = f.get("point_px", static_cast<double>(point_px_), 1.0, 12.0);
+    settings_ = st;
+    colour_ = static_cast<ColourBy>(colour);
+    point_px_ = static_cast<float>(point_px);
+    edit_perplexity_ = settings_.perplexity;
+    edit_iterations_ = settings_.iterations;
+    edit_clusters_ = settings_.clusters;
   }
 
  private:

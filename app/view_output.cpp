@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "app/app_frame.h"
@@ -22,6 +23,7 @@
 #include "app/view.h"
 #include "engine/error.h"
 #include "engine/generate.h"
+#include "engine/json_fields.h"
 #include "engine/llama2c.h"
 
 namespace kvscope::app {
@@ -114,14 +116,92 @@ class OutputView final : public View {
     return csv;
   }
 
+  // The controls (model, prompt, N, steps, methods, ratios, ...) are kept in sessions.
+  nlohmann::json save_state() const override {
+    nlohmann::json ratios = nlohmann::json::array();
+    for (size_t i = 0; i < std::size(kRatios); ++i)
+      if (ratio_on_[i]) ratios.push_back(kRatios[i]);
+    return {{"checkpoint", checkpoint_},
+            {"tokenizer", tokenizer_},
+            {"prompt", prompt_},
+            {"continuation", continuation_},
+            {"use_continuation", use_continuation_},
+            {"compress_at", compress_at_},
+            {"steps", steps_},
+            {"recompress_every", recompress_},
+            {"seed", seed_},
+            {"methods", methods_},
+            {"ratios", ratios}};
+  }
+  void load_state(const nlohmann::json& j) override {
+    // Every field is checked before anything changes; a wrong one throws InputError naming it
+    // ("session field \"views.output.steps\": ..."), and AppUi::load_session refuses the session.
+    const JsonField f(j, "session", "views.output");
+    auto text = [&](const char* field, const char* current, size_t capacity) {
+      const std::string v = f.get(field, current);
+      if (v.size() >= capacity)
+        f.at(field).fail(std::to_string(v.size()) + " bytes, at most " +
+                         std::to_string(capacity - 1));
+      return v;
+    };
+    const std::string checkpoint = text("checkpoint", checkpoint_, sizeof checkpoint_);
+    const std::string tokenizer = text("tokenizer", tokenizer_, sizeof tokenizer_);
+    const std::string prompt = text("prompt", prompt_, sizeof prompt_);
+    const std::string continuation = text("continuation", continuation_, sizeof continuation_);
+    const bool use_continuation = f.get("use_continuation", use_continuation_);
+    const int compress_at = f.get("compress_at", compress_at_, 0, 1 << 20);
+    const int steps = f.get("steps", steps_, 1, 4096);
+    const int recompress = f.get("recompress_every", recompress_, 0, 4096);
+    const int seed = f.get("seed", seed_, 0, 1 << 30);
+    std::vector<std::string> methods = methods_;
+    if (const std::optional<JsonField> ms = f.find("methods")) {
+      methods.clear();
+      for (const JsonField& m : ms->elements()) {
+        const std::string name = m.string();
+        if (!find_method(name) || name == "exact")
+          m.fail("'" + name + "' is not a compression method");
+        if (std::find(methods.begin(), methods.end(), name) != methods.end())
+          m.fail("'" + name + "' is listed twice");
+        methods.push_back(name);
+      }
+    }
+    bool ratio_on[std::size(kRatios)];
+    std::copy(std::begin(ratio_on_), std::end(ratio_on_), ratio_on);
+    if (const std::optional<JsonField> rs = f.find("ratios")) {
+      std::fill(std::begin(ratio_on), std::end(ratio_on), false);
+      for (const JsonField& r : rs->elements()) {
+        const double x = r.number();
+        const auto* it = std::find(std::begin(kRatios), std::end(kRatios), x);
+        if (it == std::end(kRatios)) r.fail(r.json().dump() + " is not 1/2, 1/4, 1/8 or 1/16");
+        ratio_on[it - std::begin(kRatios)] = true;
+      }
+    }
+    std::snprintf(checkpoint_, sizeof checkpoint_, "%s", checkpoint.c_str());
+    std::snprintf(tokenizer_, sizeof tokenizer_, "%s", tokenizer.c_str());
+    std::snprintf(prompt_, sizeof prompt_, "%s", prompt.c_str());
+    std::snprintf(continuation_, sizeof continuation_, "%s", continuation.c_str());
+    use_continuation_ = use_continuation;
+    compress_at_ = compress_at;
+    steps_ = steps;
+    recompress_ = recompress;
+    seed_ = seed;
+    methods_ = std::move(methods);
+    std::copy(std::begin(ratio_on), std::end(ratio_on), ratio_on_);
+    restored_ = true;
+  }
+
  private:
   void init_from_capture(const AppState& s) {
     // Default model and prompt: the open capture's, when its model is bundled; else kjv3M.
     const std::string capture = s.capture_path;
-    if (capture == initialised_for_ && checkpoint_[0] != '\0') return;
+    if (capture == initialised_for_ && checkpoint_[0] != '\0' && !restored_) return;
+    // Choices a session restored (load_state) belong to the capture the session opens: they wait
+    // while it loads, then stand instead of its defaults.
+    if (restored_ && !s.loading_path.empty()) return;
+    const bool restored = std::exchange(restored_, false);
     initialised_for_ = capture;
     const BundledModel* m = nullptr;
-    if (const CaptureInfo* ci = s.info()) {
+    if (const CaptureInfo* ci = s.info(); ci && !restored) {
       m = find_bundled_model(ci->model);
       if (m) std::snprintf(prompt_, sizeof prompt_, "%s", ci->prompt.c_str());
     }
@@ -131,8 +211,10 @@ class OutputView final : public View {
     if (prompt_[0] == '\0')
       std::snprintf(prompt_, sizeof prompt_, "%s",
                     m->name == "kjv3M" ? "In the beginning" : "Once upon a time");
-    std::snprintf(checkpoint_, sizeof checkpoint_, "%s", m->checkpoint.c_str());
-    std::snprintf(tokenizer_, sizeof tokenizer_, "%s", m->tokenizer.c_str());
+    if (!restored || checkpoint_[0] == '\0') {
+      std::snprintf(checkpoint_, sizeof checkpoint_, "%s", m->checkpoint.c_str());
+      std::snprintf(tokenizer_, sizeof tokenizer_, "%s", m->tokenizer.c_str());
+    }
   }
 
   void draw_controls(AppState& s) {
@@ -436,6 +518,7 @@ class OutputView final : public View {
   std::vector<std::string> methods_;
   bool ratio_on_[std::size(kRatios)] = {};
   bool use_continuation_ = false;
+  bool restored_ = false;  // load_state set the controls: the next init keeps them
   bool auto_started_ = false;
   int selected_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "app/point_renderer.h"
 #include "app/view.h"
 #include "engine/error.h"
+#include "engine/json_fields.h"
 #include "engine/teaching_walk.h"
 
 namespace kvscope::app {
@@ -112,22 +114,39 @@ class TeachingView final : public View {
   nlohmann::json save_state() const override { return state_json(); }
 
   void load_state(const nlohmann::json& j) override {
-    if (!j.is_object()) return;
-    try {
-      std::vector<Vec2> vs;
-      for (const auto& v : j.at("vectors"))
-        vs.push_back({v.at(0).get<double>(), v.at(1).get<double>()});
-      if (vs.empty() || vs.size() > kMaxVectors) return;
-      vectors_ = vs;
-      z_ = {j.at("z").at(0).get<double>(), j.at("z").at(1).get<double>()};
-      rule_ = j.value("rule", "") == "self-balancing" ? TeachingWalk::Rule::SelfBalancing
-                                                      : TeachingWalk::Rule::KnownDirection;
-      c_ = j.value("c", c_);
-      seed_ = j.value("seed", seed_);
-      rebuild(j.contains("steps") ? static_cast<int>(j["steps"].size()) : 0);
-    } catch (const std::exception&) {
-      // Malformed view state: keep what is shown.
+    // Every field is checked before anything changes; a wrong one throws InputError naming it
+    // ("session field \"views.teaching.vectors[2][1]\": ..."), and AppUi::load_session refuses
+    // the session. A walk the engine refuses (a zero z, say) shows its error as a typed one does.
+    const JsonField f(j, "session", "views.teaching");
+    auto vec2 = [](const JsonField& v) {
+      if (v.size() != 2) v.fail("expected [x, y], got a list of " + std::to_string(v.size()));
+      return Vec2{v.at(size_t{0}).number(), v.at(size_t{1}).number()};
+    };
+    const std::string view = f.get("view", "teaching");
+    if (view != "teaching") f.at("view").fail("'" + view + "' is not teaching");
+    std::vector<Vec2> vs = vectors_;
+    if (const std::optional<JsonField> v = f.find("vectors")) {
+      if (v->size() < 1 || v->size() > static_cast<size_t>(kMaxVectors))
+        v->fail("holds " + std::to_string(v->size()) + " vectors, expected 1 to " +
+                std::to_string(kMaxVectors));
+      vs.clear();
+      for (const JsonField& u : v->elements()) vs.push_back(vec2(u));
     }
+    const Vec2 z = f.has("z") ? vec2(f.at("z")) : z_;
+    const std::string rule = f.get("rule", "known-direction");
+    if (rule != "known-direction" && rule != "self-balancing")
+      f.at("rule").fail("'" + rule + "' is not known-direction or self-balancing");
+    const double c = f.get("c", c_);
+    if (!(c > 0 && c <= 1e6)) f.at("c").fail(f.at("c").json().dump() + " is not in (0, 1e6]");
+    const uint64_t seed = f.has("seed") ? f.at("seed").unsigned_integer() : seed_;
+    const size_t steps = f.has("steps") ? f.at("steps").size() : 0;
+    vectors_ = std::move(vs);
+    z_ = z;
+    rule_ = rule == "self-balancing" ? TeachingWalk::Rule::SelfBalancing
+                                     : TeachingWalk::Rule::KnownDirection;
+    c_ = c;
+    seed_ = seed;
+    rebuild(static_cast<int>(std::min(steps, vectors_.size())));
   }
 
  private:

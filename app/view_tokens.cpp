@@ -14,6 +14,7 @@
 #include "app/plot.h"
 #include "app/token_marks.h"
 #include "app/view.h"
+#include "engine/json_fields.h"
 
 namespace kvscope::app {
 namespace {
@@ -172,7 +173,8 @@ class TokensView final : public View {
 
   nlohmann::json save_state() const override { return {{"mode", static_cast<int>(mode_)}}; }
   void load_state(const nlohmann::json& j) override {
-    mode_ = static_cast<Mode>(std::clamp(j.value("mode", 1), 0, 2));
+    // A wrong type or value throws InputError naming "views.tokens.mode" (AppUi::load_session).
+    mode_ = static_cast<Mode>(JsonField(j, "session", "views.tokens").get("mode", 1, 0, 2));
   }
 
  private:

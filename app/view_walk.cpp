@@ -23,6 +23,7 @@
 #include "app/token_marks.h"
 #include "app/view.h"
 #include "engine/error.h"
+#include "engine/json_fields.h"
 #include "engine/protocol.h"
 #include "engine/walk_trace.h"
 
@@ -307,13 +308,21 @@ class WalkView final : public View {
             {"log_scales", symlog_}, {"query", query_}, {"compare", compare_}};
   }
   void load_state(const nlohmann::json& j) override {
-    if (!j.is_object()) return;
-    round_ = std::max(0, j.value("round", 0));
-    block_ = std::max(0, j.value("block", 0));
-    speed_ = std::clamp(j.value("speed", speed_), 1.0f, 200.0f);
-    symlog_ = j.value("log_scales", symlog_);
-    query_ = std::max(-1, j.value("query", -1));
-    compare_ = std::clamp(j.value("compare", 0), 0, static_cast<int>(comparisons().size()) - 1);
+    // Every field is checked before anything changes; a wrong one throws InputError naming it
+    // ("session field \"views.walk.speed\": ..."), and AppUi::load_session refuses the session.
+    const JsonField f(j, "session", "views.walk");
+    const int round = f.get("round", 0, 0, 1 << 20);
+    const int block = f.get("block", 0, 0, 1 << 20);
+    const double speed = f.get("speed", static_cast<double>(speed_), 1.0, 200.0);
+    const bool symlog = f.get("log_scales", symlog_);
+    const int query = f.get("query", -1, -1, 1 << 30);
+    const int compare = f.get("compare", 0, 0, static_cast<int>(comparisons().size()) - 1);
+    round_ = round;
+    block_ = block;
+    speed_ = static_cast<float>(speed);
+    symlog_ = symlog;
+    query_ = query;
+    compare_ = compare;
   }
 
  private:

@@ -14,12 +14,14 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/export.h"
 #include "app/file_browser.h"
+#include "app/headless.h"
 #include "app/input_queue.h"
 #include "app/plot.h"
 #include "app/soft_render.h"
@@ -441,9 +443,9 @@ TEST(Session, BadSessionsNameTheFieldAndChangeNothing) {
   EXPECT_EQ(s.settings, before);
 }
 
-// Sessions saved by the window restore the tabs of both panels; malformed view entries are
-// skipped with a note instead of aborting.
-TEST(Session, WindowSessionsRestoreTabsAndSkipMalformedViewEntries) {
+// Sessions saved by the window restore the tabs of both panels; a malformed view entry refuses
+// the whole session with the field named, and nothing changes.
+TEST(Session, WindowSessionsRestoreTabsAndRefuseMalformedViewEntries) {
   [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
   const fs::path path = fs::temp_directory_path() / "kvscope_unit_session.json";
   {
@@ -477,26 +479,271 @@ TEST(Session, WindowSessionsRestoreTabsAndSkipMalformedViewEntries) {
   {
     std::ifstream in(path);
     nlohmann::json j = nlohmann::json::parse(in);
-    j["views"] = {{"geometry", {{"perplexity", "high"}}}, {"error", 5}};
-    std::ofstream(path) << j.dump();
     AppState s;
     AppUi ui(s);
-    EXPECT_NO_THROW(ui.load_session(path.string()));
-    EXPECT_FALSE(s.notes.empty());
-    // A bad view name is an error that changes nothing.
-    j["active_view"] = "nonesuch";
-    std::ofstream(path) << j.dump();
     s.settings.seed = 5;
-    try {
-      ui.load_session(path.string());
-      ADD_FAILURE() << "accepted a session with an unknown view";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("active_view"), std::string::npos);
-    }
+    const nlohmann::json tokens_before = ui.find_view("tokens")->save_state();
+    auto refused = [&](const nlohmann::json& session, const std::string& field) {
+      std::ofstream(path) << session.dump();
+      try {
+        ui.load_session(path.string());
+        ADD_FAILURE() << "accepted " << session.dump();
+      } catch (const InputError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+        EXPECT_NE(msg.find("session field \"" + field + "\""), std::string::npos) << msg;
+      }
+      EXPECT_EQ(s.settings.seed, 5) << field;
+      EXPECT_EQ(ui.find_view("tokens")->save_state(), tokens_before) << field;
+    };
+    nlohmann::json bad = j;
+    bad["seed"] = 9;  // a valid field before the bad ones: not applied either
+    bad["views"] = {{"tokens", {{"mode", 0}}}, {"geometry", {{"perplexity", "high"}}}};
+    refused(bad, "views.geometry.perplexity");
+    bad["views"] = {{"tokens", {{"mode", 0}}}, {"error", 5}};
+    refused(bad, "views.error");
+    bad["views"] = {{"tokens", {{"mode", 0}}}, {"nonesuch", nlohmann::json::object()}};
+    refused(bad, "views.nonesuch");
+    // A bad view name is an error that changes nothing.
+    bad = j;
+    bad["active_view"] = "nonesuch";
+    refused(bad, "active_view");
+    bad = j;
+    bad["panels"] = {"capture", "nonesuch"};
+    refused(bad, "panels[1]");
+    // Not JSON, or nested beyond the JSON limits: the file is named, nothing changes.
+    std::ofstream(path) << std::string(200, '[');
+    EXPECT_THROW(ui.load_session(path.string()), InputError);
     EXPECT_EQ(s.settings.seed, 5);
   }
   fs::remove(path);
   ImGui::DestroyContext();
+}
+
+// Issue 27, item 3: every field the session reader reads is type-checked, and the message names
+// the field's path. Each of these was accepted (silently ignored, or turned into a default)
+// or refused without the field's name before.
+TEST(Session, EveryWrongTypedSettingIsNamed) {
+  AppState s;
+  s.settings.seed = 11;
+  const Settings before = s.settings;
+  struct Case {
+    nlohmann::json fields;  // merged into a valid session
+    std::string field;      // the path the message must name
+  };
+  const std::vector<Case> cases = {
+      {{{"kvscope_session", "two"}}, "kvscope_session"},
+      {{{"kvscope_session", 7}}, "kvscope_session"},
+      {{{"capture", 5}}, "capture"},
+      {{{"focus", 3}}, "focus"},
+      {{{"focus", {{"layer", "1"}}}}, "focus.layer"},
+      {{{"focus", {{"kv_head", 1.5}}}}, "focus.kv_head"},
+      {{{"method_a", 1}}, "method_a"},
+      {{{"method_b", nullptr}}, "method_b"},
+      {{{"params_a", 2}}, "params_a"},
+      {{{"params_b", {1, 2}}}, "params_b"},
+      {{{"params_a", {{"gamma", "x"}}}}, "params_a.gamma"},
+      {{{"params_a", {{"gamma", nullptr}}}}, "params_a.gamma"},
+      {{{"params_a", {{"gamma", {1}}}}}, "params_a.gamma"},
+      {{{"params_a", {{"no_such", 1}}}}, "params_a.no_such"},
+      {{{"params", 5}}, "params"},
+      {{{"params", {{"balancekv", 3}}}}, "params.balancekv"},
+      {{{"params", {{"balancekv", {{"gamma", "x"}}}}}}, "params.balancekv.gamma"},
+      {{{"params", {{"no-such-method", nlohmann::json::object()}}}}, "params.no-such-method"},
+      {{{"ab_enabled", "yes"}}, "ab_enabled"},
+      {{{"keep_ratio", "0.5"}}, "keep_ratio"},
+      {{{"seed", 1.5}}, "seed"},
+      {{{"sink", "4"}}, "sink"},
+      {{{"eval", true}}, "eval"},
+      {{{"estimator", 1}}, "estimator"},
+      {{{"backend", nlohmann::json::array()}}, "backend"},
+      {{{"grid_seeds", "3"}}, "grid_seeds"},
+      {{{"grid_metric", 2}}, "grid_metric"},
+      {{{"selected_query", "1"}}, "selected_query"},
+      {{{"selected_q_head", nlohmann::json::object()}}, "selected_q_head"},
+      {{{"active_view", 3}}, "active_view"},
+      {{{"panels", "capture"}}, "panels"},
+      {{{"panels", {"capture", 2}}}, "panels[1]"},
+      {{{"sweep", 1}}, "sweep"},
+      {{{"sweep", {{"methods", "uniform"}}}}, "sweep.methods"},
+      {{{"sweep", {{"methods", {"uniform", 1}}}}}, "sweep.methods[1]"},
+      {{{"sweep", {{"ratios", {0.5, "x"}}}}}, "sweep.ratios[1]"},
+      {{{"sweep", {{"seeds", "3"}}}}, "sweep.seeds"},
+      {{{"sweep", {{"focused_layer_only", 1}}}}, "sweep.focused_layer_only"},
+      {{{"views", 5}}, "views"},
+      {{{"views", {{"geometry", 5}}}}, "views.geometry"},
+      {{{"views", {{"tokens", "stacked"}}}}, "views.tokens"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = {{"kvscope_session", 2}, {"seed", 3}};
+    j.update(c.fields);
+    try {
+      s.apply_session(j);
+      ADD_FAILURE() << "accepted " << j.dump();
+    } catch (const InputError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("session field \"" + c.field + "\""), std::string::npos)
+          << c.field << ": " << msg;
+    }
+    EXPECT_EQ(s.settings, before) << c.field;
+  }
+  // The example of the issue, word for word.
+  try {
+    s.parse_session({{"kvscope_session", 2}, {"views", {{"geometry", 5}}}}, nullptr);
+    ADD_FAILURE() << "accepted views.geometry = 5";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "session field \"views.geometry\": expected an object, got an integer (5)");
+  }
+}
+
+// The views' own states (View::load_state) are checked like the settings: the session is
+// refused whole, naming the field, and neither the settings nor any view changes.
+TEST(Session, EveryWrongTypedViewStateIsNamed) {
+  [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
+  {
+    AppState s;
+    AppUi ui(s);
+    s.settings.seed = 5;
+    // What every view saves loads back (and is accepted by the check).
+    nlohmann::json saved = s.to_session();
+    for (const auto& v : ui.views())
+      if (!v->save_state().is_null()) saved["views"][v->name()] = v->save_state();
+    EXPECT_NO_THROW(ui.check_session(saved));
+    struct Case {
+      std::string view;
+      nlohmann::json state;
+      std::string field;
+    };
+    const std::vector<Case> cases = {
+        {"tokens", {{"mode", "stacked"}}, "views.tokens.mode"},
+        {"tokens", {{"mode", 7}}, "views.tokens.mode"},
+        {"walk", {{"speed", "fast"}}, "views.walk.speed"},
+        {"walk", {{"log_scales", 1}}, "views.walk.log_scales"},
+        {"walk", {{"round", -2}}, "views.walk.round"},
+        {"walk", {{"compare", nullptr}}, "views.walk.compare"},
+        {"error", {{"tune", 3}}, "views.error.tune"},
+        {"error", {{"tune", {{"seeds", "3"}}}}, "views.error.tune.seeds"},
+        {"error", {{"tune", {{"row_values", {0, 1}}}}}, "views.error.tune.row_values"},
+        {"error", {{"mode", 1}}, "views.error.mode"},
+        {"error", {{"heatmap_ratio", "1/4"}}, "views.error.heatmap_ratio"},
+        {"error", {{"log_attention", "no"}}, "views.error.log_attention"},
+        {"geometry", {{"perplexity", "high"}}, "views.geometry.perplexity"},
+        {"geometry", {{"projection", 2}}, "views.geometry.projection"},
+        {"geometry", {{"projection", "umap"}}, "views.geometry.projection"},
+        {"geometry", {{"point_px", "3"}}, "views.geometry.point_px"},
+        {"geometry", {{"with_queries", 0}}, "views.geometry.with_queries"},
+        {"teaching", {{"vectors", {{1, "a"}}}}, "views.teaching.vectors[0][1]"},
+        {"teaching", {{"vectors", {{1, 2, 3}}}}, "views.teaching.vectors[0]"},
+        {"teaching", {{"vectors", 4}}, "views.teaching.vectors"},
+        {"teaching", {{"z", 5}}, "views.teaching.z"},
+        {"teaching", {{"rule", true}}, "views.teaching.rule"},
+        {"teaching", {{"seed", -1}}, "views.teaching.seed"},
+        {"teaching", {{"steps", 3}}, "views.teaching.steps"},
+        {"output", {{"prompt", 5}}, "views.output.prompt"},
+        {"output", {{"steps", "64"}}, "views.output.steps"},
+        {"output", {{"methods", "uniform"}}, "views.output.methods"},
+        {"output", {{"methods", {"uniform", "nosuch"}}}, "views.output.methods[1]"},
+        {"output", {{"ratios", {0.5, 0.3}}}, "views.output.ratios[1]"},
+        {"output", {{"continuation", nullptr}}, "views.output.continuation"},
+    };
+    std::map<std::string, nlohmann::json> before;
+    for (const auto& v : ui.views()) before[v->name()] = v->save_state();
+    for (const Case& c : cases) {
+      nlohmann::json j = saved;
+      j["seed"] = 9;
+      j["views"][c.view] = c.state;
+      try {
+        ui.load_session_json(j);
+        ADD_FAILURE() << "accepted views." << c.view << " = " << c.state.dump();
+      } catch (const InputError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("session field \"" + c.field + "\""), std::string::npos)
+            << c.field << ": " << msg;
+      }
+      EXPECT_EQ(s.settings.seed, 5) << c.field;
+      for (const auto& v : ui.views())
+        EXPECT_EQ(v->save_state(), before[v->name()]) << c.field << " changed " << v->name();
+    }
+  }
+  ImGui::DestroyContext();
+}
+
+// Issue 24: the Output view's controls (model, prompt, N, steps, methods, ratios, ...) are kept in
+// sessions, and a session's choices stand when its capture opens (not that capture's defaults).
+TEST(Session, OutputViewSettingsRoundTrip) {
+  [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
+  const fs::path path = fs::temp_directory_path() / "kvscope_unit_output_session.json";
+  const nlohmann::json state = {{"checkpoint", "/nonexistent/model.bin"},
+                                {"tokenizer", "/nonexistent/tok.bin"},
+                                {"prompt", "The quick brown fox"},
+                                {"continuation", " jumps over"},
+                                {"use_continuation", true},
+                                {"compress_at", 12},
+                                {"steps", 9},
+                                {"recompress_every", 3},
+                                {"seed", 42},
+                                {"methods", {"snapkv", "uniform"}},
+                                {"ratios", {0.5, 0.0625}}};
+  {
+    AppState s;
+    AppUi ui(s);
+    EXPECT_NE(ui.find_view("output")->save_state(), state);
+    ui.find_view("output")->load_state(state);
+    EXPECT_EQ(ui.find_view("output")->save_state(), state);
+    ui.save_session(path.string());
+  }
+  {
+    std::ifstream in(path);
+    EXPECT_EQ(nlohmann::json::parse(in)["views"]["output"], state);
+  }
+  {
+    AppState s;
+    AppUi ui(s);
+    ui.load_session(path.string());
+    EXPECT_EQ(ui.find_view("output")->save_state(), state);
+    s.request_open(synth_capture(64));
+    ui.show_view("output");
+    s.settings.active_view = "output";
+    auto frame = [&] {
+      ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    while ((!s.capture || !s.loading_path.empty()) &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+      frame();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(s.capture) << s.load_error;
+    for (int f = 0; f < 3; ++f) frame();
+    EXPECT_EQ(ui.find_view("output")->save_state(), state);
+  }
+  fs::remove(path);
+  ImGui::DestroyContext();
+}
+
+// kvscope-cli render --session reads sessions through the same check (AppUi::load_session).
+TEST(Session, RenderWithABadSessionNamesTheField) {
+  const fs::path path = fs::temp_directory_path() / "kvscope_unit_render_session.json";
+  std::ofstream(path)
+      << nlohmann::json{{"kvscope_session", 2}, {"views", {{"tokens", {{"mode", "x"}}}}}}.dump();
+  HeadlessOptions o;
+  o.capture = synth_capture(64);
+  o.session = path.string();
+  o.view = "tokens";
+  o.out = (fs::temp_directory_path() / "kvscope_unit_render_session.png").string();
+  try {
+    render_view_software(o);
+    ADD_FAILURE() << "rendered with a bad session";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("session field \"views.tokens.mode\""), std::string::npos)
+        << e.what();
+  }
+  if (ImGui::GetCurrentContext()) ImGui::DestroyContext();
+  fs::remove(path);
 }
 
 TEST(TokenMarks, ClassifiesSinksWindowKeptAndDropped) {
