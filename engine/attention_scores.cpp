@@ -245,6 +245,7 @@ Ranking rank_by_scores(const std::vector<double>& scores, std::vector<double> ho
   std::iota(r.order.begin(), r.order.end(), 0);
   std::sort(r.order.begin(), r.order.end(), score_order(scores));
   r.hover = std::move(hover);
+  r.scores = scores;
   return r;
 }
 

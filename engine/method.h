@@ -16,6 +16,7 @@
 namespace kvscope {
 
 class Backend;
+struct LayerData;
 
 // Parameters are data: the CLI (--param method.name=value) and the GUI list and edit them
 // without knowing the method.
@@ -59,12 +60,21 @@ struct MethodInput {
   const std::atomic<bool>* cancel = nullptr;
   Backend* backend = nullptr;  // nullptr: CPU
   RopeInfo rope;               // how keys and queries were rotated (the capture's; engine/rope.h)
+  // The whole layer (every kv head), for methods whose selection of one head depends on the
+  // others (Method::needs_layer). Set by make_method_input (engine/protocol.h); nullptr where a
+  // caller builds a MethodInput by hand, and then such methods refuse.
+  const LayerData* layer_data = nullptr;
 };
 
 // A score-ranking method's ordering of the middle (see Method::ranks_by_score).
 struct Ranking {
   std::vector<int> order;     // every middle position (token - mid_begin), best first
   std::vector<double> hover;  // Selection::middle_scores of every selection taken from it
+  // The scores ranked (larger first, indexed like hover), where the method has them
+  // (rank_by_scores fills it): what wrappers compare across heads (adakv, chunkkv).
+  std::vector<double> scores;
+  // Layer-level wrappers (adakv): the scores of every kv head of the layer, [kv head][middle].
+  std::vector<std::vector<double>> layer_scores;
 };
 
 struct Selection {
@@ -108,14 +118,24 @@ class Method {
   // For them the protocol calls rank() once per head and ranked_selection() for every ratio;
   // select(in) must be ranked_selection(in, rank(in)) (each of them implements it so).
   virtual bool ranks_by_score() const { return false; }
+  // Whether one head's selection depends on the other kv heads of the layer (kvpress's adakv
+  // and chunkkv wrappers): such a method reads MethodInput::layer_data and refuses without it.
+  // The protocol still runs it head by head; it scores the other heads itself.
+  virtual bool needs_layer() const { return false; }
   virtual Ranking rank(const MethodInput& in) const;
   virtual Selection ranked_selection(const MethodInput& in, const Ranking& ranking) const;
 };
 
-// Every method the engine has, in display order.
+// Every method the engine has, in display order: the methods of engine/methods/ and the
+// wrapped ones `--methods all` runs (adakv(snapkv), adakv(expected-attention)).
 const std::vector<const Method*>& all_methods();
-// nullptr when unknown.
+// nullptr when unknown. Besides the names of all_methods(), a wrapper around a score-ranking
+// method, "adakv(snapkv)", "chunkkv(knorm)", "criticalkv(expected-attention)" (wrapper_names()),
+// is made on first use and lives as long as the program (nullptr when the inner method is
+// unknown or does not rank by score; parse_method_list says which).
 const Method* find_method(const std::string& name);
+// The wrappers find_method understands, in display order.
+const std::vector<std::string>& wrapper_names();
 // Parses "a,b,c" or "all"; throws InputError naming the unknown method.
 std::vector<const Method*> parse_method_list(const std::string& list);
 
@@ -133,6 +153,10 @@ std::unique_ptr<Method> make_keydiff();
 std::unique_ptr<Method> make_lagkv();
 std::unique_ptr<Method> make_cur();
 std::unique_ptr<Method> make_expected_attention();
+// Wrappers of kvpress (docs/methods.md): `inner` must rank by score; it must outlive the result.
+std::unique_ptr<Method> make_adakv(const Method& inner);
+std::unique_ptr<Method> make_chunkkv(const Method& inner);
+std::unique_ptr<Method> make_criticalkv(const Method& inner);
 std::unique_ptr<Method> make_subgen();
 std::unique_ptr<Method> make_subgen_kcenter();
 std::unique_ptr<Method> make_buzz();

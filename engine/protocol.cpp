@@ -248,6 +248,7 @@ MethodInput make_method_input(const LayerData& layer, int num_layers, int kv_hea
   in.seed = seed;
   in.params = params;
   in.rope = layer.rope;
+  in.layer_data = &layer;
   return in;
 }
 

@@ -233,6 +233,12 @@ def main():
         "snapkv": (lambda: P("snapkv_press").SnapKVPress(), "snapkv", {"window": 64}),
         "tova": (lambda: P("tova_press").TOVAPress(), "tova", {}),
     }
+    ScorerPress = P("scorer_press").ScorerPress
+
+    class Fixed(ScorerPress):  # a press whose scores are given (AdaKV's inner press)
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            return self.fixed.clone()
+
     captures = [c for c in CAPTURES] + ([args.synth] if args.synth else [])
     cases = []
     for path in captures:
@@ -254,10 +260,12 @@ def main():
             hidden = torch.tensor(q_pre).transpose(0, 1).reshape(1, ctx, G * d)
             K, V = torch.tensor(keys)[None], torch.tensor(values)[None]
             kwargs = {"position_embeddings": (cos, sin)}
+            layer_scores = {}
             for name, (factory, method, params) in presses.items():
                 press = factory()
                 with torch.no_grad():
                     scores = press.score(module, hidden, K.clone(), V.clone(), None, kwargs)
+                layer_scores[name] = scores
                 scores = scores[0].numpy()
                 for h in range(min(H, SYNTH_HEADS) if synthetic else H):
                     mid = scores[h, s:ctx].tolist()
@@ -269,6 +277,28 @@ def main():
                         case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
                                                "ambiguous": [s + i for i in amb]})
                     cases.append(case)
+            # AdaKV (adakv_press.py) around a port that matches its press, on the middle: the
+            # press's compress() sees the middle's scores of every kv head with the compression
+            # ratio whose int(n_mid * (1 - ratio)) is m, and masks what it drops.
+            for inner in ["expected-attention", "keydiff"]:
+                mid_scores = layer_scores[inner][:, :, s:ctx]
+                case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
+                cases_here = [{"capture": os.path.basename(path), "press": "adakv+" + inner,
+                               "method": "adakv(%s)" % inner, "params": {}, "layer": layer, "kv_head": h,
+                               "n": n, "sink": s, "eval": e, "ratios": []} for h in case_heads]
+                for ratio in RATIOS:
+                    m = budget(ratio, ctx - s)
+                    fixed = Fixed(compression_ratio=1 - (m + 0.5) / (ctx - s))
+                    fixed.fixed = mid_scores
+                    ada = P("adakv_press").AdaKVPress(press=fixed)
+                    ada.compress(module, hidden, K[:, :, s:ctx], V[:, :, s:ctx], None, kwargs)
+                    _, heads_masked, seq_masked = module.masked_key_indices
+                    for case, h in zip(cases_here, case_heads):
+                        dropped = set(seq_masked[heads_masked == h].tolist())
+                        kept = [i for i in range(ctx - s) if i not in dropped]
+                        case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
+                                               "ambiguous": []})
+                cases.extend(cases_here)
     out = {"kvpress_commit": commit, "generator": "tools/kvpress_golden.py",
            "synthetic": {"shape": "llama3-8b", "tokens": 1024, "layers": 1, "seed": 0, "kv_heads": SYNTH_HEADS},
            "cases": cases}

@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -6,7 +9,10 @@
 
 namespace kvscope {
 
-const std::vector<const Method*>& all_methods() {
+namespace {
+
+// The methods of engine/methods/, in display order.
+const std::vector<std::unique_ptr<Method>>& base_methods() {
   static const std::vector<std::unique_ptr<Method>> owned = [] {
     std::vector<std::unique_ptr<Method>> m;
     m.push_back(make_exact());
@@ -28,9 +34,74 @@ const std::vector<const Method*>& all_methods() {
     m.push_back(make_balancekv_stream());
     return m;
   }();
+  return owned;
+}
+
+const Method* find_base(const std::string& name) {
+  for (const auto& m : base_methods())
+    if (m->name() == name) return m.get();
+  return nullptr;
+}
+
+// Wrapped methods made so far, by name; they live as long as the program.
+std::mutex wrapped_mutex;
+std::map<std::string, std::unique_ptr<Method>>& wrapped() {
+  static std::map<std::string, std::unique_ptr<Method>> made;
+  return made;
+}
+
+// "wrapper(inner)" made (once) or found; nullptr when `name` has no such shape, names no
+// wrapper, or its inner method is unknown or cannot be wrapped (then `why`, when given, says so).
+const Method* find_wrapped(const std::string& name, std::string* why = nullptr) {
+  const size_t open = name.find('(');
+  if (open == std::string::npos || name.size() < open + 3 || name.back() != ')') return nullptr;
+  const std::string wrapper = name.substr(0, open),
+                    inner_name = name.substr(open + 1, name.size() - open - 2);
+  const auto& names = wrapper_names();
+  if (std::find(names.begin(), names.end(), wrapper) == names.end()) return nullptr;
+  const Method* inner = find_base(inner_name);
+  if (!inner) {
+    std::string known;
+    for (const auto& m : base_methods())
+      if (m->ranks_by_score()) known += (known.empty() ? "" : ", ") + m->name();
+    if (why)
+      *why = "--methods: " + name + ": unknown inner method '" + inner_name +
+             "' (a wrapper takes a score-ranking method: " + known + ")";
+    return nullptr;
+  }
+  if (!inner->ranks_by_score()) {
+    if (why)
+      *why = "--methods: " + name + ": " + inner_name + " does not rank by score, so " + wrapper +
+             " cannot wrap it";
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(wrapped_mutex);
+  auto& slot = wrapped()[wrapper + "(" + inner_name + ")"];
+  if (!slot) {
+    if (wrapper == "adakv")
+      slot = make_adakv(*inner);
+    else if (wrapper == "chunkkv")
+      slot = make_chunkkv(*inner);
+    else
+      slot = make_criticalkv(*inner);
+  }
+  return slot.get();
+}
+
+}  // namespace
+
+const std::vector<std::string>& wrapper_names() {
+  static const std::vector<std::string> names = {"adakv", "chunkkv", "criticalkv"};
+  return names;
+}
+
+const std::vector<const Method*>& all_methods() {
   static const std::vector<const Method*> view = [] {
     std::vector<const Method*> v;
-    for (const auto& m : owned) v.push_back(m.get());
+    for (const auto& m : base_methods()) v.push_back(m.get());
+    // The wrapped methods `--methods all` runs (criticalkv needs W_O, which captures lack).
+    for (const char* name : {"adakv(snapkv)", "adakv(expected-attention)"})
+      v.push_back(find_wrapped(name));
     return v;
   }();
   return view;
@@ -47,7 +118,7 @@ Selection Method::ranked_selection(const MethodInput&, const Ranking&) const {
 const Method* find_method(const std::string& name) {
   for (const Method* m : all_methods())
     if (m->name() == name) return m;
-  return nullptr;
+  return find_wrapped(name);
 }
 
 std::vector<const Method*> parse_method_list(const std::string& list) {
@@ -58,10 +129,15 @@ std::vector<const Method*> parse_method_list(const std::string& list) {
   while (std::getline(ss, item, ',')) {
     if (item.empty()) continue;
     const Method* m = find_method(item);
+    std::string why;
+    if (!m && find_wrapped(item, &why) == nullptr && !why.empty()) throw InputError(why);
     if (!m) {
       std::string known;
       for (const Method* k : all_methods()) known += (known.empty() ? "" : ", ") + k->name();
-      throw InputError("--methods: unknown method '" + item + "' (known: " + known + ")");
+      std::string wrappers;
+      for (const std::string& w : wrapper_names()) wrappers += (wrappers.empty() ? "" : ", ") + w;
+      throw InputError("--methods: unknown method '" + item + "' (known: " + known +
+                       "; wrappers of a score-ranking method: " + wrappers + ")");
     }
     out.push_back(m);
   }

@@ -1,0 +1,73 @@
+// CriticalKV (Feng et al., "Identify Critical KV Cache in LLM Inference from an Output
+// Perturbation Perspective", 2025), ported from kvpress's CriticalKVPress
+// (kvpress/presses/criticalkv_press.py, the reference; docs/methods.md names the commit): stage
+// one keeps the inner press's top floor(first_stage_ratio * budget); stage two ranks the rest by
+// (score + epsilon) * |W_O v|_1, the L1 norm of each value through the query head's slice of the
+// output projection W_O, averaged over the GQA group.
+//
+// Mapping to the protocol (docs/methods.md, "kvpress presses"): stage one takes
+// floor(first_stage_ratio * m) of the middle, stage two the remaining m - that. Because stage
+// one's size follows the budget, the kept set is not a prefix of one ordering: select() runs per
+// budget. KVScope captures do not carry W_O, so `projection` = `wo` (the press) refuses every
+// capture today, naming what is missing; `projection` = `identity` takes W_O = I (|v|_1), an
+// approximation of the press, said so in every selection's note.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/attention_scores.h"
+#include "engine/error.h"
+#include "engine/methods/wrapper_util.h"
+
+namespace kvscope {
+namespace {
+
+class CriticalKV final : public WrapperBase {
+ public:
+  explicit CriticalKV(const Method& inner)
+      : WrapperBase(
+            "criticalkv", inner,
+            {param_spec("epsilon", ParamSpec::Type::Float, 0, 1, 1e-4,
+                        "added to the inner score before the |W_O v|_1 scaling"),
+             param_spec("first_stage_ratio", ParamSpec::Type::Float, 0, 1, 0.5,
+                        "fraction of the budget kept by the inner score alone"),
+             param_spec("projection", ParamSpec::Type::Choice, 0, 1, 0,
+                        "W_O of the capture (the press; captures do not carry it yet) or the "
+                        "identity (|v|_1: an approximation)",
+                        {"wo", "identity"})}) {}
+  std::string summary() const override {
+    return "kvpress CriticalKV around " + inner_.name() +
+           ": half the budget by its score, the rest by score x |W_O v|_1 (needs W_O)";
+  }
+  bool ranks_by_score() const override { return false; }
+  Selection select(const MethodInput& in) const override {
+    check(in);
+    const double eps = own_param(in, "epsilon");
+    const double first = own_param(in, "first_stage_ratio");
+    const bool identity = own_param(in, "projection") >= 0.5;
+    if (!identity)
+      throw InputError(name() +
+                       ": needs the output projection W_O of every query head, and KVScope "
+                       "captures do not carry it (--param '" +
+                       name() + ".projection=identity' takes W_O = I, an approximation)");
+    const Ranking r = inner_.rank(inner_input(in));
+    const std::vector<double>& s = scores_of(r);
+    const int m = in.budget, n_mid = static_cast<int>(s.size());
+    const int stage1 = std::min(m, static_cast<int>(std::floor(first * m)));
+    std::vector<double> scores(n_mid);
+    for (int i = 0; i < n_mid; ++i)
+      scores[i] = (s[i] + eps) * in.values->row(in.mid_begin + i).cast<double>().lpNorm<1>();
+    for (int i = 0; i < stage1; ++i) scores[r.order[i]] = std::numeric_limits<double>::max();
+    Selection sel = prefix_selection(in, rank_by_scores(scores, r.hover), m);
+    sel.note = name() + ": W_O taken as the identity (|v|_1), an approximation of the press";
+    return sel;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Method> make_criticalkv(const Method& inner) {
+  return std::make_unique<CriticalKV>(inner);
+}
+
+}  // namespace kvscope
