@@ -418,11 +418,11 @@ void AppUi::export_all_json(const std::string& dir) const {
 void AppUi::draw() {
   // One state model: finished jobs are applied, then every result's key is compared with the
   // settings (the views' own plans included) before anything is drawn.
-  std::vector<NamedPlan> plans;
-  for (const auto& v : views_)  // a view's own results are wanted while it is shown
-    if (v->name() == s_.settings.panel_view[0] || v->name() == s_.settings.panel_view[1])
-      v->plan(s_, plans);
-  s_.reconcile(plans);
+  s_.reconcile([this](const AppState& s, std::vector<NamedPlan>& plans) {
+    for (const auto& v : views_)  // a view's own results are wanted while it is shown
+      if (v->name() == s.settings.panel_view[0] || v->name() == s.settings.panel_view[1])
+        v->plan(s, plans);
+  });
   s_.hovered_token = -1;
   s_.ui_items.clear();  // only what this frame draws
   const ImGuiViewport* vp = ImGui::GetMainViewport();

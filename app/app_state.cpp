@@ -181,7 +181,10 @@ std::string AppState::run_error(int slot) const {
 std::shared_ptr<const LayerData> AppState::focus_layer() const {
   const Result& r = result(kLayer);
   if (!r.fresh()) return nullptr;
-  return r.ptr<LayerData>();
+  // A view may change the focus while drawing; until the next reconcile() the loaded layer is
+  // still the old one, and it must not be shown as the new one.
+  std::shared_ptr<const LayerData> layer = r.ptr<LayerData>();
+  return layer && layer->layer == settings.focus.layer ? layer : nullptr;
 }
 
 const MatrixF* AppState::focus_keys() const {
@@ -643,16 +646,12 @@ JobPlan AppState::plan_query() const {
   return p;
 }
 
-std::vector<NamedPlan> AppState::plans() const {
-  std::vector<NamedPlan> out;
-  out.emplace_back(kLayer, plan_layer());
-  out.emplace_back(kFocusA, plan_focus(0));
-  out.emplace_back(kFocusB, plan_focus(1));
-  out.emplace_back(kGrid, plan_grid());
-  out.emplace_back(kSweep, plan_sweep());
-  out.emplace_back(kEntropy, plan_entropy());
-  out.emplace_back(kQuery, plan_query());
-  return out;
+std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> AppState::planners() {
+  // In dependency order: the focused runs read the layer, the query comparison reads run A.
+  return {{kLayer, &AppState::plan_layer},   {kFocusA, &AppState::plan_focus_a},
+          {kFocusB, &AppState::plan_focus_b}, {kGrid, &AppState::plan_grid},
+          {kSweep, &AppState::plan_sweep},    {kEntropy, &AppState::plan_entropy},
+          {kQuery, &AppState::plan_query}};
 }
 
 void AppState::submit(const std::string& name, Result& r, const JobPlan& p) {
@@ -703,12 +702,27 @@ void AppState::submit(const std::string& name, Result& r, const JobPlan& p) {
   });
 }
 
-void AppState::reconcile(const std::vector<NamedPlan>& extra) {
+void AppState::reconcile(const ViewPlanner& plan_views) {
   worker.drain(*this);
   resolve_backend();
   fit_settings_to_capture(false);
-  std::vector<NamedPlan> all = plans();
-  all.insert(all.end(), extra.begin(), extra.end());
+  // Each plan's key is published as its result's `want` before the next planner runs: a planner
+  // that reads an earlier result (focus_layer(), run(0), fresh()) then knows whether that result
+  // belongs to the current settings. Planning every result first and publishing after let the
+  // focused run of a new head take the previous head's layer (issue 24, defect 1).
+  std::vector<NamedPlan> all;
+  for (const auto& [name, planner] : planners()) {
+    all.emplace_back(name, (this->*planner)());
+    results[name].want = all.back().second.key;
+  }
+  if (plan_views) {  // the views' own results, planned after (and from) the app's
+    std::vector<NamedPlan> extra;
+    plan_views(*this, extra);
+    for (NamedPlan& p : extra) {
+      results[p.first].want = p.second.key;
+      all.push_back(std::move(p));
+    }
+  }
   std::set<std::string> planned;
   for (const auto& [name, p] : all) {
     planned.insert(name);

@@ -260,8 +260,11 @@ struct AppState {
   void cancel_job(const std::string& name);
 
   // Once per frame (before views draw): applies finished jobs, fits settings to the capture,
-  // then compares keys and starts/cancels jobs. `extra` holds the views' own plans.
-  void reconcile(const std::vector<NamedPlan>& extra = {});
+  // then plans every result in dependency order, compares keys and starts/cancels jobs.
+  // `plan_views` adds the views' own plans; it runs after the app's results are planned, so a
+  // view's planner sees which of them are fresh for the current settings.
+  using ViewPlanner = std::function<void(const AppState&, std::vector<NamedPlan>&)>;
+  void reconcile(const ViewPlanner& plan_views = {});
 
   // ---- sessions
   nlohmann::json to_session() const;
@@ -272,9 +275,12 @@ struct AppState {
   void apply_session(const nlohmann::json& j);
 
  private:
-  std::vector<NamedPlan> plans() const;
+  // The app's own results and their planners, in dependency order (see reconcile()).
+  static std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> planners();
   JobPlan plan_layer() const;
   JobPlan plan_focus(int slot) const;
+  JobPlan plan_focus_a() const { return plan_focus(0); }
+  JobPlan plan_focus_b() const { return plan_focus(1); }
   JobPlan plan_grid() const;
   JobPlan plan_sweep() const;
   JobPlan plan_entropy() const;

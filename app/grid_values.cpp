@@ -1,4 +1,5 @@
 #include "app/grid_values.h"
+#include "app/result_status.h"
 
 #include <imgui.h>
 
@@ -168,6 +169,8 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
         if (ImGui::CalcTextSize(b).x > cell - 6) std::snprintf(b, sizeof b, "%.2g", v);
         return b;
       });
+  // The cells' rectangle, for the real-input tests that click a cell as a user does.
+  record_item(s, std::string("grid:") + (id[0] == '#' && id[1] == '#' ? id + 2 : id));
   // Outline the focused head.
   {
     int l = s.settings.focus.layer, h = s.settings.focus.kv_head;

@@ -55,6 +55,34 @@ std::vector<double> linear_ticks(double lo, double hi, int target) {
 
 }  // namespace
 
+// Where a log10 axis puts its labels: the powers of ten, and while fewer than three of them fit
+// in [lo, hi] (a curve between 0.1 and 0.6 spans less than a decade), 2 and 5 times them, then
+// every 1..9 times them; neighbours at least `min_gap` pixels apart (`px_per_decade` pixels per
+// factor of ten). Values are increasing.
+std::vector<double> log10_labels(double lo, double hi, double px_per_decade, double min_gap) {
+  std::vector<double> out;
+  if (!(lo > 0) || !(hi > lo)) return out;
+  const int k0 = static_cast<int>(std::floor(std::log10(lo))) - 1;
+  const int k1 = static_cast<int>(std::ceil(std::log10(hi))) + 1;
+  const std::vector<std::vector<int>> mantissas{{1}, {1, 2, 5}, {1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  for (const std::vector<int>& ms : mantissas) {
+    out.clear();
+    double last = -INFINITY;
+    for (int k = k0; k <= k1; ++k)
+      for (int m : ms) {
+        const double v = m * std::pow(10.0, k);
+        if (v < lo * (1 - 1e-9) || v > hi * (1 + 1e-9)) continue;
+        const double at = std::log10(v) * px_per_decade;
+        if (at - last < min_gap) continue;
+        out.push_back(v);
+        last = at;
+      }
+    if (out.size() >= 3) break;
+  }
+  if (out.size() < 2) out = {lo, hi};  // a very short axis: its two ends
+  return out;
+}
+
 std::string ratio_label(double r) {
   if (r > 0) {
     double inv = 1.0 / r;
@@ -171,8 +199,23 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     for (double v :
          linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>((p1_.y - p0_.y) / (40 * unit)))))
       yt.emplace_back(v, format_tick(v));
+  } else if (y_.scale == Scale::Log10) {
+    const double per_decade =
+        (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
+    const std::vector<double> labels = log10_labels(y_.min, y_.max, per_decade, 1.3 * font);
+    for (double v : labels) yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
+    // Unlabelled minor ticks at 2..9 x 10^k help reading values between the labels.
+    if (per_decade > 4 * font)
+      for (int k = static_cast<int>(std::floor(tx(y_.min, y_)));
+           k <= static_cast<int>(std::ceil(tx(y_.max, y_))); ++k)
+        for (int m = 2; m <= 9; ++m) {
+          const double v = m * std::pow(10.0, k);
+          if (v > y_.min && v < y_.max &&
+              std::find(labels.begin(), labels.end(), v) == labels.end())
+            y_minor.push_back(v);
+        }
   } else {
-    double base = y_.scale == Scale::Log2 ? 2.0 : 10.0;
+    double base = 2.0;
     int a = static_cast<int>(std::ceil(tx(y_.min, y_) - 1e-9));
     int b = static_cast<int>(std::floor(tx(y_.max, y_) + 1e-9));
     if (b < a) {  // less than one decade: label the ends instead
@@ -187,10 +230,6 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
       double v = std::pow(base, k);
       if (((k % stride) + stride) % stride != 0) continue;
       yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
-      // Minor ticks at 2..9 x 10^k on log10 axes help reading values.
-      if (y_.scale == Scale::Log10 && stride == 1)
-        for (int m = 2; m <= 9; ++m)
-          if (m * v > y_.min && m * v < y_.max) y_minor.push_back(m * v);
     }
   }
   float tick_w = 0;
@@ -221,8 +260,13 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     for (double v :
          linear_ticks(x_.min, x_.max, std::max(2, static_cast<int>((p1_.x - p0_.x) / (80 * unit)))))
       xt.emplace_back(v, format_tick(v));
+  } else if (x_.scale == Scale::Log10) {
+    const double per_decade =
+        (p1_.x - p0_.x) / std::max(1e-9, tx(x_.max, x_) - tx(x_.min, x_));
+    for (double v : log10_labels(x_.min, x_.max, per_decade, 4.5 * font))
+      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : format_tick(v));
   } else {
-    double base = x_.scale == Scale::Log2 ? 2.0 : 10.0;
+    double base = 2.0;
     int a = static_cast<int>(std::ceil(tx(x_.min, x_) - 1e-9));
     int b = static_cast<int>(std::floor(tx(x_.max, x_) + 1e-9));
     for (int k = a; k <= b; ++k) {

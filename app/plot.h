@@ -106,6 +106,11 @@ void legend_swatch(ImU32 colour, const char* text);
 // `text` shortened with "..." to fit `width` pixels.
 std::string elide(const std::string& text, float width);
 
+// Where a log10 axis puts its labels: the powers of ten, and while fewer than three of them fit
+// in [lo, hi], 2 and 5 times them, then every 1..9 times them; neighbours at least `min_gap`
+// pixels apart at `px_per_decade` pixels per factor of ten. Increasing; [lo, hi] when too short.
+std::vector<double> log10_labels(double lo, double hi, double px_per_decade, double min_gap);
+
 // Keep-ratio labels: 0.25 -> "1/4", 0.3 -> "0.3".
 std::string ratio_label(double r);
 

@@ -72,6 +72,9 @@ bool draw_result_status(AppState& s, const std::string& name, const char* what) 
 
 namespace kvscope::app {
 void record_item(AppState& s, const std::string& name) {
+  // Only what a user can click: an item scrolled out of its panel or clipped out of a combo's
+  // list is not on the screen (a test must scroll to it, as a user would).
+  if (!ImGui::IsItemVisible()) return;
   const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
   s.ui_items[name] = {a.x, a.y, b.x, b.y};
 }

@@ -32,7 +32,8 @@ void help_marker(const std::string& text) {
 
 bool method_combo(AppState& s, const char* label, std::string& name) {
   bool changed = false;
-  const bool open = ImGui::BeginCombo(label, name.c_str());
+  // As tall as the screen allows: every method at once (issue 24: 8 of 13 showed).
+  const bool open = ImGui::BeginCombo(label, name.c_str(), ImGuiComboFlags_HeightLargest);
   record_item(s, std::string("combo:") + label);
   if (open) {
     const auto& all = all_methods();
@@ -220,6 +221,7 @@ class MethodView final : public View {
     }
     ImGui::SetNextItemWidth(px(120));
     if (ImGui::InputInt("seed", &st.seed)) st.seed = std::max(0, st.seed);
+    record_item(s, "input:seed");
     help_marker(
         "Seed of every random draw (Philox counters): the same seed gives the same "
         "selection on CPU and GPU.");
@@ -309,13 +311,22 @@ class MethodView final : public View {
           "quick.");
     }
 
-    if (ImGui::CollapsingHeader("backend", ImGuiTreeNodeFlags_DefaultOpen)) {
+    // The header and the combo need IDs of their own: with one label for both, a click on the
+    // combo toggled the header's state instead and the list never opened (issue 24, defect 3).
+    if (ImGui::CollapsingHeader("Backend##section", ImGuiTreeNodeFlags_DefaultOpen)) {
       const char* choices[] = {"cpu", "cuda", "auto"};
       int cur = 0;
       for (int i = 0; i < 3; ++i)
         if (st.backend == choices[i]) cur = i;
       ImGui::SetNextItemWidth(px(120));
-      if (ImGui::Combo("backend", &cur, choices, 3)) st.backend = choices[cur];
+      if (ImGui::BeginCombo("compute on##backend", choices[cur])) {
+        for (int i = 0; i < 3; ++i) {
+          if (ImGui::Selectable(choices[i], i == cur)) st.backend = choices[i];
+          record_item(s, std::string("method:backend:") + choices[i]);
+        }
+        ImGui::EndCombo();
+      }
+      record_item(s, "method:backend");
       ImGui::Text("active: %s", s.backend_active.c_str());
       ImGui::TextWrapped("%s", s.backend_note.c_str());
     }

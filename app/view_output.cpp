@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +30,8 @@
 namespace kvscope::app {
 namespace {
 
-constexpr const char* kJobKey = "output.generate";
+// The Output view's derived result (AppState::results): the generation the user asked for.
+constexpr const char* kOutputResult = "output.generate";
 constexpr double kRatios[] = {0.5, 0.25, 0.125, 0.0625};
 
 std::string escaped(const std::string& t) {
@@ -47,11 +49,30 @@ std::string escaped(const std::string& t) {
   return out;
 }
 
-// Results travel from the worker through a shared slot the view owns.
-struct Shared {
-  std::shared_ptr<const GenerateReport> report;
-  std::string error;
-  double seconds = 0;
+// What the user asked to generate (the controls as they were at Run, or the defaults of the
+// open capture's model and prompt): the result's key is derived from it, so a change of capture
+// (new defaults) or a Run with other controls outdates the shown report and marks it stale.
+struct OutputRequest {
+  std::string checkpoint, tokenizer, prompt, continuation;
+  bool has_continuation = false;
+  int compress_at = 0, steps = 0, recompress_every = 0, seed = 0;
+  std::vector<std::string> methods;
+  std::vector<double> ratios;
+  bool operator==(const OutputRequest&) const = default;
+  std::string key() const {
+    return nlohmann::json{{"checkpoint", checkpoint},
+                          {"tokenizer", tokenizer},
+                          {"prompt", prompt},
+                          {"continuation", has_continuation ? continuation : std::string()},
+                          {"has_continuation", has_continuation},
+                          {"compress_at", compress_at},
+                          {"steps", steps},
+                          {"recompress_every", recompress_every},
+                          {"seed", seed},
+                          {"methods", methods},
+                          {"ratios", ratios}}
+        .dump();
+  }
 };
 
 class OutputView final : public View {
@@ -65,31 +86,83 @@ class OutputView final : public View {
 
   bool ready(const AppState& s) const override {
     // Without any model to run (no models folder) there is nothing to wait for.
-    return !s.worker.busy(kJobKey) &&
-           (shared_->report || !shared_->error.empty() || checkpoint_[0] == '\0');
+    const Result& r = s.result(kOutputResult);
+    return (r.fresh() && !r.busy()) || checkpoint_[0] == '\0';
+  }
+
+  // The generation the user asked for, run by AppState::reconcile() (and cancelled by it when
+  // the request changes or the view is hidden).
+  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
+    JobPlan p;
+    if (requested_) {
+      const OutputRequest rq = *requested_;
+      p.key = result_key(rq);
+      p.lane = Lane::Analysis;
+      p.label = "Output: generate";
+      p.auto_limit_s = 1e30;  // asked for by a Run click or by opening the view
+      p.compute = [rq](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+        GenerateSpec spec;
+        spec.prompt = rq.prompt;
+        spec.compress_at = rq.compress_at;
+        spec.steps = rq.steps;
+        spec.recompress_every = rq.recompress_every;
+        spec.seed = static_cast<uint64_t>(rq.seed);
+        spec.threads = 0;
+        spec.ratios = rq.ratios;
+        for (const std::string& name : rq.methods)
+          if (const Method* m = find_method(name)) spec.methods.push_back(m);
+        spec.has_continuation = rq.has_continuation;
+        spec.continuation = rq.continuation;
+        llama2c::Transformer model(rq.checkpoint);
+        llama2c::Tokenizer tok(rq.tokenizer, model.config().vocab_size);
+        return std::make_shared<const GenerateReport>(run_generate(
+            model, tok, spec,
+            [&](long long done, long long total) {
+              ctx.progress(static_cast<int>(done), static_cast<int>(total));
+            },
+            ctx.cancel_flag()));
+      };
+    }
+    out.emplace_back(kOutputResult, p);
+  }
+
+  static std::string result_key(const OutputRequest& rq) { return "output|" + rq.key(); }
+  // The shown report answers the current request. Checked against the request itself, not only
+  // the result's `want`: a change of capture makes a new request while drawing, and a report
+  // exported in that frame must not pass for the new capture's.
+  bool current(const AppState& s) const {
+    const Result& r = s.result(kOutputResult);
+    return requested_ && r.fresh() && r.key == result_key(*requested_);
   }
 
   void draw(AppState& s) override {
     init_from_capture(s);
-    // The first time the view is shown with a usable model, it runs the default comparison.
-    if (!auto_started_ && !s.worker.busy(kJobKey) && !shared_->report && checkpoint_[0] != '\0') {
-      auto_started_ = true;
-      start(s);
-    }
     draw_controls(s);
     ImGui::Separator();
-    if (!shared_->error.empty()) {
+    const Result& res = s.result(kOutputResult);
+    if (!res.error.empty() && res.key == res.want) {
       ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.45f, 0.4f, 1.0f));
-      ImGui::TextWrapped("%s", shared_->error.c_str());
+      ImGui::TextWrapped("%s", res.error.c_str());
       ImGui::PopStyleColor();
     }
-    const std::shared_ptr<const GenerateReport> rep = shared_->report;
+    const std::shared_ptr<const GenerateReport> rep = res.ptr<GenerateReport>();
     if (!rep) {
-      if (!s.worker.busy(kJobKey)) ImGui::TextDisabled("Choose a model and prompt, then Run.");
+      if (!res.busy()) ImGui::TextDisabled("Choose a model and prompt, then Run.");
       return;
     }
+    if (!current(s)) {
+      // Shown until the new one arrives, never as if it were the answer to the current request.
+      ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.75f, 0.3f, 1.0f));
+      ImGui::TextWrapped("stale: these results are for the prompt \"%s\" on %s%s",
+                         rep->spec.prompt.c_str(),
+                         llama2c::model_name_from_path(rep->model).c_str(),
+                         res.busy() ? "; the new run is on its way" : "; Run to update");
+      ImGui::PopStyleColor();
+    } else if (requested_ && current_request() != *requested_) {
+      ImGui::TextDisabled("the controls above changed since this run: Run to update");
+    }
     if (selected_ < 0 || selected_ >= static_cast<int>(rep->runs.size())) selected_ = 0;
-    draw_summary_line(*rep);
+    draw_summary_line(*rep, res.seconds);
     const float avail = ImGui::GetContentRegionAvail().x;
     ImGui::BeginChild("##table", ImVec2(avail * 0.42f, 260), false);
     draw_table(*rep);
@@ -101,13 +174,19 @@ class OutputView final : public View {
     draw_texts(*rep);
   }
 
-  nlohmann::json export_json(const AppState&) const override {
-    return shared_->report ? shared_->report->to_json() : nlohmann::json(nullptr);
+  nlohmann::json export_json(const AppState& s) const override {
+    const Result& res = s.result(kOutputResult);
+    const auto rep = res.ptr<GenerateReport>();
+    if (!rep) return nullptr;
+    nlohmann::json j = rep->to_json();
+    j["fresh"] = current(s);  // false: computed for an earlier request (shown marked stale)
+    return j;
   }
-  std::string export_csv(const AppState&) const override {
-    if (!shared_->report) return {};
+  std::string export_csv(const AppState& s) const override {
+    const auto rep = s.result(kOutputResult).ptr<GenerateReport>();
+    if (!rep) return {};
     std::string csv = "method,ratio,top1_agreement,mean_kl,perplexity,first_divergence\n";
-    for (const GenerateRun& r : shared_->report->runs) {
+    for (const GenerateRun& r : rep->runs) {
       char line[256];
       std::snprintf(line, sizeof line, "%s,%g,%.6f,%.6g,%.6g,%d\n", r.method.c_str(), r.ratio,
                     r.top1_agreement, r.mean_kl, r.perplexity, r.first_divergence);
@@ -215,6 +294,25 @@ class OutputView final : public View {
       std::snprintf(checkpoint_, sizeof checkpoint_, "%s", m->checkpoint.c_str());
       std::snprintf(tokenizer_, sizeof tokenizer_, "%s", m->tokenizer.c_str());
     }
+    // A new capture runs its model's default comparison, as the first showing of the view does.
+    requested_ = current_request();
+  }
+
+  OutputRequest current_request() const {
+    OutputRequest rq;
+    rq.checkpoint = checkpoint_;
+    rq.tokenizer = tokenizer_;
+    rq.prompt = prompt_;
+    rq.has_continuation = use_continuation_;
+    if (use_continuation_) rq.continuation = continuation_;
+    rq.compress_at = compress_at_;
+    rq.steps = steps_;
+    rq.recompress_every = recompress_;
+    rq.seed = seed_;
+    rq.methods = methods_;
+    for (size_t i = 0; i < std::size(kRatios); ++i)
+      if (ratio_on_[i]) rq.ratios.push_back(kRatios[i]);
+    return rq;
   }
 
   void draw_controls(AppState& s) {
@@ -281,67 +379,23 @@ class OutputView final : public View {
       ImGui::InputText("##continuation", continuation_, sizeof continuation_);
     }
 
-    if (s.worker.busy(kJobKey)) {
-      for (const JobInfo& j : s.worker.jobs()) {
-        if (j.key != kJobKey) continue;
-        char overlay[96];
-        std::snprintf(overlay, sizeof overlay, "%d/%d forward passes", j.done, j.total);
-        ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f,
-                           ImVec2(360, 0), j.running ? overlay : "queued");
-      }
+    if (s.result(kOutputResult).busy()) {
+      const auto [done, total] = s.progress(kOutputResult);
+      char overlay[96];
+      std::snprintf(overlay, sizeof overlay, "%d/%d forward passes", done, total);
+      ImGui::ProgressBar(total > 0 ? static_cast<float>(done) / total : 0.0f, ImVec2(px(360), 0),
+                         total > 0 ? overlay : "queued");
       ImGui::SameLine();
-      if (ImGui::Button("Cancel")) s.worker.cancel(kJobKey);
-    } else if (ImGui::Button("Run", ImVec2(100, 0))) {
-      start(s);
+      if (ImGui::Button("Cancel")) s.cancel_job(kOutputResult);
+    } else if (ImGui::Button("Run", ImVec2(px(100), 0))) {
+      // The request is a view choice; reconcile() starts the run its key asks for (again after a
+      // Cancel of the same request).
+      requested_ = current_request();
+      s.run_now(kOutputResult);
     }
   }
 
-  void start(AppState& s) {
-    GenerateSpec spec;
-    spec.prompt = prompt_;
-    spec.compress_at = compress_at_;
-    spec.steps = steps_;
-    spec.recompress_every = recompress_;
-    spec.seed = static_cast<uint64_t>(seed_);
-    spec.threads = 0;
-    spec.ratios.clear();
-    for (size_t i = 0; i < std::size(kRatios); ++i)
-      if (ratio_on_[i]) spec.ratios.push_back(kRatios[i]);
-    for (const std::string& name : methods_)
-      if (const Method* m = find_method(name)) spec.methods.push_back(m);
-    if (use_continuation_) {
-      spec.has_continuation = true;
-      spec.continuation = continuation_;
-    }
-    const std::string checkpoint = checkpoint_, tokenizer = tokenizer_;
-    auto shared = shared_;
-    shared->error.clear();
-    s.worker.submit(Lane::Analysis, kJobKey, "Output: generate", [=](JobContext& ctx) -> ApplyFn {
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        llama2c::Transformer model(checkpoint);
-        llama2c::Tokenizer tok(tokenizer, model.config().vocab_size);
-        auto rep = std::make_shared<const GenerateReport>(run_generate(
-            model, tok, spec,
-            [&](long long done, long long total) {
-              ctx.progress(static_cast<int>(done), static_cast<int>(total));
-            },
-            ctx.cancel_flag()));
-        const double secs =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return [shared, rep, secs](AppState&) {
-          shared->report = rep;
-          shared->seconds = secs;
-          shared->error.clear();
-        };
-      } catch (const InputError& e) {
-        const std::string msg = e.what();
-        return [shared, msg](AppState&) { shared->error = msg; };
-      }
-    });
-  }
-
-  void draw_summary_line(const GenerateReport& rep) {
+  void draw_summary_line(const GenerateReport& rep, double seconds) {
     ImGui::TextWrapped(
         "%s: compressed at N = %d (s = %d sinks, window %d), %d steps, %s; %.1f s",
         llama2c::model_name_from_path(rep.model).c_str(), rep.spec.compress_at, rep.sink,
@@ -349,7 +403,7 @@ class OutputView final : public View {
         rep.spec.recompress_every > 0
             ? ("re-compressed every " + std::to_string(rep.spec.recompress_every)).c_str()
             : "compressed once",
-        shared_->seconds);
+        seconds);
     ImGui::TextDisabled(
         "top-1 and KL teacher-forced on the exact run's tokens; text below is free-running greedy");
   }
@@ -508,7 +562,7 @@ class OutputView final : public View {
     ImGui::EndChild();
   }
 
-  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
+  std::optional<OutputRequest> requested_;  // empty until a model is known
   std::string initialised_for_ = "\x01";
   char checkpoint_[1024] = "";
   char tokenizer_[1024] = "";
@@ -519,7 +573,6 @@ class OutputView final : public View {
   bool ratio_on_[std::size(kRatios)] = {};
   bool use_continuation_ = false;
   bool restored_ = false;  // load_state set the controls: the next init keeps them
-  bool auto_started_ = false;
   int selected_ = 0;
 };
 

@@ -28,6 +28,7 @@
 #include "app/token_marks.h"
 #include "app/view.h"
 #include "app/worker.h"
+#include "engine/attention.h"
 #include "engine/error.h"
 #include "engine/synth.h"
 
@@ -273,6 +274,42 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
   ASSERT_TRUE(pump(s, [&] { return fresh(s, kSweep); }));
   EXPECT_EQ(s.result(kSweep).error, "");
   EXPECT_EQ(s.sweep()->spec.base_seed, 3u);
+}
+
+// Issue 24, defect 1: a click on a grid cell of another layer must run the focused methods on
+// that layer. Planning the focused runs before the new focus's `want` was published handed them
+// the previous layer (lily L2 H3 showed L0 H3's errors under L2 H3's key, so they stayed).
+TEST(AppFlow, FocusOnAnotherLayerRunsTheMethodsOnThatLayer) {
+  AppState s;
+  s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
+  s.settings.keep_ratio = 0.25;
+  s.settings.grid_seeds = 1;
+  s.request_open(kSample);
+  ASSERT_TRUE(pump(s, [&] { return fresh(s, kFocusA) && fresh(s, kFocusB) && fresh(s, kQuery); }))
+      << s.load_error << s.run_error(0);
+  const CaptureInfo& ci = *s.info();
+  ASSERT_GE(ci.num_layers, 3);
+  ASSERT_GE(ci.kv_heads, 4);
+  for (const Focus f : {Focus{2, 3}, Focus{0, 1}, Focus{ci.num_layers - 1, 0}}) {
+    s.set_focus(f);  // as a grid click does: the next frame's reconcile() sees the new focus
+    ASSERT_TRUE(pump(s, [&] { return fresh(s, kFocusA) && fresh(s, kFocusB) && fresh(s, kQuery); }))
+        << s.run_error(0);
+    std::shared_ptr<const LayerData> layer = s.capture->layer(f.layer);
+    for (int slot = 0; slot < 2; ++slot) {
+      const HeadRun want = run_head(*layer, ci.num_layers, f.kv_head, s.method_settings(slot),
+                                    static_cast<uint64_t>(s.settings.seed));
+      EXPECT_EQ(s.run(slot)->mean_relative, want.mean_relative)
+          << "slot " << slot << " at L" << f.layer << " H" << f.kv_head;
+      EXPECT_EQ(s.run(slot)->selection.indices, want.selection.indices);
+    }
+    // The query comparison uses the focused layer's query and keys.
+    const int qh = f.kv_head * ci.group_size() + s.settings.selected_q_head;
+    EXPECT_EQ(s.query_cmp()->q_head, qh);
+    const std::vector<double> exact =
+        attention_row(layer->queries[static_cast<size_t>(qh)].row(s.query_cmp()->position).data(),
+                      layer->keys[static_cast<size_t>(f.kv_head)], s.query_cmp()->position);
+    EXPECT_EQ(s.query_cmp()->exact_weights, exact);
+  }
 }
 
 // Every view draws without a capture (no EvalWindow::make throwing into a draw call), and with a
@@ -762,6 +799,24 @@ TEST(TokenMarks, ClassifiesSinksWindowKeptAndDropped) {
   // The heavier kept token is drawn darker than the lighter one.
   auto lum = [](ImU32 c) { return ((c >> IM_COL32_G_SHIFT) & 0xFF); };
   EXPECT_LT(lum(token_colour(m, 20)), lum(token_colour(m, 10)));
+}
+
+// Issue 24, defect 5: an error curve between 0.1 and 0.6 had one labelled value (0.1).
+TEST(Plot, LogAxesLabelAtLeastThreeValuesWhereTheyFit) {
+  const std::vector<double> short_axis = log10_labels(0.1, 0.6, 300, 20);
+  EXPECT_GE(short_axis.size(), 3u);
+  EXPECT_EQ(short_axis.front(), 0.1);
+  EXPECT_TRUE(std::is_sorted(short_axis.begin(), short_axis.end()));
+  // Less than a decade, no power of ten inside: still labelled values inside the range.
+  const std::vector<double> inner = log10_labels(0.15, 0.45, 400, 20);
+  ASSERT_GE(inner.size(), 3u);
+  for (double v : inner) EXPECT_TRUE(v >= 0.15 && v <= 0.45) << v;
+  // Many decades: the powers of ten only, at least the gap apart.
+  const std::vector<double> wide = log10_labels(1e-4, 1, 60, 20);
+  EXPECT_EQ(wide, (std::vector<double>{1e-4, 1e-3, 1e-2, 1e-1, 1}));
+  // Crowded: thinned to the gap.
+  const std::vector<double> crowded = log10_labels(1e-6, 1, 10, 20);
+  EXPECT_LE(crowded.size(), 4u);
 }
 
 TEST(Plot, RatioLabels) {

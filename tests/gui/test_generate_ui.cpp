@@ -169,6 +169,32 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     const std::string output_png = out_dir() + "/output_view.png";
     write_png(output_png, px, kWidth, kHeight, false, ui.view_rect("output"));
     EXPECT_GT(non_background(output_png), 0.05);
+
+    // Issue 24, defect 2: opening another capture outdates the report at once. Until the new
+    // capture's run replaces it, it is shown and exported as stale, never as the new prompt's.
+    const std::string other =
+        std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/kjv3M_beginning.safetensors";
+    s.request_open(other);
+    int fresh_with_other_prompt = 0, stale_frames = 0;
+    ASSERT_TRUE(frames_until(
+        s, ui,
+        [&] {
+          const nlohmann::json e = view->export_json(s);
+          if (s.capture_path == other && e.is_object()) {
+            if (!e["fresh"].get<bool>())
+              ++stale_frames;
+            else if (e["prompt"] != s.info()->prompt)
+              ++fresh_with_other_prompt;
+          }
+          return s.capture_path == other && ui.ready_for_screenshot("output");
+        },
+        300));
+    EXPECT_EQ(fresh_with_other_prompt, 0);
+    EXPECT_GT(stale_frames, 0);
+    const nlohmann::json k = view->export_json(s);
+    EXPECT_EQ(k["prompt"], s.info()->prompt);
+    EXPECT_TRUE(k["fresh"].get<bool>());
+    EXPECT_NE(k["model"].get<std::string>().find("kjv3M"), std::string::npos);
   }
   ImGui::DestroyContext();
 }

@@ -1,0 +1,356 @@
+// The numbers oracle (issue 24): the real window under Xvfb, driven by real input (xdotool), takes
+// a seeded random walk through the controls a user touches (clicks on grid cells of any layer,
+// method A/B from their combos, the keep-ratio slider, the seed typed in, tab switches, another
+// capture through File > Open, the backend combo). After every step it waits until the app is
+// idle, presses F9 and checks every number the app exports for the focused head and the grid
+// against `kvscope-cli eval` run on the same capture with the same settings, and that nothing
+// shown as fresh is stale: a run exported as current must be the one eval gives for the settings
+// the app reports.
+//
+// CI runs a short walk (KVSCOPE_ORACLE_STEPS, default 8). tools/gui-oracle.sh runs it for minutes
+// with other seeds (KVSCOPE_ORACLE_SEED) for people.
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "tests/gui/real_window.h"
+
+using namespace kvscope_gui_test;
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+class Oracle : public RealWindow {
+ protected:
+  Oracle() { out_name_ = "oracle"; }
+
+  // `kvscope-cli eval` of one method on one head ("" layers: every head), as the app's settings
+  // give it; cached by command line (the walk revisits settings).
+  json eval(const std::string& capture, const std::string& method, const json& params,
+            double ratio, int seeds, int base_seed, const std::string& layers,
+            const std::string& heads, const json& session) {
+    std::ostringstream cmd;
+    cmd.precision(17);
+    cmd << KVSCOPE_CLI << " eval '" << capture << "' --methods '" << method << "' --ratios "
+        << ratio << " --seeds " << seeds << " --base-seed " << base_seed << " --threads 1";
+    if (!layers.empty()) cmd << " --layers " << layers << " --heads " << heads;
+    for (const auto& [k, v] : params.items())
+      cmd << " --param '" << method << "." << k << "=" << v << "'";
+    if (session["sink"].get<int>() >= 0) cmd << " --sink " << session["sink"].get<int>();
+    if (session["eval"].get<int>() >= 0) cmd << " --eval " << session["eval"].get<int>();
+    cmd << " --estimator " << session["estimator"].get<std::string>();
+    const std::string key = cmd.str();
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    const fs::path out = dir_ / "eval.json";
+    fs::remove(out);
+    int rc = 0;
+    const std::string text = sh(key + " --json '" + out.string() + "'", &rc);
+    EXPECT_EQ(rc, 0) << "step " << step_ << ": " << key << "\n" << text;
+    json j;
+    if (rc == 0) {
+      std::ifstream in(out);
+      j = json::parse(in);
+    }
+    ++evals_;
+    return cache_[key] = j;
+  }
+
+  static const json* head_result(const json& report, int layer, int head) {
+    if (!report.contains("results")) return nullptr;
+    for (const json& r : report["results"])
+      if (r["layer"] == layer && r["kv_head"] == head) return &r;
+    return nullptr;
+  }
+
+  static void expect_close(double app, double cli, const std::string& what) {
+    EXPECT_NEAR(app, cli, 1e-9 * std::max(1.0, std::fabs(cli))) << what;
+  }
+
+  // Every number the Method and Capture views export, against eval.
+  void check_numbers(const json& st) {
+    const json& se = st["session"];
+    const std::string capture = st["capture_path"];
+    const int layer = se["focus"]["layer"], head = se["focus"]["kv_head"];
+    const double ratio = se["keep_ratio"];
+    const int seed = se["seed"];
+    const json method = view_json("method");
+    int checked = 0;
+    for (const json& run : method["focused_runs"]) {
+      const bool a = run["slot"] == "A";
+      const std::string name = se[a ? "method_a" : "method_b"];
+      const std::string what = "step " + step_ + ": focused run " + std::string(a ? "A" : "B") +
+                               " (" + name + ") at L" + std::to_string(layer) + " H" +
+                               std::to_string(head) + ", ratio " + std::to_string(ratio) +
+                               ", seed " + std::to_string(seed);
+      EXPECT_EQ(run["method"], name) << what;
+      if (run["stale"].get<bool>()) {
+        // The app is idle: nothing may stay stale once it has settled.
+        ADD_FAILURE() << what << ": still marked stale after the app settled\n" << summary(st);
+        continue;
+      }
+      const json rep = eval(capture, name, se[a ? "params_a" : "params_b"], ratio, 1, seed,
+                            std::to_string(layer), std::to_string(head), se);
+      const json* h = head_result(rep, layer, head);
+      if (!h) {
+        ADD_FAILURE() << what << ": eval has no result for the head";
+        continue;
+      }
+      expect_close(run["relative_error"], (*h)["mean"], what + ": relative error");
+      expect_close(run["normalized_error"], (*h)["normalized_mean"], what + ": normalised error");
+      expect_close(run["mass"], (*h)["mass_mean"], what + ": kept attention mass");
+      EXPECT_EQ(run["kept"], (*h)["kept"]) << what << ": kept tokens";
+      ++checked;
+    }
+    EXPECT_EQ(checked, se["ab_enabled"].get<bool>() ? 2 : 1)
+        << "step " << step_ << ": focused runs exported\n"
+        << summary(st);
+
+    // The grid: method A over every head, grid seeds from base seed; the focused cell and one
+    // more cell picked by the walk are checked.
+    const json grid = view_json("capture")["grid"];
+    if (grid["stale"].get<bool>() || grid["error_grid"].empty()) {
+      EXPECT_FALSE(grid["stale"].get<bool>()) << "step " << step_ << ": grid stale after settling";
+      return;
+    }
+    const std::string name = se["method_a"];
+    const json rep =
+        eval(capture, name, se["params_a"], ratio, grid["seeds"], seed, "", "", se);
+    const json capj = view_json("capture");
+    std::uniform_int_distribution<int> pick_l(0, capj["layers"].get<int>() - 1),
+        pick_h(0, capj["kv_heads"].get<int>() - 1);
+    const std::pair<int, int> cells[] = {{layer, head}, {pick_l(rng_), pick_h(rng_)}};
+    for (const auto& [l, h] : cells) {
+      const std::string what = "step " + step_ + ": grid cell L" + std::to_string(l) + " H" +
+                               std::to_string(h) + " (" + name + ")";
+      const json* cell = nullptr;
+      for (const json& c : grid["error_grid"])
+        if (c["layer"] == l && c["kv_head"] == h) cell = &c;
+      const json* want = head_result(rep, l, h);
+      ASSERT_NE(cell, nullptr) << what << ": not in the export";
+      ASSERT_NE(want, nullptr) << what << ": not in eval's report";
+      EXPECT_EQ((*cell)["method"], name) << what;
+      EXPECT_DOUBLE_EQ((*cell)["ratio"].get<double>(), ratio) << what;
+      expect_close((*cell)["relative_error_mean"], (*want)["mean"], what + ": mean");
+      expect_close((*cell)["relative_error_std"], (*want)["std"], what + ": std over seeds");
+    }
+  }
+
+  // Waits until nothing runs and the focused runs and the grid answer the current settings.
+  json quiet() {
+    return wait_for(
+        [](const json& s) {
+          for (const auto& [name, r] : s["results"].items())
+            if (r["running"].get<bool>()) return false;
+          for (const char* n : {"focus.A", "grid"})
+            if (s["results"].contains(n) && s["results"][n]["wanted"].get<bool>() &&
+                !s["results"][n]["fresh"].get<bool>() &&
+                !s["results"][n]["held_for_run"].get<bool>() &&
+                s["results"][n]["error"].get<std::string>().empty())
+              return false;
+          return true;
+        },
+        kWaitS, "the app to settle on the current settings");
+  }
+
+  // Scrolls the active view (mouse wheel over it, as a user does) until `item` is on screen.
+  json reveal(json st, const std::string& item) {
+    for (int turn = 0; turn < 3 && !st["ui_items"].contains(item); ++turn) {
+      const json& vr = st["view_rect"];
+      move_to((vr[0].get<double>() + vr[2].get<double>()) / 2,
+              (vr[1].get<double>() + vr[3].get<double>()) / 2);
+      for (int i = 0; i < 10 && !st["ui_items"].contains(item); ++i) {
+        xdo(turn == 1 ? "click 4" : "click 5");  // down, up, down again
+        pause_ms(80);
+        st = state();
+      }
+    }
+    EXPECT_TRUE(st["ui_items"].contains(item))
+        << "step " << step_ << ": scrolling did not bring '" << item << "' on screen";
+    return st;
+  }
+
+  json show_tab(json st, const std::string& tab) {
+    if (st["session"]["active_view"] == tab) return st;
+    click(st, "tab:" + tab);
+    return wait_for([&](const json& s) { return s["session"]["active_view"] == tab; }, kWaitS,
+                    "the " + tab + " tab");
+  }
+
+  // ---- the walk's steps
+  json click_grid_cell(json st) {
+    if (!st["ui_items"].contains("grid:capgrid")) st = show_tab(st, "capture");
+    const json cap = view_json("capture");
+    const int layers = cap["layers"], heads = cap["kv_heads"];
+    const int l = std::uniform_int_distribution<int>(0, layers - 1)(rng_);
+    const int h = std::uniform_int_distribution<int>(0, heads - 1)(rng_);
+    step(std::to_string(steps_) + ": click grid cell L" + std::to_string(l) + " H" +
+         std::to_string(h));
+    st = state();
+    const json& r = st["ui_items"]["grid:capgrid"];
+    EXPECT_TRUE(r.is_array()) << "step " << step_ << ": the grid was not drawn";
+    if (!r.is_array()) return st;
+    const double x0 = r[0], y0 = r[1], x1 = r[2], y1 = r[3];
+    remember_click("grid cell", x0, y0);
+    move_to(x0 + (h + 0.5) * (x1 - x0) / heads, y0 + (l + 0.5) * (y1 - y0) / layers);
+    xdo("mousedown 1");
+    pause_ms(120);
+    xdo("mouseup 1");
+    pause_ms(150);
+    return wait_for(
+        [&](const json& s) {
+          return s["session"]["focus"]["layer"] == l && s["session"]["focus"]["kv_head"] == h;
+        },
+        kWaitS, "the focus to move to the clicked cell");
+  }
+
+  json pick_method(json st, const char* slot) {
+    st = show_tab(st, "method");
+    const std::string combo = std::string("combo:method ") + slot;
+    st = reveal(st, combo);
+    click(st, combo);
+    st = with_item(combo + ":uniform");
+    // The methods the list shows (a real user can only pick what is on screen).
+    std::vector<std::string> shown;
+    for (const auto& [name, r] : st["ui_items"].items())
+      if (name.rfind(combo + ":", 0) == 0 && name.find("exact") == std::string::npos)
+        shown.push_back(name.substr(combo.size() + 1));
+    const std::string m =
+        shown[std::uniform_int_distribution<size_t>(0, shown.size() - 1)(rng_)];
+    step(std::to_string(steps_) + ": method " + slot + " := " + m);
+    click(st, combo + ":" + m);
+    const std::string field = std::string("method_") + (slot[0] == 'A' ? "a" : "b");
+    return wait_for([&](const json& s) { return s["session"][field] == m; }, kWaitS,
+                    "method " + std::string(slot) + " to be " + m);
+  }
+
+  json drag_ratio(json st) {
+    st = show_tab(st, "method");
+    const double frac = std::uniform_real_distribution<double>(0.45, 0.95)(rng_);
+    step(std::to_string(steps_) + ": drag the keep ratio to " + std::to_string(frac) +
+         " of the slider");
+    st = reveal(st, "slider:keep ratio");
+    const double before = st["session"]["keep_ratio"];
+    drag(st, "slider:keep ratio", frac);
+    return wait_for([&](const json& s) { return s["session"]["keep_ratio"] != before; }, kWaitS,
+                    "the keep ratio to change");
+  }
+
+  json type_seed(json st) {
+    st = show_tab(st, "method");
+    const int seed = std::uniform_int_distribution<int>(0, 99)(rng_);
+    step(std::to_string(steps_) + ": type seed " + std::to_string(seed));
+    st = reveal(st, "input:seed");
+    click(st, "input:seed");
+    key("ctrl+a");
+    type(std::to_string(seed));
+    key("Return");
+    return wait_for([&](const json& s) { return s["session"]["seed"] == seed; }, kWaitS,
+                    "the seed to be " + std::to_string(seed));
+  }
+
+  json other_tab(json st) {
+    const char* tabs[] = {"tokens", "error", "walk", "geometry", "capture", "method"};
+    const std::string tab = tabs[std::uniform_int_distribution<int>(0, 5)(rng_)];
+    step(std::to_string(steps_) + ": show the " + tab + " tab");
+    if (!st["ui_items"].contains("tab:" + tab)) return st;
+    return show_tab(st, tab);
+  }
+
+  json other_capture(json st) {
+    const char* samples[] = {"stories260K_lily", "stories260K_dragon", "kjv3M_beginning"};
+    std::string path;
+    do {
+      path = kSampleDir + "/" + samples[std::uniform_int_distribution<int>(0, 2)(rng_)] +
+             ".safetensors";
+    } while (path == st["capture_path"]);
+    step(std::to_string(steps_) + ": File > Open " + fs::path(path).filename().string());
+    key("ctrl+o");
+    st = with_item("browser:path");
+    click(st, "browser:path");
+    key("ctrl+a");
+    type(path);
+    key("Return");
+    return wait_for([&](const json& s) { return s["capture_path"] == path; }, kWaitS,
+                    "the capture to open");
+  }
+
+  std::mt19937_64 rng_;
+  std::map<std::string, json> cache_;
+  int steps_ = 0, evals_ = 0;
+};
+
+TEST_F(Oracle, EveryExportedNumberIsEvalsForTheSettingsShown) {
+  const int seed = env_int("KVSCOPE_ORACLE_SEED", 1);
+  const int steps = env_int("KVSCOPE_ORACLE_STEPS", 8);
+  rng_.seed(static_cast<uint64_t>(seed));
+  note("walk seed " + std::to_string(seed) + ", " + std::to_string(steps) + " steps");
+
+  step("0: the sample opens; its numbers are eval's");
+  json st = quiet();
+  check_numbers(st);
+
+  // Issue 24, defect 3: the backend combo opens and answers; without a GPU the app says why it
+  // computes on the CPU, and the numbers stay eval's.
+  step("0b: the backend combo opens; cuda is chosen");
+  st = show_tab(st, "method");
+  st = reveal(st, "method:backend");
+  click(st, "method:backend");
+  st = with_item("method:backend:cuda");
+  click(st, "method:backend:cuda");
+  st = wait_for([](const json& s) { return s["session"]["backend"] == "cuda"; }, kWaitS,
+                "the backend setting to be cuda");
+  st = quiet();
+  check_numbers(st);
+
+  // Defect 1's own case first: a cell of another layer (lily L2 H3 showed L0 H3's numbers).
+  step("0c: the grid cell L2 H3, from L0");
+  st = show_tab(st, "capture");
+  {
+    const json& r = st["ui_items"]["grid:capgrid"];
+    ASSERT_TRUE(r.is_array()) << "the grid was not drawn";
+    const json cap = view_json("capture");
+    const double x0 = r[0], y0 = r[1], x1 = r[2], y1 = r[3];
+    move_to(x0 + 3.5 * (x1 - x0) / cap["kv_heads"].get<int>(),
+            y0 + 2.5 * (y1 - y0) / cap["layers"].get<int>());
+    xdo("mousedown 1");
+    pause_ms(120);
+    xdo("mouseup 1");
+    pause_ms(150);
+  }
+  st = wait_for(
+      [](const json& s) {
+        return s["session"]["focus"]["layer"] == 2 && s["session"]["focus"]["kv_head"] == 3;
+      },
+      kWaitS, "the focus to be L2 H3");
+  st = quiet();
+  check_numbers(st);
+
+  for (steps_ = 1; steps_ <= steps && !HasFatalFailure(); ++steps_) {
+    const int action = std::uniform_int_distribution<int>(0, 9)(rng_);
+    switch (action) {
+      case 0:
+      case 1:
+      case 2: st = click_grid_cell(st); break;
+      case 3: st = pick_method(st, "A"); break;
+      case 4: st = pick_method(st, "B"); break;
+      case 5: st = drag_ratio(st); break;
+      case 6: st = type_seed(st); break;
+      case 7: st = other_tab(st); break;
+      default:
+        // A capture switch now and then; more grid clicks otherwise (the heart of defect 1).
+        st = action == 8 ? other_capture(st) : click_grid_cell(st);
+        break;
+    }
+    st = quiet();
+    check_numbers(st);
+  }
+  note(std::to_string(evals_) + " eval runs compared");
+  step("done");
+}
+
+}  // namespace
