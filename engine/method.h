@@ -153,6 +153,7 @@ std::unique_ptr<Method> make_keydiff();
 std::unique_ptr<Method> make_lagkv();
 std::unique_ptr<Method> make_cur();
 std::unique_ptr<Method> make_expected_attention();
+std::unique_ptr<Method> make_compactor();
 // Wrappers of kvpress (docs/methods.md): `inner` must rank by score; it must outlive the result.
 std::unique_ptr<Method> make_adakv(const Method& inner);
 std::unique_ptr<Method> make_chunkkv(const Method& inner);

@@ -20,6 +20,7 @@ enum RandomPurpose : uint32_t {
   kRandSubGen = 4,       // SubGen reservoirs
   kRandRandomSigns = 5,  // random-sign reference in walk traces
   kRandMisc = 6,
+  kRandSketch = 7,  // Gaussian sketches (compactor's leverage scores)
 };
 
 struct Philox4 {

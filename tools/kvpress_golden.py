@@ -152,7 +152,8 @@ def make_module(q_heads, kv_heads, d, theta):
                                      num_hidden_layers=1, _attn_implementation="sdpa")
     m.head_dim = d
     m.num_key_value_groups = q_heads // kv_heads
-    m.q_proj = torch.nn.Identity()
+    m.q_proj = lambda h: h[..., : q_heads * d]
+    m.k_proj = lambda h: h[..., q_heads * d:]
     m.rotary_emb = RotaryEmbedding(theta, d)
     m.layer_idx = 0
     return m
@@ -257,7 +258,10 @@ def main():
             values = t["layers.%d.value" % layer][:, :ctx]
             q_post = to_half_layout(t["layers.%d.query" % layer][:, :ctx], layout)
             q_pre = unrotate(q_post, theta)
-            hidden = torch.tensor(q_pre).transpose(0, 1).reshape(1, ctx, G * d)
+            k_pre = unrotate(keys, theta)
+            # The hidden states: pre-RoPE queries, then pre-RoPE keys; q_proj and k_proj pick them.
+            hidden = torch.cat([torch.tensor(q_pre).transpose(0, 1).reshape(1, ctx, G * d),
+                                torch.tensor(k_pre).transpose(0, 1).reshape(1, ctx, H * d)], dim=-1)
             K, V = torch.tensor(keys)[None], torch.tensor(values)[None]
             kwargs = {"position_embeddings": (cos, sin)}
             layer_scores = {}
@@ -299,6 +303,29 @@ def main():
                         case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
                                                "ambiguous": []})
                 cases.extend(cases_here)
+            # Compactor (compactor_press.py) at each ratio (its blending is the compression ratio
+            # 1 - (s + m) / (n - E)), with sketch_dimension = d and torch.randn made sqrt(d) I, so
+            # the sketch is the identity (KVScope's sketch = exact; the Gaussian draw is torch's).
+            case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
+            cases_here = [{"capture": os.path.basename(path), "press": "compactor", "method": "compactor",
+                           "params": {"sketch": 1}, "layer": layer, "kv_head": h, "n": n, "sink": s,
+                           "eval": e, "ratios": []} for h in case_heads]
+            randn = torch.randn
+            torch.randn = lambda *shape, **kw: (math.sqrt(d) * torch.eye(d, dtype=torch.float64)).expand(*shape)
+            try:
+                for ratio in RATIOS:
+                    m = budget(ratio, ctx - s)
+                    press = P("compactor_press").CompactorPress(compression_ratio=1 - (s + m) / ctx,
+                                                                sketch_dimension=d)
+                    with torch.no_grad():
+                        scores = press.score(module, hidden, K.clone(), V.clone(), None, kwargs)[0].numpy()
+                    for case, h in zip(cases_here, case_heads):
+                        kept, amb = kept_sets(scores[h, s:ctx].tolist(), m)
+                        case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
+                                               "ambiguous": [s + i for i in amb]})
+            finally:
+                torch.randn = randn
+            cases.extend(cases_here)
     out = {"kvpress_commit": commit, "generator": "tools/kvpress_golden.py",
            "synthetic": {"shape": "llama3-8b", "tokens": 1024, "layers": 1, "seed": 0, "kv_heads": SYNTH_HEADS},
            "cases": cases}

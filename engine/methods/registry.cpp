@@ -27,6 +27,7 @@ const std::vector<std::unique_ptr<Method>>& base_methods() {
     m.push_back(make_lagkv());
     m.push_back(make_cur());
     m.push_back(make_expected_attention());
+    m.push_back(make_compactor());
     m.push_back(make_subgen());
     m.push_back(make_subgen_kcenter());
     m.push_back(make_buzz());

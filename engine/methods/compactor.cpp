@@ -1,0 +1,211 @@
+// Compactor (Chari & Van Durme, "Compactor: Calibrated Query-Agnostic KV Cache Compression with
+// Approximate Leverage Scores", 2025), ported from kvpress's CompactorPress
+// (kvpress/presses/compactor_press.py, with leverage_press.py and non_causal_attention_press.py,
+// the reference; docs/methods.md names the commit). Inside the context less its first
+// `sink_size_start` and last `sink_size_end` tokens (region R), two scores, each z-normalised
+// over all kv heads of the layer (mean and unbiased std over heads and tokens, std at least
+// 1e-6), are blended: blending * leverage + attention, blending = the compression ratio by
+// default.
+//  - leverage: the pre-RoPE keys of R, centred over R, times a Gaussian sketch Phi (d x k,
+//    entries N(0, 1/k)); with X that (|R| x k), the score of row i is
+//    max(0, x_i^T (X^T X + 0.01 I)^-1 x_i) (the press's Cholesky with jitter 1e-2);
+//  - attention: non-causal attention inside chunks of `chunk_size` tokens of R (aligned at R's
+//    start; no 1/sqrt(d) scaling, as in the press): each key's softmax weight summed over the
+//    chunk's queries, averaged over the GQA group, times |v|, then average-pooled over 3
+//    neighbours (zero padded). In the last, partial chunk the press pads queries and keys with
+//    zeros, masks padded keys' logits to -1e-9 and padded queries' rows to 0: padded keys take a
+//    share of every softmax and padded query rows add ~1/chunk_size to each real key; kept here.
+// The sinks at both ends score above everything.
+//
+// Mapping to the protocol (docs/methods.md, "kvpress presses"): the context is [0, n-E); the
+// queries are the captured ones (after RoPE, as the press rotates them), the keys for the
+// leverage are the captured keys rotated back to before RoPE (engine/rope.h; a capture without
+// rope_theta / rope_layout is refused); the compression ratio is 1 - (s + m) / (n - E), so the
+// ranking depends on the budget, and the sketch on the seed (KVScope's Philox stream, not
+// torch's): select() runs per (ratio, seed). `sketch` = `exact` takes Phi = I (k = d), the
+// leverage the sketch approximates; it is what the golden test checks against the press (with
+// its randn made the identity). Every kv head of the layer is scored for the z-normalisation.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/attention_scores.h"
+#include "engine/capture.h"
+#include "engine/error.h"
+#include "engine/method.h"
+#include "engine/protocol.h"
+#include "engine/random.h"
+
+namespace kvscope {
+namespace {
+
+std::vector<ParamSpec> compactor_params() {
+  return {
+      param_spec("sink_size_start", ParamSpec::Type::Int, 0, 4096, 8,
+                 "first tokens of the context always kept"),
+      param_spec("sink_size_end", ParamSpec::Type::Int, 0, 4096, 4,
+                 "last tokens of the context always kept"),
+      param_spec("chunk_size", ParamSpec::Type::Int, 1, 65536, 256,
+                 "tokens per chunk of the non-causal attention"),
+      param_spec("sketch_dimension", ParamSpec::Type::Int, 1, 4096, 48,
+                 "columns of the Gaussian sketch of the keys"),
+      param_spec("blending", ParamSpec::Type::Float, -1, 100, -1,
+                 "weight of the leverage score; -1 = the compression ratio (the press's None)"),
+      param_spec("sketch", ParamSpec::Type::Choice, 0, 1, 0,
+                 "Gaussian sketch (the press) or exact leverage (Phi = I)", {"gaussian", "exact"}),
+  };
+}
+
+// Mean and unbiased standard deviation (at least 1e-6) over every value of `v`.
+void z_normalise(std::vector<std::vector<double>>& v) {
+  double sum = 0, count = 0;
+  for (const auto& h : v)
+    for (double x : h) sum += x, ++count;
+  const double mean = sum / count;
+  double ss = 0;
+  for (const auto& h : v)
+    for (double x : h) ss += (x - mean) * (x - mean);
+  const double sd = std::max(std::sqrt(ss / (count - 1)), 1e-6);
+  for (auto& h : v)
+    for (double& x : h) x = (x - mean) / sd;
+}
+
+class Compactor final : public Method {
+ public:
+  std::string name() const override { return "compactor"; }
+  std::string summary() const override {
+    return "kvpress Compactor: key leverage (Gaussian sketch) blended with chunked non-causal "
+           "attention x |v|, z-normalised over the layer";
+  }
+  std::vector<ParamSpec> params() const override { return compactor_params(); }
+  bool needs_queries() const override { return true; }
+  bool needs_layer() const override { return true; }
+  // The Gaussian sketch is drawn per seed (with sketch = exact nothing depends on it).
+  bool depends_on_seed() const override { return true; }
+  Selection select(const MethodInput& in) const override {
+    check_method_input(in, name(), true);
+    check_params(params(), in.params, name());
+    if (!in.layer_data)
+      throw InputError(name() +
+                       ": needs every kv head of the layer at once, and this caller "
+                       "gives one head only");
+    if (!in.rope.known())
+      throw InputError(name() +
+                       ": needs the capture's RoPE (rope_theta and rope_layout) to rotate the "
+                       "keys back to before RoPE, and " +
+                       (in.rope.missing.empty() ? std::string("it is unknown") : in.rope.missing));
+    const auto specs = params();
+    auto p = [&](const char* n) { return param_value(specs, in.params, n); };
+    const int ctx = in.mid_end;
+    const int left = std::min(static_cast<int>(p("sink_size_start")), ctx);
+    const int right = std::min(static_cast<int>(p("sink_size_end")), std::max(0, ctx - left));
+    const int begin = left, end = ctx - right, len = end - begin;
+    const double ratio = ctx > 0 ? 1.0 - static_cast<double>(in.sink + in.budget) / ctx : 0.0;
+    const double blending = p("blending") < 0 ? ratio : p("blending");
+    const LayerData& layer = *in.layer_data;
+    const int heads = static_cast<int>(layer.keys.size());
+    std::vector<std::vector<double>> lev(heads), att(heads);
+    if (len >= 2) {
+      for (int h = 0; h < heads; ++h) {
+        if (in.cancel && in.cancel->load()) throw Cancelled();
+        lev[h] = leverage(layer.keys[h], begin, end, in, h, static_cast<int>(p("sketch_dimension")),
+                          p("sketch") >= 0.5);
+        att[h] = attention(layer, h, begin, end, static_cast<int>(p("chunk_size")));
+      }
+      z_normalise(lev);
+      z_normalise(att);
+    }
+    double top = -std::numeric_limits<double>::infinity();
+    std::vector<double> mine(std::max(len, 0));
+    for (int i = 0; i < len; ++i)
+      top = std::max(top, mine[i] = blending * lev[in.kv_head][i] + att[in.kv_head][i]);
+    std::vector<double> scores(in.mid_end - in.mid_begin);
+    for (int t = in.mid_begin; t < in.mid_end; ++t)
+      scores[t - in.mid_begin] = t >= begin && t < end ? mine[t - begin] : top;
+    Selection sel = prefix_selection(in, rank_by_scores(scores, scores), in.budget);
+    return sel;
+  }
+
+ private:
+  // max(0, diag(X (X^T X + 0.01 I)^-1 X^T)) of the centred pre-RoPE keys of [begin, end) times
+  // the sketch (Phi = I when `exact`).
+  static std::vector<double> leverage(const MatrixF& keys, int begin, int end,
+                                      const MethodInput& in, int head, int k, bool exact) {
+    const MatrixD pre = unrotate_rows(keys, begin, end, in.rope);
+    const MatrixD centred = pre.rowwise() - pre.colwise().mean();
+    MatrixD X;
+    if (exact) {
+      X = centred;
+    } else {
+      const int d = static_cast<int>(keys.cols());
+      MatrixD phi(d, k);
+      CounterRng rng(in.seed, kRandSketch, static_cast<uint32_t>(in.layer),
+                     static_cast<uint32_t>(head));
+      const double scale = 1.0 / std::sqrt(static_cast<double>(k));
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < k; ++j) {  // Box-Muller, one normal per pair of uniforms
+          const double u1 = 1.0 - rng.uniform(), u2 = rng.uniform();
+          phi(i, j) = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2) * scale;
+        }
+      X = centred * phi;
+    }
+    MatrixD G = X.transpose() * X;
+    G = 0.5 * (G + G.transpose());
+    G.diagonal().array() += 1e-2;
+    const Eigen::LLT<Eigen::MatrixXd> llt(G);
+    const MatrixD solved = llt.solve(X.transpose());  // k x |R|
+    std::vector<double> out(X.rows());
+    for (int i = 0; i < static_cast<int>(X.rows()); ++i)
+      out[i] = std::max(0.0, X.row(i).dot(solved.col(i)));
+    return out;
+  }
+
+  // The press's non-causal chunked attention column sums over [begin, end), group-averaged,
+  // times |v|, average-pooled over 3 neighbours.
+  static std::vector<double> attention(const LayerData& layer, int kv, int begin, int end,
+                                       int chunk) {
+    const int len = end - begin;
+    const MatrixF& K = layer.keys[kv];
+    const std::vector<const MatrixF*> queries =
+        layer.queries.empty() ? std::vector<const MatrixF*>{&K} : layer.group_queries(kv);
+    std::vector<double> col(len, 0.0);
+    const int pad = (chunk - len % chunk) % chunk;
+    std::vector<double> logits;
+    for (const MatrixF* Q : queries) {
+      for (int c0 = 0; c0 < len; c0 += chunk) {
+        const int c1 = std::min(len, c0 + chunk), valid = c1 - c0;
+        const bool last = c1 == len && pad > 0;
+        const MatrixD q = Q->middleRows(begin + c0, valid).cast<double>();
+        const MatrixD k = K.middleRows(begin + c0, valid).cast<double>();
+        const MatrixD dots = q * k.transpose();
+        logits.resize(valid);
+        for (int i = 0; i < valid; ++i) {
+          double top = -std::numeric_limits<double>::infinity();
+          for (int j = 0; j < valid; ++j) top = std::max(top, logits[j] = dots(i, j));
+          if (last) top = std::max(top, -1e-9);
+          double sum = 0;
+          for (int j = 0; j < valid; ++j) sum += std::exp(logits[j] - top);
+          if (last) sum += pad * std::exp(-1e-9 - top);
+          for (int j = 0; j < valid; ++j) col[c0 + j] += std::exp(logits[j] - top) / sum;
+        }
+        if (last) {  // the padded query rows: logit 0 on real keys, -1e-9 on padded ones
+          const double share = 1.0 / (valid + pad * std::exp(-1e-9));
+          for (int j = 0; j < valid; ++j) col[c0 + j] += pad * share;
+        }
+      }
+    }
+    std::vector<double> scaled(len);
+    for (int i = 0; i < len; ++i)
+      scaled[i] = col[i] / static_cast<double>(queries.size()) *
+                  layer.values[kv].row(begin + i).cast<double>().norm();
+    return avg_pool_same(scaled, 3);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Method> make_compactor() {
+  return std::make_unique<Compactor>();
+}
+
+}  // namespace kvscope
