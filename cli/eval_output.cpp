@@ -187,7 +187,11 @@ void print_report(const EvalReport& rep) {
 
   // method x ratio
   std::printf("\nrelative error ||z_j - Attn_j|| / ||Attn_j||, mean +- std over seeds\n");
-  std::printf("%-18s", "method");
+  // The method column fits the longest name (wrapped ones such as adakv(expected-attention)).
+  int name_width = 18;
+  for (const Method* m : rep.spec.methods)
+    name_width = std::max(name_width, static_cast<int>(m->name().size()));
+  std::printf("%-*s", name_width, "method");
   for (double r : rep.spec.ratios) std::printf("  %-19s", ("ratio " + ratio_label(r)).c_str());
   std::printf("\n");
   const std::vector<EvalSummary> sum = rep.summary();
@@ -202,7 +206,7 @@ void print_report(const EvalReport& rep) {
   };
   size_t k = 0;
   for (const Method* m : rep.spec.methods) {
-    std::printf("%-18s", m->name().c_str());
+    std::printf("%-*s", name_width, m->name().c_str());
     for (double r : rep.spec.ratios) {
       const EvalSummary& s = sum[k++];
       const std::string cell = s.heads > 0 ? fmt("%.4f", s.mean) + " +- " + fmt("%.4f", s.std)
@@ -216,7 +220,7 @@ void print_report(const EvalReport& rep) {
   std::set<int> layer_set;
   for (const HeadEval& he : rep.results) layer_set.insert(he.layer);
   if (!rep.results.empty()) {
-    std::printf("\nper-layer mean relative error\n%-18s %-7s", "method", "ratio");
+    std::printf("\nper-layer mean relative error\n%-*s %-7s", name_width, "method", "ratio");
     for (int l : layer_set) {
       char label[16];
       std::snprintf(label, sizeof label, "L%d", l);
@@ -225,7 +229,7 @@ void print_report(const EvalReport& rep) {
     std::printf("\n");
     for (const Method* m : rep.spec.methods) {
       for (double r : rep.spec.ratios) {
-        std::printf("%-18s %-7s", m->name().c_str(), ratio_label(r).c_str());
+        std::printf("%-*s %-7s", name_width, m->name().c_str(), ratio_label(r).c_str());
         for (int l : layer_set) {
           double acc = 0;
           int count = 0;

@@ -42,9 +42,8 @@ class AdaKV final : public WrapperBase {
   Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
   Ranking rank(const MethodInput& in) const override {
     check(in);
-    std::vector<std::vector<double>> all = layer_scores(in);
     Ranking r = inner_rank_of_head(in, in.kv_head);
-    r.layer_scores = std::move(all);
+    r.layer_scores = layer_scores(in, &r);
     return r;
   }
   Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {

@@ -63,7 +63,8 @@ Ranking WrapperBase::inner_rank_of_head(const MethodInput& in, int kv) const {
   return inner_.rank(other);
 }
 
-std::vector<std::vector<double>> WrapperBase::layer_scores(const MethodInput& in) const {
+std::vector<std::vector<double>> WrapperBase::layer_scores(const MethodInput& in,
+                                                           const Ranking* own) const {
   if (!in.layer_data)
     throw InputError(name() +
                      ": needs every kv head of the layer at once, and this caller gives "
@@ -76,7 +77,7 @@ std::vector<std::vector<double>> WrapperBase::layer_scores(const MethodInput& in
     if (kv < static_cast<int>(in.layer_data->refused.size()) &&
         !in.layer_data->refused[kv].empty() && kv != in.kv_head)
       continue;
-    out[kv] = scores_of(inner_rank_of_head(in, kv));
+    out[kv] = own && kv == in.kv_head ? scores_of(*own) : scores_of(inner_rank_of_head(in, kv));
   }
   return out;
 }

@@ -31,7 +31,9 @@ class WrapperBase : public Method {
   Ranking inner_rank_of_head(const MethodInput& in, int kv) const;
   // The inner ranking's scores of every kv head of the layer, [kv head][middle position]; empty
   // for a head the capture refuses (NaN/Inf). Refuses without MethodInput::layer_data.
-  std::vector<std::vector<double>> layer_scores(const MethodInput& in) const;
+  // `own`, when given, is the inner ranking of in.kv_head already made (not made again).
+  std::vector<std::vector<double>> layer_scores(const MethodInput& in,
+                                                const Ranking* own = nullptr) const;
   // Its scores, refusing a ranking without them.
   const std::vector<double>& scores_of(const Ranking& r) const;
 
