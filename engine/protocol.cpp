@@ -806,6 +806,10 @@ nlohmann::json EvalReport::to_json() const {
   return j;
 }
 
+namespace {
+constexpr long long kMaxWorkItems = 1 << 24;  // of a report read back (EvalReport::from_json)
+}  // namespace
+
 EvalReport EvalReport::from_json(const nlohmann::json& j) {
   // Every field is read through JsonField: a wrong type, a missing field or a value out of range
   // throws InputError naming the field's path ("eval report field \"results[3].mean\": expected a
@@ -853,6 +857,15 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
   if (rep.spec.layers.size() > static_cast<size_t>(rep.info.num_layers) ||
       rep.spec.heads.size() > static_cast<size_t>(rep.info.kv_heads))
     s.fail("lists more layers or heads than the capture has");
+  // merge lays out every work item of the spec: bounded before anything is sized by it (an
+  // eval of a llama3-8b capture with every method at 4 ratios has about 10^4).
+  const double work_items =
+      static_cast<double>(rep.spec.methods.size()) * static_cast<double>(rep.spec.ratios.size()) *
+      static_cast<double>(rep.spec.layers.size()) * static_cast<double>(rep.spec.heads.size());
+  if (work_items > static_cast<double>(kMaxWorkItems))
+    s.fail("asks for " + std::to_string(static_cast<long long>(work_items)) +
+           " work items (methods x ratios x layers x heads), more than " +
+           std::to_string(kMaxWorkItems));
   for (const auto& [method, values] : s.at("params").members())
     for (const auto& [name, value] : values.members())
       rep.spec.params[method][name] = value.number();

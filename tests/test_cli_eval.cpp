@@ -240,6 +240,31 @@ TEST_F(CliEval, MergeNamesEveryWrongTypedField) {
   EXPECT_EQ(run_cli("merge " + s0.string() + " " + s1.string() + " --quiet").code, 0);
 }
 
+// A report whose spec asks for more work items than any eval runs (merge lays them all out) is
+// refused before anything is sized by it, naming "spec".
+TEST_F(CliEval, MergeRefusesASpecOfTooManyWorkItems) {
+  const fs::path s0 = dir_ / "big_s0.json", bad = dir_ / "big_bad.json";
+  ASSERT_EQ(run_cli("eval " + capture_ + " --methods uniform --ratios 0.5 --seeds 1 --json " +
+                    s0.string())
+                .code,
+            0);
+  nlohmann::json j = read_json(s0);
+  j["capture"]["num_layers"] = 4096;
+  j["capture"]["kv_heads"] = 4096;
+  j["capture"]["q_heads"] = 4096;
+  std::vector<int> all(4096);
+  for (int i = 0; i < 4096; ++i) all[static_cast<size_t>(i)] = i;
+  j["spec"]["layers"] = all;
+  j["spec"]["heads"] = all;
+  j["spec"]["ratios"] = {0.5, 0.25, 0.125, 0.0625};
+  std::ofstream(bad) << j.dump();
+  const Result r = run_cli("merge " + bad.string() + " --quiet");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("eval report field \"spec\": asks for 67108864 work items"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(CliEval, BadFlagsGiveOneClearError) {
   struct Case {
     std::string args, expect;
