@@ -176,7 +176,12 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
     int l = s.settings.focus.layer, h = s.settings.focus.kv_head;
     if (l >= 0 && l < gv.layers && h >= 0 && h < gv.heads) {
       ImVec2 a(g0.x + label_w + h * (grid_w / gv.heads), g0.y + l * cell_h);
-      dl->AddRect(a, ImVec2(a.x + grid_w / gv.heads, a.y + cell_h), kColSelect, 0, 0, 3.0f);
+      // A dark ring outside a light one: visible on every colour of the map, yellow included.
+      const ImVec2 b(a.x + grid_w / gv.heads, a.y + cell_h);
+      dl->AddRect(ImVec2(a.x - 1, a.y - 1), ImVec2(b.x + 1, b.y + 1), IM_COL32(0, 0, 0, 255), 0, 0,
+                  4.0f);
+      dl->AddRect(ImVec2(a.x + 1.5f, a.y + 1.5f), ImVec2(b.x - 1.5f, b.y - 1.5f),
+                  IM_COL32(255, 255, 255, 255), 0, 0, 2.0f);
     }
   }
   if (hit.row >= 0) {

@@ -499,17 +499,25 @@ HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,
       ImVec2 b(o.x + (c + 1) * cw - gap / 2, o.y + (r + 1) * ch - gap / 2);
       ImU32 col = colour(r, c);
       dl->AddRectFilled(a, b, col);
-      if (cell_text && cw > 30 && ch > ImGui::GetTextLineHeight()) {
+      if (cell_text && cw > 10 && ch > 0.55f * ImGui::GetFontSize()) {
         std::string t = cell_text(r, c);
         if (!t.empty()) {
           ImVec2 ts = ImGui::CalcTextSize(t.c_str());
+          // Text that does not fit is drawn smaller (down to 55% of the font) rather than left
+          // out: on a 32 x 8 grid the best cells are the ones people want to read.
+          const float scale = std::min({1.0f, (cw - 4) / std::max(1.0f, ts.x),
+                                        ch / std::max(1.0f, ts.y)});
           // Dark text on light cells, light text on dark cells.
           float lum = 0.299f * ((col >> IM_COL32_R_SHIFT) & 0xFF) +
                       0.587f * ((col >> IM_COL32_G_SHIFT) & 0xFF) +
                       0.114f * ((col >> IM_COL32_B_SHIFT) & 0xFF);
           ImU32 tc = lum > 140 ? IM_COL32(10, 10, 10, 255) : IM_COL32(240, 240, 240, 255);
-          if (ts.x < cw - 4)
-            dl->AddText(ImVec2((a.x + b.x - ts.x) / 2, (a.y + b.y - ts.y) / 2), tc, t.c_str());
+          if (scale >= 0.55f) {
+            const float fs = ImGui::GetFontSize() * scale;
+            dl->AddText(ImGui::GetFont(), fs,
+                        ImVec2((a.x + b.x - ts.x * scale) / 2, (a.y + b.y - ts.y * scale) / 2), tc,
+                        t.c_str());
+          }
         }
       }
     }

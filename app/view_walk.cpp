@@ -22,6 +22,7 @@
 #include "app/point_renderer.h"
 #include "app/token_marks.h"
 #include "app/view.h"
+#include "app/walk_advice.h"
 #include "engine/error.h"
 #include "engine/json_fields.h"
 #include "engine/protocol.h"
@@ -130,22 +131,6 @@ struct OwnTrace {
   bool pending() const { return !wanted.empty() && wanted != have; }
 };
 
-struct Comparison {
-  const char* label;  // combo entry
-  const char* short_label;
-  ParamValues overrides;
-};
-const std::vector<Comparison>& comparisons() {
-  static const std::vector<Comparison> c = {
-      {"off", "", {}},
-      {"temp 0.1 (authors' notebook)", "temp 0.1", {{"temp", 0.1}}},
-      {"temp 0.1, block 256 (notebook)", "temp 0.1, block 256", {{"temp", 0.1}, {"block", 256}}},
-      {"gamma 0 (uniform signs)", "gamma 0", {{"gamma", 0}}},
-      {"temp 1, gamma 4 (defaults)", "temp 1, gamma 4", {{"temp", 1}, {"gamma", 4}}},
-  };
-  return c;
-}
-
 std::string describe_params(const Method& m, const ParamValues& v) {
   std::string out;
   for (const char* name : {"temp", "gamma", "block"}) {
@@ -166,6 +151,11 @@ class WalkView final : public View {
  public:
   const char* name() const override { return "walk"; }
   const char* title() const override { return "Walk"; }
+  const char* help() const override {
+    return "BalanceKV's self-balancing walk for one block and round: the 2-D path of the signed "
+           "partial sums, the probabilities p_i, and the discrepancy against random signs. Play, "
+           "step or scrub through the walk.";
+  }
 
   bool ready(const AppState& s) const override {
     if (!s.capture || !is_walk_method(s.method_name(0))) return true;
@@ -316,7 +306,7 @@ class WalkView final : public View {
     const double speed = f.get("speed", static_cast<double>(speed_), 1.0, 200.0);
     const bool symlog = f.get("log_scales", symlog_);
     const int query = f.get("query", -1, -1, 1 << 30);
-    const int compare = f.get("compare", 0, 0, static_cast<int>(comparisons().size()) - 1);
+    const int compare = f.get("compare", 0, 0, static_cast<int>(walk_comparisons().size()) - 1);
     round_ = round;
     block_ = block;
     speed_ = static_cast<float>(speed);
@@ -380,12 +370,7 @@ class WalkView final : public View {
   // Method A's settings with a comparison's parameter overrides (only those the method has).
   static MethodSettings with_overrides(const AppState& s, const ParamValues& overrides) {
     MethodSettings ms = s.method_settings(0);
-    if (!ms.method) return ms;
-    for (const auto& [k, v] : overrides) {
-      bool known = false;
-      for (const ParamSpec& p : ms.method->params()) known = known || p.name == k;
-      if (known) ms.params[k] = v;
-    }
+    if (ms.method) ms.params = with_walk_overrides(*ms.method, ms.params, overrides);
     return ms;
   }
 
@@ -394,7 +379,7 @@ class WalkView final : public View {
     out.emplace_back(
         kWalkCompare,
         plan_trace(s, compare_ > 0,
-                   comparisons()[static_cast<size_t>(std::max(0, compare_))].overrides));
+                   walk_comparisons()[static_cast<size_t>(std::max(0, compare_))].overrides));
   }
 
   JobPlan plan_trace(const AppState& s, bool needed, const ParamValues& overrides) const {
@@ -504,7 +489,7 @@ class WalkView final : public View {
     if (last) ImGui::EndDisabled();
     toolbar_next(labelled_width(px(210), "compare with"));
     ImGui::SetNextItemWidth(px(210));
-    const auto& cmp = comparisons();
+    const auto& cmp = walk_comparisons();
     if (ImGui::BeginCombo("compare with", cmp[static_cast<size_t>(compare_)].label)) {
       for (size_t i = 0; i < cmp.size(); ++i)
         if (ImGui::Selectable(cmp[i].label, static_cast<int>(i) == compare_))
@@ -534,29 +519,38 @@ class WalkView final : public View {
                   "p_i <= 0 or >= 1 before clipping.",
                   100 * blk.share(), blk.steps, 100 * all.share());
     const bool high = blk.share() > 0.5;
+    const Method* m = s.method(0);
+    // A remedy is offered only when it changes the settings (issue 24: the same advice came back
+    // after it had been taken, and "compare side by side" compared two identical settings).
+    const int remedy = high && m ? saturation_remedy(*m, s.method_settings(0).params) : -1;
+    const char* remedy_name =
+        remedy > 0 ? walk_comparisons()[static_cast<size_t>(remedy)].short_label : "";
+    std::string advice = "Most signs are drawn at random with a bias: the walk balances.";
+    if (high)
+      advice = std::string(
+                   "Those signs are forced: the walk is deterministic there and does no random "
+                   "balancing (one or two huge kernel entries decide). ") +
+               (remedy > 0 ? std::string("Try ") + remedy_name +
+                                 " to bring p_i back into (0, 1); compare it side by side first."
+                           : std::string("None of this view's remedies (temp 0.1 with block 256, "
+                                         "temp 0.1, gamma 0) changes these settings: this "
+                                         "head's kernel entries are extreme at any of them."));
     ImGui::PushStyleColor(ImGuiCol_Text,
                           high ? ImVec4(1.0f, 0.78f, 0.35f, 1) : ImVec4(0.75f, 0.77f, 0.8f, 1));
-    ImGui::TextWrapped("%s %s", line,
-                       high ? "Those signs are forced: the walk is deterministic there and does "
-                              "no random balancing (one or two huge kernel entries decide). "
-                              "Lower temp (the authors' notebook uses temp 0.1, block 256) or "
-                              "gamma to bring p_i back into (0, 1)."
-                            : "Most signs are drawn at random with a bias: the walk balances.");
+    ImGui::TextWrapped("%s %s", line, advice.c_str());
     ImGui::PopStyleColor();
-    const Method* m = s.method(0);
-    bool has_temp = false;
-    if (m)
-      for (const ParamSpec& p : m->params()) has_temp = has_temp || p.name == "temp";
-    if (high && has_temp) {
-      toolbar_next(button_width("use temp 0.1, block 256"));
-      if (ImGui::Button("use temp 0.1, block 256")) {
+    if (remedy > 0) {
+      const std::string use = std::string("use ") + remedy_name;
+      toolbar_next(button_width(use.c_str()));
+      if (ImGui::Button(use.c_str())) {
         // A settings edit: reconcile() re-runs method A (and everything keyed on its params).
-        s.settings.method[0].params["temp"] = 0.1;
-        s.settings.method[0].params["block"] = 256;
+        ParamValues& pv = s.settings.method[0].params;
+        pv = with_walk_overrides(*m, pv, walk_comparisons()[static_cast<size_t>(remedy)].overrides);
+        if (compare_ == remedy) compare_ = 0;  // it would compare the settings with themselves
       }
-      if (compare_ == 0) {
+      if (compare_ != remedy) {
         toolbar_next(button_width("compare side by side"));
-        if (ImGui::Button("compare side by side")) compare_ = 1;
+        if (ImGui::Button("compare side by side")) compare_ = remedy;
       }
     }
   }
@@ -597,10 +591,14 @@ class WalkView final : public View {
   // The same block walked with the current settings (left) and the comparison's (right): p_i,
   // the path and the discrepancy, each titled with its settings and saturation.
   void draw_side_by_side(AppState& s, const WalkTrace& t, const WalkBlockTrace& b, int cur) {
-    const Comparison& c = comparisons()[static_cast<size_t>(compare_)];
+    const WalkComparison& c = walk_comparisons()[static_cast<size_t>(compare_)];
     const Method* m = s.method(0);
     const std::string left_name = describe_params(*m, s.method_settings(0).params);
-    const std::string right_name = describe_params(*m, with_overrides(s, c.overrides).params);
+    const std::string right_name =
+        describe_params(*m, with_overrides(s, c.overrides).params) +
+        (walk_overrides_change(*m, s.method_settings(0).params, c.overrides)
+             ? ""
+             : " (the same as the current settings)");
     const OwnTrace other = own(s, kWalkCompare);
     const WalkBlockTrace* ob = nullptr;
     if (other.trace) {
@@ -889,7 +887,7 @@ class WalkView final : public View {
   bool symlog_ = true;
   const WalkTrace* last_trace_ = nullptr;  // the trace last shown
   int query_ = -1;   // query position of the discrepancy (-1: the last one, the app's run)
-  int compare_ = 0;  // index into comparisons(); 0: no side by side
+  int compare_ = 0;  // index into walk_comparisons(); 0: no side by side
 };
 
 }  // namespace

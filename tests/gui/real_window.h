@@ -66,7 +66,8 @@ inline std::string summary(const json& st) {
                     st["dialog_open"].dump() + ", active_view " + se["active_view"].dump() +
                     ", method_a " + se["method_a"].dump() + " params_a " + se["params_a"].dump() +
                     ", method_b " + se["method_b"].dump() + ", keep_ratio " +
-                    se["keep_ratio"].dump() + "\nresults:";
+                    se["keep_ratio"].dump() + ", seed " + se["seed"].dump() + ", focus " +
+                    se["focus"].dump() + "\nresults:";
   for (const auto& [name, r] : st["results"].items()) {
     if (!r["wanted"].get<bool>()) continue;
     out += "\n  " + name + ": ";

@@ -27,6 +27,7 @@
 #include "app/soft_render.h"
 #include "app/token_marks.h"
 #include "app/view.h"
+#include "app/walk_advice.h"
 #include "app/worker.h"
 #include "engine/attention.h"
 #include "engine/error.h"
@@ -817,6 +818,53 @@ TEST(Plot, LogAxesLabelAtLeastThreeValuesWhereTheyFit) {
   // Crowded: thinned to the gap.
   const std::vector<double> crowded = log10_labels(1e-6, 1, 10, 20);
   EXPECT_LE(crowded.size(), 4u);
+}
+
+// Issue 24, defect 5: the numbers of a 32 x 8 grid at 1x were left out when they did not fit
+// the cell; they are drawn smaller instead. Counted as glyph quads in the draw list.
+TEST(Plot, HeatmapNumbersShrinkToFitInsteadOfVanishing) {
+  [[maybe_unused]] SoftTexture font = soft_init(1000, 700);
+  auto vertices = [](bool with_text) {
+    ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+    ImGui::NewFrame();
+    ImGui::SetNextWindowPos(ImVec2(0, 0));
+    ImGui::SetNextWindowSize(ImVec2(1000, 700));
+    ImGui::Begin("grid", nullptr, ImGuiWindowFlags_NoDecoration);
+    const int before = ImGui::GetWindowDrawList()->VtxBuffer.Size;
+    // The Capture view's grid of a 32-layer, 8-kv-head capture in a narrow left panel.
+    heatmap("##cells", ImVec2(220, 32 * 14), 32, 8, [](int, int) { return IM_COL32(80, 80, 80, 255); },
+            with_text ? std::function<std::string(int, int)>([](int, int) { return "0.123"; })
+                      : nullptr);
+    const int added = ImGui::GetWindowDrawList()->VtxBuffer.Size - before;
+    ImGui::End();
+    ImGui::Render();
+    return added;
+  };
+  const int text_vertices = vertices(true) - vertices(false);
+  EXPECT_GE(text_vertices, 32 * 8 * 5 * 4) << "every cell's five characters (4 vertices each)";
+  ImGui::DestroyContext();
+}
+
+// Issue 24, defect 6: after "use temp 0.1, block 256" a still-saturated head got the same advice
+// again, and "compare side by side" compared two identical settings.
+TEST(WalkAdvice, ARemedyAlwaysChangesTheSettings) {
+  const Method& bkv = *find_method("balancekv");
+  const auto& c = walk_comparisons();
+  const int first = saturation_remedy(bkv, {});
+  ASSERT_GT(first, 0);
+  EXPECT_STREQ(c[static_cast<size_t>(first)].short_label, "temp 0.1, block 256");
+  // Taken: the next remedy is another one, and it changes the settings.
+  ParamValues taken = with_walk_overrides(bkv, {}, c[static_cast<size_t>(first)].overrides);
+  const int next = saturation_remedy(bkv, taken);
+  ASSERT_GT(next, 0);
+  EXPECT_NE(next, first);
+  EXPECT_TRUE(walk_overrides_change(bkv, taken, c[static_cast<size_t>(next)].overrides));
+  EXPECT_FALSE(walk_overrides_change(bkv, taken, c[static_cast<size_t>(first)].overrides));
+  // Every remedy taken: nothing left to offer. A method without temp gets none.
+  for (int i : {1, 2, 3}) taken = with_walk_overrides(bkv, taken, c[static_cast<size_t>(i)].overrides);
+  taken["temp"] = 0.1;
+  EXPECT_EQ(saturation_remedy(bkv, taken), -1);
+  EXPECT_EQ(saturation_remedy(*find_method("uniform"), {}), -1);
 }
 
 TEST(Plot, RatioLabels) {
