@@ -3,7 +3,8 @@
 // dim 128), written by tools/kvpress_golden.py from NVIDIA/kvpress (its commit is in the file;
 // the mapping is docs/methods.md's "kvpress presses"). The ports must keep the same tokens,
 // except positions tied at the budget's boundary. snapkv and tova are KVScope's own rules, which
-// differ from kvpress's on purpose (docs/methods.md): their overlap is printed, not asserted.
+// differ from kvpress's on purpose (docs/methods.md): with their defaults the overlap is printed,
+// not asserted; their kvpress variants (snapkv variant=kvpress, tova variant=kvpress) must match.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -85,7 +86,17 @@ TEST(KvpressGolden, PortsKeepWhatThePressesKeep) {
   Layers layers(golden.at("synthetic"));
   const std::set<std::string> compared_only = {"snapkv", "tova"};
   std::map<std::string, Tally> tally;
+  std::vector<json> checks;  // every case, and its variant (same kept sets, other parameters)
   for (const json& c : golden.at("cases")) {
+    checks.push_back(c);
+    if (c.contains("variant")) {
+      json v = c;
+      v["press"] = c.at("variant").at("press");
+      v["params"] = c.at("variant").at("params");
+      checks.push_back(v);
+    }
+  }
+  for (const json& c : checks) {
     const std::string press = c.at("press"), method_name = c.at("method");
     const Method* method = find_method(method_name);
     ASSERT_NE(method, nullptr) << method_name;

@@ -229,10 +229,14 @@ def main():
         "expected-attention": (lambda: P("expected_attention_press").ExpectedAttentionPress(),
                                "expected-attention", {}),
         "knorm": (lambda: P("knorm_press").KnormPress(), "knorm", {}),
-        # SnapKV with kvpress's window (64); kvpress keeps the window's tokens and pools over the
-        # prefix before them (see docs/methods.md): compared, not asserted, for snapkv and tova.
+        # KVScope's snapkv and tova rules differ from the presses on purpose (docs/methods.md):
+        # their defaults are compared, not asserted; their kvpress variants must match.
         "snapkv": (lambda: P("snapkv_press").SnapKVPress(), "snapkv", {"window": 64}),
         "tova": (lambda: P("tova_press").TOVAPress(), "tova", {}),
+    }
+    variants = {  # press name -> (case name, KVScope parameters)
+        "snapkv": ("snapkv variant=kvpress", {"window": 64, "variant": 1}),
+        "tova": ("tova variant=kvpress", {"variant": 1}),
     }
     ScorerPress = P("scorer_press").ScorerPress
 
@@ -275,6 +279,8 @@ def main():
                     mid = scores[h, s:ctx].tolist()
                     case = {"capture": os.path.basename(path), "press": name, "method": method, "params": params,
                             "layer": layer, "kv_head": h, "n": n, "sink": s, "eval": e, "ratios": []}
+                    if name in variants:  # the same kept sets, checked again with these parameters
+                        case["variant"] = {"press": variants[name][0], "params": variants[name][1]}
                     for ratio in RATIOS:
                         m = budget(ratio, ctx - s)
                         kept, amb = kept_sets(mid, m)

@@ -10,7 +10,9 @@
 // (the reference code runs per query head); pooling runs over the prefix [0, n-E) and the top m
 // are taken over the middle. In the reference code the observation window's own tokens are
 // always kept; here they belong to the middle and compete for the budget like every other token
-// (they only get votes from the later window queries).
+// (they only get votes from the later window queries). `variant = kvpress` follows kvpress's
+// SnapKVPress (kvpress/presses/snapkv_press.py) instead: the window's tokens come first and the
+// pooling runs over the keys before the window (docs/methods.md, "kvpress presses").
 #include <algorithm>
 
 #include "engine/attention_scores.h"
@@ -29,6 +31,10 @@ std::vector<ParamSpec> snapkv_params() {
       param_spec("pooling", ParamSpec::Type::Choice, 0, 1, 0,
                  "how votes are smoothed over neighbours (SnapKV default: average)",
                  {"avg", "max"}),
+      param_spec("variant", ParamSpec::Type::Choice, 0, 1, 0,
+                 "kvpress: the window's own tokens are kept first and pooling stops before them "
+                 "(kvpress's SnapKVPress; its window is 64)",
+                 {"kvscope", "kvpress"}),
   };
 }
 
@@ -48,6 +54,20 @@ class SnapKV final : public Method {
     const auto specs = params();
     const SnapKVWindow w = snapkv_window_params(specs, in.params, name());
     const bool max_pool = param_value(specs, in.params, "pooling") >= 0.5;
+    if (param_value(specs, in.params, "variant") >= 0.5) {
+      // kvpress/presses/snapkv_press.py: votes for the keys before the window only, pooled over
+      // them (zero padded at both ends), the window's keys padded with the maximum + 1.
+      const int cut = std::max(0, in.mid_end - w.window);
+      std::vector<double> votes = observation_window_scores(in, w.window);
+      votes.resize(cut);
+      const std::vector<double> pooled =
+          max_pool ? max_pool_same(votes, w.kernel) : avg_pool_same(votes, w.kernel);
+      const double top = pooled.empty() ? 0.0 : *std::max_element(pooled.begin(), pooled.end());
+      std::vector<double> scores(in.mid_end - in.mid_begin);
+      for (int t = in.mid_begin; t < in.mid_end; ++t)
+        scores[t - in.mid_begin] = t < cut ? pooled[t] : top + 1;
+      return rank_by_scores(scores, scores);
+    }
     std::vector<double> scores = snapkv_scores(in, w.window, w.kernel, max_pool);
     return rank_by_scores(scores, scores);
   }

@@ -5,7 +5,15 @@
 // evaluation window (position n-E-1), averaged over the GQA group's query heads; weight 1.
 // (Dropping one token at a time would renormalise nothing: the last query's softmax ranks the
 // tokens identically over any subset, so the one-shot top m equals the greedy result.)
+// `variant = kvpress` follows kvpress's TOVAPress (kvpress/presses/tova_press.py) instead: the
+// attention is averaged over every query head of the layer (each on its own kv head; every kv
+// head then ranks alike) and the last context token, the query's own, is kept first.
+#include <algorithm>
+#include <utility>
+
 #include "engine/attention_scores.h"
+#include "engine/capture.h"
+#include "engine/error.h"
 #include "engine/method.h"
 
 namespace kvscope {
@@ -17,6 +25,12 @@ class Tova final : public Method {
   std::string summary() const override {
     return "top m by attention from the last query before the evaluation window";
   }
+  std::vector<ParamSpec> params() const override {
+    return {param_spec("variant", ParamSpec::Type::Choice, 0, 1, 0,
+                       "kvpress: average over every query head of the layer and keep the last "
+                       "context token first (kvpress's TOVAPress)",
+                       {"kvscope", "kvpress"})};
+  }
   bool needs_queries() const override { return true; }
   bool depends_on_seed() const override { return false; }
   bool ranks_by_score() const override { return true; }
@@ -27,16 +41,33 @@ class Tova final : public Method {
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
+    // The (queries, keys) pairs averaged: the group on this head, or every query head of the
+    // layer on its own kv head (the same share each: groups are equal).
+    std::vector<std::pair<std::vector<const MatrixF*>, const MatrixF*>> parts = {
+        {in.queries, in.keys}};
+    const bool kvpress = param_value(params(), in.params, "variant") >= 0.5;
+    if (kvpress) {
+      if (!in.layer_data || in.layer_data->queries.empty())
+        throw InputError(name() + ": variant = kvpress needs every query head of the layer");
+      parts.clear();
+      for (int kv = 0; kv < static_cast<int>(in.layer_data->keys.size()); ++kv)
+        parts.push_back({in.layer_data->group_queries(kv), &in.layer_data->keys[kv]});
+    }
     std::vector<double> scores(in.mid_end - in.mid_begin, 0.0);
     if (in.mid_end > in.mid_begin) {
       const int last = in.mid_end - 1;
-      for_each_attention_row(
-          in.queries, *in.keys, last, last + 1,
-          [&](int, const double* p) {
-            for (int i = in.mid_begin; i < in.mid_end; ++i) scores[i - in.mid_begin] = p[i];
-          },
-          in.cancel);
+      for (const auto& [queries, keys] : parts)
+        for_each_attention_row(
+            queries, *keys, last, last + 1,
+            [&](int, const double* p) {
+              for (int i = in.mid_begin; i < in.mid_end; ++i)
+                scores[i - in.mid_begin] += p[i] / static_cast<double>(parts.size());
+            },
+            in.cancel);
     }
+    // kvpress pads the last token (the query's own) with the maximum + 1.
+    if (kvpress && in.mid_end > in.mid_begin)
+      scores.back() = *std::max_element(scores.begin(), scores.end()) + 1;
     return rank_by_scores(scores, scores);
   }
 };
