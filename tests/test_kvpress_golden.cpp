@@ -14,6 +14,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -163,6 +165,40 @@ TEST(KvpressRope, SampleCapturesAreLlama2cRope) {
   EXPECT_EQ(file->info().rope.layout, RopeInfo::Layout::Interleaved);
   EXPECT_EQ(file->info().rope.theta, 10000);
   EXPECT_EQ(file->layer(0)->rope.theta, 10000);
+}
+
+// rope_theta / rope_layout are read from the metadata; a malformed one fails the open, naming it.
+TEST(KvpressRope, MetadataIsReadAndChecked) {
+  SynthSpec spec = synth_preset("small");
+  spec.num_tokens = 64;
+  spec.num_layers = 1;
+  const SynthGenerator gen(spec);
+  CaptureData data;
+  data.info = gen.info();
+  data.layers.push_back(gen.layer(0));
+  const std::string path = ::testing::TempDir() + "kvpress_rope.safetensors";
+  auto open_with = [&](const std::string& theta, const std::string& layout) {
+    CaptureData d = data;
+    d.info.metadata["rope_theta"] = theta;
+    d.info.metadata["rope_layout"] = layout;
+    write_capture(path, d);
+    return CaptureFile::open(path);
+  };
+  const auto ok = open_with("1000000", "interleaved");
+  EXPECT_EQ(ok->info().rope.theta, 1e6);
+  EXPECT_EQ(ok->info().rope.layout, RopeInfo::Layout::Interleaved);
+  for (const auto& [theta, layout, key] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"ten", "half", "rope_theta"},
+           {"0.5", "half", "rope_theta"},
+           {"10000", "sideways", "rope_layout"}}) {
+    try {
+      open_with(theta, layout);
+      FAIL() << theta << " " << layout;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A capture whose RoPE is unknown is refused by the method that needs it, naming what is missing.

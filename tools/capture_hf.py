@@ -385,6 +385,14 @@ def main(argv=None):
                  "torch_dtype": args.model_dtype}
         if layers is not None:
             extra["source_layers"] = ",".join(str(L) for L in layers)
+        # RoPE for methods that undo it (docs/capture-format.md): Llama / Qwen2 / Mistral rotate
+        # channel halves (rotate_half). Scaled RoPE (Llama 3.1, YaRN) is left unstated, and those
+        # methods then refuse the capture.
+        theta = getattr(model.config, "rope_theta", None)
+        scaling = getattr(model.config, "rope_scaling", None)
+        if theta and (not scaling or scaling.get("rope_type", scaling.get("type")) == "default"):
+            extra["rope_theta"] = repr(float(theta))
+            extra["rope_layout"] = "half"
         metadata = capture_metadata(
             model=args.model, num_layers=len(records), q_heads=q_heads, kv_heads=kv_heads,
             head_dim=head_dim, tokens=token_strings(tokenizer, id_list), prompt=prompt,
