@@ -309,6 +309,29 @@ def main():
                         case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
                                                "ambiguous": []})
                 cases.extend(cases_here)
+            # ChunkKV (chunkkv_press.py) around a port that matches its press. Its chunks start where
+            # its input starts, so the check uses s = 20 sinks (a multiple of chunk_length: the
+            # chunks of the middle are then aligned at position 0 as KVScope's) and gives the press
+            # the middle's scores; its kept count (whole chunks) is the budget KVScope is given.
+            s20 = 20
+            for inner in ["expected-attention", "keydiff"]:
+                mid_scores = layer_scores[inner][:, :, s20:ctx]
+                case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
+                cases_here = [{"capture": os.path.basename(path), "press": "chunkkv+" + inner,
+                               "method": "chunkkv(%s)" % inner, "params": {}, "layer": layer, "kv_head": h,
+                               "n": n, "sink": s20, "eval": e, "budget_given": True, "ratios": []}
+                              for h in case_heads]
+                for ratio in RATIOS:
+                    fixed = Fixed(compression_ratio=1 - ratio)
+                    fixed.fixed = mid_scores
+                    chunk = P("chunkkv_press").ChunkKVPress(press=fixed)
+                    idx = torch.arange(ctx - s20, dtype=torch.float64).view(1, 1, -1, 1).expand(1, H, -1, d)
+                    kept_idx, _ = chunk.compress(module, hidden, idx.clone(), idx.clone(), None, kwargs)
+                    for case, h in zip(cases_here, case_heads):
+                        kept = sorted(int(v) for v in kept_idx[0, h, :, 0].tolist())
+                        case["ratios"].append({"ratio": ratio, "budget": len(kept),
+                                               "kept": bitmask(kept, ctx - s20), "ambiguous": []})
+                cases.extend(cases_here)
             # Compactor (compactor_press.py) at each ratio (its blending is the compression ratio
             # 1 - (s + m) / (n - E)), with sketch_dimension = d and torch.randn made sqrt(d) I, so
             # the sketch is the identity (KVScope's sketch = exact; the Gaussian draw is torch's).
