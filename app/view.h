@@ -25,6 +25,8 @@ class View {
   virtual const char* name() const = 0;
   // Tab label.
   virtual const char* title() const = 0;
+  // One paragraph for the Help window: what the view shows and how to use it.
+  virtual const char* help() const { return ""; }
   // Which panel's tab bar holds this view.
   virtual Panel panel() const { return Panel::Main; }
   // Draws into the current ImGui window; the available region is the view's area.

@@ -43,6 +43,12 @@ class CaptureView final : public View {
  public:
   const char* name() const override { return "capture"; }
   const char* title() const override { return "Capture"; }
+  const char* help() const override {
+    return "The open capture: model, shapes, token count and dtype, the evaluation protocol in "
+           "use, and the layer x kv-head grid coloured by method A's relative error at the "
+           "current keep ratio (or by attention entropy). Hover a cell for mean and spread over "
+           "seeds; click it to focus that layer and kv head.";
+  }
   Panel panel() const override { return Panel::Left; }
 
   bool ready(const AppState& s) const override {

@@ -82,6 +82,12 @@ class ErrorView final : public View {
  public:
   const char* name() const override { return "error"; }
   const char* title() const override { return "Error"; }
+  const char* help() const override {
+    return "What compression costs: relative attention error vs keep ratio per method (mean and "
+           "spread over seeds), per layer and kv head, vs query position, and exact vs "
+           "approximate attention for one query. 'Tune two parameters' sweeps two of method A's "
+           "parameters as heatmaps.";
+  }
 
   bool ready(const AppState& s) const override {
     if (!s.capture) return true;

@@ -87,6 +87,11 @@ class GeometryView final : public View {
  public:
   const char* name() const override { return "geometry"; }
   const char* title() const override { return "Geometry"; }
+  const char* help() const override {
+    return "A 2-D map (PCA or t-SNE) of the focused head's keys, optionally joint with its "
+           "queries, coloured by kept/dropped, position, cluster or norm. Hover a point for its "
+           "token; box-select points to outline those tokens in the Tokens view.";
+  }
 
   bool ready(const AppState& s) const override {
     if (!s.capture || !s.focus_layer() || s.focus_refused()) return true;

@@ -176,6 +176,12 @@ class MethodView final : public View {
  public:
   const char* name() const override { return "method"; }
   const char* title() const override { return "Method"; }
+  const char* help() const override {
+    return "Method A (and B for an A/B comparison), the keep ratio, the seed, each method's own "
+           "parameters (with their help, range and default), the evaluation protocol's sinks s "
+           "and window E, and the backend. Below the methods: the focused head's error, kept "
+           "count and notes, updated as you drag.";
+  }
   Panel panel() const override { return Panel::Left; }
 
   bool ready(const AppState& s) const override {

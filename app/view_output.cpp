@@ -83,6 +83,12 @@ class OutputView final : public View {
   }
   const char* name() const override { return "output"; }
   const char* title() const override { return "Output"; }
+  const char* help() const override {
+    return "What compression does to the text: a llama2.c model continues a prompt with each "
+           "method's compressed cache; top-1 agreement, KL per step and perplexity against the "
+           "exact cache, and the exact and compressed continuations side by side with diverging "
+           "tokens marked.";
+  }
 
   bool ready(const AppState& s) const override {
     // Without any model to run (no models folder) there is nothing to wait for.

@@ -53,6 +53,11 @@ class TeachingView final : public View {
 
   const char* name() const override { return "teaching"; }
   const char* title() const override { return "Teaching"; }
+  const char* help() const override {
+    return "The self-balancing walk on a handful of 2-D vectors you place (or the talk's worked "
+           "example), one sign at a time with narration. Keys: right arrow signs the next "
+           "vector, left arrow steps back, space plays to the end.";
+  }
 
   void draw(AppState&) override {
     draw_controls();

@@ -41,6 +41,12 @@ class TokensView final : public View {
  public:
   const char* name() const override { return "tokens"; }
   const char* title() const override { return "Tokens"; }
+  const char* help() const override {
+    return "The capture's token text, each token coloured by what the method did with it: sinks "
+           "amber, evaluation window blue, kept green (darker with more weight), dropped grey. "
+           "Modes: A only, A / B stacked, A vs B difference. Hover for weight, score and "
+           "attention; click a window token to select that query in the Error view.";
+  }
 
   bool ready(const AppState& s) const override {
     return !s.capture || ((s.run(0) || !s.run_error(0).empty()) &&
