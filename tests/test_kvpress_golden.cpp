@@ -67,12 +67,17 @@ class Layers {
   std::map<std::string, std::shared_ptr<const LayerData>> cache_;
 };
 
-std::set<int> decode_mask(const std::string& hex, int sink) {
+// tools/kvpress_golden.py's bitmask(): character k holds middle positions 6k..6k+5 (bit j:
+// 6k+j), as its index in kMaskDigits. Returns token indices (position + sink).
+std::set<int> decode_mask(const std::string& mask, int sink) {
+  static const std::string kMaskDigits =
+      "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_";
   std::set<int> out;
-  for (size_t k = 0; k < hex.size(); ++k) {
-    const int v = std::stoi(hex.substr(k, 1), nullptr, 16);
-    for (int j = 0; j < 4; ++j)
-      if (v & (1 << j)) out.insert(sink + static_cast<int>(4 * k) + j);
+  for (size_t k = 0; k < mask.size(); ++k) {
+    const size_t v = kMaskDigits.find(mask[k]);
+    EXPECT_NE(v, std::string::npos) << mask;
+    for (int j = 0; j < 6; ++j)
+      if (v & (1u << j)) out.insert(sink + static_cast<int>(6 * k) + j);
   }
   return out;
 }
@@ -125,8 +130,7 @@ TEST(KvpressGolden, PortsKeepWhatThePressesKeep) {
       }
       const std::set<int> ours(sel.indices.begin(), sel.indices.end());
       const std::set<int> theirs = decode_mask(r.at("kept"), sink);
-      std::set<int> ambiguous;
-      for (int a : r.at("ambiguous")) ambiguous.insert(a);
+      const std::set<int> ambiguous = decode_mask(r.at("ambiguous"), sink);
       int differing = 0;
       for (int t : ours)
         if (!theirs.count(t) && !ambiguous.count(t)) ++differing;

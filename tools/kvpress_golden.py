@@ -8,9 +8,9 @@ prefill is the prefix [0, n-E) of the capture, its keys and values are the captu
 "hidden states" are the captured queries of [0, n-E) rotated back to before RoPE (q_proj is the
 identity), and RoPE is the capture's (rope_theta / rope_layout; interleaved captures are permuted
 to the rotate-half channel order, which leaves every dot product unchanged). The scores of the
-middle [s, n-E) are ranked (ties to the lower position) and the top m kept (stored as a hex bit
-mask over the middle, see bitmask()); when the m-th and (m+1)-th scores are equal to 1e-9
-(relative), the positions holding that score are recorded as ambiguous.
+middle [s, n-E) are ranked (ties to the lower position) and the top m kept (stored as a bit mask
+over the middle, see bitmask()); when the m-th and (m+1)-th scores are equal to 1e-9 (relative),
+the positions holding that score are recorded as ambiguous (a mask too).
 
     /usr/bin/python3 tools/kvpress_golden.py --kvpress /work/.mirror/NVIDIA+kvpress/repo \\
         --synth synth_gqa.safetensors --out tests/data/kvpress_golden.json
@@ -197,12 +197,18 @@ def kept_sets(scores_mid, m):
     return kept, ambiguous
 
 
+MASK_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_"
+
+
 def bitmask(positions, count):
-    """Middle positions (token - s) as hex digits, digit k holding positions 4k..4k+3 (bit j: 4k+j)."""
-    digits = [0] * ((count + 3) // 4)
+    """Middle positions (token - s) as a bit mask, 6 bits a character: character k holds positions
+    6k..6k+5 (bit j: 6k+j), written as MASK_DIGITS[value]; "" for no position."""
+    if not positions:
+        return ""
+    digits = [0] * ((count + 5) // 6)
     for i in positions:
-        digits[i // 4] |= 1 << (i % 4)
-    return "".join("%x" % v for v in digits)
+        digits[i // 6] |= 1 << (i % 6)
+    return "".join(MASK_DIGITS[v] for v in digits)
 
 
 def main():
@@ -285,7 +291,7 @@ def main():
                         m = budget(ratio, ctx - s)
                         kept, amb = kept_sets(mid, m)
                         case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
-                                               "ambiguous": [s + i for i in amb]})
+                                               "ambiguous": bitmask(amb, ctx - s)})
                     cases.append(case)
             # AdaKV (adakv_press.py) around a port that matches its press, on the middle: the
             # press's compress() sees the middle's scores of every kv head with the compression
@@ -307,7 +313,7 @@ def main():
                         dropped = set(seq_masked[heads_masked == h].tolist())
                         kept = [i for i in range(ctx - s) if i not in dropped]
                         case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
-                                               "ambiguous": []})
+                                               "ambiguous": ""})
                 cases.extend(cases_here)
             # ChunkKV (chunkkv_press.py) around a port that matches its press. Its chunks start where
             # its input starts, so the check uses s = 20 sinks (a multiple of chunk_length: the
@@ -330,7 +336,30 @@ def main():
                     for case, h in zip(cases_here, case_heads):
                         kept = sorted(int(v) for v in kept_idx[0, h, :, 0].tolist())
                         case["ratios"].append({"ratio": ratio, "budget": len(kept),
-                                               "kept": bitmask(kept, ctx - s20), "ambiguous": []})
+                                               "kept": bitmask(kept, ctx - s20), "ambiguous": ""})
+                cases.extend(cases_here)
+            # CriticalKV (criticalkv_press.py) around expected-attention, with W_O = I (KVScope
+            # captures carry no W_O; KVScope's projection = identity): the press is given the
+            # middle's scores and values, and the ratio whose int((1 - ratio) n_mid / 2) is m / 2.
+            module.config.hidden_size = G * d
+            module.o_proj = types.SimpleNamespace(weight=torch.eye(G * d))
+            for inner in ["expected-attention"]:
+                mid_scores = layer_scores[inner][:, :, s:ctx]
+                case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
+                cases_here = [{"capture": os.path.basename(path), "press": "criticalkv+" + inner + " W_O=I",
+                               "method": "criticalkv(%s)" % inner, "params": {"projection": 1}, "layer": layer,
+                               "kv_head": h, "n": n, "sink": s, "eval": e, "ratios": []} for h in case_heads]
+                for ratio in RATIOS:
+                    m = budget(ratio, ctx - s)
+                    fixed = Fixed(compression_ratio=1 - (m + 0.5) / (ctx - s))
+                    fixed.fixed = mid_scores
+                    critical = P("criticalkv_press").CriticalKVPress(press=fixed)
+                    with torch.no_grad():
+                        scores = critical.score(module, hidden, K[:, :, s:ctx], V[:, :, s:ctx], None, kwargs)
+                    for case, h in zip(cases_here, case_heads):
+                        kept, amb = kept_sets(scores[0, h].tolist(), m)
+                        case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
+                                               "ambiguous": bitmask(amb, ctx - s)})
                 cases.extend(cases_here)
             # Compactor (compactor_press.py) at each ratio (its blending is the compression ratio
             # 1 - (s + m) / (n - E)), with sketch_dimension = d and torch.randn made sqrt(d) I, so
@@ -351,7 +380,7 @@ def main():
                     for case, h in zip(cases_here, case_heads):
                         kept, amb = kept_sets(scores[h, s:ctx].tolist(), m)
                         case["ratios"].append({"ratio": ratio, "budget": m, "kept": bitmask(kept, ctx - s),
-                                               "ambiguous": [s + i for i in amb]})
+                                               "ambiguous": bitmask(amb, ctx - s)})
             finally:
                 torch.randn = randn
             cases.extend(cases_here)
