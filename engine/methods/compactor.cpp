@@ -27,7 +27,12 @@
 // its randn made the identity). Every kv head of the layer is scored for the z-normalisation.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
+#include <list>
+#include <memory>
+#include <mutex>
 
 #include "engine/attention_scores.h"
 #include "engine/capture.h"
@@ -70,6 +75,75 @@ void z_normalise(std::vector<std::vector<double>>& v) {
     for (double& x : h) x = (x - mean) / sd;
 }
 
+using LayerScores = std::vector<std::vector<double>>;
+
+// What identifies a layer's data without keeping a pointer to it: a 64-bit hash of its RoPE, the
+// shapes and every value of its keys, values and queries (a multiply-xorshift mix per 64 bits,
+// far cheaper than the scores it stands for).
+uint64_t fingerprint(const LayerData& layer, int begin, int end) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  auto mix = [&](uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  };
+  uint64_t theta_bits;
+  std::memcpy(&theta_bits, &layer.rope.theta, sizeof theta_bits);
+  mix(theta_bits);
+  mix(static_cast<uint64_t>(layer.rope.layout));
+  mix(static_cast<uint64_t>(begin));
+  mix(static_cast<uint64_t>(end));
+  auto all = [&](const MatrixF& m) {
+    mix(static_cast<uint64_t>(m.rows()));
+    mix(static_cast<uint64_t>(m.cols()));
+    const size_t count = static_cast<size_t>(m.size());
+    const float* x = m.data();
+    size_t i = 0;
+    for (; i + 2 <= count; i += 2) {
+      uint64_t word;
+      std::memcpy(&word, x + i, sizeof word);
+      mix(word);
+    }
+    if (i < count) {
+      uint32_t last;
+      std::memcpy(&last, x + i, sizeof last);
+      mix(last);
+    }
+  };
+  for (const MatrixF& m : layer.keys) all(m);
+  for (const MatrixF& m : layer.values) all(m);
+  for (const MatrixF& m : layer.queries) all(m);
+  return h;
+}
+
+// A memo of the last few layers' scores (thread-safe; two threads may compute the same entry,
+// and both get equal values).
+struct MemoKey {
+  int what, layer, begin, end, size;
+  uint64_t seed;
+  auto operator<=>(const MemoKey&) const = default;
+};
+std::shared_ptr<const LayerScores> memo(uint64_t fp, MemoKey key,
+                                        const std::function<LayerScores()>& make) {
+  static std::mutex mutex;
+  static std::list<std::pair<std::pair<uint64_t, MemoKey>, std::shared_ptr<const LayerScores>>>
+      entries;  // most recent first
+  const auto id = std::make_pair(fp, key);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = entries.begin(); it != entries.end(); ++it)
+      if (it->first == id) {
+        entries.splice(entries.begin(), entries, it);
+        return entries.front().second;
+      }
+  }
+  auto made = std::make_shared<const LayerScores>(make());
+  std::lock_guard<std::mutex> lock(mutex);
+  entries.emplace_front(id, made);
+  if (entries.size() > 64) entries.pop_back();
+  return made;
+}
+
 class Compactor final : public Method {
  public:
   std::string name() const override { return "compactor"; }
@@ -104,21 +178,37 @@ class Compactor final : public Method {
     const double blending = p("blending") < 0 ? ratio : p("blending");
     const LayerData& layer = *in.layer_data;
     const int heads = static_cast<int>(layer.keys.size());
-    std::vector<std::vector<double>> lev(heads), att(heads);
+    std::shared_ptr<const LayerScores> lev, att;
     if (len >= 2) {
-      for (int h = 0; h < heads; ++h) {
-        if (in.cancel && in.cancel->load()) throw Cancelled();
-        lev[h] = leverage(layer.keys[h], begin, end, in, h, static_cast<int>(p("sketch_dimension")),
-                          p("sketch") >= 0.5);
-        att[h] = attention(layer, h, begin, end, static_cast<int>(p("chunk_size")));
-      }
-      z_normalise(lev);
-      z_normalise(att);
+      // Both z-normalised scores are the same for every head and ratio of a layer (and the
+      // leverage for every seed when exact): made once and kept in a small memo.
+      const bool exact = p("sketch") >= 0.5;
+      const int k = static_cast<int>(p("sketch_dimension")),
+                chunk = static_cast<int>(p("chunk_size"));
+      const uint64_t fp = fingerprint(layer, begin, end);
+      lev = memo(fp, {1, in.layer, begin, end, exact ? 0 : k, exact ? 0ull : in.seed}, [&] {
+        LayerScores v(heads);
+        for (int h = 0; h < heads; ++h) {
+          if (in.cancel && in.cancel->load()) throw Cancelled();
+          v[h] = leverage(layer.keys[h], begin, end, in, h, k, exact);
+        }
+        z_normalise(v);
+        return v;
+      });
+      att = memo(fp, {2, in.layer, begin, end, chunk, 0}, [&] {
+        LayerScores v(heads);
+        for (int h = 0; h < heads; ++h) {
+          if (in.cancel && in.cancel->load()) throw Cancelled();
+          v[h] = attention(layer, h, begin, end, chunk);
+        }
+        z_normalise(v);
+        return v;
+      });
     }
     double top = -std::numeric_limits<double>::infinity();
     std::vector<double> mine(std::max(len, 0));
     for (int i = 0; i < len; ++i)
-      top = std::max(top, mine[i] = blending * lev[in.kv_head][i] + att[in.kv_head][i]);
+      top = std::max(top, mine[i] = blending * (*lev)[in.kv_head][i] + (*att)[in.kv_head][i]);
     std::vector<double> scores(in.mid_end - in.mid_begin);
     for (int t = in.mid_begin; t < in.mid_end; ++t)
       scores[t - in.mid_begin] = t >= begin && t < end ? mine[t - begin] : top;
