@@ -1,5 +1,10 @@
 #include "app/app_frame.h"
 
+#include <imgui_internal.h>  // the open popup stack (Escape closes menus and lists)
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -7,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/export.h"
 #include "app/new_capture_dialog.h"
+#include "app/recent_files.h"
 #include "app/result_status.h"
 #include "app/view.h"
 #include "engine/error.h"
@@ -26,10 +33,14 @@ namespace {
 constexpr float kLeftPanelWidth = 470.0f;  // default at scale 1 on a wide window
 constexpr float kSplitterWidth = 6.0f;
 
-// GLFW key codes of F8, F9 and F10 (ImGui 1.86's GLFW backend indexes KeysDown by GLFW key code).
+// GLFW key codes (ImGui 1.86's GLFW backend indexes KeysDown by GLFW key code).
+constexpr int GLFW_KEY_ESCAPE_CODE = 256;
+constexpr int GLFW_KEY_F1_CODE = 290;
 constexpr int GLFW_KEY_F8_CODE = 297;
 constexpr int GLFW_KEY_F9_CODE = 298;
 constexpr int GLFW_KEY_F10_CODE = 299;
+constexpr int GLFW_KEY_KP_SUBTRACT_CODE = 333;
+constexpr int GLFW_KEY_KP_ADD_CODE = 334;
 
 float g_ui_scale = 1.0f;
 float g_figure_top = -1.0f;  // set by mark_figure_top() while a view draws
@@ -41,6 +52,7 @@ class PendingView final : public View {
       : name_(name), title_(title), what_(what) {}
   const char* name() const override { return name_; }
   const char* title() const override { return title_; }
+  const char* help() const override { return what_; }
   void draw(AppState&) override {
     ImGui::TextDisabled("The %s view is not part of this build yet.", title_);
     ImGui::TextWrapped("%s", what_);
@@ -59,6 +71,100 @@ std::string human_bytes(long long b) {
   else
     std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024.0);
   return buf;
+}
+
+}  // namespace
+
+const std::vector<Shortcut>& shortcuts() {
+  static const std::vector<Shortcut> table = {
+      {Command::OpenCapture, true, {'O'}, "Ctrl+O", "open a capture (.safetensors, .npz)"},
+      {Command::SaveSession, true, {'S'}, "Ctrl+S", "save the session (every setting) as JSON"},
+      {Command::ExportPng, true, {'E'}, "Ctrl+E", "export the active view's figure as PNG"},
+      {Command::Larger,
+       true,
+       {'=', GLFW_KEY_KP_ADD_CODE},
+       "Ctrl +",
+       "larger UI (presentation mode, up to 2.5x)"},
+      {Command::Smaller, true, {'-', GLFW_KEY_KP_SUBTRACT_CODE}, "Ctrl -", "smaller UI"},
+      {Command::ResetScale, true, {'0'}, "Ctrl 0", "UI scale back to 1x"},
+      {Command::Help, false, {GLFW_KEY_F1_CODE}, "F1", "this help"},
+      {Command::CloseMenu,
+       false,
+       {GLFW_KEY_ESCAPE_CODE},
+       "Escape",
+       "close the open menu or list, else the dialog or this help"},
+      {Command::ExportJson,
+       false,
+       {GLFW_KEY_F9_CODE, GLFW_KEY_F8_CODE},
+       "F9 (or F8)",
+       "write every view's numbers and state.json to the export folder",
+       true},
+      {Command::ExportPngNow,
+       false,
+       {GLFW_KEY_F10_CODE},
+       "F10",
+       "write a PNG of the active view's figure to the export folder",
+       true},
+  };
+  return table;
+}
+
+const std::vector<HelpDoc>& help_docs() {
+  static const std::vector<HelpDoc> docs = {
+      {"README.md", "what KVScope is, building, the CLI"},
+      {"docs/app.md", "this app: views, exports, sessions, shortcuts, the state model"},
+      {"docs/methods.md", "the compression methods and their parameters"},
+      {"docs/evaluation.md", "the evaluation protocol: sinks, window, budget, error"},
+      {"docs/balancekv.md", "BalanceKV and the self-balancing walk"},
+      {"docs/geometry.md", "the Geometry view's maps"},
+      {"docs/generate.md", "the Output view: what compression does to the text"},
+      {"docs/capturing.md", "making captures (File > New capture, kvscope-cli capture)"},
+      {"docs/capture-format.md", "the capture files and the reader's limits"},
+      {"docs/performance.md", "speed, SIMD kernels and the CUDA backend"},
+      {"docs/testing.md", "the test suites"},
+  };
+  return docs;
+}
+
+std::string help_doc_file(const HelpDoc& doc) {
+#ifdef KVSCOPE_SOURCE_DIR
+  std::error_code ec;
+  const fs::path p = fs::path(KVSCOPE_SOURCE_DIR) / doc.path;
+  if (fs::exists(p, ec)) return p.string();
+#endif
+  return "";
+}
+
+namespace {
+
+// xdg-open on PATH ("" when there is none).
+std::string find_xdg_open() {
+  const char* path = std::getenv("PATH");
+  if (!path) return "";
+  std::string all = path;
+  size_t start = 0;
+  while (start <= all.size()) {
+    size_t end = all.find(':', start);
+    if (end == std::string::npos) end = all.size();
+    const fs::path p = fs::path(all.substr(start, end - start)) / "xdg-open";
+    std::error_code ec;
+    if (end > start && fs::exists(p, ec) && ::access(p.c_str(), X_OK) == 0) return p.string();
+    start = end + 1;
+  }
+  return "";
+}
+
+// Opens a file with xdg-open without a shell; the child is reaped on a detached thread.
+bool open_with_xdg(const std::string& xdg, const std::string& file) {
+  std::string a0 = xdg, a1 = file;
+  char* argv[] = {a0.data(), a1.data(), nullptr};
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, xdg.c_str(), nullptr, nullptr, argv, environ) != 0) return false;
+  std::thread([pid] {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  }).detach();
+  return true;
 }
 
 }  // namespace
@@ -214,6 +320,24 @@ AppUi::AppUi(AppState& s) : s_(s), views_(make_views()) {
   show_view(s.settings.active_view);
 }
 
+AppUi::~AppUi() = default;
+
+void AppUi::enable_recent_files() {
+  recent_ = std::make_unique<RecentFiles>();
+  const std::string why = recent_->load();
+  if (!why.empty()) s_.status_message = why;  // a damaged list is only lost, never fatal
+  recent_seen_path_.clear();
+}
+
+void AppUi::note_recent() {
+  if (!recent_ || !s_.capture || s_.capture_path == recent_seen_path_) return;
+  recent_seen_path_ = s_.capture_path;
+  // The app's own temporary captures are deleted later: not worth remembering.
+  if (s_.temp_captures.count(s_.capture_path)) return;
+  const std::string why = recent_->add(s_.capture_path, "capture");
+  if (!why.empty()) s_.status_message = why;
+}
+
 View* AppUi::find_view(const std::string& name) const {
   for (const auto& v : views_)
     if (name == v->name()) return v.get();
@@ -340,6 +464,10 @@ void AppUi::load_session(const std::string& path) {
   } catch (const InputError& e) {
     throw InputError(path + ": " + e.what());
   }
+  if (recent_) {
+    const std::string why = recent_->add(path, "session");
+    if (!why.empty()) s_.status_message = why;
+  }
 }
 
 void AppUi::check_session(const nlohmann::json& j) const {
@@ -390,6 +518,10 @@ void AppUi::export_all_json(const std::string& dir) const {
   st["notes"] = s_.notes;
   st["loading"] = !s_.loading_path.empty();
   st["dialog_open"] = browser_.is_open() || save_dialog_open_;
+  st["popups_open"] = ImGui::GetCurrentContext()->OpenPopupStack.Size;  // menus, lists, dialogs
+  st["help_open"] = help_open_;
+  st["backend_active"] = s_.backend_active;
+  st["backend_note"] = s_.backend_note;
   nlohmann::json rs = nlohmann::json::object();
   for (const auto& [name, r] : s_.results)
     rs[name] = {{"wanted", !r.want.empty()},
@@ -474,6 +606,8 @@ void AppUi::draw() {
   draw_status_bar();
   draw_dialogs();
   ImGui::End();
+  draw_help();
+  note_recent();
   if (export_json_pending_) {
     export_json_pending_ = false;
     try {
@@ -503,41 +637,103 @@ void AppUi::draw_splitter(float height) {
   if (hovered && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) left_w_ = 0;  // default
 }
 
-void AppUi::draw_menu() {
-  if (!ImGui::BeginMenuBar()) return;
-  // Ctrl+O / Ctrl+S / Ctrl+E. With the GLFW backend of ImGui 1.86, key indices are GLFW key
-  // codes, which are the ASCII capitals for letters.
+void AppUi::handle_keys() {
   const ImGuiIO& io = ImGui::GetIO();
   const bool ctrl = io.KeyCtrl && !io.WantTextInput;
-  const bool key_open = ctrl && ImGui::IsKeyPressed('O', false);
-  const bool key_save = ctrl && ImGui::IsKeyPressed('S', false);
-  const bool key_export = ctrl && ImGui::IsKeyPressed('E', false);
-  bool open_capture = key_open, save_session = key_save, export_png = key_export;
-  // Presentation mode: Ctrl + / Ctrl - / Ctrl 0 (GLFW codes: '=' 61, '-' 45, keypad 334 / 333).
-  if (ctrl && (ImGui::IsKeyPressed('=', false) || ImGui::IsKeyPressed(334, false)))
-    set_ui_scale(ui_scale_ + 0.25f);
-  if (ctrl && (ImGui::IsKeyPressed('-', false) || ImGui::IsKeyPressed(333, false)))
-    set_ui_scale(ui_scale_ - 0.25f);
-  if (ctrl && ImGui::IsKeyPressed('0', false)) set_ui_scale(1.0f);
-  if (!export_dir.empty()) {  // function keys type nothing: they work while a field is active
-    // Written at the end of the frame, so widget rectangles are this frame's.
-    // F8 does the same as F9, so a script can alternate keys (two quick taps of one key can
-    // reach GLFW as an auto-repeat on a loaded X server).
-    if (ImGui::IsKeyPressed(GLFW_KEY_F9_CODE, false) ||
-        ImGui::IsKeyPressed(GLFW_KEY_F8_CODE, false))
+  for (const Shortcut& sc : shortcuts()) {
+    if (sc.ctrl && !ctrl) continue;
+    // Function keys and Escape type nothing: they work while a field is active.
+    if (sc.export_dir && export_dir.empty()) continue;
+    for (int key : sc.keys)
+      if (ImGui::IsKeyPressed(key, false)) {
+        run_command(sc.command);
+        break;
+      }
+  }
+}
+
+void AppUi::run_command(Command c) {
+  switch (c) {
+    case Command::OpenCapture: {
+      std::string start =
+          s_.capture_path.empty() ? "" : fs::path(s_.capture_path).parent_path().string();
+      browser_.open("Open capture", start, {".safetensors", ".npz"},
+                    [this](const std::string& p) { s_.request_open(p); });
+      break;
+    }
+    case Command::SaveSession:
+      path_action_ = PathAction::SaveSession;
+      path_buf_ = "kvscope_session.json";
+      open_path_popup_ = true;
+      break;
+    case Command::ExportPng:
+      path_action_ = PathAction::ExportPng;
+      path_buf_ = "kvscope_" + s_.settings.active_view + ".png";
+      open_path_popup_ = true;
+      break;
+    case Command::Larger:
+      set_ui_scale(ui_scale_ + 0.25f);
+      break;
+    case Command::Smaller:
+      set_ui_scale(ui_scale_ - 0.25f);
+      break;
+    case Command::ResetScale:
+      set_ui_scale(1.0f);
+      break;
+    case Command::Help:
+      help_open_ = true;
+      help_focus_ = true;
+      break;
+    case Command::CloseMenu:
+      close_popups_and_menus();
+      break;
+    case Command::ExportJson:
+      // Written at the end of the frame, so widget rectangles are this frame's. F8 does the
+      // same as F9, so a script can alternate keys (two quick taps of one key can reach GLFW as
+      // an auto-repeat on a loaded X server).
       export_json_pending_ = true;
-    if (ImGui::IsKeyPressed(GLFW_KEY_F10_CODE, false)) {
+      break;
+    case Command::ExportPngNow: {
       View* v = find_view(s_.settings.active_view);
       png_requests_.push_back({(fs::path(export_dir) / (s_.settings.active_view + ".png")).string(),
                                v ? view_rect(v->name()) : ScreenRect{}, 0, 1.0f,
                                v ? v->name() : ""});
+      break;
     }
   }
+}
+
+// Escape: ImGui 1.86 closes popups on Escape only with keyboard navigation on, which the app
+// leaves off (arrow keys belong to the views). The menus, combo lists and other non-modal popups
+// above the top-most modal dialog close here; when there are none, the dialogs (Open, Save as)
+// take the Escape themselves, and with no dialog either it closes the Help window.
+void AppUi::close_popups_and_menus() {
+  ImGuiContext& g = *ImGui::GetCurrentContext();
+  int keep = g.OpenPopupStack.Size;
+  while (keep > 0) {
+    const ImGuiWindow* w = g.OpenPopupStack[keep - 1].Window;
+    if (!w || (w->Flags & ImGuiWindowFlags_Modal)) break;
+    --keep;
+  }
+  if (keep < g.OpenPopupStack.Size) {
+    ImGui::ClosePopupToLevel(keep, true);
+    // This Escape is spent: the dialog under the closed list stays open.
+    ImGui::GetIO().KeysDownDuration[GLFW_KEY_ESCAPE_CODE] = 1e-6f;
+    return;
+  }
+  if (g.OpenPopupStack.Size == 0 && !open_path_popup_) help_open_ = false;
+}
+
+void AppUi::draw_menu() {
+  if (!ImGui::BeginMenuBar()) return;
+  handle_keys();  // the shortcuts() table
+  bool open_capture = false, save_session = false, export_png = false;
   const bool file_menu = ImGui::BeginMenu("File");
   record_item(s_, "menu:File");
   if (file_menu) {
     open_capture |= ImGui::MenuItem("Open capture...", "Ctrl+O");
     if (ImGui::MenuItem("New capture...")) open_new_capture_dialog();
+    draw_recent_menu();
     const bool open_session = ImGui::MenuItem("Open session...");
     record_item(s_, "menu:Open session");
     if (open_session) {
@@ -574,22 +770,9 @@ void AppUi::draw_menu() {
     }
     ImGui::EndMenu();
   }
-  if (open_capture) {
-    std::string start =
-        s_.capture_path.empty() ? "" : fs::path(s_.capture_path).parent_path().string();
-    browser_.open("Open capture", start, {".safetensors", ".npz"},
-                  [this](const std::string& p) { s_.request_open(p); });
-  }
-  if (save_session) {
-    path_action_ = PathAction::SaveSession;
-    path_buf_ = "kvscope_session.json";
-    open_path_popup_ = true;
-  }
-  if (export_png) {
-    path_action_ = PathAction::ExportPng;
-    path_buf_ = "kvscope_" + s_.settings.active_view + ".png";
-    open_path_popup_ = true;
-  }
+  if (open_capture) run_command(Command::OpenCapture);
+  if (save_session) run_command(Command::SaveSession);
+  if (export_png) run_command(Command::ExportPng);
   if (ImGui::BeginMenu("View")) {
     for (const auto& v : views_)
       if (ImGui::MenuItem(v->title(), nullptr, s_.settings.active_view == v->name())) {
@@ -608,12 +791,11 @@ void AppUi::draw_menu() {
     if (ImGui::MenuItem("Reset panel split")) left_w_ = 0;
     ImGui::EndMenu();
   }
-  if (ImGui::BeginMenu("Help")) {
-    ImGui::TextUnformatted("KVScope: looking inside KV-cache compression.");
-    ImGui::TextDisabled("Drop a .safetensors / .npz capture on the window to open it.");
-    ImGui::TextDisabled("Click a grid cell (Capture) to focus a layer and kv head.");
-    ImGui::TextDisabled("Every setting change re-runs the focused head at once and the grid");
-    ImGui::TextDisabled("in the background (status bar: progress and cancel).");
+  const bool help_menu = ImGui::BeginMenu("Help");
+  record_item(s_, "menu:Help");
+  if (help_menu) {
+    if (ImGui::MenuItem("KVScope help", "F1")) run_command(Command::Help);
+    record_item(s_, "menu:KVScope help");
     ImGui::EndMenu();
   }
   // Right side: what is open.
@@ -779,6 +961,122 @@ void AppUi::draw_dialogs() {
     if (ImGui::Button("Cancel", ImVec2(90, 0)) || escape) ImGui::CloseCurrentPopup();
     ImGui::EndPopup();
   }
+}
+
+void AppUi::draw_recent_menu() {
+  const bool any = recent_ && !recent_->entries().empty();
+  if (!ImGui::BeginMenu("Open recent", any)) return;
+  std::optional<RecentEntry> pick;
+  int i = 0;
+  for (const RecentEntry& e : recent_->entries()) {
+    std::error_code ec;
+    const bool there = fs::exists(e.path, ec);
+    const fs::path p(e.path);
+    const std::string label = p.filename().string() + (e.kind == "session" ? "  (session)" : "");
+    ImGui::PushID(i++);
+    // A file that is gone stays listed, disabled, so the list does not jump around.
+    if (ImGui::MenuItem(label.c_str(), p.parent_path().string().c_str(), false, there)) pick = e;
+    if (!there && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
+      ImGui::SetTooltip("%s is not there any more", e.path.c_str());
+    ImGui::PopID();
+  }
+  ImGui::EndMenu();
+  if (!pick) return;
+  if (pick->kind == "capture") {
+    s_.request_open(pick->path);
+  } else {
+    try {
+      load_session(pick->path);
+      s_.status_message = "session loaded from " + pick->path;
+    } catch (const std::exception& e) {
+      s_.load_error = e.what();
+    }
+  }
+}
+
+void AppUi::draw_help() {
+  if (!help_open_) return;
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  const ImVec2 size(std::min(px(760), vp->Size.x - px(40)), std::min(px(640), vp->Size.y - px(60)));
+  ImGui::SetNextWindowSize(size, ImGuiCond_Appearing);
+  ImGui::SetNextWindowPos(
+      ImVec2(vp->Pos.x + (vp->Size.x - size.x) * 0.5f, vp->Pos.y + (vp->Size.y - size.y) * 0.5f),
+      ImGuiCond_Appearing);
+  if (help_focus_) {
+    ImGui::SetNextWindowFocus();
+    help_focus_ = false;
+  }
+  const bool shown = ImGui::Begin("KVScope help", &help_open_,
+                                  ImGuiWindowFlags_NoCollapse | ImGuiWindowFlags_NoSavedSettings);
+  if (shown) {
+    const ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
+    s_.ui_items["help:window"] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
+    ImGui::TextWrapped(
+        "KVScope shows what KV-cache compression keeps and what it costs. Open a capture (File > "
+        "Open capture, or drop a .safetensors / .npz file on the window), pick methods in the "
+        "Method view, click a grid cell in the Capture view to focus a layer and kv head. Every "
+        "change recomputes what it outdates: the focused head at once, the rest in the "
+        "background (status bar: progress and cancel).");
+    if (ImGui::CollapsingHeader("Keyboard shortcuts", ImGuiTreeNodeFlags_DefaultOpen)) {
+      if (ImGui::BeginTable("##shortcuts", 2,
+                            ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV)) {
+        ImGui::TableSetupColumn("key", ImGuiTableColumnFlags_WidthFixed, px(110));
+        ImGui::TableSetupColumn("action", ImGuiTableColumnFlags_WidthStretch);
+        for (const Shortcut& sc : shortcuts()) {
+          ImGui::TableNextRow();
+          ImGui::TableNextColumn();
+          ImGui::TextUnformatted(sc.label);
+          ImGui::TableNextColumn();
+          if (sc.export_dir)
+            ImGui::TextWrapped("%s (kvscope --export-dir DIR)", sc.action);
+          else
+            ImGui::TextWrapped("%s", sc.action);
+        }
+        ImGui::EndTable();
+      }
+      ImGui::TextDisabled(
+          "Open dialog: Enter, Up/Down, double-click, Escape. Teaching view: arrows, space.");
+    }
+    if (ImGui::CollapsingHeader("Views", ImGuiTreeNodeFlags_DefaultOpen)) {
+      for (const auto& v : views_) {
+        ImGui::PushID(v->name());
+        if (ImGui::SmallButton(v->title())) {
+          show_view(v->name());
+          s_.settings.active_view = v->name();
+        }
+        ImGui::SameLine();
+        ImGui::TextDisabled("(%s panel)", v->panel() == Panel::Left ? "left" : "main");
+        ImGui::Indent();
+        ImGui::TextWrapped("%s", v->help());
+        ImGui::Unindent();
+        ImGui::PopID();
+      }
+    }
+    if (ImGui::CollapsingHeader("Documents to read", ImGuiTreeNodeFlags_DefaultOpen)) {
+      static const std::string xdg = find_xdg_open();
+      ImGui::TextDisabled("Paths are relative to the KVScope repository.");
+      for (const HelpDoc& d : help_docs()) {
+        ImGui::PushID(d.path);
+        const std::string file = help_doc_file(d);
+        if (ImGui::SmallButton("copy path")) {
+          ImGui::SetClipboardText(file.empty() ? d.path : file.c_str());
+          s_.status_message = std::string("copied ") + (file.empty() ? d.path : file);
+        }
+        if (!xdg.empty() && !file.empty()) {
+          ImGui::SameLine();
+          if (ImGui::SmallButton("open"))
+            s_.status_message =
+                open_with_xdg(xdg, file) ? "opened " + file : "xdg-open could not start";
+        }
+        ImGui::SameLine();
+        ImGui::Text("%s", d.path);
+        ImGui::SameLine();
+        ImGui::TextDisabled("%s", d.what);
+        ImGui::PopID();
+      }
+    }
+  }
+  ImGui::End();
 }
 
 }  // namespace kvscope::app

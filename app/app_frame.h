@@ -55,9 +55,46 @@ void mark_figure_top();
 float load_ui_scale_pref();
 void save_ui_scale_pref(float scale);
 
+// The app's keyboard shortcuts: one table that the key handling reads every frame and the Help
+// window lists, so the two cannot drift. Keys are ImGui 1.86 key indices, which with the GLFW
+// backend are GLFW key codes (ASCII capitals for letters).
+enum class Command {
+  OpenCapture,
+  SaveSession,
+  ExportPng,
+  Larger,
+  Smaller,
+  ResetScale,
+  Help,
+  CloseMenu,
+  ExportJson,
+  ExportPngNow
+};
+struct Shortcut {
+  Command command;
+  bool ctrl;                // with Ctrl held and no text field taking the keys
+  std::vector<int> keys;    // any of these
+  const char* label;        // "Ctrl+O"
+  const char* action;       // what it does
+  bool export_dir = false;  // only with kvscope --export-dir DIR
+};
+const std::vector<Shortcut>& shortcuts();
+
+// The repository's documents the Help window points to (paths relative to the repository).
+struct HelpDoc {
+  const char* path;  // "docs/app.md"
+  const char* what;
+};
+const std::vector<HelpDoc>& help_docs();
+// The document's absolute path in this build's source tree ("" when it is not there).
+std::string help_doc_file(const HelpDoc& doc);
+
+class RecentFiles;
+
 class AppUi {
  public:
   explicit AppUi(AppState& s);
+  ~AppUi();
 
   // Draws one frame (between ImGui::NewFrame and ImGui::Render).
   void draw();
@@ -120,6 +157,15 @@ class AppUi {
   void check_session(const nlohmann::json& j) const;
   void load_session_json(const nlohmann::json& j);
 
+  // Help window (Help > KVScope help, F1): shortcuts, the views, the documents to read.
+  bool help_open() const { return help_open_; }
+  void set_help_open(bool open) { help_open_ = open; }
+  // File > Open recent: remembers the captures and sessions opened from now on in
+  // config_dir()/recent.json (the interactive app turns it on; tests and headless renders leave
+  // it off unless they ask). A damaged list is ignored with a status message.
+  void enable_recent_files();
+  const RecentFiles* recent_files() const { return recent_.get(); }
+
   // With a folder set (kvscope --export-dir DIR): F9 writes every view's numbers and the app's
   // state as JSON there, F10 a PNG of the active view (what the GUI test reads).
   std::string export_dir;
@@ -130,6 +176,12 @@ class AppUi {
   void draw_panel(Panel panel, const char* id, ImVec2 size);
   void draw_status_bar();
   void draw_dialogs();
+  void handle_keys();
+  void run_command(Command c);
+  void close_popups_and_menus();
+  void draw_help();
+  void draw_recent_menu();
+  void note_recent();
 
   AppState& s_;
   std::vector<std::unique_ptr<View>> views_;
@@ -159,6 +211,10 @@ class AppUi {
   bool focus_path_field_ = false;
   bool export_json_pending_ = false;
   bool save_dialog_open_ = false;  // the "Save as" popup was drawn this frame
+  bool help_open_ = false;
+  bool help_focus_ = false;  // bring the Help window to the front next frame
+  std::unique_ptr<RecentFiles> recent_;
+  std::string recent_seen_path_;  // capture path last noted in the recent list
 };
 
 }  // namespace kvscope::app

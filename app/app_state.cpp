@@ -117,6 +117,7 @@ AppState::AppState() {
 
 AppState::~AppState() {
   worker.cancel("");
+  remove_temp_captures();  // the app's own temporary captures do not outlive it
 }
 
 const Method* AppState::method(int slot) const {
@@ -330,8 +331,26 @@ void AppState::request_open(const std::string& path, bool from_session) {
                     s.selected_token = -1;
                     if (!from_session) s.settings.selected_query = -1;
                     s.fit_settings_to_capture(true);
+                    // A temporary capture that is no longer open (saved or not) is deleted.
+                    s.remove_temp_captures(path);
                   };
                 });
+}
+
+void AppState::capture_saved_as(const std::string& from, const std::string& to) {
+  if (capture && capture_path == from) capture_path = to;
+}
+
+void AppState::remove_temp_captures(const std::string& keep) {
+  for (auto it = temp_captures.begin(); it != temp_captures.end();) {
+    if (*it == keep) {
+      ++it;
+      continue;
+    }
+    std::error_code ec;
+    fs::remove(*it, ec);  // a mapped capture stays readable until it is closed
+    it = temp_captures.erase(it);
+  }
 }
 
 void AppState::set_focus(Focus f) {

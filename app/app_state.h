@@ -191,6 +191,10 @@ struct AppState {
   std::string load_error;    // last failed open (the loader's InputError), shown in the window
   std::string loading_path;  // non-empty while a file is being opened
   std::vector<std::string> notes;  // settings adjusted to fit the capture (shown until dismissed)
+  // Capture files the app wrote itself (File > New capture) in the temporary folder. They are
+  // deleted when another capture opens and when the AppState ends (the app quits); a file the
+  // user saved is never in here.
+  std::set<std::string> temp_captures;
 
   // ---- backend (resolved from settings.backend by reconcile)
   std::string backend_active;  // name() of the backend in use
@@ -253,6 +257,11 @@ struct AppState {
   // Opens a capture in the background; the open one stays when it fails. A session's open
   // keeps the selected query (a plain open resets it).
   void request_open(const std::string& path, bool from_session = false);
+  // The open capture, read from `from`, was saved as `to` (a copy of that file): from now on
+  // `to` is its path (window title, sessions, exports). Nothing is reloaded or recomputed.
+  void capture_saved_as(const std::string& from, const std::string& to);
+  // Deletes the temporary captures (temp_captures) except `keep` (the one open, if any).
+  void remove_temp_captures(const std::string& keep = "");
   // Focus a head (clamped to the capture); same as editing settings.focus.
   void set_focus(Focus f);
   // The user's Run / Cancel of a result's job.

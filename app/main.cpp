@@ -220,6 +220,8 @@ int main(int argc, char** argv) {
     ui.set_ui_scale(opt.ui_scale);
     ui.take_font_rebuild();  // built at this scale above
     ui.export_dir = export_dir;
+    // File > Open recent, remembered in recent.json of the config folder (app/recent_files.h).
+    if (!headless) ui.enable_recent_files();
     bool quit = false;
     ui.on_quit = [&quit] { quit = true; };
     glfwSetDropCallback(window, on_drop);

@@ -190,6 +190,7 @@ void start_new_capture(AppState& s, const NewCaptureSettings& settings) {
           d.has_result = true;
           d.save_message.clear();
           copy_to(d.save_path, sizeof d.save_path, r.model + "_capture.safetensors");
+          st.temp_captures.insert(r.path);  // deleted on exit or when another capture opens
           st.request_open(r.path);
           char msg[200];
           std::snprintf(msg, sizeof msg, "new capture: %d tokens of %s in %.1f s (not saved yet)",
@@ -203,18 +204,24 @@ const NewCaptureResult* last_new_capture() {
   return dialog().has_result ? &dialog().result : nullptr;
 }
 
-void save_new_capture(const std::string& path) {
+void save_new_capture(AppState& s, const std::string& path) {
   const NewCaptureResult* r = last_new_capture();
   if (!r) throw InputError("save capture: no new capture has been made yet");
+  std::error_code ec;
+  if (!fs::exists(r->path, ec))
+    throw InputError(path +
+                     ": the new capture is gone (its temporary file is deleted when "
+                     "another capture opens); run it again to save it");
   if (path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0)
     throw InputError(path +
                      ": the capture is saved as safetensors; the name must end in "
                      ".safetensors");
-  std::error_code ec;
   if (fs::exists(path, ec))
     throw InputError(path + ": already exists; choose another name (nothing is overwritten)");
   fs::copy_file(r->path, path, ec);
   if (ec) throw InputError(path + ": cannot write: " + ec.message());
+  // The open capture is now the saved file: window title, sessions and exports name it.
+  s.capture_saved_as(r->path, path);
 }
 
 void open_new_capture_dialog() {
@@ -325,7 +332,7 @@ void draw_new_capture_dialog(AppState& s) {
     ImGui::SameLine();
     if (ImGui::Button("Save as safetensors")) {
       try {
-        save_new_capture(d.save_path);
+        save_new_capture(s, d.save_path);
         d.save_message = std::string("saved ") + d.save_path;
         s.status_message = d.save_message;
       } catch (const InputError& e) {

@@ -52,8 +52,10 @@ struct NewCaptureResult {
 };
 // The last capture made (nullptr before the first).
 const NewCaptureResult* last_new_capture();
-// Copies the last capture to `path` (must end in .safetensors and not exist yet). Throws
-// InputError naming the path and the problem.
-void save_new_capture(const std::string& path);
+// Copies the last capture to `path` (must end in .safetensors and not exist yet); when that
+// capture is the open one, `path` becomes its path (AppState::capture_saved_as). The temporary
+// file stays the app's (AppState::temp_captures) and is deleted later. Throws InputError naming
+// the path and the problem.
+void save_new_capture(AppState& s, const std::string& path);
 
 }  // namespace kvscope::app

@@ -116,6 +116,7 @@ class CaptureView final : public View {
 
     draw_result_status(s, s.settings.grid_metric == GridMetric::Entropy ? kEntropy : kGrid,
                        s.settings.grid_metric == GridMetric::Entropy ? "entropy" : "grid");
+    mark_figure_top();  // figure exports: the caption and the grid, not the controls above
     GridValues gv = grid_values(s, s.settings.grid_metric);
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
     ImGui::TextWrapped("%s", gv.caption.c_str());

@@ -119,6 +119,7 @@ class GeometryView final : public View {
     }
     draw_status(s);
     draw_result_status(s, kProjection, "map");
+    mark_figure_top();  // figure exports: the map and its token strip, not the controls
     const auto frame = frame_of(s);
     const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.6f;
     ImVec2 avail = ImGui::GetContentRegionAvail();

@@ -145,6 +145,7 @@ class OutputView final : public View {
     init_from_capture(s);
     draw_controls(s);
     ImGui::Separator();
+    mark_figure_top();  // figure exports: the results, not the controls above
     const Result& res = s.result(kOutputResult);
     if (!res.error.empty() && res.key == res.want) {
       ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.45f, 0.4f, 1.0f));
@@ -278,7 +279,8 @@ class OutputView final : public View {
  private:
   void init_from_capture(const AppState& s) {
     // Default model and prompt: the open capture's, when its model is bundled; else kjv3M.
-    const std::string capture = s.capture_path;
+    // By the open capture, not its path: a new capture saved under another name is the same one.
+    const std::string capture = std::to_string(s.capture_id);
     if (capture == initialised_for_ && checkpoint_[0] != '\0' && !restored_) return;
     // Choices a session restored (load_state) belong to the capture the session opens: they wait
     // while it loads, then stand instead of its defaults.

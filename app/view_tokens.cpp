@@ -63,7 +63,22 @@ class TokensView final : public View {
       if (s.run(k) && (k == 0 || s.settings.ab_enabled))
         marks[k] = std::make_unique<TokenMarks>(token_marks(*s.run(k)));
 
-    // Header: legend and mode; both wrap on narrow windows.
+    // Header: mode, then the legend (the figure starts there); both wrap on narrow windows.
+    int mode = static_cast<int>(mode_);
+    if (!s.settings.ab_enabled) mode = 0;
+    ImGui::BeginDisabled(!s.settings.ab_enabled);
+    auto radio_w = [&](const char* t) {
+      return ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x +
+             ImGui::CalcTextSize(t).x;
+    };
+    ImGui::RadioButton("A only", &mode, 0);
+    toolbar_next(radio_w("A / B stacked (top A, bottom B)"));
+    ImGui::RadioButton("A / B stacked (top A, bottom B)", &mode, 1);
+    toolbar_next(radio_w("A vs B difference"));
+    ImGui::RadioButton("A vs B difference", &mode, 2);
+    ImGui::EndDisabled();
+    if (s.settings.ab_enabled) mode_ = static_cast<Mode>(mode);
+    mark_figure_top();  // figure exports: legend and strip, not the mode buttons
     const float sw = ImGui::GetTextLineHeight() + 4;  // swatch + gap before its text
     auto swatch_w = [&](const std::string& t) { return sw + ImGui::CalcTextSize(t.c_str()).x; };
     legend_swatch(kColSink, "sink");
@@ -84,20 +99,6 @@ class TokensView final : public View {
     ImGui::SameLine(0, 4);
     ImGui::TextUnformatted("selected query");
 
-    int mode = static_cast<int>(mode_);
-    if (!s.settings.ab_enabled) mode = 0;
-    ImGui::BeginDisabled(!s.settings.ab_enabled);
-    auto radio_w = [&](const char* t) {
-      return ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x +
-             ImGui::CalcTextSize(t).x;
-    };
-    ImGui::RadioButton("A only", &mode, 0);
-    toolbar_next(radio_w("A / B stacked (top A, bottom B)"));
-    ImGui::RadioButton("A / B stacked (top A, bottom B)", &mode, 1);
-    toolbar_next(radio_w("A vs B difference"));
-    ImGui::RadioButton("A vs B difference", &mode, 2);
-    ImGui::EndDisabled();
-    if (s.settings.ab_enabled) mode_ = static_cast<Mode>(mode);
     if (mode == 2) {
       legend_swatch(kColBoth, "kept by both");
       const std::string only_a = "only A: " + s.method_name(0),

@@ -113,6 +113,20 @@ void run_generate_command(const GenerateOptions& o) {
   GenerateSpec spec;
   spec.prompt = o.prompt;
   spec.methods = parse_method_list(o.methods);
+  if (o.methods == "all") {
+    // Methods that need every kv head of a layer at once (compactor, adakv(...)) cannot run on
+    // generate's per-head caches: "all" leaves them out (named, they are refused).
+    std::string left_out;
+    std::erase_if(spec.methods, [&](const Method* m) {
+      if (!m->needs_layer()) return false;
+      left_out += (left_out.empty() ? "" : ", ") + m->name();
+      return true;
+    });
+    if (!left_out.empty())
+      std::fprintf(stderr,
+                   "note: --methods all leaves out %s (they need every kv head of a layer)\n",
+                   left_out.c_str());
+  }
   spec.ratios = parse_ratio_list(o.ratios);
   for (const std::string& p : o.params) {
     const auto dot = p.find('.'), eq = p.find('=');

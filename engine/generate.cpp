@@ -138,6 +138,14 @@ std::string compress_cache(llama2c::Transformer& model, const Method& method, do
       // Each re-compression draws afresh (the golden-ratio step keeps rounds apart).
       in.seed = seed + static_cast<uint64_t>(round) * 0x9E3779B97F4A7C15ull;
       in.params = params;
+      // llama2.c's RoPE (engine/llama2c.cpp), at the entries' own positions.
+      in.rope.layout = RopeInfo::Layout::Interleaved;
+      in.rope.theta = 10000;
+      in.positions = &cur.positions;
+      if (method.needs_layer())
+        throw InputError(method.name() +
+                         ": needs every kv head of the layer at once, which generate does not "
+                         "give (each head's cache is compressed on its own)");
       const Selection sel = method.select(in);
       // The protocol's rules, against the middle of the current cache entries.
       check_selection(sel, in.mid_begin, in.mid_end, in.budget, method, SelectionUnit::CacheEntry);

@@ -64,6 +64,10 @@ struct MethodInput {
   // others (Method::needs_layer). Set by make_method_input (engine/protocol.h); nullptr where a
   // caller builds a MethodInput by hand, and then such methods refuse.
   const LayerData* layer_data = nullptr;
+  // The token position of each row, where rows are not tokens 0..n-1 (a compressed cache being
+  // compressed again, engine/generate.cpp); nullptr: row t is at position t. Methods that undo
+  // RoPE rotate by these positions.
+  const std::vector<int>* positions = nullptr;
 };
 
 // A score-ranking method's ordering of the middle (see Method::ranks_by_score).

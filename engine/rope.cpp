@@ -17,7 +17,8 @@ const char* rope_layout_name(RopeInfo::Layout l) {
   return "unknown";
 }
 
-MatrixD unrotate_rows(const MatrixF& x, int begin, int end, const RopeInfo& rope) {
+MatrixD unrotate_rows(const MatrixF& x, int begin, int end, const RopeInfo& rope,
+                      const std::vector<int>* positions) {
   const int d = static_cast<int>(x.cols()), half = d / 2;
   MatrixD out(end - begin, d);
   std::vector<double> freq(half);
@@ -27,7 +28,7 @@ MatrixD unrotate_rows(const MatrixF& x, int begin, int end, const RopeInfo& rope
     double* dst = out.row(t - begin).data();
     for (int i = 0; i < half; ++i) {
       const int a = rope_first(rope.layout, d, i), b = rope_second(rope.layout, d, i);
-      const double angle = static_cast<double>(t) * freq[i];
+      const double angle = static_cast<double>(positions ? (*positions)[t] : t) * freq[i];
       const double c = std::cos(angle), s = std::sin(angle);
       // Forward: a' = a c - b s, b' = a s + b c; the inverse rotates by -angle.
       dst[a] = src[a] * c + src[b] * s;

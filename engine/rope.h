@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "engine/tensor.h"
 
@@ -31,9 +32,10 @@ inline int rope_second(RopeInfo::Layout layout, int d, int i) {
   return layout == RopeInfo::Layout::Interleaved ? 2 * i + 1 : i + d / 2;
 }
 
-// Rows [begin, end) of `x` (row t at position t) rotated back to before RoPE, in double:
-// x_pre = R(t)^T x, the angles position * theta^(-2i/d) in double. Returns (end - begin) x d.
-// Requires rope.known() and an even d.
-MatrixD unrotate_rows(const MatrixF& x, int begin, int end, const RopeInfo& rope);
+// Rows [begin, end) of `x` rotated back to before RoPE, in double: x_pre = R(p)^T x with p the
+// row's position ((*positions)[t] when given, else t), the angles p * theta^(-2i/d) in double.
+// Returns (end - begin) x d. Requires rope.known() and an even d.
+MatrixD unrotate_rows(const MatrixF& x, int begin, int end, const RopeInfo& rope,
+                      const std::vector<int>* positions = nullptr);
 
 }  // namespace kvscope

@@ -209,6 +209,24 @@ TEST(KvpressRope, MetadataIsReadAndChecked) {
   }
 }
 
+// Rows at explicit positions (generate's compressed caches) rotate by those positions: the
+// identity list gives the same ranking, a shifted one a different one.
+TEST(KvpressRope, ExpectedAttentionUsesRowPositions) {
+  auto file = CaptureFile::open(std::string(KVSCOPE_SOURCE_DIR) +
+                                "/sample_data/kjv3M_beginning.safetensors");
+  const auto layer = file->layer(1);
+  const EvalWindow w = EvalWindow::make(512, 0.25);
+  MethodInput in = make_method_input(*layer, 4, 0, w, ParamValues{}, 0);
+  const Method* ea = find_method("expected-attention");
+  const Ranking plain = ea->rank(in);
+  std::vector<int> positions(512);
+  for (int t = 0; t < 512; ++t) positions[t] = t;
+  in.positions = &positions;
+  EXPECT_EQ(ea->rank(in).order, plain.order);
+  for (int& p : positions) p += 1000;
+  EXPECT_NE(ea->rank(in).scores, plain.scores);
+}
+
 // A capture whose RoPE is unknown is refused by the method that needs it, naming what is missing.
 TEST(KvpressRope, ExpectedAttentionRefusesWithoutRope) {
   auto file = CaptureFile::open(std::string(KVSCOPE_SOURCE_DIR) +

@@ -221,7 +221,7 @@ class Compactor final : public Method {
   // the sketch (Phi = I when `exact`).
   static std::vector<double> leverage(const MatrixF& keys, int begin, int end,
                                       const MethodInput& in, int head, int k, bool exact) {
-    const MatrixD pre = unrotate_rows(keys, begin, end, in.rope);
+    const MatrixD pre = unrotate_rows(keys, begin, end, in.rope, in.positions);
     const MatrixD centred = pre.rowwise() - pre.colwise().mean();
     MatrixD X;
     if (exact) {

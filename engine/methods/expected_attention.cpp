@@ -75,12 +75,14 @@ class ExpectedAttention final : public Method {
                        " tokens, not more than n_sink = " + std::to_string(sink));
     const int count = ctx - sink;
 
-    // R = mean over positions p in [ctx, ctx + future) of RoPE's rotation at p.
+    // R = mean over positions p in [next, next + future) of RoPE's rotation at p, next the
+    // position after the context's last token (ctx when rows are tokens 0..n-1).
+    const int next = (in.positions ? (*in.positions)[ctx - 1] : ctx - 1) + 1;
     MatrixD R = MatrixD::Zero(d, d);
     for (int i = 0; i < d / 2; ++i) {
       const double freq = std::pow(in.rope.theta, -2.0 * i / d);
       double c = 0, s = 0;
-      for (int p = ctx; p < ctx + future; ++p) {
+      for (int p = next; p < next + future; ++p) {
         c += std::cos(p * freq);
         s += std::sin(p * freq);
       }
@@ -94,7 +96,7 @@ class ExpectedAttention final : public Method {
     std::vector<double> mean_probs(count, 0.0);
     for (const MatrixF* Q : in.queries) {
       if (in.cancel && in.cancel->load()) throw Cancelled();
-      const MatrixD q = unrotate_rows(*Q, sink, ctx, in.rope);
+      const MatrixD q = unrotate_rows(*Q, sink, ctx, in.rope, in.positions);
       const Eigen::RowVectorXd mu = q.colwise().mean();
       const Eigen::VectorXd mu_r = R * mu.transpose();
       Eigen::VectorXd logits = K * mu_r / std::sqrt(static_cast<double>(d));

@@ -99,6 +99,7 @@ class RealWindow : public ::testing::Test {
     pid_ = fork();
     if (pid_ == 0) {
       if (chdir(dir_.c_str()) != 0) _exit(127);
+      setenv("KVSCOPE_CONFIG_DIR", dir_.c_str(), 1);  // recent files etc.: not the user's home
       FILE* log = std::fopen("app.log", "w");
       if (log) {
         dup2(fileno(log), 1);

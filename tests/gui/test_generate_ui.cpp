@@ -134,11 +134,18 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
                                ("kvscope_saved_" + std::to_string(::getpid()) + ".safetensors"))
                                   .string();
     fs::remove(saved);
-    save_new_capture(saved);
+    const std::string temp = last_new_capture()->path;
+    EXPECT_EQ(s.temp_captures.count(temp), 1u);
+    save_new_capture(s, saved);
     EXPECT_EQ(CaptureFile::open(saved)->info().tokens, g.text);
-    EXPECT_THROW(save_new_capture(saved), InputError);
-    EXPECT_THROW(save_new_capture(saved + ".npz"), InputError);
-    fs::remove(saved);
+    EXPECT_THROW(save_new_capture(s, saved), InputError);
+    EXPECT_THROW(save_new_capture(s, saved + ".npz"), InputError);
+    // Issue 24, item 7: the saved file is the capture's path from now on (window title, menu
+    // bar, sessions); the temporary file is still the app's, never the saved one.
+    EXPECT_EQ(s.capture_path, saved);
+    EXPECT_EQ(s.to_session()["capture"], saved);
+    EXPECT_EQ(s.temp_captures.count(saved), 0u);
+    EXPECT_TRUE(fs::exists(temp));
 
     // Cancel: a long capture cancelled at once leaves the open capture as it was.
     NewCaptureSettings longer = ok;
@@ -191,6 +198,11 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
         300));
     EXPECT_EQ(fresh_with_other_prompt, 0);
     EXPECT_GT(stale_frames, 0);
+    // Another capture opened: the new capture's temporary file is deleted, the saved one stays.
+    EXPECT_FALSE(fs::exists(temp));
+    EXPECT_TRUE(s.temp_captures.empty());
+    EXPECT_TRUE(fs::exists(saved));
+    fs::remove(saved);
     const nlohmann::json k = view->export_json(s);
     EXPECT_EQ(k["prompt"], s.info()->prompt);
     EXPECT_TRUE(k["fresh"].get<bool>());

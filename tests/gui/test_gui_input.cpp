@@ -171,6 +171,20 @@ TEST_F(RealWindow, IssueTwelveFlow) {
   st = wait_for([](const json& s) { return !s["dialog_open"].get<bool>(); }, kWaitS,
                 "Escape to close the Open dialog");
 
+  step("9b: Escape closes the File menu; F1 opens the Help window and Escape closes it");
+  click(st, "menu:File");
+  st = wait_for([](const json& s) { return s["popups_open"].get<int>() > 0; }, kWaitS,
+                "the File menu to open");
+  key("Escape");
+  st = wait_for([](const json& s) { return s["popups_open"].get<int>() == 0; }, kWaitS,
+                "Escape to close the File menu");
+  key("F1");
+  st = wait_for([](const json& s) { return s["help_open"].get<bool>(); }, kWaitS,
+                "F1 to open the Help window");
+  key("Escape");
+  st = wait_for([](const json& s) { return !s["help_open"].get<bool>(); }, kWaitS,
+                "Escape to close the Help window");
+
   step(
       "10: a broken file typed into the Open dialog (Enter): the error names it, the capture "
       "stays");

@@ -1,0 +1,392 @@
+// Issue 24, items 7 and 8 (part of test_app_unit): a new capture saved under a name becomes that
+// capture; the app's temporary captures are deleted; the Help window (F1) and its shortcuts
+// table; Escape closes menus and lists; File > Open recent; figure exports without toolbars.
+#include <gtest/gtest.h>
+#include <imgui.h>
+#include <imgui_internal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "app/app_frame.h"
+#include "app/app_state.h"
+#include "app/recent_files.h"
+#include "app/soft_render.h"
+#include "app/view.h"
+#include "engine/synth.h"
+
+namespace fs = std::filesystem;
+using namespace kvscope;
+using namespace kvscope::app;
+
+namespace {
+
+constexpr int kEscape = 256, kF1 = 290;  // GLFW key codes (the app's key indices)
+
+template <typename Pred>
+bool pump_until(AppState& s, Pred done, int seconds = 20) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    s.reconcile();
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+fs::path scratch_dir(const std::string& name) {
+  const fs::path d =
+      fs::temp_directory_path() / ("kvscope_polish_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string small_capture(const fs::path& dir, const std::string& name, int n) {
+  const fs::path p = dir / name;
+  SynthSpec spec = synth_preset("small");
+  spec.num_tokens = n;
+  write_synth_capture(p.string(), spec, DType::F16);
+  return p.string();
+}
+
+// One frame of the window with the given keys held (pressed this frame when they were not in
+// the last one), the pointer at `mouse` and the left button as given.
+void frame(AppState& s, AppUi& ui, std::set<int> keys = {}, bool ctrl = false,
+           ImVec2 mouse = ImVec2(-FLT_MAX, -FLT_MAX), bool left = false) {
+  s.worker.drain(s);
+  ImGuiIO& io = ImGui::GetIO();
+  io.DeltaTime = 1.0f / 60.0f;
+  io.KeyMap[ImGuiKey_Escape] = kEscape;
+  for (int k = 0; k < 512; ++k) io.KeysDown[k] = keys.count(k) > 0;
+  io.KeyCtrl = ctrl;
+  io.MousePos = mouse;
+  io.MouseDown[0] = left;
+  ImGui::NewFrame();
+  ui.draw();
+  ImGui::Render();
+}
+
+int open_popups() {
+  return ImGui::GetCurrentContext()->OpenPopupStack.Size;
+}
+
+ImVec2 centre(const AppState& s, const std::string& item) {
+  const auto it = s.ui_items.find(item);
+  if (it == s.ui_items.end()) return ImVec2(-1, -1);
+  const auto& r = it->second;
+  return ImVec2((r[0] + r[2]) / 2, (r[1] + r[3]) / 2);
+}
+
+void click(AppState& s, AppUi& ui, const std::string& item) {
+  const ImVec2 at = centre(s, item);
+  ASSERT_GE(at.x, 0) << item << " was not drawn";
+  frame(s, ui, {}, false, at, false);
+  frame(s, ui, {}, false, at, true);
+  frame(s, ui, {}, false, at, false);
+}
+
+void tap(AppState& s, AppUi& ui, int key, bool ctrl = false) {
+  frame(s, ui, {key}, ctrl);
+  frame(s, ui, {}, false);
+}
+
+// The config folder of these tests: never the user's home.
+struct ConfigDir {
+  fs::path dir;
+  explicit ConfigDir(const std::string& name) : dir(scratch_dir(name)) {
+    ::setenv("KVSCOPE_CONFIG_DIR", dir.c_str(), 1);
+  }
+  ~ConfigDir() {
+    ::unsetenv("KVSCOPE_CONFIG_DIR");
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+}  // namespace
+
+// Item 7: after Save as, the saved file is the capture's path (window title, menu bar, sessions);
+// the temporary file is deleted when another capture opens and when the app ends, never the
+// file the user saved.
+TEST(NewCaptureFiles, SavedNameBecomesTheCapturesPathAndTemporaryFilesGo) {
+  const fs::path dir = scratch_dir("newcapture");
+  const std::string temp = small_capture(dir, "kvscope_new_capture_1.safetensors", 48);
+  const std::string saved = (dir / "mine.safetensors").string();
+  const std::string other = small_capture(dir, "other.safetensors", 40);
+  {
+    AppState s;
+    s.temp_captures.insert(temp);  // what File > New capture does when its run finishes
+    s.request_open(temp);
+    ASSERT_TRUE(pump_until(s, [&] { return s.capture && s.capture_path == temp; })) << s.load_error;
+    const uint64_t id = s.capture_id;
+    fs::copy_file(temp, saved);  // save_new_capture copies, then:
+    s.capture_saved_as(temp, saved);
+    EXPECT_EQ(s.capture_path, saved);
+    EXPECT_EQ(s.capture_id, id) << "the same capture: nothing reloads or recomputes";
+    EXPECT_EQ(s.to_session()["capture"], saved);
+    EXPECT_TRUE(fs::exists(temp)) << "deleted only once the capture is closed";
+    // Another capture opens: the temporary file goes, the saved one stays.
+    s.request_open(other);
+    ASSERT_TRUE(pump_until(s, [&] { return s.capture_path == other; })) << s.load_error;
+    EXPECT_FALSE(fs::exists(temp));
+    EXPECT_TRUE(fs::exists(saved));
+    EXPECT_TRUE(s.temp_captures.empty());
+  }
+  // Never saved, still open when the app quits: deleted with the AppState.
+  const std::string temp2 = small_capture(dir, "kvscope_new_capture_2.safetensors", 48);
+  {
+    AppState s;
+    s.temp_captures.insert(temp2);
+    s.request_open(temp2);
+    ASSERT_TRUE(pump_until(s, [&] { return s.capture_path == temp2; })) << s.load_error;
+    // A failed open keeps the temporary capture open, and its file.
+    s.request_open((dir / "missing.safetensors").string());
+    ASSERT_TRUE(pump_until(s, [&] { return !s.load_error.empty(); }));
+    EXPECT_TRUE(fs::exists(temp2));
+  }
+  EXPECT_FALSE(fs::exists(temp2));
+  EXPECT_TRUE(fs::exists(saved));
+  fs::remove_all(dir);
+}
+
+// Item 8: the Help window opens from F1 and from Help > KVScope help, lists the shortcuts of the
+// table the key handling reads, a paragraph for every view and documents that exist.
+TEST(Help, F1OpensItAndEscapeClosesIt) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    frame(s, ui);
+    EXPECT_FALSE(ui.help_open());
+    tap(s, ui, kF1);
+    EXPECT_TRUE(ui.help_open());
+    frame(s, ui);
+    EXPECT_EQ(s.ui_items.count("help:window"), 1u);
+    tap(s, ui, kEscape);
+    EXPECT_FALSE(ui.help_open());
+    frame(s, ui);
+    EXPECT_EQ(s.ui_items.count("help:window"), 0u);
+    // From the menu.
+    click(s, ui, "menu:Help");
+    ASSERT_GT(open_popups(), 0);
+    click(s, ui, "menu:KVScope help");
+    EXPECT_TRUE(ui.help_open());
+    EXPECT_EQ(open_popups(), 0);
+    // A shortcut of the table works through the same table (Ctrl + is the UI scale).
+    const float scale = ui.ui_scale();
+    tap(s, ui, '=', true);
+    EXPECT_FLOAT_EQ(ui.ui_scale(), scale + 0.25f);
+  }
+  ImGui::DestroyContext();
+}
+
+TEST(Help, TableViewsAndDocuments) {
+  std::set<std::string> labels;
+  std::set<std::pair<bool, int>> bound;
+  for (const Shortcut& sc : shortcuts()) {
+    EXPECT_TRUE(labels.insert(sc.label).second) << sc.label << " listed twice";
+    for (int k : sc.keys) EXPECT_TRUE(bound.insert({sc.ctrl, k}).second) << sc.label;
+    EXPECT_GT(std::string(sc.action).size(), 5u) << sc.label;
+  }
+  for (const char* must : {"Ctrl+O", "Ctrl+S", "Ctrl+E", "F1", "Escape", "F10"})
+    EXPECT_EQ(labels.count(must), 1u) << must;
+  for (const auto& v : make_views())
+    EXPECT_GT(std::string(v->help()).size(), 60u) << v->name() << " has no help paragraph";
+  bool app_md = false;
+  for (const HelpDoc& d : help_docs()) {
+    EXPECT_FALSE(help_doc_file(d).empty()) << d.path << " is not in the repository";
+    app_md |= std::string(d.path) == "docs/app.md";
+  }
+  EXPECT_TRUE(app_md);
+}
+
+// Item 8: Escape closes an open menu (ImGui 1.86 does so only with keyboard navigation on), and
+// still closes the Open dialog.
+TEST(Escape, ClosesMenusAndTheOpenDialog) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    frame(s, ui);
+    click(s, ui, "menu:File");
+    ASSERT_GT(open_popups(), 0) << "the File menu did not open";
+    tap(s, ui, kEscape);
+    EXPECT_EQ(open_popups(), 0) << "Escape left the File menu open";
+    tap(s, ui, 'O', true);  // Ctrl+O: the Open dialog (a modal)
+    frame(s, ui);
+    ASSERT_GT(open_popups(), 0) << "Ctrl+O did not open the dialog";
+    tap(s, ui, kEscape);
+    frame(s, ui);
+    EXPECT_EQ(open_popups(), 0) << "Escape left the Open dialog open";
+  }
+  ImGui::DestroyContext();
+}
+
+// Item 8: File > Open recent, remembered in $KVSCOPE_CONFIG_DIR/recent.json.
+TEST(RecentFiles, KeepsTheLastTenAndIgnoresADamagedFile) {
+  ConfigDir cfg("recent_list");
+  EXPECT_EQ(config_dir(), cfg.dir);
+  RecentFiles r;
+  EXPECT_EQ(r.file(), cfg.dir / "recent.json");
+  EXPECT_EQ(r.load(), "");  // missing: empty, no message
+  EXPECT_TRUE(r.entries().empty());
+  for (int i = 0; i < 12; ++i) {
+    fs::path p = cfg.dir / "c";
+    p += std::to_string(i);
+    p += ".safetensors";
+    EXPECT_EQ(r.add(p.string(), "capture"), "");
+  }
+  r.add((cfg.dir / "c5.safetensors").string(), "capture");  // again: moves to the front
+  r.add((cfg.dir / "s.json").string(), "session");
+  ASSERT_EQ(r.entries().size(), RecentFiles::kMax);
+  EXPECT_EQ(r.entries()[0].path, (cfg.dir / "s.json").string());
+  EXPECT_EQ(r.entries()[0].kind, "session");
+  EXPECT_EQ(r.entries()[1].path, (cfg.dir / "c5.safetensors").string());
+  RecentFiles again;
+  EXPECT_EQ(again.load(), "");
+  EXPECT_EQ(again.entries(), r.entries());
+  // Damaged files are ignored with a message.
+  for (const char* bad : {"{", "[1,2]", R"({"recent": [{"path": 3, "kind": "capture"}]})",
+                          R"({"recent": [{"path": "/x", "kind": "movie"}]})"}) {
+    std::ofstream(r.file()) << bad;
+    RecentFiles d;
+    const std::string why = d.load();
+    EXPECT_NE(why.find("recent.json"), std::string::npos) << bad;
+    EXPECT_NE(why.find("ignored"), std::string::npos) << why;
+    EXPECT_TRUE(d.entries().empty());
+  }
+}
+
+TEST(RecentFiles, TheAppRemembersOpenedCapturesAndSessionsButNotTemporaryOnes) {
+  ConfigDir cfg("recent_app");
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  const std::string cap = small_capture(cfg.dir, "a.safetensors", 40);
+  const std::string temp = small_capture(cfg.dir, "kvscope_new_capture_9.safetensors", 40);
+  std::ofstream(cfg.dir / "recent.json") << "not json";
+  {
+    AppState s;
+    AppUi ui(s);
+    ui.enable_recent_files();
+    EXPECT_NE(s.status_message.find("ignored"), std::string::npos) << s.status_message;
+    ASSERT_NE(ui.recent_files(), nullptr);
+    EXPECT_TRUE(ui.recent_files()->entries().empty());
+    s.request_open(cap);
+    for (int i = 0; i < 2000 && s.capture_path != cap; ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    frame(s, ui);
+    ASSERT_EQ(ui.recent_files()->entries().size(), 1u);
+    EXPECT_EQ(ui.recent_files()->entries()[0].path, cap);
+    s.temp_captures.insert(temp);
+    s.request_open(temp);
+    for (int i = 0; i < 2000 && s.capture_path != temp; ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    frame(s, ui);
+    EXPECT_EQ(ui.recent_files()->entries().size(), 1u) << "a temporary capture was remembered";
+    const std::string session = (cfg.dir / "s.json").string();
+    s.request_open(cap);
+    for (int i = 0; i < 2000 && s.capture_path != cap; ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ui.save_session(session);
+    ui.load_session(session);
+    ASSERT_EQ(ui.recent_files()->entries().size(), 2u);
+    EXPECT_EQ(ui.recent_files()->entries()[0].kind, "session");
+  }
+  RecentFiles r;
+  EXPECT_EQ(r.load(), "");  // the damaged file was replaced by a good one
+  EXPECT_EQ(r.entries().size(), 2u);
+  ImGui::DestroyContext();
+}
+
+// Item 8: figure exports (PNG, SVG, F10) cover the view's figure, not its toolbar. Widgets are
+// found in the frame's draw lists by their fill colours (frames of combos, sliders, fields and
+// checkboxes; buttons): every view but Method (all controls, no figure: exported whole) marks
+// where its figure starts below its toolbar, and no widget of the toolbar is inside the
+// exported rectangle. The Error and Output views keep the pickers that belong to one plot
+// (which layer/head, which query, which run) inside their figure; the others have none.
+namespace {
+
+struct WidgetBoxes {
+  std::vector<ImVec4> boxes;  // x0, y0, x1, y1 of each widget-coloured quad
+};
+
+WidgetBoxes widget_boxes(const ImDrawData* dd) {
+  const ImGuiStyle& st = ImGui::GetStyle();
+  std::set<ImU32> colours;
+  for (ImGuiCol c : {ImGuiCol_FrameBg, ImGuiCol_Button})
+    colours.insert(ImGui::ColorConvertFloat4ToU32(st.Colors[c]));
+  WidgetBoxes out;
+  for (int l = 0; l < dd->CmdListsCount; ++l) {
+    const ImDrawList* list = dd->CmdLists[l];
+    const auto& idx = list->IdxBuffer;
+    const auto& vtx = list->VtxBuffer;
+    for (int i = 0; i + 2 < idx.Size; i += 3) {
+      const ImDrawVert &a = vtx[idx[i]], &b = vtx[idx[i + 1]], &c = vtx[idx[i + 2]];
+      if (!colours.count(a.col) || a.col != b.col || a.col != c.col) continue;
+      out.boxes.push_back(
+          ImVec4(std::min({a.pos.x, b.pos.x, c.pos.x}), std::min({a.pos.y, b.pos.y, c.pos.y}),
+                 std::max({a.pos.x, b.pos.x, c.pos.x}), std::max({a.pos.y, b.pos.y, c.pos.y})));
+    }
+  }
+  return out;
+}
+
+bool inside(const ImVec4& b, const ScreenRect& r) {
+  return b.x >= r.x0 - 0.5f && b.z <= r.x1 + 0.5f && b.y >= r.y0 - 0.5f && b.w <= r.y1 + 0.5f;
+}
+
+}  // namespace
+
+TEST(FigureExport, ToolbarsAreNotInTheExportedRectangle) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    s.request_open(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors");
+    for (int i = 0; i < 3000 && !s.capture; ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(s.capture) << s.load_error;
+    const std::set<std::string> pickers_in_figure = {"error", "output"};
+    for (const auto& v : ui.views()) {
+      const std::string name = v->name();
+      if (name == "method") continue;  // all controls: exported whole (docs/app.md)
+      ui.show_view(name);
+      s.settings.active_view = name;
+      for (int f = 0; f < 3000 && !ui.ready_for_screenshot(name); ++f) {
+        frame(s, ui);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      frame(s, ui);
+      const ScreenRect area = ui.view_area(name), fig = ui.view_rect(name);
+      ASSERT_FALSE(area.empty()) << name;
+      EXPECT_GT(fig.y0, area.y0 + 4) << name << ": the figure export starts at the toolbar";
+      int toolbar = 0, in_figure = 0;
+      for (const ImVec4& b : widget_boxes(ImGui::GetDrawData()).boxes) {
+        if (!inside(b, area)) continue;
+        if (b.w <= fig.y0 + 0.5f)
+          ++toolbar;
+        else if (b.y < fig.y0 - 0.5f)
+          ADD_FAILURE() << name << ": a widget straddles the figure's top edge at y " << fig.y0;
+        else
+          ++in_figure;
+      }
+      EXPECT_GT(toolbar, 0) << name << ": no toolbar found above the figure";
+      if (!pickers_in_figure.count(name))
+        EXPECT_EQ(in_figure, 0) << name << ": widgets inside the exported figure";
+    }
+  }
+  ImGui::DestroyContext();
+}
