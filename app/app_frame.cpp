@@ -239,6 +239,10 @@ void setup_style_and_fonts(float ui_scale) {
   io.Fonts->Build();
 }
 
+float dialog_button_width(const char* widest) {
+  return std::max(px(72), button_width(widest));
+}
+
 float px(float at_scale_1) {
   return at_scale_1 * g_ui_scale;
 }
@@ -835,7 +839,9 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
           if (shown != v.name()) s_.settings.active_view = v.name();
           shown = v.name();
         }  // else: another tab is being brought up; the settings already name it
-        ImGui::BeginChild("##view", ImVec2(0, 0), false);
+        // At a projector's scale a view's toolbars and plots can be wider than its panel: the
+        // view scrolls sideways then, rather than cutting them off or squeezing the plots.
+        ImGui::BeginChild("##view", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
         // Exports cover the view's own area (no tab bar); from its figure top when it has one.
         const ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
         g_figure_top = -1;
@@ -931,7 +937,7 @@ void AppUi::draw_dialogs() {
                          ImGuiInputTextFlags_EnterReturnsTrue | ImGuiInputTextFlags_AutoSelectAll);
     path_buf_ = buf;
     const bool escape = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape), false);
-    if (ImGui::Button("Save", ImVec2(90, 0)) || enter) {
+    if (ImGui::Button("Save", ImVec2(dialog_button_width("Cancel"), 0)) || enter) {
       try {
         View* v = find_view(s_.settings.active_view);
         if (path_action_ == PathAction::ExportPng) {
@@ -958,7 +964,7 @@ void AppUi::draw_dialogs() {
       ImGui::CloseCurrentPopup();
     }
     ImGui::SameLine();
-    if (ImGui::Button("Cancel", ImVec2(90, 0)) || escape) ImGui::CloseCurrentPopup();
+    if (ImGui::Button("Cancel", ImVec2(dialog_button_width("Cancel"), 0)) || escape) ImGui::CloseCurrentPopup();
     ImGui::EndPopup();
   }
 }

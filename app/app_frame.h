@@ -39,6 +39,9 @@ float px(float at_scale_1);
 // take (wrap_width helpers below); stays on the line when it fits, else starts a new one.
 void toolbar_next(float item_width);
 float button_width(const char* label);
+// Dialog buttons of one width that holds `widest` at the current UI scale (fixed pixel widths
+// cut "Open" and "Cancel" to "Ope" and "Can" at 2x).
+float dialog_button_width(const char* widest);
 // A framed widget of width `w` followed by its label.
 float labelled_width(float w, const char* label);
 
@@ -130,6 +133,9 @@ class AppUi {
   // worker idle, nothing left to apply and the view saying it is ready.
   bool ready_for_screenshot(const std::string& view_name);
 
+  // A keyboard command, as its shortcut or menu item runs it (tests open the dialogs so).
+  void run_command(Command c);
+
   // A PNG export the UI asked for this frame; the renderer (GL or software) performs it after
   // the frame is rendered. `rect` empty: whole window.
   struct PngRequest {
@@ -177,7 +183,6 @@ class AppUi {
   void draw_status_bar();
   void draw_dialogs();
   void handle_keys();
-  void run_command(Command c);
   void close_popups_and_menus();
   void draw_help();
   void draw_recent_menu();

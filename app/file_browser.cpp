@@ -1,4 +1,5 @@
 #include "app/file_browser.h"
+#include "app/app_frame.h"
 
 #include <imgui.h>
 
@@ -73,7 +74,11 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
     ImGui::OpenPopup(title_.c_str());
     open_next_ = false;
   }
-  ImGui::SetNextWindowSize(ImVec2(720, 480), ImGuiCond_Appearing);
+  // Scaled with the UI, within the display.
+  const ImVec2 display = ImGui::GetIO().DisplaySize;
+  ImGui::SetNextWindowSize(ImVec2(std::min(px(720), display.x * 0.9f),
+                                  std::min(px(480), display.y * 0.9f)),
+                           ImGuiCond_Appearing);
   bool keep = true;
   if (!ImGui::BeginPopupModal(title_.c_str(), &keep)) {
     visible_ = keep && ImGui::IsPopupOpen(title_.c_str());
@@ -94,7 +99,9 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
   for (const auto& e : exts_) filter += (filter.empty() ? "" : " ") + e;
   ImGui::TextDisabled("showing folders and %s", filter.empty() ? "all files" : filter.c_str());
   float footer = ImGui::GetFrameHeightWithSpacing() * 2 + 4;
-  if (ImGui::BeginChild("##entries", ImVec2(0, -footer), true)) {
+  // Long names scroll sideways rather than run past the list's edge.
+  if (ImGui::BeginChild("##entries", ImVec2(0, -footer), true,
+                        ImGuiWindowFlags_HorizontalScrollbar)) {
     for (int i = 0; i < static_cast<int>(entries_.size()); ++i) {
       const Entry& e = entries_[static_cast<size_t>(i)];
       char label[600];
@@ -134,12 +141,16 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
   const bool enter = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Enter), false) ||
                      ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_KeyPadEnter), false);
   const bool escape = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape), false);
-  ImGui::SetNextItemWidth(-140);
+  // The path field leaves room for the two buttons at any UI scale.
+  const float button_w = dialog_button_width("Cancel");
+  ImGui::SetNextItemWidth(-(2 * button_w + 2 * ImGui::GetStyle().ItemSpacing.x));
   const bool typed_enter =
       ImGui::InputText("##path", path_buf_, sizeof path_buf_, ImGuiInputTextFlags_EnterReturnsTrue);
   record("browser:path");
   ImGui::SameLine();
-  if ((ImGui::Button("Open", ImVec2(60, 0)) || typed_enter) && path_buf_[0]) pick = path_buf_;
+  const bool open_clicked = ImGui::Button("Open", ImVec2(button_w, 0));
+  record("browser:Open");
+  if ((open_clicked || typed_enter) && path_buf_[0]) pick = path_buf_;
   if (activate || (enter && !typing && pick.empty())) {
     if (selected_ >= 0 && selected_ < static_cast<int>(entries_.size())) {
       const Entry& e = entries_[static_cast<size_t>(selected_)];
@@ -149,7 +160,9 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
     }
   }
   ImGui::SameLine();
-  if (ImGui::Button("Cancel", ImVec2(60, 0)) || escape) {
+  const bool cancel_clicked = ImGui::Button("Cancel", ImVec2(button_w, 0));
+  record("browser:Cancel");
+  if (cancel_clicked || escape) {
     visible_ = false;
     ImGui::CloseCurrentPopup();
     ImGui::EndPopup();

@@ -129,7 +129,13 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
   ImVec2 avail = ImGui::GetContentRegionAvail();
   float grid_w = std::max(60.0f, avail.x - label_w - bar_w - 8);
   float cell = grid_w / static_cast<float>(gv.heads);
-  float grid_h = std::min({cell * gv.layers, max_height, std::max(60.0f, avail.y - lh - 8)});
+  // The column labels' row (lh + 2) and the spacing after it (scaled with the UI) come first.
+  const float labels_row = lh + 2 + ImGui::GetStyle().ItemSpacing.y;
+  float grid_h =
+      std::min({cell * gv.layers, max_height, std::max(60.0f, avail.y - labels_row - 1)});
+  // Every row tall enough for its label and its numbers: a tall grid (32 layers, or 2x scale)
+  // makes its panel scroll instead of squeezing rows below a line of text.
+  grid_h = std::max(grid_h, gv.layers * (lh + 2));
   float cell_h = grid_h / static_cast<float>(gv.layers);
   // Column labels.
   ImVec2 o = ImGui::GetCursorScreenPos();

@@ -1,4 +1,5 @@
 #include "app/new_capture_dialog.h"
+#include "app/app_frame.h"
 
 #include <imgui.h>
 #include <unistd.h>
@@ -247,8 +248,12 @@ void draw_new_capture_dialog(AppState& s) {
     d.open_requested = false;
     d.close_requested = false;
   }
-  ImGui::SetNextWindowSize(ImVec2(760, 0), ImGuiCond_Appearing);
+  ImGui::SetNextWindowSize(ImVec2(px(760), 0), ImGuiCond_Appearing);
   if (!ImGui::BeginPopupModal("New capture", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) return;
+  // Text fields 600 px wide at 1x, narrower where the display is (2.5x on a 1600 px screen).
+  const float field_w =
+      std::min(px(600), ImGui::GetIO().DisplaySize.x * 0.9f - labelled_width(0, "checkpoint") -
+                            px(40));
 
   ImGui::TextWrapped(
       "Run a llama2.c model on the CPU and capture every layer's queries, keys and values for "
@@ -258,7 +263,7 @@ void draw_new_capture_dialog(AppState& s) {
   const char* preview = d.model_index >= 0 && d.model_index < static_cast<int>(models.size())
                             ? models[d.model_index].name.c_str()
                             : "(paths below)";
-  ImGui::SetNextItemWidth(240);
+  ImGui::SetNextItemWidth(px(240));
   if (ImGui::BeginCombo("model", preview)) {
     for (size_t i = 0; i < models.size(); ++i)
       if (ImGui::Selectable(models[i].name.c_str(), d.model_index == static_cast<int>(i)))
@@ -266,27 +271,35 @@ void draw_new_capture_dialog(AppState& s) {
     if (ImGui::Selectable("(paths below)", d.model_index < 0)) d.model_index = -1;
     ImGui::EndCombo();
   }
-  if (d.model_index >= 0 && d.model_index < static_cast<int>(models.size())) {
-    ImGui::SameLine();
-    ImGui::TextDisabled("%s", models[d.model_index].summary.c_str());
-  } else if (models.empty()) {
-    ImGui::SameLine();
-    ImGui::TextDisabled("no bundled models found (../shared/models or $KVSCOPE_MODELS)");
+  // Under the combo, wrapped: beside it the summary ran off the dialog at 2.5x.
+  const char* model_note =
+      d.model_index >= 0 && d.model_index < static_cast<int>(models.size())
+          ? models[static_cast<size_t>(d.model_index)].summary.c_str()
+      : models.empty() ? "no bundled models found (../shared/models or $KVSCOPE_MODELS)"
+                       : nullptr;
+  if (model_note) {
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + field_w);
+    ImGui::TextWrapped("%s", model_note);
+    ImGui::PopTextWrapPos();
+    ImGui::PopStyleColor();
   }
-  ImGui::SetNextItemWidth(600);
+  ImGui::SetNextItemWidth(field_w);
   if (ImGui::InputText("checkpoint", d.checkpoint, sizeof d.checkpoint)) d.model_index = -1;
-  ImGui::SetNextItemWidth(600);
+  ImGui::SetNextItemWidth(field_w);
   if (ImGui::InputText("tokenizer", d.tokenizer, sizeof d.tokenizer)) d.model_index = -1;
-  ImGui::InputTextMultiline("prompt", d.prompt, sizeof d.prompt, ImVec2(600, 60));
-  ImGui::SetNextItemWidth(140);
+  // One line, like the Output view's prompt (a multi-line box cut off long lines at its edge).
+  ImGui::SetNextItemWidth(field_w);
+  ImGui::InputText("prompt", d.prompt, sizeof d.prompt);
+  ImGui::SetNextItemWidth(px(140));
   ImGui::InputInt("steps (positions, BOS and prompt included)", &d.steps);
   d.steps = std::clamp(d.steps, 1, 4096);
-  ImGui::SetNextItemWidth(140);
+  ImGui::SetNextItemWidth(px(140));
   ImGui::SliderFloat("temperature (0 = greedy)", &d.temperature, 0.0f, 1.5f, "%.2f");
   if (d.temperature > 0.0f) {
-    ImGui::SetNextItemWidth(140);
+    ImGui::SetNextItemWidth(px(140));
     ImGui::SliderFloat("top-p", &d.topp, 0.05f, 1.0f, "%.2f");
-    ImGui::SetNextItemWidth(140);
+    ImGui::SetNextItemWidth(px(140));
     ImGui::InputInt("seed", &d.seed);
     d.seed = std::max(d.seed, 0);
   }
@@ -298,12 +311,12 @@ void draw_new_capture_dialog(AppState& s) {
       if (j.key != kJobKey) continue;
       char overlay[64];
       std::snprintf(overlay, sizeof overlay, "%d/%d positions", j.done, j.total);
-      ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(400, 0),
+      ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(px(400), 0),
                          j.running ? overlay : "queued");
     }
     ImGui::SameLine();
     if (ImGui::Button("Cancel run")) s.worker.cancel(kJobKey);
-  } else if (ImGui::Button("Run", ImVec2(120, 0))) {
+  } else if (ImGui::Button("Run", ImVec2(dialog_button_width("Close"), 0))) {
     NewCaptureSettings settings;
     settings.checkpoint = d.checkpoint;
     settings.tokenizer = d.tokenizer;
@@ -324,7 +337,7 @@ void draw_new_capture_dialog(AppState& s) {
     ImGui::Separator();
     ImGui::Text("Opened: %d tokens of %s in %.1f s", d.result.tokens, d.result.model.c_str(),
                 d.result.seconds);
-    ImGui::BeginChild("##newcapturetext", ImVec2(720, 110), true);
+    ImGui::BeginChild("##newcapturetext", ImVec2(field_w + px(120), px(110)), true);
     ImGui::TextWrapped("%s", d.result.text.c_str());
     ImGui::EndChild();
     ImGui::SetNextItemWidth(480);
@@ -342,7 +355,7 @@ void draw_new_capture_dialog(AppState& s) {
     if (!d.save_message.empty()) ImGui::TextWrapped("%s", d.save_message.c_str());
   }
   ImGui::Separator();
-  if (ImGui::Button("Close", ImVec2(120, 0)) || d.close_requested) {
+  if (ImGui::Button("Close", ImVec2(dialog_button_width("Close"), 0)) || d.close_requested) {
     d.close_requested = false;
     ImGui::CloseCurrentPopup();
   }

@@ -83,6 +83,11 @@ std::vector<double> log10_labels(double lo, double hi, double px_per_decade, dou
   return out;
 }
 
+ImVec2 min_plot_size() {
+  const float f = ImGui::GetFontSize();
+  return ImVec2(16 * f, 9 * f);
+}
+
 std::string ratio_label(double r) {
   if (r > 0) {
     double inv = 1.0 / r;
@@ -173,8 +178,13 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     }
   }
   ImVec2 avail = ImGui::GetContentRegionAvail();
-  if (size.x <= 0) size.x = std::max(80.0f, avail.x + size.x);
-  if (size.y <= 0) size.y = std::max(60.0f, avail.y + size.y);
+  if (size.x <= 0) size.x = avail.x + size.x;
+  if (size.y <= 0) size.y = avail.y + size.y;
+  // Never smaller than a readable plot at the current UI scale: a panel too small for it
+  // scrolls instead of squeezing the plot to a sliver (issue 24, 2x on a projector).
+  const ImVec2 least = min_plot_size();
+  size.x = std::max(size.x, least.x);
+  size.y = std::max(size.y, least.y);
   ImVec2 o = ImGui::GetCursorScreenPos();
   ImGui::InvisibleButton(id, size);
   hovered_ = ImGui::IsItemHovered();
@@ -315,26 +325,43 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
 void Plot::dashed_line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,
                        float thickness, float dash) const {
   dl_->PushClipRect(p0_, p1_, true);
-  const float on = dash * ImGui::GetFontSize() / 15.0f, period = 2 * on;
-  float phase = 0;  // distance along the polyline, so dashes run on across vertices
+  const double on = dash * ImGui::GetFontSize() / 15.0, period = 2 * on;
+  double phase = 0;  // distance along the polyline, so dashes run on across vertices
   const size_t n = std::min(x.size(), y.size());
   for (size_t i = 1; i < n; ++i) {
     if (!std::isfinite(x[i - 1]) || !std::isfinite(y[i - 1]) || !std::isfinite(x[i]) ||
         !std::isfinite(y[i]))
       continue;
     const ImVec2 a = to_screen(x[i - 1], y[i - 1]), b = to_screen(x[i], y[i]);
-    const float len = std::hypot(b.x - a.x, b.y - a.y);
-    if (len <= 0) continue;
-    float t = 0;
-    while (t < len) {
-      const float in_period = std::fmod(phase + t, period);
-      const float run = in_period < on ? on - in_period : period - in_period;
-      const float t1 = std::min(len, t + run);
+    const double dx = b.x - a.x, dy = b.y - a.y, len = std::hypot(dx, dy);
+    if (!(len > 0) || !std::isfinite(len)) continue;
+    // Only the part inside the plot is dashed (Liang-Barsky): a segment far outside it would
+    // otherwise cost one line per dash over its whole length.
+    double t0 = 0, t1 = 1;
+    const double ps[4] = {-dx, dx, -dy, dy};
+    const double qs[4] = {a.x - p0_.x, p1_.x - a.x, a.y - p0_.y, p1_.y - a.y};
+    for (int k = 0; k < 4 && t0 <= t1; ++k) {
+      if (ps[k] == 0) {
+        if (qs[k] < 0) t1 = -1;  // parallel to this edge and outside it
+        continue;
+      }
+      const double r = qs[k] / ps[k];
+      if (ps[k] < 0)
+        t0 = std::max(t0, r);
+      else
+        t1 = std::min(t1, r);
+    }
+    for (double t = t0 * len; t < t1 * len;) {
+      const double in_period = std::fmod(phase + t, period);
+      const double run = std::max(in_period < on ? on - in_period : period - in_period, 1e-3);
+      const double te = std::min(t1 * len, t + run);
       if (in_period < on)
-        dl_->AddLine(ImVec2(a.x + (b.x - a.x) * t / len, a.y + (b.y - a.y) * t / len),
-                     ImVec2(a.x + (b.x - a.x) * t1 / len, a.y + (b.y - a.y) * t1 / len), col,
-                     thickness);
-      t = t1;
+        dl_->AddLine(ImVec2(static_cast<float>(a.x + dx * t / len),
+                            static_cast<float>(a.y + dy * t / len)),
+                     ImVec2(static_cast<float>(a.x + dx * te / len),
+                            static_cast<float>(a.y + dy * te / len)),
+                     col, thickness);
+      t = te;
     }
     phase += len;
   }
@@ -558,9 +585,13 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
                       colormap(map, (i + 0.5) / static_cast<double>(steps)));
   }
   dl->AddRect(a, b, kColAxisText);
-  for (int k = 0; k <= 4; ++k) {
-    double v = vmin + (vmax - vmin) * k / 4.0;
-    float y = b.y - (b.y - a.y) * static_cast<float>(k) / 4.0f;
+  // Five labels where they fit at least 1.2 lines apart, else three, else the two ends: a short
+  // bar (a 4-layer grid at 2x) had its labels written over each other.
+  const float bar_h = b.y - a.y;
+  const int intervals = bar_h >= 4 * 1.2f * lh ? 4 : bar_h >= 2 * 1.2f * lh ? 2 : 1;
+  for (int k = 0; k <= intervals; ++k) {
+    double v = vmin + (vmax - vmin) * k / intervals;
+    float y = b.y - bar_h * static_cast<float>(k) / static_cast<float>(intervals);
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3g", v);
     dl->AddLine(ImVec2(b.x, y), ImVec2(b.x + 4, y), kColAxisText);

@@ -111,6 +111,10 @@ std::string elide(const std::string& text, float width);
 // pixels apart at `px_per_decade` pixels per factor of ten. Increasing; [lo, hi] when too short.
 std::vector<double> log10_labels(double lo, double hi, double px_per_decade, double min_gap);
 
+// The smallest plot the app draws at the current UI scale (16 x 9 lines of text); panels that
+// cannot hold it scroll. Views size their panels from it.
+ImVec2 min_plot_size();
+
 // Keep-ratio labels: 0.25 -> "1/4", 0.3 -> "0.3".
 std::string ratio_label(double r);
 

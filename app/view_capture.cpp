@@ -73,7 +73,7 @@ class CaptureView final : public View {
       ImGui::PopStyleColor();
     }
     if (ImGui::BeginTable("##info", 2, ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_RowBg)) {
-      ImGui::TableSetupColumn("k", ImGuiTableColumnFlags_WidthFixed, 110);
+      ImGui::TableSetupColumn("k", ImGuiTableColumnFlags_WidthFixed, px(110));
       ImGui::TableSetupColumn("v", ImGuiTableColumnFlags_WidthStretch);
       row("file", std::filesystem::path(ci->path).filename().string() + " (" + ci->file_format +
                       ", " + bytes_text(ci->file_bytes) + ")");

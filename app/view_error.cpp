@@ -126,23 +126,28 @@ class ErrorView final : public View {
       return;
     }
     mark_figure_top();
-    ImVec2 avail = ImGui::GetContentRegionAvail();
-    const float gap = 8;
-    const float w2 = (avail.x - gap) / 2, h2 = (avail.y - gap) / 2;
-    ImGui::BeginChild("##sweep", ImVec2(w2, h2), true);
-    draw_sweep(s);
-    ImGui::EndChild();
-    ImGui::SameLine(0, gap);
-    ImGui::BeginChild("##heat", ImVec2(w2, h2), true);
-    draw_heatmap(s);
-    ImGui::EndChild();
-    ImGui::BeginChild("##position", ImVec2(w2, h2), true);
-    draw_positions(s);
-    ImGui::EndChild();
-    ImGui::SameLine(0, gap);
-    ImGui::BeginChild("##query", ImVec2(w2, h2), true);
-    draw_query(s);
-    ImGui::EndChild();
+    // Four panels, two by two; where two columns of readable plots do not fit (a projector's 2x
+    // scale) one column, and the view scrolls rather than shrinking the plots.
+    const ImVec2 avail = ImGui::GetContentRegionAvail();
+    const float gap = px(8);
+    const ImVec2 least = min_plot_size();
+    const ImVec2 panel_least(least.x + px(40), least.y + 4 * ImGui::GetFrameHeightWithSpacing());
+    const bool two_columns = avail.x >= 2 * panel_least.x + gap;
+    const float w2 = two_columns ? (avail.x - gap) / 2 : avail.x;
+    const float h2 = std::max(panel_least.y, (avail.y - gap) / 2);
+    const struct {
+      const char* id;
+      void (ErrorView::*draw)(AppState&);
+    } panels[] = {{"##sweep", &ErrorView::draw_sweep},
+                  {"##heat", &ErrorView::draw_heatmap},
+                  {"##position", &ErrorView::draw_positions},
+                  {"##query", &ErrorView::draw_query}};
+    for (size_t i = 0; i < std::size(panels); ++i) {
+      if (two_columns && i % 2 == 1) ImGui::SameLine(0, gap);
+      ImGui::BeginChild(panels[i].id, ImVec2(w2, h2), true);
+      (this->*panels[i].draw)(s);
+      ImGui::EndChild();
+    }
   }
 
   nlohmann::json export_json(const AppState& s) const override {
@@ -745,7 +750,8 @@ class ErrorView final : public View {
     }
     const QueryComparison& qc = *s.query_cmp();
     ImVec2 avail = ImGui::GetContentRegionAvail();
-    float top_h = avail.y * 0.55f;
+    // The attention plot over the output plot; each at least a readable plot (the panel scrolls).
+    const float top_h = std::max(avail.y * 0.55f, min_plot_size().y);
     {
       const size_t n = qc.exact_weights.size();
       std::vector<double> x(n);

@@ -199,16 +199,19 @@ class TokensView final : public View {
   void draw_strip(AppState& s, const std::array<std::unique_ptr<TokenMarks>, 2>& marks, Mode mode) {
     const int n = s.num_tokens();
     const CaptureInfo& ci = *s.info();
-    // Token widths are cached per capture (measuring text each frame costs with many tokens).
-    if (cached_path_ != ci.path || static_cast<int>(widths_.size()) != n) {
+    // Token widths are cached per capture and font size (measuring text each frame costs with
+    // many tokens); a UI scale change measures again (issue 24: boxes clipped at 2x).
+    if (cached_path_ != ci.path || static_cast<int>(widths_.size()) != n ||
+        cached_font_px_ != ImGui::GetFontSize()) {
       cached_path_ = ci.path;
+      cached_font_px_ = ImGui::GetFontSize();
       widths_.resize(static_cast<size_t>(n));
       texts_.resize(static_cast<size_t>(n));
       for (int i = 0; i < n; ++i) {
         std::string t = s.token_text(i);
         if (t.empty()) t = std::string("#").append(std::to_string(i));  // GCC 12 -Wrestrict
         texts_[static_cast<size_t>(i)] = t;
-        widths_[static_cast<size_t>(i)] = std::max(8.0f, ImGui::CalcTextSize(t.c_str()).x + 6.0f);
+        widths_[static_cast<size_t>(i)] = std::max(px(8), ImGui::CalcTextSize(t.c_str()).x + px(6));
       }
     }
     ImGui::BeginChild("##strip", ImVec2(0, 0), false);
@@ -311,6 +314,7 @@ class TokensView final : public View {
 
   Mode mode_ = Mode::Stacked;
   std::string cached_path_;
+  float cached_font_px_ = 0;
   std::vector<float> widths_;
   std::vector<std::string> texts_;
 };

@@ -25,6 +25,7 @@
 #include "app/export.h"
 #include "app/headless.h"
 #include "app/layout_check.h"
+#include "app/new_capture_dialog.h"
 #include "app/soft_render.h"
 #include "app/view.h"
 #include "engine/error.h"
@@ -67,7 +68,10 @@ struct LayoutCase {
 // One app state for all sizes (the views' results are computed once); the window size and the
 // UI scale change between cases as they do when the user resizes or zooms.
 TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
-  const LayoutCase cases[] = {{1000, 700, 1.0f}, {2560, 1440, 1.0f}, {2560, 1440, 2.0f}};
+  // The smallest window, and a projector's scales (issue 24) on a laptop's and a 1440p screen.
+  const LayoutCase cases[] = {{1000, 700, 1.0f},  {1600, 1000, 1.5f}, {1600, 1000, 2.0f},
+                              {1600, 1000, 2.5f}, {2560, 1440, 1.0f}, {2560, 1440, 2.0f},
+                              {2560, 1440, 2.5f}};
   soft_init(1000, 700, 1.0f);
   {
     AppState s;
@@ -121,6 +125,63 @@ TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
           ui.find_view(name)->load_state(back);
         }
       }
+      // The dialogs at this size and scale: nothing clipped, and the Open dialog's buttons
+      // hold their labels (fixed pixel widths cut them to "Ope" and "Can" at 2x).
+      auto frames = [&](int n) {
+        for (int f = 0; f < n; ++f) {
+          ImGui::NewFrame();
+          ui.draw();
+          ImGui::Render();
+        }
+      };
+      ui.run_command(Command::OpenCapture);
+      frames(3);
+      {
+        const auto problems = find_clipped_items();
+        std::string text;
+        for (const auto& p : problems) text += "\n  " + p.window + ": " + p.what;
+        EXPECT_TRUE(problems.empty())
+            << "Open dialog at " << c.w << "x" << c.h << " scale " << c.scale << ":" << text;
+        for (const char* b : {"Open", "Cancel"}) {
+          const auto it = s.ui_items.find(std::string("browser:") + b);
+          ASSERT_NE(it, s.ui_items.end()) << b << " button not drawn at scale " << c.scale;
+          const float need =
+              ImGui::CalcTextSize(b).x + 2 * ImGui::GetStyle().FramePadding.x - 0.5f;
+          EXPECT_GE(it->second[2] - it->second[0], need)
+              << "the " << b << " button cuts its label at " << c.w << "x" << c.h << " scale "
+              << c.scale;
+        }
+      }
+      {  // Cancel closes it, clicked as a user does
+        const auto& r = s.ui_items["browser:Cancel"];
+        ImGuiIO& io = ImGui::GetIO();
+        io.MousePos = ImVec2((r[0] + r[2]) / 2, (r[1] + r[3]) / 2);
+        frames(1);
+        io.MouseDown[0] = true;
+        frames(1);
+        io.MouseDown[0] = false;
+        frames(2);
+        EXPECT_EQ(s.ui_items.count("browser:Cancel"), 0u) << "the Open dialog did not close";
+      }
+      open_new_capture_dialog();
+      frames(3);
+      {
+        const auto problems = find_clipped_items();
+        std::string text;
+        for (const auto& p : problems) text += "\n  " + p.window + ": " + p.what;
+        EXPECT_TRUE(problems.empty())
+            << "New capture dialog at " << c.w << "x" << c.h << " scale " << c.scale << ":" << text;
+        if (!problems.empty()) {
+          std::vector<uint8_t> px;
+          soft_render(ImGui::GetDrawData(), font, c.w, c.h, px, IM_COL32(23, 25, 28, 255));
+          char file[128];
+          std::snprintf(file, sizeof file, "layout_newcapture_%dx%d_s%.0f.png", c.w, c.h,
+                        c.scale * 100);
+          write_png((out_dir() / file).string(), px, c.w, c.h, false);
+        }
+      }
+      close_new_capture_dialog();
+      frames(2);
     }
   }
   ImGui::DestroyContext();
