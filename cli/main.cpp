@@ -26,6 +26,10 @@ int main(int argc, char** argv) {
     kvscope::cli::check_stdout();  // exit 0 only when the printed output arrived
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const kvscope::SettingError& e) {
+    // The engine names the setting in words (for the app); here it is the flag.
+    std::fprintf(stderr, "kvscope-cli: error: %s\n", printable(e.cli_message(), true).c_str());
+    return 1;
   } catch (const kvscope::InputError& e) {
     std::fprintf(stderr, "kvscope-cli: error: %s\n", printable(e.what(), true).c_str());
     return 1;

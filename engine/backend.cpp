@@ -46,15 +46,16 @@ bool cuda_available(std::string* why) {
 Backend& select_backend(const std::string& which) {
   if (which == "cpu") return cpu_backend();
   if (which != "cuda" && which != "auto")
-    throw InputError("--backend: '" + which + "' is not one of cpu, cuda, auto");
+    throw SettingError("backend", "--backend", "'" + which + "' is not one of cpu, cuda, auto");
 #ifdef KVSCOPE_HAVE_CUDA
   std::string why;
   if (Backend* gpu = cuda_backend_instance(&why)) return *gpu;
-  if (which == "cuda") throw InputError("--backend cuda: no CUDA device: " + why);
+  if (which == "cuda") throw SettingError("backend", "--backend", "cuda: no CUDA device: " + why);
 #else
   if (which == "cuda")
-    throw InputError(
-        "--backend cuda: no CUDA kernels in this build (nvcc was not found at configure time)");
+    throw SettingError(
+        "backend", "--backend",
+        "cuda: no CUDA kernels in this build (nvcc was not found at configure time)");
 #endif
   return cpu_backend();
 }

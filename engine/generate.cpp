@@ -249,58 +249,70 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
 
   // ---- the spec, checked before any work
   if (tokenizer.vocab_size() != c.vocab_size)
-    throw InputError("--tokenizer has " + std::to_string(tokenizer.vocab_size()) +
-                     " tokens but the model's vocab_size is " + std::to_string(c.vocab_size));
-  if (spec.methods.empty()) throw InputError("--methods: no method given");
-  if (spec.ratios.empty()) throw InputError("--ratios: no ratio given");
+    throw SettingError("tokenizer", "--tokenizer",
+                       "has " + std::to_string(tokenizer.vocab_size()) +
+                           " tokens but the model's vocab_size is " + std::to_string(c.vocab_size));
+  if (spec.methods.empty()) throw SettingError("methods", "--methods", "no method given");
+  if (spec.ratios.empty()) throw SettingError("ratios", "--ratios", "no ratio given");
   for (double r : spec.ratios)
     if (!(r > 0 && r <= 1))
-      throw InputError("--ratios: keep ratio " + fmt(r) + " is not in (0, 1]");
+      throw SettingError("ratios", "--ratios", "keep ratio " + fmt(r) + " is not in (0, 1]");
   for (const Method* m : spec.methods) {
     auto it = spec.params.find(m->name());
     if (it != spec.params.end()) validate_method_params(*m, it->second);
   }
-  if (spec.steps < 1) throw InputError("--steps must be at least 1");
-  if (spec.recompress_every < 0) throw InputError("--recompress-every must be >= 0");
+  if (spec.steps < 1) throw SettingError("steps", "--steps", "must be at least 1");
+  if (spec.recompress_every < 0)
+    throw SettingError("re-compression", "--recompress-every", "must be >= 0");
   const std::vector<int> prompt = tokenizer.encode(spec.prompt, /*bos=*/true, /*eos=*/false);
   rep.prompt_tokens = static_cast<int>(prompt.size());
   if (spec.compress_at == 0) spec.compress_at = rep.prompt_tokens;
   const int N = spec.compress_at;
   if (N < rep.prompt_tokens)
-    throw InputError("--compress-at " + std::to_string(N) + " is inside the prompt (" +
-                     std::to_string(rep.prompt_tokens) +
-                     " tokens with BOS): compress at or after its end");
-  if (static_cast<long long>(N) + spec.steps > c.seq_len)
-    throw InputError((spec_in.compress_at == 0
-                          ? "--prompt is " + std::to_string(N) +
-                                " tokens with BOS (compressed at its end); with --steps " +
-                                std::to_string(spec.steps) + ", "
-                          : "--compress-at " + std::to_string(N) + " + --steps " +
-                                std::to_string(spec.steps) + " = ") +
-                     std::to_string(static_cast<long long>(N) + spec.steps) +
-                     " positions exceed the model's context seq_len " + std::to_string(c.seq_len));
+    throw SettingError("compress at", "--compress-at",
+                       std::to_string(N) + " is inside the prompt (" +
+                           std::to_string(rep.prompt_tokens) +
+                           " tokens with BOS): compress at or after its end");
+  if (static_cast<long long>(N) + spec.steps > c.seq_len) {
+    const std::string total = std::to_string(static_cast<long long>(N) + spec.steps) +
+                              " positions exceed the model's context seq_len " +
+                              std::to_string(c.seq_len);
+    if (spec_in.compress_at == 0)
+      throw SettingError("prompt", "--prompt",
+                         std::to_string(N) + " tokens with BOS (compressed at its end); with " +
+                             std::to_string(spec.steps) + " steps, " + total);
+    throw SettingError(
+        "compress at", "--compress-at",
+        std::to_string(N) + " + " + std::to_string(spec.steps) + " steps = " + total);
+  }
   // The window in generate's own terms (EvalWindow::make would name eval's flags): s sinks and
   // the W most recent of the N cached positions are kept.
   const int sink = spec.sink >= 0 ? spec.sink : std::min(256, N / 32);
   const int recent = spec.window >= 0 ? spec.window : std::min(256, N / 8);
-  if (recent < 1)
-    throw InputError(spec.window >= 0
-                         ? "--window " + std::to_string(spec.window) +
-                               ": must be at least 1 (the newest position is always kept)"
-                         : "--compress-at " + std::to_string(N) +
-                               ": the default window W = floor(N/8) is 0 positions; compress at " +
-                               "8 or more positions (a longer --prompt or --compress-at) or " +
-                               "pass --window");
+  if (recent < 1) {
+    if (spec.window >= 0)
+      throw SettingError(
+          "window", "--window",
+          std::to_string(spec.window) + " must be at least 1 (the newest position is always kept)");
+    throw SettingError(
+        "compress at", "--compress-at",
+        "the default window W = floor(N/8) is 0 positions at N = " + std::to_string(N) +
+            "; compress at 8 or more positions (a longer prompt or a later "
+            "compression) or set the window");
+  }
   if (static_cast<long long>(sink) + recent > N)
-    throw InputError("--sink/--window: s + W = " + std::to_string(sink) + " + " +
-                     std::to_string(recent) + " exceeds the " + std::to_string(N) +
-                     " positions cached at compression (--compress-at)");
+    throw SettingError("sink/window", "--sink/--window",
+                       "s + W = " + std::to_string(sink) + " + " + std::to_string(recent) +
+                           " exceeds the " + std::to_string(N) +
+                           " positions cached at compression (compress at)");
   const EvalWindow w = EvalWindow::make(N, spec.ratios[0], sink, recent);
   rep.sink = w.sink;
   rep.window = w.eval;
   if (w.n_mid < 1)
-    throw InputError("--compress-at " + std::to_string(N) + ": no middle left to compress (s = " +
-                     std::to_string(w.sink) + " sinks + window " + std::to_string(w.eval) + ")");
+    throw SettingError("compress at", "--compress-at",
+                       "no middle left to compress at " + std::to_string(N) +
+                           " (s = " + std::to_string(w.sink) + " sinks + window " +
+                           std::to_string(w.eval) + ")");
 
   std::vector<int> cont_seq;
   if (spec.has_continuation) {
@@ -310,16 +322,17 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
     if (static_cast<int>(cont_seq.size()) > c.seq_len) {
       cont_seq.resize(c.seq_len);
       rep.continuation_truncated = true;
-      rep.notes.push_back("--continuation truncated to the model's context of " +
+      rep.notes.push_back("the continuation is truncated to the model's context of " +
                           std::to_string(c.seq_len) + " positions");
     }
     rep.continuation_tokens = cont_seq;
     rep.scored_from = N + 1;
     rep.scored_tokens = static_cast<int>(cont_seq.size()) - rep.scored_from;
     if (rep.scored_tokens < 1)
-      throw InputError("--continuation: prompt and continuation make " +
-                       std::to_string(cont_seq.size()) + " tokens; scoring after compression at " +
-                       std::to_string(N) + " needs at least " + std::to_string(N + 2));
+      throw SettingError("continuation", "--continuation",
+                         "prompt and continuation make " + std::to_string(cont_seq.size()) +
+                             " tokens; scoring after compression at " + std::to_string(N) +
+                             " needs at least " + std::to_string(N + 2));
   }
 
   // ---- progress over forward passes

@@ -655,23 +655,27 @@ Generation generate(Transformer& model, const Tokenizer& tokenizer, const std::s
                     const GenerateOptions& options) {
   const Config& c = model.config();
   if (tokenizer.vocab_size() != c.vocab_size) {
-    throw InputError("--tokenizer has " + std::to_string(tokenizer.vocab_size()) +
-                     " tokens but the model's vocab_size is " + std::to_string(c.vocab_size));
+    throw SettingError("tokenizer", "--tokenizer",
+                       "has " + std::to_string(tokenizer.vocab_size()) +
+                           " tokens but the model's vocab_size is " + std::to_string(c.vocab_size));
   }
   if (options.steps < 1 || options.steps > c.seq_len) {
-    throw InputError("--steps " + std::to_string(options.steps) + ": must be in [1, " +
-                     std::to_string(c.seq_len) + "] (the model's context seq_len)");
+    throw SettingError("steps", "--steps",
+                       std::to_string(options.steps) + " is not in [1, " +
+                           std::to_string(c.seq_len) + "] (the model's context seq_len)");
   }
   if (!(options.temperature >= 0.0f) || !std::isfinite(options.temperature)) {
-    throw InputError("--temperature must be a finite number >= 0");
+    throw SettingError("temperature", "--temperature", "must be a finite number >= 0");
   }
   if (!(options.topp > 0.0f && options.topp <= 1.0f)) {
-    throw InputError("--topp must be in (0, 1]");
+    throw SettingError("top-p", "--topp", "must be in (0, 1]");
   }
   const std::vector<int> prompt_tokens = tokenizer.encode(prompt, /*bos=*/true, /*eos=*/false);
   if (static_cast<int>(prompt_tokens.size()) > options.steps) {
-    throw InputError("--prompt is " + std::to_string(prompt_tokens.size()) +
-                     " tokens (BOS included), more than --steps " + std::to_string(options.steps));
+    throw SettingError("prompt", "--prompt",
+                       std::to_string(prompt_tokens.size()) +
+                           " tokens (BOS included), more than the " +
+                           std::to_string(options.steps) + " steps");
   }
 
   Generation g;

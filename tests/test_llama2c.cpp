@@ -252,10 +252,12 @@ TEST(Llama2cModel, RejectsStepsBeyondContextAndPromptLongerThanSteps) {
   llama2c::Tokenizer tokenizer(kTokenizerPath, model.config().vocab_size);
   llama2c::GenerateOptions options;
   options.steps = 513;
-  expect_input_error([&] { llama2c::generate(model, tokenizer, "", options); }, "--steps", "512");
+  // The setting in words (the New capture dialog shows it); the CLI prints the flag.
+  expect_input_error([&] { llama2c::generate(model, tokenizer, "", options); }, "steps: 513",
+                     "[1, 512]");
   options.steps = 3;
   expect_input_error([&] { llama2c::generate(model, tokenizer, "Once upon a time", options); },
-                     "--prompt", "more than --steps 3");
+                     "prompt: ", "more than the 3 steps");
   EXPECT_THROW(model.forward(512, 0), InputError);  // token out of vocab
 }
 

@@ -236,13 +236,13 @@ def generate_cases(case, r, models):
             (["--steps", "-1"], r"--steps -1: must be between 1 and 1048576"),
             (["--steps", "99999999999"], r"--steps 99999999999: must be between 1 and 1048576"),
             (["--compress-at", "-1"], r"--compress-at -1: must be between 0 and 1048576"),
-            (["--compress-at", "5000"], r"--compress-at 5000 \+ --steps 4 = 5004 positions exceed "
+            (["--compress-at", "5000"], r"--compress-at: 5000 \+ 4 steps = 5004 positions exceed "
                                         r"the model's context seq_len 512"),
-            (["--compress-at", "3"], r"--compress-at 3 is inside the prompt"),
+            (["--compress-at", "3"], r"--compress-at: 3 is inside the prompt"),
             (["--recompress-every", "-1"], r"--recompress-every -1: must be between 0 and 1048576"),
             (["--sink", "-5"], r"--sink -5: must be between -1 and 1048576"),
             (["--sink", "400"], r"--sink/--window: s \+ W = 400 \+ \d+ exceeds the \d+ positions cached"),
-            (["--window", "0"], r"--window 0: must be at least 1"),
+            (["--window", "0"], r"--window: 0 must be at least 1"),
             (["--window", "-2"], r"--window -2: must be between -1 and 1048576"),
             (["--window", "400"], r"--sink/--window: s \+ W = \d+ \+ 400 exceeds"),
             (["--sink", "6", "--window", "6", "--compress-at", "12"], r"no middle left to compress"),
@@ -277,9 +277,9 @@ def generate_cases(case, r, models):
     # prompts: too short for a window, longer than the context (no hang: the BPE merges were
     # O(n^2)), not UTF-8, terminal escapes
     case("generate: 2-token prompt (default window 0)", base + ["--prompt", "Once"],
-         pattern=r"--compress-at 2: the default window W = floor\(N/8\) is 0 positions")
+         pattern=r"--compress-at: the default window W = floor\(N/8\) is 0 positions at N = 2")
     case("generate: 120 KB prompt (no hang)", base + ["--prompt", "ab " * 40000],
-         pattern=r"--prompt is \d+ tokens with BOS .* positions exceed the model's context seq_len 512")
+         pattern=r"--prompt: \d+ tokens with BOS .* positions exceed the model's context seq_len 512")
     case("generate: non-UTF-8 prompt and --json path", base + ["--prompt", b"Once upon a \xff\xfe time there was",
          "--json", b"gen\xff.json"], rc=0,
          check=lambda out: None if json.load(open(b"gen\xff.json"))["format"] == "kvscope-generate/1"
@@ -301,7 +301,7 @@ def generate_cases(case, r, models):
          pattern=r"2097152 bytes, more than the 1 MiB limit")
     write("cont_1mb.txt", b" and then they played together." * 33000)
     case("generate --continuation of 1 MiB (truncated, no hang)", gen + ["--continuation", "cont_1mb.txt"],
-         rc=0, pattern=r"note: --continuation truncated to the model's context of 512 positions")
+         rc=0, pattern=r"note: the continuation is truncated to the model's context of 512 positions")
     write("cont_bad_utf8.txt", b" she \xff\xfe saw a \xc3 dog")
     case("generate --continuation not UTF-8", gen + ["--continuation", "cont_bad_utf8.txt"], rc=0,
          pattern=r"continuation: \d+ tokens scored")
