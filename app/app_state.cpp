@@ -58,6 +58,25 @@ std::string params_text(const ParamValues& p) {
 
 }  // namespace
 
+std::string method_label(const std::string& name, const ParamValues& params) {
+  const Method* m = find_method(name);
+  std::string out;
+  if (m)
+    for (const ParamSpec& p : m->params()) {
+      auto it = params.find(p.name);
+      if (it == params.end() || it->second == p.default_value) continue;
+      char buf[96];
+      if (p.type == ParamSpec::Type::Choice && it->second >= 0 &&
+          it->second < static_cast<double>(p.choices.size()))
+        std::snprintf(buf, sizeof buf, "%s %s", p.name.c_str(),
+                      p.choices[static_cast<size_t>(it->second)].c_str());
+      else
+        std::snprintf(buf, sizeof buf, "%s %g", p.name.c_str(), it->second);
+      out += (out.empty() ? "" : ", ") + std::string(buf);
+    }
+  return out.empty() ? name : name + " (" + out + ")";
+}
+
 // ---------------------------------------------------------------- window fitting
 
 EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_override,

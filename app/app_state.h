@@ -312,6 +312,10 @@ struct AppState {
 EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_override,
                       std::string* note = nullptr);
 
+// A method's name with its non-default parameters, for captions and legends: "balancekv (gamma
+// 2, temp 0.1)"; the bare name when every parameter is at its default (or the method is unknown).
+std::string method_label(const std::string& name, const ParamValues& params);
+
 // Where the bundled sample capture is (relative to the executable, then the source tree).
 std::string default_capture_path(const char* argv0);
 

@@ -68,8 +68,10 @@ GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
   gv.map = Colormap::Viridis;
   fill_from_report(gv, rep, method, ratio);
   char buf[256];
+  const auto pit = rep.spec.params.find(method);
+  const std::string label = method_label(method, pit == rep.spec.params.end() ? ParamValues{} : pit->second);
   std::snprintf(buf, sizeof buf, "%s at keep ratio %s (sweep): relative error, mean of %d seed%s",
-                method.c_str(), ratio_label(ratio).c_str(), rep.spec.seeds,
+                label.c_str(), ratio_label(ratio).c_str(), rep.spec.seeds,
                 rep.spec.seeds == 1 ? "" : "s");
   gv.caption = buf;
   finish_range(gv);
@@ -107,8 +109,15 @@ GridValues grid_values(const AppState& s, GridMetric metric) {
     } else {
       const HeadEval* first = grid->results.empty() ? nullptr : &grid->results.front();
       char buf[256];
+      // The method as the grid computed it, non-default parameters named.
+      std::string label = "?";
+      if (first) {
+        const auto pit = grid->spec.params.find(first->method);
+        label = method_label(first->method,
+                             pit == grid->spec.params.end() ? ParamValues{} : pit->second);
+      }
       std::snprintf(buf, sizeof buf, "%s at keep ratio %s: relative error, mean of %d seed%s%s",
-                    first ? first->method.c_str() : "?",
+                    label.c_str(),
                     ratio_label(first ? first->ratio : s.settings.keep_ratio).c_str(),
                     grid->spec.seeds, grid->spec.seeds == 1 ? "" : "s",
                     r.stale() ? " [stale: earlier settings]" : "");

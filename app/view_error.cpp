@@ -598,6 +598,9 @@ class ErrorView final : public View {
     if (stale) title += "  [STALE: earlier settings]";
     Plot plot("##sweepplot", ImVec2(0, 0), title, xa, ya);
     std::vector<Plot::LegendEntry> legend;
+    // Legends name the parameters the sweep ran with (its own record, not the settings now).
+    const std::map<std::string, ParamValues> sweep_params =
+        s.sweep() ? s.sweep()->spec.params : std::map<std::string, ParamValues>{};
     for (const Series& sr : series) {
       ImU32 c = method_colour(method_index(sr.method));
       plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
@@ -607,7 +610,9 @@ class ErrorView final : public View {
       if (stale) c = with_alpha(c, 0.4f);
       plot.line(sr.x, sr.y, c, 2.0f);
       plot.markers(sr.x, sr.y, c, 3.5f);
-      legend.push_back({sr.method, c});
+      const auto pit = sweep_params.find(sr.method);
+      legend.push_back(
+          {method_label(sr.method, pit == sweep_params.end() ? ParamValues{} : pit->second), c});
     }
     // Errors are largest at small ratios (top left): the legend goes bottom left.
     plot.legend(legend, Plot::Corner::BottomLeft);
@@ -695,7 +700,10 @@ class ErrorView final : public View {
     for (int k = 0; k < 2; ++k) {
       if (xs[k].empty()) continue;
       plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
-      legend.push_back({std::string(k == 0 ? "A " : "B ") + s.method_name(k), kColSlot[k]});
+      legend.push_back({std::string(k == 0 ? "A " : "B ") +
+                            method_label(s.method_name(k),
+                                         s.settings.method[static_cast<size_t>(k)].params),
+                        kColSlot[k]});
     }
     int q = s.effective_query();
     plot.vline(q, kColQuery, 1.5f);

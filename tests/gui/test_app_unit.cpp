@@ -867,6 +867,16 @@ TEST(WalkAdvice, ARemedyAlwaysChangesTheSettings) {
   EXPECT_EQ(saturation_remedy(*find_method("uniform"), {}), -1);
 }
 
+// Issue 24, item 8: captions and legends name non-default parameters.
+TEST(Plot, MethodLabelsNameNonDefaultParameters) {
+  EXPECT_EQ(method_label("balancekv", {}), "balancekv");
+  const ParamSpec first = find_method("balancekv")->params().front();  // params() is a copy
+  EXPECT_EQ(method_label("balancekv", {{first.name, first.default_value}}), "balancekv");
+  EXPECT_EQ(method_label("balancekv", {{"gamma", 2}, {"temp", 0.1}}),
+            "balancekv (gamma 2, temp 0.1)");
+  EXPECT_EQ(method_label("no-such-method", {{"x", 1}}), "no-such-method");
+}
+
 TEST(Plot, RatioLabels) {
   EXPECT_EQ(ratio_label(0.25), "1/4");
   EXPECT_EQ(ratio_label(1.0), "1");
