@@ -971,7 +971,9 @@ void AppUi::draw_dialogs() {
 
 void AppUi::draw_recent_menu() {
   const bool any = recent_ && !recent_->entries().empty();
-  if (!ImGui::BeginMenu("Open recent", any)) return;
+  const bool open = ImGui::BeginMenu("Open recent", any);
+  record_item(s_, "menu:Open recent");
+  if (!open) return;
   std::optional<RecentEntry> pick;
   int i = 0;
   for (const RecentEntry& e : recent_->entries()) {
@@ -982,6 +984,7 @@ void AppUi::draw_recent_menu() {
     ImGui::PushID(i++);
     // A file that is gone stays listed, disabled, so the list does not jump around.
     if (ImGui::MenuItem(label.c_str(), p.parent_path().string().c_str(), false, there)) pick = e;
+    record_item(s_, "recent:" + e.path);
     if (!there && ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled))
       ImGui::SetTooltip("%s is not there any more", e.path.c_str());
     ImGui::PopID();

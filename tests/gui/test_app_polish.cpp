@@ -390,3 +390,46 @@ TEST(FigureExport, ToolbarsAreNotInTheExportedRectangle) {
   }
   ImGui::DestroyContext();
 }
+
+// File > Open recent opens a remembered capture; an entry whose file is gone is listed but
+// disabled (a click on it does nothing).
+TEST(RecentFiles, TheMenuOpensAnEntryAndAVanishedOneIsDisabled) {
+  ConfigDir cfg("recent_menu");
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  const std::string cap = small_capture(cfg.dir, "a.safetensors", 40);
+  const std::string gone = (cfg.dir / "gone.safetensors").string();
+  {
+    RecentFiles r;
+    r.add(gone, "capture");
+    r.add(cap, "capture");
+  }
+  {
+    AppState s;
+    AppUi ui(s);
+    ui.enable_recent_files();
+    ASSERT_EQ(ui.recent_files()->entries().size(), 2u);
+    auto open_submenu = [&] {
+      frame(s, ui);
+      click(s, ui, "menu:File");
+      const ImVec2 at = centre(s, "menu:Open recent");
+      ASSERT_GE(at.x, 0) << "File > Open recent was not drawn";
+      for (int f = 0; f < 4; ++f) frame(s, ui, {}, false, at);
+    };
+    open_submenu();
+    ASSERT_EQ(s.ui_items.count("recent:" + gone), 1u) << "the vanished file is not listed";
+    click(s, ui, "recent:" + gone);
+    for (int f = 0; f < 20; ++f) frame(s, ui);
+    EXPECT_EQ(s.loading_path, "");
+    EXPECT_EQ(s.load_error, "") << "the vanished entry was clickable";
+    EXPECT_FALSE(s.capture) << "a vanished entry opened something";
+    if (open_popups() == 0) open_submenu();
+    ASSERT_EQ(s.ui_items.count("recent:" + cap), 1u);
+    click(s, ui, "recent:" + cap);
+    for (int i = 0; i < 2000 && s.capture_path != cap; ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_EQ(s.capture_path, cap) << s.load_error;
+  }
+  ImGui::DestroyContext();
+}
