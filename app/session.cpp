@@ -50,12 +50,8 @@ ParamValues read_params(const JsonField& f, const Method* m) {
     const double x = v.json().is_boolean() ? (v.boolean() ? 1.0 : 0.0) : v.number();
     if (m) try {
         validate_method_params(*m, {{name, x}});
-      } catch (const InputError& e) {
-        // "--param balancekv.gamma: 99 is outside [0, 10]": the field path already says which.
-        std::string why = e.what();
-        const size_t colon = why.find(": ");
-        if (why.rfind("--param ", 0) == 0 && colon != std::string::npos) why.erase(0, colon + 2);
-        v.fail(why);
+      } catch (const SettingError& e) {
+        v.fail(e.detail());  // "99 is outside [0, 10]": the field path already says which
       }
     pv[name] = x;
   }

@@ -379,7 +379,8 @@ TEST(Generate, BadSpecsNameTheSetting) {
   EXPECT_EQ(cli.rfind("--sink/--window: s + W", 0), 0u) << cli;
   s = ok;
   s.params["uniform"]["nope"] = 1;
-  EXPECT_NE(message(s).find("--param uniform.nope"), std::string::npos) << message(s);
+  EXPECT_NE(message(s).find("uniform.nope: unknown parameter"), std::string::npos) << message(s);
+  EXPECT_EQ(cli.rfind("--param uniform.nope: ", 0), 0u) << cli;
 }
 
 // The CLI end to end: the JSON has the fields docs/generate.md lists.

@@ -389,7 +389,7 @@ TEST(RunEval, BadSpecNamesTheFlag) {
   expect_flag(s, "--ratios");
   s = simple_spec(1);
   s.params["uniform"]["gamma"] = 1;
-  expect_flag(s, "--param uniform.gamma");
+  expect_flag(s, "uniform.gamma: unknown parameter");  // the CLI: "--param uniform.gamma: ..."
   s = simple_spec(1);
   s.params["balancekv"]["gamma"] = 1;
   expect_flag(s, "--param balancekv");
@@ -461,9 +461,10 @@ TEST(Params, ValidatedAgainstSpec) {
   EXPECT_THROW(validate_method_params(m, {{"blocks", 64}}), InputError);
   try {
     validate_method_params(m, {{"gamma", -1}});
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--param tunable.gamma"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("[0, 10]"), std::string::npos);
+  } catch (const SettingError& e) {
+    // The setting for the app, the flag for the CLI.
+    EXPECT_EQ(std::string(e.what()), "tunable.gamma: -1 is outside [0, 10]");
+    EXPECT_EQ(e.cli_message(), "--param tunable.gamma: -1 is outside [0, 10]");
   }
 }
 
