@@ -45,23 +45,6 @@ constexpr int GLFW_KEY_KP_ADD_CODE = 334;
 float g_ui_scale = 1.0f;
 float g_figure_top = -1.0f;  // set by mark_figure_top() while a view draws
 
-// A clear empty panel for a view whose source file has not been written yet.
-class PendingView final : public View {
- public:
-  PendingView(const char* name, const char* title, const char* what)
-      : name_(name), title_(title), what_(what) {}
-  const char* name() const override { return name_; }
-  const char* title() const override { return title_; }
-  const char* help() const override { return what_; }
-  void draw(AppState&) override {
-    ImGui::TextDisabled("The %s view is not part of this build yet.", title_);
-    ImGui::TextWrapped("%s", what_);
-  }
-
- private:
-  const char *name_, *title_, *what_;
-};
-
 std::string human_bytes(long long b) {
   char buf[64];
   if (b >= (1LL << 30))
@@ -170,32 +153,30 @@ bool open_with_xdg(const std::string& xdg, const std::string& file) {
 }  // namespace
 
 std::vector<std::unique_ptr<View>> make_views() {
+  // The one list of views: tabs, --view, render, the help window, sessions and the tests all
+  // come from it (view_names()).
   std::vector<std::unique_ptr<View>> v;
   v.push_back(make_capture_view());
   v.push_back(make_method_view());
   v.push_back(make_tokens_view());
-#ifdef KVSCOPE_HAVE_VIEW_GEOMETRY
   v.push_back(make_geometry_view());
-#else
-  v.push_back(std::make_unique<PendingView>(
-      "geometry", "Geometry",
-      "2-D maps of the focused head's keys (PCA, t-SNE), coloured by kept/dropped, position, "
-      "cluster or norm."));
-#endif
-#ifdef KVSCOPE_HAVE_VIEW_WALK
   v.push_back(make_walk_view());
-#else
-  v.push_back(std::make_unique<PendingView>(
-      "walk", "Walk",
-      "The self-balancing walk of BalanceKV block by block: path, p_i, partial sums and "
-      "discrepancy against random signs."));
-#endif
   v.push_back(make_error_view());
   v.push_back(make_output_view());
-#ifdef KVSCOPE_HAVE_VIEW_TEACHING
   v.push_back(make_teaching_view());
-#endif
   return v;
+}
+
+std::vector<std::string> view_names() {
+  std::vector<std::string> out;
+  for (const auto& v : make_views()) out.push_back(v->name());
+  return out;
+}
+
+std::string view_names_text() {
+  std::string out;
+  for (const std::string& n : view_names()) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 void setup_style_and_fonts(float ui_scale) {

@@ -1,5 +1,6 @@
 #include "app/headless.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,20 +10,16 @@
 #include "app/app_state.h"
 #include "app/export.h"
 #include "app/soft_render.h"
+#include "app/view.h"
 #include "engine/error.h"
 #include "engine/method.h"
 
 namespace kvscope::app {
 
 void validate_options(const HeadlessOptions& o) {
-  const char* names[] = {"capture",  "method", "tokens",   "error",
-                         "geometry", "walk",   "teaching", "output"};
-  bool known = false;
-  for (const char* n : names) known = known || o.view == n;
-  if (!known)
-    throw InputError(
-        "--view: '" + o.view +
-        "' is not one of capture, method, tokens, error, geometry, walk, teaching, output");
+  const std::vector<std::string> names = view_names();
+  if (std::find(names.begin(), names.end(), o.view) == names.end())
+    throw InputError("--view: '" + o.view + "' is not one of " + view_names_text());
   if (o.keep_ratio != -1 && !(o.keep_ratio > 0 && o.keep_ratio <= 1))
     throw InputError("--ratio: " + std::to_string(o.keep_ratio) + " is not in (0, 1]");
   if (!o.method.empty() && !find_method(o.method))

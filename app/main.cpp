@@ -18,6 +18,7 @@
 #include "app/export.h"
 #include "app/headless.h"
 #include "app/input_queue.h"
+#include "app/view.h"
 #include "app/screenshot.h"
 #include "app/soft_render.h"
 #include "backends/imgui_impl_glfw.h"
@@ -136,9 +137,7 @@ int main(int argc, char** argv) {
   cli.add_option("file", opt.capture,
                  "capture to open (.safetensors or .npz); default: the "
                  "bundled stories260K sample");
-  cli.add_option("--view", opt.view,
-                 "view to show: capture, method, tokens, error, geometry, "
-                 "walk, teaching");
+  cli.add_option("--view", opt.view, "view to show: " + view_names_text());
   cli.add_option("--screenshot", screenshot,
                  "render the view once its work has finished, write this PNG and exit");
   cli.add_option("--method", opt.method, "method A");

@@ -2,9 +2,8 @@
 // calls, so the very same code renders headless through the software rasteriser of
 // kvscope-cli render), edits settings, plans its own derived results, and exports its numbers.
 //
-// Adding a view: write app/view_<name>.cpp defining `std::unique_ptr<View> make_<name>_view()`.
-// The Geometry, Walk and Teaching views are picked up automatically when their files exist
-// (app/CMakeLists.txt defines KVSCOPE_HAVE_VIEW_<NAME>); see make_views() in app_frame.cpp.
+// Adding a view: write app/view_<name>.cpp defining `std::unique_ptr<View> make_<name>_view()`,
+// declare it below and add one line to make_views() (app_frame.cpp).
 #pragma once
 
 #include <memory>
@@ -51,12 +50,15 @@ std::unique_ptr<View> make_method_view();
 std::unique_ptr<View> make_tokens_view();
 std::unique_ptr<View> make_error_view();
 std::unique_ptr<View> make_output_view();  // view_output.cpp: what compression does to the text
-// Written by engineer "geometry" (app/view_geometry.cpp, view_walk.cpp, view_teaching.cpp).
 std::unique_ptr<View> make_geometry_view();
 std::unique_ptr<View> make_walk_view();
 std::unique_ptr<View> make_teaching_view();
 
-// All views in display order (placeholder panels for views whose file is not there yet).
+// All views in display order: the one list (app_frame.cpp). Adding a view: its file, its
+// factory above, one line in make_views().
 std::vector<std::unique_ptr<View>> make_views();
+// Their names ("capture", "method", ...), and the same joined by ", " for help texts.
+std::vector<std::string> view_names();
+std::string view_names_text();
 
 }  // namespace kvscope::app
