@@ -257,6 +257,9 @@ def main():
         L, H, G, d = (int(meta[k]) for k in ["num_layers", "kv_heads", "q_heads", "head_dim"])
         theta, layout = rope_of(meta)
         synthetic = "synthetic_shape" in meta
+        # The synthetic capture is recorded by what it is, not by its file name (the C++ test
+        # regenerates it in memory), so the output does not depend on where it was written.
+        capture_name = "synthetic" if synthetic else os.path.basename(path)
         n = t["layers.0.key"].shape[1]
         s, e = window(n)
         ctx = n - e
@@ -283,7 +286,7 @@ def main():
                 scores = scores[0].numpy()
                 for h in range(min(H, SYNTH_HEADS) if synthetic else H):
                     mid = scores[h, s:ctx].tolist()
-                    case = {"capture": os.path.basename(path), "press": name, "method": method, "params": params,
+                    case = {"capture": capture_name, "press": name, "method": method, "params": params,
                             "layer": layer, "kv_head": h, "n": n, "sink": s, "eval": e, "ratios": []}
                     if name in variants:  # the same kept sets, checked again with these parameters
                         case["variant"] = {"press": variants[name][0], "params": variants[name][1]}
@@ -299,7 +302,7 @@ def main():
             for inner in ["expected-attention", "keydiff"]:
                 mid_scores = layer_scores[inner][:, :, s:ctx]
                 case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
-                cases_here = [{"capture": os.path.basename(path), "press": "adakv+" + inner,
+                cases_here = [{"capture": capture_name, "press": "adakv+" + inner,
                                "method": "adakv(%s)" % inner, "params": {}, "layer": layer, "kv_head": h,
                                "n": n, "sink": s, "eval": e, "ratios": []} for h in case_heads]
                 for ratio in RATIOS:
@@ -323,7 +326,7 @@ def main():
             for inner in ["expected-attention", "keydiff"]:
                 mid_scores = layer_scores[inner][:, :, s20:ctx]
                 case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
-                cases_here = [{"capture": os.path.basename(path), "press": "chunkkv+" + inner,
+                cases_here = [{"capture": capture_name, "press": "chunkkv+" + inner,
                                "method": "chunkkv(%s)" % inner, "params": {}, "layer": layer, "kv_head": h,
                                "n": n, "sink": s20, "eval": e, "budget_given": True, "ratios": []}
                               for h in case_heads]
@@ -346,7 +349,7 @@ def main():
             for inner in ["expected-attention"]:
                 mid_scores = layer_scores[inner][:, :, s:ctx]
                 case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
-                cases_here = [{"capture": os.path.basename(path), "press": "criticalkv+" + inner + " W_O=I",
+                cases_here = [{"capture": capture_name, "press": "criticalkv+" + inner + " W_O=I",
                                "method": "criticalkv(%s)" % inner, "params": {"projection": 1}, "layer": layer,
                                "kv_head": h, "n": n, "sink": s, "eval": e, "ratios": []} for h in case_heads]
                 for ratio in RATIOS:
@@ -365,7 +368,7 @@ def main():
             # 1 - (s + m) / (n - E)), with sketch_dimension = d and torch.randn made sqrt(d) I, so
             # the sketch is the identity (KVScope's sketch = exact; the Gaussian draw is torch's).
             case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
-            cases_here = [{"capture": os.path.basename(path), "press": "compactor", "method": "compactor",
+            cases_here = [{"capture": capture_name, "press": "compactor", "method": "compactor",
                            "params": {"sketch": 1}, "layer": layer, "kv_head": h, "n": n, "sink": s,
                            "eval": e, "ratios": []} for h in case_heads]
             randn = torch.randn
