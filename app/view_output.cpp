@@ -363,7 +363,9 @@ class OutputView final : public View {
     };
     ImGui::TextUnformatted("methods:");
     for (const Method* m : all_methods()) {
-      if (m->name() == "exact") continue;
+      // Generation compresses one head at a time: methods that need the whole layer at once
+      // (adakv, chunkkv, compactor) are refused there, so they are not offered.
+      if (m->name() == "exact" || m->needs_layer()) continue;
       flow(m->name().c_str());
       bool on = std::find(methods_.begin(), methods_.end(), m->name()) != methods_.end();
       if (ImGui::Checkbox(m->name().c_str(), &on)) {

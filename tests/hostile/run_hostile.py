@@ -534,13 +534,13 @@ def main():
             json.dump(j, open(name, "w"))
         variant("s_claims_2e9.json", lambda j: j["spec"].update(shard_count=2000000000))
         case("merge: report claiming 2e9 shards", ["merge", "s_claims_2e9.json"],
-             pattern=r'"shard_count" = 2000000000 is outside \[1, 100000\]', mem_mb=1024)
+             pattern=r'"spec.shard_count": 2000000000 is outside \[1, 100000\]', mem_mb=1024)
         variant("s_neg.json", lambda j: j["spec"].update(shard_count=-2))
         case("merge: negative shard count", ["merge", "s_neg.json"],
-             pattern=r'"shard_count" = -2 is outside \[1, 100000\]')
+             pattern=r'"spec.shard_count": -2 is outside \[1, 100000\]')
         variant("s5.json", lambda j: j["spec"].update(shard_index=5))
         case("merge: shards 0/2, 1/2 and 5/2", ["merge", "s0.json", "s1.json", "s5.json"],
-             pattern=r'"shard_index" = 5 is outside \[0, 1\]')
+             pattern=r'"spec.shard_index": 5 is outside \[0, 1\]')
         variant("s_huge_list.json", lambda j: j["spec"].update(layers=[0] * 3000000))
         case("merge: report with a 3M-entry list", ["merge", "s_huge_list.json"],
              pattern=r"more layers or heads than the capture has", mem_mb=1536)
