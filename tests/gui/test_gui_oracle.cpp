@@ -157,20 +157,32 @@ class Oracle : public RealWindow {
         kWaitS, "the app to settle on the current settings");
   }
 
-  // Scrolls the active view (mouse wheel over it, as a user does) until `item` is on screen.
+  // Scrolls the active view (mouse wheel over it, as a user does) until `item` lies wholly
+  // inside the view's area: a widget half under the tab bar is drawn, but a click on its centre
+  // may land on the tab bar.
   json reveal(json st, const std::string& item) {
-    for (int turn = 0; turn < 3 && !st["ui_items"].contains(item); ++turn) {
+    auto where = [&](const json& s) {  // 0: inside, -1: above, 1: below, 2: not drawn
+      if (!s["ui_items"].contains(item)) return 2;
+      const json& r = s["ui_items"][item];
+      const json& vr = s["view_rect"];
+      if (r[1].get<double>() < vr[1].get<double>()) return -1;
+      if (r[3].get<double>() > vr[3].get<double>()) return 1;
+      return 0;
+    };
+    for (int turn = 0; turn < 40; ++turn) {
+      const int w = where(st);
+      if (w == 0) return st;
       const json& vr = st["view_rect"];
       move_to((vr[0].get<double>() + vr[2].get<double>()) / 2,
               (vr[1].get<double>() + vr[3].get<double>()) / 2);
-      for (int i = 0; i < 10 && !st["ui_items"].contains(item); ++i) {
-        xdo(turn == 1 ? "click 4" : "click 5");  // down, up, down again
-        pause_ms(80);
-        st = state();
-      }
+      // Not drawn: down for a while, then up (the view may be scrolled either way).
+      const bool up = w == -1 || (w == 2 && turn >= 15);
+      xdo(up ? "click 4" : "click 5");
+      pause_ms(80);
+      st = state();
     }
-    EXPECT_TRUE(st["ui_items"].contains(item))
-        << "step " << step_ << ": scrolling did not bring '" << item << "' on screen";
+    ADD_FAILURE() << "step " << step_ << ": scrolling did not bring '" << item
+                  << "' wholly on screen";
     return st;
   }
 
@@ -219,6 +231,10 @@ class Oracle : public RealWindow {
     for (const auto& [name, r] : st["ui_items"].items())
       if (name.rfind(combo + ":", 0) == 0 && name.find("exact") == std::string::npos)
         shown.push_back(name.substr(combo.size() + 1));
+    if (shown.empty()) {
+      ADD_FAILURE() << "step " << step_ << ": the " << combo << " list showed no method";
+      return st;
+    }
     const std::string m =
         shown[std::uniform_int_distribution<size_t>(0, shown.size() - 1)(rng_)];
     step(std::to_string(steps_) + ": method " + slot + " := " + m);
