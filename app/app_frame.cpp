@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "app/app_state.h"
+#include "app/autosave.h"
 #include "app/colormap.h"
 #include "app/export.h"
 #include "app/new_capture_dialog.h"
@@ -314,6 +316,71 @@ void AppUi::enable_recent_files() {
   recent_seen_path_.clear();
 }
 
+void AppUi::enable_autosave(const std::string& file, double delay_s) {
+  autosave_ = std::make_unique<Autosave>(fs::path(file), delay_s);
+  const Autosave::Found found =
+      autosave_->recover([this](const nlohmann::json& j) { check_session(j); });
+  if (!found.problem.empty()) s_.status_message = found.problem;  // set aside, never fatal
+  if (!found.offer) return;
+  restore_session_ = found.session;
+  restore_text_ =
+      "saved " + (found.saved.empty() ? std::string("?") : found.saved) + ", capture " +
+      (found.capture.empty() ? std::string("(none)") : fs::path(found.capture).filename().string());
+  restore_pending_ = restore_open_popup_ = true;
+  autosave_->hold(true);  // the file is the crashed run's session until the user answers
+}
+
+void AppUi::finish_autosave() {
+  if (!autosave_) return;
+  const std::string why = autosave_->finish(session_json());
+  if (!why.empty()) std::fprintf(stderr, "kvscope: %s\n", why.c_str());
+}
+
+void AppUi::tick_autosave() {
+  if (!autosave_) return;
+  const double now =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const std::string why = autosave_->update(session_json(), now);
+  if (!why.empty()) s_.status_message = why;
+}
+
+void AppUi::draw_restore_prompt() {
+  if (!restore_pending_) return;
+  if (restore_open_popup_) {
+    ImGui::OpenPopup("Restore the last session?");
+    restore_open_popup_ = false;
+  }
+  if (!ImGui::BeginPopupModal("Restore the last session?", nullptr,
+                              ImGuiWindowFlags_AlwaysAutoResize))
+    return;
+  ImGui::Text("KVScope did not quit cleanly last time.");
+  ImGui::Text("Restore the last session? (%s)", restore_text_.c_str());
+  const float w = dialog_button_width("Discard");
+  const bool restore = ImGui::Button("Restore", ImVec2(w, 0));
+  record_item(s_, "button:Restore autosave");
+  ImGui::SameLine();
+  const bool discard = ImGui::Button("Discard", ImVec2(w, 0));
+  record_item(s_, "button:Discard autosave");
+  if (restore) {
+    try {
+      load_session_json(restore_session_);
+      s_.status_message = "restored the last session (" + restore_text_ + ")";
+    } catch (const std::exception& e) {
+      // e.g. its capture is not there any more: the load error says which file.
+      s_.load_error = autosave_->file().string() + ": " + e.what();
+    }
+  } else if (discard) {
+    s_.status_message = "discarded the last session (" + restore_text_ + ")";
+  }
+  if (restore || discard) {
+    restore_pending_ = false;
+    restore_session_ = nullptr;
+    autosave_->hold(false);
+    ImGui::CloseCurrentPopup();
+  }
+  ImGui::EndPopup();
+}
+
 void AppUi::note_recent() {
   if (!recent_ || !s_.capture || s_.capture_path == recent_seen_path_) return;
   recent_seen_path_ = s_.capture_path;
@@ -426,7 +493,7 @@ void AppUi::after_render(const ImDrawData* dd) {
   }
 }
 
-void AppUi::save_session(const std::string& path) const {
+nlohmann::json AppUi::session_json() const {
   nlohmann::json j = s_.to_session();
   nlohmann::json vs = nlohmann::json::object();
   for (const auto& v : views_) {
@@ -434,6 +501,11 @@ void AppUi::save_session(const std::string& path) const {
     if (!st.is_null()) vs[v->name()] = st;
   }
   j["views"] = vs;
+  return j;
+}
+
+void AppUi::save_session(const std::string& path) const {
+  const nlohmann::json j = session_json();
   std::ofstream f(path);
   if (!f) throw InputError(path + ": cannot open for writing");
   f << j.dump(2) << "\n";
@@ -505,6 +577,12 @@ void AppUi::export_all_json(const std::string& dir) const {
   st["dialog_open"] = browser_.is_open() || save_dialog_open_;
   st["popups_open"] = ImGui::GetCurrentContext()->OpenPopupStack.Size;  // menus, lists, dialogs
   st["help_open"] = help_open_;
+  st["restore_prompt"] = {{"open", restore_pending_}, {"text", restore_text_}};
+  if (autosave_)
+    st["autosave"] = {{"file", autosave_->file().string()},
+                      {"writes", autosave_->writes()},
+                      {"last_write_s", autosave_->last_write_s()},
+                      {"held", autosave_->held()}};
   st["backend_active"] = s_.backend_active;
   st["backend_note"] = s_.backend_note;
   nlohmann::json rs = nlohmann::json::object();
@@ -590,9 +668,11 @@ void AppUi::draw() {
   draw_panel(Panel::Main, "##main", ImVec2(0, panel_h));
   draw_status_bar();
   draw_dialogs();
+  draw_restore_prompt();
   ImGui::End();
   draw_help();
   note_recent();
+  tick_autosave();
   if (export_json_pending_) {
     export_json_pending_ = false;
     try {
@@ -751,7 +831,9 @@ void AppUi::draw_menu() {
     }
     if (on_quit) {
       ImGui::Separator();
-      if (ImGui::MenuItem("Quit")) on_quit();
+      const bool quit = ImGui::MenuItem("Quit");
+      record_item(s_, "menu:Quit");
+      if (quit) on_quit();
     }
     ImGui::EndMenu();
   }

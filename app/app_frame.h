@@ -93,6 +93,7 @@ const std::vector<HelpDoc>& help_docs();
 std::string help_doc_file(const HelpDoc& doc);
 
 class RecentFiles;
+class Autosave;
 
 class AppUi {
  public:
@@ -171,6 +172,17 @@ class AppUi {
   // it off unless they ask). A damaged list is ignored with a status message.
   void enable_recent_files();
   const RecentFiles* recent_files() const { return recent_.get(); }
+  // Autosave and recovery (app/autosave.h): the interactive app turns it on. Reads what the last
+  // run left in config_dir()/autosave.json (`file` empty) and offers to restore it when that run
+  // did not quit cleanly; a damaged file is set aside with a status message. From then on every
+  // frame hands the session to the autosave (written a few seconds after it last changed).
+  void enable_autosave(const std::string& file = "", double delay_s = 3.0);
+  // Clean quit: the last session written with "clean_exit": true (the app calls it).
+  void finish_autosave();
+  const Autosave* autosave() const { return autosave_.get(); }
+  bool restore_prompt_open() const { return restore_pending_; }
+  // The session as File > Save session writes it: settings plus the views' own states.
+  nlohmann::json session_json() const;
 
   // With a folder set (kvscope --export-dir DIR): F9 writes every view's numbers and the app's
   // state as JSON there, F10 a PNG of the active view (what the GUI test reads).
@@ -220,6 +232,13 @@ class AppUi {
   bool help_focus_ = false;  // bring the Help window to the front next frame
   std::unique_ptr<RecentFiles> recent_;
   std::string recent_seen_path_;  // capture path last noted in the recent list
+  std::unique_ptr<Autosave> autosave_;
+  nlohmann::json restore_session_;  // what the restore prompt offers
+  std::string restore_text_;        // the prompt's line: when it was saved, which capture
+  bool restore_pending_ = false;    // the prompt is up (opened at the next frame)
+  bool restore_open_popup_ = false;
+  void draw_restore_prompt();
+  void tick_autosave();
 };
 
 }  // namespace kvscope::app

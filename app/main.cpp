@@ -221,6 +221,8 @@ int main(int argc, char** argv) {
     ui.export_dir = export_dir;
     // File > Open recent, remembered in recent.json of the config folder (app/recent_files.h).
     if (!headless) ui.enable_recent_files();
+    // Autosave and recovery (app/autosave.h): never for screenshots.
+    if (!headless) ui.enable_autosave();
     bool quit = false;
     ui.on_quit = [&quit] { quit = true; };
     glfwSetDropCallback(window, on_drop);
@@ -346,6 +348,9 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::milliseconds(16) - spent);
       }
     }
+    // A clean quit (File > Quit, the window closed): the autosave says so, and the next start
+    // offers nothing.
+    if (!headless) ui.finish_autosave();
     state.worker.cancel("");
     g_state = nullptr;
   }
