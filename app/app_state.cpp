@@ -112,8 +112,15 @@ double CostModel::per_unit(const std::string& cost_class, double prior) const {
     auto head = per_unit_.find("head:" + cost_class.substr(5));
     if (evals > 0 && head != per_unit_.end()) return std::min(evals, head->second);
     if (evals > 0) return evals;
-    if (head != per_unit_.end()) return head->second;
-    if (double m = mean_of("head:"); m > 0) return m;
+    // Nothing evaluated yet: the focused runs' cost, scaled. A focused run is timed in wall
+    // seconds while A, B and the query comparison share the cores, and it computes its head's
+    // exact reference alone; an evaluation shares that work over the layer. Measured on the
+    // 2-core VM (issue 24: "about 3 min" shown, 48 s taken): 1.2e-9 s per unit focused against
+    // 1.2e-10 in the evaluation of a 4-layer llama3-8b-shaped 8192-token capture, 4e-9 against
+    // 1e-9 on the sample's sweep. The first evaluation's measurement replaces this.
+    constexpr double kEvalPerFocusedUnit = 0.3;
+    if (head != per_unit_.end()) return kEvalPerFocusedUnit * head->second;
+    if (double m = mean_of("head:"); m > 0) return kEvalPerFocusedUnit * m;
   } else if (cost_class.rfind("head:", 0) == 0) {
     if (double m = mean_of("head:"); m > 0) return m;
   }

@@ -426,7 +426,10 @@ TEST(Costs, UnmeasuredEvaluationsCostNoMoreThanTheMethodsFocusedRun) {
   EXPECT_FALSE(c.measured("eval:uniform"));
   CostModel fresh_machine;
   fresh_machine.record("head:streaming", 1e6, 2e-3);
-  EXPECT_DOUBLE_EQ(fresh_machine.per_unit("eval:streaming"), 2e-9);
+  // Before any evaluation: the focused run's cost scaled down (issue 24: a grid estimated at
+  // "about 3 min" took 48 s), never above it.
+  EXPECT_LT(fresh_machine.per_unit("eval:streaming"), 0.5 * 2e-9);
+  EXPECT_GT(fresh_machine.per_unit("eval:streaming"), 0.1 * 2e-9);
 }
 
 TEST(Session, RoundTripsSettings) {
