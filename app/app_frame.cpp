@@ -1027,7 +1027,8 @@ void AppUi::draw_dialogs() {
       ImGui::CloseCurrentPopup();
     }
     ImGui::SameLine();
-    if (ImGui::Button("Cancel", ImVec2(dialog_button_width("Cancel"), 0)) || escape) ImGui::CloseCurrentPopup();
+    if (ImGui::Button("Cancel", ImVec2(dialog_button_width("Cancel"), 0)) || escape)
+      ImGui::CloseCurrentPopup();
     ImGui::EndPopup();
   }
 }

@@ -693,7 +693,7 @@ JobPlan AppState::plan_query() const {
 
 std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> AppState::planners() {
   // In dependency order: the focused runs read the layer, the query comparison reads run A.
-  return {{kLayer, &AppState::plan_layer},   {kFocusA, &AppState::plan_focus_a},
+  return {{kLayer, &AppState::plan_layer},    {kFocusA, &AppState::plan_focus_a},
           {kFocusB, &AppState::plan_focus_b}, {kGrid, &AppState::plan_grid},
           {kSweep, &AppState::plan_sweep},    {kEntropy, &AppState::plan_entropy},
           {kQuery, &AppState::plan_query}};

@@ -1,5 +1,4 @@
 #include "app/file_browser.h"
-#include "app/app_frame.h"
 
 #include <imgui.h>
 
@@ -7,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+
+#include "app/app_frame.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -76,9 +77,9 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
   }
   // Scaled with the UI, within the display.
   const ImVec2 display = ImGui::GetIO().DisplaySize;
-  ImGui::SetNextWindowSize(ImVec2(std::min(px(720), display.x * 0.9f),
-                                  std::min(px(480), display.y * 0.9f)),
-                           ImGuiCond_Appearing);
+  ImGui::SetNextWindowSize(
+      ImVec2(std::min(px(720), display.x * 0.9f), std::min(px(480), display.y * 0.9f)),
+      ImGuiCond_Appearing);
   bool keep = true;
   if (!ImGui::BeginPopupModal(title_.c_str(), &keep)) {
     visible_ = keep && ImGui::IsPopupOpen(title_.c_str());

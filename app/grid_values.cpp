@@ -1,5 +1,4 @@
 #include "app/grid_values.h"
-#include "app/result_status.h"
 
 #include <imgui.h>
 
@@ -9,6 +8,7 @@
 #include <sstream>
 
 #include "app/plot.h"
+#include "app/result_status.h"
 
 namespace kvscope::app {
 
@@ -69,7 +69,8 @@ GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
   fill_from_report(gv, rep, method, ratio);
   char buf[256];
   const auto pit = rep.spec.params.find(method);
-  const std::string label = method_label(method, pit == rep.spec.params.end() ? ParamValues{} : pit->second);
+  const std::string label =
+      method_label(method, pit == rep.spec.params.end() ? ParamValues{} : pit->second);
   std::snprintf(buf, sizeof buf, "%s at keep ratio %s (sweep): relative error, mean of %d seed%s",
                 label.c_str(), ratio_label(ratio).c_str(), rep.spec.seeds,
                 rep.spec.seeds == 1 ? "" : "s");

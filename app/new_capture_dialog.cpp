@@ -1,5 +1,4 @@
 #include "app/new_capture_dialog.h"
-#include "app/app_frame.h"
 
 #include <imgui.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include <memory>
 #include <mutex>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "engine/capture.h"
 #include "engine/error.h"
@@ -251,9 +251,8 @@ void draw_new_capture_dialog(AppState& s) {
   ImGui::SetNextWindowSize(ImVec2(px(760), 0), ImGuiCond_Appearing);
   if (!ImGui::BeginPopupModal("New capture", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) return;
   // Text fields 600 px wide at 1x, narrower where the display is (2.5x on a 1600 px screen).
-  const float field_w =
-      std::min(px(600), ImGui::GetIO().DisplaySize.x * 0.9f - labelled_width(0, "checkpoint") -
-                            px(40));
+  const float field_w = std::min(
+      px(600), ImGui::GetIO().DisplaySize.x * 0.9f - labelled_width(0, "checkpoint") - px(40));
 
   ImGui::TextWrapped(
       "Run a llama2.c model on the CPU and capture every layer's queries, keys and values for "
@@ -272,11 +271,11 @@ void draw_new_capture_dialog(AppState& s) {
     ImGui::EndCombo();
   }
   // Under the combo, wrapped: beside it the summary ran off the dialog at 2.5x.
-  const char* model_note =
-      d.model_index >= 0 && d.model_index < static_cast<int>(models.size())
-          ? models[static_cast<size_t>(d.model_index)].summary.c_str()
-      : models.empty() ? "no bundled models found (../shared/models or $KVSCOPE_MODELS)"
-                       : nullptr;
+  const char* model_note = d.model_index >= 0 && d.model_index < static_cast<int>(models.size())
+                               ? models[static_cast<size_t>(d.model_index)].summary.c_str()
+                           : models.empty()
+                               ? "no bundled models found (../shared/models or $KVSCOPE_MODELS)"
+                               : nullptr;
   if (model_note) {
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
     ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + field_w);
@@ -311,8 +310,8 @@ void draw_new_capture_dialog(AppState& s) {
       if (j.key != kJobKey) continue;
       char overlay[64];
       std::snprintf(overlay, sizeof overlay, "%d/%d positions", j.done, j.total);
-      ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f, ImVec2(px(400), 0),
-                         j.running ? overlay : "queued");
+      ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f,
+                         ImVec2(px(400), 0), j.running ? overlay : "queued");
     }
     ImGui::SameLine();
     if (ImGui::Button("Cancel run")) s.worker.cancel(kJobKey);

@@ -210,8 +210,7 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
          linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>((p1_.y - p0_.y) / (40 * unit)))))
       yt.emplace_back(v, format_tick(v));
   } else if (y_.scale == Scale::Log10) {
-    const double per_decade =
-        (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
+    const double per_decade = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
     const std::vector<double> labels = log10_labels(y_.min, y_.max, per_decade, 1.3 * font);
     for (double v : labels) yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
     // Unlabelled minor ticks at 2..9 x 10^k help reading values between the labels.
@@ -271,8 +270,7 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
          linear_ticks(x_.min, x_.max, std::max(2, static_cast<int>((p1_.x - p0_.x) / (80 * unit)))))
       xt.emplace_back(v, format_tick(v));
   } else if (x_.scale == Scale::Log10) {
-    const double per_decade =
-        (p1_.x - p0_.x) / std::max(1e-9, tx(x_.max, x_) - tx(x_.min, x_));
+    const double per_decade = (p1_.x - p0_.x) / std::max(1e-9, tx(x_.max, x_) - tx(x_.min, x_));
     for (double v : log10_labels(x_.min, x_.max, per_decade, 4.5 * font))
       xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : format_tick(v));
   } else {
@@ -356,11 +354,11 @@ void Plot::dashed_line(const std::vector<double>& x, const std::vector<double>& 
       const double run = std::max(in_period < on ? on - in_period : period - in_period, 1e-3);
       const double te = std::min(t1 * len, t + run);
       if (in_period < on)
-        dl_->AddLine(ImVec2(static_cast<float>(a.x + dx * t / len),
-                            static_cast<float>(a.y + dy * t / len)),
-                     ImVec2(static_cast<float>(a.x + dx * te / len),
-                            static_cast<float>(a.y + dy * te / len)),
-                     col, thickness);
+        dl_->AddLine(
+            ImVec2(static_cast<float>(a.x + dx * t / len), static_cast<float>(a.y + dy * t / len)),
+            ImVec2(static_cast<float>(a.x + dx * te / len),
+                   static_cast<float>(a.y + dy * te / len)),
+            col, thickness);
       t = te;
     }
     phase += len;
@@ -532,8 +530,8 @@ HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,
           ImVec2 ts = ImGui::CalcTextSize(t.c_str());
           // Text that does not fit is drawn smaller (down to 55% of the font) rather than left
           // out: on a 32 x 8 grid the best cells are the ones people want to read.
-          const float scale = std::min({1.0f, (cw - 4) / std::max(1.0f, ts.x),
-                                        ch / std::max(1.0f, ts.y)});
+          const float scale =
+              std::min({1.0f, (cw - 4) / std::max(1.0f, ts.x), ch / std::max(1.0f, ts.y)});
           // Dark text on light cells, light text on dark cells.
           float lum = 0.299f * ((col >> IM_COL32_R_SHIFT) & 0xFF) +
                       0.587f * ((col >> IM_COL32_G_SHIFT) & 0xFF) +

@@ -700,10 +700,10 @@ class ErrorView final : public View {
     for (int k = 0; k < 2; ++k) {
       if (xs[k].empty()) continue;
       plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
-      legend.push_back({std::string(k == 0 ? "A " : "B ") +
-                            method_label(s.method_name(k),
-                                         s.settings.method[static_cast<size_t>(k)].params),
-                        kColSlot[k]});
+      legend.push_back(
+          {std::string(k == 0 ? "A " : "B ") +
+               method_label(s.method_name(k), s.settings.method[static_cast<size_t>(k)].params),
+           kColSlot[k]});
     }
     int q = s.effective_query();
     plot.vline(q, kColQuery, 1.5f);

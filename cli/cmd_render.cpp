@@ -21,8 +21,7 @@ void add_render_command(CLI::App& app) {
 #ifdef KVSCOPE_HAVE_UI
   auto opt = std::make_shared<app::HeadlessOptions>();
   sub->add_option("file", opt->capture, "capture file (.safetensors or .npz)")->required();
-  sub->add_option("--view", opt->view, app::view_names_text())
-      ->default_val("capture");
+  sub->add_option("--view", opt->view, app::view_names_text())->default_val("capture");
   sub->add_option("--out", opt->out, "PNG to write, or SVG (vector figure) when it ends in .svg")
       ->required();
   sub->add_option("--method", opt->method, "method A (default balancekv)");

@@ -324,10 +324,10 @@ HeadRun score_head_run(const LayerData& layer, int kv_head, const EvalWindow& w,
   // A non-finite figure (values so large that float scores overflow) is an error, never a result.
   if (!std::isfinite(run.mean_relative) || !std::isfinite(run.mean_normalized) ||
       !std::isfinite(run.mean_mass))
-    throw InputError("layer " + std::to_string(layer.layer) + " kv head " +
-                     std::to_string(kv_head) +
-                     ": the approximation gave a non-finite error (values too large for float arithmetic?); no "
-                     "figure reported for this head");
+    throw InputError(
+        "layer " + std::to_string(layer.layer) + " kv head " + std::to_string(kv_head) +
+        ": the approximation gave a non-finite error (values too large for float arithmetic?); no "
+        "figure reported for this head");
   return run;
 }
 

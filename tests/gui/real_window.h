@@ -33,7 +33,6 @@ namespace kvscope_gui_test {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-
 const std::string kSampleDir = std::string(KVSCOPE_SOURCE_DIR) + "/sample_data";
 const std::string kSample = kSampleDir + "/stories260K_lily.safetensors";
 
@@ -123,8 +122,7 @@ class RealWindow : public ::testing::Test {
     if (HasFailure()) {
       std::ifstream log(dir_ / "app.log");
       std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-      std::fprintf(stderr,
-                   "[gui] failed in step %s; exports in %s\n[gui] app output:\n%s\n",
+      std::fprintf(stderr, "[gui] failed in step %s; exports in %s\n[gui] app output:\n%s\n",
                    step_.c_str(), dir_.c_str(), text.c_str());
       int status = 0;
       if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {

@@ -835,9 +835,10 @@ TEST(Plot, HeatmapNumbersShrinkToFitInsteadOfVanishing) {
     ImGui::Begin("grid", nullptr, ImGuiWindowFlags_NoDecoration);
     const int before = ImGui::GetWindowDrawList()->VtxBuffer.Size;
     // The Capture view's grid of a 32-layer, 8-kv-head capture in a narrow left panel.
-    heatmap("##cells", ImVec2(220, 32 * 14), 32, 8, [](int, int) { return IM_COL32(80, 80, 80, 255); },
-            with_text ? std::function<std::string(int, int)>([](int, int) { return "0.123"; })
-                      : nullptr);
+    heatmap(
+        "##cells", ImVec2(220, 32 * 14), 32, 8, [](int, int) { return IM_COL32(80, 80, 80, 255); },
+        with_text ? std::function<std::string(int, int)>([](int, int) { return "0.123"; })
+                  : nullptr);
     const int added = ImGui::GetWindowDrawList()->VtxBuffer.Size - before;
     ImGui::End();
     ImGui::Render();
@@ -864,7 +865,8 @@ TEST(WalkAdvice, ARemedyAlwaysChangesTheSettings) {
   EXPECT_TRUE(walk_overrides_change(bkv, taken, c[static_cast<size_t>(next)].overrides));
   EXPECT_FALSE(walk_overrides_change(bkv, taken, c[static_cast<size_t>(first)].overrides));
   // Every remedy taken: nothing left to offer. A method without temp gets none.
-  for (int i : {1, 2, 3}) taken = with_walk_overrides(bkv, taken, c[static_cast<size_t>(i)].overrides);
+  for (int i : {1, 2, 3})
+    taken = with_walk_overrides(bkv, taken, c[static_cast<size_t>(i)].overrides);
   taken["temp"] = 0.1;
   EXPECT_EQ(saturation_remedy(bkv, taken), -1);
   EXPECT_EQ(saturation_remedy(*find_method("uniform"), {}), -1);

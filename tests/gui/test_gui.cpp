@@ -208,9 +208,9 @@ TEST(SoftwareRender, BadFileIsAnError) {
 }
 
 TEST(SoftwareRender, UnknownViewIsAnError) {
-  RunResult r = run(std::string("\"") + KVSCOPE_CLI + "\" render \"" + kSample +
-                    "\" --view nosuchview --out \"" + (out_dir() / "nosuchview.png").string() +
-                    "\"");
+  RunResult r =
+      run(std::string("\"") + KVSCOPE_CLI + "\" render \"" + kSample +
+          "\" --view nosuchview --out \"" + (out_dir() / "nosuchview.png").string() + "\"");
   EXPECT_EQ(r.rc, 1) << r.output;
   EXPECT_NE(r.output.find("--view"), std::string::npos) << r.output;
 }

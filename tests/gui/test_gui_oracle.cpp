@@ -30,9 +30,9 @@ class Oracle : public RealWindow {
 
   // `kvscope-cli eval` of one method on one head ("" layers: every head), as the app's settings
   // give it; cached by command line (the walk revisits settings).
-  json eval(const std::string& capture, const std::string& method, const json& params,
-            double ratio, int seeds, int base_seed, const std::string& layers,
-            const std::string& heads, const json& session) {
+  json eval(const std::string& capture, const std::string& method, const json& params, double ratio,
+            int seeds, int base_seed, const std::string& layers, const std::string& heads,
+            const json& session) {
     std::ostringstream cmd;
     cmd.precision(17);
     cmd << KVSCOPE_CLI << " eval '" << capture << "' --methods '" << method << "' --ratios "
@@ -118,8 +118,7 @@ class Oracle : public RealWindow {
       return;
     }
     const std::string name = se["method_a"];
-    const json rep =
-        eval(capture, name, se["params_a"], ratio, grid["seeds"], seed, "", "", se);
+    const json rep = eval(capture, name, se["params_a"], ratio, grid["seeds"], seed, "", "", se);
     const json capj = view_json("capture");
     std::uniform_int_distribution<int> pick_l(0, capj["layers"].get<int>() - 1),
         pick_h(0, capj["kv_heads"].get<int>() - 1);
@@ -235,8 +234,7 @@ class Oracle : public RealWindow {
       ADD_FAILURE() << "step " << step_ << ": the " << combo << " list showed no method";
       return st;
     }
-    const std::string m =
-        shown[std::uniform_int_distribution<size_t>(0, shown.size() - 1)(rng_)];
+    const std::string m = shown[std::uniform_int_distribution<size_t>(0, shown.size() - 1)(rng_)];
     step(std::to_string(steps_) + ": method " + slot + " := " + m);
     click(st, combo + ":" + m);
     const std::string field = std::string("method_") + (slot[0] == 'A' ? "a" : "b");
@@ -365,12 +363,24 @@ TEST_F(Oracle, EveryExportedNumberIsEvalsForTheSettingsShown) {
     switch (action) {
       case 0:
       case 1:
-      case 2: st = click_grid_cell(st); break;
-      case 3: st = pick_method(st, "A"); break;
-      case 4: st = pick_method(st, "B"); break;
-      case 5: st = drag_ratio(st); break;
-      case 6: st = type_seed(st); break;
-      case 7: st = other_tab(st); break;
+      case 2:
+        st = click_grid_cell(st);
+        break;
+      case 3:
+        st = pick_method(st, "A");
+        break;
+      case 4:
+        st = pick_method(st, "B");
+        break;
+      case 5:
+        st = drag_ratio(st);
+        break;
+      case 6:
+        st = type_seed(st);
+        break;
+      case 7:
+        st = other_tab(st);
+        break;
       default:
         // A capture switch now and then; more grid clicks otherwise (the heart of defect 1).
         st = action == 8 ? other_capture(st) : click_grid_cell(st);
@@ -395,9 +405,10 @@ TEST_F(Oracle, EveryExportedNumberIsEvalsForTheSettingsShown) {
   for (int look = 0; look < 3; ++look) {  // right after the switch, while the new run goes on
     st = state();
     const json out = view_json("output");
-    if (out.is_object() && out["fresh"].get<bool>())
+    if (out.is_object() && out["fresh"].get<bool>()) {
       EXPECT_NE(out["prompt"], prompt_before)
           << "step " << step_ << ": the previous capture's report is exported as fresh";
+    }
   }
   st = wait_for(output_fresh, 240, "the Output view's report for the new capture");
   const json out = view_json("output");

@@ -145,8 +145,7 @@ TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
         for (const char* b : {"Open", "Cancel"}) {
           const auto it = s.ui_items.find(std::string("browser:") + b);
           ASSERT_NE(it, s.ui_items.end()) << b << " button not drawn at scale " << c.scale;
-          const float need =
-              ImGui::CalcTextSize(b).x + 2 * ImGui::GetStyle().FramePadding.x - 0.5f;
+          const float need = ImGui::CalcTextSize(b).x + 2 * ImGui::GetStyle().FramePadding.x - 0.5f;
           EXPECT_GE(it->second[2] - it->second[0], need)
               << "the " << b << " button cuts its label at " << c.w << "x" << c.h << " scale "
               << c.scale;
