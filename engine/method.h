@@ -130,6 +130,15 @@ class Method {
   virtual Selection ranked_selection(const MethodInput& in, const Ranking& ranking) const;
 };
 
+// A score-ranking method (ranks_by_score) whose selection is the first `budget` positions of its
+// ranking, weight 1 (prefix_selection, engine/attention_scores.h): it implements rank() only.
+class ScoreRankingMethod : public Method {
+ public:
+  bool ranks_by_score() const override { return true; }
+  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
+  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override;
+};
+
 // Every method the engine has, in display order: the methods of engine/methods/ and the
 // wrapped ones `--methods all` runs (adakv(snapkv), adakv(expected-attention)).
 const std::vector<const Method*>& all_methods();

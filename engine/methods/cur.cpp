@@ -32,7 +32,7 @@ std::vector<ParamSpec> cur_params() {
   };
 }
 
-class Cur final : public Method {
+class Cur final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "cur"; }
   std::string summary() const override {
@@ -40,11 +40,6 @@ class Cur final : public Method {
   }
   std::vector<ParamSpec> params() const override { return cur_params(); }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
     check_params(params(), in.params, name());

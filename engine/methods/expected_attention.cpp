@@ -40,7 +40,7 @@ std::vector<ParamSpec> ea_params() {
   };
 }
 
-class ExpectedAttention final : public Method {
+class ExpectedAttention final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "expected-attention"; }
   std::string summary() const override {
@@ -50,11 +50,6 @@ class ExpectedAttention final : public Method {
   std::vector<ParamSpec> params() const override { return ea_params(); }
   bool needs_queries() const override { return true; }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());

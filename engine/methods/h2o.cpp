@@ -16,7 +16,7 @@
 namespace kvscope {
 namespace {
 
-class H2O final : public Method {
+class H2O final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "h2o"; }
   std::string summary() const override {
@@ -24,17 +24,12 @@ class H2O final : public Method {
   }
   bool needs_queries() const override { return true; }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
     std::vector<double> scores = h2o_scores(in);
     return rank_by_scores(scores, scores);
   }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
 };
 
 }  // namespace

@@ -17,18 +17,13 @@
 namespace kvscope {
 namespace {
 
-class KeyDiff final : public Method {
+class KeyDiff final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "keydiff"; }
   std::string summary() const override {
     return "kvpress KeyDiff: the m keys least cosine-similar to the mean normalised key";
   }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
     check_params(params(), in.params, name());

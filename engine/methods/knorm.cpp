@@ -10,16 +10,11 @@
 namespace kvscope {
 namespace {
 
-class KNorm final : public Method {
+class KNorm final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "knorm"; }
   std::string summary() const override { return "the m keys of lowest L2 norm"; }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
   // Ranked by the negated norm (lowest norm first); the hover shows the norm itself.
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);

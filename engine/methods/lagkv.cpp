@@ -65,7 +65,7 @@ void partition_scores(const MatrixF& x, int b, int lag, double* out) {
   for (int j = 0; j < lag; ++j) out[j] /= sum;
 }
 
-class LagKV final : public Method {
+class LagKV final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "lagkv"; }
   std::string summary() const override {
@@ -74,11 +74,6 @@ class LagKV final : public Method {
   }
   std::vector<ParamSpec> params() const override { return lagkv_params(); }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
     check_params(params(), in.params, name());

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/attention_scores.h"
 #include "engine/error.h"
 #include "engine/method.h"
 
@@ -106,6 +107,10 @@ const std::vector<const Method*>& all_methods() {
     return v;
   }();
   return view;
+}
+
+Selection ScoreRankingMethod::ranked_selection(const MethodInput& in, const Ranking& r) const {
+  return prefix_selection(in, r, in.budget);
 }
 
 Ranking Method::rank(const MethodInput&) const {

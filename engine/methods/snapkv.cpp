@@ -38,7 +38,7 @@ std::vector<ParamSpec> snapkv_params() {
   };
 }
 
-class SnapKV final : public Method {
+class SnapKV final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "snapkv"; }
   std::string summary() const override {
@@ -47,7 +47,6 @@ class SnapKV final : public Method {
   std::vector<ParamSpec> params() const override { return snapkv_params(); }
   bool needs_queries() const override { return true; }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
@@ -71,10 +70,6 @@ class SnapKV final : public Method {
     std::vector<double> scores = snapkv_scores(in, w.window, w.kernel, max_pool);
     return rank_by_scores(scores, scores);
   }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
 };
 
 }  // namespace

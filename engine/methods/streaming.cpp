@@ -10,7 +10,7 @@
 namespace kvscope {
 namespace {
 
-class Streaming final : public Method {
+class Streaming final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "streaming"; }
   std::string summary() const override {
@@ -18,7 +18,6 @@ class Streaming final : public Method {
   }
   bool depends_on_seed() const override { return false; }
   // Ranked by position, most recent first: the top m are [mid_end - m, mid_end).
-  bool ranks_by_score() const override { return true; }
   Ranking rank(const MethodInput& in) const override {
     const int n_mid = in.mid_end - in.mid_begin;
     if (n_mid < 0) throw InputError("streaming: inverted middle");
@@ -27,10 +26,6 @@ class Streaming final : public Method {
     for (int i = 0; i < n_mid; ++i) r.order[i] = n_mid - 1 - i;
     return r;
   }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
 };
 
 }  // namespace

@@ -19,7 +19,7 @@
 namespace kvscope {
 namespace {
 
-class Tova final : public Method {
+class Tova final : public ScoreRankingMethod {
  public:
   std::string name() const override { return "tova"; }
   std::string summary() const override {
@@ -33,11 +33,6 @@ class Tova final : public Method {
   }
   bool needs_queries() const override { return true; }
   bool depends_on_seed() const override { return false; }
-  bool ranks_by_score() const override { return true; }
-  Selection select(const MethodInput& in) const override { return ranked_selection(in, rank(in)); }
-  Selection ranked_selection(const MethodInput& in, const Ranking& r) const override {
-    return prefix_selection(in, r, in.budget);
-  }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     check_params(params(), in.params, name());
