@@ -95,11 +95,16 @@ class RealWindow : public ::testing::Test {
     fs::create_directories(dir_);
     broken_ = dir_ / "broken.safetensors";
     std::ofstream(broken_) << "this is not a safetensors file";
+    launch("app.log");
+  }
+
+  // Starts the app on `capture_` in `dir_` (its log in `log_name` there) and waits for its window.
+  void launch(const char* log_name) {
     pid_ = fork();
     if (pid_ == 0) {
       if (chdir(dir_.c_str()) != 0) _exit(127);
       setenv("KVSCOPE_CONFIG_DIR", dir_.c_str(), 1);  // recent files etc.: not the user's home
-      FILE* log = std::fopen("app.log", "w");
+      FILE* log = std::fopen(log_name, "w");
       if (log) {
         dup2(fileno(log), 1);
         dup2(fileno(log), 2);

@@ -15,29 +15,7 @@ class AutosaveWindow : public RealWindow {
   AutosaveWindow() { out_name_ = "autosave"; }
 
   // The app again, on the same folders (SetUp's start without clearing them).
-  void restart() {
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (chdir(dir_.c_str()) != 0) _exit(127);
-      setenv("KVSCOPE_CONFIG_DIR", dir_.c_str(), 1);
-      FILE* log = std::fopen("app2.log", "w");
-      if (log) {
-        dup2(fileno(log), 1);
-        dup2(fileno(log), 2);
-      }
-      const std::string w = std::to_string(width_), h = std::to_string(height_);
-      execl(KVSCOPE_APP, KVSCOPE_APP, capture_.c_str(), "--export-dir", dir_.c_str(), "--width",
-            w.c_str(), "--height", h.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    ASSERT_GT(pid_, 0);
-    std::string id = sh("timeout 60 xdotool search --sync --name KVScope | head -1");
-    ASSERT_FALSE(id.empty()) << "no KVScope window appeared in 60 s";
-    window_ = std::stol(id);
-    xdo("windowmove " + std::to_string(window_) + " 0 0");
-    xdo("windowfocus " + std::to_string(window_));
-    move_to(700, 450);
-  }
+  void restart() { launch("app2.log"); }
 
   // The autosave once it holds `pred` (polled; the app writes it atomically).
   json wait_autosave(const std::function<bool(const json&)>& pred, double* waited) {
