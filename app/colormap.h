@@ -11,8 +11,8 @@
 
 namespace kvscope::app {
 
-// Token categories (DESIGN.md 3): sinks [0,s), the compressed middle (kept or dropped), and the
-// evaluation window [n-E, n).
+// Token categories (docs/evaluation.md): sinks [0,s), the compressed middle (kept or dropped), and
+// the evaluation window [n-E, n).
 inline constexpr ImU32 kColSink = IM_COL32(229, 160, 46, 255);    // amber
 inline constexpr ImU32 kColWindow = IM_COL32(86, 160, 229, 255);  // blue
 inline constexpr ImU32 kColKept = IM_COL32(76, 190, 110, 255);    // green (shaded by weight)

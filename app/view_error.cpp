@@ -1,4 +1,4 @@
-// Error view (DESIGN.md 5): error against keep ratio per method (mean and spread over seeds, log2
+// Error view (docs/app.md): error against keep ratio per method (mean and spread over seeds, log2
 // x axis), error per layer and head (heatmap), error against query position for the focused head,
 // and exact vs approximate attention for one chosen query (weights over keys and output vector).
 #include <imgui.h>

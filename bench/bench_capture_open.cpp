@@ -1,5 +1,6 @@
-// Large-capture path (DESIGN.md 6, "Scale"): a ~2 GiB BF16 synthetic capture with Llama-3-8B
-// shapes (32 q / 8 kv heads, d 128, 8192 tokens, 22 layers) is created once in /tmp, then
+// Large-capture path (docs/performance.md, "Scale"): a ~2 GiB BF16 synthetic capture with
+// Llama-3-8B shapes (32 q / 8 kv heads, d 128, 8192 tokens, 22 layers) is created once in /tmp,
+// then
 //  - open + convert the first layer, with the file in the page cache (warm) and evicted from it
 //    (cold: posix_fadvise DONTNEED on this file only), target < 1 s;
 //  - open alone (header parse + layout validation);

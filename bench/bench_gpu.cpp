@@ -1,4 +1,4 @@
-// GPU benchmarks for the CUDA backend (DESIGN.md section 6 targets), with the CPU reference on
+// GPU benchmarks for the CUDA backend (docs/performance.md targets), with the CPU reference on
 // the same inputs where that runs in reasonable time, so the GPU/CPU ratio can be read off:
 //   walk:   one layer, 32 heads x 32768 tokens, d = dv = 128, B = 128, two rounds (< 2 ms on H100)
 //           and one head of 32768 tokens on both backends (ratio)

@@ -1,4 +1,4 @@
-// Practical BalanceKV walk timings (DESIGN.md section 6: one head, n = 8192, d = 128, B = 128,
+// Practical BalanceKV walk timings (docs/performance.md: one head, n = 8192, d = 128, B = 128,
 // two rounds, under 30 ms on one CPU core). The backend comes from the environment variable
 // KVSCOPE_BENCH_BACKEND (cpu | cuda | auto; default cpu), so the same binary times the CUDA
 // kernels where they are built and a device answers.

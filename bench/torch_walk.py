@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A straightforward PyTorch implementation of practical BalanceKV, the whole walk as the authors'
-public balanced_walk runs it, as the baseline for the CUDA kernels (DESIGN.md section 6: the
+public balanced_walk runs it, as the baseline for the CUDA kernels (docs/performance.md: the
 kernel should be >= 20x faster) and as an executable statement of the algorithm.
 
-The full walk of one layer (DESIGN.md section 4, docs/balancekv.md), batched over heads and blocks,
+The full walk of one layer (docs/methods.md, docs/balancekv.md), batched over heads and blocks,
 sequential over the B steps of a block (the walk is inherently sequential there). Per round t:
 
   * gather the surviving tokens in walk order, zero-pad to a multiple of the block B;

@@ -1,4 +1,5 @@
-// kvscope-cli capture: run a llama2.c checkpoint on the CPU and write a capture (DESIGN.md 2.2).
+// kvscope-cli capture: run a llama2.c checkpoint on the CPU and write a capture
+// (docs/capturing.md).
 #include <unistd.h>
 
 #include <algorithm>

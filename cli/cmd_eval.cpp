@@ -1,7 +1,7 @@
-// kvscope-cli eval: the evaluation protocol of DESIGN.md 3 over a capture (methods x keep ratios
-// x layers x kv heads x seeds), printed as tables and written as JSON/CSV; shardable (--shard i/N)
-// for job arrays, merged exactly by `kvscope-cli merge`.
-// kvscope-cli sweep: the same protocol over a grid of one method's parameters (for tuning);
+// kvscope-cli eval: the evaluation protocol of docs/evaluation.md over a capture (methods x keep
+// ratios x layers x kv heads x seeds), printed as tables and written as JSON/CSV; shardable
+// (--shard i/N) for job arrays, merged exactly by `kvscope-cli merge`. kvscope-cli sweep: the same
+// protocol over a grid of one method's parameters (for tuning);
 // --grid2 A=... B=... prints it as one table per ratio (rows A, columns B) with the best and the
 // default cell marked (engine/sweep_grid.h).
 #include <unistd.h>
@@ -368,7 +368,7 @@ void run_sweep_command(const SweepOptions& o) {
 void add_eval_command(CLI::App& app) {
   auto eo = std::make_shared<EvalOptions>();
   auto* ev = app.add_subcommand(
-      "eval", "attention-approximation error of compression methods (DESIGN.md 3)");
+      "eval", "attention-approximation error of compression methods (docs/evaluation.md)");
   add_common(ev, eo->common);
   ev->add_option("--methods", eo->methods, "comma-separated methods, or all")
       ->capture_default_str();

@@ -1,4 +1,4 @@
-// Exact causal attention and the weighted estimator of DESIGN.md section 3, in double precision.
+// Exact causal attention and the weighted estimator of docs/evaluation.md, in double precision.
 //
 // Every error figure in KVScope comes out of ExactReference below: the per-query-head function,
 // the Backend seam's CPU op (cpu_attention_errors, the reference the CUDA kernel is tested

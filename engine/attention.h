@@ -1,4 +1,4 @@
-// Exact causal attention and the weighted estimator of DESIGN.md section 3, in double precision.
+// Exact causal attention and the weighted estimator of docs/evaluation.md, in double precision.
 #pragma once
 
 #include <vector>
@@ -21,7 +21,7 @@ struct QueryError {
   double mass = 0;        // exact attention mass on the kept set (sinks + selection + window)
 };
 
-// The approximation z_j of DESIGN.md 3 for query q at position j: sinks [0, s) and window
+// The approximation z_j of docs/evaluation.md for query q at position j: sinks [0, s) and window
 // [n-E, j] at weight 1, the selection with its weights entering as logit biases log w (separate
 // numerator and denominator sets when sel.separate).
 VectorD weighted_attention(const float* q, const MatrixF& K, const MatrixF& V, int j,

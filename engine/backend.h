@@ -1,4 +1,4 @@
-// The compute seam (DESIGN.md section 1): the CPU implementation is always there and is the
+// The compute seam (docs/design.md): the CPU implementation is always there and is the
 // reference; the CUDA implementation (kernels/) is used when built and a device exists. Every op
 // takes plain arrays so kernels/ never sees Eigen.
 #pragma once
@@ -40,9 +40,9 @@ struct WalkBatch {
   float* partial = nullptr;  // sum_{j<i} K_ij sigma_j
 };
 
-// Weighted-attention error of DESIGN.md 3 for every evaluation query of every query head of one
-// layer. Selections hold absolute indices of the middle and log weights; sinks [0, sink) and the
-// window [n-E, j] are added with weight 1 by the op itself.
+// Weighted-attention error of docs/evaluation.md for every evaluation query of every query head of
+// one layer. Selections hold absolute indices of the middle and log weights; sinks [0, sink) and
+// the window [n-E, j] are added with weight 1 by the op itself.
 struct ErrorBatch {
   int n = 0, d = 0, dv = 0, q_heads = 0, kv_heads = 0;
   int sink = 0, eval = 0;

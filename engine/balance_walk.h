@@ -1,4 +1,4 @@
-// Practical BalanceKV (DESIGN.md section 4, "balancekv"): the self-balancing walk over blocks of
+// Practical BalanceKV (docs/balancekv.md, "balancekv"): the self-balancing walk over blocks of
 // keys and values, exact halving, weights across rounds, the top-up for ratios that are not
 // powers of two, the needle variant's protected keys, and walk traces. The walk itself goes
 // through Backend::walk_blocks; cpu_walk_blocks (engine/cpu_ops.h) is implemented here as the
@@ -68,7 +68,7 @@ bool set_cpu_walk_simd(bool enabled);
 // AVX-512, the order of the CUDA kernel), separate multiplies and adds otherwise. For tests.
 void cpu_walk_gram_f32(const float* x, int rows, int dim, float* g, int ldg);
 
-// ---- Halving of one round (DESIGN.md 4). Given the round's signs in walk order and how many
+// ---- Halving of one round (docs/balancekv.md). Given the round's signs in walk order and how many
 // elements to keep, returns the survivors (positions in walk order, ascending) and their weight
 // factors. Both rules keep `keep` elements.
 struct Halving {

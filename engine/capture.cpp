@@ -1,4 +1,4 @@
-// CaptureFile (DESIGN.md 2.1): validates the capture layout on top of a container reader
+// CaptureFile (docs/capture-format.md): validates the capture layout on top of a container reader
 // (safetensors.cpp, npz.cpp), converts one layer at a time to float on demand and keeps the
 // most recently used layers in a small LRU cache.
 #include "engine/capture.h"

@@ -1,5 +1,5 @@
-// The capture file (DESIGN.md 2.1): keys, values and queries of one prompt run through one model.
-// Format of record: safetensors (memory-mapped, layers read on demand); .npz is also read.
+// The capture file (docs/capture-format.md): keys, values and queries of one prompt run through one
+// model. Format of record: safetensors (memory-mapped, layers read on demand); .npz is also read.
 #pragma once
 
 #include <map>

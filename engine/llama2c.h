@@ -1,6 +1,6 @@
 // A llama2.c model on the CPU (Karpathy's run.c, legacy "version 0" checkpoint format): loader,
 // SentencePiece-style BPE tokenizer, forward pass with a capture hook, greedy/temperature
-// sampling, and conversion of the recorded activations into a KVScope capture (DESIGN.md 2.2).
+// sampling, and conversion of the recorded activations into a KVScope capture (docs/capturing.md).
 //
 // The forward pass follows run.c operation by operation (RMSNorm with eps 1e-5, RoPE on
 // adjacent pairs (i, i+1) inside each head with frequency 1 / 10000^(i_in_head / head_size),

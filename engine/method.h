@@ -1,4 +1,4 @@
-// The interface every compression method implements (DESIGN.md section 4), and the registry.
+// The interface every compression method implements (docs/methods.md), and the registry.
 // A method sees one kv head of one layer and returns a weighted selection of the middle.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The evaluation protocol of DESIGN.md section 3: window, per-head runs, the multithreaded
+// The evaluation protocol of docs/evaluation.md: window, per-head runs, the multithreaded
 // evaluation over (method, ratio, layer, kv head) work items and R seeds, its JSON form and the
 // exact merge of shard reports.
 #include "engine/protocol.h"

@@ -1,4 +1,4 @@
-// The evaluation protocol (DESIGN.md section 3): sinks, middle, evaluation window, keep ratio,
+// The evaluation protocol (docs/evaluation.md): sinks, middle, evaluation window, keep ratio,
 // seeds, GQA groups; per head and summarised. Reductions are double precision.
 #pragma once
 
@@ -44,8 +44,9 @@ struct EvalWindow::Fitted {
 };
 
 // How a selection is scored. Weighted: numerator and denominator both use the method's weights
-// w (DESIGN.md 3). Authors: the BalanceKV authors' notebook and forward pass, numerator weight w
-// and denominator weight 2^T on every kept token, T = ceil(log2(1/keep_ratio)) (their rounds).
+// w (docs/evaluation.md). Authors: the BalanceKV authors' notebook and forward pass, numerator
+// weight w and denominator weight 2^T on every kept token, T = ceil(log2(1/keep_ratio)) (their
+// rounds).
 enum class Estimator { Weighted, Authors };
 const char* estimator_name(Estimator e);          // "weighted" | "authors"
 Estimator parse_estimator(const std::string& s);  // throws InputError naming --estimator

@@ -1,6 +1,6 @@
-// The protocol's rules for a method's selection (DESIGN.md 3), shared by the evaluation protocol
-// (engine/protocol.cpp) and compressed-cache generation (engine/generate.cpp): a bug in a method
-// must fail loudly, not turn into a plausible-looking error figure or divergence.
+// The protocol's rules for a method's selection (docs/evaluation.md), shared by the evaluation
+// protocol (engine/protocol.cpp) and compressed-cache generation (engine/generate.cpp): a bug in a
+// method must fail loudly, not turn into a plausible-looking error figure or divergence.
 #pragma once
 
 #include "engine/method.h"

@@ -1,4 +1,4 @@
-// The theorem's BalanceKV (DESIGN.md section 4, "balancekv-stream"): SoftmaxBalance (Algorithm 2
+// The theorem's BalanceKV (docs/balancekv.md, "balancekv-stream"): SoftmaxBalance (Algorithm 2
 // of balancekv-paper.txt) inside MergeAndReduce (Algorithm 3), with numerator instances per
 // value-norm bucket and one denominator instance on (k, 1) (Algorithm 1). See docs/balancekv.md.
 #pragma once

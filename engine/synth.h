@@ -1,4 +1,4 @@
-// Synthetic captures for scale and speed tests (DESIGN.md 2.2: always labelled synthetic).
+// Synthetic captures for scale and speed tests (docs/capturing.md: always labelled synthetic).
 // Llama-3-8B shapes by default. Not a model run: a generative sketch of the structure real KV
 // caches show, so compression methods have something non-trivial to do:
 //  - keys drawn from a few clusters ("topics") whose centres drift with position, with tokens

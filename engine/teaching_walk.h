@@ -1,4 +1,4 @@
-// The teaching walk of the Walk view (DESIGN.md section 5): a handful of user vectors in 2-D,
+// The teaching walk of the Walk view (docs/app.md): a handful of user vectors in 2-D,
 // signed one at a time, with the table the authors' talk draws (balancekv-talk.md): <u_i, z>,
 // the signs, the probabilities and the prefix sums.
 //

@@ -1,4 +1,4 @@
-// What a self-balancing walk did, block by block and round by round (DESIGN.md section 4, last
+// What a self-balancing walk did, block by block and round by round (docs/balancekv.md, last
 // paragraph). Recorded by balancekv / balancekv-stream when MethodInput::want_trace is set.
 #pragma once
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests for tools/capture_hf.py (DESIGN.md 2.3).
+"""Tests for tools/capture_hf.py (docs/capturing.md).
 
   capture_hf_test.py --cli PATH --writer-only
       The dependency-free safetensors writer: a small capture in F32/F16/BF16 is read back by a

@@ -1,4 +1,4 @@
-// CUDA backend against the CPU reference (DESIGN.md section 7): the same random inputs through
+// CUDA backend against the CPU reference (docs/testing.md): the same random inputs through
 // cpu_backend() and the CUDA backend. Walk signs agree except for rare draws that land within
 // float rounding of p_i, attention errors within 1e-4 relative, the t-SNE gradient closely,
 // k-center picks exactly on well-separated data. Every device test skips with a message when no

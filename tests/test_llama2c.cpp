@@ -1,4 +1,4 @@
-// The llama2.c path (DESIGN.md 2.2): checkpoint and tokenizer loading, run.c's greedy text,
+// The llama2.c path (docs/capturing.md): checkpoint and tokenizer loading, run.c's greedy text,
 // captures that reproduce the model's own attention, and clear errors for malformed files.
 #include <gtest/gtest.h>
 #include <sys/wait.h>

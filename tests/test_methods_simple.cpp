@@ -1,4 +1,4 @@
-// The simple methods (exact, uniform, streaming): their defining behaviour (DESIGN.md 4, 7).
+// The simple methods (exact, uniform, streaming): their defining behaviour (docs/methods.md, 7).
 #include <gtest/gtest.h>
 
 #include <algorithm>

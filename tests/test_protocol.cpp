@@ -1,4 +1,4 @@
-// The evaluation protocol (DESIGN.md 3): window, run_eval over seeds/threads/shards, refused
+// The evaluation protocol (docs/evaluation.md): window, run_eval over seeds/threads/shards, refused
 // heads and methods, failures, cancellation, JSON and merge.
 #include <gtest/gtest.h>
 

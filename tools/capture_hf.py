@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Capture queries, keys (after RoPE) and values from a Hugging Face causal LM (DESIGN.md 2.3).
+"""Capture queries, keys (after RoPE) and values from a Hugging Face causal LM (docs/capturing.md).
 
 Runs one prompt through a `transformers` causal LM and writes a KVScope capture in the
-safetensors format of DESIGN.md 2.1:
+safetensors format of docs/capture-format.md:
 
     layers.{L}.query  [q_heads,  n, head_dim]   after RoPE
     layers.{L}.key    [kv_heads, n, head_dim]   after RoPE, as attention uses them
@@ -152,7 +152,7 @@ def write_safetensors(path, tensors, metadata):
 
 
 def capture_metadata(model, num_layers, q_heads, kv_heads, head_dim, tokens, prompt, source, extra=None):
-    """The `__metadata__` of DESIGN.md 2.1 (all values strings)."""
+    """The `__metadata__` of docs/capture-format.md (all values strings)."""
     metadata = {
         "format": FORMAT,
         "model": model,

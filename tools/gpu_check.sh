@@ -4,7 +4,7 @@
 #   2. run the CUDA tests through CTest (they must RUN, not skip, when a device is present)
 #   3. compute-sanitizer memcheck, racecheck, initcheck and synccheck on the parity test
 #   4. bench/bench_gpu (Google Benchmark, JSON) and bench/torch_walk.py (PyTorch baseline)
-#   5. write a markdown table (GPU time, CPU time, ratios, DESIGN.md targets) and print it
+#   5. write a markdown table (GPU time, CPU time, ratios, the targets of docs/performance.md) and print it
 # Usage: tools/gpu_check.sh [build-dir]      (default: build-gpu; results in <build-dir>/gpu-report,
 #        or in $OUT when set). Exit status is non-zero when a step fails; later steps still run.
 #        KVSCOPE_GPU_PREBUILT=1 skips configure/build and runs the binaries already in build-dir

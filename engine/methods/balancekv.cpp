@@ -1,4 +1,4 @@
-// Practical BalanceKV (DESIGN.md section 4): the authors' blocked self-balancing walk with exact
+// Practical BalanceKV (docs/balancekv.md): the authors' blocked self-balancing walk with exact
 // halving, T = log2(1/ratio) rounds. The algorithm lives in engine/balance_walk.cpp so the
 // layer-level entry point (balancekv_layer) and this per-head method share one implementation.
 #include "engine/balance_walk.h"

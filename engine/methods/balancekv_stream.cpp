@@ -1,4 +1,4 @@
-// The theorem's BalanceKV (DESIGN.md section 4, "balancekv-stream"): SoftmaxBalance inside
+// The theorem's BalanceKV (docs/balancekv.md, "balancekv-stream"): SoftmaxBalance inside
 // MergeAndReduce, numerator instances per value-norm bucket and one denominator instance, with
 // separate numerator and denominator selections. The algorithm lives in
 // engine/softmax_balance.cpp.

@@ -1,4 +1,4 @@
-// exact (DESIGN.md section 4): keeps every middle token at weight 1. It is the reference point of
+// exact (docs/methods.md): keeps every middle token at weight 1. It is the reference point of
 // every error table: its approximation equals exact attention, so its error is zero.
 #include "engine/error.h"
 #include "engine/method.h"

@@ -2,7 +2,7 @@
 // Language Models", NeurIPS 2023; github.com/FMInference/H2O): keep the "heavy hitters", the
 // tokens with the largest accumulated attention.
 //
-// As DESIGN.md section 4 states it for a prefill capture: the score of middle token i is the
+// As docs/methods.md states it for a prefill capture: the score of middle token i is the
 // attention it receives from every causal query before n-E (positions i..n-E-1), summed and
 // divided by how many queries could see it (n-E-i) so early tokens are not favoured just for
 // being seen more often; averaged over the GQA group's query heads. The top m are kept with

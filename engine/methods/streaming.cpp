@@ -1,4 +1,4 @@
-// streaming (StreamingLLM, Xiao et al. 2023; DESIGN.md section 4): the attention sinks and a
+// streaming (StreamingLLM, Xiao et al. 2023; docs/methods.md): the attention sinks and a
 // recent window are kept by the protocol; of the middle it keeps the m most recent tokens
 // [mid_end - m, mid_end), each at weight 1 (no reweighting: dropped tokens simply vanish).
 #include <algorithm>

@@ -1,4 +1,4 @@
-// uniform (DESIGN.md section 4): m middle tokens drawn uniformly without replacement, each
+// uniform (docs/methods.md): m middle tokens drawn uniformly without replacement, each
 // weighted n_mid / m so that the weighted sums are unbiased estimates of the full sums.
 #include <algorithm>
 #include <numeric>
