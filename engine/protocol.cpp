@@ -87,7 +87,8 @@ std::vector<std::string> method_names(const std::vector<const Method*>& methods)
 
 EvalWindow EvalWindow::make(int n, double keep_ratio, int sink_override, int eval_override) {
   if (!(keep_ratio > 0 && keep_ratio <= 1))
-    throw InputError("--ratios: keep ratio " + fmt_double(keep_ratio) + " is not in (0, 1]");
+    throw SettingError("keep ratio", "--ratios",
+                       "keep ratio " + fmt_double(keep_ratio) + " is not in (0, 1]");
   if (n <= 0) throw InputError("capture has no tokens to evaluate");
   EvalWindow w;
   w.n = n;
@@ -97,14 +98,15 @@ EvalWindow EvalWindow::make(int n, double keep_ratio, int sink_override, int eva
   w.sink = w.sink_overridden ? sink_override : std::min(256, n / 32);
   w.eval = w.eval_overridden ? eval_override : std::min(256, n / 8);
   if (w.eval < 1)
-    throw InputError(w.eval_overridden
-                         ? std::string("--eval: needs at least 1 evaluation query")
-                         : "capture has only " + std::to_string(n) +
-                               " tokens: E = floor(n/8) = 0 evaluation queries (pass --eval)");
+    throw SettingError("evaluation queries (E)", "--eval",
+                       w.eval_overridden
+                           ? std::string("needs at least 1 evaluation query")
+                           : "the capture has only " + std::to_string(n) +
+                                 " tokens: E = floor(n/8) = 0 evaluation queries (set E)");
   if (w.sink + w.eval > n)
-    throw InputError("--sink/--eval: s + E = " + std::to_string(w.sink) + " + " +
-                     std::to_string(w.eval) + " exceeds the capture's " + std::to_string(n) +
-                     " tokens");
+    throw SettingError("sinks (s) and evaluation queries (E)", "--sink/--eval",
+                       "s + E = " + std::to_string(w.sink) + " + " + std::to_string(w.eval) +
+                           " exceeds the capture's " + std::to_string(n) + " tokens");
   w.mid_begin = w.sink;
   w.mid_end = n - w.eval;
   w.n_mid = w.mid_end - w.mid_begin;
@@ -161,8 +163,8 @@ std::string EvalWindow::describe() const {
                   " E=" + std::to_string(eval) + " middle=" + std::to_string(n_mid) +
                   " m=" + std::to_string(budget);
   std::vector<std::string> why;
-  if (sink_overridden) why.push_back("s set by --sink");
-  if (eval_overridden) why.push_back("E set by --eval");
+  if (sink_overridden) why.push_back("s set by hand");
+  if (eval_overridden) why.push_back("E set by hand");
   if (!sink_overridden && !eval_overridden && scaled_down())
     why.push_back("scaled down from 256/256 for a short capture: s = floor(n/32), E = floor(n/8)");
   else if (scaled_down() && (!sink_overridden || !eval_overridden))
@@ -214,7 +216,7 @@ const char* estimator_name(Estimator e) {
 Estimator parse_estimator(const std::string& s) {
   if (s == "weighted") return Estimator::Weighted;
   if (s == "authors") return Estimator::Authors;
-  throw InputError("--estimator: '" + s + "' is not weighted or authors");
+  throw SettingError("estimator", "--estimator", "'" + s + "' is not weighted or authors");
 }
 
 void apply_authors_estimator(Selection& sel, double keep_ratio) {
@@ -546,8 +548,8 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
   }
 }
 
-std::vector<int> resolve_list(const std::vector<int>& given, int count, const char* flag,
-                              const char* what) {
+std::vector<int> resolve_list(const std::vector<int>& given, int count, const char* setting,
+                              const char* flag, const char* what) {
   if (given.empty()) {
     std::vector<int> all(count);
     for (int i = 0; i < count; ++i) all[i] = i;
@@ -556,10 +558,12 @@ std::vector<int> resolve_list(const std::vector<int>& given, int count, const ch
   std::set<int> seen;
   for (int v : given) {
     if (v < 0 || v >= count)
-      throw InputError(std::string(flag) + ": " + what + " " + std::to_string(v) +
-                       " out of range (the capture has " + std::to_string(count) + ")");
+      throw SettingError(setting, flag,
+                         std::string(what) + " " + std::to_string(v) +
+                             " out of range (the capture has " + std::to_string(count) + ")");
     if (!seen.insert(v).second)
-      throw InputError(std::string(flag) + ": " + what + " " + std::to_string(v) + " given twice");
+      throw SettingError(setting, flag,
+                         std::string(what) + " " + std::to_string(v) + " given twice");
   }
   return given;
 }
@@ -576,26 +580,28 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   spec = spec_in;
 
   // Validate everything before any work starts, naming the flag.
-  if (spec.methods.empty()) throw InputError("--methods: no method given");
-  if (spec.ratios.empty()) throw InputError("--ratios: no keep ratio given");
-  if (spec.seeds < 1) throw InputError("--seeds: needs at least 1 seed");
+  if (spec.methods.empty()) throw SettingError("methods", "--methods", "no method given");
+  if (spec.ratios.empty()) throw SettingError("keep ratios", "--ratios", "no keep ratio given");
+  if (spec.seeds < 1) throw SettingError("seeds", "--seeds", "needs at least 1 seed");
   if (spec.shard_count < 1 || spec.shard_index < 0 || spec.shard_index >= spec.shard_count)
-    throw InputError("--shard: " + std::to_string(spec.shard_index) + "/" +
-                     std::to_string(spec.shard_count) + " is not i/N with 0 <= i < N");
-  if (spec.threads < 0) throw InputError("--threads: must be 0 (all cores) or more");
-  spec.layers = resolve_list(spec.layers, info.num_layers, "--layers", "layer");
-  spec.heads = resolve_list(spec.heads, info.kv_heads, "--heads", "kv head");
+    throw SettingError("shard", "--shard",
+                       std::to_string(spec.shard_index) + "/" + std::to_string(spec.shard_count) +
+                           " is not i/N with 0 <= i < N");
+  if (spec.threads < 0) throw SettingError("threads", "--threads", "must be 0 (all cores) or more");
+  spec.layers = resolve_list(spec.layers, info.num_layers, "layers", "--layers", "layer");
+  spec.heads = resolve_list(spec.heads, info.kv_heads, "kv heads", "--heads", "kv head");
   for (const Method* m : spec.methods)
     if (std::count(spec.methods.begin(), spec.methods.end(), m) > 1)
-      throw InputError("--methods: " + m->name() + " given twice");
+      throw SettingError("methods", "--methods", m->name() + " given twice");
   for (double r : spec.ratios)
     if (std::count(spec.ratios.begin(), spec.ratios.end(), r) > 1)
-      throw InputError("--ratios: " + fmt_double(r) + " given twice");
+      throw SettingError("keep ratios", "--ratios", fmt_double(r) + " given twice");
   for (const auto& [name, values] : spec.params) {
     auto it = std::find_if(spec.methods.begin(), spec.methods.end(),
                            [&](const Method* m) { return m->name() == name; });
     if (it == spec.methods.end())
-      throw InputError("--param " + name + ".*: " + name + " is not among the evaluated methods");
+      throw SettingError(name + ".*", "--param " + name + ".*",
+                         name + " is not among the evaluated methods");
     validate_method_params(**it, values);
   }
   for (double r : spec.ratios) EvalWindow::make(info.num_tokens, r, spec.sink, spec.eval);

@@ -133,12 +133,12 @@ std::string Grid2Result::to_csv(bool per_head) const {
 Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spec& g,
                       const std::function<void(int, int)>& progress,
                       const std::atomic<bool>* cancel, Backend* backend) {
-  if (!g.method) throw InputError("--grid2: no method");
+  if (!g.method) throw SettingError("two-parameter grid", "--grid2", "no method");
   if (g.rows.name == g.cols.name)
-    throw InputError("--grid2: both axes sweep '" + g.rows.name +
-                     "'; give two different parameters");
+    throw SettingError("two-parameter grid", "--grid2",
+                       "both axes sweep '" + g.rows.name + "'; give two different parameters");
   if (g.rows.values.empty() || g.cols.values.empty())
-    throw InputError("--grid2: each axis needs at least one value");
+    throw SettingError("two-parameter grid", "--grid2", "each axis needs at least one value");
   const std::vector<ParamSpec> specs = g.method->params();
   Grid2Result res;
   res.method = g.method->name();
@@ -151,8 +151,8 @@ Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spe
   res.default_col_value = param_value(specs, {}, g.cols.name);
   for (const auto& [name, v] : g.fixed)
     if (name == g.rows.name || name == g.cols.name)
-      throw InputError("--param " + g.method->name() + "." + name +
-                       ": this parameter is swept by --grid2");
+      throw SettingError(g.method->name() + "." + name, "--param " + g.method->name() + "." + name,
+                         "this parameter is swept by the two-parameter grid");
   const size_t R = base.ratios.size(), I = g.rows.values.size(), J = g.cols.values.size();
   res.mean.assign(R, std::vector<std::vector<double>>(I, std::vector<double>(J, kNaN)));
   res.seed_std = res.mean;

@@ -193,17 +193,20 @@ SynthSpec synth_preset(const std::string& shape) {
     s.num_tokens = 512;
     return s;
   }
-  throw InputError("--shape: unknown shape \"" + shape + "\" (known: llama3-8b, small)");
+  throw SettingError("shape", "--shape",
+                     "unknown shape \"" + shape + "\" (known: llama3-8b, small)");
 }
 
 SynthGenerator::SynthGenerator(const SynthSpec& spec) : spec_(spec) {
   // Within what the capture reader accepts (engine/capture.h), so every synth file opens.
   if (spec.num_tokens < 2 || spec.num_tokens > kMaxCaptureTokens)
-    throw InputError("--tokens: " + std::to_string(spec.num_tokens) + " is out of range (2 to " +
-                     std::to_string(kMaxCaptureTokens) + ")");
+    throw SettingError("tokens", "--tokens",
+                       std::to_string(spec.num_tokens) + " is out of range (2 to " +
+                           std::to_string(kMaxCaptureTokens) + ")");
   if (spec.num_layers < 1 || spec.num_layers > kMaxCaptureLayers)
-    throw InputError("--layers: " + std::to_string(spec.num_layers) + " is out of range (1 to " +
-                     std::to_string(kMaxCaptureLayers) + ")");
+    throw SettingError("layers", "--layers",
+                       std::to_string(spec.num_layers) + " is out of range (1 to " +
+                           std::to_string(kMaxCaptureLayers) + ")");
   if (spec.kv_heads < 1 || spec.q_heads < spec.kv_heads || spec.q_heads % spec.kv_heads != 0)
     throw InputError("synth: q_heads must be a positive multiple of kv_heads");
   if (spec.head_dim < 8 || spec.head_dim % 2 != 0)

@@ -537,7 +537,7 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
   if (n < 3) throw InputError("t-SNE: needs at least 3 points, got " + std::to_string(n));
   if (x_in.cols() < 1) throw InputError("t-SNE: the points have no features");
   if (!x_in.allFinite()) throw InputError("t-SNE: the points hold NaN or Inf");
-  if (!(perplexity > 0)) throw InputError("t-SNE: --perplexity must be > 0");
+  if (!(perplexity > 0)) throw SettingError("t-SNE perplexity", "--perplexity", "must be > 0");
 
   TsneAffinities out;
   out.n = n;
@@ -659,7 +659,8 @@ TsneRun::TsneRun(const MatrixF& x, const TsneParams& params, Backend* backend,
       external_cancel_(cancel),
       kl_(std::numeric_limits<double>::quiet_NaN()) {
   const int n = static_cast<int>(x.rows());
-  if (params_.iterations < 0) throw InputError("t-SNE: --iterations must be >= 0");
+  if (params_.iterations < 0)
+    throw SettingError("t-SNE iterations", "--iterations", "must be >= 0");
   if (params_.early_exaggeration <= 0) throw InputError("t-SNE: early exaggeration must be > 0");
   if (params_.exaggeration_iterations < 0)
     throw InputError("t-SNE: exaggeration iterations must be >= 0");

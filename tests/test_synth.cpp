@@ -57,8 +57,8 @@ TEST(Synth, PresetsHaveTheDocumentedShapes) {
   try {
     synth_preset("gpt5");
     FAIL() << "unknown shape accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--shape"), std::string::npos) << e.what();
+  } catch (const SettingError& e) {
+    EXPECT_NE(e.cli_message().find("--shape"), std::string::npos) << e.cli_message();
   }
   SynthSpec bad = small_spec(1, 0);
   EXPECT_THROW(SynthGenerator{bad}, InputError);

@@ -48,8 +48,8 @@ class CriticalKV final : public WrapperBase {
     if (!identity)
       throw InputError(name() +
                        ": needs the output projection W_O of every query head, and KVScope "
-                       "captures do not carry it (--param '" +
-                       name() + ".projection=identity' takes W_O = I, an approximation)");
+                       "captures do not carry it (the parameter " +
+                       name() + ".projection = identity takes W_O = I, an approximation)");
     const Ranking r = inner_.rank(inner_input(in));
     const std::vector<double>& s = scores_of(r);
     const int m = in.budget, n_mid = static_cast<int>(s.size());

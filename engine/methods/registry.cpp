@@ -67,14 +67,14 @@ const Method* find_wrapped(const std::string& name, std::string* why = nullptr) 
     for (const auto& m : base_methods())
       if (m->ranks_by_score()) known += (known.empty() ? "" : ", ") + m->name();
     if (why)
-      *why = "--methods: " + name + ": unknown inner method '" + inner_name +
+      *why = name + ": unknown inner method '" + inner_name +
              "' (a wrapper takes a score-ranking method: " + known + ")";
     return nullptr;
   }
   if (!inner->ranks_by_score()) {
     if (why)
-      *why = "--methods: " + name + ": " + inner_name + " does not rank by score, so " + wrapper +
-             " cannot wrap it";
+      *why =
+          name + ": " + inner_name + " does not rank by score, so " + wrapper + " cannot wrap it";
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(wrapped_mutex);
@@ -136,18 +136,20 @@ std::vector<const Method*> parse_method_list(const std::string& list) {
     if (item.empty()) continue;
     const Method* m = find_method(item);
     std::string why;
-    if (!m && find_wrapped(item, &why) == nullptr && !why.empty()) throw InputError(why);
+    if (!m && find_wrapped(item, &why) == nullptr && !why.empty())
+      throw SettingError("methods", "--methods", why);
     if (!m) {
       std::string known;
       for (const Method* k : all_methods()) known += (known.empty() ? "" : ", ") + k->name();
       std::string wrappers;
       for (const std::string& w : wrapper_names()) wrappers += (wrappers.empty() ? "" : ", ") + w;
-      throw InputError("--methods: unknown method '" + item + "' (known: " + known +
-                       "; wrappers of a score-ranking method: " + wrappers + ")");
+      throw SettingError("methods", "--methods",
+                         "unknown method '" + item + "' (known: " + known +
+                             "; wrappers of a score-ranking method: " + wrappers + ")");
     }
     out.push_back(m);
   }
-  if (out.empty()) throw InputError("--methods: no method given");
+  if (out.empty()) throw SettingError("methods", "--methods", "no method given");
   return out;
 }
 
