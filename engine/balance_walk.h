@@ -1,8 +1,9 @@
 // Practical BalanceKV (docs/balancekv.md, "balancekv"): the self-balancing walk over blocks of
 // keys and values, exact halving, weights across rounds, the top-up for ratios that are not
 // powers of two, the needle variant's protected keys, and walk traces. The walk itself goes
-// through Backend::walk_blocks; cpu_walk_blocks (engine/cpu_ops.h) is implemented here as the
-// double-precision reference. See docs/balancekv.md for the exact rules.
+// through Backend::walk_blocks; its CPU reference cpu_walk_blocks (engine/cpu_ops.h) is
+// engine/ops/walk_blocks_cpu.cpp; the parameters are engine/balance_params.cpp, the halving rules
+// engine/balance_halving.cpp. See docs/balancekv.md for the exact rules.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The CPU implementations behind the Backend seam, one per module that owns the maths:
-// walk (balance_walk.cpp), attention error (attention.cpp), t-SNE gradient (tsne.cpp),
+// walk (ops/walk_blocks_cpu.cpp), attention error (attention.cpp), t-SNE gradient (tsne.cpp),
 // k-center (kcenter.cpp). They are the double-precision references the CUDA kernels are tested
 // against.
 #pragma once

@@ -38,6 +38,10 @@ std::atomic<const Kernels*> current{nullptr};
 
 }  // namespace
 
+bool cpu_supports(const std::string& name) {
+  return cpu_runs(name);
+}
+
 std::vector<std::string> available() {
   std::vector<std::string> out;
   for (const char* name : {"scalar", "sse2", "avx2", "avx512"})

@@ -52,6 +52,9 @@ struct Kernels {
 const Kernels& kernels();
 // Names of the tables this CPU can run, narrowest first ("scalar", "sse2", "avx2", "avx512").
 std::vector<std::string> available();
+// Whether this CPU runs the instruction set of that table ("avx2" means AVX2 with FMA): the one
+// place KVScope asks the CPU (the walk's Gram kernels ask here too).
+bool cpu_supports(const std::string& name);
 // The table of that name; throws std::invalid_argument when the CPU cannot run it or it is not
 // built.
 const Kernels& table(const std::string& name);
