@@ -423,7 +423,7 @@ TEST(RunEval, RealCapture) {
     try {
       cap = CaptureFile::open(path);
     } catch (const InputError& e) {
-      GTEST_SKIP() << "sample capture not usable: " << e.what();
+      FAIL() << "a bundled sample capture does not open: " << e.what();
     }
     EvalSpec spec = simple_spec(3);
     spec.ratios = {0.5, 0.125};
