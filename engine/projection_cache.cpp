@@ -31,6 +31,13 @@ MatrixF projection_input(const CaptureInfo& info, const LayerData& layer, int kv
   if (kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[kv_head].empty())
     throw InputError(where + " kv head " + std::to_string(kv_head) +
                      " is refused: " + layer.refused[kv_head]);
+  if (req.source == ProjectionSource::Values) {
+    if (req.with_queries)
+      throw InputError("a map of the values cannot be joint with the queries (keys only)");
+    if (kv_head >= static_cast<int>(layer.values.size()))
+      throw InputError(where + " has no values for kv head " + std::to_string(kv_head));
+    return layer.values[kv_head];
+  }
   const MatrixF& keys = layer.keys[kv_head];
   if (!req.with_queries) return keys;
 
@@ -53,11 +60,16 @@ MatrixF projection_input(const CaptureInfo& info, const LayerData& layer, int kv
   return joint_keys_queries(keys, queries, req.joint);
 }
 
+const char* projection_source_name(ProjectionSource s) {
+  return s == ProjectionSource::Values ? "values" : "keys";
+}
+
 std::string projection_key(const std::string& capture_path, int layer, int kv_head,
                            const ProjectionRequest& req) {
   char buf[512];
   std::string key = capture_path + "|L" + std::to_string(layer) + "|H" + std::to_string(kv_head) +
                     "|" + projection_method_name(req.method);
+  if (req.source == ProjectionSource::Values) key += "|values";
   if (req.method == ProjectionMethod::Tsne) {
     const TsneParams& t = req.tsne;
     std::snprintf(

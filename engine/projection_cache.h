@@ -24,18 +24,26 @@ const char* projection_method_name(ProjectionMethod m);  // "pca" / "tsne"
 // "pca" or "tsne"; throws InputError naming `flag` otherwise.
 ProjectionMethod parse_projection_method(const std::string& name, const std::string& flag);
 
+// What a map embeds: the kv head's keys (the default) or its values (SubGen's Figure 1 shows
+// both, one row each).
+enum class ProjectionSource { Keys, Values };
+const char* projection_source_name(ProjectionSource s);  // "keys" / "values"
+
 struct ProjectionRequest {
   ProjectionMethod method = ProjectionMethod::Tsne;
-  TsneParams tsne;            // used when method == Tsne
+  ProjectionSource source = ProjectionSource::Keys;  // values: with_queries must be false
+  TsneParams tsne;                                   // used when method == Tsne
   bool with_queries = false;  // joint map of keys and one query head (AttentionViz)
   int query_head = -1;        // -1: the first query head of the kv head's GQA group
   JointOptions joint;         // how keys and queries are brought into one space
 };
 
-// The points a request projects: the kv head's keys (n x d), followed by the query head's queries
+// The points a request projects: the kv head's keys (n x d) -- or its values (n x d_v) when
+// source is Values -- followed by the query head's queries
 // (n x d) in the joint space when with_queries. `query_head_used` (optional) receives the query
 // head. Throws InputError naming the layer/head: head out of range, head refused (NaN/Inf),
-// queries requested but not captured, query head not in the kv head's group.
+// queries requested but not captured or asked for with values, query head not in the kv head's
+// group.
 MatrixF projection_input(const CaptureInfo& info, const LayerData& layer, int kv_head,
                          const ProjectionRequest& req, int* query_head_used = nullptr);
 

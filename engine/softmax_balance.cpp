@@ -288,6 +288,12 @@ Plan plan_budget(const std::vector<long long>& sizes, long long m, int max_batch
 
 }  // namespace
 
+void balancekv_stream_den_plan(long long n, long long m, int max_batch, int* batch, int* levels) {
+  const Plan plan = plan_budget({n}, m, max_batch);
+  *batch = plan.batch;
+  *levels = plan.levels;
+}
+
 Selection balancekv_stream_select(const MethodInput& in) {
   const std::vector<ParamSpec> specs = balancekv_stream_param_specs();
   check_params(in.params, specs);

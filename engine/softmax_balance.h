@@ -70,6 +70,10 @@ class MergeAndReduce {
 // every reduction keeps floor(|C|/2) (SoftmaxBalance never keeps more).
 long long merge_and_reduce_bound(long long n, int batch, int levels);
 
+// The batch t and level count T that balancekv-stream's budget search picks for its denominator
+// instance over n middle tokens at budget m (the Teaching view's merge-and-reduce tree uses it).
+void balancekv_stream_den_plan(long long n, long long m, int max_batch, int* batch, int* levels);
+
 // The method's ParamSpecs and its selection for one kv head (throws InputError on bad input).
 std::vector<ParamSpec> balancekv_stream_param_specs();
 Selection balancekv_stream_select(const MethodInput& in);
