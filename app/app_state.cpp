@@ -349,6 +349,7 @@ void AppState::request_open(const std::string& path, bool from_session) {
                     for (auto& [name, r] : s.results)
                       if (!r.running.empty()) s.worker.cancel(name);
                     s.results.clear();
+                    s.grid_cells.clear();
                     s.capture = cap;
                     s.capture_path = path;
                     ++s.capture_id;
@@ -390,6 +391,7 @@ void AppState::run_now(const std::string& name) {
   Result& r = results[name];
   r.approved = r.want;
   r.cancelled.clear();
+  r.cancel_holds = false;
   if (r.key == r.want) r.key.clear();  // re-run an up-to-date result too
 }
 
@@ -399,7 +401,12 @@ void AppState::cancel_job(const std::string& name) {
   worker.cancel(name);
   r.cancelled = r.running;
   r.running.clear();
-  if (r.partial) r.partial = false, r.key = "(cancelled)";
+  // A progressive result keeps what it computed (its cells answer their key) and stays
+  // cancelled, whatever changes, until Run.
+  if (r.progressive)
+    r.cancel_holds = true;
+  else if (r.partial)
+    r.partial = false, r.key = "(cancelled)";
 }
 
 void AppState::fit_settings_to_capture(bool announce) {
@@ -525,37 +532,94 @@ JobPlan AppState::plan_grid() const {
   JobPlan p;
   if (!capture) return p;
   const CaptureInfo& ci = capture->info();
-  const MethodChoice& a = settings.method[0];
   const int seeds = grid_seeds();
-  p.key = "grid|" + common_key() + "|" + a.name + params_text(a.params) +
-          "|r=" + std::to_string(settings.keep_ratio) + "|seed=" + std::to_string(settings.seed) +
-          "|seeds=" + std::to_string(seeds);
-  const Method* m = method(0);
-  EvalSpec spec;
-  if (m) spec.methods = {m};
-  spec.ratios = {settings.keep_ratio};
-  spec.seeds = seeds;
-  spec.base_seed = static_cast<uint64_t>(settings.seed);
-  // Only method A's own parameters: the engine rejects parameters of methods it does not run.
-  if (!a.params.empty()) spec.params[a.name] = a.params;
-  const MethodSettings ms = method_settings(0);
-  spec.sink = ms.sink;
-  spec.eval = ms.eval;
-  spec.estimator = settings.estimator;
-  spec.threads = background_threads();
+  // The cells' shared part: capture, backend, window, estimator and the keep ratio; each slot's
+  // cells add their method and its own parameters (app/grid_cells.h).
+  const std::string shared = common_key() + "|r=" + std::to_string(settings.keep_ratio);
+  std::array<std::string, 2> mkey;
+  for (size_t k = 0; k < 2; ++k)
+    if (k == 0 || settings.ab_enabled)
+      mkey[k] = settings.method[k].name + params_text(settings.method[k].params);
+  p.key = "grid|" + shared + "|A=" + mkey[0] + "|B=" + mkey[1] +
+          "|seed=" + std::to_string(settings.seed) + "|seeds=" + std::to_string(seeds);
+  const Result& now = result(kGrid);
+  // The job: rebuilt only when the key or the cells in hand changed (this runs every frame).
+  if (!grid_plan_job_ || grid_plan_key_ != p.key || grid_plan_version_ != grid_cells.version()) {
+    auto job = std::make_shared<GridJob>();
+    job->capture = capture;
+    job->backend = backend_;
+    const MethodSettings ms = method_settings(0);
+    job->base.ratios = {settings.keep_ratio};
+    job->base.sink = ms.sink;
+    job->base.eval = ms.eval;
+    job->base.estimator = settings.estimator;
+    job->base.threads = 1;
+    job->seeds = seeds;
+    job->base_seed = static_cast<uint64_t>(settings.seed);
+    job->layers = ci.num_layers;
+    job->heads = ci.kv_heads;
+    job->shared_key = shared;
+    job->threads = background_threads();
+    job->priority = grid_priority;
+    job->previous = now.ptr<GridReport>();
+    for (size_t k = 0; k < 2; ++k) {
+      if (mkey[k].empty()) continue;
+      GridJob::Slot& sl = job->slots[k];
+      sl.method = method(static_cast<int>(k));
+      sl.name = settings.method[k].name;
+      sl.params = settings.method[k].params;
+      sl.method_key = mkey[k];
+      if (!sl.method) continue;
+      sl.runs = sl.method->depends_on_seed() ? seeds : 1;
+      for (int run = 0; run < sl.runs; ++run) {
+        const std::string seed =
+            sl.runs == 1 && seeds > 1 ? "any" : std::to_string(settings.seed + run);
+        for (int l = 0; l < ci.num_layers; ++l)
+          for (int h = 0; h < ci.kv_heads; ++h) {
+            GridJob::Need n;
+            n.slot = static_cast<int>(k);
+            n.layer = l;
+            n.head = h;
+            n.run = run;
+            n.key = grid_cell_key(mkey[k], shared, l, h, seed);
+            n.have = grid_cells.get(n.key);
+            job->needs.push_back(std::move(n));
+          }
+      }
+    }
+    grid_plan_job_ = job;
+    grid_plan_key_ = p.key;
+    grid_plan_version_ = grid_cells.version();
+  }
+  std::shared_ptr<const GridJob> job = grid_plan_job_;
   p.lane = Lane::Grid;
-  p.label = "grid: " + a.name + " at " + std::to_string(settings.keep_ratio);
-  p.cost_class = "eval:" + a.name;
-  p.units = head_units(ci, window()) * ci.num_layers * ci.kv_heads * runs_per_head(m, 1, seeds);
-  p.threads = spec.threads;
-  p.auto_limit_s = kBackgroundAutoLimitS;
-  std::shared_ptr<CaptureFile> cap = capture;
-  Backend* be = backend_;
-  const std::string name = a.name;
-  p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-    if (spec.methods.empty()) throw InputError("unknown method '" + name + "'");
-    return std::make_shared<EvalReport>(run_eval(
-        *cap, spec, [&](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be));
+  p.label = "grid: " + settings.method[0].name + " at " + std::to_string(settings.keep_ratio);
+  p.progressive = true;
+  // The estimate: the missing cells only, each at its method's measured cost.
+  const double per_cell = head_units(ci, window());
+  double seconds = 0;
+  for (const GridJob::Need& n : job->needs)
+    if (!n.have)
+      seconds += per_cell * costs.per_unit("eval:" + job->slots[static_cast<size_t>(n.slot)].name);
+  p.cost_class = "";
+  p.units = seconds / kPriorPerUnit;
+  p.threads = job->threads;
+  p.auto_limit_s = 1e30;
+  const std::string name = settings.method[0].name;
+  p.compute = [job, name, per_cell](
+                  JobContext& ctx,
+                  const JobPlan::PartialFn& partial) -> std::shared_ptr<const void> {
+    if (!job->slots[0].method) throw InputError("unknown method '" + name + "'");
+    return run_grid_job(
+        *job, ctx,
+        [&ctx, job, per_cell](const GridJob::Need& n, const HeadEval& he, double secs) {
+          const std::string cls = "eval:" + job->slots[static_cast<size_t>(n.slot)].name;
+          ctx.post([key = n.key, he, cls, per_cell, secs](AppState& s) {
+            s.grid_cells.insert(key, he);
+            s.costs.record(cls, per_cell, secs);
+          });
+        },
+        [&partial](std::shared_ptr<const GridReport> g) { partial(g); });
   };
   return p;
 }
@@ -751,6 +815,11 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
   worker.drain(*this);
   resolve_backend();
   fit_settings_to_capture(false);
+  // Where the grid job looks first (read by the job before each cell).
+  grid_priority->focus_layer = settings.focus.layer;
+  grid_priority->focus_head = settings.focus.kv_head;
+  grid_priority->visible_first = grid_rows_visible[0];
+  grid_priority->visible_last = grid_rows_visible[1];
   // Each plan's key is published as its result's `want` before the next planner runs: a planner
   // that reads an earlier result (focus_layer(), run(0), fresh()) then knows whether that result
   // belongs to the current settings. Planning every result first and publishing after let the
@@ -774,6 +843,7 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
     Result& r = results[name];
     r.want = p.key;
     r.waiting = p.waiting;
+    r.progressive = p.progressive;
     if (p.key.empty()) {
       if (!r.running.empty()) worker.cancel(name);
       r.running.clear();
@@ -797,13 +867,21 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
       r.running.clear();
     }
     if (!p.waiting.empty() || !p.compute) continue;
+    // A cancelled progressive result waits for Run, unless nothing is left to compute.
+    if (r.cancel_holds && p.units > 0) r.cancelled = p.key;
     if (r.cancelled == p.key) continue;
-    if (r.estimate_s > p.auto_limit_s && r.approved != p.key) {
+    if (!p.progressive && r.estimate_s > p.auto_limit_s && r.approved != p.key) {
       r.held = p.key;
       continue;
     }
     r.held.clear();
     submit(name, r, p);
+  }
+  // The cell store stays bounded: past 20000 cells (about 50 MB) only the current grid's stay.
+  if (grid_cells.size() > 20000 && grid_plan_job_) {
+    std::set<std::string> keep;
+    for (const GridJob::Need& n : grid_plan_job_->needs) keep.insert(n.key);
+    grid_cells.trim(20000, keep);
   }
   for (auto& [name, r] : results)
     if (!planned.count(name)) {

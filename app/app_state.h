@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "app/grid_cells.h"
 #include "app/worker.h"
 #include "engine/attention_stats.h"
 #include "engine/capture.h"
@@ -121,10 +122,14 @@ struct Result {
   bool partial = false;  // value is an intermediate frame of a running job
   double seconds = 0;    // wall time of the run that produced value
   // Job state.
-  std::string running;     // key of the submitted job ("" = none)
-  std::string held;        // == want when the job waits for a Run click (estimate too high)
-  std::string cancelled;   // key the user cancelled (not resubmitted until Run)
-  std::string approved;    // key the user asked to run whatever its cost
+  std::string running;    // key of the submitted job ("" = none)
+  std::string held;       // == want when the job waits for a Run click (estimate too high)
+  std::string cancelled;  // key the user cancelled (not resubmitted until Run)
+  std::string approved;   // key the user asked to run whatever its cost
+  // From its plan (JobPlan::progressive): never held for a Run click; a Cancel holds for every
+  // later key too (cancel_holds) until Run.
+  bool progressive = false;
+  bool cancel_holds = false;
   std::string waiting;     // why the job cannot start yet (e.g. "loading layer 3")
   double estimate_s = -1;  // expected seconds for `want` (-1: unknown)
   std::string estimate_text;
@@ -158,6 +163,9 @@ struct JobPlan {
   double prior_per_unit = 0;  // seconds per unit before a measurement (0: the general prior)
   int threads = 1;
   double auto_limit_s = 3.0;
+  // Progressive (the grid): fills in piece by piece and is cancellable, so it starts without a
+  // Run click whatever its cost; `units` counts only what is still missing.
+  bool progressive = false;
   // Computes the value; `partial` posts an intermediate value (e.g. a t-SNE frame).
   using PartialFn = std::function<void(std::shared_ptr<const void>)>;
   std::function<std::shared_ptr<const void>(JobContext&, const PartialFn&)> compute;
@@ -213,6 +221,11 @@ struct AppState {
   // Screen rectangles of named widgets (for the GUI test), filled while drawing.
   std::map<std::string, std::array<float, 4>> ui_items;
 
+  // ---- the progressive grid's cells (app/grid_cells.h) and where its job looks first
+  GridCellStore grid_cells;
+  std::shared_ptr<GridPriority> grid_priority = std::make_shared<GridPriority>();
+  std::array<int, 2> grid_rows_visible{-1, -1};  // rows of the grid drawn on screen last frame
+
   Worker worker;
 
   // ---- accessors for views
@@ -230,7 +243,13 @@ struct AppState {
   std::shared_ptr<const HeadRun> run_ptr(int slot) const;
   // Why the focused run of a slot failed for the current settings ("" when it did not).
   std::string run_error(int slot) const;
-  const EvalReport* grid() const { return result(kGrid).get<EvalReport>(); }
+  // The layer x head grid (method A's and B's cells, app/grid_cells.h) and its report; the
+  // report also holds method B's cells: read one method through GridReport::find.
+  const GridReport* grid_report() const { return result(kGrid).get<GridReport>(); }
+  const EvalReport* grid() const {
+    const GridReport* g = grid_report();
+    return g ? &g->report : nullptr;
+  }
   const EvalReport* sweep() const { return result(kSweep).get<EvalReport>(); }
   const EntropyGrid* entropy() const { return result(kEntropy).get<EntropyGrid>(); }
   const QueryComparison* query_cmp() const { return result(kQuery).get<QueryComparison>(); }
@@ -304,6 +323,10 @@ struct AppState {
 
   Backend* backend_ = nullptr;
   std::string backend_resolved_;  // settings.backend the backend was resolved for
+  // plan_grid's job, kept while neither the key nor the cell store changed (planned every frame).
+  mutable std::string grid_plan_key_;
+  mutable uint64_t grid_plan_version_ = 0;
+  mutable std::shared_ptr<const GridJob> grid_plan_job_;
 };
 
 // The evaluation window for n tokens, clamped to fit (s + E <= n, E >= 1) when the protocol's

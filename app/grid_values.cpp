@@ -79,7 +79,7 @@ GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
   return gv;
 }
 
-GridValues grid_values(const AppState& s, GridMetric metric) {
+GridValues grid_values(const AppState& s, GridMetric metric, int slot) {
   const CaptureInfo* ci = s.info();
   if (!ci) return {};
   GridValues gv = empty_grid(*ci);
@@ -102,29 +102,54 @@ GridValues grid_values(const AppState& s, GridMetric metric) {
     gv.unit = "rel. error";
     gv.map = Colormap::Viridis;
     const Result& r = s.result(kGrid);
-    const EvalReport* grid = s.grid();
+    const GridReport* grid = s.grid_report();
+    const size_t k = slot == 1 ? 1 : 0;
     if (!r.error.empty()) {
       gv.caption = "grid failed: " + r.error;
-    } else if (!grid) {
-      gv.caption = r.busy() ? "running " + s.method_name(0) + " on every head..." : "no grid yet";
+    } else if (!grid || grid->methods[k].empty()) {
+      gv.caption = r.busy() ? "running " + s.method_name(static_cast<int>(k)) + " on every head..."
+                            : "no grid yet";
     } else {
-      const HeadEval* first = grid->results.empty() ? nullptr : &grid->results.front();
-      char buf[256];
       // The method as the grid computed it, non-default parameters named.
-      std::string label = "?";
-      if (first) {
-        const auto pit = grid->spec.params.find(first->method);
-        label = method_label(first->method,
-                             pit == grid->spec.params.end() ? ParamValues{} : pit->second);
-      }
-      std::snprintf(buf, sizeof buf, "%s at keep ratio %s: relative error, mean of %d seed%s%s",
-                    label.c_str(),
-                    ratio_label(first ? first->ratio : s.settings.keep_ratio).c_str(),
-                    grid->spec.seeds, grid->spec.seeds == 1 ? "" : "s",
-                    r.stale() ? " [stale: earlier settings]" : "");
+      const std::string label = method_label(grid->methods[k], grid->params[k]);
+      const double ratio =
+          grid->report.spec.ratios.empty() ? s.settings.keep_ratio : grid->report.spec.ratios[0];
+      char buf[320];
+      std::snprintf(buf, sizeof buf, "%s%s at keep ratio %s: relative error, mean of %d seed%s%s",
+                    k == 1 ? "B: " : "", label.c_str(), ratio_label(ratio).c_str(), grid->seeds,
+                    grid->seeds == 1 ? "" : "s", r.stale() ? " [stale: earlier settings]" : "");
       gv.caption = buf;
-      if (first && grid->info.num_layers == gv.layers && grid->info.kv_heads == gv.heads)
-        fill_from_report(gv, *grid, first->method, first->ratio);
+      if (!grid->complete()) {
+        std::snprintf(buf, sizeof buf, " [%d of %d seed runs so far]", grid->cells_done,
+                      grid->cells_total);
+        gv.caption += buf;
+      }
+      gv.seeds = grid->seeds;
+      gv.state.assign(cells, static_cast<uint8_t>(CellState::Missing));
+      gv.seeds_done.assign(cells, 0);
+      std::fill(gv.missing.begin(), gv.missing.end(), 1);
+      if (grid->report.info.num_layers == gv.layers && grid->report.info.kv_heads == gv.heads)
+        for (size_t i = 0; i < grid->entries.size() && i < grid->report.results.size(); ++i) {
+          const GridEntry& e = grid->entries[i];
+          const HeadEval& h = grid->report.results[i];
+          if (e.slot != static_cast<int>(k) || e.state == CellState::Missing) continue;
+          if (h.layer < 0 || h.layer >= gv.layers || h.kv_head < 0 || h.kv_head >= gv.heads)
+            continue;
+          const size_t c = static_cast<size_t>(h.layer * gv.heads + h.kv_head);
+          const bool bad = h.refused || !h.error.empty();
+          gv.mean[c] = bad ? NAN : h.mean;
+          gv.spread[c] = bad || e.seeds_done < 2 ? NAN : h.std;
+          gv.note[c] = h.error.empty() ? h.note : h.error;
+          // This head's own count where it is not m: a wrapper's per-head budget (adakv), or
+          // a method that keeps less (a walk's halvings).
+          if (!bad && h.kept != h.budget)
+            gv.note[c] += (gv.note[c].empty() ? "" : "\n") + std::string("kept ") +
+                          std::to_string(h.kept) + " of m = " + std::to_string(h.budget) +
+                          " middle tokens";
+          gv.missing[c] = 0;
+          gv.state[c] = static_cast<uint8_t>(e.state);
+          gv.seeds_done[c] = e.seeds_done;
+        }
     }
   }
   finish_range(gv);
@@ -173,7 +198,12 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
         double v = gv.mean[static_cast<size_t>(r * gv.heads + c)];
         if (!gv.have_values || (!gv.missing.empty() && gv.missing[r * gv.heads + c]))
           return IM_COL32(45, 48, 54, 255);
-        return std::isfinite(v) ? colormap(gv.map, norm(v)) : kColRefused;
+        const ImU32 col = std::isfinite(v) ? colormap(gv.map, norm(v)) : kColRefused;
+        // A value of earlier settings, shown until its cell is computed again: dimmed.
+        if (!gv.state.empty() && gv.state[static_cast<size_t>(r * gv.heads + c)] ==
+                                     static_cast<uint8_t>(CellState::Stale))
+          return (col & 0x00FFFFFFu) | (static_cast<ImU32>(90) << IM_COL32_A_SHIFT);
+        return col;
       },
       [&](int r, int c) -> std::string {
         double v = gv.mean[static_cast<size_t>(r * gv.heads + c)];
@@ -187,6 +217,14 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
       });
   // The cells' rectangle, for the real-input tests that click a cell as a user does.
   record_item(s, std::string("grid:") + (id[0] == '#' && id[1] == '#' ? id + 2 : id));
+  // The rows on screen: the progressive grid computes them first (AppState::grid_priority).
+  if (!gv.state.empty()) {
+    const ImVec2 c0 = ImGui::GetWindowDrawList()->GetClipRectMin(),
+                 c1 = ImGui::GetWindowDrawList()->GetClipRectMax();
+    const int first = std::clamp(static_cast<int>((c0.y - g0.y) / cell_h), 0, gv.layers - 1);
+    const int last = std::clamp(static_cast<int>((c1.y - g0.y) / cell_h), 0, gv.layers - 1);
+    s.grid_rows_visible = {first, last};
+  }
   // Outline the focused head.
   {
     int l = s.settings.focus.layer, h = s.settings.focus.kv_head;
@@ -210,10 +248,14 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
       else
         ImGui::Text("%s %.4g", gv.unit.c_str(), gv.mean[i]);
     } else if (!gv.missing.empty() && gv.missing[i]) {
-      ImGui::TextDisabled("not evaluated");
+      ImGui::TextDisabled(gv.state.empty() ? "not evaluated" : "not computed yet");
     } else if (gv.have_values) {
       ImGui::TextDisabled("no value (head refused or method not applicable)");
     }
+    if (!gv.state.empty() && gv.state[i] == static_cast<uint8_t>(CellState::Stale))
+      ImGui::TextDisabled("from earlier settings: being computed again");
+    else if (!gv.state.empty() && gv.state[i] == static_cast<uint8_t>(CellState::Partial))
+      ImGui::TextDisabled("%d of %d seeds so far", gv.seeds_done[i], gv.seeds);
     if (!gv.note[i].empty()) ImGui::TextWrapped("%s", gv.note[i].c_str());
     ImGui::TextDisabled("click to focus");
     ImGui::EndTooltip();
@@ -228,19 +270,35 @@ void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_heig
 }
 
 nlohmann::json grid_json(const AppState& s) {
-  nlohmann::json cells = nlohmann::json::array();
-  if (const EvalReport* grid = s.grid())
-    for (const HeadEval& h : grid->results)
-      cells.push_back({{"layer", h.layer},
-                       {"kv_head", h.kv_head},
-                       {"method", h.method},
-                       {"ratio", h.ratio},
-                       {"relative_error_mean", h.mean},
-                       {"relative_error_std", h.std},
-                       {"normalized_mean", h.normalized_mean},
-                       {"mass_mean", h.mass_mean},
-                       {"refused", h.refused},
-                       {"note", h.note}});
+  // error_grid: method A's cells (what the Capture view shows); error_grid_b: method B's. Each
+  // cell says how far it has come (state, seeds) and the serial of each seed run it shows (the
+  // n-th cell the app computed): a cell recomputed after a change has new serials.
+  nlohmann::json cells = nlohmann::json::array(), cells_b = nlohmann::json::array();
+  if (const GridReport* g = s.grid_report())
+    for (size_t i = 0; i < g->entries.size() && i < g->report.results.size(); ++i) {
+      const GridEntry& e = g->entries[i];
+      const HeadEval& h = g->report.results[i];
+      if (e.state == CellState::Missing) continue;
+      nlohmann::json serials = nlohmann::json::array();
+      for (const std::string& key : e.keys) {
+        const GridCell* c = s.grid_cells.find(key);
+        serials.push_back(c ? nlohmann::json(c->serial) : nlohmann::json());
+      }
+      (e.slot == 0 ? cells : cells_b)
+          .push_back({{"layer", h.layer},
+                      {"kv_head", h.kv_head},
+                      {"method", h.method},
+                      {"ratio", h.ratio},
+                      {"relative_error_mean", h.mean},
+                      {"relative_error_std", h.std},
+                      {"normalized_mean", h.normalized_mean},
+                      {"mass_mean", h.mass_mean},
+                      {"refused", h.refused},
+                      {"note", h.note},
+                      {"state", cell_state_name(e.state)},
+                      {"seeds_done", e.seeds_done},
+                      {"serials", serials}});
+    }
   nlohmann::json ent = nlohmann::json::array();
   if (const EntropyGrid* eg = s.entropy())
     for (int l = 0; l < eg->layers; ++l)
@@ -251,19 +309,28 @@ nlohmann::json grid_json(const AppState& s) {
                        {"entropy_nats", std::isfinite(v) ? nlohmann::json(v) : nlohmann::json()}});
       }
   const Result& r = s.result(kGrid);
+  auto [done, total] = s.progress(kGrid);
+  const GridReport* g = s.grid_report();
   return {{"error_grid", cells},
+          {"error_grid_b", cells_b},
           {"entropy_grid", ent},
           {"seeds", s.grid_seeds()},
           {"caption", grid_values(s, s.settings.grid_metric).caption},
           {"stale", r.stale()},
           {"running", r.busy()},
+          {"complete", g && g->complete()},
+          {"cells_done", g ? g->cells_done : 0},
+          {"cells_total", g ? g->cells_total : 0},
+          {"progress", {done, total}},
+          {"cells_computed", s.grid_cells.computed()},
+          {"cancelled", !r.cancelled.empty() && r.cancelled == r.want},
           {"held_for_run", !r.held.empty() && r.held == r.want},
           {"estimate_s", r.estimate_s},
           {"error", r.error}};
 }
 
 std::string grid_csv(const AppState& s) {
-  const EvalReport* grid = s.grid();
+  const GridReport* grid = s.grid_report();
   const EntropyGrid* eg = s.entropy();
   if (!grid && !eg) return {};
   std::ostringstream o;
@@ -273,11 +340,9 @@ std::string grid_csv(const AppState& s) {
   for (int l = 0; l < ci->num_layers; ++l)
     for (int h = 0; h < ci->kv_heads; ++h) {
       o << l << "," << h << ",";
-      const HeadEval* he = nullptr;
-      if (grid)
-        for (const HeadEval& x : grid->results)
-          if (x.layer == l && x.kv_head == h) he = &x;
-      if (he && !he->refused)
+      const GridEntry* e = nullptr;
+      const HeadEval* he = grid ? grid->find(0, l, h, &e) : nullptr;
+      if (he && e && e->state != CellState::Missing && !he->refused)
         o << he->method << "," << he->ratio << "," << he->mean << "," << he->std;
       else
         o << s.method_name(0) << "," << s.settings.keep_ratio << ",,";

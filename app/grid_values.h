@@ -17,6 +17,11 @@ struct GridValues {
   std::vector<double> mean, spread;  // [layer * heads + head], NaN when missing / refused
   std::vector<std::string> note;     // method note or refusal reason per cell
   std::vector<uint8_t> missing;      // 1: not evaluated (drawn grey), unlike refused (dark red)
+  // The progressive grid's CellState per cell (empty for other sources): Stale cells are drawn
+  // dimmed, Partial ones say how many seeds they have.
+  std::vector<uint8_t> state;
+  std::vector<int> seeds_done;
+  int seeds = 0;
   double vmin = 0, vmax = 1;
   bool have_values = false;
   std::string caption;  // what is shown, or why nothing is
@@ -24,7 +29,8 @@ struct GridValues {
   Colormap map = Colormap::Viridis;
 };
 
-GridValues grid_values(const AppState& s, GridMetric metric);
+// The background grid's cells of method A (slot 0) or B (slot 1), or the entropy grid.
+GridValues grid_values(const AppState& s, GridMetric metric, int slot = 0);
 // Error cells of one (method, keep ratio) of a report, e.g. the Error view's sweep.
 GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
                                    const std::string& method, double ratio);

@@ -55,7 +55,8 @@ class CaptureView final : public View {
     // The grid must show numbers (or the reason it cannot).
     if (!s.capture) return true;
     const Result& r = s.result(s.settings.grid_metric == GridMetric::Entropy ? kEntropy : kGrid);
-    return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
+    return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want) ||
+           (!r.cancelled.empty() && r.cancelled == r.want);
   }
 
   void draw(AppState& s) override {

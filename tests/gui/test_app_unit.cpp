@@ -170,8 +170,13 @@ TEST(AppFlow, OpenRunFocusAndBadFile) {
   const CaptureInfo& ci = *s.info();
   EXPECT_EQ(s.settings.focus, (Focus{0, 0}));
   EXPECT_EQ(s.run(0)->selection.indices.size(), static_cast<size_t>(s.run(0)->window.budget));
-  EXPECT_EQ(s.grid()->results.size(), static_cast<size_t>(ci.num_layers * ci.kv_heads));
-  for (const HeadEval& h : s.grid()->results) EXPECT_EQ(h.method, "uniform");
+  // A's cells and B's (app/grid_cells.h), every one computed.
+  EXPECT_EQ(s.grid()->results.size(), static_cast<size_t>(2 * ci.num_layers * ci.kv_heads));
+  for (size_t i = 0; i < s.grid()->results.size(); ++i) {
+    EXPECT_EQ(s.grid()->results[i].method,
+              s.grid_report()->entries[i].slot == 0 ? "uniform" : "streaming");
+    EXPECT_EQ(s.grid_report()->entries[i].state, CellState::Fresh);
+  }
 
   // Focus another head: the old runs are marked stale at once, then replaced.
   s.set_focus(Focus{ci.num_layers - 1, ci.kv_heads - 1});
@@ -263,8 +268,11 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
   EXPECT_TRUE(s.result(kGrid).stale());
   ASSERT_TRUE(pump(s, [&] { return fresh(s, kGrid) && fresh(s, kFocusA) && fresh(s, kFocusB); }));
   EXPECT_EQ(s.result(kGrid).error, "");
-  for (const HeadEval& h : s.grid()->results) {
-    EXPECT_EQ(h.method, "balancekv");
+  // Method A's cells are balancekv's (the grid holds B's too, app/grid_cells.h).
+  ASSERT_NE(s.grid_report(), nullptr);
+  for (size_t i = 0; i < s.grid()->results.size(); ++i) {
+    const HeadEval& h = s.grid()->results[i];
+    EXPECT_EQ(h.method, s.grid_report()->entries[i].slot == 0 ? "balancekv" : "streaming");
     EXPECT_EQ(h.error, "");
   }
   // A setting the sweep depends on (the seed): the old curves are marked stale, then replaced.
@@ -275,6 +283,93 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
   ASSERT_TRUE(pump(s, [&] { return fresh(s, kSweep); }));
   EXPECT_EQ(s.result(kSweep).error, "");
   EXPECT_EQ(s.sweep()->spec.base_seed, 3u);
+}
+
+// Issue 29 item 2: the grid is cells keyed by what each depends on. A change of method A's
+// parameter recomputes A's cells only (B's keep their serials); going back to an earlier value
+// computes nothing; the figures are run_eval's to the last bit; a Cancel holds across changes
+// until Run.
+TEST(AppFlow, TheGridRecomputesOnlyTheCellsAChangeOutdates) {
+  AppState s;
+  s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
+  s.settings.grid_seeds = 2;
+  s.request_open(kSample);
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kGrid); }, 60));
+  auto serials = [&](int slot) {
+    std::map<std::string, uint64_t> out;
+    const GridReport* g = s.grid_report();
+    for (const GridEntry& e : g->entries)
+      if (e.slot == slot)
+        for (const std::string& k : e.keys) {
+          const GridCell* c = s.grid_cells.find(k);
+          out[k] = c ? c->serial : 0;
+        }
+    return out;
+  };
+  const auto a0 = serials(0), b0 = serials(1);
+  const CaptureInfo& ci = s.capture->info();
+  ASSERT_EQ(a0.size(), static_cast<size_t>(ci.num_layers * ci.kv_heads * 2));  // 2 seeds
+  ASSERT_EQ(b0.size(), static_cast<size_t>(ci.num_layers * ci.kv_heads * 2));
+  uint64_t last = 0;
+  for (const auto& [k, v] : a0) last = std::max(last, v);
+  for (const auto& [k, v] : b0) last = std::max(last, v);
+
+  s.settings.method[0].params["gamma"] = 2;
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kGrid); }, 60));
+  EXPECT_EQ(serials(1), b0);  // B's cells were not computed again
+  const auto a1 = serials(0);
+  ASSERT_EQ(a1.size(), a0.size());
+  for (const auto& [k, v] : a1) {
+    EXPECT_EQ(a0.count(k), 0u) << k;  // new keys: gamma is in them
+    EXPECT_GT(v, last) << k;          // computed after the change
+  }
+  EXPECT_EQ(s.grid_cells.computed(), last + a1.size());
+
+  // The figures are eval's for the same settings.
+  EvalSpec spec;
+  spec.methods = {find_method("balancekv")};
+  spec.params["balancekv"] = {{"gamma", 2}};
+  spec.ratios = {s.settings.keep_ratio};
+  spec.seeds = 2;
+  spec.threads = 1;
+  const EvalReport want = run_eval(*s.capture, spec);
+  const GridReport* g = s.grid_report();
+  for (const HeadEval& w : want.results) {
+    const GridEntry* e = nullptr;
+    const HeadEval* h = g->find(0, w.layer, w.kv_head, &e);
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(e->state, CellState::Fresh);
+    EXPECT_EQ(h->mean, w.mean) << "L" << w.layer << " H" << w.kv_head;
+    EXPECT_EQ(h->std, w.std) << "L" << w.layer << " H" << w.kv_head;
+    EXPECT_EQ(h->normalized_mean, w.normalized_mean);
+    EXPECT_EQ(h->mass_mean, w.mass_mean);
+    EXPECT_EQ(h->kept, w.kept);
+  }
+
+  // Back to the default: every cell is in the store, nothing is computed.
+  const uint64_t computed = s.grid_cells.computed();
+  s.settings.method[0].params.clear();
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kGrid); }, 60));
+  EXPECT_EQ(s.grid_cells.computed(), computed);
+  EXPECT_EQ(serials(0), a0);
+
+  // Cancel holds across a change until Run.
+  s.settings.method[0].params["gamma"] = 8;
+  s.reconcile();
+  EXPECT_TRUE(s.result(kGrid).busy());
+  s.cancel_job(kGrid);
+  s.settings.keep_ratio = 0.125;
+  for (int i = 0; i < 5; ++i) s.reconcile();
+  EXPECT_FALSE(s.result(kGrid).busy());
+  EXPECT_EQ(s.result(kGrid).cancelled, s.result(kGrid).want);
+  s.run_now(kGrid);
+  s.reconcile();
+  EXPECT_TRUE(s.result(kGrid).busy());
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kGrid); }, 60));
 }
 
 // Issue 24, defect 1: a click on a grid cell of another layer must run the focused methods on

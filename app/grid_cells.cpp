@@ -1,0 +1,340 @@
+#include "app/grid_cells.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "app/worker.h"
+#include "engine/error.h"
+
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace kvscope::app {
+
+// ---------------------------------------------------------------- store
+
+const GridCell* GridCellStore::find(const std::string& key) const {
+  auto it = cells_.find(key);
+  return it == cells_.end() ? nullptr : it->second.get();
+}
+
+std::shared_ptr<const GridCell> GridCellStore::get(const std::string& key) const {
+  auto it = cells_.find(key);
+  return it == cells_.end() ? nullptr : it->second;
+}
+
+void GridCellStore::insert(const std::string& key, HeadEval eval) {
+  auto cell = std::make_shared<GridCell>();
+  cell->eval = std::move(eval);
+  cell->serial = ++computed_;
+  cells_[key] = std::move(cell);
+  ++version_;
+}
+
+void GridCellStore::trim(size_t max_cells, const std::set<std::string>& keep) {
+  if (cells_.size() <= max_cells) return;
+  for (auto it = cells_.begin(); it != cells_.end();)
+    it = keep.count(it->first) ? std::next(it) : cells_.erase(it);
+  ++version_;
+}
+
+void GridCellStore::clear() {
+  cells_.clear();
+  ++version_;
+}
+
+std::string grid_cell_key(const std::string& method_key, const std::string& shared_key, int layer,
+                          int kv_head, const std::string& seed) {
+  return method_key + "|" + shared_key + "|L" + std::to_string(layer) + "H" +
+         std::to_string(kv_head) + "|seed=" + seed;
+}
+
+const char* cell_state_name(CellState s) {
+  switch (s) {
+    case CellState::Missing:
+      return "missing";
+    case CellState::Stale:
+      return "stale";
+    case CellState::Partial:
+      return "partial";
+    case CellState::Fresh:
+      return "fresh";
+  }
+  return "?";
+}
+
+const HeadEval* GridReport::find(int slot, int layer, int kv_head, const GridEntry** entry) const {
+  for (size_t i = 0; i < entries.size() && i < report.results.size(); ++i) {
+    const HeadEval& h = report.results[i];
+    if (entries[i].slot == slot && h.layer == layer && h.kv_head == kv_head) {
+      if (entry) *entry = &entries[i];
+      return &h;
+    }
+  }
+  return nullptr;
+}
+
+size_t GridJob::missing() const {
+  size_t n = 0;
+  for (const Need& need : needs) n += need.have ? 0 : 1;
+  return n;
+}
+
+// ---------------------------------------------------------------- assembly
+
+namespace {
+
+// As the protocol's (engine/protocol.cpp): mean and sample standard deviation, no spread for
+// identical values. The grid's figures must be eval's to the last bit.
+std::pair<double, double> mean_std(const std::vector<double>& x) {
+  if (x.empty()) return {0, 0};
+  double mean = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  if (std::all_of(x.begin(), x.end(), [&](double v) { return v == x[0]; })) return {x[0], 0};
+  double ss = 0;
+  for (double v : x) ss += (v - mean) * (v - mean);
+  return {mean, std::sqrt(ss / static_cast<double>(x.size() - 1))};
+}
+
+// One head over the seeds in `seq` (seed order; a seed-free method's one run repeated), summed
+// as run_eval sums a head's seeds.
+HeadEval combine(const std::vector<const HeadEval*>& seq) {
+  HeadEval he = *seq[0];
+  he.per_seed.clear();
+  he.note.clear();
+  he.saturation = -1;
+  for (const HeadEval* s : seq)
+    if (he.note.empty()) he.note = s->note;
+  if (he.refused) return he;
+  for (const HeadEval* s : seq)
+    if (!s->error.empty()) {
+      he.error = s->error;
+      he.per_seed.clear();
+      he.per_query.clear();
+      he.mean = he.std = he.normalized_mean = he.mass_mean = 0;
+      return he;
+    }
+  const double k = static_cast<double>(seq.size());
+  std::vector<double> norm, mass;
+  std::vector<double> per_query(seq[0]->per_query.size(), 0.0);
+  for (size_t r = 0; r < seq.size(); ++r) {
+    const HeadEval& s = *seq[r];
+    if (s.saturation >= 0) he.saturation = (r == 0 ? 0.0 : he.saturation) + s.saturation / k;
+    he.per_seed.push_back(s.per_seed.empty() ? s.mean : s.per_seed[0]);
+    norm.push_back(s.normalized_mean);
+    mass.push_back(s.mass_mean);
+    for (size_t e = 0; e < per_query.size() && e < s.per_query.size(); ++e)
+      per_query[e] += s.per_query[e];
+  }
+  for (double& v : per_query) v /= k;
+  he.per_query = std::move(per_query);
+  std::tie(he.mean, he.std) = mean_std(he.per_seed);
+  he.normalized_mean = mean_std(norm).first;
+  he.mass_mean = mean_std(mass).first;
+  return he;
+}
+
+}  // namespace
+
+std::shared_ptr<GridReport> assemble_grid(
+    const GridJob& job, const std::vector<std::shared_ptr<const GridCell>>& cells) {
+  auto g = std::make_shared<GridReport>();
+  EvalReport& rep = g->report;
+  rep.info = job.capture->info();
+  rep.capture_path = rep.info.path;
+  rep.spec = job.base;
+  rep.spec.seeds = job.seeds;
+  rep.spec.base_seed = job.base_seed;
+  rep.spec.methods.clear();
+  rep.spec.params.clear();
+  rep.proxy_queries = !rep.info.has_queries;
+  g->seeds = job.seeds;
+  for (size_t k = 0; k < 2; ++k) {
+    const GridJob::Slot& sl = job.slots[k];
+    if (!sl.method) continue;
+    g->methods[k] = sl.name;
+    g->params[k] = sl.params;
+    if (std::find(rep.spec.methods.begin(), rep.spec.methods.end(), sl.method) ==
+        rep.spec.methods.end()) {
+      rep.spec.methods.push_back(sl.method);
+      if (!sl.params.empty()) rep.spec.params[sl.name] = sl.params;
+    }
+  }
+  // Needs by (slot, layer, head): their runs in seed order.
+  const size_t heads = static_cast<size_t>(job.layers) * static_cast<size_t>(job.heads);
+  std::array<std::vector<std::vector<size_t>>, 2> by_head;
+  for (auto& v : by_head) v.assign(heads, {});
+  for (size_t i = 0; i < job.needs.size(); ++i) {
+    const GridJob::Need& n = job.needs[i];
+    by_head[static_cast<size_t>(n.slot)][static_cast<size_t>(n.layer * job.heads + n.head)]
+        .push_back(i);
+    g->cells_total += 1;
+    g->cells_done += cells[i] ? 1 : 0;
+  }
+  for (int l = 0; l < job.layers; ++l)
+    for (int h = 0; h < job.heads; ++h)
+      for (int k = 0; k < 2; ++k) {
+        const GridJob::Slot& sl = job.slots[static_cast<size_t>(k)];
+        if (!sl.method) continue;
+        std::vector<size_t> idx =
+            by_head[static_cast<size_t>(k)][static_cast<size_t>(l * job.heads + h)];
+        std::sort(idx.begin(), idx.end(),
+                  [&](size_t a, size_t b) { return job.needs[a].run < job.needs[b].run; });
+        GridEntry e;
+        e.slot = k;
+        std::vector<const HeadEval*> seq;
+        for (size_t i : idx) {
+          e.keys.push_back(job.needs[i].key);
+          if (cells[i]) seq.push_back(&cells[i]->eval);
+        }
+        HeadEval he;
+        he.method = sl.name;
+        he.ratio = job.base.ratios.empty() ? 0 : job.base.ratios[0];
+        he.layer = l;
+        he.kv_head = h;
+        if (!seq.empty()) {
+          // A seed-free method's one run stands for every seed (as in run_eval).
+          if (sl.runs == 1 && job.seeds > 1 && !idx.empty() && seq.size() == 1)
+            seq.assign(static_cast<size_t>(job.seeds), seq[0]);
+          he = combine(seq);
+          e.seeds_done = static_cast<int>(sl.runs == 1 ? job.seeds : seq.size());
+          e.state = e.seeds_done >= job.seeds ? CellState::Fresh : CellState::Partial;
+        } else if (job.previous) {
+          const GridEntry* pe = nullptr;
+          const HeadEval* ph = job.previous->find(k, l, h, &pe);
+          // The earlier settings' value of the same slot, while this one computes.
+          if (ph && pe && pe->state != CellState::Missing &&
+              job.previous->methods[static_cast<size_t>(k)] == sl.name) {
+            he = *ph;
+            e.state = CellState::Stale;
+          }
+        }
+        rep.results.push_back(std::move(he));
+        g->entries.push_back(std::move(e));
+      }
+  return g;
+}
+
+// ---------------------------------------------------------------- the job
+
+namespace {
+
+// The grid's threads run below the UI and the focused runs: the grid is what the user did not
+// ask for this second.
+void lower_thread_priority() {
+#ifdef __linux__
+  static thread_local bool lowered = false;
+  if (lowered) return;
+  lowered = true;
+  const int tid = static_cast<int>(syscall(SYS_gettid));
+  const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+  if (now < 4) setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 4);
+#endif
+}
+
+// Which missing cell comes next: method A before B, seed 0 of every cell before the other
+// seeds, then the focused cell, the rows on screen, the other rows nearest the focus first.
+auto rank(const GridJob::Need& n, const GridPriority* p) {
+  const int fl = p ? p->focus_layer.load() : 0, fh = p ? p->focus_head.load() : 0;
+  const int v0 = p ? p->visible_first.load() : -1, v1 = p ? p->visible_last.load() : -1;
+  const int band = n.layer == fl && n.head == fh                 ? 0
+                   : (v0 >= 0 && n.layer >= v0 && n.layer <= v1) ? 1
+                                                                 : 2;
+  return std::make_tuple(n.slot, n.run, band, std::abs(n.layer - fl), n.layer, n.head);
+}
+
+}  // namespace
+
+std::shared_ptr<GridReport> run_grid_job(
+    const GridJob& job, JobContext& ctx,
+    const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done,
+    const std::function<void(std::shared_ptr<const GridReport>)>& report) {
+  std::vector<std::shared_ptr<const GridCell>> cells(job.needs.size());
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < job.needs.size(); ++i) {
+    cells[i] = job.needs[i].have;
+    if (!cells[i]) pending.push_back(i);
+  }
+  const int total = static_cast<int>(job.needs.size());
+  int done = total - static_cast<int>(pending.size());
+  ctx.progress(done, total);
+  if (pending.empty()) return assemble_grid(job, cells);
+
+  std::mutex mu;
+  std::string error;  // the first cell that failed for a reason other than its method
+  auto last_post = std::chrono::steady_clock::now();
+  int computed = 0;  // cells this job computed
+  auto work = [&] {
+    lower_thread_priority();
+    for (;;) {
+      size_t i = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (pending.empty() || !error.empty() || ctx.cancelled()) return;
+        auto best = std::min_element(pending.begin(), pending.end(), [&](size_t a, size_t b) {
+          return rank(job.needs[a], job.priority.get()) < rank(job.needs[b], job.priority.get());
+        });
+        i = *best;
+        pending.erase(best);
+      }
+      const GridJob::Need& n = job.needs[i];
+      const GridJob::Slot& sl = job.slots[static_cast<size_t>(n.slot)];
+      EvalSpec spec = job.base;
+      spec.methods = {sl.method};
+      spec.params.clear();
+      if (!sl.params.empty()) spec.params[sl.name] = sl.params;
+      spec.layers = {n.layer};
+      spec.heads = {n.head};
+      spec.seeds = 1;
+      spec.base_seed = job.base_seed + static_cast<uint64_t>(n.run);
+      spec.threads = 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      EvalReport rep;
+      try {
+        rep = run_eval(*job.capture, spec, {}, ctx.cancel_flag(), job.backend);
+      } catch (const Cancelled&) {
+        return;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (error.empty()) error = e.what();
+        return;
+      }
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep.results.empty()) continue;
+      auto cell = std::make_shared<GridCell>();
+      cell->eval = rep.results[0];
+      std::lock_guard<std::mutex> lock(mu);
+      cells[i] = cell;
+      ++done;
+      ctx.progress(done, total);
+      if (cell_done) cell_done(n, cell->eval, secs);
+      const auto now = std::chrono::steady_clock::now();
+      // The partial grid at most every 100 ms (the job's first cell at once).
+      if (report && (++computed == 1 || pending.empty() ||
+                     std::chrono::duration<double>(now - last_post).count() > 0.1)) {
+        last_post = now;
+        report(assemble_grid(job, cells));
+      }
+    }
+  };
+  const int threads = std::max(1, std::min(job.threads, static_cast<int>(pending.size())));
+  std::vector<std::thread> extra;
+  for (int t = 1; t < threads; ++t) extra.emplace_back(work);
+  work();
+  for (std::thread& t : extra) t.join();
+  ctx.check_cancel();
+  if (!error.empty()) throw InputError(error);
+  return assemble_grid(job, cells);
+}
+
+}  // namespace kvscope::app
