@@ -19,13 +19,18 @@
 //   mass          sum of the exact softmax probabilities of the kept tokens (sinks, numerator or
 //                 denominator selection, window up to j)
 //
-// The exact side does not depend on the selection, so it is computed once per head; scoring a
-// selection then costs O((s + |selection| + E) (d + d_v)) per query instead of O(j (d + d_v)).
-// The exact side is one dense product K Q^T (the logits of every key for every evaluation query,
-// kept: scoring gathers the kept tokens' logits from it instead of multiplying again), then, over
-// panels of up to 64 queries, exp in place and P^T V. The products, exp and column sums are the
-// SIMD kernels of engine/simd.h (in double, dispatched to the CPU's widest instruction set).
-// Keeping everything at weight 1 reproduces the exact output up to rounding (error ~1e-16).
+// The exact side does not depend on the selection, so it is computed once per head (and kept per
+// capture by engine/reference_cache.h); scoring a selection then costs O((s + |selection| + E)
+// (d + d_v)) per query instead of O(j (d + d_v)). The exact side is one dense product K Q^T (the
+// logits of every key for every evaluation query, which a reference may keep: scoring then gathers
+// the kept tokens' logits from it instead of multiplying again), then, over panels of up to 64
+// queries, exp in place and P^T V. Without the held logits, scoring computes the kept columns'
+// logits with the same kernel: each product entry is accumulated in the same order whatever the
+// matrix around it (engine/simd/kernels.inc), so both forms give the same figures bit for bit.
+// The products, exp and column sums are the SIMD kernels of engine/simd.h (in double, dispatched
+// to the CPU's widest instruction set). Keeping everything at weight 1 reproduces the exact output
+// up to rounding (error ~1e-16). Large work arrays come from a pool (engine/scratch.h) instead of
+// fresh pages for every head.
 #include "engine/attention.h"
 
 #include <algorithm>
@@ -36,6 +41,7 @@
 #include <string>
 
 #include "engine/cpu_ops.h"
+#include "engine/error.h"
 #include "engine/protocol.h"
 #include "engine/simd.h"
 
@@ -47,9 +53,11 @@ struct ExactReference::Kept {
   std::vector<char> in_num, in_den;
   std::vector<double> num_logw, den_logw;
   std::vector<double> num_inv_w, den_inv_w;  // 1 / w, to turn a weighted term back into exp(l)
-  // The value rows of every scored column (sinks, idx, window), gathered once per selection
-  // for all query heads and panels instead of in every product.
-  MatrixD values;
+  // The value rows (C x d_v) of every scored column (sinks, idx, window), gathered once per
+  // selection for all query heads and panels instead of in every product; the key rows (C x d)
+  // too when the logits of every key are not held.
+  int columns = 0;
+  scratch::Buffer values, keys;
 };
 
 namespace {
@@ -74,23 +82,41 @@ std::vector<double> log_of(const std::vector<int>& idx, const std::vector<double
   return logw;
 }
 
+// Query rows per panel: bounds the work panel to n x kPanelRows doubles (16 MiB at n = 32k).
+constexpr int kPanelRows = 64;
+constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+
+// Rows of a float matrix (row stride `cols`) into doubles.
+void rows_to_double(const float* src, long rows, int cols, double* dst) {
+  const long count = rows * cols;
+  for (long i = 0; i < count; ++i) dst[i] = static_cast<double>(src[i]);
+}
+
 }  // namespace
+
+size_t ExactSide::bytes() const {
+  size_t b = sizeof(ExactSide);
+  for (const Head& h : heads)
+    b += sizeof(Head) +
+         sizeof(double) * static_cast<size_t>(h.exact.size() + h.shift.size() + h.norm.size() +
+                                              h.softmax_norm.size() + h.v_frob.size());
+  return b;
+}
+
+ExactReference::ExactReference(ExactReference&&) noexcept = default;
+ExactReference& ExactReference::operator=(ExactReference&&) noexcept = default;
+ExactReference::~ExactReference() = default;
 
 ExactReference::ExactReference(const std::vector<const float*>& queries, const float* K,
                                const float* V, int n, int d, int dv, int sink, int eval)
     : n_(n), d_(d), dv_(dv), sink_(sink), eval_(eval) {
   check_window(n, sink, eval);
   if (d <= 0 || dv <= 0) throw std::invalid_argument("attention: empty key or value rows");
-  K_ = Eigen::Map<const MatrixF>(K, n, d).cast<double>();
-  V_ = Eigen::Map<const MatrixF>(V, n, dv).cast<double>();
-  v_sq_prefix_.resize(n);
-  double acc = 0;
-  for (int i = 0; i < n; ++i) v_sq_prefix_[i] = acc += V_.row(i).squaredNorm();
-  heads_.reserve(queries.size());
-  for (const float* q : queries) {
-    const Eigen::Map<const MatrixF> Q(q, n, d);
-    heads_.push_back(exact_rows(Q.bottomRows(eval).cast<double>(), n - eval));
-  }
+  own_k_.assign(K, K + static_cast<size_t>(n) * d);
+  own_v_.assign(V, V + static_cast<size_t>(n) * dv);
+  K_ = own_k_.data();
+  V_ = own_v_.data();
+  build_side(queries, true, nullptr);
 }
 
 ExactReference::ExactReference(const std::vector<const MatrixF*>& queries, const MatrixF& K,
@@ -114,47 +140,149 @@ ExactReference::ExactReference(const std::vector<const MatrixF*>& queries, const
           K.data(), V.data(), static_cast<int>(K.rows()), static_cast<int>(K.cols()),
           static_cast<int>(V.cols()), sink, eval) {}
 
-namespace {
-// Query rows per panel: bounds the work panel to n x kPanelRows doubles (16 MiB at n = 32k).
-constexpr int kPanelRows = 64;
-constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
-}  // namespace
+ExactReference ExactReference::build(const std::vector<const float*>& queries, const float* K,
+                                     const float* V, int n, int d, int dv, int sink, int eval,
+                                     bool keep_logits, const std::atomic<bool>* cancel) {
+  check_window(n, sink, eval);
+  if (d <= 0 || dv <= 0) throw std::invalid_argument("attention: empty key or value rows");
+  ExactReference r;
+  r.n_ = n;
+  r.d_ = d;
+  r.dv_ = dv;
+  r.sink_ = sink;
+  r.eval_ = eval;
+  r.K_ = K;
+  r.V_ = V;
+  r.build_side(queries, keep_logits, cancel);
+  return r;
+}
 
-ExactReference::Rows ExactReference::exact_rows(const MatrixD& q, int first_j) const {
-  const simd::Kernels& kern = simd::kernels();
+ExactReference::ExactReference(std::shared_ptr<const ExactSide> side,
+                               const std::vector<const float*>& queries, const float* K,
+                               const float* V, bool with_logits)
+    : side_(std::move(side)) {
+  if (!side_) throw std::invalid_argument("attention: no exact side");
+  n_ = side_->n;
+  d_ = side_->d;
+  dv_ = side_->dv;
+  sink_ = side_->sink;
+  eval_ = side_->eval;
+  if (queries.size() != side_->heads.size())
+    throw std::invalid_argument("attention: the exact side has " +
+                                std::to_string(side_->heads.size()) + " query heads, not " +
+                                std::to_string(queries.size()));
+  K_ = K;
+  V_ = V;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+  scratch::Buffer kd;  // the keys in double, once for all heads
+  if (with_logits) {
+    kd.reserve(static_cast<size_t>(n_) * d_);
+    rows_to_double(K_, n_, d_, kd.data());
+  }
+  for (const float* q : queries) {
+    const Eigen::Map<const MatrixF> Q(q, n_, d_);
+    MatrixD qd = Q.bottomRows(eval_).cast<double>();
+    if (with_logits) {
+      scratch::Buffer l(static_cast<size_t>(n_) * eval_);
+      simd::kernels().gemm_abt(n_, eval_, d_, scale, kd.data(), d_, qd.data(), d_, l.data(), eval_);
+      logits_.push_back(std::move(l));
+    } else {
+      q_.push_back(std::move(qd));
+    }
+  }
+}
+
+void ExactReference::build_side(const std::vector<const float*>& queries, bool keep_logits,
+                                const std::atomic<bool>* cancel) {
+  auto side = std::make_shared<ExactSide>();
+  side->n = n_;
+  side->d = d_;
+  side->dv = dv_;
+  side->sink = sink_;
+  side->eval = eval_;
+  side->heads.reserve(queries.size());
+  for (const float* q : queries) {
+    if (cancel && cancel->load()) throw Cancelled();
+    const Eigen::Map<const MatrixF> Q(q, n_, d_);
+    MatrixD qd = Q.bottomRows(eval_).cast<double>();
+    if (keep_logits) {
+      scratch::Buffer l(static_cast<size_t>(n_) * eval_);
+      side->heads.push_back(exact_rows(qd, n_ - eval_, l.data()));
+      logits_.push_back(std::move(l));
+    } else {
+      side->heads.push_back(exact_rows(qd, n_ - eval_, nullptr));
+      q_.push_back(std::move(qd));
+    }
+  }
+  side_ = std::move(side);
+}
+
+ExactReference::Rows ExactReference::rows(int h) const {
   Rows r;
-  r.first_j = first_j;
+  r.first_j = n_ - eval_;
+  r.side = &side_->heads[h];
+  if (!logits_.empty())
+    r.logits = logits_[h].data();
+  else
+    r.q = q_[h].data();
+  return r;
+}
+
+ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double* logits) const {
+  const simd::Kernels& kern = simd::kernels();
+  ExactSide::Head r;
   const int R = static_cast<int>(q.rows());
   const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
-  r.logits_t.resize(n_, R);
-  kern.gemm_abt(n_, R, d_, scale, K_.data(), d_, q.data(), d_, r.logits_t.data(), R);
+  // Keys and values in double (the kernels' type), from the pool.
+  scratch::Buffer kd(static_cast<size_t>(n_) * d_), vd(static_cast<size_t>(n_) * dv_);
+  rows_to_double(K_, n_, d_, kd.data());
+  rows_to_double(V_, n_, dv_, vd.data());
+  if (logits) kern.gemm_abt(n_, R, d_, scale, kd.data(), d_, q.data(), d_, logits, R);
   r.exact.setZero(R, dv_);
   r.shift.resize(R);
   r.norm.resize(R);
   r.softmax_norm.resize(R);
   r.v_frob.resize(R);
-  MatrixD P;  // keys x panel rows: exp(l - max), 0 beyond each query's position
+  // sum_{i<=j} ||v_i||^2 for the positions of these rows.
+  std::vector<double> v_sq_prefix(static_cast<size_t>(R));
+  {
+    const Eigen::Map<const MatrixD> Vd(vd.data(), n_, dv_);
+    double acc = 0;
+    for (int i = 0; i < first_j + R; ++i) {
+      acc += Vd.row(i).squaredNorm();
+      if (i >= first_j) v_sq_prefix[i - first_j] = acc;
+    }
+  }
+  // Keys x panel rows: exp(l - max), 0 beyond each query's position.
+  scratch::Buffer panel(static_cast<size_t>(first_j + R) * std::min(R, kPanelRows));
   std::vector<double> z, p_sq;
   for (int r0 = 0; r0 < R; r0 += kPanelRows) {
     const int rows = std::min(kPanelRows, R - r0);
     const int keys = first_j + r0 + rows;  // the panel's last query sees keys [0, keys)
-    P = r.logits_t.block(0, r0, keys, rows);
+    panel.reserve(static_cast<size_t>(keys) * rows);
+    double* P = panel.data();
+    if (logits) {
+      for (int i = 0; i < keys; ++i)
+        std::copy(logits + static_cast<long>(i) * R + r0,
+                  logits + static_cast<long>(i) * R + r0 + rows, P + static_cast<long>(i) * rows);
+    } else {
+      kern.gemm_abt(keys, rows, d_, scale, kd.data(), d_, q.row(r0).data(), d_, P, rows);
+    }
     for (int i = first_j + r0 + 1; i < keys; ++i)  // causal mask: query e sees keys <= j(e)
-      for (int e = 0; e < i - first_j - r0; ++e) P(i, e) = kMinusInf;
+      for (int e = 0; e < i - first_j - r0; ++e) P[static_cast<long>(i) * rows + e] = kMinusInf;
     double* shift = r.shift.data() + r0;
     std::fill(shift, shift + rows, kMinusInf);
-    kern.col_max(P.data(), keys, rows, rows, shift);
-    kern.col_exp_sub(P.data(), keys, rows, rows, shift);
+    kern.col_max(P, keys, rows, rows, shift);
+    kern.col_exp_sub(P, keys, rows, rows, shift);
     z.assign(rows, 0.0);
     p_sq.assign(rows, 0.0);
-    kern.col_sums(P.data(), keys, rows, rows, nullptr, z.data(), p_sq.data());
-    kern.gemm_atb_acc(rows, dv_, keys, P.data(), rows, V_.data(), dv_, nullptr,
-                      r.exact.row(r0).data(), dv_);
+    kern.col_sums(P, keys, rows, rows, nullptr, z.data(), p_sq.data());
+    kern.gemm_atb_acc(rows, dv_, keys, P, rows, vd.data(), dv_, nullptr, r.exact.row(r0).data(),
+                      dv_);
     for (int e = 0; e < rows; ++e) {
-      const int j = first_j + r0 + e;
       r.norm[r0 + e] = z[e];
       r.softmax_norm[r0 + e] = std::sqrt(p_sq[e]) / z[e];
-      r.v_frob[r0 + e] = std::sqrt(v_sq_prefix_[j]);
+      r.v_frob[r0 + e] = std::sqrt(v_sq_prefix[r0 + e]);
       r.exact.row(r0 + e) /= z[e];
     }
   }
@@ -211,10 +339,21 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
     k.den_inv_w[u] = std::exp(-k.den_logw[u]);
   }
   const int kept = static_cast<int>(all.size());
-  k.values.resize(sink_ + kept + eval_, dv_);
-  for (int c = 0; c < sink_; ++c) k.values.row(c) = V_.row(c);
-  for (int u = 0; u < kept; ++u) k.values.row(sink_ + u) = V_.row(all[u]);
-  for (int w = 0; w < eval_; ++w) k.values.row(sink_ + kept + w) = V_.row(n_ - eval_ + w);
+  k.columns = sink_ + kept + eval_;
+  // Token of each column: the sinks, the merged selection, the window.
+  auto token = [&](int c) {
+    return c < sink_ ? c : c < sink_ + kept ? all[c - sink_] : n_ - eval_ + (c - sink_ - kept);
+  };
+  k.values.reserve(static_cast<size_t>(k.columns) * dv_);
+  for (int c = 0; c < k.columns; ++c)
+    rows_to_double(V_ + static_cast<long>(token(c)) * dv_, 1, dv_,
+                   k.values.data() + static_cast<long>(c) * dv_);
+  if (logits_.empty()) {
+    k.keys.reserve(static_cast<size_t>(k.columns) * d_);
+    for (int c = 0; c < k.columns; ++c)
+      rows_to_double(K_ + static_cast<long>(token(c)) * d_, 1, d_,
+                     k.keys.data() + static_cast<long>(c) * d_);
+  }
   return k;
 }
 
@@ -222,14 +361,16 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
                                               MatrixD* approx) const {
   // Columns: the sinks, the merged selection (index order) and the whole window [n-E, n); a
   // query at j masks the window columns beyond j. Sinks and window have weight 1 in both sums.
-  // The biased logits l + log w of a panel of queries are gathered from the stored exact logits
-  // into a columns x queries block (a masked or absent term is -inf, so exp gives 0), then
-  // exponentiated in place and summed column-wise, and the numerator is that block times the
-  // values of the kept tokens.
+  // The biased logits l + log w of a panel of queries are gathered from the exact logits (held,
+  // or computed here for the kept columns only) into a columns x queries block (a masked or
+  // absent term is -inf, so exp gives 0), then exponentiated in place and summed column-wise,
+  // and the numerator is that block times the values of the kept tokens.
   const simd::Kernels& kern = simd::kernels();
+  const ExactSide::Head& ex = *rows.side;
   const int win_begin = n_ - eval_;
   const int kept = static_cast<int>(k.idx.size());
-  const int C = sink_ + kept + eval_;
+  const int C = k.columns;
+  const int R = static_cast<int>(ex.exact.rows());
   std::vector<int> tok(C);
   std::vector<char> in_num(C, 1), in_den(C, 1);
   std::vector<double> lwn(C, 0.0), lwd(C, 0.0), inv_wn(C, 1.0), inv_wd(C, 1.0);
@@ -253,21 +394,35 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
   if (!shared_terms)
     for (int c = 0; c < C; ++c) den_mass_coef[c] = in_num[c] ? 0.0 : inv_wd[c];
 
-  const int R = static_cast<int>(rows.exact.rows());
+  // The logits of column c for every row: a row of the held logits, or of the kept columns'
+  // logits computed here (the same products, so the same values bit for bit).
+  scratch::Buffer kept_logits;
+  if (!rows.logits) {
+    kept_logits.reserve(static_cast<size_t>(C) * R);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+    kern.gemm_abt(C, R, d_, scale, k.keys.data(), d_, rows.q, d_, kept_logits.data(), R);
+  }
+  auto logit_row = [&](int c) {
+    return rows.logits ? rows.logits + static_cast<long>(tok[c]) * R
+                       : kept_logits.data() + static_cast<long>(c) * R;
+  };
+
   std::vector<QueryError> out(R);
   if (approx) approx->resize(R, dv_);
-  MatrixD Wn, Wd, num;  // C x panel rows; panel rows x dv
+  const int panel_rows = std::min(kPanelRows, R);
+  scratch::Buffer Wn(static_cast<size_t>(C) * panel_rows);
+  scratch::Buffer Wd(shared_terms ? 0 : static_cast<size_t>(C) * panel_rows);
+  MatrixD num;  // panel rows x dv
   std::vector<double> m2, den, msum;
-  auto gather = [&](MatrixD& W, const std::vector<char>& in, const std::vector<double>& lw, int r0,
+  auto gather = [&](double* W, const std::vector<char>& in, const std::vector<double>& lw, int r0,
                     int nr) {
-    W.resize(C, nr);
     for (int c = 0; c < C; ++c) {
-      double* w = W.row(c).data();
+      double* w = W + static_cast<long>(c) * nr;
       if (!in[c]) {
         std::fill(w, w + nr, kMinusInf);
         continue;
       }
-      const double* l = rows.logits_t.row(tok[c]).data() + r0;
+      const double* l = logit_row(c) + r0;
       for (int e = 0; e < nr; ++e) w[e] = l[e] + lw[c];
       // Window column: only queries at j >= tok see it.
       const int first_seeing = tok[c] - rows.first_j - r0;
@@ -280,10 +435,10 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     m2.assign(nr, kMinusInf);
     den.assign(nr, 0.0);
     msum.assign(nr, 0.0);  // in units of exp(l - M')
-    gather(Wn, in_num, lwn, r0, nr);
+    gather(Wn.data(), in_num, lwn, r0, nr);
     kern.col_max(Wn.data(), C, nr, nr, m2.data());
     if (!shared_terms) {
-      gather(Wd, in_den, lwd, r0, nr);
+      gather(Wd.data(), in_den, lwd, r0, nr);
       kern.col_max(Wd.data(), C, nr, nr, m2.data());
     }
     kern.col_exp_sub(Wn.data(), C, nr, nr, m2.data());
@@ -300,16 +455,15 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     for (int e = 0; e < nr; ++e) {
       const int row = r0 + e;
       // den > 0: the window always holds j itself.
-      const double mass = msum[e] * std::exp(m2[e] - rows.shift[row]) / rows.norm[row];
+      const double mass = msum[e] * std::exp(m2[e] - ex.shift[row]) / ex.norm[row];
       const VectorD z = num.row(e).transpose() / den[e];
-      const double diff = (z - rows.exact.row(row).transpose()).norm();
-      const double exact_norm = rows.exact.row(row).norm();
+      const double diff = (z - ex.exact.row(row).transpose()).norm();
+      const double exact_norm = ex.exact.row(row).norm();
       QueryError& err = out[row];
       err.position = rows.first_j + row;
       // A zero exact output (all values zero) has no scale: report the absolute difference.
       err.relative = exact_norm > 0 ? diff / exact_norm : diff;
-      err.normalized =
-          rows.v_frob[row] > 0 ? diff / (rows.softmax_norm[row] * rows.v_frob[row]) : diff;
+      err.normalized = ex.v_frob[row] > 0 ? diff / (ex.softmax_norm[row] * ex.v_frob[row]) : diff;
       err.mass = mass;
       if (approx) approx->row(row) = z.transpose();
     }
@@ -322,8 +476,8 @@ std::vector<std::vector<QueryError>> ExactReference::evaluate_log(
     const std::vector<int>& den_idx, const std::vector<double>& den_logw) const {
   const Kept k = prepare(num_idx, num_logw, den_idx, den_logw);
   std::vector<std::vector<QueryError>> out;
-  out.reserve(heads_.size());
-  for (const Rows& head : heads_) out.push_back(score(k, head, nullptr));
+  out.reserve(side_->heads.size());
+  for (int h = 0; h < num_heads(); ++h) out.push_back(score(k, rows(h), nullptr));
   return out;
 }
 
@@ -345,7 +499,20 @@ VectorD ExactReference::approximation(const Selection& sel, const float* q, int 
                               : prepare(sel.indices, num_logw, sel.indices, num_logw);
   MatrixD z;
   const MatrixD qd = Eigen::Map<const VectorF>(q, d_).cast<double>().transpose();
-  score(k, exact_rows(qd, j), &z);
+  Rows r;
+  r.first_j = j;
+  ExactSide::Head head;
+  scratch::Buffer logits;
+  if (logits_.empty()) {
+    head = exact_rows(qd, j, nullptr);
+    r.q = qd.data();
+  } else {
+    logits.reserve(static_cast<size_t>(n_));
+    head = exact_rows(qd, j, logits.data());
+    r.logits = logits.data();
+  }
+  r.side = &head;
+  score(k, r, &z);
   return z.row(0).transpose();
 }
 

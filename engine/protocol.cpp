@@ -19,6 +19,7 @@
 #include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/json_fields.h"
+#include "engine/reference_cache.h"
 #include "engine/selection_check.h"
 
 namespace kvscope {
@@ -363,7 +364,11 @@ HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const Meth
   check_selection(sel, w.mid_begin, w.mid_end, w.budget, *s.method);
   if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
   if (cancel && cancel->load()) throw Cancelled();
-  return score_head_run(layer, kv_head, w, std::move(sel), backend, nullptr);
+  // On the CPU, against the exact reference cache (one selection: the kept tokens' logits only).
+  std::unique_ptr<ExactReference> ref;
+  if (!(backend && backend->is_gpu()))
+    ref = cached_reference(layer, kv_head, w.sink, w.eval, false, cancel);
+  return score_head_run(layer, kv_head, w, std::move(sel), backend, ref.get());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -637,9 +642,10 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
 
   // Layer by layer (memory stays bounded by one layer). The unit of work is a group: the items
   // of one (kv head, method), so that a method ranks or runs once for all its ratios and seeds.
-  // Groups are taken in head order; the exact reference of a kv head is built by the first group
-  // that needs it and dropped when its last group is done, so only about `threads` references
-  // (with their stored logits) are alive at once.
+  // Groups are taken in head order; the exact reference of a kv head is taken from the reference
+  // cache (engine/reference_cache.h: built there once per capture, window and head) by the first
+  // group that needs it and dropped when its last group is done, so only about `threads`
+  // references (with any logits they hold) are alive at once.
   const bool cpu_scoring = !(backend && backend->is_gpu());
   std::mutex mu;  // guards done and progress calls
   int done = 0;
@@ -670,8 +676,24 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       return cpu_scoring && !method_refused[it.method] &&
              !(kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty());
     };
-    for (const WorkGroup& g : groups)
-      if (uses_reference(g)) ++refs[mine[g.first].head].users;
+    // Held logits of every key pay when the selections a head scores keep more columns in all
+    // than it has keys (docs/performance.md, "Exact reference cache").
+    std::vector<double> columns(spec.heads.size(), 0.0);
+    const EvalWindow& ew = report.window_example;
+    for (const WorkGroup& g : groups) {
+      if (!uses_reference(g)) continue;
+      const WorkItem& first = mine[g.first];
+      ++refs[first.head].users;
+      const Method& m = *spec.methods[first.method];
+      const double fixed = ew.sink + ew.eval;
+      if (!m.depends_on_seed() && !m.depends_on_budget() && spec.estimator == Estimator::Weighted) {
+        columns[first.head] += fixed + ew.n_mid;
+        continue;
+      }
+      const int runs = m.depends_on_seed() ? spec.seeds : 1;
+      for (size_t i = g.first; i < g.first + g.count; ++i)
+        columns[first.head] += runs * (fixed + spec.ratios[mine[i].ratio] * ew.n_mid);
+    }
     parallel_for(static_cast<int>(groups.size()), threads, cancel, [&](int k) {
       const WorkGroup& g = groups[k];
       const WorkItem& first = mine[g.first];
@@ -680,9 +702,8 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       if (slot) {
         std::call_once(slot->built, [&] {
           const int kv = spec.heads[first.head];
-          slot->ref = std::make_unique<ExactReference>(
-              error_queries(*layer, kv), layer->keys[kv], layer->values[kv],
-              report.window_example.sink, report.window_example.eval);
+          slot->ref =
+              cached_reference(*layer, kv, ew.sink, ew.eval, columns[first.head] > ew.n, cancel);
         });
         ref = slot->ref.get();
       }

@@ -153,8 +153,9 @@ using ProgressFn = std::function<void(int done, int total)>;
 // layer on spec.threads threads; results in canonical order (layer, kv head, method, ratio) and
 // identical for any thread count. Bad specs throw InputError naming the flag before any work; a
 // method that throws is recorded in its HeadEval::error (see failures()); a set cancel flag
-// throws Cancelled. On the CPU the exact side of each kv head is computed once (ExactReference)
-// and shared by all its items; a GPU backend scores through Backend::attention_errors.
+// throws Cancelled. On the CPU the exact side of each kv head is computed once per capture and
+// window (the reference cache, engine/reference_cache.h) and shared by all its items and every
+// later run; a GPU backend scores through Backend::attention_errors.
 EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec, const ProgressFn& progress = {},
                     const std::atomic<bool>* cancel = nullptr, Backend* backend = nullptr);
 

@@ -1,0 +1,246 @@
+#include "engine/reference_cache.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <stdexcept>
+
+#include "engine/error.h"
+#include "engine/simd.h"
+
+namespace kvscope {
+
+namespace {
+
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full,
+                   kP3 = 0x165667B19E3779F9ull, kP4 = 0x85EBCA77C2B2AE63ull;
+
+inline uint64_t rotl(uint64_t x, int r) {
+  return (x << r) | (x >> (64 - r));
+}
+inline uint64_t round64(uint64_t acc, uint64_t w) {
+  return rotl(acc + w * kP2, 31) * kP1;
+}
+inline uint64_t load64(const unsigned char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+}
+
+}  // namespace
+
+uint64_t content_hash(const void* data, size_t bytes, uint64_t seed) {
+  // The rounds of XXH64: four lanes of 8 bytes each per 32-byte stripe, merged at the end.
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t a0 = seed + kP1 + kP2, a1 = seed + kP2, a2 = seed, a3 = seed - kP1;
+  size_t i = 0;
+  for (; i + 32 <= bytes; i += 32) {
+    a0 = round64(a0, load64(p + i));
+    a1 = round64(a1, load64(p + i + 8));
+    a2 = round64(a2, load64(p + i + 16));
+    a3 = round64(a3, load64(p + i + 24));
+  }
+  uint64_t h = rotl(a0, 1) + rotl(a1, 7) + rotl(a2, 12) + rotl(a3, 18);
+  for (uint64_t a : {a0, a1, a2, a3}) h = (h ^ round64(0, a)) * kP1 + kP4;
+  h += bytes;
+  for (; i + 8 <= bytes; i += 8) h = rotl(h ^ round64(0, load64(p + i)), 27) * kP1 + kP4;
+  for (; i < bytes; ++i) h = rotl(h ^ (p[i] * kP3), 11) * kP1;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+std::vector<const MatrixF*> reference_queries(const LayerData& layer, int kv) {
+  if (layer.queries.empty()) return {&layer.keys[kv]};
+  const size_t group = layer.queries.size() / layer.keys.size();
+  std::vector<const MatrixF*> q;
+  for (size_t g = 0; g < group; ++g) q.push_back(&layer.queries[kv * group + g]);
+  return q;
+}
+
+ReferenceKey reference_key(const LayerData& layer, int kv, int sink, int eval) {
+  if (kv < 0 || kv >= static_cast<int>(layer.keys.size()) ||
+      kv >= static_cast<int>(layer.values.size()))
+    throw std::invalid_argument("reference: kv head " + std::to_string(kv) + " out of range");
+  const MatrixF& K = layer.keys[kv];
+  const MatrixF& V = layer.values[kv];
+  const std::vector<const MatrixF*> queries = reference_queries(layer, kv);
+  ReferenceKey key;
+  key.layer = layer.layer;
+  key.kv_head = kv;
+  key.n = static_cast<int>(K.rows());
+  key.d = static_cast<int>(K.cols());
+  key.dv = static_cast<int>(V.cols());
+  key.sink = sink;
+  key.eval = eval;
+  key.query_heads = static_cast<int>(queries.size());
+  key.proxy_queries = layer.queries.empty();
+  key.kernels = simd::kernels().name;
+  if (V.rows() != K.rows())
+    throw std::invalid_argument("reference: " + std::to_string(K.rows()) + " keys but " +
+                                std::to_string(V.rows()) + " values");
+  for (const MatrixF* q : queries)
+    if (q->rows() != K.rows() || q->cols() != K.cols())
+      throw std::invalid_argument("reference: queries are " + std::to_string(q->rows()) + "x" +
+                                  std::to_string(q->cols()) + ", keys " + std::to_string(K.rows()) +
+                                  "x" + std::to_string(K.cols()));
+  uint64_t h = content_hash(K.data(), sizeof(float) * static_cast<size_t>(K.size()), 1);
+  h = content_hash(V.data(), sizeof(float) * static_cast<size_t>(V.size()), h);
+  // Only the evaluation rows of the queries enter the exact side.
+  const long rows = std::clamp<long>(eval, 0, K.rows());
+  for (const MatrixF* q : queries)
+    h = content_hash(q->data() + (q->rows() - rows) * q->cols(),
+                     sizeof(float) * static_cast<size_t>(rows * q->cols()), h);
+  key.content = h;
+  return key;
+}
+
+struct ReferenceCache::Pending {
+  std::promise<std::shared_ptr<const ExactSide>> promise;
+  std::shared_future<std::shared_ptr<const ExactSide>> future = promise.get_future().share();
+};
+
+ReferenceCache::ReferenceCache(size_t budget_bytes) : budget_(budget_bytes) {}
+
+size_t ReferenceCache::default_budget() {
+  if (const char* mb = std::getenv("KVSCOPE_REFERENCE_CACHE_MB")) {
+    char* end = nullptr;
+    const double v = std::strtod(mb, &end);
+    if (end != mb && *end == '\0' && v >= 0 && v < 1e9) return static_cast<size_t>(v * (1 << 20));
+  }
+  return size_t{1} << 30;
+}
+
+ReferenceCache& ReferenceCache::global() {
+  static ReferenceCache* cache = new ReferenceCache(default_budget());  // outlives every thread
+  return *cache;
+}
+
+void ReferenceCache::set_budget(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  budget_ = bytes;
+  evict_locked();
+}
+
+ReferenceCacheStats ReferenceCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReferenceCacheStats s;
+  s.bytes = bytes_;
+  s.budget = budget_;
+  s.entries = static_cast<int>(ready_.size());
+  s.hits = hits_;
+  s.misses = misses_;
+  s.waits = waits_;
+  s.evictions = evictions_;
+  return s;
+}
+
+void ReferenceCache::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ready_.clear();
+  lru_.clear();
+  bytes_ = 0;
+}
+
+void ReferenceCache::evict_locked() {
+  while (bytes_ > budget_ && !lru_.empty()) {
+    auto it = ready_.find(lru_.back());
+    bytes_ -= it->second.bytes;
+    ready_.erase(it);
+    lru_.pop_back();
+    ++evictions_;
+  }
+}
+
+void ReferenceCache::insert_locked(const ReferenceKey& key, std::shared_ptr<const ExactSide> side) {
+  const size_t bytes = side->bytes();
+  if (bytes > budget_ || ready_.count(key)) return;
+  lru_.push_front(key);
+  ready_[key] = Entry{std::move(side), bytes, lru_.begin()};
+  bytes_ += bytes;
+  evict_locked();
+}
+
+std::shared_ptr<const ExactSide> ReferenceCache::get(const ReferenceKey& key, const BuildFn& build,
+                                                     const std::atomic<bool>* cancel) {
+  for (;;) {
+    std::shared_ptr<Pending> pending;
+    bool builder = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = ready_.find(key); it != ready_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.lru);
+        ++hits_;
+        return it->second.side;
+      }
+      if (auto it = pending_.find(key); it != pending_.end()) {
+        pending = it->second;
+        ++waits_;
+      } else {
+        pending = std::make_shared<Pending>();
+        pending_[key] = pending;
+        builder = true;
+        ++misses_;
+      }
+    }
+    if (builder) {
+      std::shared_ptr<const ExactSide> side;
+      try {
+        side = build();
+        if (!side) throw std::logic_error("reference cache: the build returned nothing");
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          pending_.erase(key);
+        }
+        pending->promise.set_exception(std::current_exception());
+        throw;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_.erase(key);
+        insert_locked(key, side);
+      }
+      pending->promise.set_value(side);
+      return side;
+    }
+    // Another thread builds it: wait, watching our own cancel flag.
+    while (pending->future.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready)
+      if (cancel && cancel->load()) throw Cancelled();
+    try {
+      return pending->future.get();
+    } catch (...) {
+      // That build failed or was cancelled: ask again (and build it here if nobody else does).
+      if (cancel && cancel->load()) throw Cancelled();
+    }
+  }
+}
+
+std::unique_ptr<ExactReference> cached_reference(const LayerData& layer, int kv, int sink, int eval,
+                                                 bool want_logits, const std::atomic<bool>* cancel,
+                                                 ReferenceCache* cache) {
+  ReferenceCache& c = cache ? *cache : ReferenceCache::global();
+  const ReferenceKey key = reference_key(layer, kv, sink, eval);
+  const MatrixF& K = layer.keys[kv];
+  const MatrixF& V = layer.values[kv];
+  std::vector<const float*> queries;
+  for (const MatrixF* q : reference_queries(layer, kv)) queries.push_back(q->data());
+  std::unique_ptr<ExactReference> built;
+  std::shared_ptr<const ExactSide> side = c.get(
+      key,
+      [&] {
+        built = std::make_unique<ExactReference>(ExactReference::build(
+            queries, K.data(), V.data(), key.n, key.d, key.dv, sink, eval, true, cancel));
+        return built->side();
+      },
+      cancel);
+  if (built) return built;
+  return std::make_unique<ExactReference>(std::move(side), queries, K.data(), V.data(),
+                                          want_logits);
+}
+
+}  // namespace kvscope
