@@ -444,6 +444,18 @@ void AppState::fit_settings_to_capture(bool announce) {
   std::string note;
   window(&note);
   if (!note.empty()) say(note);
+  // A token budget keeps exactly budget_tokens middle tokens: the ratio that gives m = B.
+  if (st.budget_mode) {
+    const int n_mid = window().n_mid;
+    if (n_mid > 0) {
+      const int b = std::clamp(st.budget_tokens, 1, n_mid);
+      if (b != st.budget_tokens)
+        say("budget " + std::to_string(st.budget_tokens) + " does not fit the middle of " +
+            std::to_string(n_mid) + " tokens: set to " + std::to_string(b));
+      st.budget_tokens = b;
+      st.keep_ratio = static_cast<double>(b) / n_mid;
+    }
+  }
   const int group = ci.group_size();
   st.selected_q_head = std::clamp(st.selected_q_head, 0, std::max(0, group - 1));
   if (st.selected_query >= n) st.selected_query = -1;
@@ -643,6 +655,7 @@ JobPlan AppState::plan_sweep() const {
   }
   if (spec.methods.empty()) return p;
   spec.ratios = r.ratios;
+  spec.harm = true;  // the Error view's harm kept vs dropped (engine/token_harm.h)
   spec.seeds = r.seeds;
   spec.base_seed = static_cast<uint64_t>(settings.seed);
   const MethodSettings ms = method_settings(0);

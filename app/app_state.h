@@ -90,6 +90,11 @@ struct Settings {
   std::array<MethodChoice, 2> method{MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
   bool ab_enabled = true;
   double keep_ratio = 0.25;
+  // A token budget instead of a ratio (docs/evaluation.md, "Budgets"): while budget_mode is on,
+  // keep_ratio is derived from budget_tokens (budget_tokens / n_mid, so m = budget_tokens) by
+  // fit_settings_to_capture, and budget_tokens is clamped to the middle.
+  bool budget_mode = false;
+  int budget_tokens = 128;
   int seed = 0;
   int sink_override = -1, eval_override = -1;  // -1: protocol default
   Estimator estimator = Estimator::Weighted;   // the authors' estimator is a protocol option

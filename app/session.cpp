@@ -22,6 +22,8 @@ nlohmann::json AppState::to_session() const {
   j["params_b"] = st.method[1].params;
   j["ab_enabled"] = st.ab_enabled;
   j["keep_ratio"] = st.keep_ratio;
+  j["budget_mode"] = st.budget_mode ? "tokens" : "ratio";
+  j["budget_tokens"] = st.budget_tokens;
   j["seed"] = st.seed;
   j["sink"] = st.sink_override;
   j["eval"] = st.eval_override;
@@ -108,6 +110,11 @@ Settings AppState::parse_session(const nlohmann::json& j, std::string* capture_o
   }
   st.ab_enabled = doc.get("ab_enabled", st.ab_enabled);
   if (const std::optional<JsonField> f = doc.find("keep_ratio")) st.keep_ratio = keep_ratio(*f);
+  const std::string budget_mode = doc.get("budget_mode", "ratio");
+  if (budget_mode != "ratio" && budget_mode != "tokens")
+    doc.at("budget_mode").fail("'" + budget_mode + "' is not ratio or tokens");
+  st.budget_mode = budget_mode == "tokens";
+  st.budget_tokens = doc.get("budget_tokens", st.budget_tokens, 1, kMaxCaptureTokens);
   st.seed = doc.get("seed", st.seed, 0, 1 << 30);
   st.sink_override = doc.get("sink", st.sink_override, -1, 1 << 30);
   st.eval_override = doc.get("eval", st.eval_override, -1, 1 << 30);

@@ -15,6 +15,8 @@
 #include "app/app_state.h"
 #include "app/colormap.h"
 #include "app/grid_values.h"
+#include "app/method_list.h"
+#include "app/overlap_grid.h"
 #include "app/plot.h"
 #include "app/result_status.h"
 #include "app/view.h"
@@ -24,6 +26,11 @@
 
 namespace kvscope::app {
 namespace {
+
+// A number for JSON, null when NaN (harm not computed).
+nlohmann::json finite_or_null(double v) {
+  return std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
+}
 
 int method_index(const std::string& name) {
   const auto& all = all_methods();
@@ -159,12 +166,16 @@ class ErrorView final : public View {
                        {"ratio", e.ratio},
                        {"mean", e.mean},
                        {"std", e.std},
-                       {"heads", e.heads}});
+                       {"heads", e.heads},
+                       {"harm_kept", finite_or_null(e.harm_kept)},
+                       {"harm_dropped", finite_or_null(e.harm_dropped)},
+                       {"harm_dropped_share", finite_or_null(e.harm_dropped_share)}});
       j["sweep_summary"] = sum;
       j["sweep_stale"] = s.result(kSweep).stale();
       j["sweep_report"] = s.sweep()->to_json();
     }
     j["grid"] = grid_json(s);
+    j["overlap"] = overlap_json(s);
     j["sweep_status"] = {{"running", s.result(kSweep).busy()},
                          {"held_for_run", !s.result(kSweep).held.empty()},
                          {"estimate_s", s.result(kSweep).estimate_s},
@@ -199,6 +210,7 @@ class ErrorView final : public View {
             {"heatmap_method", heat_source_.first},
             {"heatmap_ratio", heat_source_.second},
             {"mode", mode_ == 1 ? "tune" : "overview"},
+            {"sweep_y", sweep_y_ == 1 ? "harm" : "error"},
             {"tune",
              {{"rows", tune_rows_},
               {"row_values", row_values_},
@@ -215,6 +227,9 @@ class ErrorView final : public View {
     const bool log_attention = f.get("log_attention", log_attention_);
     std::pair<std::string, double> heat{f.get("heatmap_method", ""), f.get("heatmap_ratio", 0.0)};
     const std::string mode = f.get("mode", "overview");
+    const std::string sweep_y = f.get("sweep_y", "error");
+    if (sweep_y != "error" && sweep_y != "harm")
+      f.at("sweep_y").fail("'" + sweep_y + "' is not error or harm");
     if (mode != "overview" && mode != "tune")
       f.at("mode").fail("'" + mode + "' is not overview or tune");
     std::string rows = tune_rows_, row_values = row_values_, cols = tune_cols_,
@@ -231,6 +246,7 @@ class ErrorView final : public View {
     log_attention_ = log_attention;
     heat_source_ = std::move(heat);
     mode_ = mode == "tune" ? 1 : 0;
+    sweep_y_ = sweep_y == "harm" ? 1 : 0;
     tune_rows_ = std::move(rows);
     row_values_ = std::move(row_values);
     tune_cols_ = std::move(cols);
@@ -344,6 +360,9 @@ class ErrorView final : public View {
 
   void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
     out.emplace_back(kTune, plan_tuning(s));
+    // The A/B overlap while the heatmap shows it.
+    out.emplace_back(kOverlap,
+                     mode_ == 0 && heat_source_ == kOverlapSource ? plan_overlap(s) : JobPlan{});
   }
 
   JobPlan plan_tuning(const AppState& s) const {
@@ -517,7 +536,7 @@ class ErrorView final : public View {
     if (ImGui::BeginPopup("##methods")) {
       for (const Method* m : all_methods()) {
         bool on = std::find(req.methods.begin(), req.methods.end(), m->name()) != req.methods.end();
-        if (ImGui::Checkbox(m->name().c_str(), &on)) {
+        if (method_checkbox(s, *m, &on, "sweep:method:" + m->name())) {
           if (on)
             req.methods.push_back(m->name());
           else
@@ -526,9 +545,30 @@ class ErrorView final : public View {
       }
       ImGui::EndPopup();
     }
+    // The keep ratios swept: the protocol's, or kvpress's (keep 3/4 .. 1/8: it counts the
+    // fraction removed, 0.25 .. 0.875).
+    {
+      const std::vector<double>& kvp = *parse_ratio_preset("kvpress");
+      const char* names[] = {"protocol ratios", "kvpress ratios"};
+      int preset = req.ratios == kvp ? 1 : 0;
+      toolbar_next(px(150));
+      ImGui::SetNextItemWidth(px(150));
+      if (ImGui::Combo("##sweep_ratios", &preset, names, 2))
+        req.ratios = *parse_ratio_preset(preset == 1 ? "kvpress" : "protocol");
+      record_item(s, "sweep:ratios");
+    }
     toolbar_next(labelled_width(px(90), "seeds"));
     ImGui::SetNextItemWidth(px(90));
     ImGui::SliderInt("seeds", &req.seeds, 1, 10);
+    // Why a method loses, per token: the share of the middle's harm (each token's exact output
+    // change when evicted alone, engine/token_harm.h) that the method dropped.
+    {
+      const char* ys[] = {"relative error", "harm dropped"};
+      toolbar_next(px(140));
+      ImGui::SetNextItemWidth(px(140));
+      ImGui::Combo("##sweep_y", &sweep_y_, ys, 2);
+      record_item(s, "sweep:y");
+    }
     toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
     ImGui::Checkbox("focused layer only", &req.focused_layer_only);
     draw_result_status(s, kSweep, "sweep");
@@ -544,6 +584,19 @@ class ErrorView final : public View {
     if (s.sweep()) {
       std::map<std::string, Series> by;
       for (const EvalSummary& e : s.sweep()->summary()) {
+        if (sweep_y_ == 1) {  // harm dropped: share of the middle's total, no spread
+          if (e.heads == 0 || std::isnan(e.harm_dropped_share)) continue;
+          Series& sr = by[e.method];
+          sr.method = e.method;
+          sr.x.push_back(e.ratio);
+          sr.y.push_back(e.harm_dropped_share);
+          sr.sd.push_back(e.harm_kept);  // shown in the tooltip as the harm kept
+          sr.lo.push_back(e.harm_dropped_share);
+          sr.hi.push_back(e.harm_dropped);  // the tooltip's harm dropped
+          ratios.push_back(e.ratio);
+          all_y.push_back(e.harm_dropped_share);
+          continue;
+        }
         Series& sr = by[e.method];
         sr.method = e.method;
         sr.x.push_back(e.ratio);
@@ -588,11 +641,16 @@ class ErrorView final : public View {
     }
     Axis xa{"keep ratio (log2 axis)", xlo / 1.25, xhi * 1.25, Scale::Log2, true};
     Axis ya{"relative error", ylo, yhi, Scale::Log10};
+    if (sweep_y_ == 1) ya = Axis{"share of the middle's harm dropped", 0.0, 1.0, Scale::Linear};
     const Result& res = s.result(kSweep);
     std::string title =
         s.sweep() ? "error vs keep ratio: mean over heads, band = +-1 std over " +
                         std::to_string(s.sweep()->spec.seeds) + " seeds"
                   : (res.busy() ? "error vs keep ratio (running...)" : "error vs keep ratio");
+    if (sweep_y_ == 1)
+      title =
+          "harm dropped vs keep ratio: share of the middle's per-token harm (exact output change "
+          "of evicting each token alone) a method dropped, mean over heads";
     // Curves computed for other settings stay visible, faded and labelled stale.
     const bool stale = res.stale();
     if (stale) title += "  [STALE: earlier settings]";
@@ -602,6 +660,7 @@ class ErrorView final : public View {
     const std::map<std::string, ParamValues> sweep_params =
         s.sweep() ? s.sweep()->spec.params : std::map<std::string, ParamValues>{};
     for (const Series& sr : series) {
+      if (sweep_y_ == 1) break;  // no spread band for the harm
       ImU32 c = method_colour(method_index(sr.method));
       plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
     }
@@ -626,9 +685,13 @@ class ErrorView final : public View {
         for (const Series& sr : series)
           for (size_t t = 0; t < sr.x.size(); ++t)
             if (std::fabs(sr.x[t] - r) < 1e-12) {
-              ImGui::TextColored(
-                  ImGui::ColorConvertU32ToFloat4(method_colour(method_index(sr.method))),
-                  "%-16s %.4f +- %.4f", sr.method.c_str(), sr.y[t], sr.sd[t]);
+              const ImVec4 col =
+                  ImGui::ColorConvertU32ToFloat4(method_colour(method_index(sr.method)));
+              if (sweep_y_ == 1)
+                ImGui::TextColored(col, "%-16s harm kept %.4g, dropped %.4g (%.0f%%)",
+                                   sr.method.c_str(), sr.sd[t], sr.hi[t], 100 * sr.y[t]);
+              else
+                ImGui::TextColored(col, "%-16s %.4f +- %.4f", sr.method.c_str(), sr.y[t], sr.sd[t]);
             }
         ImGui::EndTooltip();
       }
@@ -646,25 +709,38 @@ class ErrorView final : public View {
     };
     bool from_sweep = false;
     for (const auto& o : options) from_sweep = from_sweep || o == heat_source_;
+    // The grid holds method B's cells too (app/grid_cells.h): "B" picks them.
+    const bool grid_b = !from_sweep && heat_source_.first == "B" && s.settings.ab_enabled;
+    // The grid's A/B mode also shows how far A and B keep the same tokens (app/overlap_grid.h).
+    const bool overlap = !from_sweep && heat_source_ == kOverlapSource && s.settings.ab_enabled;
+    auto grid_label = [&](int k) {
+      return std::string(k ? "B: " : "A: ") + s.method_name(k) + " at " +
+             ratio_label(s.settings.keep_ratio) + " (grid)";
+    };
+    const std::string overlap_label = "A/B overlap of kept sets (Jaccard)";
     std::string current = from_sweep ? label(heat_source_)
-                                     : "A: " + s.method_name(0) + " at " +
-                                           ratio_label(s.settings.keep_ratio) + " (grid)";
+                          : overlap  ? overlap_label
+                                     : grid_label(grid_b ? 1 : 0);
     ImGui::TextUnformatted("error per layer and kv head");
     toolbar_next(px(160));
     ImGui::SetNextItemWidth(-1);
     if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
-      if (ImGui::Selectable(
-              ("A: " + s.method_name(0) + " at " + ratio_label(s.settings.keep_ratio) + " (grid)")
-                  .c_str(),
-              !from_sweep))
+      if (ImGui::Selectable(grid_label(0).c_str(), !from_sweep && !grid_b && !overlap))
         heat_source_ = {};
+      if (s.settings.ab_enabled && ImGui::Selectable(grid_label(1).c_str(), grid_b))
+        heat_source_ = {"B", -1.0};
+      if (s.settings.ab_enabled && ImGui::Selectable(overlap_label.c_str(), overlap))
+        heat_source_ = kOverlapSource;
+      record_item(s, "error:heat:overlap");
       for (const auto& o : options)
         if (ImGui::Selectable(label(o).c_str(), from_sweep && o == heat_source_)) heat_source_ = o;
       ImGui::EndCombo();
     }
     GridValues gv =
         from_sweep ? grid_values_from_report(s, *s.sweep(), heat_source_.first, heat_source_.second)
-                   : grid_values(s, GridMetric::Error);
+        : overlap  ? overlap_grid_values(s)
+                   : grid_values(s, GridMetric::Error, grid_b ? 1 : 0);
+    if (overlap) draw_result_status(s, kOverlap, "overlap");
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
     ImGui::TextWrapped("%s", gv.caption.c_str());
     ImGui::PopStyleColor();
@@ -834,7 +910,9 @@ class ErrorView final : public View {
 
   bool log_attention_ = true;
   std::pair<std::string, double> heat_source_;  // empty method: the background grid
-  int mode_ = 0;                                // 0 overview, 1 tune two parameters
+  inline static const std::pair<std::string, double> kOverlapSource{"A/B overlap", -2.0};
+  int mode_ = 0;     // 0 overview, 1 tune two parameters
+  int sweep_y_ = 0;  // the sweep plot's y: 0 relative error, 1 share of the harm dropped
   std::string tune_method_, tune_rows_, tune_cols_, row_values_, col_values_;
   int tune_seeds_ = 3, tune_scope_ = 0;
 };

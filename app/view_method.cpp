@@ -9,6 +9,7 @@
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
+#include "app/method_list.h"
 #include "app/plot.h"
 #include "app/result_status.h"
 #include "app/view.h"
@@ -30,7 +31,7 @@ void help_marker(const std::string& text) {
   }
 }
 
-bool method_combo(AppState& s, const char* label, std::string& name) {
+bool method_combo(AppState& s, const char* label, std::string& name, ParamValues& params) {
   bool changed = false;
   // As tall as the screen allows: every method at once (issue 24: 8 of 13 showed).
   const bool open = ImGui::BeginCombo(label, name.c_str(), ImGuiComboFlags_HeightLargest);
@@ -42,12 +43,24 @@ bool method_combo(AppState& s, const char* label, std::string& name) {
       ImGui::PushID(static_cast<int>(i));
       legend_swatch(method_colour(static_cast<int>(i)), "");
       ImGui::SameLine();
-      if (ImGui::Selectable(m->name().c_str(), m->name() == name)) {
+      // Greyed, with the reason on hover, when the capture cannot run it (app/method_list.h).
+      if (method_selectable(s, *m, m->name() == name,
+                            std::string("combo:") + label + ":" + m->name())) {
         name = m->name();
         changed = true;
       }
-      record_item(s, std::string("combo:") + label + ":" + m->name());
-      if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", m->summary().c_str());
+      // A method that needs W_O is also offered with W_O = I (criticalkv's projection=identity).
+      if (const std::optional<ParamValues> alt = without_output_projection(*m)) {
+        legend_swatch(method_colour(static_cast<int>(i)), "");
+        ImGui::SameLine();
+        const std::string approx = m->name() + " (W_O = I, approximate)";
+        if (ImGui::Selectable(approx.c_str(), false)) {
+          name = m->name();
+          params = *alt;
+          changed = true;
+        }
+        record_item(s, std::string("combo:") + label + ":" + m->name() + ":approximate");
+      }
       ImGui::PopID();
     }
     ImGui::EndCombo();
@@ -196,34 +209,81 @@ class MethodView final : public View {
   void draw(AppState& s) override {
     Settings& st = s.settings;
     ImGui::SetNextItemWidth(fit_width(220, "method A"));
-    method_combo(s, "method A", st.method[0].name);
+    method_combo(s, "method A", st.method[0].name, st.method[0].params);
     if (const Method* m = s.method(0)) ImGui::TextWrapped("%s", m->summary().c_str());
     ImGui::Checkbox("compare with method B", &st.ab_enabled);
     if (st.ab_enabled) {
       ImGui::SetNextItemWidth(fit_width(220, "method B"));
-      method_combo(s, "method B", st.method[1].name);
+      method_combo(s, "method B", st.method[1].name, st.method[1].params);
     }
     ImGui::Separator();
 
-    // Keep ratio: logarithmic slider plus the protocol's ratios as buttons.
-    float kr = static_cast<float>(st.keep_ratio);
-    ImGui::SetNextItemWidth(fit_width(220, "keep ratio"));
-    if (ImGui::SliderFloat("keep ratio", &kr, 1.0f / 64, 1.0f, "%.4f",
-                           ImGuiSliderFlags_Logarithmic))
-      st.keep_ratio = std::clamp(static_cast<double>(kr), 1.0 / 64, 1.0);
-    record_item(s, "slider:keep ratio");
+    // The budget: a keep ratio (logarithmic slider, the protocol's and kvpress's ratios as
+    // buttons) or a number of middle tokens (docs/evaluation.md, "Budgets").
+    int mode = st.budget_mode ? 1 : 0;
+    ImGui::TextUnformatted("budget as");
+    ImGui::SameLine();
+    if (ImGui::RadioButton("keep ratio##mode", &mode, 0)) st.budget_mode = false;
+    record_item(s, "method:budget:ratio");
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tokens"));
+    if (ImGui::RadioButton("tokens##mode", &mode, 1)) {
+      // Start from the m the current ratio gives, so the switch changes nothing by itself.
+      if (!st.budget_mode && s.info()) st.budget_tokens = std::max(1, s.window().budget);
+      st.budget_mode = true;
+    }
+    record_item(s, "method:budget:tokens");
     help_marker(
-        "Fraction of the middle [s, n-E) a method keeps: m = round(ratio * n_mid). "
-        "Every method gets the same m.");
-    for (double r : {0.5, 0.25, 0.125, 0.0625}) {
-      ImGui::SameLine(0, r == 0.5 ? 8 : 4);
-      if (r == 0.5) ImGui::NewLine();
-      std::string label = ratio_label(r);
-      bool on = std::fabs(st.keep_ratio - r) < 1e-9;
-      if (on)
-        ImGui::PushStyleColor(ImGuiCol_Button, ImGui::GetStyleColorVec4(ImGuiCol_ButtonActive));
-      if (ImGui::Button(label.c_str(), ImVec2(px(48), 0))) st.keep_ratio = r;
-      if (on) ImGui::PopStyleColor();
+        "A keep ratio r keeps m = round(r * n_mid) middle tokens; a token budget B keeps m = B "
+        "exactly. Either way the s sinks and the E evaluation positions come on top: the cache "
+        "holds s + m + E entries. Wrappers that vary the budget per head (adakv) keep m per "
+        "head on average over a layer.");
+    if (st.budget_mode) {
+      const int n_mid = s.info() ? s.window().n_mid : 0;
+      int b = st.budget_tokens;
+      ImGui::SetNextItemWidth(fit_width(220, "middle tokens m"));
+      if (ImGui::SliderInt("middle tokens m", &b, 1, std::max(1, n_mid), "%d",
+                           ImGuiSliderFlags_Logarithmic | ImGuiSliderFlags_AlwaysClamp))
+        st.budget_tokens = std::max(1, b);
+      record_item(s, "slider:budget tokens");
+      if (n_mid > 0) {
+        const EvalWindow w = s.window();
+        ImGui::TextDisabled("keep ratio %.4f; cache %d + %d + %d = %d entries", st.keep_ratio,
+                            w.sink, st.budget_tokens, w.eval, w.sink + st.budget_tokens + w.eval);
+      }
+    } else {
+      float kr = static_cast<float>(st.keep_ratio);
+      ImGui::SetNextItemWidth(fit_width(220, "keep ratio"));
+      if (ImGui::SliderFloat("keep ratio", &kr, 1.0f / 64, 1.0f, "%.4f",
+                             ImGuiSliderFlags_Logarithmic))
+        st.keep_ratio = std::clamp(static_cast<double>(kr), 1.0 / 64, 1.0);
+      record_item(s, "slider:keep ratio");
+      help_marker(
+          "Fraction of the middle [s, n-E) a method keeps: m = round(ratio * n_mid). "
+          "Every method gets the same m.");
+      // Presets: the protocol's ratios, and kvpress's (it counts the fraction removed: 0.25,
+      // 0.5, 0.75, 0.875, i.e. keep 3/4, 1/2, 1/4, 1/8).
+      const struct {
+        const char* label;
+        const std::vector<double>* ratios;
+      } presets[] = {{"protocol", parse_ratio_preset("protocol")},
+                     {"kvpress", parse_ratio_preset("kvpress")}};
+      for (const auto& preset : presets) {
+        ImGui::TextDisabled("%-8s", preset.label);
+        for (double r : *preset.ratios) {
+          ImGui::SameLine(0, 4);
+          std::string label = ratio_label(r) + "##" + preset.label;
+          bool on = std::fabs(st.keep_ratio - r) < 1e-9;
+          if (on)
+            ImGui::PushStyleColor(ImGuiCol_Button, ImGui::GetStyleColorVec4(ImGuiCol_ButtonActive));
+          if (ImGui::Button(label.c_str(), ImVec2(px(48), 0))) st.keep_ratio = r;
+          record_item(s, std::string("method:ratio:") + preset.label + ":" + ratio_label(r));
+          if (on) ImGui::PopStyleColor();
+        }
+        if (preset.ratios == parse_ratio_preset("kvpress"))
+          help_marker(
+              "kvpress counts the fraction removed (compression_ratio 0.25, 0.5, 0.75, 0.875); "
+              "these are the same points as keep ratios.");
+      }
     }
     ImGui::SetNextItemWidth(px(120));
     if (ImGui::InputInt("seed", &st.seed)) st.seed = std::max(0, st.seed);
@@ -264,8 +324,12 @@ class MethodView final : public View {
         for (const ParamSpec& p : specs)
           param_widget(s, std::string("param:") + (slot == 0 ? "A:" : "B:") + p.name, p, pv);
         if (!pv.empty() && ImGui::Button("reset all to defaults")) pv.clear();
-        if (m->needs_queries() && s.info() && !s.info()->has_queries)
-          ImGui::TextColored(ImVec4(1, 0.6f, 0.3f, 1), "needs queries; this capture has none");
+        const std::string why = method_unavailable_here(s, *m);
+        if (!why.empty()) {
+          ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.6f, 0.3f, 1));
+          ImGui::TextWrapped("not available for this capture: %s", why.c_str());
+          ImGui::PopStyleColor();
+        }
       }
       ImGui::PopID();
     }

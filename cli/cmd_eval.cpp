@@ -32,6 +32,8 @@ namespace {
 struct CommonOptions {
   std::string path;
   std::string ratios = "0.5,0.25,0.125,0.0625";
+  std::string budget;  // --budget B1,B2,...: middle tokens kept (replaces --ratios)
+  const CLI::Option* ratios_option = nullptr;
   int seeds = 10;
   unsigned long long base_seed = 0;
   std::string layers, heads;
@@ -63,8 +65,14 @@ struct SweepOptions {
 
 void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("file", o.path, "capture (.safetensors or .npz)")->required();
-  sub->add_option("--ratios", o.ratios, "keep ratios, comma separated (0.5 or 1/2)")
-      ->capture_default_str();
+  o.ratios_option =
+      sub->add_option("--ratios", o.ratios,
+                      "keep ratios, comma separated (0.5 or 1/2), or the preset kvpress (keep "
+                      "0.75,0.5,0.25,0.125: kvpress's compression ratios 0.25..0.875)")
+          ->capture_default_str();
+  sub->add_option("--budget", o.budget,
+                  "token budgets instead of ratios, comma separated: each method keeps exactly B "
+                  "middle tokens (sinks and evaluation window on top; docs/evaluation.md)");
   sub->add_option("--seeds", o.seeds, "seeds R: seed r runs with base-seed + r")
       ->capture_default_str();
   // The check reads the text: an unsigned option would take "-1" as 2^64 - 1.
@@ -89,7 +97,31 @@ void add_common(CLI::App* sub, CommonOptions& o) {
 // capture before anything is sized by them.
 EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
   EvalSpec spec;
-  spec.ratios = parse_number_list(o.ratios, "--ratios");
+  if (!o.budget.empty()) {
+    if (o.ratios_option && o.ratios_option->count() > 0)
+      throw InputError("--budget: give --ratios or --budget, not both");
+    for (const std::string& item : split(o.budget, ',')) {
+      size_t used = 0;
+      long long b = -1;
+      try {
+        b = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (item.empty() || used != item.size() || b < 0 || b > kMaxCaptureTokens)
+        throw InputError("--budget: '" + item + "' is not a whole number of tokens (in '" +
+                         o.budget + "')");
+      spec.budgets.push_back(static_cast<int>(b));
+    }
+    if (spec.budgets.size() > 64)
+      throw InputError("--budget: " + std::to_string(spec.budgets.size()) +
+                       " budgets given, at most 64");
+    // Checked against the capture's middle once s and E are known (below).
+  } else if (const std::vector<double>* preset = parse_ratio_preset(o.ratios)) {
+    spec.ratios = *preset;
+  } else {
+    spec.ratios = parse_number_list(o.ratios, "--ratios");
+  }
   if (spec.ratios.size() > 64)
     throw InputError("--ratios: " + std::to_string(spec.ratios.size()) +
                      " keep ratios given, at most 64");
@@ -108,10 +140,22 @@ EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
     check_range(o.eval, 1, kMaxCaptureTokens, "--eval");
   spec.sink = o.sink;
   spec.eval = o.eval;
+  if (!spec.budgets.empty())
+    spec.ratios = ratios_for_budgets(spec.budgets, info.num_tokens, spec.sink, spec.eval);
   check_range(o.threads, 0, 1024, "--threads");
   spec.threads = o.threads;
   spec.estimator = parse_estimator(o.estimator);
   return spec;
+}
+
+// How column `i` of a spec is named: "budget 128" under --budget, else "ratio 0.25".
+std::string column_label(const EvalSpec& spec, size_t i) {
+  char buf[64];
+  if (i < spec.budgets.size())
+    std::snprintf(buf, sizeof buf, "budget %d", spec.budgets[i]);
+  else
+    std::snprintf(buf, sizeof buf, "ratio %g", spec.ratios[i]);
+  return buf;
 }
 
 // "method.name=value" -> spec.params[method][name].
@@ -151,6 +195,7 @@ void run_eval_command(const EvalOptions& o) {
   auto capture = CaptureFile::open(o.common.path);
   EvalSpec spec = base_spec(o.common, capture->info());
   spec.methods = parse_method_list(o.methods);
+  spec.harm = true;  // harm kept vs dropped per head and method (engine/token_harm.h)
   for (const std::string& p : o.params) parse_param(p, spec);
   if (!o.shard.empty()) {
     const auto [index, count] = parse_shard(o.shard, kMaxShards);
@@ -218,8 +263,8 @@ void run_grid2_command(const SweepOptions& o, const Method& m) {
   const auto def = res.default_cell();
   for (size_t r = 0; r < res.ratios.size(); ++r) {
     const auto best = res.best(r);
-    std::printf("\nratio %g: mean relative error +- std over seeds (* best, d default)\n",
-                res.ratios[r]);
+    std::printf("\n%s: mean relative error +- std over seeds (* best, d default)\n",
+                column_label(spec, r).c_str());
     std::printf("%-14s", (g.rows.name + " \\ " + g.cols.name).c_str());
     for (double c : g.cols.values) std::printf("  %-21g", c);
     std::printf("\n");
@@ -311,11 +356,8 @@ void run_sweep_command(const SweepOptions& o) {
                   rep.window_example.describe().c_str(), spec.seeds);
       for (const std::string& note : rep.notes) std::printf("note     %s\n", note.c_str());
       std::printf("%-28s", "parameters");
-      for (double r : spec.ratios) {
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "ratio %g", r);
-        std::printf("  %-19s", buf);
-      }
+      for (size_t r = 0; r < spec.ratios.size(); ++r)
+        std::printf("  %-19s", column_label(spec, r).c_str());
       std::printf("\n");
       out["capture"] = rep.to_json()["capture"];
       out["window"] = rep.to_json()["window"];
@@ -355,7 +397,8 @@ void run_sweep_command(const SweepOptions& o) {
   std::printf("\n");
   for (size_t r = 0; r < spec.ratios.size(); ++r)
     if (!best_at[r].empty())
-      std::printf("best at ratio %g: %s (%.4f)\n", spec.ratios[r], best_at[r].c_str(), best[r]);
+      std::printf("best at %s: %s (%.4f)\n", column_label(spec, r).c_str(), best_at[r].c_str(),
+                  best[r]);
   if (!o.common.json_out.empty())
     write_json_file(o.common.json_out, out, "--json", {o.common.path});
   for (const std::string& f : failures) std::fprintf(stderr, "kvscope-cli: %s\n", f.c_str());

@@ -21,6 +21,7 @@
 #include "engine/error.h"
 #include "engine/generate.h"
 #include "engine/llama2c.h"
+#include "engine/protocol.h"
 
 namespace kvscope::cli {
 
@@ -28,6 +29,8 @@ namespace {
 
 struct GenerateOptions {
   std::string model, tokenizer, prompt, methods = "uniform,snapkv,balancekv", ratios = "0.25";
+  std::string budget;  // --budget B1,B2: middle entries kept (replaces --ratios)
+  const CLI::Option* ratios_option = nullptr;
   std::vector<std::string> params;
   // Read wide, so a value far out of range gets the range message rather than CLI11's "could not
   // convert"; the seed as text, so "-1" is refused instead of wrapping to 2^64 - 1.
@@ -38,6 +41,7 @@ struct GenerateOptions {
 };
 
 std::vector<double> parse_ratio_list(const std::string& list) {
+  if (const std::vector<double>* preset = parse_ratio_preset(list)) return *preset;
   std::vector<double> out;
   std::stringstream ss(list);
   std::string item;
@@ -127,7 +131,25 @@ void run_generate_command(const GenerateOptions& o) {
                    "note: --methods all leaves out %s (they need every kv head of a layer)\n",
                    left_out.c_str());
   }
-  spec.ratios = parse_ratio_list(o.ratios);
+  if (!o.budget.empty()) {
+    if (o.ratios_option && o.ratios_option->count() > 0)
+      throw InputError("--budget: give --ratios or --budget, not both");
+    for (const std::string& item : split(o.budget, ',')) {
+      size_t used = 0;
+      long long b = -1;
+      try {
+        b = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (item.empty() || used != item.size() || b < 0 || b > (1 << 20))
+        throw InputError("--budget: '" + printable(item) +
+                         "' is not a whole number of cache entries");
+      spec.budgets.push_back(static_cast<int>(b));
+    }
+  } else {
+    spec.ratios = parse_ratio_list(o.ratios);
+  }
   for (const std::string& p : o.params) {
     const auto dot = p.find('.'), eq = p.find('=');
     if (dot == std::string::npos || eq == std::string::npos || eq < dot)
@@ -185,14 +207,20 @@ void run_generate_command(const GenerateOptions& o) {
   if (rep.spec.has_continuation)
     std::printf("continuation: %d tokens scored, exact-cache perplexity %.4f\n", rep.scored_tokens,
                 rep.exact_perplexity);
-  std::printf("%-16s %7s %9s %9s %10s %9s\n", "method", "ratio", "top1", "mean KL", "perplexity",
-              "diverges");
+  const bool by_budget = !rep.spec.budgets.empty();
+  std::printf("%-16s %7s %9s %9s %10s %9s\n", "method", by_budget ? "budget" : "ratio", "top1",
+              "mean KL", "perplexity", "diverges");
   for (const GenerateRun& r : rep.runs) {
     char ppl[32] = "-";
     if (rep.spec.has_continuation) std::snprintf(ppl, sizeof ppl, "%.4f", r.perplexity);
     char div[16] = "never";
     if (r.first_divergence >= 0) std::snprintf(div, sizeof div, "step %d", r.first_divergence);
-    std::printf("%-16s %7.4f %8.1f%% %9.5f %10s %9s\n", r.method.c_str(), r.ratio,
+    char col[32];
+    if (r.budget >= 0)
+      std::snprintf(col, sizeof col, "%d", r.budget);
+    else
+      std::snprintf(col, sizeof col, "%.4f", r.ratio);
+    std::printf("%-16s %7s %8.1f%% %9.5f %10s %9s\n", r.method.c_str(), col,
                 100.0 * r.top1_agreement, r.mean_kl, ppl, div);
   }
   for (const std::string& n : rep.notes) std::printf("note: %s\n", n.c_str());
@@ -218,8 +246,13 @@ void add_generate_command(CLI::App& app) {
   sub->add_option("--prompt", o->prompt, "Prompt text (BOS is prepended)");
   sub->add_option("--methods", o->methods, "Comma-separated methods or 'all'")
       ->capture_default_str();
-  sub->add_option("--ratios", o->ratios, "Comma-separated keep ratios (0.25 or 1/4)")
-      ->capture_default_str();
+  o->ratios_option = sub->add_option("--ratios", o->ratios,
+                                     "Comma-separated keep ratios (0.25 or 1/4), or the preset "
+                                     "kvpress (keep 0.75,0.5,0.25,0.125)")
+                         ->capture_default_str();
+  sub->add_option("--budget", o->budget,
+                  "Token budgets instead of ratios, comma separated: the middle keeps exactly B "
+                  "cache entries at every compression (sinks and window on top)");
   sub->add_option("--param", o->params, "Method parameter, method.name=value (repeatable)");
   sub->add_option("--compress-at", o->compress_at,
                   "N: positions run with the full cache before compression (0: the prompt's "

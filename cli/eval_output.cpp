@@ -143,10 +143,16 @@ void print_report(const EvalReport& rep) {
               info.synthetic ? " [SYNTHETIC]" : "");
   std::printf("window   %s\n", rep.window_example.describe().c_str());
   std::string budgets;
-  for (double r : rep.spec.ratios)
-    budgets += (budgets.empty() ? "" : ", ") + ratio_label(r) +
-               " -> m=" + std::to_string(std::llround(r * rep.window_example.n_mid));
-  std::printf("budgets  %s\n", budgets.c_str());
+  const bool by_budget = !rep.spec.budgets.empty();
+  for (size_t i = 0; i < rep.spec.ratios.size(); ++i) {
+    const double r = rep.spec.ratios[i];
+    const long long m = std::llround(r * rep.window_example.n_mid);
+    budgets += (budgets.empty() ? "" : ", ") +
+               (by_budget ? "budget " + std::to_string(m) + " (ratio " + fmt("%.4g", r) + ")"
+                          : ratio_label(r) + " -> m=" + std::to_string(m));
+  }
+  std::printf("budgets  %s%s\n", budgets.c_str(),
+              by_budget ? "; a budget counts middle tokens: the cache holds s + m + E" : "");
   std::printf("seeds    %d (seed r = %llu + r)", rep.spec.seeds,
               static_cast<unsigned long long>(rep.spec.base_seed));
   if (rep.spec.shard_count > 1)
@@ -192,7 +198,11 @@ void print_report(const EvalReport& rep) {
   for (const Method* m : rep.spec.methods)
     name_width = std::max(name_width, static_cast<int>(m->name().size()));
   std::printf("%-*s", name_width, "method");
-  for (double r : rep.spec.ratios) std::printf("  %-19s", ("ratio " + ratio_label(r)).c_str());
+  for (double r : rep.spec.ratios)
+    std::printf("  %-19s",
+                (by_budget ? "budget " + std::to_string(std::llround(r * rep.window_example.n_mid))
+                           : "ratio " + ratio_label(r))
+                    .c_str());
   std::printf("\n");
   const std::vector<EvalSummary> sum = rep.summary();
   auto cell_status = [&](const std::string& method, double ratio, int layer) -> std::string {
@@ -216,11 +226,41 @@ void print_report(const EvalReport& rep) {
     std::printf("\n");
   }
 
+  // Harm kept vs dropped (docs/evaluation.md, "Harm kept and dropped").
+  if (rep.spec.harm) {
+    std::printf(
+        "\nharm dropped: the summed harm of the middle tokens a method dropped (each token's "
+        "harm: the\nexact output change of evicting it alone), share of the middle's total, "
+        "mean over heads\n%-*s",
+        name_width, "method");
+    for (size_t r = 0; r < rep.spec.ratios.size(); ++r)
+      std::printf("  %-19s",
+                  (by_budget ? "budget " + std::to_string(std::llround(rep.spec.ratios[r] *
+                                                                       rep.window_example.n_mid))
+                             : "ratio " + ratio_label(rep.spec.ratios[r]))
+                      .c_str());
+    std::printf("\n");
+    size_t i = 0;
+    for (const Method* m : rep.spec.methods) {
+      std::printf("%-*s", name_width, m->name().c_str());
+      for (size_t r = 0; r < rep.spec.ratios.size(); ++r) {
+        const EvalSummary& s = sum[i++];
+        std::printf("  %-19s", std::isnan(s.harm_dropped)
+                                   ? "-"
+                                   : (fmt("%.4g", s.harm_dropped) + " (" +
+                                      fmt("%.0f%%", 100 * s.harm_dropped_share) + ")")
+                                         .c_str());
+      }
+      std::printf("\n");
+    }
+  }
+
   // Per-layer means (over kv heads and seeds).
   std::set<int> layer_set;
   for (const HeadEval& he : rep.results) layer_set.insert(he.layer);
   if (!rep.results.empty()) {
-    std::printf("\nper-layer mean relative error\n%-*s %-7s", name_width, "method", "ratio");
+    std::printf("\nper-layer mean relative error\n%-*s %-7s", name_width, "method",
+                by_budget ? "budget" : "ratio");
     for (int l : layer_set) {
       char label[16];
       std::snprintf(label, sizeof label, "L%d", l);
@@ -229,7 +269,9 @@ void print_report(const EvalReport& rep) {
     std::printf("\n");
     for (const Method* m : rep.spec.methods) {
       for (double r : rep.spec.ratios) {
-        std::printf("%-*s %-7s", name_width, m->name().c_str(), ratio_label(r).c_str());
+        std::printf("%-*s %-7s", name_width, m->name().c_str(),
+                    by_budget ? std::to_string(std::llround(r * rep.window_example.n_mid)).c_str()
+                              : ratio_label(r).c_str());
         for (int l : layer_set) {
           double acc = 0;
           int count = 0;

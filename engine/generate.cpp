@@ -90,7 +90,7 @@ double log_probability(const std::vector<float>& logits, int token) {
 
 std::string compress_cache(llama2c::Transformer& model, const Method& method, double ratio,
                            const ParamValues& params, int sink, int window, uint64_t seed,
-                           int round) {
+                           int round, int budget_tokens) {
   const llama2c::Config& c = model.config();
   const int hs = c.head_size(), group = c.kv_group();
   const int positions = model.positions();
@@ -110,8 +110,12 @@ std::string compress_cache(llama2c::Transformer& model, const Method& method, do
       }
       // The middle keeps the ratio of the positions it stands for, not of its current entries,
       // so re-compressing holds the cache at about sink + window + ratio * (positions - both).
+      // A token budget holds it at sink + window + budget_tokens.
       const int budget =
-          std::min<int>(n_mid, static_cast<int>(std::llround(ratio * (positions - sink - window))));
+          budget_tokens >= 0
+              ? std::min(n_mid, budget_tokens)
+              : std::min<int>(n_mid,
+                              static_cast<int>(std::llround(ratio * (positions - sink - window))));
       MatrixF keys(n, hs), values(n, hs);
       std::vector<MatrixF> queries(group, MatrixF(n, hs));
       for (int i = 0; i < n; ++i) {
@@ -200,6 +204,7 @@ nlohmann::json GenerateReport::to_json() const {
   j["compress_at"] = spec.compress_at;
   j["steps"] = spec.steps;
   j["recompress_every"] = spec.recompress_every;
+  if (!spec.budgets.empty()) j["budgets"] = spec.budgets;
   j["sink"] = sink;
   j["window"] = window;
   j["seed"] = spec.seed;
@@ -218,6 +223,7 @@ nlohmann::json GenerateReport::to_json() const {
     nlohmann::json o;
     o["method"] = r.method;
     o["ratio"] = r.ratio;
+    if (r.budget >= 0) o["budget"] = r.budget;
     o["top1_agreement"] = r.top1_agreement;
     o["mean_kl"] = r.mean_kl;
     if (spec.has_continuation) o["perplexity"] = r.perplexity;
@@ -253,6 +259,8 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
                        "has " + std::to_string(tokenizer.vocab_size()) +
                            " tokens but the model's vocab_size is " + std::to_string(c.vocab_size));
   if (spec.methods.empty()) throw SettingError("methods", "--methods", "no method given");
+  // Budgets are checked against the middle once N, s and W are known (below).
+  if (!spec.budgets.empty()) spec.ratios.assign(spec.budgets.size(), 1.0);
   if (spec.ratios.empty()) throw SettingError("ratios", "--ratios", "no ratio given");
   for (double r : spec.ratios)
     if (!(r > 0 && r <= 1))
@@ -313,6 +321,19 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
                        "no middle left to compress at " + std::to_string(N) +
                            " (s = " + std::to_string(w.sink) + " sinks + window " +
                            std::to_string(w.eval) + ")");
+  for (size_t i = 0; i < spec.budgets.size(); ++i) {
+    const int b = spec.budgets[i];
+    if (b < 1 || b > w.n_mid)
+      throw SettingError(
+          "budget", "--budget",
+          std::to_string(b) + " entries do not fit: the middle at compression holds " +
+              std::to_string(w.n_mid) + " (N = " + std::to_string(N) +
+              ", s = " + std::to_string(w.sink) + " sinks, window " + std::to_string(w.eval) +
+              "; a budget counts middle entries, 1 to " + std::to_string(w.n_mid) + ")");
+    if (std::count(spec.budgets.begin(), spec.budgets.end(), b) > 1)
+      throw SettingError("budget", "--budget", std::to_string(b) + " given twice");
+    spec.ratios[i] = static_cast<double>(b) / w.n_mid;
+  }
 
   std::vector<int> cont_seq;
   if (spec.has_continuation) {
@@ -398,10 +419,12 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
   struct Item {
     const Method* method;
     double ratio;
+    int budget;  // -1: by ratio
   };
   std::vector<Item> items;
   for (const Method* m : spec.methods)
-    for (double r : spec.ratios) items.push_back({m, r});
+    for (size_t i = 0; i < spec.ratios.size(); ++i)
+      items.push_back({m, spec.ratios[i], i < spec.budgets.size() ? spec.budgets[i] : -1});
   rep.runs.resize(items.size());
 
   auto run_one = [&](size_t index) {
@@ -409,13 +432,14 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
     GenerateRun& run = rep.runs[index];
     run.method = item.method->name();
     run.ratio = item.ratio;
+    run.budget = item.budget;
     const auto pit = spec.params.find(run.method);
     const ParamValues params = pit == spec.params.end() ? ParamValues{} : pit->second;
     std::set<std::string> notes;
     int round = 0;
     auto compress = [&](llama2c::Transformer& m, int r) {
-      const std::string note =
-          compress_cache(m, *item.method, item.ratio, params, rep.sink, rep.window, spec.seed, r);
+      const std::string note = compress_cache(m, *item.method, item.ratio, params, rep.sink,
+                                              rep.window, spec.seed, r, item.budget);
       if (!note.empty()) notes.insert(note);
     };
     auto due = [&](int t, int steps) {  // re-compress after step t of `steps`?

@@ -24,6 +24,10 @@ struct GenerateSpec {
   std::string prompt;
   std::vector<const Method*> methods;
   std::vector<double> ratios{0.25};
+  // Token budgets (the budget setting): when not empty they replace `ratios`, and the middle keeps
+  // exactly B entries at every compression (the cache holds s + B + W; docs/generate.md). The
+  // runs' ratios are then B / (N - s - W), the same m at the first compression.
+  std::vector<int> budgets;
   std::map<std::string, ParamValues> params;  // by method name
   // N: positions [0, N) run with the full cache (prompt forced, then greedy); the token at
   // position N is predicted before compression and shared by every run. 0: the prompt's length
@@ -42,6 +46,7 @@ struct GenerateSpec {
 struct GenerateRun {
   std::string method;
   double ratio = 0;
+  int budget = -1;  // the token budget it ran with (GenerateSpec::budgets), -1: by ratio
   // Teacher-forced on the exact run's tokens, per step t = 0 .. steps-1 (the forward pass at
   // position N + t): the compressed cache's top-1 token and KL(exact || compressed) in nats.
   std::vector<int> top1;
@@ -99,10 +104,11 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
 // `model`'s current cache (positions [0, model.positions())) with `method` so that the middle
 // keeps round(ratio * (positions - sink - window)) entries. A model already compressed is
 // compressed again over its current entries (weights compose: old w times new w). `round` varies
-// the methods' seed between re-compressions. Returns the methods' notes (deduplicated).
+// the methods' seed between re-compressions. `budget_tokens` >= 0 keeps that many middle entries
+// instead (at most the middle's), whatever the ratio. Returns the methods' notes (deduplicated).
 std::string compress_cache(llama2c::Transformer& model, const Method& method, double ratio,
                            const ParamValues& params, int sink, int window, uint64_t seed,
-                           int round = 0);
+                           int round = 0, int budget_tokens = -1);
 
 // KL(p || q) in nats between softmax(p_logits) and softmax(q_logits), in double.
 double kl_divergence(const std::vector<float>& p_logits, const std::vector<float>& q_logits);

@@ -126,6 +126,13 @@ class Method {
   // and chunkkv wrappers): such a method reads MethodInput::layer_data and refuses without it.
   // The protocol still runs it head by head; it scores the other heads itself.
   virtual bool needs_layer() const { return false; }
+  // What a capture must carry for the method to run (method_unavailable in engine/protocol.h says
+  // why one cannot, for the app's method lists): RoPE's theta and layout, for methods that rotate
+  // keys or queries back to before RoPE (expected-attention, compactor; wrappers ask their inner
+  // method); each query head's output projection W_O, which no capture carries today, with the
+  // method's parameters since a method may do without it when asked (criticalkv's projection).
+  virtual bool needs_rope() const { return false; }
+  virtual bool needs_output_projection(const ParamValues& /*params*/) const { return false; }
   virtual Ranking rank(const MethodInput& in) const;
   virtual Selection ranked_selection(const MethodInput& in, const Ranking& ranking) const;
 };

@@ -21,6 +21,7 @@
 #include "engine/json_fields.h"
 #include "engine/reference_cache.h"
 #include "engine/selection_check.h"
+#include "engine/token_harm.h"
 
 namespace kvscope {
 namespace {
@@ -159,6 +160,38 @@ EvalWindow::Fitted EvalWindow::fit(int n, double keep_ratio, int sink_request, i
   return out;
 }
 
+std::vector<double> ratios_for_budgets(const std::vector<int>& budgets, int n, int sink_override,
+                                       int eval_override) {
+  if (budgets.empty()) throw SettingError("budget", "--budget", "no token budget given");
+  const EvalWindow w = EvalWindow::make(n, 1.0, sink_override, eval_override);
+  std::vector<double> ratios;
+  for (int b : budgets) {
+    if (b < 1 || b > w.n_mid)
+      throw SettingError("budget", "--budget",
+                         std::to_string(b) + " tokens do not fit: the middle holds " +
+                             std::to_string(w.n_mid) + " (n = " + std::to_string(n) + ", s = " +
+                             std::to_string(w.sink) + " sinks, E = " + std::to_string(w.eval) +
+                             " evaluation positions; a budget counts middle tokens, 1 to " +
+                             std::to_string(w.n_mid) + ")");
+    if (std::count(budgets.begin(), budgets.end(), b) > 1)
+      throw SettingError("budget", "--budget", std::to_string(b) + " given twice");
+    ratios.push_back(static_cast<double>(b) / w.n_mid);
+  }
+  return ratios;
+}
+
+const std::vector<double>& kvpress_keep_ratios() {
+  static const std::vector<double> r{0.75, 0.5, 0.25, 0.125};
+  return r;
+}
+
+const std::vector<double>* parse_ratio_preset(const std::string& name) {
+  static const std::vector<double> protocol{0.5, 0.25, 0.125, 0.0625};
+  if (name == "kvpress") return &kvpress_keep_ratios();
+  if (name == "protocol") return &protocol;
+  return nullptr;
+}
+
 std::string EvalWindow::describe() const {
   std::string s = "n=" + std::to_string(n) + " s=" + std::to_string(sink) +
                   " E=" + std::to_string(eval) + " middle=" + std::to_string(n_mid) +
@@ -172,6 +205,22 @@ std::string EvalWindow::describe() const {
     why.push_back("defaults scaled down for a short capture");
   if (!why.empty()) s += " (" + join(why, "; ") + ")";
   return s;
+}
+
+std::string method_unavailable(const Method& method, const CaptureInfo& info,
+                               const ParamValues& params) {
+  std::vector<std::string> why;
+  if (method.needs_queries() && !info.has_queries)
+    why.push_back("needs the capture's queries, and this capture has none");
+  if (method.needs_rope() && !info.rope.known())
+    why.push_back("needs RoPE's theta and layout to undo the rotation, and " +
+                  (info.rope.missing.empty() ? std::string("this capture does not say them")
+                                             : info.rope.missing));
+  if (method.needs_output_projection(params))
+    why.push_back(
+        "needs each query head's output projection W_O, which captures do not carry (its "
+        "projection setting 'identity' takes W_O = I, an approximation)");
+  return join(why, "; ");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -476,7 +525,7 @@ HeadRun group_run(const LayerData& layer, int num_layers, int kv_head, const Met
 void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec,
                     const WorkItem* items, size_t count, bool method_refused,
                     const std::atomic<bool>* cancel, Backend* backend,
-                    const ExactReference* reference, HeadEval* out,
+                    const ExactReference* reference, const TokenHarm* harm, HeadEval* out,
                     const std::function<void()>& item_done) {
   SharedWork shared;
   for (size_t g = 0; g < count; ++g) {
@@ -505,7 +554,8 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
         settings.params = p->second;
 
       std::vector<double> norm_seeds, mass_seeds;
-      std::optional<HeadRun> seed_free_run;  // the one run of a seed-independent method
+      double harm_kept = 0, harm_dropped = 0;  // sums over seeds (spec.harm)
+      std::optional<HeadRun> seed_free_run;    // the one run of a seed-independent method
       for (int r = 0; r < spec.seeds; ++r) {
         if (cancel && cancel->load()) throw Cancelled();
         HeadRun fresh;
@@ -533,6 +583,11 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
         }
         if (run.selection.saturation >= 0)
           he.saturation = (r == 0 ? 0.0 : he.saturation) + run.selection.saturation / spec.seeds;
+        if (harm) {
+          const HarmSplit split = harm_split(*harm, run.selection);
+          harm_kept += split.kept_sum;
+          harm_dropped += split.dropped_sum;
+        }
         he.per_seed.push_back(run.mean_relative);
         norm_seeds.push_back(run.mean_normalized);
         mass_seeds.push_back(run.mean_mass);
@@ -547,6 +602,10 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
         std::tie(he.mean, he.std) = mean_std(he.per_seed);
         he.normalized_mean = mean_std(norm_seeds).first;
         he.mass_mean = mean_std(mass_seeds).first;
+        if (harm) {
+          he.harm_kept = harm_kept / spec.seeds;
+          he.harm_dropped = harm_dropped / spec.seeds;
+        }
       }
     }
     if (item_done) item_done();
@@ -586,6 +645,8 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
 
   // Validate everything before any work starts, naming the flag.
   if (spec.methods.empty()) throw SettingError("methods", "--methods", "no method given");
+  if (!spec.budgets.empty())
+    spec.ratios = ratios_for_budgets(spec.budgets, info.num_tokens, spec.sink, spec.eval);
   if (spec.ratios.empty()) throw SettingError("keep ratios", "--ratios", "no keep ratio given");
   if (spec.seeds < 1) throw SettingError("seeds", "--seeds", "needs at least 1 seed");
   if (spec.shard_count < 1 || spec.shard_index < 0 || spec.shard_index >= spec.shard_count)
@@ -670,6 +731,22 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       std::atomic<int> users{0};  // groups still to score against it
     };
     std::vector<HeadReference> refs(spec.heads.size());
+    // Per-token harm of each kv head (spec.harm; engine/token_harm.h), built by the first group
+    // that needs it and dropped after its last, as the references are.
+    struct HeadHarm {
+      std::once_flag built;
+      std::unique_ptr<TokenHarm> harm;
+      std::atomic<int> users{0};
+    };
+    std::vector<HeadHarm> harms(spec.harm ? spec.heads.size() : 0);
+    auto wants_harm = [&](const WorkGroup& g) {
+      const WorkItem& it = mine[g.first];
+      const int kv = spec.heads[it.head];
+      return !harms.empty() && !method_refused[it.method] &&
+             !(kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty());
+    };
+    for (const WorkGroup& g : groups)
+      if (wants_harm(g)) ++harms[mine[g.first].head].users;
     auto uses_reference = [&](const WorkGroup& g) {
       const WorkItem& it = mine[g.first];
       const int kv = spec.heads[it.head];
@@ -707,9 +784,21 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
         });
         ref = slot->ref.get();
       }
+      const TokenHarm* harm = nullptr;
+      HeadHarm* hslot = wants_harm(g) ? &harms[first.head] : nullptr;
+      if (hslot) {
+        std::call_once(hslot->built, [&] {
+          const int kv = spec.heads[first.head];
+          hslot->harm = std::make_unique<TokenHarm>(
+              token_harm(harm_queries(*layer, kv), layer->keys[kv], layer->values[kv],
+                         report.window_example.sink, report.window_example.eval));
+        });
+        harm = hslot->harm.get();
+      }
       evaluate_group(*layer, info.num_layers, spec, &mine[g.first], g.count,
-                     method_refused[first.method], cancel, backend, ref, &report.results[g.first],
-                     item_done);
+                     method_refused[first.method], cancel, backend, ref, harm,
+                     &report.results[g.first], item_done);
+      if (hslot && --hslot->users == 0) hslot->harm.reset();
       if (slot && --slot->users == 0) slot->ref.reset();
     });
     begin = end;
@@ -760,6 +849,24 @@ std::vector<EvalSummary> EvalReport::summary() const {
           for (size_t r = 0; r < per_seed.size() && r < he->per_seed.size(); ++r)
             per_seed[r] += he->per_seed[r] / static_cast<double>(heads.size());
         s.std = mean_std(per_seed).second;
+        // Harm kept vs dropped: means over the heads that have it.
+        double kept = 0, dropped = 0, share = 0;
+        int with_harm = 0, with_share = 0;
+        for (const HeadEval* he : heads) {
+          if (!he->has_harm()) continue;
+          ++with_harm;
+          kept += he->harm_kept;
+          dropped += he->harm_dropped;
+          if (he->harm_kept + he->harm_dropped > 0) {
+            share += he->harm_dropped / (he->harm_kept + he->harm_dropped);
+            ++with_share;
+          }
+        }
+        if (with_harm > 0) {
+          s.harm_kept = kept / with_harm;
+          s.harm_dropped = dropped / with_harm;
+          s.harm_dropped_share = with_share > 0 ? share / with_share : 0.0;
+        }
       }
       out.push_back(s);
     }
@@ -800,16 +907,27 @@ nlohmann::json EvalReport::to_json() const {
                {"shard_index", spec.shard_index},
                {"shard_count", spec.shard_count},
                {"estimator", estimator_name(spec.estimator)}};
+  if (!spec.budgets.empty()) j["spec"]["budgets"] = spec.budgets;
   j["proxy_queries"] = proxy_queries;
   j["notes"] = notes;
   j["failures"] = failures();
   json sum = json::array();
-  for (const EvalSummary& s : summary())
+  const std::vector<EvalSummary> summary_rows = summary();
+  for (const EvalSummary& s : summary_rows)
     sum.push_back({{"method", s.method},
                    {"ratio", s.ratio},
                    {"mean", s.mean},
                    {"std", s.std},
                    {"heads", s.heads}});
+  if (spec.harm)
+    for (size_t i = 0; i < sum.size(); ++i) {
+      const EvalSummary& s = summary_rows[i];
+      if (std::isnan(s.harm_kept)) continue;
+      sum[i]["harm_kept"] = s.harm_kept;
+      sum[i]["harm_dropped"] = s.harm_dropped;
+      sum[i]["harm_dropped_share"] = s.harm_dropped_share;
+    }
+  if (spec.harm) j["spec"]["harm"] = true;
   j["summary"] = sum;
   json res = json::array();
   for (const HeadEval& he : results) {
@@ -830,6 +948,10 @@ nlohmann::json EvalReport::to_json() const {
       r["budget"] = he.budget;
     }
     if (he.saturation >= 0) r["saturation"] = he.saturation;
+    if (he.has_harm()) {
+      r["harm_kept"] = he.harm_kept;
+      r["harm_dropped"] = he.harm_dropped;
+    }
     if (!he.error.empty()) r["error"] = he.error;
     res.push_back(r);
   }
@@ -881,6 +1003,15 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
     if (!(x > 0 && x <= 1)) r.fail(fmt_double(x) + " is not a keep ratio in (0, 1]");
     rep.spec.ratios.push_back(x);
   }
+  if (const std::optional<JsonField> b = s.find("budgets")) {
+    if (b->size() > 1000)
+      b->fail("holds " + std::to_string(b->size()) + " budgets, more than 1000");
+    rep.spec.budgets = b->integers(1, kMaxCaptureTokens);
+    if (!rep.spec.budgets.empty() && rep.spec.budgets.size() != rep.spec.ratios.size())
+      b->fail("holds " + std::to_string(rep.spec.budgets.size()) + " budgets for " +
+              std::to_string(rep.spec.ratios.size()) + " ratios");
+  }
+  rep.spec.harm = s.get("harm", false);
   rep.spec.seeds = s.at("seeds").integer(1, kMaxSeeds);
   rep.spec.base_seed = s.at("base_seed").unsigned_integer();
   rep.spec.layers = s.at("layers").integers(0, rep.info.num_layers - 1);
@@ -944,6 +1075,8 @@ EvalReport EvalReport::from_json(const nlohmann::json& j) {
     he.kept = r.get("kept", 0, 0, kMaxCaptureTokens);
     he.budget = r.get("budget", 0, 0, kMaxCaptureTokens);
     he.saturation = r.get("saturation", -1.0);
+    if (r.has("harm_kept")) he.harm_kept = r.at("harm_kept").number();
+    if (r.has("harm_dropped")) he.harm_dropped = r.at("harm_dropped").number();
     rep.results.push_back(std::move(he));
   }
   return rep;
@@ -958,8 +1091,9 @@ EvalReport merge_reports(const std::vector<EvalReport>& parts) {
   const EvalSpec& fs = first.spec;
   auto same_spec = [&](const EvalSpec& s) {
     return method_names(s.methods) == method_names(fs.methods) && s.ratios == fs.ratios &&
-           s.seeds == fs.seeds && s.base_seed == fs.base_seed && s.layers == fs.layers &&
-           s.heads == fs.heads && s.params == fs.params && s.sink == fs.sink && s.eval == fs.eval &&
+           s.budgets == fs.budgets && s.harm == fs.harm && s.seeds == fs.seeds &&
+           s.base_seed == fs.base_seed && s.layers == fs.layers && s.heads == fs.heads &&
+           s.params == fs.params && s.sink == fs.sink && s.eval == fs.eval &&
            s.shard_count == fs.shard_count && s.estimator == fs.estimator;
   };
   std::set<int> shards;

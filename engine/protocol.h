@@ -3,7 +3,9 @@
 #pragma once
 
 #include <atomic>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,6 +39,23 @@ struct EvalWindow {
   bool scaled_down() const { return sink < 256 || eval < 256; }
   std::string describe() const;  // "n=512 s=16 E=64 middle=432 m=216 (scaled down from 256/256)"
 };
+
+// Token budgets (docs/evaluation.md, "Budgets"). One rule: a budget of B tokens is the number of
+// middle tokens a method keeps, m = B, exactly as a keep ratio r gives m = round(r * n_mid); the
+// s sinks and the E evaluation positions are the protocol's and come on top for every method (the
+// cache holds s + B + E entries). A budget is run as the keep ratio B / n_mid, which gives
+// m = B exactly. Throws SettingError naming the setting "budget" (CLI: --budget) when B is
+// below 1 or above the middle n_mid of the window (n, sink_override, eval_override).
+std::vector<double> ratios_for_budgets(const std::vector<int>& budgets, int n, int sink_override,
+                                       int eval_override);
+
+// kvpress's usual compression ratios 0.25, 0.5, 0.75, 0.875 (kvpress counts the fraction
+// removed) as KVScope's keep ratios: 0.75, 0.5, 0.25, 0.125 (docs/evaluation.md). The preset's
+// name, "kvpress", is accepted wherever a list of keep ratios is (parse_ratio_preset).
+const std::vector<double>& kvpress_keep_ratios();
+// The keep ratios of a named preset ("kvpress", "protocol": 0.5, 0.25, 0.125, 0.0625), or
+// nullptr when `name` names none.
+const std::vector<double>* parse_ratio_preset(const std::string& name);
 
 struct EvalWindow::Fitted {
   EvalWindow window;
@@ -99,6 +118,13 @@ struct HeadEval {
   double saturation = -1;    // walks: mean over seeds of Selection::saturation; -1 otherwise
   bool refused = false;      // head refused (NaN/Inf) or method not applicable
   std::string error;         // non-empty when the method threw (what it said)
+  // Why a method loses, per token (EvalSpec::harm; engine/token_harm.h): the harm of the middle
+  // tokens the method kept and of those it dropped (harm_split's kept_sum and dropped_sum, a
+  // token in the numerator or denominator set counting as kept), mean over seeds; NaN when not
+  // computed.
+  double harm_kept = std::numeric_limits<double>::quiet_NaN();
+  double harm_dropped = std::numeric_limits<double>::quiet_NaN();
+  bool has_harm() const { return !std::isnan(harm_kept); }
 };
 
 // Limits on a spec (CLI flags and eval reports read back by merge), named in the errors.
@@ -108,6 +134,9 @@ constexpr int kMaxSeeds = 100000;
 struct EvalSpec {
   std::vector<const Method*> methods;
   std::vector<double> ratios{0.5, 0.25, 0.125, 0.0625};
+  // Token budgets (--budget): when not empty, run_eval replaces `ratios` by B / n_mid for each
+  // budget B (ratios_for_budgets), so every method keeps exactly B middle tokens.
+  std::vector<int> budgets;
   int seeds = 10;
   uint64_t base_seed = 0;
   std::vector<int> layers;                    // empty: all
@@ -117,6 +146,10 @@ struct EvalSpec {
   int shard_index = 0, shard_count = 1;  // --shard i/N: this process runs work items i, i+N, ...
   int threads = 0;                       // 0: hardware concurrency
   Estimator estimator = Estimator::Weighted;  // --estimator
+  // Also split each head's per-token harm (engine/token_harm.h) into kept and dropped for every
+  // result (HeadEval::harm_kept / harm_dropped): one token_harm per kv head, about as much work
+  // as the head's exact reference.
+  bool harm = false;
 };
 
 struct EvalSummary {
@@ -124,6 +157,11 @@ struct EvalSummary {
   double ratio = 0;
   double mean = 0, std = 0;  // mean over heads of head means; std over seeds of the mean over heads
   int heads = 0;
+  // With EvalSpec::harm: the mean over heads of HeadEval::harm_kept / harm_dropped, and the mean
+  // over heads of the dropped share harm_dropped / (harm_kept + harm_dropped). NaN otherwise.
+  double harm_kept = std::numeric_limits<double>::quiet_NaN();
+  double harm_dropped = std::numeric_limits<double>::quiet_NaN();
+  double harm_dropped_share = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct EvalReport {
@@ -141,6 +179,14 @@ struct EvalReport {
   nlohmann::json to_json() const;
   static EvalReport from_json(const nlohmann::json& j);  // throws InputError
 };
+
+// Why `method` with `params` cannot run on a capture described by `info` ("" when it can): it
+// needs queries and the capture has none, it needs RoPE's theta and layout and the capture does
+// not say them (CaptureInfo::rope.missing), or it needs the output projection W_O, which captures
+// do not carry. The app greys such methods out with this reason; run_eval and run_head still
+// refuse them (the method's own error) when asked anyway.
+std::string method_unavailable(const Method& method, const CaptureInfo& info,
+                               const ParamValues& params = {});
 
 // Checks --param values against the method's ParamSpec (known name, within [min, max], integer
 // for Int/Bool/Choice); throws InputError naming --param, the method and the parameter.

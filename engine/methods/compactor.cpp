@@ -154,6 +154,7 @@ class Compactor final : public Method {
   std::vector<ParamSpec> params() const override { return compactor_params(); }
   bool needs_queries() const override { return true; }
   bool needs_layer() const override { return true; }
+  bool needs_rope() const override { return true; }
   // The Gaussian sketch is drawn per seed (with sketch = exact nothing depends on it).
   bool depends_on_seed() const override { return true; }
   Selection select(const MethodInput& in) const override {

@@ -40,6 +40,13 @@ class CriticalKV final : public WrapperBase {
            ": half the budget by its score, the rest by score x |W_O v|_1 (needs W_O)";
   }
   bool ranks_by_score() const override { return false; }
+  // projection = wo (the press) needs W_O; identity does without.
+  bool needs_output_projection(const ParamValues& params) const override {
+    for (size_t i = 0; i < own_.size(); ++i)
+      if (own_kvpress_names_[i] == "projection")
+        return param_value(own_, params, own_[i].name) < 0.5;
+    return true;
+  }
   Selection select(const MethodInput& in) const override {
     check(in);
     const double eps = own_param(in, "epsilon");

@@ -49,6 +49,7 @@ class ExpectedAttention final : public ScoreRankingMethod {
   }
   std::vector<ParamSpec> params() const override { return ea_params(); }
   bool needs_queries() const override { return true; }
+  bool needs_rope() const override { return true; }
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);

@@ -18,6 +18,7 @@ class WrapperBase : public Method {
   std::string name() const override { return wrapper_ + "(" + inner_.name() + ")"; }
   std::vector<ParamSpec> params() const override;
   bool needs_queries() const override { return inner_.needs_queries(); }
+  bool needs_rope() const override { return inner_.needs_rope(); }
   bool depends_on_seed() const override { return inner_.depends_on_seed(); }
 
  protected:
