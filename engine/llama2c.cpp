@@ -746,9 +746,10 @@ CaptureData make_capture(const Transformer& model, const Generation& generation,
   info.metadata["kv_heads"] = std::to_string(c.n_kv_heads);
   info.metadata["head_dim"] = std::to_string(hs);
   info.metadata["llama2c_config"] = config_string(c);
-  // run.c's RoPE (forward() above). Not written as rope_theta / rope_layout: the loader derives
-  // them from llama2c_config (engine/capture.cpp, read_rope), and the sample captures stay the
-  // bytes they are.
+  // run.c's RoPE (forward() above), written out (docs/capture-format.md) so that a reader needs
+  // no knowledge of llama2.c to undo it (the loader would also derive it from llama2c_config).
+  info.metadata["rope_theta"] = "10000";
+  info.metadata["rope_layout"] = "interleaved";
   info.rope.layout = RopeInfo::Layout::Interleaved;
   info.rope.theta = 10000;
 
