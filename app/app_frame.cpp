@@ -26,6 +26,7 @@
 #include "engine/error.h"
 #include "engine/json_fields.h"
 #include "engine/json_limits.h"
+#include "engine/reference_cache.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -606,6 +607,10 @@ void AppUi::export_all_json(const std::string& dir) const {
   // The rectangle an export of the active view covers (the GUI test checks a PNG has its size).
   const ScreenRect r = view_rect(s_.settings.active_view);
   st["view_rect"] = {r.x0, r.y0, r.x1, r.y1};
+  const ReferenceCacheStats rc = ReferenceCache::global().stats();
+  st["reference_cache"] = {
+      {"bytes", rc.bytes},   {"budget", rc.budget}, {"entries", rc.entries},    {"hits", rc.hits},
+      {"misses", rc.misses}, {"waits", rc.waits},   {"evictions", rc.evictions}};
   std::ofstream f(fs::path(dir) / "state.json");
   f << st.dump(2) << "\n";
 }
@@ -927,9 +932,19 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
 void AppUi::draw_status_bar() {
   ImGui::Separator();
   if (const CaptureInfo* ci = s_.info()) {
-    ImGui::Text("%s | L%d H%d | resident %s | backend %s", ci->model.c_str(),
-                s_.settings.focus.layer, s_.settings.focus.kv_head,
-                human_bytes(s_.capture->resident_bytes()).c_str(), s_.backend_active.c_str());
+    // The engine's exact reference cache (engine/reference_cache.h): what it holds of its budget.
+    const ReferenceCacheStats rc = ReferenceCache::global().stats();
+    ImGui::Text("%s | L%d H%d | resident %s | reference cache %s / %s | backend %s",
+                ci->model.c_str(), s_.settings.focus.layer, s_.settings.focus.kv_head,
+                human_bytes(s_.capture->resident_bytes()).c_str(),
+                human_bytes(static_cast<long long>(rc.bytes)).c_str(),
+                human_bytes(static_cast<long long>(rc.budget)).c_str(), s_.backend_active.c_str());
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip(
+          "reference cache: the exact attention of each (layer, kv head, window), computed once "
+          "and reused by every method, ratio, seed and parameter\n%d heads held, %lld hits, %lld "
+          "built, %lld dropped for the budget (KVSCOPE_REFERENCE_CACHE_MB sets it)",
+          rc.entries, rc.hits, rc.misses, rc.evictions);
   } else {
     ImGui::TextDisabled("no capture open (File > Open capture, or drop a file on the window)");
   }
