@@ -270,3 +270,28 @@ TEST(Budgets, MethodsACaptureCannotRunSayWhy) {
     }
   }
 }
+
+// The sample captures and every new llama2.c capture store RoPE's theta and layout
+// (docs/capture-format.md); a capture without them still opens, and the methods that need them
+// say why they cannot run.
+TEST(Budgets, CapturesCarryRope) {
+  for (const std::string& path : kvscope::testing::sample_capture_paths()) {
+    auto cap = CaptureFile::open(path);
+    const auto& meta = cap->info().metadata;
+    ASSERT_TRUE(meta.count("rope_theta")) << path;
+    EXPECT_EQ(meta.at("rope_theta"), "10000") << path;
+    EXPECT_EQ(meta.at("rope_layout"), "interleaved") << path;
+  }
+  const std::string models = std::string(KVSCOPE_SHARED_DIR) + "/models/";
+  if (!fs::exists(models + "stories260K.bin")) GTEST_SKIP() << "needs ../shared/models";
+  const fs::path d = temp_dir();
+  const std::string out = (d / "c.safetensors").string();
+  const CliResult r = run_cli("capture --model " + models + "stories260K.bin --tokenizer " +
+                              models + "tok512.bin --prompt Hi --steps 40 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto cap = CaptureFile::open(out);
+  EXPECT_EQ(cap->info().metadata.at("rope_theta"), "10000");
+  EXPECT_EQ(cap->info().metadata.at("rope_layout"), "interleaved");
+  EXPECT_TRUE(cap->info().rope.known());
+  fs::remove_all(d);
+}
