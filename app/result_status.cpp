@@ -41,6 +41,8 @@ bool draw_result_status(AppState& s, const std::string& name, const char* what) 
     ImGui::PopStyleColor();
   } else if (!r.cancelled.empty() && r.cancelled == r.want) {
     if (ImGui::SmallButton("Run")) s.run_now(name);
+    s.ui_items["run:" + name] = {ImGui::GetItemRectMin().x, ImGui::GetItemRectMin().y,
+                                 ImGui::GetItemRectMax().x, ImGui::GetItemRectMax().y};
     ImGui::SameLine();
     ImGui::PushStyleColor(ImGuiCol_Text, warn);
     ImGui::TextWrapped("%s cancelled (would take %s)", what, r.estimate_text.c_str());
