@@ -14,6 +14,7 @@ void add_bench_command(CLI::App& app);    // cmd_bench.cpp
 void add_render_command(CLI::App& app);   // cmd_render.cpp
 void add_embed_command(CLI::App& app);    // cmd_embed.cpp
 void add_synth_command(CLI::App& app);    // cmd_synth.cpp
+void add_theory_command(CLI::App& app);   // cmd_theory.cpp
 // cmd_generate.cpp
 void add_generate_command(CLI::App& app);
 

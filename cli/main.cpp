@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kvscope::cli::add_embed_command(app);
   kvscope::cli::add_synth_command(app);
   kvscope::cli::add_generate_command(app);
+  kvscope::cli::add_theory_command(app);
   // Messages may quote file contents (metadata values, tensor names): escaped for the terminal.
   using kvscope::cli::printable;
   try {
