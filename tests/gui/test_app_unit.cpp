@@ -23,6 +23,8 @@
 #include "app/file_browser.h"
 #include "app/headless.h"
 #include "app/input_queue.h"
+#include "app/method_list.h"
+#include "app/overlap_grid.h"
 #include "app/plot.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
@@ -1225,3 +1227,83 @@ TEST(InputQueue, OpenDialogDoubleClickOpensTheFile) {
 }
 
 }  // namespace
+
+// Issue 26 item 5: the Method view's token budget. In budget mode the focused runs keep exactly
+// budget_tokens middle tokens (keep_ratio is derived), a budget above the middle is clamped and
+// said, and the setting survives a session.
+TEST(Budgets, TokenBudgetKeepsExactlyThatManyAndPersists) {
+  AppState s;
+  s.settings.method = {MethodChoice{"snapkv", {}}, MethodChoice{"adakv(snapkv)", {}}};
+  s.settings.ab_enabled = true;
+  s.settings.grid_seeds = 1;
+  s.settings.budget_mode = true;
+  s.settings.budget_tokens = 77;
+  s.request_open(kSample);
+  ASSERT_TRUE(pump(s, [&] { return fresh(s, kFocusA) && fresh(s, kFocusB); }))
+      << s.load_error << s.run_error(0) << s.run_error(1);
+  EXPECT_EQ(s.run(0)->window.budget, 77);
+  EXPECT_EQ(s.run(0)->selection.indices.size(), 77u);
+  EXPECT_DOUBLE_EQ(s.settings.keep_ratio, 77.0 / 405);
+  // The A/B overlap (app/overlap_grid.h): Jaccard of the kept sets, |A| = 77 on every head.
+  const JobPlan p = plan_overlap(s);
+  ASSERT_FALSE(p.key.empty());
+  JobContext ctx;
+  const auto g = std::static_pointer_cast<const OverlapGrid>(p.compute(ctx, {}));
+  ASSERT_EQ(g->jaccard.size(), 20u);
+  int adakv_layer0 = 0;
+  for (size_t c = 0; c < g->jaccard.size(); ++c) {
+    EXPECT_EQ(g->a_kept[c], 77);
+    if (c < 4) adakv_layer0 += g->b_kept[c];  // adakv: per-head budgets, 4 x 77 over a layer
+    EXPECT_DOUBLE_EQ(g->jaccard[c],
+                     static_cast<double>(g->both[c]) / (g->a_kept[c] + g->b_kept[c] - g->both[c]));
+    EXPECT_GT(g->jaccard[c], 0.0);
+  }
+  EXPECT_EQ(adakv_layer0, 4 * 77);
+  // Above the middle: clamped to it, and said.
+  s.settings.budget_tokens = 5000;
+  s.notes.clear();
+  s.reconcile();
+  EXPECT_EQ(s.settings.budget_tokens, 405);
+  AppState b;
+  b.apply_session(s.to_session());
+  EXPECT_TRUE(b.settings.budget_mode);
+  EXPECT_EQ(b.settings.budget_tokens, 405);
+  nlohmann::json bad = s.to_session();
+  bad["budget_mode"] = "percent";
+  EXPECT_THROW(b.parse_session(bad, nullptr), InputError);
+}
+
+// Item 3: a capture without RoPE metadata opens, and the methods that need it are listed
+// unavailable with the reason (app/method_list.h); criticalkv needs W_O on every capture.
+TEST(Budgets, MethodsTheCaptureCannotRunSayWhy) {
+  const fs::path p = fs::temp_directory_path() / "kvscope_app_unit_norope.safetensors";
+  {
+    CaptureData d;
+    auto src = CaptureFile::open(kSample);
+    d.info = src->info();
+    d.info.metadata.erase("rope_theta");
+    d.info.metadata.erase("rope_layout");
+    d.info.metadata.erase("llama2c_config");  // nothing to derive RoPE from
+    for (int l = 0; l < d.info.num_layers; ++l) d.layers.push_back(*src->layer(l));
+    write_capture(p.string(), d);
+  }
+  AppState s;
+  s.request_open(p.string());
+  ASSERT_TRUE(pump(s, [&] { return s.info() != nullptr; })) << s.load_error;
+  EXPECT_FALSE(s.info()->rope.known());
+  EXPECT_NE(method_unavailable_here(s, *find_method("expected-attention")).find("rope_theta"),
+            std::string::npos);
+  EXPECT_NE(method_unavailable_here(s, *find_method("adakv(expected-attention)")).find("RoPE"),
+            std::string::npos);
+  EXPECT_EQ(method_unavailable_here(s, *find_method("snapkv")), "");
+  EXPECT_NE(method_unavailable_here(s, *find_method("criticalkv(expected-attention)")).find("W_O"),
+            std::string::npos);
+  // The approximate entry the combo offers for criticalkv: projection = identity.
+  const std::optional<ParamValues> alt =
+      without_output_projection(*find_method("criticalkv(keydiff)"));
+  ASSERT_TRUE(alt.has_value());
+  EXPECT_FALSE(find_method("criticalkv(keydiff)")->needs_output_projection(*alt));
+  s.settings.method[0] = MethodChoice{"criticalkv(keydiff)", *alt};
+  EXPECT_EQ(method_unavailable_here(s, *find_method("criticalkv(keydiff)")), "");
+  fs::remove(p);
+}
