@@ -167,6 +167,7 @@ std::vector<std::unique_ptr<View>> make_views() {
   v.push_back(make_error_view());
   v.push_back(make_output_view());
   v.push_back(make_teaching_view());
+  v.push_back(make_theory_view());
   return v;
 }
 

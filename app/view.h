@@ -53,6 +53,7 @@ std::unique_ptr<View> make_output_view();  // view_output.cpp: what compression 
 std::unique_ptr<View> make_geometry_view();
 std::unique_ptr<View> make_walk_view();
 std::unique_ptr<View> make_teaching_view();
+std::unique_ptr<View> make_theory_view();  // view_theory.cpp: the papers' scaling claims
 
 // All views in display order: the one list (app_frame.cpp). Adding a view: its file, its
 // factory above, one line in make_views().
