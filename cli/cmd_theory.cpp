@@ -32,7 +32,7 @@ struct TheoryOptions {
   int seeds = 5, disc_seeds = 8, max_n = 512, queries = 32, sink = -1, eval = -1;
   unsigned long long seed = 0;
   std::string sizes = "prefixes", estimator = "weighted";
-  double unsat_temp = 0.02, unsat_gamma = 0.5;
+  double unsat_temp = 0.02, unsat_gamma = 0.1;
   bool no_discrepancy = false, no_error = false;
 };
 

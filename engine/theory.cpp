@@ -184,7 +184,7 @@ std::vector<DiscWalk> default_disc_walks() {
   DiscWalk authors{"authors' parameters", BalanceParams{}};
   DiscWalk soft{"unsaturated", BalanceParams{}};
   soft.params.temp = 0.02;
-  soft.params.gamma = 0.5;
+  soft.params.gamma = 0.1;
   return {authors, soft};
 }
 

@@ -120,7 +120,7 @@ struct TheorySpec {
   Estimator estimator = Estimator::Weighted;
 };
 
-// The authors' parameters (BalanceParams defaults) and the same walk at temp 0.02, gamma 0.5,
+// The authors' parameters (BalanceParams defaults) and the same walk at temp 0.02, gamma 0.1,
 // where it is not saturated on the sample captures (docs/theory.md).
 std::vector<DiscWalk> default_disc_walks();
 
