@@ -7,6 +7,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -715,10 +716,18 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
     ++done;
     if (progress) progress(done, total);
   };
+  // The next layer loads on its own thread while this one computes (with a warm reference cache,
+  // loading is a third of an eval's work and would otherwise leave the other cores idle).
+  std::future<std::shared_ptr<const LayerData>> next_layer;
   for (size_t begin = 0; begin < mine.size();) {
     size_t end = begin;
     while (end < mine.size() && mine[end].layer == mine[begin].layer) ++end;
-    const std::shared_ptr<const LayerData> layer = capture.layer(spec.layers[mine[begin].layer]);
+    const std::shared_ptr<const LayerData> layer =
+        next_layer.valid() ? next_layer.get() : capture.layer(spec.layers[mine[begin].layer]);
+    if (end < mine.size() && threads > 1)
+      next_layer = std::async(std::launch::async, [&capture, L = spec.layers[mine[end].layer]] {
+        return capture.layer(L);
+      });
     std::vector<WorkGroup> groups;
     for (size_t i = begin; i < end; ++i) {
       if (i == begin || mine[i].head != mine[i - 1].head || mine[i].method != mine[i - 1].method)
