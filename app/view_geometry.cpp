@@ -1,9 +1,12 @@
-// Geometry view: the focused head's keys in 2-D (PCA or t-SNE; optionally joint with one query
-// head's queries, as AttentionViz does), coloured by what method A kept, by position, by cluster
-// or by key norm. t-SNE runs on the worker's Geometry lane and posts frames while it converges,
-// so the map animates; finished maps are cached per (capture, layer, head, parameters). Hover
-// names the token and shows it in the context strip below the map; dragging a box selects
-// tokens (shared with the Tokens view through AppState::selected_tokens).
+// Geometry view: the focused head's keys, values or both in 2-D (PCA or t-SNE; keys optionally
+// joint with one query head's queries, as AttentionViz does), coloured by what method A kept, by
+// position, by cluster or by norm, with the greedy k-center centres marked and the clusters
+// found at a radius as the prefix grows (SubGen's Figure 1 and Definition 1; docs/geometry.md).
+// The k-center work is its own planned result per point set, run through the backend. t-SNE runs on
+// the worker's Geometry lane and posts frames while it converges, so the map animates; finished
+// maps are cached per (capture, layer, head, parameters). Hover names the token and shows it in the
+// context strip below the map; dragging a box selects tokens (shared with the Tokens view through
+// AppState::selected_tokens).
 #include <imgui.h>
 
 #include <algorithm>
@@ -35,14 +38,20 @@ namespace kvscope::app {
 namespace {
 
 enum class ColourBy { Kept = 0, Position = 1, Cluster = 2, Norm = 3 };
-const char* const kColourNames[] = {"kept / dropped (method A)", "position", "cluster", "key norm"};
+const char* const kColourNames[] = {"kept / dropped (method A)", "position", "cluster", "norm"};
+// Which point sets are mapped: SubGen's Figure 1 has one row of keys and one of values.
+enum class Points { Keys = 0, Values = 1, Both = 2 };
+const char* const kPointsNames[] = {"keys", "values", "both"};
 
 struct GeometrySettings {
   ProjectionMethod method = ProjectionMethod::Tsne;
   bool with_queries = false;
   int perplexity = 30;
   int iterations = 1000;
-  int clusters = 8;  // k of the view's own k-center colouring
+  int clusters = 8;  // k of the view's own k-center centres and colouring (SubGen's Fig. 1: 16)
+  Points points = Points::Keys;
+  bool centres = true;         // mark the k-center centres
+  double radius_factor = 0.5;  // cluster radius for the counts, in units of rms_spread
 };
 
 // One map, swapped in whole (intermediate t-SNE frames included).
@@ -58,12 +67,34 @@ struct GeometryFrame {
   double perplexity = 0, theta = 0, explained[2] = {0, 0};
   std::string gradient;  // "exact gradient", "Barnes-Hut" or "FFT interpolation"
   double seconds = 0;
-  std::vector<int> kcenter_cluster;  // per key: index of its nearest greedy k-center centre
-  std::vector<float> key_norm;
+  ProjectionSource source = ProjectionSource::Keys;
+  std::vector<float> key_norm;  // per point of the source: its norm (keys' or values')
 };
 
-// The name of this view's derived result (AppState::results).
+// The k-center result of one point set (planned on its own, through the backend).
+struct KCenterResult {
+  std::string key;
+  ProjectionSource source = ProjectionSource::Keys;
+  KCenterFigure fig;
+  double spread = 0;  // rms_spread of the points
+  double seconds = 0;
+};
+
+constexpr int kKCenterCap = 256;  // counts stop here (reported as ">= 256")
+
+// The names of this view's derived results (AppState::results): the keys' and the values' maps,
+// and their k-center results.
 constexpr const char* kProjection = "geometry.projection";
+constexpr const char* kProjectionValues = "geometry.projection.values";
+constexpr const char* kKCenterKeys = "geometry.kcenter.keys";
+constexpr const char* kKCenterValues = "geometry.kcenter.values";
+const char* projection_result(ProjectionSource s) {
+  return s == ProjectionSource::Values ? kProjectionValues : kProjection;
+}
+const char* kcenter_result(ProjectionSource s) {
+  return s == ProjectionSource::Values ? kKCenterValues : kKCenterKeys;
+}
+constexpr ImU32 kColCentre = IM_COL32(60, 230, 90, 255);  // SubGen's figure: green centres
 
 // Queries of the joint map: light rings, distinct from every category and cluster colour.
 constexpr ImU32 kColQueryPoint = IM_COL32(225, 228, 235, 190);
@@ -88,18 +119,27 @@ class GeometryView final : public View {
   const char* name() const override { return "geometry"; }
   const char* title() const override { return "Geometry"; }
   const char* help() const override {
-    return "A 2-D map (PCA or t-SNE) of the focused head's keys, optionally joint with its "
-           "queries, coloured by kept/dropped, position, cluster or norm. Hover a point for its "
-           "token; box-select points to outline those tokens in the Tokens view.";
+    return "A 2-D map (PCA or t-SNE) of the focused head's keys, values or both side by side "
+           "(SubGen's Figure 1), keys optionally joint with their queries, coloured by "
+           "kept/dropped, position, cluster or norm, with the greedy k-center centres marked and "
+           "the clusters found vs n below. Hover a point for its token; box-select points to "
+           "outline those tokens in the Tokens view.";
   }
 
   bool ready(const AppState& s) const override {
     if (!s.capture || !s.focus_layer() || s.focus_refused()) return true;
-    const Result& r = s.result(kProjection);
-    if (r.want.empty()) return false;  // not planned yet
-    if (!error_of(s).empty() || (!r.held.empty() && r.held == r.want)) return true;
-    return frame_of(s) && r.fresh() && frame_of(s)->done &&
-           (colour_ != ColourBy::Kept || s.run(0) || !s.run_error(0).empty());
+    for (ProjectionSource src : sources()) {
+      for (const char* name : {projection_result(src), kcenter_result(src)}) {
+        const Result& r = s.result(name);
+        if (r.want.empty()) return false;  // not planned yet
+        if (!r.error.empty() && r.key == r.want) continue;
+        if (!r.held.empty() && r.held == r.want) continue;
+        if (!r.fresh()) return false;
+      }
+      const auto f = frame_of(s, src);
+      if (!f || !f->done) return false;
+    }
+    return colour_ != ColourBy::Kept || s.run(0) || !s.run_error(0).empty();
   }
 
   void draw(AppState& s) override {
@@ -117,28 +157,48 @@ class GeometryView final : public View {
       ImGui::TextDisabled("Loading layer %d ...", s.settings.focus.layer);
       return;
     }
-    draw_status(s);
-    draw_result_status(s, kProjection, "map");
-    mark_figure_top();  // figure exports: the map and its token strip, not the controls
-    const auto frame = frame_of(s);
-    const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.6f;
-    ImVec2 avail = ImGui::GetContentRegionAvail();
-    const ImVec2 canvas_size(std::max(100.0f, avail.x), std::max(100.0f, avail.y - strip_h));
-    if (!frame || frame->key != s.result(kProjection).want) {
-      // Nothing for this head yet (first t-SNE frame pending): keep the space, say so.
-      ImGui::Dummy(canvas_size);
-      ImGui::GetWindowDrawList()->AddText(
-          ImVec2(ImGui::GetItemRectMin().x + 10, ImGui::GetItemRectMin().y + 10), kColAxisText,
-          error_of(s).empty() ? "Computing the map ..." : "No map (see the message above).");
-      if (frame) draw_canvas(s, *frame, canvas_size, /*stale=*/true);
-    } else {
-      draw_canvas(s, *frame, canvas_size, false);
+    const std::vector<ProjectionSource> srcs = sources();
+    for (ProjectionSource src : srcs) {
+      draw_status(s, src);
+      draw_result_status(s, projection_result(src),
+                         src == ProjectionSource::Values ? "values map" : "map");
+      draw_result_status(s, kcenter_result(src),
+                         src == ProjectionSource::Values ? "values k-center" : "k-center");
     }
+    mark_figure_top();  // figure exports: the maps, the counts and the token strip
+    const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.6f;
+    const float counts_h = px(150);
+    ImVec2 avail = ImGui::GetContentRegionAvail();
+    const float gap = ImGui::GetStyle().ItemSpacing.x;
+    const float each_w =
+        std::max(100.0f, (avail.x - gap * (srcs.size() - 1)) / static_cast<float>(srcs.size()));
+    const ImVec2 canvas_size(each_w, std::max(100.0f, avail.y - strip_h - counts_h));
+    for (size_t i = 0; i < srcs.size(); ++i) {
+      if (i > 0) ImGui::SameLine();
+      ImGui::PushID(static_cast<int>(srcs[i]));
+      canvas_ = static_cast<int>(srcs[i]);
+      const auto frame = frame_of(s, srcs[i]);
+      const char* rname = projection_result(srcs[i]);
+      if (!frame || frame->key != s.result(rname).want) {
+        // Nothing for this head yet (first t-SNE frame pending): keep the space, say so.
+        ImGui::Dummy(canvas_size);
+        ImGui::GetWindowDrawList()->AddText(
+            ImVec2(ImGui::GetItemRectMin().x + 10, ImGui::GetItemRectMin().y + 10), kColAxisText,
+            error_of(s, srcs[i]).empty() ? "Computing the map ..."
+                                         : "No map (see the message above).");
+        if (frame) draw_canvas(s, *frame, canvas_size, /*stale=*/true);
+      } else {
+        draw_canvas(s, *frame, canvas_size, false);
+      }
+      ImGui::PopID();
+    }
+    draw_counts(s, ImVec2(avail.x, counts_h - ImGui::GetStyle().ItemSpacing.y));
     draw_token_strip(s);
   }
 
   nlohmann::json export_json(const AppState& s) const override {
-    const auto f = frame_of(s);
+    const std::vector<ProjectionSource> srcs = sources();
+    const auto f = frame_of(s, srcs.front());
     if (!f) return nullptr;
     nlohmann::json j;
     j["view"] = "geometry";
@@ -146,6 +206,8 @@ class GeometryView final : public View {
     j["layer"] = s.settings.focus.layer;
     j["kv_head"] = s.settings.focus.kv_head;
     j["projection"] = projection_method_name(f->method);
+    j["points"] = kPointsNames[static_cast<int>(settings_.points)];
+    j["k"] = settings_.clusters;
     j["num_keys"] = f->num_keys;
     j["num_queries"] = f->num_queries;
     if (f->num_queries > 0) j["query_head"] = f->query_head;
@@ -158,27 +220,68 @@ class GeometryView final : public View {
     } else {
       j["explained_variance_share"] = {f->explained[0], f->explained[1]};
     }
+    // One entry per map (SubGen's Figure 1 rows): its centres and its clusters vs n.
+    nlohmann::json maps = nlohmann::json::array();
+    for (ProjectionSource src : srcs) {
+      nlohmann::json m;
+      m["source"] = projection_source_name(src);
+      const auto fr = frame_of(s, src);
+      m["num_points"] = fr ? fr->num_keys : 0;
+      m["done"] = fr && fr->done;
+      if (const auto kc = kcenter_of(s, src)) {
+        m["k"] = kc->fig.centres.size();
+        m["centres"] = kc->fig.centres;
+        if (fr && fr->key == s.result(projection_result(src)).want) {
+          nlohmann::json xy = nlohmann::json::array();
+          for (int c : kc->fig.centres)
+            if (c < fr->coords.rows()) xy.push_back({fr->coords(c, 0), fr->coords(c, 1)});
+          m["centre_coords"] = xy;
+        }
+        m["covering_radius"] = kc->fig.covering;
+        m["radius"] = kc->fig.radius;
+        m["radius_factor"] = settings_.radius_factor;
+        m["spread"] = kc->spread;
+        nlohmann::json counts = nlohmann::json::array();
+        for (size_t i = 0; i < kc->fig.prefix.size(); ++i)
+          counts.push_back({{"n", kc->fig.prefix[i]},
+                            {"clusters", kc->fig.clusters[i]},
+                            {"capped", kc->fig.capped[i] != 0}});
+        m["clusters_vs_n"] = counts;
+      }
+      maps.push_back(m);
+    }
+    j["maps"] = maps;
     j["selected_tokens"] = std::vector<int>(s.selected_tokens.begin(), s.selected_tokens.end());
     return j;
   }
 
   std::string export_csv(const AppState& s) const override {
-    const auto f = frame_of(s);
-    if (!f) return {};
     std::unique_ptr<TokenMarks> marks;
     if (s.run(0)) marks = std::make_unique<TokenMarks>(token_marks(*s.run(0)));
     std::ostringstream out;
-    out << "token,kind,x,y,status,cluster,key_norm\n";
-    for (int i = 0; i < f->coords.rows(); ++i) {
-      const bool query = i >= f->num_keys;
-      const int t = query ? i - f->num_keys : i;
-      out << t << ',' << (query ? "query" : "key") << ',' << f->coords(i, 0) << ','
-          << f->coords(i, 1) << ',';
-      out << (marks && t < static_cast<int>(marks->kind.size()) ? token_kind_name(marks->kind[t])
-                                                                : "")
-          << ',';
-      out << (query || f->kcenter_cluster.empty() ? -1 : f->kcenter_cluster[t]) << ',';
-      out << (query || f->key_norm.empty() ? 0.f : f->key_norm[t]) << '\n';
+    out << "token,kind,x,y,status,cluster,norm,centre\n";
+    for (ProjectionSource src : sources()) {
+      const auto f = frame_of(s, src);
+      if (!f) continue;
+      const auto kc = kcenter_of(s, src);
+      const char* kind = src == ProjectionSource::Values ? "value" : "key";
+      for (int i = 0; i < f->coords.rows(); ++i) {
+        const bool query = i >= f->num_keys;
+        const int t = query ? i - f->num_keys : i;
+        out << t << ',' << (query ? "query" : kind) << ',' << f->coords(i, 0) << ','
+            << f->coords(i, 1) << ',';
+        out << (marks && t < static_cast<int>(marks->kind.size()) ? token_kind_name(marks->kind[t])
+                                                                  : "")
+            << ',';
+        const bool has = !query && kc && t < static_cast<int>(kc->fig.owner.size());
+        out << (has ? kc->fig.owner[t] : -1) << ',';
+        out << (query || f->key_norm.empty() ? 0.f : f->key_norm[t]) << ',';
+        out << (has && std::find(kc->fig.centres.begin(), kc->fig.centres.end(), t) !=
+                            kc->fig.centres.end()
+                    ? 1
+                    : 0)
+            << '\n';
+      }
     }
     return out.str();
   }
@@ -189,6 +292,9 @@ class GeometryView final : public View {
             {"perplexity", settings_.perplexity},
             {"iterations", settings_.iterations},
             {"clusters", settings_.clusters},
+            {"points", kPointsNames[static_cast<int>(settings_.points)]},
+            {"centres", settings_.centres},
+            {"radius_factor", settings_.radius_factor},
             {"colour", static_cast<int>(colour_)},
             {"point_px", point_px_}};
   }
@@ -209,6 +315,16 @@ class GeometryView final : public View {
     st.perplexity = f.get("perplexity", st.perplexity, 2, 200);
     st.iterations = f.get("iterations", st.iterations, 0, 20000);
     st.clusters = f.get("clusters", st.clusters, 1, 64);
+    if (const std::optional<JsonField> p = f.find("points")) {
+      const std::string name = p->string();
+      int found = -1;
+      for (int i = 0; i < 3; ++i)
+        if (name == kPointsNames[i]) found = i;
+      if (found < 0) p->fail("'" + name + "' is not keys, values or both");
+      st.points = static_cast<Points>(found);
+    }
+    st.centres = f.get("centres", st.centres);
+    st.radius_factor = f.get("radius_factor", st.radius_factor, 0.01, 4.0);
     const int colour = f.get("colour", 0, 0, 3);
     const double point_px = f.get("point_px", static_cast<double>(point_px_), 1.0, 12.0);
     settings_ = st;
@@ -217,15 +333,43 @@ class GeometryView final : public View {
     edit_perplexity_ = settings_.perplexity;
     edit_iterations_ = settings_.iterations;
     edit_clusters_ = settings_.clusters;
+    edit_radius_ = static_cast<float>(settings_.radius_factor);
   }
 
  private:
+  std::vector<ProjectionSource> sources() const {
+    switch (settings_.points) {
+      case Points::Keys:
+        return {ProjectionSource::Keys};
+      case Points::Values:
+        return {ProjectionSource::Values};
+      case Points::Both:
+        break;
+    }
+    return {ProjectionSource::Keys, ProjectionSource::Values};
+  }
+
   void draw_controls(AppState& s) {
     // The toolbar wraps on narrow windows (toolbar_next).
     ImGui::SetNextItemWidth(px(90));
     int m = settings_.method == ProjectionMethod::Pca ? 0 : 1;
     if (ImGui::Combo("map", &m, "PCA\0t-SNE\0"))
       settings_.method = m == 0 ? ProjectionMethod::Pca : ProjectionMethod::Tsne;
+    toolbar_next(labelled_width(px(100), "points"));
+    ImGui::SetNextItemWidth(px(100));
+    if (ImGui::BeginCombo("points", kPointsNames[static_cast<int>(settings_.points)])) {
+      for (int i = 0; i < 3; ++i) {
+        if (ImGui::Selectable(kPointsNames[i], i == static_cast<int>(settings_.points)))
+          settings_.points = static_cast<Points>(i);
+        record_item(s, std::string("combo:geometry points:") + kPointsNames[i]);
+      }
+      ImGui::EndCombo();
+    }
+    record_item(s, "combo:geometry points");
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip(
+          "What the map embeds: the head's keys, its values, or both side by side (SubGen's\n"
+          "Figure 1: a row of keys and a row of values, greedy k-center centres marked).");
     toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "with queries"));
     const bool has_queries = s.info() && s.info()->has_queries;
     if (!has_queries) ImGui::BeginDisabled();
@@ -234,7 +378,7 @@ class GeometryView final : public View {
       ImGui::SetTooltip(
           "Embed the keys together with the queries of the selected query head (AttentionViz):\n"
           "keys are translated so their centroid meets the queries', and both are rescaled to\n"
-          "the same mean norm. Neither changes any query's softmax over the keys.");
+          "the same mean norm. Neither changes any query's softmax over the keys. (Keys only.)");
     if (!has_queries) {
       ImGui::EndDisabled();
       settings_.with_queries = false;
@@ -253,12 +397,24 @@ class GeometryView final : public View {
       ImGui::SliderInt("iterations", &edit_iterations_, 250, 5000);
       if (ImGui::IsItemDeactivatedAfterEdit()) settings_.iterations = edit_iterations_;
     }
-    if (colour_ == ColourBy::Cluster && !method_clusters(s)) {
-      toolbar_next(labelled_width(px(90), "k"));
-      ImGui::SetNextItemWidth(px(90));
-      ImGui::SliderInt("k", &edit_clusters_, 2, 32);
-      if (ImGui::IsItemDeactivatedAfterEdit()) settings_.clusters = edit_clusters_;
-    }
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "centres"));
+    ImGui::Checkbox("centres", &settings_.centres);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("Mark the greedy k-center centres (green squares), as SubGen's Figure 1.");
+    toolbar_next(labelled_width(px(90), "k"));
+    ImGui::SetNextItemWidth(px(90));
+    ImGui::SliderInt("k", &edit_clusters_, 2, 32);
+    if (ImGui::IsItemDeactivatedAfterEdit()) settings_.clusters = edit_clusters_;
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("Greedy k-center centres to mark and colour by (SubGen's Figure 1: 16).");
+    toolbar_next(labelled_width(px(110), "radius"));
+    ImGui::SetNextItemWidth(px(110));
+    ImGui::SliderFloat("radius", &edit_radius_, 0.05f, 2.0f, "%.2f x spread");
+    if (ImGui::IsItemDeactivatedAfterEdit()) settings_.radius_factor = edit_radius_;
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip(
+          "The radius delta of the clusters-vs-n counts, in units of each point set's spread\n"
+          "(root mean square distance to its mean), so keys and values are compared alike.");
     toolbar_next(labelled_width(px(80), "point"));
     ImGui::SetNextItemWidth(px(80));
     ImGui::SliderFloat("point", &point_px_, 1.0f, 8.0f, "%.1f px");
@@ -274,50 +430,122 @@ class GeometryView final : public View {
     return &s.run(0)->selection.cluster;
   }
 
-  ProjectionRequest request_for(const AppState& s) const {
+  ProjectionRequest request_for(const AppState& s, ProjectionSource src) const {
     ProjectionRequest r;
     r.method = settings_.method;
+    r.source = src;
     r.tsne.perplexity = settings_.perplexity;
     r.tsne.iterations = settings_.iterations;
     r.tsne.exaggeration_iterations = std::min(250, settings_.iterations);
-    r.with_queries = settings_.with_queries;
+    r.with_queries = settings_.with_queries && src == ProjectionSource::Keys;
     if (r.with_queries && s.info())
       r.query_head = s.settings.focus.kv_head * s.info()->group_size() + s.settings.selected_q_head;
     return r;
   }
 
-  // The projection of the focused head, planned from the settings and this view's choices;
-  // AppState::reconcile() runs it (intermediate t-SNE frames arrive as partial values).
+  // The maps and k-center results of the focused head, planned from the settings and this view's
+  // choices; AppState::reconcile() runs them (intermediate t-SNE frames arrive as partial values).
+  // A point set not shown is not wanted (its key is empty).
   void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
+    const std::vector<ProjectionSource> srcs = sources();
+    for (ProjectionSource src : {ProjectionSource::Keys, ProjectionSource::Values}) {
+      if (std::find(srcs.begin(), srcs.end(), src) == srcs.end()) {
+        out.emplace_back(projection_result(src), JobPlan{});
+        out.emplace_back(kcenter_result(src), JobPlan{});
+        continue;
+      }
+      plan_projection(s, src, out);
+      plan_kcenter(s, src, out);
+    }
+  }
+
+  // Greedy k-center on the point set, through the backend: the centres, their Voronoi cells and
+  // the clusters found at the radius for prefixes 16, 32, ... (engine/kcenter.h).
+  void plan_kcenter(const AppState& s, ProjectionSource src, std::vector<NamedPlan>& out) const {
     JobPlan p;
+    const char* name = kcenter_result(src);
     if (!s.capture) {
-      out.emplace_back(kProjection, p);
+      out.emplace_back(name, p);
       return;
     }
-    const ProjectionRequest req = request_for(s);
+    char params[96];
+    std::snprintf(params, sizeof params, "|k=%d|r=%.17g|cap=%d", settings_.clusters,
+                  settings_.radius_factor, kKCenterCap);
+    p.key = s.capture_path + "|L" + std::to_string(s.settings.focus.layer) + "|H" +
+            std::to_string(s.settings.focus.kv_head) + "|" + projection_source_name(src) + params +
+            "|id=" + std::to_string(s.capture_id);
+    auto layer = s.focus_layer();
+    if (!layer) {
+      p.waiting = "loading layer " + std::to_string(s.settings.focus.layer);
+      out.emplace_back(name, p);
+      return;
+    }
+    if (s.focus_refused()) {
+      p.key.clear();
+      out.emplace_back(name, p);
+      return;
+    }
+    const int head = s.settings.focus.kv_head;
+    const int k = settings_.clusters;
+    const double factor = settings_.radius_factor;
+    Backend* backend = s.backend();
+    const std::string key = p.key;
+    p.lane = Lane::Geometry;
+    p.label = src == ProjectionSource::Values ? "Geometry: k-center (values)"
+                                              : "Geometry: k-center (keys)";
+    p.cost_class = "kcenter";
+    // The prefixes 16, 32, ..., n sum to about 2n points, each counted against up to the cap of
+    // centres twice (the backend's picks and the double-precision covering check).
+    const double n = static_cast<double>(s.info()->num_tokens);
+    p.units = 4.0 * n * std::min<double>(kKCenterCap, n);
+    p.prior_per_unit = 2e-7;
+    p.auto_limit_s = 10.0;
+    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+      const auto t0 = std::chrono::steady_clock::now();
+      const MatrixF& x = src == ProjectionSource::Values ? layer->values[head] : layer->keys[head];
+      auto r = std::make_shared<KCenterResult>();
+      r->key = key;
+      r->source = src;
+      r->spread = rms_spread(x);
+      Backend& b = backend ? *backend : cpu_backend();
+      r->fig = kcenter_figure(b, x, k, std::max(factor * r->spread, 1e-12), kKCenterCap,
+                              ctx.cancel_flag());
+      r->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return r;
+    };
+    out.emplace_back(name, p);
+  }
+
+  void plan_projection(const AppState& s, ProjectionSource src, std::vector<NamedPlan>& out) const {
+    JobPlan p;
+    const char* name = projection_result(src);
+    if (!s.capture) {
+      out.emplace_back(name, p);
+      return;
+    }
+    const ProjectionRequest req = request_for(s, src);
     const std::string pkey =
         projection_key(s.capture_path, s.settings.focus.layer, s.settings.focus.kv_head, req);
-    const std::string key =
-        pkey + "|k=" + std::to_string(settings_.clusters) + "|cap=" + std::to_string(s.capture_id);
+    const std::string key = pkey + "|cap=" + std::to_string(s.capture_id);
     p.key = key;
     auto layer = s.focus_layer();
     std::string why;
     if (!layer) {
       p.waiting = "loading layer " + std::to_string(s.settings.focus.layer);
-      out.emplace_back(kProjection, p);
+      out.emplace_back(name, p);
       return;
     }
     if (s.focus_refused(&why)) {
       p.key.clear();  // the view says why; nothing to compute
-      out.emplace_back(kProjection, p);
+      out.emplace_back(name, p);
       return;
     }
     const CaptureInfo info = *s.info();
     const int head = s.settings.focus.kv_head;
-    const int k = settings_.clusters;
     Backend* backend = s.backend();
     p.lane = Lane::Geometry;
-    p.label = req.method == ProjectionMethod::Pca ? "Geometry: PCA" : "Geometry: t-SNE";
+    const std::string what = src == ProjectionSource::Values ? " (values)" : "";
+    p.label = (req.method == ProjectionMethod::Pca ? "Geometry: PCA" : "Geometry: t-SNE") + what;
     const double points = static_cast<double>(info.num_tokens) * (req.with_queries ? 2 : 1);
     const bool cached = projection_cache().find(pkey) != nullptr;
     // Long maps on the CPU take the FFT-interpolated repulsion (TsneRun's automatic choice), whose
@@ -338,15 +566,14 @@ class GeometryView final : public View {
       auto base = std::make_shared<GeometryFrame>();
       base->key = key;
       base->method = req.method;
+      base->source = src;
       MatrixF points = projection_input(info, *layer, head, req, &base->query_head);
-      const MatrixF& keys = layer->keys[head];
-      base->num_keys = static_cast<int>(keys.rows());
+      const MatrixF& own =
+          src == ProjectionSource::Values ? layer->values[head] : layer->keys[head];
+      base->num_keys = static_cast<int>(own.rows());
       base->num_queries = static_cast<int>(points.rows()) - base->num_keys;
-      base->key_norm.resize(keys.rows());
-      for (int i = 0; i < keys.rows(); ++i) base->key_norm[i] = keys.row(i).norm();
-      const std::vector<int> centres =
-          greedy_kcenter(keys, std::min<int>(k, static_cast<int>(keys.rows())), 0);
-      base->kcenter_cluster = assign_to_centres(keys, centres);
+      base->key_norm.resize(own.rows());
+      for (int i = 0; i < own.rows(); ++i) base->key_norm[i] = own.row(i).norm();
       // The finished map of a projection, from the cache or just computed.
       auto finished = [&](const Projection& pr) {
         auto f = std::make_shared<GeometryFrame>(*base);
@@ -401,31 +628,37 @@ class GeometryView final : public View {
       f->seconds = seconds();
       return f;
     };
-    out.emplace_back(kProjection, p);
+    out.emplace_back(name, p);
   }
 
-  std::shared_ptr<const GeometryFrame> frame_of(const AppState& s) const {
-    return s.result(kProjection).ptr<GeometryFrame>();
+  std::shared_ptr<const GeometryFrame> frame_of(const AppState& s, ProjectionSource src) const {
+    return s.result(projection_result(src)).ptr<GeometryFrame>();
   }
-  std::string error_of(const AppState& s) const {
-    const Result& r = s.result(kProjection);
+  // The k-center result when it belongs to the current settings (else null: nothing marked).
+  std::shared_ptr<const KCenterResult> kcenter_of(const AppState& s, ProjectionSource src) const {
+    const Result& r = s.result(kcenter_result(src));
+    if (r.key != r.want || r.want.empty()) return nullptr;
+    return r.ptr<KCenterResult>();
+  }
+  std::string error_of(const AppState& s, ProjectionSource src) const {
+    const Result& r = s.result(projection_result(src));
     return r.key == r.want ? r.error : std::string();
   }
 
-  void draw_status(const AppState& s) {
-    const auto f = frame_of(s);
-    if (!error_of(s).empty()) {
-      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", error_of(s).c_str());
+  void draw_status(const AppState& s, ProjectionSource src) {
+    const auto f = frame_of(s, src);
+    if (!error_of(s, src).empty()) {
+      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s", error_of(s, src).c_str());
       return;
     }
-    if (!f || f->key != s.result(kProjection).want) {
-      ImGui::TextDisabled("layer %d, kv head %d: computing ...", s.settings.focus.layer,
-                          s.settings.focus.kv_head);
+    if (!f || f->key != s.result(projection_result(src)).want) {
+      ImGui::TextDisabled("layer %d, kv head %d, %s: computing ...", s.settings.focus.layer,
+                          s.settings.focus.kv_head, projection_source_name(src));
       return;
     }
     char line[512];
     const char* synth = s.info()->synthetic ? "  [synthetic capture]" : "";
-    std::string points = std::to_string(f->num_keys) + " keys";
+    std::string points = std::to_string(f->num_keys) + " " + projection_source_name(src);
     if (f->num_queries > 0)
       points += " + " + std::to_string(f->num_queries) + " queries (q head " +
                 std::to_string(f->query_head) + ", joint space)";
@@ -451,8 +684,8 @@ class GeometryView final : public View {
     }
   }
 
-  ImU32 point_colour(const AppState& s, const GeometryFrame& f, const TokenMarks* marks, int token,
-                     bool query) const {
+  ImU32 point_colour(const AppState& s, const GeometryFrame& f, const KCenterResult* kc,
+                     const TokenMarks* marks, int token, bool query) const {
     const int n = f.num_keys;
     switch (colour_) {
       case ColourBy::Kept:
@@ -462,13 +695,13 @@ class GeometryView final : public View {
         return colormap(Colormap::Viridis, n > 1 ? double(token) / (n - 1) : 0.0);
       case ColourBy::Cluster: {
         if (query) return kColQueryPoint;
-        if (const auto* mc = method_clusters(s)) {
+        if (const auto* mc = method_clusters(s); mc && f.source == ProjectionSource::Keys) {
           const int mid = token - s.run(0)->window.mid_begin;
           return mid >= 0 && mid < static_cast<int>(mc->size()) ? cluster_colour((*mc)[mid])
                                                                 : kColDropped;
         }
-        return token < static_cast<int>(f.kcenter_cluster.size())
-                   ? cluster_colour(f.kcenter_cluster[token])
+        return kc && token < static_cast<int>(kc->fig.owner.size())
+                   ? cluster_colour(kc->fig.owner[token])
                    : kColDropped;
       }
       case ColourBy::Norm: {
@@ -492,6 +725,8 @@ class GeometryView final : public View {
     const ImVec2 p1(p0.x + size.x, p0.y + size.y);
     ImDrawList* dl = ImGui::GetWindowDrawList();
     dl->AddRectFilled(p0, p1, kColPlotBg);
+    const auto kc_ptr = kcenter_of(s, f.source);
+    const KCenterResult* kc = kc_ptr.get();
 
     // Equal-aspect fit with a margin: distances on screen mean the same in x and y.
     float xmin = f.coords.col(0).minCoeff(), xmax = f.coords.col(0).maxCoeff();
@@ -536,12 +771,20 @@ class GeometryView final : public View {
       const ImVec2 c = to_canvas(i);
       p.x = c.x;
       p.y = c.y;
-      p.colour = point_colour(s, f, marks.get(), token, query);
+      p.colour = point_colour(s, f, kc, marks.get(), token, query);
       p.radius = query ? r * 0.9f : r;
       p.shape = query ? PointShape::Ring : PointShape::Disc;
       if (stale) p.colour = with_alpha(p.colour, 0.35f);
       points_.push_back(p);
     }
+    // The k-center centres: green squares with a dark rim, above every point.
+    if (settings_.centres && kc && !stale)
+      for (int c : kc->fig.centres)
+        if (c < f.num_keys) {
+          const ImVec2 q = to_canvas(c);
+          points_.push_back({q.x, q.y, IM_COL32(10, 12, 14, 255), r + 4.5f, PointShape::Square});
+          points_.push_back({q.x, q.y, kColCentre, r + 3.0f, PointShape::Square});
+        }
     // Linked highlights on top: the box selection, the clicked token, the hovered token.
     for (int t : s.selected_tokens)
       if (t >= 0 && t < f.num_keys) {
@@ -569,13 +812,20 @@ class GeometryView final : public View {
         points_.push_back({q.x, q.y, kColHover, r + 3.0f, PointShape::Ring});
       }
     }
-    renderer_.draw(dl, p0, p1, points_);
+    renderers_[canvas_ & 1].draw(dl, p0, p1, points_);
 
     if (!stale) handle_mouse(s, f, p0, to_canvas);
-    if (hovered_ >= 0 && !dragging_) hover_tooltip(s, f, marks.get(), hovered_);
-    draw_legend(s, f, p0, p1);
+    if (hovered_ >= 0 && !dragging_) hover_tooltip(s, f, kc, marks.get(), hovered_);
+    draw_legend(s, f, kc, p0, p1);
+    // The map's title (which row of SubGen's figure it is) and the renderer's path.
+    const std::string title =
+        std::string(f.source == ProjectionSource::Values ? "values" : "keys") +
+        (kc && settings_.centres ? "  (green squares: " + std::to_string(kc->fig.centres.size()) +
+                                       " greedy k-center centres)"
+                                 : std::string());
+    dl->AddText(ImVec2(p0.x + 6, p0.y + 4), kColAxisText, title.c_str());
     dl->AddText(ImVec2(p0.x + 6, p1.y - ImGui::GetTextLineHeight() - 4), kColAxisText,
-                renderer_.path_description().c_str());
+                renderers_[canvas_ & 1].path_description().c_str());
   }
 
   template <class ToCanvas>
@@ -584,7 +834,9 @@ class GeometryView final : public View {
     if (ImGui::IsItemClicked(ImGuiMouseButton_Left)) {
       drag_start_ = io.MousePos;
       dragging_ = false;
+      drag_canvas_ = canvas_;
     }
+    if (drag_canvas_ != canvas_) return;  // a drag belongs to the map it started in
     if (ImGui::IsItemActive() && ImGui::IsMouseDragging(ImGuiMouseButton_Left, 3.0f))
       dragging_ = true;
     if (dragging_) {
@@ -620,11 +872,17 @@ class GeometryView final : public View {
     }
   }
 
-  void hover_tooltip(const AppState& s, const GeometryFrame& f, const TokenMarks* marks, int i) {
+  void hover_tooltip(const AppState& s, const GeometryFrame& f, const KCenterResult* kc,
+                     const TokenMarks* marks, int i) {
     const bool query = i >= f.num_keys;
     const int t = query ? i - f.num_keys : i;
+    const bool values = f.source == ProjectionSource::Values;
     ImGui::BeginTooltip();
-    ImGui::Text("%s of token %d  \"%s\"", query ? "query" : "key", t, s.token_text(t).c_str());
+    ImGui::Text("%s of token %d  \"%s\"",
+                query    ? "query"
+                : values ? "value"
+                         : "key",
+                t, s.token_text(t).c_str());
     if (!query) {
       if (marks && t < static_cast<int>(marks->kind.size())) {
         const TokenKind k = marks->kind[t];
@@ -633,15 +891,20 @@ class GeometryView final : public View {
         else
           ImGui::Text("%s (%s)", token_kind_name(k), s.method_name(0).c_str());
       }
-      if (t < static_cast<int>(f.key_norm.size())) ImGui::Text("|k| = %.3f", f.key_norm[t]);
-      if (colour_ == ColourBy::Cluster && t < static_cast<int>(f.kcenter_cluster.size()))
-        ImGui::Text("k-center cluster %d", f.kcenter_cluster[t]);
+      if (t < static_cast<int>(f.key_norm.size()))
+        ImGui::Text("|%s| = %.3f", values ? "v" : "k", f.key_norm[t]);
+      if (kc && t < static_cast<int>(kc->fig.owner.size())) {
+        const int owner = kc->fig.owner[t];
+        ImGui::Text("k-center cluster %d (centre: token %d)%s", owner, kc->fig.centres[owner],
+                    kc->fig.centres[owner] == t ? " -- a centre" : "");
+      }
     }
     ImGui::TextDisabled("drag: box-select, right click: clear");
     ImGui::EndTooltip();
   }
 
-  void draw_legend(const AppState& s, const GeometryFrame& f, ImVec2 p0, ImVec2 p1) {
+  void draw_legend(const AppState& s, const GeometryFrame& f, const KCenterResult* kc, ImVec2 p0,
+                   ImVec2 p1) {
     struct Entry {
       ImU32 colour;
       std::string text;
@@ -662,23 +925,26 @@ class GeometryView final : public View {
                    {colormap(Colormap::Viridis, 1), "token " + std::to_string(f.num_keys - 1)}};
         break;
       case ColourBy::Cluster: {
-        if (method_clusters(s)) {
+        if (method_clusters(s) && f.source == ProjectionSource::Keys) {
           entries = {{kClusterPalette[0], s.method_name(0) + "'s clusters (middle tokens)"},
                      {kColDropped, "outside the middle"}};
         } else {
-          entries = {{kClusterPalette[0],
-                      "greedy k-center, k = " + std::to_string(settings_.clusters) + " (keys)"}};
+          entries = {
+              {kClusterPalette[0], "greedy k-center, k = " + std::to_string(settings_.clusters) +
+                                       " (" + projection_source_name(f.source) + ")"}};
         }
         break;
       }
       case ColourBy::Norm: {
         char lo[64], hi[64];
-        std::snprintf(lo, sizeof lo, "|k| = %.3g", norm_lo_);
-        std::snprintf(hi, sizeof hi, "|k| = %.3g", norm_hi_);
+        const char* v = f.source == ProjectionSource::Values ? "v" : "k";
+        std::snprintf(lo, sizeof lo, "|%s| = %.3g", v, norm_lo_);
+        std::snprintf(hi, sizeof hi, "|%s| = %.3g", v, norm_hi_);
         entries = {{colormap(Colormap::Viridis, 0), lo}, {colormap(Colormap::Viridis, 1), hi}};
         break;
       }
     }
+    if (settings_.centres && kc) entries.push_back({kColCentre, "k-center centre (square)"});
     if (f.num_queries > 0) entries.push_back({kColQueryPoint, "query (ring)"});
     if (!s.selected_tokens.empty())
       entries.push_back({kColSelect, std::to_string(s.selected_tokens.size()) + " selected"});
@@ -694,6 +960,61 @@ class GeometryView final : public View {
       dl->AddCircleFilled(c, 4.5f, entries[i].colour, 10);
       dl->AddText(ImVec2(a.x + 22, a.y + 4 + lh * i), kColAxisText, entries[i].text.c_str());
     }
+  }
+
+  // Clusters found vs n: how many greedy k-center centres cover the first n points within the
+  // radius, for keys and values (SubGen's Definition 1: m clusters, sublinear in n), beside a
+  // table of the same numbers.
+  void draw_counts(const AppState& s, ImVec2 size) {
+    const std::vector<ProjectionSource> srcs = sources();
+    std::vector<std::shared_ptr<const KCenterResult>> kcs;
+    int n_max = 16, c_max = 1;
+    for (ProjectionSource src : srcs) {
+      kcs.push_back(kcenter_of(s, src));
+      if (kcs.back())
+        for (size_t i = 0; i < kcs.back()->fig.prefix.size(); ++i) {
+          n_max = std::max(n_max, kcs.back()->fig.prefix[i]);
+          c_max = std::max(c_max, kcs.back()->fig.clusters[i]);
+        }
+    }
+    const float plot_w = std::max(px(260), size.x * 0.45f);
+    char title[160];
+    std::snprintf(title, sizeof title, "clusters found vs n (radius %.2f x spread)",
+                  settings_.radius_factor);
+    Plot plot("##geometry_counts", ImVec2(plot_w, size.y), title,
+              Axis{"n (log2)", 16, double(std::max(n_max, 32)), Scale::Log2},
+              Axis{"clusters", 0, c_max * 1.15 + 1});
+    const ImU32 cols[2] = {IM_COL32(86, 160, 229, 255), IM_COL32(240, 180, 60, 255)};
+    std::vector<Plot::LegendEntry> legend;
+    for (size_t i = 0; i < srcs.size(); ++i) {
+      if (!kcs[i]) continue;
+      std::vector<double> x(kcs[i]->fig.prefix.begin(), kcs[i]->fig.prefix.end());
+      std::vector<double> y(kcs[i]->fig.clusters.begin(), kcs[i]->fig.clusters.end());
+      const ImU32 col = cols[static_cast<int>(srcs[i])];
+      plot.line(x, y, col, 2.0f);
+      plot.markers(x, y, col, px(3));
+      legend.push_back({projection_source_name(srcs[i]), col});
+    }
+    if (!legend.empty()) plot.legend(legend, Plot::Corner::TopLeft);
+    ImGui::SameLine();
+    ImGui::BeginChild("##geometry_counts_table", ImVec2(0, size.y));
+    for (size_t i = 0; i < srcs.size(); ++i) {
+      const auto& kc = kcs[i];
+      if (!kc) {
+        ImGui::TextDisabled("%s: k-center pending ...", projection_source_name(srcs[i]));
+        continue;
+      }
+      std::string row;
+      for (size_t k = 0; k < kc->fig.prefix.size(); ++k) {
+        row += (k ? ", " : "") + std::to_string(kc->fig.prefix[k]) + ": " +
+               (kc->fig.capped[k] ? ">=" : "") + std::to_string(kc->fig.clusters[k]);
+      }
+      ImGui::TextWrapped(
+          "%s: radius %.3g (spread %.3g); %zu centres cover within %.3g. Clusters at n = %s",
+          projection_source_name(srcs[i]), kc->fig.radius, kc->spread, kc->fig.centres.size(),
+          kc->fig.covering, row.c_str());
+    }
+    ImGui::EndChild();
   }
 
   // A one-line token strip around the hovered (else clicked, else first selected) token, in the
@@ -749,9 +1070,12 @@ class GeometryView final : public View {
 
   GeometrySettings settings_;
   int edit_perplexity_ = 30, edit_iterations_ = 1000, edit_clusters_ = 8;
+  float edit_radius_ = 0.5f;
+  int canvas_ = 0, drag_canvas_ = -1;  // the map being drawn, the map a drag started in
   ColourBy colour_ = ColourBy::Kept;
   float point_px_ = 3.0f;
-  PointRenderer renderer_;
+  // One renderer per map: each draws into its own offscreen framebuffer, which its map shows.
+  PointRenderer renderers_[2];
   std::vector<PointInstance> points_;
   std::vector<int> order_;
   int hovered_ = -1;
