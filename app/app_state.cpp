@@ -571,7 +571,8 @@ JobPlan AppState::plan_grid() const {
     job->layers = ci.num_layers;
     job->heads = ci.kv_heads;
     job->shared_key = shared;
-    job->threads = background_threads();
+    // Every core: the grid's threads run below the UI and the focused runs (grid_cells.cpp).
+    job->threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     job->priority = grid_priority;
     job->previous = now.ptr<GridReport>();
     for (size_t k = 0; k < 2; ++k) {

@@ -1,0 +1,121 @@
+// The app's progressive grid at real scale (docs/performance.md, "The app's grid"): the app's own
+// state and jobs (AppState, reconcile() once per 10 ms as the frame loop runs it, no window) on a
+// capture made by `kvscope-cli synth --shape llama3-8b --tokens 8192`, timed in wall seconds, one
+// step after the other in one process:
+//   first     open the capture; the whole grid (method A, one seed at this size) starts by itself
+//             (no Run click: the bench fails if it is held) until every cell is in: first cell,
+//             and whole grid;
+//   param     one BalanceKV parameter changed (gamma 4 -> 2): only A's cells are computed again;
+//   ratio     the keep ratio changed (0.25 -> 0.125): every cell;
+//   back      gamma back to 4 at ratio 0.25: nothing is computed (cells in the store).
+// Method B is off unless --ab (then B's cells follow A's in each step).
+//
+//   bench_app_grid CAPTURE [--method balancekv] [--ab]
+//
+// A plain timing program, not a Google Benchmark.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "app/app_state.h"
+
+namespace {
+
+using namespace kvscope;
+using namespace kvscope::app;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Runs frames until the grid is fresh; returns false when it was held for Run or failed.
+bool until_grid(AppState& s, const char* what, double limit_s = 1800) {
+  const auto t0 = Clock::now();
+  const double c0 = cpu_seconds();
+  const uint64_t computed0 = s.grid_cells.computed();
+  double first = -1;
+  for (;;) {
+    s.reconcile();
+    const Result& r = s.result(kGrid);
+    if (!r.held.empty() && r.held == r.want) {
+      std::printf("%-8s held for a Run click (estimate %.1f s): not progressive\n", what,
+                  r.estimate_s);
+      return false;
+    }
+    if (!r.error.empty() && r.key == r.want) {
+      std::printf("%-8s failed: %s\n", what, r.error.c_str());
+      return false;
+    }
+    if (first < 0 && s.grid_cells.computed() > computed0) first = since(t0);
+    if (r.fresh()) break;
+    if (since(t0) > limit_s) {
+      std::printf("%-8s not done in %.0f s\n", what, limit_s);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::printf(
+      "%-8s whole grid %7.2f s wall, %7.2f s CPU, first cell %6.2f s, %4llu cells computed\n", what,
+      since(t0), cpu_seconds() - c0, first,
+      static_cast<unsigned long long>(s.grid_cells.computed() - computed0));
+  std::fflush(stdout);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench_app_grid CAPTURE [--method balancekv] [--ab]\n");
+    return 2;
+  }
+  std::string method = "balancekv";
+  bool ab = false;
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--method") && i + 1 < argc)
+      method = argv[++i];
+    else if (!std::strcmp(argv[i], "--ab"))
+      ab = true;
+  }
+  AppState s;
+  s.settings.method = {MethodChoice{method, {}}, MethodChoice{"uniform", {}}};
+  s.settings.ab_enabled = ab;
+  s.settings.keep_ratio = 0.25;
+  const auto t0 = Clock::now();
+  s.request_open(argv[1]);
+  while (!s.capture && s.load_error.empty()) {
+    s.reconcile();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!s.capture) {
+    std::fprintf(stderr, "%s\n", s.load_error.c_str());
+    return 1;
+  }
+  const CaptureInfo& ci = s.capture->info();
+  std::printf(
+      "capture %d layers x %d kv heads, %d tokens; grid seeds %d; method A %s%s; %u cores\n",
+      ci.num_layers, ci.kv_heads, ci.num_tokens, s.grid_seeds(), method.c_str(),
+      ab ? ", B uniform" : "", std::thread::hardware_concurrency());
+  std::printf("open     %7.2f s\n", since(t0));
+  if (!until_grid(s, "first")) return 1;
+  s.settings.method[0].params["gamma"] = 2;
+  if (!until_grid(s, "param")) return 1;
+  s.settings.keep_ratio = 0.125;
+  if (!until_grid(s, "ratio")) return 1;
+  s.settings.method[0].params.clear();
+  s.settings.keep_ratio = 0.25;
+  if (!until_grid(s, "back")) return 1;
+  return 0;
+}
