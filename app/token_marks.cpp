@@ -80,4 +80,66 @@ const char* token_kind_name(TokenKind k) {
   return "?";
 }
 
+std::vector<OverviewBin> overview_bins(int n, int columns, const TokenMarks* a, const TokenMarks* b,
+                                       const TokenHarm* harm) {
+  std::vector<OverviewBin> bins;
+  if (n <= 0 || columns <= 0) return bins;
+  const int cols = std::min(n, columns);
+  bins.resize(static_cast<size_t>(cols));
+  const std::array<const TokenMarks*, 2> marks{a, b};
+  const int harm_n = harm ? static_cast<int>(harm->harm.size()) : 0;
+  const int mass_n = harm ? static_cast<int>(harm->mass.size()) : 0;
+  for (int c = 0; c < cols; ++c) {
+    OverviewBin& bin = bins[static_cast<size_t>(c)];
+    bin.first = static_cast<int>(static_cast<long long>(c) * n / cols);
+    bin.last = static_cast<int>(static_cast<long long>(c + 1) * n / cols);
+    for (int i = bin.first; i < bin.last; ++i) {
+      const size_t t = static_cast<size_t>(i);
+      // The window and sinks by the harm's window when there are no marks.
+      TokenKind k = TokenKind::Dropped;
+      if (a && t < a->kind.size())
+        k = a->kind[t];
+      else if (harm && i < harm->sink)
+        k = TokenKind::Sink;
+      else if (harm && i >= harm->sink + harm_n)
+        k = TokenKind::Window;
+      if (k == TokenKind::Sink)
+        ++bin.sinks;
+      else if (k == TokenKind::Window)
+        ++bin.window;
+      else
+        ++bin.middle;
+      for (int s = 0; s < 2; ++s)
+        if (marks[s] && t < marks[s]->kind.size() && marks[s]->kind[t] == TokenKind::Kept) {
+          ++bin.kept[static_cast<size_t>(s)];
+          if (s == 0) bin.weight_sum += std::max(a->weight[t], a->den_weight[t]);
+        }
+      if (i < mass_n) bin.mass += harm->mass[t];
+      if (harm && i >= harm->sink && i < harm->sink + harm_n)
+        bin.harm += harm->harm[static_cast<size_t>(i - harm->sink)];
+    }
+  }
+  return bins;
+}
+
+ImU32 harm_colour(double harm, double lo, double hi) {
+  if (!(hi > 0) || !(harm > lo)) return colormap(Colormap::Magma, 0.0);
+  if (!std::isfinite(harm) || harm >= hi) return colormap(Colormap::Magma, 1.0);
+  // Kept away from magma's near-black bottom so a harmless token still shows as a band.
+  const double t = std::log(harm / lo) / std::log(hi / lo);
+  return colormap(Colormap::Magma, 0.12 + 0.88 * t);
+}
+
+void harm_range(const TokenHarm& h, double* lo, double* hi) {
+  double mx = 0, mn = 0;
+  for (double v : h.harm)
+    if (v > 0 && std::isfinite(v)) {
+      mx = std::max(mx, v);
+      mn = mn > 0 ? std::min(mn, v) : v;
+    }
+  *hi = mx;
+  *lo = mx > 0 ? std::max(mn, mx * 1e-4) : 0;
+  if (*lo >= *hi) *lo = *hi * 1e-4;
+}
+
 }  // namespace kvscope::app
