@@ -241,23 +241,31 @@ class TokensView final : public View {
       else {
         const HeadRun& r = *s.run(k);
         const bool stale = s.result(k == 0 ? kFocusA : kFocusB).stale();
-        ImGui::TextDisabled("keeps %zu of %d middle tokens, weights up to %.3g, rel. error %.4f%s",
-                            r.selection.indices.size(), r.window.n_mid, marks[k]->max_weight,
-                            r.mean_relative, stale ? "  [stale: running for new settings]" : "");
+        // Pieces that wrap to the next line where the panel is too narrow (no sideways scroll).
+        char buf[160];
+        auto piece = [&](bool first) {
+          if (!first) toolbar_next(ImGui::CalcTextSize(buf).x);
+          ImGui::TextDisabled("%s", buf);
+        };
+        std::snprintf(buf, sizeof buf, "keeps %zu of %d middle tokens, weights up to %.3g,",
+                      r.selection.indices.size(), r.window.n_mid, marks[k]->max_weight);
+        piece(true);
+        std::snprintf(buf, sizeof buf, "rel. error %.4f%s", r.mean_relative,
+                      stale ? "  [stale: running for new settings]" : "");
+        piece(false);
         if (varies_head_budget(s.method_name(k))) {
-          ImGui::SameLine();
-          ImGui::TextDisabled(
-              "| this head's budget %zu, uniform %d (%+.0f%%)", r.selection.indices.size(),
-              r.window.budget,
-              r.window.budget > 0
-                  ? 100.0 * (static_cast<double>(r.selection.indices.size()) - r.window.budget) /
-                        r.window.budget
-                  : 0.0);
+          const double kept = static_cast<double>(r.selection.indices.size());
+          std::snprintf(
+              buf, sizeof buf, "this head's budget %zu, uniform %d (%+.0f%%)",
+              r.selection.indices.size(), r.window.budget,
+              r.window.budget > 0 ? 100.0 * (kept - r.window.budget) / r.window.budget : 0.0);
+          piece(false);
         }
         if (harm_) {
           const HarmSplit hs = harm_split(*harm_, r.selection);
-          ImGui::SameLine();
-          ImGui::TextDisabled("| harm kept %.3g / dropped %.3g", hs.kept_sum, hs.dropped_sum);
+          std::snprintf(buf, sizeof buf, "harm kept %.3g / dropped %.3g", hs.kept_sum,
+                        hs.dropped_sum);
+          piece(false);
         }
       }
     }
