@@ -198,7 +198,7 @@ class TheoryView final : public View {
     draw_error(s, *r, stale);
     ImGui::EndChild();
     if (two_columns) ImGui::SameLine(0, gap);
-    ImGui::BeginChild("##theory_table", ImVec2(w2, h2), true);
+    ImGui::BeginChild("##theory_table", ImVec2(w2, h2), true, ImGuiWindowFlags_HorizontalScrollbar);
     draw_table(*r);
     ImGui::EndChild();
   }
@@ -477,9 +477,9 @@ class TheoryView final : public View {
   }
 
   void draw_table(const TheoryResult& r) {
-    ImGui::TextUnformatted(
-        "Fitted exponents (least squares on log-log over every seed and head "
-        "point; 95% Student-t interval)");
+    ImGui::TextWrapped("%s",
+                       "Fitted exponents (least squares on log-log over every seed and head "
+                       "point; 95% Student-t interval)");
     if (ImGui::BeginTable(
             "##theory_fits", 4,
             ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingStretchProp)) {

@@ -149,3 +149,24 @@ TEST(CliTheory, BadFlagsGiveOneClearError) {
 }
 
 }  // namespace
+
+// The Theory view through the headless renderer: its planned result runs through reconcile()
+// and the figure shows both discrepancy panels and a fitted alpha for each default method.
+TEST(CliTheory, RenderDrawsTheTheoryView) {
+  const fs::path out =
+      fs::temp_directory_path() / ("kvscope_theory_view_" + std::to_string(::getpid()) + ".svg");
+  const RunResult r =
+      run_cli("render " + std::string(KVSCOPE_SOURCE_DIR) +
+              "/sample_data/kjv3M_beginning.safetensors --view theory --out " + out.string());
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const std::string svg = slurp(out);
+  EXPECT_NE(svg.find("denominator instance: discrepancy along the evaluation queries"),
+            std::string::npos);
+  EXPECT_NE(svg.find("numerator instance: discrepancy along the evaluation queries"),
+            std::string::npos);
+  for (const char* m : {"balancekv: alpha", "uniform: alpha", "subgen: alpha"})
+    EXPECT_NE(svg.find(m), std::string::npos) << m;
+  EXPECT_NE(svg.find("% sat"), std::string::npos);  // the saturation share beside each walk
+  EXPECT_NE(svg.find("Eq. 3 (operator)"), std::string::npos);
+  fs::remove(out);
+}
