@@ -3,6 +3,7 @@
 // backend. The view only edits AppState::settings; reconcile() re-runs what the change outdates.
 #include <imgui.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -37,7 +38,13 @@ bool method_combo(AppState& s, const char* label, std::string& name, ParamValues
   const bool open = ImGui::BeginCombo(label, name.c_str(), ImGuiComboFlags_HeightLargest);
   record_item(s, std::string("combo:") + label);
   if (open) {
-    const auto& all = all_methods();
+    // Every method `--methods all` runs, and criticalkv(expected-attention), which all leaves
+    // out because it needs W_O: here it is listed greyed with the reason, beside its W_O = I
+    // entry (method_list.h).
+    std::vector<const Method*> all = all_methods();
+    if (const Method* crit = find_method("criticalkv(expected-attention)");
+        crit && std::find(all.begin(), all.end(), crit) == all.end())
+      all.push_back(crit);
     for (size_t i = 0; i < all.size(); ++i) {
       const Method* m = all[i];
       ImGui::PushID(static_cast<int>(i));

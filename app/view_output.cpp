@@ -32,7 +32,9 @@ namespace {
 
 // The Output view's derived result (AppState::results): the generation the user asked for.
 constexpr const char* kOutputResult = "output.generate";
-constexpr double kRatios[] = {0.5, 0.25, 0.125, 0.0625};
+// The protocol's ratios, and 0.75 so that kvpress's four (keep 0.75, 1/2, 1/4, 1/8: it counts
+// the fraction removed, 0.25 ... 0.875) are all offered.
+constexpr double kRatios[] = {0.5, 0.25, 0.125, 0.0625, 0.75};
 
 std::string escaped(const std::string& t) {
   std::string out;
@@ -246,6 +248,11 @@ class OutputView final : public View {
         const std::string name = m.string();
         if (!find_method(name) || name == "exact")
           m.fail("'" + name + "' is not a compression method");
+        // The list offers no layer-level method (adakv, chunkkv, compactor): generation
+        // compresses each head's cache on its own, so a session may not ask for one either.
+        if (find_method(name)->needs_layer())
+          m.fail("'" + name +
+                 "' needs every kv head of a layer at once, which generation does not give");
         if (std::find(methods.begin(), methods.end(), name) != methods.end())
           m.fail("'" + name + "' is listed twice");
         methods.push_back(name);
@@ -258,7 +265,8 @@ class OutputView final : public View {
       for (const JsonField& r : rs->elements()) {
         const double x = r.number();
         const auto* it = std::find(std::begin(kRatios), std::end(kRatios), x);
-        if (it == std::end(kRatios)) r.fail(r.json().dump() + " is not 1/2, 1/4, 1/8 or 1/16");
+        if (it == std::end(kRatios))
+          r.fail(r.json().dump() + " is not 1/2, 1/4, 1/8, 1/16 or 0.75");
         ratio_on[it - std::begin(kRatios)] = true;
       }
     }
