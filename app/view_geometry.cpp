@@ -997,7 +997,10 @@ class GeometryView final : public View {
     }
     if (!legend.empty()) plot.legend(legend, Plot::Corner::TopLeft);
     ImGui::SameLine();
-    ImGui::BeginChild("##geometry_counts_table", ImVec2(0, size.y));
+    // An explicit width a little inside the view, so wrapped text never reaches its edge.
+    ImGui::BeginChild("##geometry_counts_table",
+                      ImVec2(std::max(px(60), ImGui::GetContentRegionAvail().x - px(8)), size.y));
+    ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + ImGui::GetContentRegionAvail().x - px(4));
     for (size_t i = 0; i < srcs.size(); ++i) {
       const auto& kc = kcs[i];
       if (!kc) {
@@ -1009,11 +1012,12 @@ class GeometryView final : public View {
         row += (k ? ", " : "") + std::to_string(kc->fig.prefix[k]) + ": " +
                (kc->fig.capped[k] ? ">=" : "") + std::to_string(kc->fig.clusters[k]);
       }
-      ImGui::TextWrapped(
+      ImGui::Text(  // wrapped at the position pushed above
           "%s: radius %.3g (spread %.3g); %zu centres cover within %.3g. Clusters at n = %s",
           projection_source_name(srcs[i]), kc->fig.radius, kc->spread, kc->fig.centres.size(),
           kc->fig.covering, row.c_str());
     }
+    ImGui::PopTextWrapPos();
     ImGui::EndChild();
   }
 
