@@ -482,7 +482,7 @@ class TheoryView final : public View {
                        "point; 95% Student-t interval)");
     if (ImGui::BeginTable(
             "##theory_fits", 4,
-            ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingStretchProp)) {
+            ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingFixedFit)) {
       ImGui::TableSetupColumn("method");
       ImGui::TableSetupColumn("alpha, relative");
       ImGui::TableSetupColumn("alpha, Eq. 2 (Frobenius)");
@@ -503,7 +503,7 @@ class TheoryView final : public View {
       if (!e.note.empty()) ImGui::TextDisabled("%s: %s", e.method.c_str(), e.note.c_str());
     if (ImGui::BeginTable(
             "##theory_disc", 4,
-            ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingStretchProp)) {
+            ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingFixedFit)) {
       ImGui::TableSetupColumn("walk / instance");
       ImGui::TableSetupColumn("slope along queries");
       ImGui::TableSetupColumn("slope, kernel norm");

@@ -18,6 +18,7 @@ EXPECTED = {
     "teaching": ["vectors u_i, direction z and the signed prefix sums", "u1", "z"],
     "geometry": [],
     "tokens": ["sink"],
+    "theory": ["discrepancy along the evaluati", "budget m (log2 axis)", "alpha, relative"],
 }
 
 
