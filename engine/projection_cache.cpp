@@ -25,9 +25,8 @@ MatrixF projection_input(const CaptureInfo& info, const LayerData& layer, int kv
   const std::string where = "layer " + std::to_string(layer.layer);
   const int kv_heads = static_cast<int>(layer.keys.size());
   if (kv_head < 0 || kv_head >= kv_heads)
-    throw SettingError("kv head", "--head",
-                       std::to_string(kv_head) + ": " + where + " has kv heads 0.." +
-                           std::to_string(kv_heads - 1));
+    throw SettingError("kv head " + std::to_string(kv_head), "--head " + std::to_string(kv_head),
+                       where + " has kv heads 0.." + std::to_string(kv_heads - 1));
   if (kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[kv_head].empty())
     throw InputError(where + " kv head " + std::to_string(kv_head) +
                      " is refused: " + layer.refused[kv_head]);
@@ -49,10 +48,10 @@ MatrixF projection_input(const CaptureInfo& info, const LayerData& layer, int kv
   const int first = kv_head * group;
   const int q_head = req.query_head < 0 ? first : req.query_head;
   if (q_head < first || q_head >= first + group || q_head >= static_cast<int>(layer.queries.size()))
-    throw SettingError("query head", "--query-head",
-                       std::to_string(q_head) + ": kv head " + std::to_string(kv_head) +
-                           " is read by query heads " + std::to_string(first) + ".." +
-                           std::to_string(first + group - 1));
+    throw SettingError("query head " + std::to_string(q_head),
+                       "--query-head " + std::to_string(q_head),
+                       "kv head " + std::to_string(kv_head) + " is read by query heads " +
+                           std::to_string(first) + ".." + std::to_string(first + group - 1));
   const MatrixF& queries = layer.queries[q_head];
   if (!queries.allFinite())
     throw InputError(where + " query head " + std::to_string(q_head) + " holds NaN or Inf");
