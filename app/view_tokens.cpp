@@ -176,7 +176,19 @@ class TokensView final : public View {
     ImGui::RadioButton("A vs B difference", &mode, 2);
     ImGui::EndDisabled();
     if (s.settings.ab_enabled) mode_ = static_cast<Mode>(mode);
-    mark_figure_top();  // figure exports: legend and strip, not the mode buttons
+    toolbar_next(ImGui::GetFrameHeight() + ImGui::CalcTextSize("harm").x + px(8));
+    ImGui::Checkbox("harm", &show_harm_);
+    record_item(s, "tokens:harm");
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip(
+          "Harm of a middle token: the exact relative change of the output when it alone is "
+          "evicted, mean over the evaluation queries and the head's query heads of "
+          "p/(1-p) ||o - v|| / ||o|| (docs/app.md)");
+    if (show_harm_) {
+      ImGui::SameLine();
+      if (!draw_result_status(s, kHarm, "token harm")) ImGui::NewLine();  // undoes SameLine
+    }
+    mark_figure_top();  // figure exports: legend and strips, not the mode buttons or the toggle
     const float sw = ImGui::GetTextLineHeight() + 4;  // swatch + gap before its text
     auto swatch_w = [&](const std::string& t) { return sw + ImGui::CalcTextSize(t.c_str()).x; };
     legend_swatch(kColSink, "sink");
@@ -197,14 +209,6 @@ class TokensView final : public View {
     ImGui::SameLine(0, 4);
     ImGui::TextUnformatted("selected query");
 
-    toolbar_next(ImGui::GetFrameHeight() + ImGui::CalcTextSize("harm").x + px(8));
-    ImGui::Checkbox("harm", &show_harm_);
-    record_item(s, "tokens:harm");
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip(
-          "Harm of a middle token: the exact relative change of the output when it alone is "
-          "evicted, mean over the evaluation queries and the head's query heads of "
-          "p/(1-p) ||o - v|| / ||o|| (docs/app.md)");
     if (show_harm_ && harm_) {
       char lo[32], hi[32];
       std::snprintf(lo, sizeof lo, "harm %.2g", harm_lo_);
@@ -213,10 +217,6 @@ class TokensView final : public View {
       legend_swatch(harm_colour(harm_lo_, harm_lo_, harm_hi_), lo);
       ImGui::SameLine(0, 4);
       legend_swatch(harm_colour(harm_hi_, harm_lo_, harm_hi_), hi);
-    }
-    if (show_harm_) {
-      ImGui::SameLine();
-      if (!draw_result_status(s, kHarm, "token harm")) ImGui::NewLine();  // undoes SameLine
     }
 
     if (mode == 2) {
