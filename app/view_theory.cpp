@@ -525,11 +525,16 @@ class TheoryView final : public View {
         else
           ImGui::TextUnformatted("-");
       };
+      // Short row labels so the numbers keep their room.
+      auto tag = [](const DiscRun& d) {
+        return std::string(d.walk.label.rfind("authors", 0) == 0 ? "authors'" : "unsat.");
+      };
       for (const char* inst : {"denominator", "numerator"}) {
+        const std::string inst_short = std::string(inst) == "numerator" ? "num." : "den.";
         for (const DiscRun& d : r.discrepancy) {
-          row("walk, " + d.walk.label + ", " + inst, d, inst, "walk",
+          row("walk, " + tag(d) + ", " + inst_short, d, inst, "walk",
               std::string(inst) == "numerator" ? d.saturation_numerator : d.saturation_denominator);
-          row("random, " + d.walk.label + ", " + inst, d, inst, "random", -1);
+          row("random, " + tag(d) + ", " + inst_short, d, inst, "random", -1);
         }
       }
       ImGui::EndTable();
