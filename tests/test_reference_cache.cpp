@@ -316,6 +316,22 @@ TEST(ReferenceCache, CancelStopsAWaitAndAFailedBuildIsRetried) {
   EXPECT_EQ(cache.stats().entries, 1);
 }
 
+TEST(ReferenceCache, ACancelledBuildLeavesNothingBehind) {
+  ReferenceCache cache(size_t{1} << 30);
+  const LayerData L = make_layer(0, 300, 8, 8, 1, 2, 5);
+  std::atomic<bool> cancel{true};
+  EXPECT_THROW(ExactReference::build(pointers(reference_queries(L, 0)), L.keys[0].data(),
+                                     L.values[0].data(), 300, 8, 8, 4, 32, true, &cancel),
+               Cancelled);
+  EXPECT_THROW(cached_reference(L, 0, 4, 32, false, &cancel, &cache), Cancelled);
+  EXPECT_EQ(cache.stats().entries, 0);
+  // Asked again without the flag: built, and as a fresh reference scores.
+  const Selection sel = random_selection(300, 4, 32, 50, false, 6);
+  expect_identical(cached_reference(L, 0, 4, 32, false, nullptr, &cache)->evaluate(sel),
+                   fresh_errors(L, 0, 4, 32, sel));
+  EXPECT_EQ(cache.stats().entries, 1);
+}
+
 TEST(ReferenceCache, KeyHoldsEverythingTheExactSideDependsOn) {
   const LayerData L = make_layer(3, 160, 8, 6, 2, 2, 21);
   const ReferenceKey base = reference_key(L, 0, 8, 32);
