@@ -902,6 +902,65 @@ TEST(TokenMarks, ClassifiesSinksWindowKeptAndDropped) {
   EXPECT_LT(lum(token_colour(m, 20)), lum(token_colour(m, 10)));
 }
 
+// The Tokens view's overview (issue 29 item 3): bins cover every token once, in order, and hold
+// each method's kept set; fewer tokens than columns gives one token per bin.
+TEST(TokenMarks, OverviewBinsCoverTheSequenceAndCountTheKeptSets) {
+  HeadRun a, b;
+  a.window = b.window = EvalWindow::make(64, 0.25);  // s = 2, E = 8, middle [2, 56)
+  a.selection.indices = {10, 20, 21, 55};
+  a.selection.weights = {1.0, 2.0, 4.0, 1.0};
+  b.selection.indices = {2, 3};
+  b.selection.weights = {1.0, 1.0};
+  const TokenMarks ma = token_marks(a), mb = token_marks(b);
+  TokenHarm h;
+  h.sink = 2;
+  h.eval = 8;
+  h.harm.assign(54, 0.5);
+  h.mass.assign(64, 1.0 / 64);
+  for (int columns : {5, 7, 64, 512}) {
+    const std::vector<OverviewBin> bins = overview_bins(64, columns, &ma, &mb, &h);
+    ASSERT_EQ(static_cast<int>(bins.size()), std::min(64, columns)) << columns;
+    int next = 0, kept_a = 0, kept_b = 0, middle = 0, sinks = 0, window = 0;
+    double mass = 0, harm = 0, weight = 0;
+    for (const OverviewBin& bin : bins) {
+      EXPECT_EQ(bin.first, next);
+      EXPECT_GT(bin.last, bin.first);
+      next = bin.last;
+      kept_a += bin.kept[0];
+      kept_b += bin.kept[1];
+      middle += bin.middle;
+      sinks += bin.sinks;
+      window += bin.window;
+      mass += bin.mass;
+      harm += bin.harm;
+      weight += bin.weight_sum;
+    }
+    EXPECT_EQ(next, 64);
+    EXPECT_EQ(kept_a, 4);
+    EXPECT_EQ(kept_b, 2);
+    EXPECT_EQ(middle, 54);
+    EXPECT_EQ(sinks, 2);
+    EXPECT_EQ(window, 8);
+    EXPECT_NEAR(mass, 1.0, 1e-12);
+    EXPECT_NEAR(harm, 27.0, 1e-12);
+    EXPECT_DOUBLE_EQ(weight, 8.0);
+  }
+  // One token per bin: token 20's bin holds A's kept token with its weight.
+  const std::vector<OverviewBin> one = overview_bins(64, 512, &ma, nullptr, nullptr);
+  EXPECT_EQ(one[20].kept[0], 1);
+  EXPECT_DOUBLE_EQ(one[20].weight_sum, 2.0);
+  EXPECT_EQ(one[19].kept[0], 0);
+  EXPECT_EQ(one[0].sinks, 1);
+  EXPECT_EQ(one[63].window, 1);
+  // Harm colours: darker (lower green channel in magma) for less harm.
+  auto g = [](ImU32 c) { return (c >> IM_COL32_G_SHIFT) & 0xFF; };
+  EXPECT_LT(g(harm_colour(1e-3, 1e-4, 1.0)), g(harm_colour(0.5, 1e-4, 1.0)));
+  double lo = 0, hi = 0;
+  harm_range(h, &lo, &hi);
+  EXPECT_DOUBLE_EQ(hi, 0.5);
+  EXPECT_DOUBLE_EQ(lo, 0.5e-4);
+}
+
 // Issue 24, defect 5: an error curve between 0.1 and 0.6 had one labelled value (0.1).
 TEST(Plot, LogAxesLabelAtLeastThreeValuesWhereTheyFit) {
   const std::vector<double> short_axis = log10_labels(0.1, 0.6, 300, 20);
