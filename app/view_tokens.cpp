@@ -33,8 +33,11 @@ constexpr const char* kHarm = "tokens.harm";
 // Columns of the exported overview when the view was never drawn (headless exports).
 constexpr int kDefaultColumns = 512;
 
+// The harm of the focused head, window and capture only: another head's (while the new one
+// computes) is not shown as this one's.
 const TokenHarm* harm_of(const AppState& s) {
-  return s.result(kHarm).get<TokenHarm>();
+  const Result& r = s.result(kHarm);
+  return r.key == r.want ? r.get<TokenHarm>() : nullptr;
 }
 
 // The per-head budget of a layer-level wrapper that varies it (adakv(...)): the head's own
@@ -145,7 +148,7 @@ class TokensView final : public View {
     std::array<std::shared_ptr<const HeadRun>, 2> runs;
     for (int k = 0; k < 2; ++k)
       if (k == 0 || s.settings.ab_enabled) runs[k] = s.run_ptr(k);
-    std::shared_ptr<const TokenHarm> harm = s.result(kHarm).ptr<TokenHarm>();
+    std::shared_ptr<const TokenHarm> harm = harm_of(s) ? s.result(kHarm).ptr<TokenHarm>() : nullptr;
     if (harm && static_cast<int>(harm->mass.size()) != s.num_tokens()) harm = nullptr;
     for (int k = 0; k < 2; ++k)
       if (runs[k] != marks_run_[k]) {
