@@ -228,6 +228,22 @@ float dialog_button_width(const char* widest) {
   return std::max(px(72), button_width(widest));
 }
 
+void fit_next_dialog_to_display() {
+  // ImGui centres a modal only the first time it ever opens: opened again after a resize it
+  // came back where the larger window had its centre, partly off the display.
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  ImGui::SetNextWindowPos(vp->GetCenter(), ImGuiCond_Appearing, ImVec2(0.5f, 0.5f));
+  ImGui::SetNextWindowSizeConstraints(ImVec2(0, 0), vp->Size);
+}
+
+void keep_dialog_on_screen() {
+  const ImGuiViewport* vp = ImGui::GetMainViewport();
+  const ImVec2 p = ImGui::GetWindowPos(), sz = ImGui::GetWindowSize();
+  const ImVec2 q(std::clamp(p.x, vp->Pos.x, std::max(vp->Pos.x, vp->Pos.x + vp->Size.x - sz.x)),
+                 std::clamp(p.y, vp->Pos.y, std::max(vp->Pos.y, vp->Pos.y + vp->Size.y - sz.y)));
+  if (q.x != p.x || q.y != p.y) ImGui::SetWindowPos(q);
+}
+
 float px(float at_scale_1) {
   return at_scale_1 * g_ui_scale;
 }
@@ -352,9 +368,11 @@ void AppUi::draw_restore_prompt() {
     ImGui::OpenPopup("Restore the last session?");
     restore_open_popup_ = false;
   }
+  fit_next_dialog_to_display();
   if (!ImGui::BeginPopupModal("Restore the last session?", nullptr,
                               ImGuiWindowFlags_AlwaysAutoResize))
     return;
+  keep_dialog_on_screen();
   ImGui::Text("KVScope did not quit cleanly last time.");
   ImGui::Text("Restore the last session? (%s)", restore_text_.c_str());
   const float w = dialog_button_width("Discard");
@@ -612,8 +630,35 @@ void AppUi::export_all_json(const std::string& dir) const {
   st["reference_cache"] = {
       {"bytes", rc.bytes},   {"budget", rc.budget}, {"entries", rc.entries},    {"hits", rc.hits},
       {"misses", rc.misses}, {"waits", rc.waits},   {"evictions", rc.evictions}};
+  // What a script driving the window needs besides the widgets: the open popups (menus, lists,
+  // dialogs; the top-most last) with their rectangles, the UI scale, the display size, and the
+  // frame heartbeat with the latest frame times, oldest first.
+  nlohmann::json popups = nlohmann::json::array();
+  for (const ImGuiPopupData& p : ImGui::GetCurrentContext()->OpenPopupStack) {
+    if (!p.Window) continue;
+    const ImVec2 a = p.Window->Pos, b(a.x + p.Window->Size.x, a.y + p.Window->Size.y);
+    nlohmann::json popup = nlohmann::json::object();
+    popup["name"] = p.Window->Name;
+    popup["modal"] = (p.Window->Flags & ImGuiWindowFlags_Modal) != 0;
+    popup["rect"] = {a.x, a.y, b.x, b.y};
+    popups.push_back(popup);
+  }
+  st["popups"] = popups;
+  st["ui_scale"] = ui_scale_;
+  st["text_input"] = ImGui::GetIO().WantTextInput;  // a text field takes the keys
+  st["display"] = {ImGui::GetIO().DisplaySize.x, ImGui::GetIO().DisplaySize.y};
+  nlohmann::json recent = nlohmann::json::array();
+  const uint64_t n = std::min<uint64_t>(frames_, kFrameRing);
+  for (uint64_t i = frames_ - n; i < frames_; ++i) recent.push_back(frame_ms_[i % kFrameRing]);
+  st["frames"] = {{"count", frames_}, {"recent_ms", recent}};
   std::ofstream f(fs::path(dir) / "state.json");
   f << st.dump(2) << "\n";
+}
+
+void AppUi::note_frame_time(double ms) {
+  if (frame_ms_.size() < kFrameRing) frame_ms_.resize(kFrameRing);
+  frame_ms_[frames_ % kFrameRing] = static_cast<float>(ms);
+  ++frames_;
 }
 
 void AppUi::draw() {
@@ -803,7 +848,10 @@ void AppUi::draw_menu() {
   record_item(s_, "menu:File");
   if (file_menu) {
     open_capture |= ImGui::MenuItem("Open capture...", "Ctrl+O");
-    if (ImGui::MenuItem("New capture...")) open_new_capture_dialog();
+    record_item(s_, "menu:Open capture");
+    const bool new_capture = ImGui::MenuItem("New capture...");
+    record_item(s_, "menu:New capture");
+    if (new_capture) open_new_capture_dialog();
     draw_recent_menu();
     const bool open_session = ImGui::MenuItem("Open session...");
     record_item(s_, "menu:Open session");
@@ -994,8 +1042,10 @@ void AppUi::draw_dialogs() {
   }
   ImGui::SetNextWindowSize(ImVec2(std::min(px(620), ImGui::GetMainViewport()->Size.x - px(20)), 0),
                            ImGuiCond_Appearing);
+  fit_next_dialog_to_display();
   save_dialog_open_ = ImGui::BeginPopupModal("Save as", nullptr, ImGuiWindowFlags_AlwaysAutoResize);
   if (save_dialog_open_) {
+    keep_dialog_on_screen();
     const char* what =
         path_action_ == PathAction::ExportPng2x  ? "2x PNG of the active view's figure"
         : path_action_ == PathAction::ExportPng  ? "PNG of the active view's figure"

@@ -42,6 +42,12 @@ float button_width(const char* label);
 // Dialog buttons of one width that holds `widest` at the current UI scale (fixed pixel widths
 // cut "Open" and "Cancel" to "Ope" and "Can" at 2x).
 float dialog_button_width(const char* widest);
+// Modal dialogs stay within the display whatever happens to it while they are open or closed (a
+// window resize, a UI scale change): call fit_next_dialog_to_display() before BeginPopupModal
+// (centred when it appears, never larger than the display: its contents scroll) and
+// keep_dialog_on_screen() inside it (moved back when the display shrank under it).
+void fit_next_dialog_to_display();
+void keep_dialog_on_screen();
 // A framed widget of width `w` followed by its label.
 float labelled_width(float w, const char* label);
 
@@ -188,6 +194,11 @@ class AppUi {
   // state as JSON there, F10 a PNG of the active view (what the GUI test reads).
   std::string export_dir;
   void export_all_json(const std::string& dir) const;
+  // Frame times (the soak test, docs/testing.md): the renderer reports each frame's work, from
+  // the end of its wait for events to the buffer swap. state.json exports how many frames were
+  // drawn (a heartbeat) and the last kFrameRing of these times.
+  static constexpr size_t kFrameRing = 1024;
+  void note_frame_time(double ms);
 
  private:
   void draw_menu();
@@ -233,6 +244,8 @@ class AppUi {
   std::unique_ptr<RecentFiles> recent_;
   std::string recent_seen_path_;  // capture path last noted in the recent list
   std::unique_ptr<Autosave> autosave_;
+  uint64_t frames_ = 0;             // frames reported by note_frame_time
+  std::vector<float> frame_ms_;     // ring: frame i at i % kFrameRing
   nlohmann::json restore_session_;  // what the restore prompt offers
   std::string restore_text_;        // the prompt's line: when it was saved, which capture
   bool restore_pending_ = false;    // the prompt is up (opened at the next frame)

@@ -81,10 +81,12 @@ void FileBrowser::draw(std::map<std::string, std::array<float, 4>>* items) {
       ImVec2(std::min(px(720), display.x * 0.9f), std::min(px(480), display.y * 0.9f)),
       ImGuiCond_Appearing);
   bool keep = true;
+  fit_next_dialog_to_display();
   if (!ImGui::BeginPopupModal(title_.c_str(), &keep)) {
     visible_ = keep && ImGui::IsPopupOpen(title_.c_str());
     return;
   }
+  keep_dialog_on_screen();
   std::string pick;
   bool activate = false;
   if (ImGui::Button("Up")) {

@@ -24,6 +24,10 @@ void InputQueue::button(int button, int action, double time_s) {
       {true, button, action == GLFW_PRESS, time_s, cursor_x_, cursor_y_, has_cursor_});
 }
 
+void InputQueue::character(unsigned int c) {
+  events_.push_back({false, -1, false, 0, 0, 0, false, c});
+}
+
 void InputQueue::cursor(double x, double y) {
   cursor_x_ = static_cast<float>(x);
   cursor_y_ = static_cast<float>(y);
@@ -45,6 +49,10 @@ void InputQueue::feed(ImGuiIO& io) {
   size_t used = 0;
   for (; used < events_.size(); ++used) {
     const Event& e = events_[used];
+    if (e.code < 0) {  // a character: after the keys before it, with this frame's keys
+      io.AddInputCharacter(e.ch);
+      continue;
+    }
     const size_t c = static_cast<size_t>(e.code);
     bool& changed = e.is_button ? button_changed[c] : key_changed[c];
     bool& down = e.is_button ? button_down_[c] : key_down_[c];

@@ -12,7 +12,10 @@
 // button is given at the pointer position where it happened, after one frame that shows the
 // pointer there (so the widget under it is hovered before it is clicked), and a double-click is
 // decided from the times the two presses arrived, not from the frame clock (two presses three
-// frames apart are still a double-click when the frames are slow).
+// frames apart are still a double-click when the frames are slow). Typed characters wait in the
+// same queue: ImGui drops characters that arrive while it sees Ctrl held, so a path typed right
+// after Ctrl+A (both between two slow frames) lost its first characters when they went to ImGui
+// at once while Ctrl's release still waited here.
 //
 // Keys and buttons are GLFW codes (ImGui 1.86's GLFW backend indexes io.KeysDown by them).
 #pragma once
@@ -37,6 +40,7 @@ class InputQueue {
   void key(int key, int action);
   void button(int button, int action, double time_s);
   void cursor(double x, double y);
+  void character(unsigned int c);  // GLFW's character callback (the backend's is replaced)
 
   // After the backend's NewFrame (which set io.MousePos, io.MouseDown and io.KeysDown from its
   // own view) and before ImGui::NewFrame: the queued events this frame takes.
@@ -61,6 +65,7 @@ class InputQueue {
     double time_s;  // buttons: when the event arrived
     float x, y;     // buttons: the pointer position then
     bool has_pos;
+    unsigned int ch = 0;  // a typed character (is_button false, code -1)
   };
   std::vector<Event> events_;
   std::array<bool, kKeys> key_down_{};

@@ -53,8 +53,9 @@ void on_key(GLFWwindow*, int key, int, int action, int) {
   note_input();
   g_input.key(key, action);
 }
-void on_char(GLFWwindow*, unsigned int) {
+void on_char(GLFWwindow*, unsigned int c) {
   note_input();
+  g_input.character(c);
 }
 void on_cursor(GLFWwindow*, double x, double y) {
   note_input();
@@ -208,6 +209,9 @@ int main(int argc, char** argv) {
   ImGui::CreateContext();
   setup_style_and_fonts(opt.ui_scale);
   ImGui_ImplGlfw_InitForOpenGL(window, true);
+  // Characters go through the input queue, in order with the keys (app/input_queue.h), not
+  // straight to ImGui as the backend's own callback would send them.
+  glfwSetCharCallback(window, on_char);
   ImGui_ImplOpenGL3_Init("#version 330 core");
 
   int rc = 0;
@@ -251,6 +255,7 @@ int main(int argc, char** argv) {
         glfwPollEvents();
       else
         glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
+      const auto work_start = std::chrono::steady_clock::now();  // the frame's work from here
       state.worker.drain(state);
       if (state.capture_path != window_title_path) {
         window_title_path = state.capture_path;
@@ -341,6 +346,9 @@ int main(int argc, char** argv) {
           state.status_message = e.what();
         }
       }
+      ui.note_frame_time(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - work_start)
+              .count());
       // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
       if (!headless) {
         auto spent = std::chrono::steady_clock::now() - frame_start;

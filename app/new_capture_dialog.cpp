@@ -14,6 +14,7 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
+#include "app/result_status.h"
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/llama2c.h"
@@ -249,7 +250,9 @@ void draw_new_capture_dialog(AppState& s) {
     d.close_requested = false;
   }
   ImGui::SetNextWindowSize(ImVec2(px(760), 0), ImGuiCond_Appearing);
+  fit_next_dialog_to_display();
   if (!ImGui::BeginPopupModal("New capture", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) return;
+  keep_dialog_on_screen();
   // Text fields 600 px wide at 1x, narrower where the display is (2.5x on a 1600 px screen).
   const float field_w = std::min(
       px(600), ImGui::GetIO().DisplaySize.x * 0.9f - labelled_width(0, "checkpoint") - px(40));
@@ -315,16 +318,20 @@ void draw_new_capture_dialog(AppState& s) {
     }
     ImGui::SameLine();
     if (ImGui::Button("Cancel run")) s.worker.cancel(kJobKey);
-  } else if (ImGui::Button("Run", ImVec2(dialog_button_width("Close"), 0))) {
-    NewCaptureSettings settings;
-    settings.checkpoint = d.checkpoint;
-    settings.tokenizer = d.tokenizer;
-    settings.prompt = d.prompt;
-    settings.steps = d.steps;
-    settings.temperature = d.temperature;
-    settings.topp = d.topp;
-    settings.seed = static_cast<uint64_t>(d.seed);
-    start_new_capture(s, settings);
+  } else {
+    const bool run = ImGui::Button("Run", ImVec2(dialog_button_width("Close"), 0));
+    record_item(s, "newcapture:Run");
+    if (run) {
+      NewCaptureSettings settings;
+      settings.checkpoint = d.checkpoint;
+      settings.tokenizer = d.tokenizer;
+      settings.prompt = d.prompt;
+      settings.steps = d.steps;
+      settings.temperature = d.temperature;
+      settings.topp = d.topp;
+      settings.seed = static_cast<uint64_t>(d.seed);
+      start_new_capture(s, settings);
+    }
   }
   if (auto it = s.job_errors.find(kJobKey); it != s.job_errors.end() && !busy) {
     ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.45f, 0.4f, 1.0f));
@@ -354,7 +361,12 @@ void draw_new_capture_dialog(AppState& s) {
     if (!d.save_message.empty()) ImGui::TextWrapped("%s", d.save_message.c_str());
   }
   ImGui::Separator();
-  if (ImGui::Button("Close", ImVec2(dialog_button_width("Close"), 0)) || d.close_requested) {
+  const bool close = ImGui::Button("Close", ImVec2(dialog_button_width("Close"), 0));
+  record_item(s, "newcapture:Close");
+  // Escape closes it like the other dialogs (docs/app.md, shortcuts); a list open in it takes
+  // the Escape first (AppUi::close_popups_and_menus spends it).
+  const bool escape = ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape), false);
+  if (close || escape || d.close_requested) {
     d.close_requested = false;
     ImGui::CloseCurrentPopup();
   }

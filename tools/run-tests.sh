@@ -4,5 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/bootstrap.sh
+# The soak test (gui_soak, docs/testing.md) drives the app built with ASan + UBSan: only the
+# kvscope target, in its own folder (KVSCOPE_SANITIZED_BUILD_DIR, default build-sanitized-app).
+sanitized=${KVSCOPE_SANITIZED_BUILD_DIR:-build-sanitized-app}
+tools/build-sanitized-app.sh "$sanitized"
+export KVSCOPE_SANITIZED_APP="$PWD/$sanitized/app/kvscope"
 cd "${KVSCOPE_BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 900

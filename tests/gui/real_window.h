@@ -110,7 +110,7 @@ class RealWindow : public ::testing::Test {
         dup2(fileno(log), 2);
       }
       const std::string w = std::to_string(width_), h = std::to_string(height_);
-      execl(KVSCOPE_APP, KVSCOPE_APP, capture_.c_str(), "--export-dir", dir_.c_str(), "--width",
+      execl(app_.c_str(), app_.c_str(), capture_.c_str(), "--export-dir", dir_.c_str(), "--width",
             w.c_str(), "--height", h.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -341,6 +341,7 @@ class RealWindow : public ::testing::Test {
   // What a fixture derived from this one may set in its constructor.
   std::string out_name_ = "input";  // folder under KVSCOPE_GUI_OUT for exports and app.log
   std::string capture_ = kSample;   // the capture the app opens
+  std::string app_ = KVSCOPE_APP;   // the app's executable (the soak runs a sanitized build)
   int width_ = 1400, height_ = 900;
 
   fs::path dir_, broken_;
