@@ -440,7 +440,7 @@ def main():
     write("tiny.safetensors", st_bytes(header_text(e4, m4), d4))
     case("4-token capture: info", ["info", "tiny.safetensors"], rc=0, pattern=r"tokens\s+4")
     case("4-token capture: eval with defaults is refused", ["eval", "tiny.safetensors",
-         "--methods", "uniform", "--seeds", "1"], pattern=r"E = floor\(n/8\) = 0.*--eval")
+         "--methods", "uniform", "--seeds", "1"], pattern=r"--eval: .*E = floor\(n/8\) = 0")
     case("4-token capture: eval --eval 1 runs", ["eval", "tiny.safetensors", "--methods",
          "uniform,exact", "--seeds", "1", "--eval", "1"], rc=0, pattern=r"uniform")
     case("--sink beyond a short capture", ["eval", "tiny.safetensors", "--sink", "200"],
