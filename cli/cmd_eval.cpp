@@ -98,24 +98,8 @@ void add_common(CLI::App* sub, CommonOptions& o) {
 EvalSpec base_spec(const CommonOptions& o, const CaptureInfo& info) {
   EvalSpec spec;
   if (!o.budget.empty()) {
-    if (o.ratios_option && o.ratios_option->count() > 0)
-      throw InputError("--budget: give --ratios or --budget, not both");
-    for (const std::string& item : split(o.budget, ',')) {
-      size_t used = 0;
-      long long b = -1;
-      try {
-        b = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (item.empty() || used != item.size() || b < 0 || b > kMaxCaptureTokens)
-        throw InputError("--budget: '" + item + "' is not a whole number of tokens (in '" +
-                         o.budget + "')");
-      spec.budgets.push_back(static_cast<int>(b));
-    }
-    if (spec.budgets.size() > 64)
-      throw InputError("--budget: " + std::to_string(spec.budgets.size()) +
-                       " budgets given, at most 64");
+    spec.budgets = parse_budget_list(o.budget, o.ratios_option && o.ratios_option->count() > 0,
+                                     kMaxCaptureTokens, "tokens");
     // Checked against the capture's middle once s and E are known (below).
   } else if (const std::vector<double>* preset = parse_ratio_preset(o.ratios)) {
     spec.ratios = *preset;

@@ -132,21 +132,8 @@ void run_generate_command(const GenerateOptions& o) {
                    left_out.c_str());
   }
   if (!o.budget.empty()) {
-    if (o.ratios_option && o.ratios_option->count() > 0)
-      throw InputError("--budget: give --ratios or --budget, not both");
-    for (const std::string& item : split(o.budget, ',')) {
-      size_t used = 0;
-      long long b = -1;
-      try {
-        b = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (item.empty() || used != item.size() || b < 0 || b > (1 << 20))
-        throw InputError("--budget: '" + printable(item) +
-                         "' is not a whole number of cache entries");
-      spec.budgets.push_back(static_cast<int>(b));
-    }
+    spec.budgets = parse_budget_list(o.budget, o.ratios_option && o.ratios_option->count() > 0,
+                                     1 << 20, "cache entries");
   } else {
     spec.ratios = parse_ratio_list(o.ratios);
   }

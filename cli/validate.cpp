@@ -54,6 +54,28 @@ long long to_index(const std::string& s) {
 
 }  // namespace
 
+std::vector<int> parse_budget_list(const std::string& text, bool ratios_given, long long max_tokens,
+                                   const std::string& unit) {
+  if (ratios_given) throw InputError("--budget: give --ratios or --budget, not both");
+  std::vector<int> budgets;
+  for (const std::string& item : split(text, ',')) {
+    size_t used = 0;
+    long long b = -1;
+    try {
+      b = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || b < 0 || b > max_tokens)
+      throw InputError("--budget: '" + printable(item) + "' is not a whole number of " + unit +
+                       " (in '" + printable(text) + "')");
+    budgets.push_back(static_cast<int>(b));
+  }
+  if (budgets.size() > 64)
+    throw InputError("--budget: " + std::to_string(budgets.size()) + " budgets given, at most 64");
+  return budgets;
+}
+
 std::vector<int> parse_bounded_index_list(const std::string& text, const std::string& flag,
                                           int count, const std::string& what) {
   const std::string shown = printable(text.size() > 60 ? text.substr(0, 60) + "..." : text);

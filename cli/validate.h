@@ -23,6 +23,12 @@ std::vector<std::string> split(const std::string& text, char sep);
 std::vector<int> parse_bounded_index_list(const std::string& text, const std::string& flag,
                                           int count, const std::string& what);
 
+// --budget "512,1024": whole numbers of tokens in [0, max_tokens], at most 64 of them; `unit`
+// names what a budget counts in the message ("tokens", "cache entries"). Refused together with
+// --ratios (`ratios_given`). Whether a budget fits the capture is the engine's check.
+std::vector<int> parse_budget_list(const std::string& text, bool ratios_given, long long max_tokens,
+                                   const std::string& unit);
+
 // "i/N" with 0 <= i < N <= max_count; the message quotes the text and the limits.
 std::pair<int, int> parse_shard(const std::string& text, int max_count);
 
