@@ -142,17 +142,26 @@ class ErrorView final : public View {
     const bool two_columns = avail.x >= 2 * panel_least.x + gap;
     const float w2 = two_columns ? (avail.x - gap) / 2 : avail.x;
     const float h2 = std::max(panel_least.y, (avail.y - gap) / 2);
-    const struct {
-      const char* id;
-      void (ErrorView::*draw)(AppState&);
-    } panels[] = {{"##sweep", &ErrorView::draw_sweep},
-                  {"##heat", &ErrorView::draw_heatmap},
-                  {"##position", &ErrorView::draw_positions},
-                  {"##query", &ErrorView::draw_query}};
-    for (size_t i = 0; i < std::size(panels); ++i) {
+    // A switch, not a table of member-function pointers: GCC 12's UBSan instrumentation of
+    // (this->*panels[i].draw)(s) at -O1 read an uninitialised copy of i for its bounds check
+    // and stopped the sanitized app the first time this view was drawn (the soak test).
+    const char* ids[] = {"##sweep", "##heat", "##position", "##query"};
+    for (int i = 0; i < 4; ++i) {
       if (two_columns && i % 2 == 1) ImGui::SameLine(0, gap);
-      ImGui::BeginChild(panels[i].id, ImVec2(w2, h2), true);
-      (this->*panels[i].draw)(s);
+      ImGui::BeginChild(ids[i], ImVec2(w2, h2), true);
+      switch (i) {
+        case 0:
+          draw_sweep(s);
+          break;
+        case 1:
+          draw_heatmap(s);
+          break;
+        case 2:
+          draw_positions(s);
+          break;
+        default:
+          draw_query(s);
+      }
       ImGui::EndChild();
     }
   }
