@@ -183,7 +183,7 @@ class RealWindow : public ::testing::Test {
     pause_ms(120);
   }
   void type(const std::string& text) {
-    xdo("type --delay 15 '" + text + "'");
+    xdo("type --delay 15 -- '" + text + "'");  // -- : text may start with '-'
     pause_ms(120);
   }
 
