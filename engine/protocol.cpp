@@ -58,13 +58,10 @@ std::vector<float> log_weights(const std::vector<double>& w) {
   return out;
 }
 
-// Query heads of kv head `kv` (GQA), or its keys when the capture has no queries.
+// Query heads of kv head `kv` (GQA), or its keys when the capture has no queries: the rule is
+// written once, in engine/reference_cache.cpp.
 std::vector<const MatrixF*> error_queries(const LayerData& layer, int kv) {
-  if (layer.queries.empty()) return {&layer.keys[kv]};
-  const size_t group = layer.queries.size() / layer.keys.size();
-  std::vector<const MatrixF*> q;
-  for (size_t g = 0; g < group; ++g) q.push_back(&layer.queries[kv * group + g]);
-  return q;
+  return reference_queries(layer, kv);
 }
 
 nlohmann::json params_json(const std::map<std::string, ParamValues>& p) {

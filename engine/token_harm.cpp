@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/capture.h"
+#include "engine/reference_cache.h"
 #include "engine/simd.h"
 
 namespace kvscope {
@@ -20,8 +21,7 @@ std::string shape(const MatrixF& m) {
 }  // namespace
 
 std::vector<const MatrixF*> harm_queries(const LayerData& layer, int kv) {
-  if (layer.queries.empty()) return {&layer.keys.at(static_cast<size_t>(kv))};
-  return layer.group_queries(kv);
+  return reference_queries(layer, kv);  // the protocol's rule, written once
 }
 
 TokenHarm token_harm(const std::vector<const MatrixF*>& queries, const MatrixF& K, const MatrixF& V,

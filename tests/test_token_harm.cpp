@@ -205,7 +205,10 @@ TEST(TokenHarm, SplitSumsKeptAndDropped) {
   EXPECT_DOUBLE_EQ(s.dropped_sum, 12.0);
   sel.indices = {9};  // a sink
   EXPECT_THROW(harm_split(h, sel), std::out_of_range);
-  EXPECT_THROW(harm_split(h, Selection{{15}, {1.0}}), std::out_of_range);
+  Selection past_the_middle;
+  past_the_middle.indices = {15};
+  past_the_middle.weights = {1.0};
+  EXPECT_THROW(harm_split(h, past_the_middle), std::out_of_range);
   // Nothing kept: the kept mean is 0.
   s = harm_split(h, Selection{});
   EXPECT_EQ(s.kept_count, 0);
