@@ -61,8 +61,12 @@ class Progressive : public RealWindow {
     for (const json& c : g[which]) {
       std::vector<long> v;
       for (const json& s : c["serials"]) v.push_back(s.is_null() ? -1 : s.get<long>());
-      out["L" + std::to_string(c["layer"].get<int>()) + "H" +
-          std::to_string(c["kv_head"].get<int>())] = v;
+      // Appended piece by piece: GCC 12 misreads "L" + std::to_string(...) as an overflow.
+      std::string cell = "L";
+      cell += std::to_string(c["layer"].get<int>());
+      cell += 'H';
+      cell += std::to_string(c["kv_head"].get<int>());
+      out[cell] = v;
     }
     return out;
   }
