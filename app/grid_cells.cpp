@@ -10,6 +10,7 @@
 
 #include "app/worker.h"
 #include "engine/error.h"
+#include "engine/seed_stats.h"
 
 #ifdef __linux__
 #include <sys/resource.h>
@@ -91,19 +92,6 @@ size_t GridJob::missing() const {
 // ---------------------------------------------------------------- assembly
 
 namespace {
-
-// As the protocol's (engine/protocol.cpp): mean and sample standard deviation, no spread for
-// identical values. The grid's figures must be eval's to the last bit.
-std::pair<double, double> mean_std(const std::vector<double>& x) {
-  if (x.empty()) return {0, 0};
-  double mean = 0;
-  for (double v : x) mean += v;
-  mean /= static_cast<double>(x.size());
-  if (std::all_of(x.begin(), x.end(), [&](double v) { return v == x[0]; })) return {x[0], 0};
-  double ss = 0;
-  for (double v : x) ss += (v - mean) * (v - mean);
-  return {mean, std::sqrt(ss / static_cast<double>(x.size() - 1))};
-}
 
 // One head over the seeds in `seq` (seed order; a seed-free method's one run repeated), summed
 // as run_eval sums a head's seeds.

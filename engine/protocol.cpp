@@ -21,6 +21,7 @@
 #include "engine/error.h"
 #include "engine/json_fields.h"
 #include "engine/reference_cache.h"
+#include "engine/seed_stats.h"
 #include "engine/selection_check.h"
 #include "engine/token_harm.h"
 
@@ -37,19 +38,6 @@ std::string join(const std::vector<std::string>& items, const char* sep = ", ") 
   std::string out;
   for (const std::string& s : items) out += (out.empty() ? "" : sep) + s;
   return out;
-}
-
-// Mean and sample standard deviation (n - 1 in the denominator; 0 for a single value).
-std::pair<double, double> mean_std(const std::vector<double>& x) {
-  if (x.empty()) return {0, 0};
-  double mean = 0;
-  for (double v : x) mean += v;
-  mean /= static_cast<double>(x.size());
-  // Identical values (a deterministic method) have no spread; don't report rounding noise.
-  if (std::all_of(x.begin(), x.end(), [&](double v) { return v == x[0]; })) return {x[0], 0};
-  double ss = 0;
-  for (double v : x) ss += (v - mean) * (v - mean);
-  return {mean, std::sqrt(ss / static_cast<double>(x.size() - 1))};
 }
 
 std::vector<float> log_weights(const std::vector<double>& w) {
@@ -81,6 +69,17 @@ std::vector<std::string> method_names(const std::vector<const Method*>& methods)
 }
 
 }  // namespace
+
+std::pair<double, double> mean_std(const std::vector<double>& x) {
+  if (x.empty()) return {0, 0};
+  double mean = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  if (std::all_of(x.begin(), x.end(), [&](double v) { return v == x[0]; })) return {x[0], 0};
+  double ss = 0;
+  for (double v : x) ss += (v - mean) * (v - mean);
+  return {mean, std::sqrt(ss / static_cast<double>(x.size() - 1))};
+}
 
 // ---------------------------------------------------------------------------------------------
 // Window
