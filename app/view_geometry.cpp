@@ -552,7 +552,7 @@ class GeometryView final : public View {
     // cost per point and iteration is a third of Barnes-Hut's: its own cost class, so a measured
     // 8k-point Barnes-Hut map does not set the estimate of a 32k-point FFT one.
     const bool fft = req.method == ProjectionMethod::Tsne && req.tsne.theta < 0 &&
-                     points > req.tsne.fft_threshold && !(backend && backend->is_gpu());
+                     points > req.tsne.fft_threshold && !(backend && backend->parallel_in_one_call());
     p.cost_class = req.method == ProjectionMethod::Pca ? "pca" : fft ? "tsne-fft" : "tsne";
     // t-SNE (Barnes-Hut): about 1 us per point and iteration on the 2-core build machine (8192
     // keys, 1000 iterations: 7.4 s); FFT about 0.3 us (32768 keys: about 10 s); PCA is linear

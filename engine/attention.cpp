@@ -1,8 +1,9 @@
 // Exact causal attention and the weighted estimator of docs/evaluation.md, in double precision.
 //
 // Every error figure in KVScope comes out of ExactReference below: the per-query-head function,
-// the Backend seam's CPU op (cpu_attention_errors, the reference the CUDA kernel is tested
-// against) and the protocol all use it, so they cannot drift apart.
+// the Backend seam's CPU op (cpu_attention_errors in engine/ops/attention_errors_cpu.cpp, the
+// reference the CUDA kernel is tested against) and the protocol all use it, so they cannot drift
+// apart.
 //
 // For one query q_j (position j, n tokens, s sinks, E evaluation queries):
 //   logits        l_i = <q_j, k_i> / sqrt(d)                     for i in [0, j]
@@ -40,7 +41,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/cpu_ops.h"
 #include "engine/error.h"
 #include "engine/protocol.h"
 #include "engine/simd.h"
@@ -60,13 +60,13 @@ struct ExactReference::Kept {
   scratch::Buffer values, keys;
 };
 
-namespace {
-
 void check_window(int n, int sink, int eval) {
   if (n <= 0 || sink < 0 || eval <= 0 || sink + eval > n)
     throw std::invalid_argument("attention: bad window n=" + std::to_string(n) +
                                 " s=" + std::to_string(sink) + " E=" + std::to_string(eval));
 }
+
+namespace {
 
 std::vector<double> log_of(const std::vector<int>& idx, const std::vector<double>& w) {
   if (idx.size() != w.size())
@@ -565,36 +565,6 @@ std::vector<double> attention_row(const float* q, const MatrixF& K, int j) {
   for (int i = 0; i <= j; ++i) z += p[i] = std::exp(logits[i] - m);
   for (double& x : p) x /= z;
   return p;
-}
-
-void cpu_attention_errors(const ErrorBatch& b) {
-  if (b.kv_heads <= 0 || b.q_heads <= 0 || b.q_heads % b.kv_heads != 0)
-    throw std::invalid_argument("attention_errors: " + std::to_string(b.q_heads) +
-                                " query heads do not form groups over " +
-                                std::to_string(b.kv_heads) + " kv heads");
-  check_window(b.n, b.sink, b.eval);
-  const auto kv = static_cast<size_t>(b.kv_heads);
-  if (b.keys.size() != kv || b.values.size() != kv || b.num_idx.size() != kv ||
-      b.den_idx.size() != kv || b.num_logw.size() != kv || b.den_logw.size() != kv ||
-      b.queries.size() != static_cast<size_t>(b.q_heads))
-    throw std::invalid_argument("attention_errors: per-head arrays do not match the head counts");
-  const int group = b.q_heads / b.kv_heads;
-  for (int kvh = 0; kvh < b.kv_heads; ++kvh) {
-    const std::vector<const float*> queries(b.queries.begin() + kvh * group,
-                                            b.queries.begin() + (kvh + 1) * group);
-    const ExactReference ref(queries, b.keys[kvh], b.values[kvh], b.n, b.d, b.dv, b.sink, b.eval);
-    const std::vector<double> num_logw(b.num_logw[kvh].begin(), b.num_logw[kvh].end());
-    const std::vector<double> den_logw(b.den_logw[kvh].begin(), b.den_logw[kvh].end());
-    const auto errs = ref.evaluate_log(b.num_idx[kvh], num_logw, b.den_idx[kvh], den_logw);
-    for (int g = 0; g < group; ++g) {
-      for (int e = 0; e < b.eval; ++e) {
-        const size_t o = static_cast<size_t>(kvh * group + g) * b.eval + e;
-        if (b.relative) b.relative[o] = errs[g][e].relative;
-        if (b.normalized) b.normalized[o] = errs[g][e].normalized;
-        if (b.mass) b.mass[o] = errs[g][e].mass;
-      }
-    }
-  }
 }
 
 }  // namespace kvscope

@@ -37,6 +37,10 @@ std::vector<QueryError> evaluate_query_head(const MatrixF& Q, const MatrixF& K, 
 // Softmax attention weights of query position j over keys [0, j] (for views).
 std::vector<double> attention_row(const float* q, const MatrixF& K, int j);
 
+// Throws std::invalid_argument unless 0 < E, 0 <= s and s + E <= n (the window every error
+// figure needs; ExactReference checks it too).
+void check_window(int n, int sink, int eval);
+
 // The exact side of the errors of one kv head in compact form: for every evaluation query j of
 // every query head, Attn_j, its log-sum-exp shift and normaliser and the norms Eq. (2) needs. About
 // E * (d_v + 4) doubles per query head (1 MiB per kv head of Llama-3-8B's shapes at E = 256),

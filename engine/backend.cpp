@@ -1,14 +1,16 @@
+// The backend registry, the CPU backend and the CPU fallback around device backends
+// (engine/backend.h). No kernels/ header here: device backends register themselves.
 #include "engine/backend.h"
 
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <type_traits>
+#include <utility>
 
-#include "engine/cpu_ops.h"
 #include "engine/error.h"
-
-#ifdef KVSCOPE_HAVE_CUDA
-#include "kernels/cuda_backend.h"
-#endif
 
 namespace kvscope {
 namespace {
@@ -27,37 +29,243 @@ class CpuBackend final : public Backend {
   }
 };
 
+// One registered device backend: probed once, wrapped once.
+struct Entry {
+  std::string id;
+  BackendProbe probe = nullptr;
+  std::once_flag probed;
+  Backend* device = nullptr;
+  std::string why;
+  std::unique_ptr<FallbackBackend> wrapped;
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Entry>> entries;  // in registration order
+};
+
+// Built on first use: registrars run during static initialisation, in any order.
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: backends live for the program
+  return *r;
+}
+
+Entry* find_entry(const std::string& id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto& e : r.entries)
+    if (e->id == id) return e.get();
+  return nullptr;
+}
+
+// The entry's wrapped device backend, or nullptr with `why`.
+Backend* probe_entry(Entry& e, std::string* why) {
+  std::call_once(e.probed, [&e] {
+    e.device = e.probe(&e.why);
+    if (e.device) e.wrapped = std::make_unique<FallbackBackend>(e.id, *e.device);
+  });
+  if (why) *why = e.why;
+  return e.wrapped.get();
+}
+
+std::mutex g_last_mutex;
+std::string g_last_fallback;
+std::set<std::string> g_reported;
+
 }  // namespace
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::walk_blocks:
+      return "walk_blocks";
+    case Op::attention_errors:
+      return "attention_errors";
+    case Op::tsne_gradient:
+      return "tsne_gradient";
+    case Op::kcenter:
+      return "kcenter";
+  }
+  return "?";
+}
+
+OpShape op_shape(const WalkBatch& b) {
+  OpShape s;
+  s.op = Op::walk_blocks;
+  s.rows = b.num_blocks > 0 && b.block_offset ? b.block_offset[b.num_blocks] : 0;
+  s.d = b.d;
+  s.dv = b.dv;
+  s.count = b.num_blocks;
+  return s;
+}
+
+OpShape op_shape(const ErrorBatch& b) {
+  OpShape s;
+  s.op = Op::attention_errors;
+  s.rows = b.n;
+  s.d = b.d;
+  s.dv = b.dv;
+  s.count = b.q_heads;
+  s.float_scores = b.float_scores;
+  return s;
+}
+
+OpShape op_shape(const TsneGradInput& in) {
+  OpShape s;
+  s.op = Op::tsne_gradient;
+  s.rows = in.n;
+  s.d = 2;
+  return s;
+}
+
+OpShape kcenter_shape(int n, int d, int k) {
+  OpShape s;
+  s.op = Op::kcenter;
+  s.rows = n;
+  s.d = d;
+  s.count = k;
+  return s;
+}
+
+// ---- the fallback ---------------------------------------------------------------------------
+
+FallbackBackend::FallbackBackend(std::string label, Backend& device)
+    : label_(std::move(label)), device_(device) {}
+
+void FallbackBackend::record(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_ = why;
+  }
+  std::lock_guard<std::mutex> lock(g_last_mutex);
+  g_last_fallback = why;
+  if (!why.empty() && g_reported.insert(why).second)
+    std::fprintf(stderr, "kvscope: %s\n", why.c_str());
+}
+
+std::string FallbackBackend::last_fallback() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_;
+}
+
+// Runs `device` when the device supports `shape`; otherwise, or when it throws DeviceFailure,
+// records why and returns `cpu()`. Other exceptions (input errors) propagate.
+template <typename Device, typename Cpu>
+auto FallbackBackend::run(const OpShape& shape, Device&& device, Cpu&& cpu) -> decltype(cpu()) {
+  std::string why;
+  if (!device_.supports(shape, &why)) {
+    if (why.empty()) why = "shape not supported";
+  } else {
+    try {
+      if constexpr (std::is_void_v<decltype(cpu())>) {
+        device();
+        record("");
+        return;
+      } else {
+        auto result = device();
+        record("");
+        return result;
+      }
+    } catch (const DeviceFailure& e) {
+      why = e.what();
+    }
+  }
+  record(label_ + " " + op_name(shape.op) + ": " + why + "; ran on the CPU");
+  return cpu();
+}
+
+void FallbackBackend::walk_blocks(const WalkBatch& b) {
+  run(
+      op_shape(b), [&] { device_.walk_blocks(b); }, [&] { cpu_walk_blocks(b); });
+}
+
+void FallbackBackend::attention_errors(const ErrorBatch& b) {
+  run(
+      op_shape(b), [&] { device_.attention_errors(b); }, [&] { cpu_attention_errors(b); });
+}
+
+double FallbackBackend::tsne_gradient(const TsneGradInput& in, float* grad) {
+  return run(
+      op_shape(in), [&] { return device_.tsne_gradient(in, grad); },
+      [&] { return cpu_tsne_gradient(in, grad); });
+}
+
+std::vector<int> FallbackBackend::kcenter(const float* x, int n, int d, int k, int first) {
+  return run(
+      kcenter_shape(n, d, k), [&] { return device_.kcenter(x, n, d, k, first); },
+      [&] { return cpu_kcenter(x, n, d, k, first); });
+}
+
+std::string last_fallback() {
+  std::lock_guard<std::mutex> lock(g_last_mutex);
+  return g_last_fallback;
+}
+
+// ---- the registry ---------------------------------------------------------------------------
+
+bool register_backend(const std::string& id, BackendProbe probe) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& e : r.entries)
+    if (e->id == id) throw std::logic_error("backend '" + id + "' registered twice");
+  if (id == "cpu" || id == "auto" || !probe)
+    throw std::logic_error("backend '" + id + "' cannot be registered");
+  auto e = std::make_unique<Entry>();
+  e->id = id;
+  e->probe = probe;
+  r.entries.push_back(std::move(e));
+  return true;
+}
+
+std::vector<std::string> registered_backends() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> ids;
+  for (const auto& e : r.entries) ids.push_back(e->id);
+  return ids;
+}
 
 Backend& cpu_backend() {
   static CpuBackend cpu;
   return cpu;
 }
 
+bool backend_available(const std::string& id, std::string* why) {
+  Entry* e = find_entry(id);
+  if (!e) {
+    if (why)
+      *why = id == "cuda" ? "built without CUDA (nvcc was not found at configure time)"
+                          : "no backend '" + id + "' in this program";
+    return false;
+  }
+  return probe_entry(*e, why) != nullptr;
+}
+
 bool cuda_available(std::string* why) {
-#ifdef KVSCOPE_HAVE_CUDA
-  return cuda_backend_instance(why) != nullptr;
-#else
-  if (why) *why = "built without CUDA (nvcc was not found at configure time)";
-  return false;
-#endif
+  return backend_available("cuda", why);
 }
 
 Backend& select_backend(const std::string& which) {
   if (which == "cpu") return cpu_backend();
-  if (which != "cuda" && which != "auto")
-    throw SettingError("backend", "--backend", "'" + which + "' is not one of cpu, cuda, auto");
-#ifdef KVSCOPE_HAVE_CUDA
+  if (which == "auto") {
+    for (const std::string& id : registered_backends())
+      if (Backend* b = probe_entry(*find_entry(id), nullptr)) return *b;
+    return cpu_backend();
+  }
+  Entry* e = find_entry(which);
+  if (!e) {
+    if (which == "cuda")
+      throw SettingError(
+          "backend", "--backend",
+          "cuda: no CUDA kernels in this build (nvcc was not found at configure time)");
+    std::string names = "cpu, cuda, auto";
+    for (const std::string& id : registered_backends())
+      if (id != "cuda") names += ", " + id;
+    throw SettingError("backend", "--backend", "'" + which + "' is not one of " + names);
+  }
   std::string why;
-  if (Backend* gpu = cuda_backend_instance(&why)) return *gpu;
+  if (Backend* b = probe_entry(*e, &why)) return *b;
   if (which == "cuda") throw SettingError("backend", "--backend", "cuda: no CUDA device: " + why);
-#else
-  if (which == "cuda")
-    throw SettingError(
-        "backend", "--backend",
-        "cuda: no CUDA kernels in this build (nvcc was not found at configure time)");
-#endif
-  return cpu_backend();
+  throw SettingError("backend", "--backend", which + ": no device: " + why);
 }
 
 }  // namespace kvscope

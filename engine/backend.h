@@ -1,86 +1,66 @@
-// The compute seam (docs/design.md): the CPU implementation is always there and is the
-// reference; the CUDA implementation (kernels/) is used when built and a device exists. Every op
-// takes plain arrays so kernels/ never sees Eigen.
+// The compute seam (docs/design.md, "Backend ops"): each op's batch type and CPU reference live
+// in engine/ops/ (one header per op); a Backend runs them. The CPU backend is always there and is
+// the reference. Device backends (kernels/cuda_backend.cu) register themselves with
+// register_backend() from a static registrar, so the engine never includes or links the kernels;
+// select_backend() hands out a device backend wrapped in FallbackBackend, the one place where an
+// op that the device does not support, or that fails on it, runs on the CPU instead and says why.
+// Every op takes plain arrays so kernels/ never sees Eigen.
 #pragma once
 
 #include <cstdint>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "engine/ops/attention_errors.h"
+#include "engine/ops/kcenter.h"
+#include "engine/ops/tsne_gradient.h"
+#include "engine/ops/walk_blocks.h"
+
 namespace kvscope {
 
-// Many independent walk blocks (all blocks of all heads of a layer in one round). Rows of a block
-// are contiguous; keys are already centred within the block and values already multiplied by the
-// accumulated weights. The walk is sequential inside a block:
-//   sigma_0 = +1; p_i = 1/2 - gamma * sum_{j<i} K_ij sigma_j; sigma_i = +1 w.p. clip(p_i, 0, 1)
-//   K_ij = exp(temp <k_i,k_j>/sqrt(d) - beta) * (<v_i,v_j> + value_bias)
-// The uniform for step i is counter_uniform(seed, kRandWalk, layer, block_head[b], round,
-// block_id[b], i): identical on every backend.
-// With `float32` set (the authors' semantics, BalanceKV's default) everything is float32 with
-// IEEE overflow: K_ij = exp(temp <k_i,k_j>/sqrt(d) - beta) * ((<v_i,v_j> + value_eps) +
-// value_bias), p_i = 1/2 - gamma * sum_j K_ij sigma_j over the WHOLE block with sigma_j = 0 for
-// j >= i (so a non-finite K_ij anywhere in row i makes the sum NaN), sigma_i = +1 iff
-// float(u_i) < p_i without clipping (NaN or -inf p: -1). Otherwise the double rule above.
-struct WalkBatch {
-  int d = 0, dv = 0;
-  int num_blocks = 0;
-  const float* keys = nullptr;           // total_rows x d
-  const float* values = nullptr;         // total_rows x dv
-  const int* block_offset = nullptr;     // num_blocks + 1 row offsets
-  const uint32_t* block_head = nullptr;  // kv head of each block (RNG key)
-  const uint32_t* block_id = nullptr;    // block index within its head's round (RNG key)
-  uint64_t seed = 0;
-  uint32_t layer = 0, round = 0;
-  double gamma = 4, temp = 1, beta = 0, value_bias = 0.025;
-  bool float32 = false;
-  double value_eps = 0;  // the authors' 1e-8 (float32 only)
-  // Outputs, total_rows each. partial/p may be null when not traced.
-  int8_t* sigma = nullptr;
-  float* p = nullptr;        // before clipping
-  float* partial = nullptr;  // sum_{j<i} K_ij sigma_j
-};
+// The ops of the seam, for supports() and the fallback's messages.
+enum class Op { walk_blocks, attention_errors, tsne_gradient, kcenter };
+const char* op_name(Op op);  // "walk_blocks", "attention_errors", "tsne_gradient", "kcenter"
 
-// Weighted-attention error of docs/evaluation.md for every evaluation query of every query head of
-// one layer. Selections hold absolute indices of the middle and log weights; sinks [0, sink) and
-// the window [n-E, j] are added with weight 1 by the op itself.
-struct ErrorBatch {
-  int n = 0, d = 0, dv = 0, q_heads = 0, kv_heads = 0;
-  int sink = 0, eval = 0;
-  std::vector<const float*> keys, values;              // [kv_heads] n x d / n x dv
-  std::vector<const float*> queries;                   // [q_heads] n x d
-  std::vector<std::vector<int>> num_idx, den_idx;      // [kv_heads]
-  std::vector<std::vector<float>> num_logw, den_logw;  // [kv_heads]
-  // Outputs [q_heads * eval], row-major by query head.
-  double* relative = nullptr;
-  double* normalized = nullptr;
-  double* mass = nullptr;
-  // GPU only: logits and per-tile sums in float instead of double (faster; the figures then
-  // differ from the CPU reference by about 1e-6 relative). The CPU always computes in double.
-  bool float_scores = false;
+// What supports() is told about one call: the op and its sizes.
+struct OpShape {
+  Op op = Op::walk_blocks;
+  int64_t rows = 0;  // walk: total rows; attention: tokens n; t-SNE: points; k-center: points
+  int d = 0;         // key width (t-SNE: 2; k-center: features)
+  int dv = 0;        // value width (walk, attention)
+  int count = 0;     // walk: blocks; attention: query heads; t-SNE: 0; k-center: k
+  bool float_scores = false;  // attention: ErrorBatch::float_scores
 };
+OpShape op_shape(const WalkBatch& b);
+OpShape op_shape(const ErrorBatch& b);
+OpShape op_shape(const TsneGradInput& in);
+OpShape kcenter_shape(int n, int d, int k);
 
-// t-SNE gradient: P is a symmetric, normalised sparse affinity matrix in CSR form.
-struct TsneGradInput {
-  int n = 0;
-  const float* y = nullptr;  // n x 2
-  const int* p_rowptr = nullptr;
-  const int* p_col = nullptr;
-  const float* p_val = nullptr;
-  // Optional: the same columns as 16-bit indices (n <= 65536), which the CPU's attraction reads
-  // instead of p_col (a quarter less of P streamed from memory every iteration).
-  const uint16_t* p_col16 = nullptr;
-  double exaggeration = 1;
-  double theta = 0;  // Barnes-Hut opening angle; 0 = exact O(n^2)
-  // Whether the caller wants the KL divergence returned (a log per P entry: skipped on most
-  // iterations by TsneRun). A backend may compute it anyway or return NaN when false.
-  bool want_kl = true;
+// A device backend's report that it could not run an op (out of device memory, a rejected launch,
+// an execution error, a context lost to an earlier failure, a shape found unsupported while
+// uploading). FallbackBackend catches it, records what() and runs the CPU reference. Input errors
+// (the checks the CPU reference makes) are not DeviceFailures: they propagate unchanged.
+class DeviceFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu" or "cuda (NVIDIA H100 ...)"
-  virtual bool is_gpu() const = 0;
+  virtual bool is_gpu() const = 0;       // for display: which kind of processor runs the ops
+  // Whether this backend runs `shape` itself; when not, `why` (if given) says why. Asked by
+  // FallbackBackend before each op. The CPU supports every shape.
+  virtual bool supports(const OpShape& shape, std::string* why = nullptr) const { return true; }
+  // How callers should feed it. True for a backend that parallelises inside one call (a device):
+  // the walk hands it a whole round of every head at once, the protocol scores through
+  // attention_errors, and t-SNE keeps the exact gradient at any size. False (the CPU): callers
+  // spread heads over CPU threads and take the CPU's own shortcuts (each block walked while in
+  // cache, the exact-reference cache, FFT repulsion, 16-bit columns). Results do not depend on it.
+  virtual bool parallel_in_one_call() const { return is_gpu(); }
   virtual void walk_blocks(const WalkBatch& batch) = 0;
   virtual void attention_errors(const ErrorBatch& batch) = 0;
   // grad: n x 2. Returns the KL divergence when cheap to compute, else NaN.
@@ -89,11 +69,64 @@ class Backend {
   virtual std::vector<int> kcenter(const float* x, int n, int d, int k, int first) = 0;
 };
 
+// The engine's CPU fallback around a device backend: before each op it asks the device whether it
+// supports the shape, runs the op there, and runs the CPU reference instead (the same figures as
+// cpu_backend()) when the shape is not supported or the device throws DeviceFailure. Each reason
+// is recorded (last_fallback()) and printed once to stderr. select_backend() returns device
+// backends wrapped in one of these.
+class FallbackBackend final : public Backend {
+ public:
+  // `label` starts the messages ("cuda attention_errors: out of device memory (...); ran on the
+  // CPU"). `device` must outlive this.
+  FallbackBackend(std::string label, Backend& device);
+  std::string name() const override { return device_.name(); }
+  bool is_gpu() const override { return device_.is_gpu(); }
+  bool parallel_in_one_call() const override { return device_.parallel_in_one_call(); }
+  // Every shape runs, on the device or on the CPU.
+  bool supports(const OpShape&, std::string* = nullptr) const override { return true; }
+  void walk_blocks(const WalkBatch& batch) override;
+  void attention_errors(const ErrorBatch& batch) override;
+  double tsne_gradient(const TsneGradInput& in, float* grad) override;
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override;
+
+  // Why the most recent op ran on the CPU, or "" when it ran on the device.
+  std::string last_fallback() const;
+  Backend& device() const { return device_; }
+
+ private:
+  template <typename Device, typename Cpu>
+  auto run(const OpShape& shape, Device&& device, Cpu&& cpu) -> decltype(cpu());
+  void record(const std::string& why);
+
+  std::string label_;
+  Backend& device_;
+  mutable std::mutex mutex_;
+  std::string last_;
+};
+
+// Why the most recent op of any FallbackBackend in this process ran on the CPU, or "" when it ran
+// on its device.
+std::string last_fallback();
+
+// A device backend's entry in the registry: called once, on first use; returns the backend (which
+// lives for the program) or nullptr with `why` (no driver, no device, ...). When it returns one,
+// `why` names the device.
+using BackendProbe = Backend* (*)(std::string* why);
+// Adds a device backend under `id` ("cuda"), in the order registered; called by the backend's
+// static registrar (kernels/cuda_backend.cu), so a program has the backends it links. Returns
+// true (for the registrar's static initialiser). Throws std::logic_error for a repeated id.
+bool register_backend(const std::string& id, BackendProbe probe);
+// The ids registered so far.
+std::vector<std::string> registered_backends();
+
 Backend& cpu_backend();
-// Whether a CUDA backend is compiled in and a device answers; `why` says what was found.
+// Whether a device backend registered as `id` answers; `why` says what was found.
+bool backend_available(const std::string& id, std::string* why = nullptr);
+// backend_available("cuda", why): whether the CUDA kernels are linked and a device answers.
 bool cuda_available(std::string* why = nullptr);
-// "cpu", "cuda" or "auto" (cuda when available, else cpu). "cuda" without a device throws
-// InputError with the reason. The returned backend lives for the program.
+// "cpu", "auto" (the first registered device backend that answers, else cpu) or a registered id
+// ("cuda"). A device that does not answer throws SettingError with the reason. The returned
+// backend lives for the program; device backends come wrapped in a FallbackBackend.
 Backend& select_backend(const std::string& which);
 
 }  // namespace kvscope

@@ -295,7 +295,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     // cache (the results do not depend on which blocks share a call); a GPU gets the whole round
     // in one call. Without traces (which read the round's prepared rows afterwards) the CPU
     // prepares every block into the same rows, which stay in cache.
-    const bool walk_each_block = !backend || !backend->is_gpu();
+    const bool walk_each_block = !backend || !backend->parallel_in_one_call();
     bool any_trace = false;
     for (size_t j = 0; j < jobs.size(); ++j)
       if (round < static_cast<int>(st[j].schedule.size()) && !jobs[j].trace_query.empty())
@@ -740,7 +740,7 @@ std::vector<Selection> balancekv_layer(const LayerData& layer, int num_layers, c
   std::vector<WalkOutcome> out;
   const unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()),
                                               static_cast<unsigned>(jobs.size()));
-  if (backend.is_gpu() || threads <= 1) {
+  if (backend.parallel_in_one_call() || threads <= 1) {
     // One walk_blocks call per round for all heads: the GPU kernel parallelises over them.
     out = run_balance_walks(jobs, layer.layer, seed, prm, &backend);
   } else {

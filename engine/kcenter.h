@@ -1,7 +1,8 @@
 // Greedy k-center (Gonzalez 1985): start from one point, then repeatedly pick the point farthest
 // from the centres chosen so far. Its covering radius is at most twice the optimum. Used by
 // subgen-kcenter (the SubGen paper's experiment) and the Geometry view's cluster colouring; the
-// CPU version here is the reference behind Backend::kcenter (declared in engine/cpu_ops.h).
+// CPU version here is the reference behind Backend::kcenter
+// (engine/ops/kcenter.h).
 #pragma once
 
 #include <atomic>

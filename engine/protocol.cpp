@@ -324,7 +324,7 @@ HeadRun score_head_run(const LayerData& layer, int kv_head, const EvalWindow& w,
   run.selection = std::move(selection);
   const std::vector<const MatrixF*> queries = error_queries(layer, kv_head);
   const Selection& sel = run.selection;
-  if (backend && backend->is_gpu()) {
+  if (backend && backend->parallel_in_one_call()) {
     // Through the Backend seam, one kv head per batch.
     ErrorBatch b;
     b.n = w.n;
@@ -412,7 +412,7 @@ HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const Meth
   if (cancel && cancel->load()) throw Cancelled();
   // On the CPU, against the exact reference cache (one selection: the kept tokens' logits only).
   std::unique_ptr<ExactReference> ref;
-  if (!(backend && backend->is_gpu()))
+  if (!(backend && backend->parallel_in_one_call()))
     ref = cached_reference(layer, kv_head, w.sink, w.eval, false, cancel);
   return score_head_run(layer, kv_head, w, std::move(sel), backend, ref.get());
 }
@@ -704,7 +704,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   // cache (engine/reference_cache.h: built there once per capture, window and head) by the first
   // group that needs it and dropped when its last group is done, so only about `threads`
   // references (with any logits they hold) are alive at once.
-  const bool cpu_scoring = !(backend && backend->is_gpu());
+  const bool cpu_scoring = !(backend && backend->parallel_in_one_call());
   std::mutex mu;  // guards done and progress calls
   int done = 0;
   auto item_done = [&] {

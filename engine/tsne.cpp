@@ -667,7 +667,7 @@ TsneRun::TsneRun(const MatrixF& x, const TsneParams& params, Backend* backend,
   theta_ = params_.theta >= 0 ? params_.theta : (n <= params_.exact_threshold ? 0.0 : 0.5);
   // Long inputs on the CPU: FFT-accelerated interpolation instead of Barnes-Hut (automatic mode
   // only; an explicit theta is obeyed, and a GPU backend keeps its own kernel).
-  if (params_.theta < 0 && n > params_.fft_threshold && !backend_->is_gpu())
+  if (params_.theta < 0 && n > params_.fft_threshold && !backend_->parallel_in_one_call())
     fft_ = std::make_unique<TsneFftRepulsion>();
   const int neighbours =
       theta_ == 0 && n <= params_.exact_threshold
@@ -675,7 +675,7 @@ TsneRun::TsneRun(const MatrixF& x, const TsneParams& params, Backend* backend,
           : static_cast<int>(std::min<double>(n - 1, std::floor(3 * params_.perplexity + 1)));
   affinities_ = tsne_affinities(x, params_.perplexity, neighbours, cancel);
   // The CPU attraction reads P every iteration: 16-bit columns stream a quarter less of it.
-  if (n <= 65536 && !backend_->is_gpu())
+  if (n <= 65536 && !backend_->parallel_in_one_call())
     col16_.assign(affinities_.col.begin(), affinities_.col.end());
 
   learning_rate_ = params_.learning_rate > 0 ? params_.learning_rate

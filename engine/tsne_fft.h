@@ -44,7 +44,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/ops/tsne_gradient.h"
 
 namespace kvscope {
 

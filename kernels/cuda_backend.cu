@@ -1,20 +1,20 @@
-// The CUDA backend: device probe, device memory (grow-only buffers per op), op dispatch, and the
-// CPU fallback. Every CUDA failure (out of memory, a rejected launch, an execution error, a shape
-// the kernels do not handle) becomes a clear message and that call runs on the CPU reference
-// instead; an error that leaves the CUDA context unusable sends every later call to the CPU too.
-// Input errors (the same checks the CPU reference makes) propagate unchanged.
+// The CUDA backend: device probe, device memory (grow-only buffers per op), op dispatch, and its
+// entry in the engine's backend registry (register_backend, engine/backend.h). Every CUDA failure
+// (out of memory, a rejected launch, an execution error, a shape found unsupported while
+// uploading) becomes a DeviceFailure with a clear message; the engine's FallbackBackend then runs
+// that call on the CPU reference and records why. An error that leaves the CUDA context unusable
+// makes every later call fail the same way. Input errors (the same checks the CPU reference makes)
+// propagate unchanged. Nothing here includes the CPU references: the link goes kernels -> engine.
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <utility>
 
-#include "engine/cpu_ops.h"
+#include "engine/backend.h"
 #include "kernels/attention_error.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.cuh"
@@ -33,17 +33,6 @@ __global__ void probe_kernel(int* out) {
   *out = 42;
 }
 
-std::mutex g_fallback_mutex;
-std::string g_last_fallback;
-std::set<std::string> g_reported;
-
-void record_fallback(const std::string& why) {
-  std::lock_guard<std::mutex> lock(g_fallback_mutex);
-  g_last_fallback = why;
-  if (!why.empty() && g_reported.insert(why).second)
-    std::fprintf(stderr, "kvscope: %s\n", why.c_str());
-}
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop, cudaStream_t stream)
@@ -58,106 +47,88 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   bool is_gpu() const override { return true; }
 
+  // Everything runs except what the kernels' tiles cannot hold (known before any upload).
+  bool supports(const OpShape& s, std::string* why) const override {
+    std::string no;
+    if (s.op == Op::attention_errors && s.d > 0 && s.dv > 0 &&
+        cuda::attention_error_smem_bytes(s.d, s.dv, smem_optin_, s.float_scores) == 0)
+      no = "head dims d=" + std::to_string(s.d) + ", dv=" + std::to_string(s.dv) +
+           " exceed the CUDA kernel's tiles";
+    else if (s.op == Op::kcenter && static_cast<size_t>(s.d) * sizeof(float) > 48 * 1024)
+      no = std::to_string(s.d) + " features exceed the CUDA kernel's shared-memory centre row";
+    if (no.empty()) return true;
+    if (why) *why = no;
+    return false;
+  }
+
   void walk_blocks(const WalkBatch& b) override {
-    guarded(
-        "walk_blocks",
-        [&] {
-          const cuda::WalkDeviceArgs a = cuda::upload_walk_batch(b, walk_ws_, stream_);
-          if (a.num_blocks == 0) return;
-          cuda::launch_walk_blocks(a, stream_);
-          cuda::download_walk_outputs(a, b, stream_);
-        },
-        [&] { cpu_walk_blocks(b); });
+    guarded([&] {
+      const cuda::WalkDeviceArgs a = cuda::upload_walk_batch(b, walk_ws_, stream_);
+      if (a.num_blocks == 0) return;
+      cuda::launch_walk_blocks(a, stream_);
+      cuda::download_walk_outputs(a, b, stream_);
+    });
   }
 
   void attention_errors(const ErrorBatch& b) override {
-    guarded(
-        "attention_errors",
-        [&] {
-          if (cuda::attention_error_smem_bytes(b.d, b.dv, smem_optin_, b.float_scores) == 0 &&
-              b.d > 0 && b.dv > 0)
-            throw Unsupported("attention_errors: head dims d=" + std::to_string(b.d) +
-                              ", dv=" + std::to_string(b.dv) + " exceed the CUDA kernel's tiles");
-          const cuda::ErrorDeviceArgs a = cuda::upload_error_batch(b, error_ws_, stream_);
-          cuda::launch_attention_errors(a, smem_optin_, stream_);
-          cuda::download_error_outputs(a, b, stream_);
-        },
-        [&] { cpu_attention_errors(b); });
+    guarded([&] {
+      const cuda::ErrorDeviceArgs a = cuda::upload_error_batch(b, error_ws_, stream_);
+      cuda::launch_attention_errors(a, smem_optin_, stream_);
+      cuda::download_error_outputs(a, b, stream_);
+    });
   }
 
   double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    if (in.n <= 0) return cpu_tsne_gradient(in, grad);  // nothing to do; same answer as the CPU
-    return guarded(
-        "tsne_gradient",
-        [&] {
-          if (!grad) throw std::invalid_argument("tsne_gradient: no output array");
-          const cuda::TsneDeviceArgs a = cuda::upload_tsne_input(in, tsne_ws_, stream_);
-          cuda::launch_tsne_gradient(a, stream_);
-          return cuda::download_tsne_gradient(a, grad, stream_);
-        },
-        [&] { return cpu_tsne_gradient(in, grad); });
+    if (in.n <= 0) return 0;  // nothing to do; the CPU reference's answer too
+    return guarded([&] {
+      if (!grad) throw std::invalid_argument("tsne_gradient: no output array");
+      const cuda::TsneDeviceArgs a = cuda::upload_tsne_input(in, tsne_ws_, stream_);
+      cuda::launch_tsne_gradient(a, stream_);
+      return cuda::download_tsne_gradient(a, grad, stream_);
+    });
   }
 
   std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return guarded(
-        "kcenter",
-        [&] {
-          const cuda::KcenterDeviceArgs a =
-              cuda::upload_kcenter_input(x, n, d, k, first, kcenter_ws_, stream_);
-          if (a.k == 0) return std::vector<int>{};
-          cuda::launch_kcenter(a, stream_);
-          return cuda::download_kcenter_picks(a, stream_);
-        },
-        [&] { return cpu_kcenter(x, n, d, k, first); });
+    return guarded([&] {
+      const cuda::KcenterDeviceArgs a =
+          cuda::upload_kcenter_input(x, n, d, k, first, kcenter_ws_, stream_);
+      if (a.k == 0) return std::vector<int>{};
+      cuda::launch_kcenter(a, stream_);
+      return cuda::download_kcenter_picks(a, stream_);
+    });
   }
 
  private:
-  // Runs `gpu`; on a CUDA failure or an unsupported shape reports why and returns `cpu()`.
-  // One op at a time: the app's worker and background jobs may call concurrently.
-  template <typename Gpu, typename Cpu>
-  auto guarded(const char* op, Gpu&& gpu, Cpu&& cpu) -> decltype(cpu()) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    std::string why;
-    if (!broken_.empty()) {
-      why = std::string("cuda ") + op +
-            ": the CUDA context is unusable since an earlier failure (" + broken_ +
-            "); ran on the CPU";
-    } else {
-      try {
-        const cudaError_t set = cudaSetDevice(device_);  // the calling thread may be new
-        if (set != cudaSuccess) cuda::check_cuda(set, "cudaSetDevice", __FILE__, __LINE__);
-        if constexpr (std::is_void_v<decltype(cpu())>) {
-          gpu();
-          record_fallback("");
-          return;
-        } else {
-          auto result = gpu();
-          record_fallback("");
-          return result;
-        }
-      } catch (const Unsupported& e) {
-        why = std::string("cuda ") + op + ": " + e.what() + "; ran on the CPU";
-      } catch (const CudaFailure& e) {
-        if (e.out_of_memory()) {
-          release_buffers();
-          why = std::string("cuda ") + op + ": out of device memory (" + e.what() +
-                "); ran on the CPU";
-        } else {
-          // Launch configuration errors leave the context usable; execution errors (illegal
-          // address, launch failure) are sticky. Ask the device which it is.
-          const cudaError_t sync = cudaDeviceSynchronize();
-          (void)cudaGetLastError();
-          if (sync != cudaSuccess)
-            broken_ = e.what();
-          else
-            release_buffers();
-          why = std::string("cuda ") + op + ": " + e.what() + "; ran on the CPU";
-        }
+  // Runs `gpu`; a CUDA failure or a shape found unsupported becomes a DeviceFailure (the engine's
+  // FallbackBackend runs the CPU reference and reports it). One op at a time: the app's worker
+  // and background jobs may call concurrently.
+  template <typename Gpu>
+  auto guarded(Gpu&& gpu) -> decltype(gpu()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_.empty())
+      throw DeviceFailure("the CUDA context is unusable since an earlier failure (" + broken_ +
+                          ")");
+    try {
+      const cudaError_t set = cudaSetDevice(device_);  // the calling thread may be new
+      if (set != cudaSuccess) cuda::check_cuda(set, "cudaSetDevice", __FILE__, __LINE__);
+      return gpu();
+    } catch (const Unsupported& e) {
+      throw DeviceFailure(e.what());
+    } catch (const CudaFailure& e) {
+      if (e.out_of_memory()) {
+        release_buffers();
+        throw DeviceFailure(std::string("out of device memory (") + e.what() + ")");
       }
+      // Launch configuration errors leave the context usable; execution errors (illegal
+      // address, launch failure) are sticky. Ask the device which it is.
+      const cudaError_t sync = cudaDeviceSynchronize();
+      (void)cudaGetLastError();
+      if (sync != cudaSuccess)
+        broken_ = e.what();
+      else
+        release_buffers();
+      throw DeviceFailure(e.what());
     }
-    lock.unlock();
-    record_fallback(why);
-    return cpu();
   }
 
   void release_buffers() {
@@ -396,10 +367,12 @@ Backend* cuda_backend_instance(std::string* why) {
   return p.backend;
 }
 
-std::string cuda_last_fallback() {
-  std::lock_guard<std::mutex> lock(g_fallback_mutex);
-  return g_last_fallback;
-}
+namespace {
+// The registrar: the engine finds "cuda" in its registry in every program that links the kernels
+// (the executables link them whole: kvscope_compute in CMakeLists.txt), and probes it on first
+// use.
+const bool kRegistered = register_backend("cuda", cuda_backend_instance);
+}  // namespace
 
 void cuda_fail_next_allocation_for_testing() {
   cuda::g_fail_next_allocation = true;

@@ -1,5 +1,6 @@
-// The CUDA implementation of the engine's Backend seam. Plain C++ header: no CUDA types, so
-// engine/, the CLI, the app, tests and benchmarks include it without nvcc.
+// The CUDA implementation of the engine's Backend seam, for the programs that link the kernels
+// (tests, benchmarks). Plain C++ header: no CUDA types, so it is included without nvcc. The
+// engine never includes it: the backend registers itself (kernels/cuda_backend.cu).
 #pragma once
 
 #include <cstddef>
@@ -10,19 +11,16 @@
 
 namespace kvscope {
 
-// The process-wide CUDA backend, or nullptr when no device answers (`why` says why: no driver,
-// no device, a device this build has no kernels for, or KVSCOPE_DISABLE_CUDA set). When it is
-// returned, `why` names the device. The device is probed once per process.
+// The process-wide CUDA backend itself, without the engine's CPU fallback (select_backend("cuda")
+// returns it wrapped in a FallbackBackend), or nullptr when no device answers (`why` says why: no
+// driver, no device, a device this build has no kernels for, or KVSCOPE_DISABLE_CUDA set). When it
+// is returned, `why` names the device. The device is probed once per process. It is the probe the
+// kernels register as "cuda" (register_backend, engine/backend.h).
 Backend* cuda_backend_instance(std::string* why);
 
-// Why the most recent CUDA op of this process ran on the CPU instead (out of device memory, a
-// launch or execution failure, a shape the kernels do not support), or "" when the most recent
-// op ran on the GPU. Each distinct reason is also printed once to stderr.
-std::string cuda_last_fallback();
-
 // Test hook: the next op's first device-buffer request fails as if the device were out of memory
-// (whether or not it needed to allocate), so tests can check that the op still returns the CPU
-// result and reports why.
+// (whether or not it needed to allocate), so tests can check that the engine's fallback still
+// returns the CPU result and reports why (last_fallback(), engine/backend.h).
 void cuda_fail_next_allocation_for_testing();
 
 // Device-resident timing for bench/bench_gpu.cpp: the constructor uploads the inputs once; each

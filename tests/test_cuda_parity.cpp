@@ -1,8 +1,10 @@
 // CUDA backend against the CPU reference (docs/testing.md): the same random inputs through
 // cpu_backend() and the CUDA backend. Walk signs agree except for rare draws that land within
 // float rounding of p_i, attention errors within 1e-4 relative, the t-SNE gradient closely,
-// k-center picks exactly on well-separated data. Every device test skips with a message when no
-// CUDA device is present; the probe's "no device" path itself is tested everywhere.
+// k-center picks exactly on well-separated data. The inputs are the named cases of
+// engine/ops/op_cases.h (the table bench/bench_gpu.cpp times too): every case marked `parity` is
+// checked. Every device test skips with a message when no CUDA device is present; the probe's
+// "no device" path itself is tested everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "engine/cpu_ops.h"
 #include "engine/error.h"
 #include "engine/method.h"
+#include "engine/ops/op_cases.h"
 #include "engine/protocol.h"
 #include "engine/random.h"
 
@@ -42,74 +45,8 @@ Backend* gpu_or_null(std::string* why) {
   Backend* var = gpu_or_null(&why_##var); \
   if (!var) GTEST_SKIP() << "no CUDA device: " << why_##var;
 
-std::vector<float> normal(size_t count, double sd, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, static_cast<float>(sd));
-  std::vector<float> out(count);
-  for (float& x : out) x = dist(rng);
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Walk inputs: blocks of several lengths: full 128-row blocks and a short tail (the fast kernel),
-// a 200-row block and a block with huge logits (both on the exact double kernel).
-struct WalkCase {
-  int d = 48, dv = 40;
-  std::vector<float> keys, values;
-  std::vector<int> offset{0};
-  std::vector<uint32_t> head, id;
-  int rows() const { return offset.back(); }
-
-  void add_block(int len, uint32_t h, uint32_t b, double key_sd, uint32_t seed) {
-    std::vector<float> k = normal(static_cast<size_t>(len) * d, key_sd, seed);
-    // Centre the keys within the block, as the practical walk does before calling the backend.
-    for (int c = 0; c < d; ++c) {
-      double mean = 0;
-      for (int r = 0; r < len; ++r) mean += k[static_cast<size_t>(r) * d + c];
-      mean /= len;
-      for (int r = 0; r < len; ++r) k[static_cast<size_t>(r) * d + c] -= static_cast<float>(mean);
-    }
-    const std::vector<float> v = normal(static_cast<size_t>(len) * dv, 0.12, seed + 1);
-    keys.insert(keys.end(), k.begin(), k.end());
-    values.insert(values.end(), v.begin(), v.end());
-    offset.push_back(offset.back() + len);
-    head.push_back(h);
-    id.push_back(b);
-  }
-
-  WalkBatch batch(std::vector<int8_t>& sigma, std::vector<float>& p, std::vector<float>& partial,
-                  uint64_t seed) const {
-    sigma.assign(rows(), 0);
-    p.assign(rows(), NAN);
-    partial.assign(rows(), NAN);
-    WalkBatch b;
-    b.d = d;
-    b.dv = dv;
-    b.num_blocks = static_cast<int>(head.size());
-    b.keys = keys.data();
-    b.values = values.data();
-    b.block_offset = offset.data();
-    b.block_head = head.data();
-    b.block_id = id.data();
-    b.seed = seed;
-    b.layer = 3;
-    b.round = 1;
-    b.sigma = sigma.data();
-    b.p = p.data();
-    b.partial = partial.data();
-    return b;
-  }
-};
-
-WalkCase standard_walk_case() {
-  WalkCase w;
-  uint32_t seed = 100;
-  for (uint32_t h = 0; h < 3; ++h)
-    for (uint32_t b = 0; b < 4; ++b) w.add_block(128, h, b, 0.35, seed += 7);
-  w.add_block(77, 3, 0, 0.35, seed += 7);   // short tail block
-  w.add_block(200, 3, 1, 0.35, seed += 7);  // longer than the fast kernel's 128 rows
-  w.add_block(64, 3, 2, 8.0, seed += 7);    // exponents far beyond float range
-  return w;
+WalkCaseData standard_walk_case() {
+  return WalkCaseData(find_walk_case("standard"));
 }
 
 TEST(CudaProbe, ReportsWhyWhenNoDeviceAndSelectBackendFollows) {
@@ -146,7 +83,7 @@ TEST(CudaProbe, ReportsWhyWhenNoDeviceAndSelectBackendFollows) {
 
 TEST(CudaParity, WalkSignsMatchCpu) {
   REQUIRE_GPU(gpu);
-  const WalkCase w = standard_walk_case();
+  const WalkCaseData w = standard_walk_case();
   std::vector<int8_t> s_cpu, s_gpu;
   std::vector<float> p_cpu, p_gpu, part_cpu, part_gpu;
   for (uint64_t seed : {1ull, 0x9e3779b97f4a7c15ull}) {
@@ -201,7 +138,7 @@ TEST(CudaParity, WalkSignsMatchCpu) {
 // overflowed (p NaN, sigma -1) in the block whose exponents leave float range.
 TEST(CudaParity, Float32WalkSignsMatchCpu) {
   REQUIRE_GPU(gpu);
-  const WalkCase w = standard_walk_case();
+  const WalkCaseData w = standard_walk_case();
   std::vector<int8_t> s_cpu, s_gpu;
   std::vector<float> p_cpu, p_gpu, part_cpu, part_gpu;
   for (uint64_t seed : {1ull, 0x9e3779b97f4a7c15ull}) {
@@ -277,14 +214,14 @@ TEST(CudaParity, BalanceKvMatchesTheAuthorsGoldenOnDevice) {
 
 TEST(CudaParity, WalkIsDeterministicAndIndependentOfBatching) {
   REQUIRE_GPU(gpu);
-  const WalkCase w = standard_walk_case();
+  const WalkCaseData w = standard_walk_case();
   std::vector<int8_t> all, again;
   std::vector<float> p, part;
   gpu->walk_blocks(w.batch(all, p, part, 7));
   gpu->walk_blocks(w.batch(again, p, part, 7));
   EXPECT_EQ(all, again);
   // Block 5 alone (same head / block id keys) gives the same signs as inside the batch.
-  WalkCase one;
+  WalkCaseData one;
   one.d = w.d;
   one.dv = w.dv;
   const int r0 = w.offset[5], r1 = w.offset[6];
@@ -303,7 +240,7 @@ TEST(CudaParity, WalkIsDeterministicAndIndependentOfBatching) {
 
 TEST(CudaParity, WalkRejectsBadInputLikeCpu) {
   REQUIRE_GPU(gpu);
-  WalkCase w = standard_walk_case();
+  WalkCaseData w = standard_walk_case();
   std::vector<int8_t> s;
   std::vector<float> p, part;
   WalkBatch b = w.batch(s, p, part, 1);
@@ -313,69 +250,6 @@ TEST(CudaParity, WalkRejectsBadInputLikeCpu) {
 }
 
 // ---------------------------------------------------------------------------------------------
-struct ErrorCase {
-  int n, d, dv, q_heads, kv_heads, sink, eval;
-  std::vector<std::vector<float>> keys, values, queries;
-  ErrorBatch batch;
-  std::vector<double> relative, normalized, mass;
-
-  ErrorCase(int n_, int d_, int dv_, int qh, int kvh, int s, int e, double keep, bool separate,
-            uint32_t seed)
-      : n(n_), d(d_), dv(dv_), q_heads(qh), kv_heads(kvh), sink(s), eval(e) {
-    for (int h = 0; h < kv_heads; ++h) {
-      keys.push_back(normal(static_cast<size_t>(n) * d, 1.0, seed + 10 * h));
-      values.push_back(normal(static_cast<size_t>(n) * dv, 1.0, seed + 10 * h + 1));
-    }
-    for (int h = 0; h < q_heads; ++h)
-      queries.push_back(normal(static_cast<size_t>(n) * d, 1.2, seed + 1000 + h));
-    batch.n = n;
-    batch.d = d;
-    batch.dv = dv;
-    batch.q_heads = q_heads;
-    batch.kv_heads = kv_heads;
-    batch.sink = sink;
-    batch.eval = eval;
-    std::mt19937 rng(seed + 77);
-    const int mid_begin = sink, mid_end = n - eval;
-    for (int h = 0; h < kv_heads; ++h) {
-      batch.keys.push_back(keys[h].data());
-      batch.values.push_back(values[h].data());
-      std::vector<int> middle(mid_end - mid_begin);
-      for (int i = 0; i < mid_end - mid_begin; ++i) middle[i] = mid_begin + i;
-      std::shuffle(middle.begin(), middle.end(), rng);
-      const int m = static_cast<int>(std::lround(keep * middle.size()));
-      std::vector<int> idx(middle.begin(), middle.begin() + m);
-      std::uniform_real_distribution<float> lw(0.2f, 1.2f);
-      std::vector<float> logw(m);
-      for (float& x : logw) x = lw(rng);
-      batch.num_idx.push_back(idx);
-      batch.num_logw.push_back(logw);
-      if (separate && h % 2 == 1) {  // a different denominator set on odd heads
-        std::shuffle(middle.begin(), middle.end(), rng);
-        std::vector<int> didx(middle.begin(), middle.begin() + m / 2);
-        std::vector<float> dlogw(didx.size(), std::log(2.0f / static_cast<float>(keep)));
-        batch.den_idx.push_back(didx);
-        batch.den_logw.push_back(dlogw);
-      } else {
-        batch.den_idx.push_back(idx);
-        batch.den_logw.push_back(logw);
-      }
-    }
-    for (int h = 0; h < q_heads; ++h) batch.queries.push_back(queries[h].data());
-  }
-
-  void run(Backend& backend) {
-    const size_t count = static_cast<size_t>(q_heads) * eval;
-    relative.assign(count, NAN);
-    normalized.assign(count, NAN);
-    mass.assign(count, NAN);
-    batch.relative = relative.data();
-    batch.normalized = normalized.data();
-    batch.mass = mass.data();
-    backend.attention_errors(batch);
-  }
-};
-
 void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, double rel,
                   double abs, const char* what) {
   ASSERT_EQ(gpu.size(), cpu.size());
@@ -388,7 +262,7 @@ void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu
 
 // Double scores (the default) must give the CPU reference's figures to rounding; float scores
 // (ErrorBatch::float_scores) to 1e-4.
-void check_error_parity(ErrorCase c, Backend& gpu) {
+void check_error_parity(ErrorCaseData c, Backend& gpu) {
   c.run(cpu_backend());
   const auto rel = c.relative, nrm = c.normalized, mass = c.mass;
   c.run(gpu);
@@ -404,19 +278,19 @@ void check_error_parity(ErrorCase c, Backend& gpu) {
 
 TEST(CudaParity, AttentionErrorsMatchCpu) {
   REQUIRE_GPU(gpu);
-  // GQA groups of 2, separate numerator/denominator sets on odd kv heads, several key tiles.
-  check_error_parity(ErrorCase(300, 32, 24, 4, 2, 8, 40, 0.5, true, 11), *gpu);
-  // Llama-like head dims, E not a multiple of the 16-query tile.
-  check_error_parity(ErrorCase(700, 128, 128, 2, 1, 21, 87, 0.25, false, 12), *gpu);
-  // Odd d (scalar logit loop) and dv = 16 (one query per thread in the column layout).
-  check_error_parity(ErrorCase(150, 13, 16, 2, 2, 4, 24, 0.5, true, 14), *gpu);
-  // dv above 128 takes the wider accumulator variant.
-  check_error_parity(ErrorCase(260, 16, 200, 1, 1, 0, 33, 0.125, false, 13), *gpu);
+  int checked = 0;
+  for (const ErrorCase& e : error_cases()) {
+    if (!e.parity) continue;
+    SCOPED_TRACE(e.name);
+    check_error_parity(ErrorCaseData(e), *gpu);
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
 }
 
 TEST(CudaParity, AttentionErrorOfFullSelectionIsZero) {
   REQUIRE_GPU(gpu);
-  ErrorCase c(400, 64, 64, 2, 2, 12, 50, 1.0, false, 21);
+  ErrorCaseData c(find_error_case("full_selection"));
   for (auto& lw : c.batch.num_logw) std::fill(lw.begin(), lw.end(), 0.0f);
   c.batch.den_logw = c.batch.num_logw;
   c.run(*gpu);
@@ -428,7 +302,7 @@ TEST(CudaParity, AttentionErrorOfFullSelectionIsZero) {
 
 TEST(CudaParity, AttentionErrorsRejectBadSelectionsLikeCpu) {
   REQUIRE_GPU(gpu);
-  ErrorCase c(200, 16, 16, 1, 1, 4, 20, 0.5, false, 31);
+  ErrorCaseData c(find_error_case("bad_selection"));
   c.batch.num_idx[0][0] = 2;  // a sink, not the middle
   EXPECT_THROW(c.run(cpu_backend()), std::out_of_range);
   EXPECT_THROW(c.run(*gpu), std::out_of_range);
@@ -437,16 +311,15 @@ TEST(CudaParity, AttentionErrorsRejectBadSelectionsLikeCpu) {
 #ifdef KVSCOPE_HAVE_CUDA
 TEST(CudaParity, OutOfMemoryFallsBackToCpuAndSaysSo) {
   REQUIRE_GPU(gpu);
-  ErrorCase c(300, 32, 32, 2, 1, 8, 40, 0.5, false, 41);
+  ErrorCaseData c(find_error_case("fallback"));
   c.run(cpu_backend());
   const auto rel = c.relative;
   cuda_fail_next_allocation_for_testing();
   c.run(*gpu);
   EXPECT_EQ(c.relative, rel) << "the fallback must give the CPU reference's figures";
-  EXPECT_NE(cuda_last_fallback().find("out of device memory"), std::string::npos)
-      << cuda_last_fallback();
+  EXPECT_NE(last_fallback().find("out of device memory"), std::string::npos) << last_fallback();
   c.run(*gpu);  // the next call is back on the device
-  EXPECT_EQ(cuda_last_fallback(), "");
+  EXPECT_EQ(last_fallback(), "");
   expect_close(c.relative, rel, 1e-4, 1e-7, "relative after recovery");
 }
 #endif
@@ -454,58 +327,29 @@ TEST(CudaParity, OutOfMemoryFallsBackToCpuAndSaysSo) {
 // ---------------------------------------------------------------------------------------------
 TEST(CudaParity, TsneGradientMatchesCpu) {
   REQUIRE_GPU(gpu);
-  const int n = 700;
-  const std::vector<float> y = normal(2 * n, 3.0, 51);
-  // A symmetric sparse P over ring neighbours, normalised to sum 1.
-  std::vector<int> rowptr{0}, col;
-  std::vector<float> val;
-  std::mt19937 rng(52);
-  std::uniform_real_distribution<float> w(0.5f, 1.5f);
-  std::vector<std::vector<std::pair<int, float>>> rows(n);
-  for (int i = 0; i < n; ++i)
-    for (int off : {1, 2, 5, 17}) {
-      const int j = (i + off) % n;
-      const float v = w(rng);
-      rows[i].push_back({j, v});
-      rows[j].push_back({i, v});
-    }
-  double total = 0;
-  for (const auto& r : rows)
-    for (const auto& e : r) total += e.second;
-  for (const auto& r : rows) {
-    for (const auto& e : r) {
-      col.push_back(e.first);
-      val.push_back(static_cast<float>(e.second / total));
-    }
-    rowptr.push_back(static_cast<int>(col.size()));
+  for (const TsneCase& t : tsne_cases()) {
+    if (!t.parity) continue;
+    SCOPED_TRACE(t.name);
+    const TsneCaseData data(t);
+    const TsneGradInput& in = data.in;
+    const int n = in.n;
+    std::vector<float> g_cpu(2 * n), g_gpu(2 * n);
+    const double kl_cpu = cpu_backend().tsne_gradient(in, g_cpu.data());
+    const double kl_gpu = gpu->tsne_gradient(in, g_gpu.data());
+    double scale = 0;
+    for (float g : g_cpu) scale = std::max(scale, std::fabs(double(g)));
+    for (int i = 0; i < 2 * n; ++i) EXPECT_NEAR(g_gpu[i], g_cpu[i], 1e-4 * scale) << i;
+    EXPECT_NEAR(kl_gpu, kl_cpu, 1e-6 * std::fabs(kl_cpu) + 1e-9);
   }
-  TsneGradInput in;
-  in.n = n;
-  in.y = y.data();
-  in.p_rowptr = rowptr.data();
-  in.p_col = col.data();
-  in.p_val = val.data();
-  in.exaggeration = 12;
-  in.theta = 0;
-  std::vector<float> g_cpu(2 * n), g_gpu(2 * n);
-  const double kl_cpu = cpu_backend().tsne_gradient(in, g_cpu.data());
-  const double kl_gpu = gpu->tsne_gradient(in, g_gpu.data());
-  double scale = 0;
-  for (float g : g_cpu) scale = std::max(scale, std::fabs(double(g)));
-  for (int i = 0; i < 2 * n; ++i) EXPECT_NEAR(g_gpu[i], g_cpu[i], 1e-4 * scale) << i;
-  EXPECT_NEAR(kl_gpu, kl_cpu, 1e-6 * std::fabs(kl_cpu) + 1e-9);
 }
 
 // ---------------------------------------------------------------------------------------------
 TEST(CudaParity, KcenterPicksMatchCpuOnSeparatedData) {
   REQUIRE_GPU(gpu);
-  const int clusters = 24, per = 40, d = 16, n = clusters * per;
-  const std::vector<float> centres = normal(static_cast<size_t>(clusters) * d, 20.0, 61);
-  const std::vector<float> noise = normal(static_cast<size_t>(n) * d, 0.5, 62);
-  std::vector<float> x(static_cast<size_t>(n) * d);
-  for (int i = 0; i < n; ++i)
-    for (int c = 0; c < d; ++c)
-      x[static_cast<size_t>(i) * d + c] = centres[(i % clusters) * d + c] + noise[i * d + c];
+  const KcenterCase& kc = find_kcenter_case("separated");
+  const KcenterCaseData data(kc);
+  const std::vector<float>& x = data.x;
+  const int clusters = kc.clusters, n = data.n, d = data.d;
   for (int k : {1, clusters, 3 * clusters}) {
     const std::vector<int> cpu = cpu_backend().kcenter(x.data(), n, d, k, 5);
     const std::vector<int> gpu_picks = gpu->kcenter(x.data(), n, d, k, 5);

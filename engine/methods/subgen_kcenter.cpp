@@ -47,10 +47,10 @@ class SubGenKCenter final : public Method {
     sel.cluster.assign(n_mid, -1);
     if (in.budget == 0 || n_mid == 0) return sel;
     const MatrixF keys = in.keys->middleRows(in.mid_begin, n_mid);
-    std::vector<int> centres =
-        in.backend
-            ? in.backend->kcenter(keys.data(), n_mid, static_cast<int>(keys.cols()), in.budget, 0)
-            : greedy_kcenter(keys, in.budget, 0);
+    // The k-center op (engine/ops/kcenter.h) on the method's backend, the CPU when none.
+    Backend& backend = in.backend ? *in.backend : cpu_backend();
+    const std::vector<int> centres =
+        backend.kcenter(keys.data(), n_mid, static_cast<int>(keys.cols()), in.budget, 0);
     const std::vector<int> owner = assign_to_centres(keys, centres);
     std::vector<int> cluster_size(centres.size(), 0);
     for (int i = 0; i < n_mid; ++i) {

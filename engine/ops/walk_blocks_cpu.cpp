@@ -1,6 +1,6 @@
-// The CPU reference of the walk op (Backend::walk_blocks, engine/backend.h): one self-balancing
-// walk per block of a WalkBatch, in float32 (the authors' semantics) or double. The rounds,
-// halving and weights around it are engine/balance_walk.cpp's; the CUDA kernel
+// The CPU reference of the walk op (Backend::walk_blocks, engine/ops/walk_blocks.h): one
+// self-balancing walk per block of a WalkBatch, in float32 (the authors' semantics) or double. The
+// rounds, halving and weights around it are engine/balance_walk.cpp's; the CUDA kernel
 // (kernels/walk.cu) is tested against this file (tests/test_cuda_parity.cpp).
 #include "engine/ops/walk_blocks_cpu.h"
 
@@ -18,7 +18,7 @@
 #endif
 
 #include "engine/balance_walk.h"
-#include "engine/cpu_ops.h"
+#include "engine/ops/walk_blocks.h"
 #include "engine/random.h"
 #include "engine/simd.h"
 

@@ -7,8 +7,8 @@
 # launch limits, and slow: a few minutes). tools/gpu_check.sh is the real check.
 #
 # Usage: kernels/emu/run_emulated_parity.sh BUILD_DIR [gtest args...]
-#   BUILD_DIR: a configured build tree whose libengine.a was built with CUDA on (it references
-#   cuda_backend_instance). EMU_REVERSE=1 runs each block's threads in reverse order between
+#   BUILD_DIR: a build tree with libengine.a (CUDA on or off: the engine never references the
+#   kernels; their objects below register the "cuda" backend themselves). EMU_REVERSE=1 runs each block's threads in reverse order between
 #   barriers, which exposes missing barriers that the forward order hides.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)

@@ -1,0 +1,432 @@
+// The case table of the backend ops: named shapes and seeds for every op, and the inputs they
+// make. One table drives both the device parity tests (tests/test_cuda_parity.cpp, every case
+// with `parity`), the registry's tests (tests/test_backend_registry.cpp) and the GPU benchmarks
+// (bench/bench_gpu.cpp, every case with `bench`), as ggml's test-backend-ops does; adding a shape
+// is one line here. Header-only: the engine library does not use it.
+//
+// Two fills: `normal` cases draw std::normal_distribution from std::mt19937 (the parity cases'
+// inputs since they were written); `fast` cases (benchmark sizes: a 32-head layer takes seconds to
+// draw from a normal distribution) fill with a splitmix64 hash of the index mapped to a symmetric
+// uniform in [-scale, scale].
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace kvscope {
+
+enum class CaseFill { normal, fast };
+
+namespace op_cases {
+
+inline std::vector<float> normal(size_t count, double sd, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, static_cast<float>(sd));
+  std::vector<float> out(count);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+inline void fast_fill(std::vector<float>& v, float amp, uint64_t seed) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    v[i] = amp * (static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+template <typename Case>
+const Case& find_case(const std::vector<Case>& cases, const std::string& name) {
+  for (const Case& c : cases)
+    if (name == c.name) return c;
+  throw std::out_of_range("no op case named '" + name + "' (engine/ops/op_cases.h)");
+}
+
+}  // namespace op_cases
+
+// ---- walk ------------------------------------------------------------------------------------
+
+// `heads` x `blocks` blocks of `len` rows, for kv heads first_head.. and block ids first_id..
+struct WalkBlocks {
+  int heads = 1, blocks = 1, len = 128;
+  double key_scale = 0.35;  // normal: key sd; fast: key amplitude
+  uint32_t first_head = 0, first_id = 0;
+};
+
+struct WalkCase {
+  const char* name;
+  int d, dv;
+  std::vector<WalkBlocks> groups;
+  uint32_t seed;
+  CaseFill fill;
+  bool parity, bench;
+};
+
+inline const std::vector<WalkCase>& walk_cases() {
+  static const std::vector<WalkCase> cases = {
+      // Full 128-row blocks and a short tail (the fast kernel), a 200-row block and a block with
+      // huge logits (both on the exact double kernel).
+      {"standard",
+       48,
+       40,
+       {{3, 4, 128, 0.35}, {1, 1, 77, 0.35, 3, 0}, {1, 1, 200, 0.35, 3, 1}, {1, 1, 64, 8.0, 3, 2}},
+       100,
+       CaseFill::normal,
+       true,
+       false},
+      // One layer: 32 heads x 32768 tokens, d = dv = 128, B = 128 (docs/performance.md target).
+      {"layer_32x32k", 128, 128, {{32, 256, 128, 0.6}}, 1, CaseFill::fast, false, true},
+      // One head of 32768 tokens (on both backends, for the ratio).
+      {"head_32k", 128, 128, {{1, 256, 128, 0.6}}, 1, CaseFill::fast, false, true},
+  };
+  return cases;
+}
+inline const WalkCase& find_walk_case(const std::string& name) {
+  return op_cases::find_case(walk_cases(), name);
+}
+
+// A walk case's rows, laid out block after block.
+struct WalkCaseData {
+  int d = 0, dv = 0;
+  std::vector<float> keys, values;
+  std::vector<int> offset{0};
+  std::vector<uint32_t> head, id;
+  int rows() const { return offset.back(); }
+
+  WalkCaseData() = default;
+  explicit WalkCaseData(const WalkCase& c) : d(c.d), dv(c.dv) {
+    uint32_t seed = c.seed;
+    for (const WalkBlocks& g : c.groups)
+      for (int h = 0; h < g.heads; ++h)
+        for (int b = 0; b < g.blocks; ++b) {
+          if (c.fill == CaseFill::normal)
+            add_normal_block(g.len, g.first_head + h, g.first_id + b, g.key_scale, seed += 7);
+          else
+            add_layout(g.len, g.first_head + h, g.first_id + b);
+        }
+    if (c.fill == CaseFill::fast) {
+      // Key entries in [-0.6, 0.6]: <k_i,k_j>/sqrt(d) of order 1, as centred real keys are;
+      // values small enough that p_i is not always clipped.
+      keys.resize(static_cast<size_t>(rows()) * d);
+      values.resize(static_cast<size_t>(rows()) * dv);
+      op_cases::fast_fill(keys, static_cast<float>(c.groups.front().key_scale), c.seed);
+      op_cases::fast_fill(values, 0.1f, c.seed + 1);
+    }
+  }
+
+  void add_layout(int len, uint32_t h, uint32_t b) {
+    offset.push_back(offset.back() + len);
+    head.push_back(h);
+    id.push_back(b);
+  }
+
+  void add_normal_block(int len, uint32_t h, uint32_t b, double key_sd, uint32_t seed) {
+    std::vector<float> k = op_cases::normal(static_cast<size_t>(len) * d, key_sd, seed);
+    // Centre the keys within the block, as the practical walk does before calling the backend.
+    for (int c = 0; c < d; ++c) {
+      double mean = 0;
+      for (int r = 0; r < len; ++r) mean += k[static_cast<size_t>(r) * d + c];
+      mean /= len;
+      for (int r = 0; r < len; ++r) k[static_cast<size_t>(r) * d + c] -= static_cast<float>(mean);
+    }
+    const std::vector<float> v = op_cases::normal(static_cast<size_t>(len) * dv, 0.12, seed + 1);
+    keys.insert(keys.end(), k.begin(), k.end());
+    values.insert(values.end(), v.begin(), v.end());
+    add_layout(len, h, b);
+  }
+
+  // The batch of layer 3, round 1 (the parity tests' keys), writing into the given outputs.
+  WalkBatch batch(std::vector<int8_t>& sigma, std::vector<float>& p, std::vector<float>& partial,
+                  uint64_t seed) const {
+    sigma.assign(rows(), 0);
+    p.assign(rows(), NAN);
+    partial.assign(rows(), NAN);
+    WalkBatch b;
+    b.d = d;
+    b.dv = dv;
+    b.num_blocks = static_cast<int>(head.size());
+    b.keys = keys.data();
+    b.values = values.data();
+    b.block_offset = offset.data();
+    b.block_head = head.data();
+    b.block_id = id.data();
+    b.seed = seed;
+    b.layer = 3;
+    b.round = 1;
+    b.sigma = sigma.data();
+    b.p = p.data();
+    b.partial = partial.data();
+    return b;
+  }
+};
+
+// ---- attention errors ------------------------------------------------------------------------
+
+struct ErrorCase {
+  const char* name;
+  int n, d, dv, q_heads, kv_heads, sink, eval;
+  double keep;    // kept share of the middle
+  bool separate;  // normal fill: a different denominator set on odd kv heads
+  uint32_t seed;
+  CaseFill fill;
+  bool parity, bench;
+};
+
+inline const std::vector<ErrorCase>& error_cases() {
+  static const std::vector<ErrorCase> cases = {
+      // GQA groups of 2, separate numerator/denominator sets on odd kv heads, several key tiles.
+      {"gqa_separate", 300, 32, 24, 4, 2, 8, 40, 0.5, true, 11, CaseFill::normal, true, false},
+      // Llama-like head dims, E not a multiple of the 16-query tile.
+      {"llama_dims", 700, 128, 128, 2, 1, 21, 87, 0.25, false, 12, CaseFill::normal, true, false},
+      // Odd d (scalar logit loop) and dv = 16 (one query per thread in the column layout).
+      {"odd_d", 150, 13, 16, 2, 2, 4, 24, 0.5, true, 14, CaseFill::normal, true, false},
+      // dv above 128 takes the wider accumulator variant.
+      {"wide_dv", 260, 16, 200, 1, 1, 0, 33, 0.125, false, 13, CaseFill::normal, true, false},
+      // Keeping every middle token at weight 1: zero error, full mass.
+      {"full_selection", 400, 64, 64, 2, 2, 12, 50, 1.0, false, 21, CaseFill::normal, false, false},
+      {"bad_selection", 200, 16, 16, 1, 1, 4, 20, 0.5, false, 31, CaseFill::normal, false, false},
+      {"fallback", 300, 32, 32, 2, 1, 8, 40, 0.5, false, 41, CaseFill::normal, false, false},
+      // Benchmarks: 256 evaluation queries over all 32 query heads (8 kv heads) of a layer, every
+      // other middle token at weight 2; and one head on both backends (the ratio).
+      {"layer_8k", 8192, 128, 128, 32, 8, 256, 256, 0.5, false, 7, CaseFill::fast, false, true},
+      {"layer_32k", 32768, 128, 128, 32, 8, 256, 256, 0.5, false, 7, CaseFill::fast, false, true},
+      {"head_8k", 8192, 128, 128, 1, 1, 256, 256, 0.5, false, 7, CaseFill::fast, false, true},
+  };
+  return cases;
+}
+inline const ErrorCase& find_error_case(const std::string& name) {
+  return op_cases::find_case(error_cases(), name);
+}
+
+// An error case's heads and selections, and its batch (outputs set by run()).
+struct ErrorCaseData {
+  std::vector<std::vector<float>> keys, values, queries;
+  ErrorBatch batch;
+  std::vector<double> relative, normalized, mass;
+
+  explicit ErrorCaseData(const ErrorCase& c) {
+    batch.n = c.n;
+    batch.d = c.d;
+    batch.dv = c.dv;
+    batch.q_heads = c.q_heads;
+    batch.kv_heads = c.kv_heads;
+    batch.sink = c.sink;
+    batch.eval = c.eval;
+    if (c.fill == CaseFill::fast)
+      make_fast(c);
+    else
+      make_normal(c);
+    for (int h = 0; h < c.kv_heads; ++h) {
+      batch.keys.push_back(keys[h].data());
+      batch.values.push_back(values[h].data());
+    }
+    for (int h = 0; h < c.q_heads; ++h)
+      batch.queries.push_back(queries[queries.size() == 1 ? 0 : h].data());
+  }
+
+  void make_normal(const ErrorCase& c) {
+    const int n = c.n;
+    for (int h = 0; h < c.kv_heads; ++h) {
+      keys.push_back(op_cases::normal(static_cast<size_t>(n) * c.d, 1.0, c.seed + 10 * h));
+      values.push_back(op_cases::normal(static_cast<size_t>(n) * c.dv, 1.0, c.seed + 10 * h + 1));
+    }
+    for (int h = 0; h < c.q_heads; ++h)
+      queries.push_back(op_cases::normal(static_cast<size_t>(n) * c.d, 1.2, c.seed + 1000 + h));
+    std::mt19937 rng(c.seed + 77);
+    const int mid_begin = c.sink, mid_end = n - c.eval;
+    for (int h = 0; h < c.kv_heads; ++h) {
+      std::vector<int> middle(mid_end - mid_begin);
+      for (int i = 0; i < mid_end - mid_begin; ++i) middle[i] = mid_begin + i;
+      std::shuffle(middle.begin(), middle.end(), rng);
+      const int m = static_cast<int>(std::lround(c.keep * middle.size()));
+      std::vector<int> idx(middle.begin(), middle.begin() + m);
+      std::uniform_real_distribution<float> lw(0.2f, 1.2f);
+      std::vector<float> logw(m);
+      for (float& x : logw) x = lw(rng);
+      batch.num_idx.push_back(idx);
+      batch.num_logw.push_back(logw);
+      if (c.separate && h % 2 == 1) {  // a different denominator set on odd heads
+        std::shuffle(middle.begin(), middle.end(), rng);
+        std::vector<int> didx(middle.begin(), middle.begin() + m / 2);
+        std::vector<float> dlogw(didx.size(), std::log(2.0f / static_cast<float>(c.keep)));
+        batch.den_idx.push_back(didx);
+        batch.den_logw.push_back(dlogw);
+      } else {
+        batch.den_idx.push_back(idx);
+        batch.den_logw.push_back(logw);
+      }
+    }
+  }
+
+  // Every other middle token at weight 2 (keep 1/2); one query buffer shared by all query heads
+  // (timing only).
+  void make_fast(const ErrorCase& c) {
+    const int n = c.n;
+    keys.resize(c.kv_heads);
+    values.resize(c.kv_heads);
+    for (int h = 0; h < c.kv_heads; ++h) {
+      keys[h].resize(static_cast<size_t>(n) * c.d);
+      values[h].resize(static_cast<size_t>(n) * c.dv);
+      op_cases::fast_fill(keys[h], 1.0f, 10 + h);
+      op_cases::fast_fill(values[h], 1.0f, 100 + h);
+    }
+    queries.assign(1, std::vector<float>(static_cast<size_t>(n) * c.d));
+    op_cases::fast_fill(queries[0], 1.0f, c.seed);
+    for (int h = 0; h < c.kv_heads; ++h) {
+      std::vector<int> idx;
+      for (int i = c.sink; i < n - c.eval; i += 2) idx.push_back(i);
+      batch.num_idx.push_back(idx);
+      batch.num_logw.push_back(std::vector<float>(idx.size(), std::log(2.0f)));
+      batch.den_idx.push_back(idx);
+      batch.den_logw.push_back(batch.num_logw.back());
+    }
+  }
+
+  // Points the outputs at fresh arrays (NaN) and runs the op on `backend`.
+  void run(Backend& backend) {
+    prepare_outputs();
+    backend.attention_errors(batch);
+  }
+  void prepare_outputs() {
+    const size_t count = static_cast<size_t>(batch.q_heads) * batch.eval;
+    relative.assign(count, NAN);
+    normalized.assign(count, NAN);
+    mass.assign(count, NAN);
+    batch.relative = relative.data();
+    batch.normalized = normalized.data();
+    batch.mass = mass.data();
+  }
+};
+
+// ---- t-SNE gradient --------------------------------------------------------------------------
+
+struct TsneCase {
+  const char* name;
+  int n;
+  // normal: a symmetric P over ring neighbours at offsets 1, 2, 5, 17 with random weights;
+  // fast: 45 neighbours on each side (3 x perplexity 30, as the affinity step produces), uniform.
+  uint32_t seed;
+  CaseFill fill;
+  bool parity, bench;
+};
+
+inline const std::vector<TsneCase>& tsne_cases() {
+  static const std::vector<TsneCase> cases = {
+      {"ring", 700, 51, CaseFill::normal, true, false},
+      {"band_8k", 8192, 5, CaseFill::fast, false, true},
+      {"band_32k", 32768, 5, CaseFill::fast, false, true},
+  };
+  return cases;
+}
+inline const TsneCase& find_tsne_case(const std::string& name) {
+  return op_cases::find_case(tsne_cases(), name);
+}
+
+// A t-SNE case's embedding and P (CSR), and the op's input (exaggeration 12, exact: theta 0).
+struct TsneCaseData {
+  std::vector<float> y, val;
+  std::vector<int> rowptr{0}, col;
+  TsneGradInput in;
+
+  explicit TsneCaseData(const TsneCase& c) {
+    const int n = c.n;
+    if (c.fill == CaseFill::normal) {
+      y = op_cases::normal(2 * static_cast<size_t>(n), 3.0, c.seed);
+      std::mt19937 rng(c.seed + 1);
+      std::uniform_real_distribution<float> w(0.5f, 1.5f);
+      std::vector<std::vector<std::pair<int, float>>> rows(n);
+      for (int i = 0; i < n; ++i)
+        for (int off : {1, 2, 5, 17}) {
+          const int j = (i + off) % n;
+          const float v = w(rng);
+          rows[i].push_back({j, v});
+          rows[j].push_back({i, v});
+        }
+      double total = 0;
+      for (const auto& r : rows)
+        for (const auto& e : r) total += e.second;
+      for (const auto& r : rows) {
+        for (const auto& e : r) {
+          col.push_back(e.first);
+          val.push_back(static_cast<float>(e.second / total));
+        }
+        rowptr.push_back(static_cast<int>(col.size()));
+      }
+    } else {
+      y.resize(2 * static_cast<size_t>(n));
+      op_cases::fast_fill(y, 30.0f, c.seed);
+      const int half = 45;
+      for (int i = 0; i < n; ++i) {
+        for (int o = 1; o <= half; ++o) {
+          col.push_back((i + o) % n);
+          col.push_back((i - o + n) % n);
+        }
+        rowptr.push_back(static_cast<int>(col.size()));
+      }
+      val.assign(col.size(), 1.0f / static_cast<float>(col.size()));
+    }
+    in.n = n;
+    in.y = y.data();
+    in.p_rowptr = rowptr.data();
+    in.p_col = col.data();
+    in.p_val = val.data();
+    in.exaggeration = 12;
+    in.theta = 0;
+  }
+};
+
+// ---- k-center --------------------------------------------------------------------------------
+
+struct KcenterCase {
+  const char* name;
+  int n, d;
+  int clusters;  // normal: well-separated clusters (sd 20 centres, sd 0.5 noise); fast: 0
+  int k;         // the benchmark's centres (the parity test tries several)
+  uint32_t seed;
+  CaseFill fill;
+  bool parity, bench;
+};
+
+inline const std::vector<KcenterCase>& kcenter_cases() {
+  static const std::vector<KcenterCase> cases = {
+      {"separated", 960, 16, 24, 24, 61, CaseFill::normal, true, false},
+      {"keys_32k", 32768, 128, 0, 256, 9, CaseFill::fast, false, true},
+  };
+  return cases;
+}
+inline const KcenterCase& find_kcenter_case(const std::string& name) {
+  return op_cases::find_case(kcenter_cases(), name);
+}
+
+struct KcenterCaseData {
+  int n = 0, d = 0;
+  std::vector<float> x;  // n x d
+
+  explicit KcenterCaseData(const KcenterCase& c) : n(c.n), d(c.d) {
+    x.resize(static_cast<size_t>(n) * d);
+    if (c.fill == CaseFill::fast) {
+      op_cases::fast_fill(x, 1.0f, c.seed);
+      return;
+    }
+    const std::vector<float> centres =
+        op_cases::normal(static_cast<size_t>(c.clusters) * d, 20.0, c.seed);
+    const std::vector<float> noise = op_cases::normal(static_cast<size_t>(n) * d, 0.5, c.seed + 1);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j)
+        x[static_cast<size_t>(i) * d + j] =
+            centres[(i % c.clusters) * d + j] + noise[static_cast<size_t>(i) * d + j];
+  }
+};
+
+}  // namespace kvscope
