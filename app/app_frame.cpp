@@ -19,6 +19,7 @@
 #include "app/autosave.h"
 #include "app/colormap.h"
 #include "app/export.h"
+#include "app/memory_stats.h"
 #include "app/new_capture_dialog.h"
 #include "app/recent_files.h"
 #include "app/result_status.h"
@@ -651,6 +652,11 @@ void AppUi::export_all_json(const std::string& dir) const {
   const uint64_t n = std::min<uint64_t>(frames_, kFrameRing);
   for (uint64_t i = frames_ - n; i < frames_; ++i) recent.push_back(frame_ms_[i % kFrameRing]);
   st["frames"] = {{"count", frames_}, {"recent_ms", recent}};
+  const MemoryStats mem = memory_stats();  // the soak tells retention from the allocator's own
+  st["memory"] = {{"rss_kb", mem.rss_kb},
+                  {"heap_live", mem.heap_live},
+                  {"heap_mapped", mem.heap_mapped},
+                  {"allocator", mem.allocator}};
   std::ofstream f(fs::path(dir) / "state.json");
   f << st.dump(2) << "\n";
 }

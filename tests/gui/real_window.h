@@ -187,13 +187,30 @@ class RealWindow : public ::testing::Test {
     pause_ms(120);
   }
 
-  // Presses F9 and reads the state the app wrote.
+  // The app has exited. It is not reaped here (WNOWAIT): whoever waits for it still gets its
+  // exit status.
+  bool app_exited() const {
+    if (pid_ <= 0) return true;
+    siginfo_t info{};
+    return waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info.si_pid == pid_;
+  }
+  // Called when the app, still running, has not answered F9 for a minute (the soak takes the
+  // threads' stacks here).
+  virtual void no_answer() {}
+
+  // Presses F9 and reads the state the app wrote. An empty object when the app does not answer
+  // within a minute, or has exited (both recorded as failures, at once for an exit).
   json state() {
     const fs::path p = dir_ / "state.json";
     fs::remove(p);
     // A frame can take long on a loaded machine (software GL): the key is pressed again after
     // 5 s without an answer, up to a minute in all.
     for (int attempt = 0; attempt < 12; ++attempt) {
+      if (app_exited()) {
+        ADD_FAILURE() << "step " << step_ << ": the app has exited (no state.json on F9)";
+        return json::object();
+      }
       // F8 and F9 both export; alternating them keeps two quick taps of one key from being
       // taken for an auto-repeat by GLFW on a loaded X server.
       key(export_key_++ % 2 ? "F8" : "F9");
@@ -206,9 +223,15 @@ class RealWindow : public ::testing::Test {
           } catch (const json::exception&) {
           }
         }
+        if (i % 20 == 19 && app_exited()) break;
         pause_ms(50);
       }
     }
+    if (app_exited()) {
+      ADD_FAILURE() << "step " << step_ << ": the app has exited (no state.json on F9)";
+      return json::object();
+    }
+    no_answer();
     ADD_FAILURE() << "step " << step_ << ": the app wrote no state.json on F9 in 60 s";
     return json::object();
   }
@@ -224,7 +247,8 @@ class RealWindow : public ::testing::Test {
     json st;
     for (;;) {
       st = state();
-      if (st.contains("session") && pred(st)) return st;
+      if (!st.contains("session")) return st;  // exited or not answering: already a failure
+      if (pred(st)) return st;
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
         ADD_FAILURE() << "step " << step_ << ": timed out after " << seconds << " s waiting for "
                       << what << "\nthe app reported:\n"

@@ -173,32 +173,52 @@ class Soak : public NumbersOracle {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      exit_ = {{"how", "died during the soak"},
+      // A quit through the app's own exit path says so in its autosave (clean_exit); a crash,
+      // a sanitizer's halt or a kill leave the last periodic autosave.
+      bool clean = false;
+      try {
+        std::ifstream in(dir_ / "autosave.json");
+        const json a = json::parse(in);
+        clean = a.contains("autosave") && a["autosave"].value("clean_exit", false);
+      } catch (const std::exception&) {
+      }
+      const json last = events_log_.empty() ? json() : events_log_.back();
+      exit_ = {{"how", clean ? "quit during the soak (its own exit path: the autosave says "
+                               "clean_exit)"
+                             : "died during the soak"},
                {"status", WIFEXITED(status) ? WEXITSTATUS(status) : -1},
                {"signal", WIFSIGNALED(status) ? WTERMSIG(status) : 0},
-               {"at_s", soak_t()}};
-      ADD_FAILURE() << "the app died at " << soak_t() << " s (" << exit_.dump()
+               {"noticed_at_s", soak_t()},
+               {"last_event", last}};
+      ADD_FAILURE() << "the app " << (clean ? "quit" : "died") << " during the soak, noticed at "
+                    << soak_t() << " s (" << exit_.dump()
                     << "); see the sanitizer reports and app.log in " << dir_;
       return false;
     }
     return true;
   }
+  // No answer to F9 for a minute from a running app: a hang. Every thread's stack goes into
+  // the report (gdb attaches to the app; the sanitized build has line tables).
+  void no_answer() override {
+    ++hangs_;
+    exit_ = {{"how", "hang: no answer to F9 in 60 s"}, {"at_s", soak_t()}};
+    hang_stack_ = sh("timeout 120 gdb -p " + std::to_string(pid_) +
+                     " -batch -ex 'thread apply all bt 30' 2>&1 | grep -E '^#|^Thread|ptrace'");
+    note("hang: every thread's stack:\n" + hang_stack_);
+  }
   // F9, with the frame heartbeat and the frame times taken from the answer. An empty object
-  // when the app did not answer (a hang; RealWindow::state has recorded the failure).
+  // when the app did not answer (a hang; no_answer has taken the stacks) or has exited.
   json poll() {
     if (!alive()) return json::object();
     json st = state();
     if (!st.contains("session")) {
-      if (alive()) {
-        ++hangs_;
-        exit_ = {{"how", "hang: no answer to F9 in 60 s"}, {"at_s", soak_t()}};
-        // Where the main thread is, when gdb is there.
-        hang_stack_ = sh("timeout 60 gdb -p " + std::to_string(pid_) +
-                         " -batch -ex 'thread apply all bt 20' 2>/dev/null | grep -E '^#|^Thread'");
-      }
+      alive();  // an exit is recorded with its status
       return st;
     }
     take_frames(st);
+    if (st.contains("memory") && st["memory"]["heap_live"].get<int64_t>() >= 0)
+      heap_.push_back({soak_t(), st["memory"]["heap_live"].get<double>() / 1024,
+                       st["memory"]["heap_mapped"].get<double>() / 1024});
     return st;
   }
   void take_frames(const json& st) {
@@ -233,6 +253,22 @@ class Soak : public NumbersOracle {
   std::pair<double, double> point_in(const std::array<double, 4>& r) {
     const double mx = std::min(4.0, (r[2] - r[0]) / 4), my = std::min(4.0, (r[3] - r[1]) / 4);
     return {uniform(r[0] + mx, r[2] - mx), uniform(r[1] + my, r[3] - my)};
+  }
+  // A point of the area for a press or a release, away from File > Quit (a random click inside
+  // the open File menu quit the app at step 794 of a 10-minute run: docs/testing.md). False
+  // when the area has no such point.
+  bool safe_point_in(const json& st, const std::array<double, 4>& area, double* x, double* y) {
+    const bool quit_drawn = has(st, "menu:Quit");
+    const std::array<double, 4> quit =
+        quit_drawn ? rect_of(st["ui_items"]["menu:Quit"]) : std::array<double, 4>{};
+    for (int i = 0; i < 20; ++i) {
+      std::tie(*x, *y) = point_in(area);
+      // A margin: the pointer is where xdotool puts it, give or take a rounding.
+      if (!quit_drawn || *x < quit[0] - 3 || *x > quit[2] + 3 || *y < quit[1] - 3 ||
+          *y > quit[3] + 3)
+        return true;
+    }
+    return false;
   }
   // Where random pointer events go: inside the top-most popup when one is open (a modal dialog
   // takes all input), else the active view's area.
@@ -292,7 +328,8 @@ class Soak : public NumbersOracle {
   void ev_click(const json& st) {
     std::string what;
     const auto area = target_area(st, &what);
-    auto [x, y] = point_in(area);
+    double x = 0, y = 0;
+    if (!safe_point_in(st, area, &x, &y)) return;
     const int kind = pick(10);
     move_to(x, y);
     if (kind < 7) {
@@ -312,8 +349,8 @@ class Soak : public NumbersOracle {
   void ev_drag(const json& st) {
     std::string what;
     const auto area = target_area(st, &what);
-    auto [x0, y0] = point_in(area);
-    auto [x1, y1] = point_in(area);
+    double x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+    if (!safe_point_in(st, area, &x0, &y0) || !safe_point_in(st, area, &x1, &y1)) return;
     move_to(x0, y0);
     xdo("mousedown 1");
     pause_ms(80);
@@ -715,6 +752,9 @@ class Soak : public NumbersOracle {
   json events_log_ = json::array(), opens_good_ = json::array(), opens_bad_ = json::array(),
        new_captures_ = json::array(), oracle_log_ = json::array(), exit_ = json::object();
   std::vector<std::pair<double, double>> frame_ms_;  // (soak seconds, ms)
+  // The allocator's figures at each answer to F9 (state.json's memory): (soak seconds, kB in
+  // live heap blocks, kB the allocator holds from the system).
+  std::vector<std::array<double, 3>> heap_;
   uint64_t frames_seen_ = 0, frames_lost_ = 0;
   int hangs_ = 0, oracle_checks_ = 0, exports_ = 0, resizes_unapplied_ = 0;
   std::set<std::string> sizes_seen_;
@@ -775,6 +815,35 @@ void Soak::write_report(double seconds, double ran, uint64_t seed, double warmup
       {"max_after_warmup_kb", after.empty() ? 0 : *std::max_element(after.begin(), after.end())},
       {"growth_pct", growth},
       {"curve_kb", curve}};
+
+  // The live heap (what the program keeps) beside resident memory: medians of the answers in
+  // the 10 s after the warm-up and in the last 10 s.
+  std::vector<double> heap_warm, heap_end, mapped_warm, mapped_end;
+  const double heap_t_end = heap_.empty() ? 0 : heap_.back()[0];
+  json heap_curve = json::array();
+  last_t = -1e9;
+  for (const auto& h : heap_) {
+    if (h[0] >= warmup && h[0] < warmup + 10) {
+      heap_warm.push_back(h[1]);
+      mapped_warm.push_back(h[2]);
+    }
+    if (h[0] >= heap_t_end - 10) {
+      heap_end.push_back(h[1]);
+      mapped_end.push_back(h[2]);
+    }
+    if (h[0] - last_t >= (seconds > 300 ? 5.0 : 1.0)) {
+      heap_curve.push_back({std::round(h[0] * 10) / 10, h[1], h[2]});
+      last_t = h[0];
+    }
+  }
+  const double hw = median_of(heap_warm), he = median_of(heap_end);
+  rep["heap"] = {{"answers", heap_.size()},
+                 {"live_at_warmup_kb", hw},
+                 {"live_end_kb", he},
+                 {"live_growth_pct", hw > 0 ? 100.0 * (he - hw) / hw : 0},
+                 {"held_at_warmup_kb", median_of(mapped_warm)},
+                 {"held_end_kb", median_of(mapped_end)},
+                 {"curve_kb", heap_curve}};
 
   std::vector<double> ms;
   for (const auto& [t, v] : frame_ms_) ms.push_back(v);
@@ -837,6 +906,10 @@ void Soak::write_report(double seconds, double ran, uint64_t seed, double warmup
     << std::lround(end_kb / 1024) << " MiB at the end (" << (growth >= 0 ? "+" : "") << growth
     << " %), max " << std::lround(rep["rss"]["max_after_warmup_kb"].get<double>() / 1024)
     << " MiB after warm-up\n";
+  t << "live heap: " << std::lround(hw / 1024) << " MiB at " << warmup << " s, "
+    << std::lround(he / 1024) << " MiB at the end (" << rep["heap"]["live_growth_pct"].get<double>()
+    << " %); the allocator holds " << std::lround(median_of(mapped_warm) / 1024) << " -> "
+    << std::lround(median_of(mapped_end) / 1024) << " MiB\n";
   t << "frame times: " << ms.size() << " of " << frames_seen_ << " frames sampled, median "
     << median_of(ms) << " ms, p99 " << quantile(ms, 0.99) << " ms, max "
     << rep["frames"]["max_ms"].get<double>() << " ms\n";
@@ -849,6 +922,7 @@ void Soak::write_report(double seconds, double ran, uint64_t seed, double warmup
   t << "good captures opened: " << good_ok << " of " << opens_good_.size()
     << "; new captures: " << new_captures_.size() << "; exports: " << exports_ << "\n";
   for (const std::string& f : failures_) t << "FAILURE: " << f << "\n";
+  if (!hang_stack_.empty()) t << "the threads' stacks at the hang:\n" << hang_stack_ << "\n";
   std::ofstream(out / "soak_report.txt") << t.str();
   std::fprintf(stderr, "\n%s\nreport: %s\n", t.str().c_str(), (out / "soak_report.json").c_str());
 }
