@@ -1,4 +1,5 @@
-// Weighted-attention error on the GPU (DESIGN.md section 3, engine/backend.h ErrorBatch): for
+// Weighted-attention error on the GPU (docs/evaluation.md "The metrics"; ErrorBatch and the CPU
+// reference cpu_attention_errors in engine/ops/attention_errors.h): for
 // every evaluation query j in [n-E, n) of every query head of one layer, the exact output
 // Attn_j over keys [0, j], the estimator z_j over sinks + selection + window [n-E, j] (separate
 // numerator and denominator sets, log weights as logit biases), and the three figures

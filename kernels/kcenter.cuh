@@ -1,7 +1,7 @@
-// Greedy k-center (Gonzalez) on the GPU, matching cpu_kcenter (engine/kcenter.cpp): the first
-// centre is row `first`; each later pick is the row farthest (squared Euclidean distance, double)
-// from its nearest chosen centre, ties to the lowest row; chosen rows are marked -1 so no row is
-// picked twice; k is capped at n.
+// Greedy k-center (Gonzalez) on the GPU, matching cpu_kcenter (engine/ops/kcenter_cpu.cpp): the
+// first centre is row `first`; each later pick is the row farthest (squared Euclidean distance,
+// double) from its nearest chosen centre, ties to the lowest row; chosen rows are marked -1 so no
+// row is picked twice; k is capped at n.
 //
 // One launch per pick: every thread block first reduces the previous launch's per-block
 // (distance, row) maxima to the new centre (each block does the same small reduction, so no grid

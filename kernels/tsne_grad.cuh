@@ -1,5 +1,6 @@
-// Exact t-SNE gradient on the GPU (engine/backend.h TsneGradInput, cpu_tsne_gradient in
-// engine/tsne.cpp): with unnormalised q_ij = 1 / (1 + |y_i - y_j|^2) and Z = sum_{k != l} q_kl,
+// Exact t-SNE gradient on the GPU (TsneGradInput and the CPU reference cpu_tsne_gradient in
+// engine/ops/tsne_gradient.h): with unnormalised q_ij = 1 / (1 + |y_i - y_j|^2) and
+// Z = sum_{k != l} q_kl,
 //   dC/dy_i = 4 (exaggeration * sum_j p_ij q_ij (y_i - y_j) - sum_j q_ij^2 (y_i - y_j) / Z)
 // and KL(P || Q) = sum p log p - sum p log q + (sum p) log Z for the un-exaggerated P.
 //

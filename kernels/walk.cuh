@@ -1,6 +1,7 @@
-// The practical BalanceKV self-balancing walk on the GPU (DESIGN.md section 4, engine/backend.h
-// WalkBatch): all blocks of all heads of one layer and round in one launch, one thread block per
-// walk block, sequential over the steps inside a block.
+// The practical BalanceKV self-balancing walk on the GPU (docs/balancekv.md section 1; WalkBatch
+// and the CPU reference cpu_walk_blocks in engine/ops/walk_blocks.h): all blocks of all heads of
+// one layer and round in one launch, one thread block per walk block, sequential over the steps
+// inside a block.
 //
 // Two kernels:
 //  * walk_fast_kernel handles blocks of at most kWalkFastRows rows (the default B = 128). The
@@ -48,7 +49,7 @@ KVS_HD int walk_sign_f32(int step, float p, double u) {
   return static_cast<float>(u) < p ? 1 : -1;
 }
 
-// Device pointers and parameters of one walk launch (see WalkBatch in engine/backend.h).
+// Device pointers and parameters of one walk launch (see WalkBatch in engine/ops/walk_blocks.h).
 struct WalkDeviceArgs {
   int d = 0, dv = 0, num_blocks = 0, total_rows = 0;
   const float* keys = nullptr;
