@@ -2,9 +2,10 @@
 // cpu_backend() and the CUDA backend. Walk signs agree except for rare draws that land within
 // float rounding of p_i, attention errors within 1e-4 relative, the t-SNE gradient closely,
 // k-center picks exactly on well-separated data. The inputs are the named cases of
-// engine/ops/op_cases.h (the table bench/bench_gpu.cpp times too): every case marked `parity` is
-// checked. Every device test skips with a message when no CUDA device is present; the probe's
-// "no device" path itself is tested everywhere.
+// engine/ops/op_cases.h (the table bench/bench_gpu.cpp times too): the error and t-SNE tests run
+// every case marked `parity`; the walk and k-center tests name theirs ("standard", "separated").
+// Every device test skips with a message when no CUDA device is present; the probe's "no device"
+// path itself is tested everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>

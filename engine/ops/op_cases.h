@@ -1,8 +1,8 @@
 // The case table of the backend ops: named shapes and seeds for every op, and the inputs they
-// make. One table drives both the device parity tests (tests/test_cuda_parity.cpp, every case
-// with `parity`), the registry's tests (tests/test_backend_registry.cpp) and the GPU benchmarks
-// (bench/bench_gpu.cpp, every case with `bench`), as ggml's test-backend-ops does; adding a shape
-// is one line here. Header-only: the engine library does not use it.
+// make. One table drives the device parity tests (tests/test_cuda_parity.cpp: the cases marked
+// `parity`, and a few named ones), the registry's tests (tests/test_backend_registry.cpp) and the
+// GPU benchmarks (bench/bench_gpu.cpp: every case marked `bench`), as ggml's test-backend-ops
+// does; adding a shape is one line here. Header-only: the engine library does not use it.
 //
 // Two fills: `normal` cases draw std::normal_distribution from std::mt19937 (the parity cases'
 // inputs since they were written); `fast` cases (benchmark sizes: a 32-head layer takes seconds to
