@@ -186,21 +186,21 @@ def met(v, target):
     return "n/a" if v is None else ("yes" if v < target else "NO")
 
 rows = [
-    ("walk, layer 32 heads x 32768 tok, d 128, 2 rounds (authors' float32)", "BM_GpuWalkLayerTwoRounds/1", None, 2.0),
-    ("walk, same, KVScope double walk (kvscope-v1)", "BM_GpuWalkLayerTwoRounds/0", None, None),
-    ("walk, round 1 only", "BM_GpuWalkLayerRound/0", None, None),
-    ("walk, round 2 only", "BM_GpuWalkLayerRound/1", None, None),
-    ("walk, 1 head x 32768 tok, 2 rounds", "BM_GpuWalkHead", "BM_CpuWalkHead", None),
-    ("errors, 256 queries x 32 heads, n 8192 (double scores)", "BM_GpuErrorsLayer/8192/0", None, 1.0),
-    ("errors, 256 queries x 32 heads, n 32768 (double scores)", "BM_GpuErrorsLayer/32768/0", None, 1.0),
-    ("errors, same, n 8192, float scores", "BM_GpuErrorsLayer/8192/1", None, 1.0),
-    ("errors, same, n 32768, float scores", "BM_GpuErrorsLayer/32768/1", None, 1.0),
-    ("host-to-device copy of a layer's K and V, 8 kv heads x 8192", "BM_GpuUploadLayer/8192", None, None),
-    ("host-to-device copy of a layer's K and V, 8 kv heads x 32768", "BM_GpuUploadLayer/32768", None, None),
-    ("errors, 256 queries x 1 head, n 8192", "BM_GpuErrorsHead/8192", "BM_CpuErrorsHead/8192", None),
-    ("t-SNE exact gradient, 8192 points", "BM_GpuTsneGradient/8192", "BM_CpuTsneGradientExact/8192", None),
-    ("t-SNE exact gradient, 32768 points (x1000 < 1 s)", "BM_GpuTsneGradient/32768", None, 1.0),
-    ("k-center, 32768 x 128, 256 centres", "BM_GpuKcenter", "BM_CpuKcenter", None),
+    ("walk, layer 32 heads x 32768 tok, d 128, 2 rounds (authors' float32)", "BM_GpuWalkTwoRounds/layer_32x32k/f32", None, 2.0),
+    ("walk, same, KVScope double walk (kvscope-v1)", "BM_GpuWalkTwoRounds/layer_32x32k/f64", None, None),
+    ("walk, round 1 only", "BM_GpuWalkRound/layer_32x32k/0", None, None),
+    ("walk, round 2 only", "BM_GpuWalkRound/layer_32x32k/1", None, None),
+    ("walk, 1 head x 32768 tok, 2 rounds", "BM_GpuWalkTwoRounds/head_32k/f32", "BM_CpuWalkTwoRounds/head_32k", None),
+    ("errors, 256 queries x 32 heads, n 8192 (double scores)", "BM_GpuErrors/layer_8k/double", None, 1.0),
+    ("errors, 256 queries x 32 heads, n 32768 (double scores)", "BM_GpuErrors/layer_32k/double", None, 1.0),
+    ("errors, same, n 8192, float scores", "BM_GpuErrors/layer_8k/float", None, 1.0),
+    ("errors, same, n 32768, float scores", "BM_GpuErrors/layer_32k/float", None, 1.0),
+    ("host-to-device copy of a layer's K and V, 8 kv heads x 8192", "BM_GpuUploadLayer/layer_8k", None, None),
+    ("host-to-device copy of a layer's K and V, 8 kv heads x 32768", "BM_GpuUploadLayer/layer_32k", None, None),
+    ("errors, 256 queries x 1 head, n 8192", "BM_GpuErrors/head_8k/double", "BM_CpuErrors/head_8k", None),
+    ("t-SNE exact gradient, 8192 points", "BM_GpuTsneGradient/band_8k", "BM_CpuTsneGradientExact/band_8k", None),
+    ("t-SNE exact gradient, 32768 points (x1000 < 1 s)", "BM_GpuTsneGradient/band_32k", None, 1.0),
+    ("k-center, 32768 x 128, 256 centres", "BM_GpuKcenter/keys_32k", "BM_CpuKcenter/keys_32k", None),
 ]
 print(f"### GPU measurements ({device})\n")
 print("| operation | GPU ms | CPU ms | GPU speed-up | target | met |")
@@ -211,7 +211,7 @@ for label, g, c, target in rows:
     print(f"| {label} | {ms(g)} | {ms(c) if c else '-'} | {ratio(gv, cv) if c else '-'} | "
           f"{'< %g ms' % target if target else '-'} | {met(gv, target) if target else '-'} |")
 tw = torch.get("torch_walk_ms")
-kw = bench.get("BM_GpuWalkLayerTwoRounds/1")
+kw = bench.get("BM_GpuWalkTwoRounds/layer_32x32k/f32")
 print()
 if tw is not None:
     print(f"PyTorch walk (same layer, 2 rounds): {tw:.3f} ms; CUDA kernel speed-up: "
