@@ -5,12 +5,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
-#include <thread>
 #include <tuple>
 
 #include "app/worker.h"
 #include "engine/error.h"
 #include "engine/seed_stats.h"
+#include "engine/thread_pool.h"
 
 #ifdef __linux__
 #include <sys/resource.h>
@@ -315,11 +315,10 @@ std::shared_ptr<GridReport> run_grid_job(
       }
     }
   };
+  // Each of the threads takes the best-ranked pending cell in turn (work), so the loop is one
+  // task per thread rather than one per cell.
   const int threads = std::max(1, std::min(job.threads, static_cast<int>(pending.size())));
-  std::vector<std::thread> extra;
-  for (int t = 1; t < threads; ++t) extra.emplace_back(work);
-  work();
-  for (std::thread& t : extra) t.join();
+  parallel_for(threads, threads, nullptr, [&](int) { work(); });
   ctx.check_cancel();
   if (!error.empty()) throw InputError(error);
   return assemble_grid(job, cells);

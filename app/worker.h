@@ -102,6 +102,10 @@ class Worker {
     JobFn fn;
     std::shared_ptr<JobContext> ctx;
   };
+  // A lane is a scheduler, not a parallel loop: one long-lived thread that runs its queue's jobs
+  // one after another and must stay free to take the next one while the other lanes are busy, so
+  // it is a thread of its own rather than a task of engine/thread_pool.h (whose parallel_for and
+  // parallel_chunks the jobs themselves use for their inner loops).
   struct LaneState {
     std::deque<Job> queue;
     std::shared_ptr<Job> running;

@@ -8,7 +8,6 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
-#include <thread>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -23,6 +22,7 @@
 #include "engine/protocol.h"
 #include "engine/random.h"
 #include "engine/simd.h"
+#include "engine/thread_pool.h"
 
 namespace kvscope {
 
@@ -738,35 +738,25 @@ std::vector<Selection> balancekv_layer(const LayerData& layer, int num_layers, c
     job_head.push_back(h);
   }
   std::vector<WalkOutcome> out;
-  const unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()),
-                                              static_cast<unsigned>(jobs.size()));
+  const int threads = std::min(hardware_threads(), static_cast<int>(jobs.size()));
   if (backend.parallel_in_one_call() || threads <= 1) {
     // One walk_blocks call per round for all heads: the GPU kernel parallelises over them.
     out = run_balance_walks(jobs, layer.layer, seed, prm, &backend);
   } else {
-    // The CPU op is sequential; spread the heads over the cores instead. The result is the
-    // same: the walk's random numbers do not depend on which heads share a call.
+    // The CPU op is sequential; spread the heads over the cores instead, thread t taking heads
+    // t, t + threads, ... in one call. The result is the same: the walk's random numbers do not
+    // depend on which heads share a call.
     out.resize(jobs.size());
-    std::vector<std::exception_ptr> errors(threads);
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        try {
-          std::vector<WalkJob> mine;
-          std::vector<size_t> where;
-          for (size_t j = t; j < jobs.size(); j += threads) {
-            mine.push_back(jobs[j]);
-            where.push_back(j);
-          }
-          std::vector<WalkOutcome> got = run_balance_walks(mine, layer.layer, seed, prm, &backend);
-          for (size_t k = 0; k < got.size(); ++k) out[where[k]] = std::move(got[k]);
-        } catch (...) {
-          errors[t] = std::current_exception();
-        }
-      });
-    for (std::thread& th : pool) th.join();
-    for (const std::exception_ptr& e : errors)
-      if (e) std::rethrow_exception(e);
+    parallel_for(threads, threads, nullptr, [&](int t) {
+      std::vector<WalkJob> mine;
+      std::vector<size_t> where;
+      for (size_t j = static_cast<size_t>(t); j < jobs.size(); j += threads) {
+        mine.push_back(jobs[j]);
+        where.push_back(j);
+      }
+      std::vector<WalkOutcome> got = run_balance_walks(mine, layer.layer, seed, prm, &backend);
+      for (size_t k = 0; k < got.size(); ++k) out[where[k]] = std::move(got[k]);
+    });
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int h = job_head[j];

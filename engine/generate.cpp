@@ -12,11 +12,11 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
 #include "engine/error.h"
 #include "engine/protocol.h"
 #include "engine/selection_check.h"
+#include "engine/thread_pool.h"
 
 namespace kvscope {
 
@@ -501,32 +501,9 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
     for (const std::string& n : notes) run.note += (run.note.empty() ? "" : "; ") + n;
   };
 
-  int threads = spec.threads > 0
-                    ? spec.threads
-                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = std::min<int>(threads, static_cast<int>(items.size()));
-  std::atomic<size_t> next{0};
-  std::mutex error_mu;
-  std::exception_ptr first_error;
-  std::atomic<bool> stop{false};
-  auto worker = [&] {
-    while (!stop.load()) {
-      const size_t i = next.fetch_add(1);
-      if (i >= items.size()) return;
-      try {
-        run_one(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (!first_error) first_error = std::current_exception();
-        stop = true;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  if (first_error) std::rethrow_exception(first_error);
+  const int threads = spec.threads > 0 ? spec.threads : hardware_threads();
+  parallel_for(static_cast<int>(items.size()), threads, nullptr,
+               [&](int i) { run_one(static_cast<size_t>(i)); });
   return rep;
 }
 

@@ -12,7 +12,7 @@
 
 #include "engine/error.h"
 #include "engine/simd.h"
-#include "engine/tsne_util.h"
+#include "engine/thread_pool.h"
 
 #if defined(KVSCOPE_SIMD_X86) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
@@ -171,7 +171,7 @@ void knn_kdtree(const MatrixF& x, int k, std::vector<int>& neighbours, std::vect
   using Tree = nanoflann::KDTreeSingleIndexAdaptor<nanoflann::L2_Simple_Adaptor<float, RowsAdaptor>,
                                                    RowsAdaptor, -1, uint32_t>;
   Tree tree(d, adaptor, nanoflann::KDTreeSingleIndexAdaptorParams(16));
-  tsne_parallel_for(n, 256, [&](int b, int e) {
+  parallel_chunks(n, 256, [&](int b, int e) {
     std::vector<uint32_t> idx(k + 1);
     std::vector<float> dd(k + 1);
     std::vector<Candidate> cand;
@@ -524,7 +524,7 @@ std::vector<float> sampled_thresholds(const Points& p, int k, TileScan scan,
   }
   std::vector<float> estimate(n);
   const int groups = (n + kRows - 1) / kRows;
-  tsne_parallel_for(groups, 64, [&](int gb, int ge) {
+  parallel_chunks(groups, 64, [&](int gb, int ge) {
     for (int g = gb; g < ge; g += 64) {
       if (is_set(cancel)) return;
       sample_ranks_avx2(p, s, g * kRows, std::min(n, std::min(ge, g + 64) * kRows),
@@ -549,7 +549,7 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
   std::vector<std::pair<int, int>> tiles;
   for (int gap = 0; gap < blocks; ++gap)
     for (int bi = 0; bi + gap < blocks; ++bi) tiles.emplace_back(bi, bi + gap);
-  const int threads = tsne_threads(static_cast<int>(tiles.size()), 8);
+  const int threads = chunk_threads(static_cast<int>(tiles.size()), 8);
   std::vector<NearestSets> sets;
   sets.reserve(threads);
   for (int t = 0; t < threads; ++t) sets.emplace_back(n, points.padded + kPanel, k, 2 * k);
@@ -561,7 +561,7 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
   // seen by exactly one thread, nothing a thread drops can be among the k nearest, and the final
   // ranking is by (distance, index): the result does not depend on the schedule.
   std::atomic<size_t> next{0};
-  tsne_parallel_for(threads, 1, [&](int tb, int te) {
+  parallel_chunks(threads, 1, [&](int tb, int te) {
     MatrixF scratch;
     for (int t = tb; t < te; ++t) {
       for (size_t at = next.fetch_add(1); at < tiles.size(); at = next.fetch_add(1)) {
@@ -573,7 +573,7 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
     }
   });
   if (is_set(cancel)) return;
-  tsne_parallel_for(n, 1024, [&](int b, int e) {
+  parallel_chunks(n, 1024, [&](int b, int e) {
     std::vector<Candidate> cand;
     std::vector<float> scratch;
     for (int i = b; i < e; ++i) {

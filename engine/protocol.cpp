@@ -14,7 +14,6 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 #include <tuple>
 
 #include "engine/backend.h"
@@ -23,6 +22,7 @@
 #include "engine/reference_cache.h"
 #include "engine/seed_stats.h"
 #include "engine/selection_check.h"
+#include "engine/thread_pool.h"
 #include "engine/token_harm.h"
 
 namespace kvscope {
@@ -426,37 +426,6 @@ struct WorkItem {
   int method = 0, ratio = 0, layer = 0, head = 0;  // positions in the spec's lists
 };
 
-// fn(0 .. count-1) on `threads` threads (the caller's included). The first exception stops the
-// others from starting new indices and is rethrown; a set cancel flag stops them too (the caller
-// then throws Cancelled).
-void parallel_for(int count, int threads, const std::atomic<bool>* cancel,
-                  const std::function<void(int)>& fn) {
-  std::atomic<int> next{0};
-  std::atomic<bool> stop{false};
-  std::mutex mu;
-  std::exception_ptr first_error;
-  auto worker = [&] {
-    for (;;) {
-      if (stop.load() || (cancel && cancel->load())) return;
-      const int i = next.fetch_add(1);
-      if (i >= count) return;
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first_error) first_error = std::current_exception();
-        stop = true;
-        return;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, count); ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  if (first_error) std::rethrow_exception(first_error);
-}
-
 // Work items in canonical order: layer, kv head, method, ratio (layer-major, so concurrent
 // workers share the loader's layer cache). Results are always reported in this order.
 std::vector<WorkItem> all_items(const EvalSpec& spec) {
@@ -693,9 +662,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   report.results.resize(mine.size());
 
   const int total = static_cast<int>(mine.size());
-  int threads = spec.threads > 0
-                    ? spec.threads
-                    : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int threads = spec.threads > 0 ? spec.threads : hardware_threads();
   threads = std::max(1, std::min(threads, total));
 
   // Layer by layer (memory stays bounded by one layer). The unit of work is a group: the items

@@ -20,6 +20,7 @@
 #include "engine/knn.h"
 #include "engine/pca.h"
 #include "engine/simd.h"
+#include "engine/thread_pool.h"
 #include "engine/tsne_fft.h"
 #include "engine/tsne_util.h"
 
@@ -230,7 +231,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
   if (in.theta > 0) {
     const QuadTree tree(y, n);
     // In tree order, so consecutive points walk nearly the same cells.
-    tsne_parallel_for(n, 512, [&](int b, int e) {
+    parallel_chunks(n, 512, [&](int b, int e) {
       for (int k = b; k < e; ++k) {
         const int i = tree.point(k);
         double fx = 0, fy = 0, z = 0;
@@ -241,7 +242,7 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad) {
       }
     });
   } else {
-    tsne_parallel_for(n, 128, [&](int b, int e) {
+    parallel_chunks(n, 128, [&](int b, int e) {
       for (int i = b; i < e; ++i) {
         const double xi = y[2 * i], yi = y[2 * i + 1];
         // No j != i branch, and four independent partial sums (combined in a fixed order), so
@@ -506,7 +507,7 @@ double finish_gradient(const TsneGradInput& in, const double* rep, const double*
   std::vector<double> kl_terms(want_kl ? n : 0), psum(want_kl ? n : 0);
   const double exaggeration = in.exaggeration;
   const bool avx2 = use_tsne_avx2();
-  tsne_parallel_for(n, 512, [&](int b, int e) {
+  parallel_chunks(n, 512, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
       double fx, fy;
       row_terms(in, avx2, i, fx, fy, want_kl ? &kl_terms[i] : nullptr,
@@ -558,7 +559,7 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
     const VectorF norms = x.rowwise().squaredNorm();
     const MatrixF dots = x * x.transpose();
     MatrixF pc = MatrixF::Zero(n, n);
-    tsne_parallel_for(n, 64, [&](int b, int e) {
+    parallel_chunks(n, 64, [&](int b, int e) {
       std::vector<float> d2(n - 1), p(n - 1);
       for (int i = b; i < e; ++i) {
         if ((i & 63) == 0 && is_set(cancel)) return;
@@ -592,7 +593,7 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
 
   // Conditional p_{j|i} over each point's neighbour list.
   std::vector<float> pcond(static_cast<size_t>(n) * k);
-  tsne_parallel_for(n, 256, [&](int b, int e) {
+  parallel_chunks(n, 256, [&](int b, int e) {
     for (int i = b; i < e; ++i)
       calibrate_row(&d2[static_cast<size_t>(i) * k], k, log_perp,
                     &pcond[static_cast<size_t>(i) * k]);
@@ -619,7 +620,7 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
     }
   }
   std::vector<int> merged(n);
-  tsne_parallel_for(n, 1024, [&](int b, int e) {
+  parallel_chunks(n, 1024, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
       const auto first = entries.begin() + static_cast<std::ptrdiff_t>(start[i]);
       const auto last = entries.begin() + static_cast<std::ptrdiff_t>(start[i + 1]);
@@ -639,7 +640,7 @@ TsneAffinities tsne_affinities(const MatrixF& x_in, double perplexity, int neigh
   for (int i = 0; i < n; ++i) out.rowptr[i + 1] = out.rowptr[i] + merged[i];
   out.col.resize(out.rowptr[n]);
   out.val.resize(out.rowptr[n]);
-  tsne_parallel_for(n, 1024, [&](int b, int e) {
+  parallel_chunks(n, 1024, [&](int b, int e) {
     for (int i = b; i < e; ++i)
       for (int r = 0; r < merged[i]; ++r) {
         const auto& [j, v] = entries[start[i] + r];
@@ -854,7 +855,7 @@ double trustworthiness(const MatrixF& high, const MatrixF& low, int k) {
     return ((m.rowwise() - m.row(i)).cast<double>().rowwise().squaredNorm()).eval();
   };
   std::vector<double> penalty(n);
-  tsne_parallel_for(n, 64, [&](int b, int e) {
+  parallel_chunks(n, 64, [&](int b, int e) {
     std::vector<int> order(n), rank(n);
     for (int i = b; i < e; ++i) {
       // Rank of every point in the input-space ordering around i (1 = nearest other point).

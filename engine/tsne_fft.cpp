@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "engine/thread_pool.h"
 #include "engine/tsne_util.h"
 
 namespace kvscope {
@@ -480,13 +481,13 @@ std::vector<float> kernel_spectrum(const StripFft& fft, int M, int N, double spa
       k.re[k.at((a + M) % M, (b + M) % M)] = static_cast<float>(w * w);
     }
   const int strips_c = (M + kLanes - 1) / kLanes;
-  tsne_parallel_for(strips_c, 4, [&](int sb, int se) {
+  parallel_chunks(strips_c, 4, [&](int sb, int se) {
     for (int s = sb; s < se; ++s) fft.forward(&k.re[s * kLanes], &k.im[s * kLanes], k.ld);
   });
   const int strips_r = (M + kLanes - 1) / kLanes;
   std::vector<float> hat(static_cast<size_t>(strips_r) * M * kLanes);
   const float scale = static_cast<float>(1.0 / (double(M) * M));
-  tsne_parallel_for(strips_r, 4, [&](int sb, int se) {
+  parallel_chunks(strips_r, 4, [&](int sb, int se) {
     std::vector<float> sre(static_cast<size_t>(M) * kLanes), sim(sre.size());
     for (int s = sb; s < se; ++s) {
       load_strip(k, s * kLanes, M, sre.data(), sim.data());
@@ -639,7 +640,7 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   st.wy.resize(static_cast<size_t>(n) * p);
   st.gx.resize(n);
   st.gy.resize(n);
-  tsne_parallel_for(n, 4096, [&](int b, int e) {
+  parallel_chunks(n, 4096, [&](int b, int e) {
     for (int o = b; o < e; ++o) {
       const int i = st.order[o];
       st.pos[2 * o] = y[2 * i] - cx;
@@ -663,7 +664,7 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   const size_t node_floats = static_cast<size_t>(N) * N * 4;
   st.nodes.resize(node_floats);
   float* q = st.nodes.data();
-  tsne_parallel_for(2, 1, [&](int hb, int he) {
+  parallel_chunks(2, 1, [&](int hb, int he) {
     for (int half = hb; half < he; ++half) {
       const int r0 = half ? split_row : 0, r1 = half ? boxes : split_row;
       std::fill(q + static_cast<size_t>(r0) * p * N * 4, q + static_cast<size_t>(r1) * p * N * 4,
@@ -685,7 +686,7 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
 
   // The two grids are independent: one thread each takes its two charges as one complex grid
   // (rows [N, M) need no zeros: the pruned transforms do not read them) and convolves.
-  tsne_parallel_for(2, 1, [&](int gb, int ge) {
+  parallel_chunks(2, 1, [&](int gb, int ge) {
     for (int which = gb; which < ge; ++which) {
       Grid& g = which == 0 ? st.a : st.b;
       if (g.rows != M) g.reset(M, N);
@@ -702,7 +703,7 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   });
 
   // The four potentials of every node, interleaved in place of the charges.
-  tsne_parallel_for(N, 64, [&](int rb, int re) {
+  parallel_chunks(N, 64, [&](int rb, int re) {
     for (int r = rb; r < re; ++r) {
       const float* ar = &st.a.re[st.a.at(r, 0)];
       const float* ai = &st.a.im[st.a.at(r, 0)];
@@ -715,7 +716,7 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   });
 
   // Interpolate the potentials back to the points (in box-row order); forces and Z_i from them.
-  tsne_parallel_for(n, 4096, [&](int b, int e) {
+  parallel_chunks(n, 4096, [&](int b, int e) {
     for (int o = b; o < e; ++o) {
       const float* ux = &st.wx[static_cast<size_t>(o) * p];
       const float* uy = &st.wy[static_cast<size_t>(o) * p];

@@ -13,7 +13,6 @@
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/backend.h"
@@ -25,7 +24,6 @@
 #include "engine/simd.h"
 #include "engine/tsne.h"
 #include "engine/tsne_fft.h"
-#include "engine/tsne_util.h"
 
 namespace kvscope {
 namespace {
@@ -601,43 +599,6 @@ TEST(Tsne, FftCircularConvolutionMatchesDirectSum) {
   EXPECT_THROW(tsne_fft_circular_convolution(std::vector<std::complex<float>>(7),
                                              std::vector<std::complex<float>>(7), 7, 7),
                std::logic_error);
-}
-
-// The t-SNE code's parallel regions (persistent workers, with threads of its own as the fallback):
-// every index once, from nested regions and from several callers at the same time, and an
-// exception in the caller's chunk leaves the pool usable.
-TEST(Tsne, ParallelForCoversEveryIndexOnceFromAnyCaller) {
-  auto check = [](int n) {
-    std::vector<std::atomic<int>> hits(n);
-    tsne_parallel_for(n, 1, [&](int b, int e) {
-      for (int i = b; i < e; ++i) hits[i].fetch_add(1);
-    });
-    for (int i = 0; i < n; ++i)
-      if (hits[i].load() != 1) return false;
-    return true;
-  };
-  EXPECT_TRUE(check(1));
-  EXPECT_TRUE(check(1000));
-  std::atomic<int> nested_ok{0};
-  tsne_parallel_for(4, 1, [&](int b, int e) {
-    for (int i = b; i < e; ++i) nested_ok += check(257) ? 1 : 0;
-  });
-  EXPECT_EQ(nested_ok.load(), 4);
-  std::atomic<int> failures{0};
-  std::vector<std::thread> callers;
-  for (int c = 0; c < 4; ++c)
-    callers.emplace_back([&] {
-      for (int r = 0; r < 200; ++r)
-        if (!check(100 + r)) ++failures;
-    });
-  for (auto& t : callers) t.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_THROW(tsne_parallel_for(100, 1,
-                                 [](int b, int) {
-                                   if (b == 0) throw std::runtime_error("chunk 0");
-                                 }),
-               std::runtime_error);
-  EXPECT_TRUE(check(999));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "engine/tsne_util.h"
+#include "engine/thread_pool.h"
 
 #include <atomic>
 #include <chrono>
@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -39,7 +40,7 @@ bool spin_until(Ready&& ready) {
 // Never destroyed: the workers sleep on the condition variable at exit.
 class WorkerPool {
  public:
-  WorkerPool() : workers_(std::max(1u, std::thread::hardware_concurrency()) - 1) {
+  WorkerPool() : workers_(hardware_threads() - 1) {
     for (int w = 1; w <= workers_; ++w) std::thread([this, w] { serve(w); }).detach();
   }
 
@@ -116,9 +117,37 @@ thread_local bool WorkerPool::in_worker_ = false;
 
 }  // namespace
 
-bool tsne_pool_run(int tasks, void (*fn)(void* ctx, int t), void* ctx) {
+bool pool_run(int tasks, void (*fn)(void* ctx, int t), void* ctx) {
   static WorkerPool* pool = new WorkerPool;  // never freed (see WorkerPool)
   return pool->run(tasks, fn, ctx);
+}
+
+void parallel_for(int count, int threads, const std::atomic<bool>* cancel,
+                  const std::function<void(int)>& fn) {
+  std::atomic<int> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    for (;;) {
+      if (stop.load() || (cancel && cancel->load())) return;
+      const int i = next.fetch_add(1);
+      if (i >= count) return;
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) first_error = std::current_exception();
+        stop = true;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, count); ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 }  // namespace kvscope
