@@ -332,9 +332,14 @@ void run_sweep_command(const SweepOptions& o) {
   std::vector<double> best(spec.ratios.size(), 1e300);
   std::vector<std::string> best_at(spec.ratios.size());
   std::vector<std::string> failures;
-  for (const ParamValues& point : points) {
-    spec.params = {{m->name(), point}};
-    const EvalReport rep = run_eval(*capture, spec, {}, nullptr, &backend);
+  // One run for all points (EvalSpec::points): each layer is loaded and each head's exact
+  // reference built once for the whole sweep.
+  spec.points = points;
+  const std::vector<EvalReport> reports =
+      run_eval(*capture, spec, progress_printer(), nullptr, &backend).split_points();
+  for (size_t pt = 0; pt < points.size(); ++pt) {
+    const ParamValues& point = points[pt];
+    const EvalReport& rep = reports[pt];
     if (!header) {
       std::printf("method   %s\nwindow   %s\nseeds    %d\n\n", m->name().c_str(),
                   rep.window_example.describe().c_str(), spec.seeds);

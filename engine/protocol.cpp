@@ -424,21 +424,33 @@ namespace {
 
 struct WorkItem {
   int method = 0, ratio = 0, layer = 0, head = 0;  // positions in the spec's lists
+  int point = 0;                                   // position in spec.points (0 without)
 };
 
-// Work items in canonical order: layer, kv head, method, ratio (layer-major, so concurrent
-// workers share the loader's layer cache). Results are always reported in this order.
+// Work items in canonical order: layer, kv head, point, method, ratio (layer-major, so
+// concurrent workers share the loader's layer cache). Results are always reported in this order.
 std::vector<WorkItem> all_items(const EvalSpec& spec) {
   std::vector<WorkItem> items;
+  const int points = std::max<int>(1, static_cast<int>(spec.points.size()));
   for (int l = 0; l < static_cast<int>(spec.layers.size()); ++l)
     for (int h = 0; h < static_cast<int>(spec.heads.size()); ++h)
-      for (int m = 0; m < static_cast<int>(spec.methods.size()); ++m)
-        for (int r = 0; r < static_cast<int>(spec.ratios.size()); ++r)
-          items.push_back({m, r, l, h});
+      for (int pt = 0; pt < points; ++pt)
+        for (int m = 0; m < static_cast<int>(spec.methods.size()); ++m)
+          for (int r = 0; r < static_cast<int>(spec.ratios.size()); ++r)
+            items.push_back({m, r, l, h, pt});
   return items;
 }
 
-// The work items of one (layer, kv head, method): its ratios in this shard, in order.
+// The parameters method `method` of the spec runs with at point `point`.
+ParamValues item_params(const EvalSpec& spec, const Method& method, int point) {
+  ParamValues params;
+  if (auto p = spec.params.find(method.name()); p != spec.params.end()) params = p->second;
+  if (!spec.points.empty())
+    for (const auto& [name, v] : spec.points[point]) params[name] = v;
+  return params;
+}
+
+// The work items of one (layer, kv head, point, method): its ratios in this shard, in order.
 struct WorkGroup {
   size_t first = 0, count = 0;  // positions in the shard's item list
 };
@@ -502,6 +514,7 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
     he.ratio = spec.ratios[it.ratio];
     he.layer = spec.layers[it.layer];
     he.kv_head = spec.heads[it.head];
+    he.point = it.point;
     if (method_refused) {
       he.refused = true;
       he.note = method->name() + " needs queries and the capture has none";
@@ -516,8 +529,7 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
       settings.sink = spec.sink;
       settings.eval = spec.eval;
       settings.estimator = spec.estimator;
-      if (auto p = spec.params.find(method->name()); p != spec.params.end())
-        settings.params = p->second;
+      settings.params = item_params(spec, *method, it.point);
 
       std::vector<double> norm_seeds, mass_seeds;
       double harm_kept = 0, harm_dropped = 0;  // sums over seeds (spec.harm)
@@ -636,6 +648,14 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
                          name + " is not among the evaluated methods");
     validate_method_params(**it, values);
   }
+  if (!spec.points.empty()) {
+    if (spec.methods.size() != 1)
+      throw SettingError(
+          "methods", "--method",
+          "a parameter sweep runs one method (" + std::to_string(spec.methods.size()) + " given)");
+    for (size_t pt = 0; pt < spec.points.size(); ++pt)
+      validate_method_params(*spec.methods[0], item_params(spec, *spec.methods[0], int(pt)));
+  }
   for (double r : spec.ratios) EvalWindow::make(info.num_tokens, r, spec.sink, spec.eval);
   report.window_example = EvalWindow::make(info.num_tokens, spec.ratios[0], spec.sink, spec.eval);
 
@@ -666,10 +686,10 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   threads = std::max(1, std::min(threads, total));
 
   // Layer by layer (memory stays bounded by one layer). The unit of work is a group: the items
-  // of one (kv head, method), so that a method ranks or runs once for all its ratios and seeds.
-  // Groups are taken in head order; the exact reference of a kv head is taken from the reference
-  // cache (engine/reference_cache.h: built there once per capture, window and head) by the first
-  // group that needs it and dropped when its last group is done, so only about `threads`
+  // of one (kv head, point, method), so that a method ranks or runs once for all its ratios and
+  // seeds. Groups are taken in head order; the exact reference of a kv head is taken from the
+  // reference cache (engine/reference_cache.h: built there once per capture, window and head) by
+  // the first group that needs it and dropped when its last group is done, so only about `threads`
   // references (with any logits they hold) are alive at once.
   const bool cpu_scoring = !(backend && backend->parallel_in_one_call());
   std::mutex mu;  // guards done and progress calls
@@ -693,7 +713,8 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       });
     std::vector<WorkGroup> groups;
     for (size_t i = begin; i < end; ++i) {
-      if (i == begin || mine[i].head != mine[i - 1].head || mine[i].method != mine[i - 1].method)
+      if (i == begin || mine[i].head != mine[i - 1].head || mine[i].method != mine[i - 1].method ||
+          mine[i].point != mine[i - 1].point)
         groups.push_back({i, 0});
       ++groups.back().count;
     }
@@ -799,6 +820,28 @@ std::vector<std::string> EvalReport::failures() const {
   return out;
 }
 
+std::vector<EvalReport> EvalReport::split_points() const {
+  if (spec.points.empty()) return {*this};
+  std::vector<EvalReport> out(spec.points.size());
+  for (size_t pt = 0; pt < out.size(); ++pt) {
+    EvalReport& r = out[pt];
+    r.capture_path = capture_path;
+    r.info = info;
+    r.spec = spec;
+    r.spec.points.clear();
+    r.spec.params[spec.methods[0]->name()] = item_params(spec, *spec.methods[0], int(pt));
+    r.window_example = window_example;
+    r.proxy_queries = proxy_queries;
+    r.notes = notes;
+  }
+  for (const HeadEval& h : results) {
+    HeadEval copy = h;
+    copy.point = 0;
+    out.at(h.point).results.push_back(std::move(copy));
+  }
+  return out;
+}
+
 std::vector<EvalSummary> EvalReport::summary() const {
   std::vector<EvalSummary> out;
   for (const Method* m : spec.methods) {
@@ -847,6 +890,8 @@ std::vector<EvalSummary> EvalReport::summary() const {
 }
 
 nlohmann::json EvalReport::to_json() const {
+  if (!spec.points.empty())
+    throw std::logic_error("EvalReport::to_json: a report with points is written by point");
   using nlohmann::json;
   json j;
   j["format"] = "kvscope-eval/1";

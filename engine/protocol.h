@@ -125,6 +125,7 @@ struct HeadEval {
   double harm_kept = std::numeric_limits<double>::quiet_NaN();
   double harm_dropped = std::numeric_limits<double>::quiet_NaN();
   bool has_harm() const { return !std::isnan(harm_kept); }
+  int point = 0;  // EvalSpec::points: which point this result is of (0 without points)
 };
 
 // Limits on a spec (CLI flags and eval reports read back by merge), named in the errors.
@@ -150,6 +151,14 @@ struct EvalSpec {
   // result (HeadEval::harm_kept / harm_dropped): one token_harm per kv head, about as much work
   // as the head's exact reference.
   bool harm = false;
+  // A sweep of one method's parameters as one run (kvscope-cli sweep, sweep --grid2, the Error
+  // view's tuning heatmap): when not empty, `methods` holds exactly one method and each point is
+  // evaluated as its own variant of it, with that method's `params` overlaid by the point; every
+  // HeadEval carries its point's index. One pass serves all points: each layer is loaded once and
+  // each head's exact reference (with the logits of every key when the points' selections keep
+  // more columns in all than the head has) is shared by every point (docs/performance.md, "The
+  // sweep as one run"). EvalReport::split_points() gives the report of each point.
+  std::vector<ParamValues> points;
 };
 
 struct EvalSummary {
@@ -176,6 +185,12 @@ struct EvalReport {
   std::vector<EvalSummary> summary() const;
   // One line per method that threw on some work items (how many, and the first message).
   std::vector<std::string> failures() const;
+  // The report of each of spec.points (in order): its results (in canonical order), its spec
+  // with the point overlaid on the method's params and no points, as a run of that point alone
+  // would give. A report without points gives itself.
+  std::vector<EvalReport> split_points() const;
+  // A report with spec.points is written by point (split_points()); to_json throws
+  // std::logic_error on it.
   nlohmann::json to_json() const;
   static EvalReport from_json(const nlohmann::json& j);  // throws InputError
 };

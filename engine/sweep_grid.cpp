@@ -158,19 +158,25 @@ Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spe
   res.seed_std = res.mean;
   res.head_mean.assign(
       R, std::vector<std::vector<std::vector<double>>>(I, std::vector<std::vector<double>>(J)));
-  const int total = static_cast<int>(I * J);
-  int done = 0;
+  // One run for every cell (EvalSpec::points, rows major): each layer is loaded and each head's
+  // exact reference built once for the whole grid.
+  EvalSpec spec = base;
+  spec.methods = {g.method};
+  spec.params.clear();
+  spec.points.clear();
   for (size_t i = 0; i < I; ++i)
     for (size_t j = 0; j < J; ++j) {
-      if (cancel && cancel->load()) throw Cancelled();
-      EvalSpec spec = base;
-      spec.methods = {g.method};
       ParamValues pv = g.fixed;
       pv[g.rows.name] = g.rows.values[i];
       pv[g.cols.name] = g.cols.values[j];
       validate_method_params(*g.method, pv);
-      spec.params = {{g.method->name(), pv}};
-      const EvalReport rep = run_eval(capture, spec, {}, cancel, backend);
+      spec.points.push_back(pv);
+    }
+  const std::vector<EvalReport> reports =
+      run_eval(capture, spec, progress, cancel, backend).split_points();
+  for (size_t i = 0; i < I; ++i)
+    for (size_t j = 0; j < J; ++j) {
+      const EvalReport& rep = reports[i * J + j];
       if (res.heads.empty()) {
         for (const HeadEval& h : rep.results)
           if (h.ratio == base.ratios.front()) res.heads.emplace_back(h.layer, h.kv_head);
@@ -193,7 +199,6 @@ Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spe
       }
       for (const std::string& f : rep.failures())
         res.failures.push_back(cell_label(res, i, j) + ": " + f);
-      if (progress) progress(++done, total);
     }
   return res;
 }

@@ -1,8 +1,8 @@
 // Tuning two parameters at once: the evaluation protocol (engine/protocol.h, run_eval) of one
 // method over the product of two parameter lists, collected as a grid per keep ratio: mean error
 // over heads, its spread over seeds, and every head's mean, with the best cell and the default
-// cell. A loop over run_eval (one call per cell), shared by `kvscope-cli sweep --grid2` and the
-// Error view's tuning heatmap.
+// cell. One run_eval for all cells (EvalSpec::points), shared by `kvscope-cli sweep --grid2` and
+// the Error view's tuning heatmap.
 #pragma once
 
 #include <atomic>
@@ -56,8 +56,8 @@ struct Grid2Result {
 };
 
 // Runs the grid: base.methods and base.params are replaced by the method and each cell's
-// parameters. progress(done, total) counts cells. Throws InputError for bad specs (same
-// parameter twice, unknown names), Cancelled when `cancel` is set.
+// parameters. progress(done, total) counts work items (head, cell, ratio). Throws InputError for
+// bad specs (same parameter twice, unknown names), Cancelled when `cancel` is set.
 Grid2Result run_grid2(CaptureFile& capture, const EvalSpec& base, const Grid2Spec& g,
                       const std::function<void(int, int)>& progress = {},
                       const std::atomic<bool>* cancel = nullptr, Backend* backend = nullptr);

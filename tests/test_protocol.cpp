@@ -227,6 +227,49 @@ TEST(RunEval, DeterministicRegardlessOfThreads) {
   EXPECT_EQ(one["summary"], three["summary"]);
 }
 
+// A sweep as one run (EvalSpec::points) gives, point by point, exactly the report of a run of
+// that point alone: results, summaries and the spec (the point overlaid on the method's params).
+TEST(RunEval, PointsAreTheRunsOfEachPointAlone) {
+  MemoryCapture cap = make_capture(256, 2, 2, 4, true);
+  EvalSpec spec = simple_spec();
+  spec.methods = {find_method("balancekv")};
+  spec.params = {{"balancekv", {{"temp", 0.5}}}};
+  spec.points = {{{"gamma", 0.0}}, {{"gamma", 2.0}}, {{"gamma", 4.0}, {"temp", 1.0}}};
+  int calls = 0;
+  const EvalReport all = run_eval(cap, spec, [&](int, int) { ++calls; });
+  EXPECT_EQ(calls, 3 * 2 * 2 * 2);  // points x layers x kv heads x ratios
+  EXPECT_THROW(all.to_json(), std::logic_error);
+  const std::vector<EvalReport> parts = all.split_points();
+  ASSERT_EQ(parts.size(), 3u);
+  const std::vector<ParamValues> alone = {{{"gamma", 0.0}, {"temp", 0.5}},
+                                          {{"gamma", 2.0}, {"temp", 0.5}},
+                                          {{"gamma", 4.0}, {"temp", 1.0}}};
+  for (size_t pt = 0; pt < parts.size(); ++pt) {
+    EvalSpec one = simple_spec();
+    one.methods = {find_method("balancekv")};
+    one.params = {{"balancekv", alone[pt]}};
+    const nlohmann::json expected = run_eval(cap, one).to_json();
+    const nlohmann::json got = parts[pt].to_json();
+    EXPECT_EQ(got["results"], expected["results"]) << "point " << pt;
+    EXPECT_EQ(got["summary"], expected["summary"]) << "point " << pt;
+    EXPECT_EQ(got["spec"], expected["spec"]) << "point " << pt;
+  }
+  // The points differ (gamma 0 keeps a uniform half; 2 and 4 walk).
+  EXPECT_NE(parts[0].to_json()["results"], parts[1].to_json()["results"]);
+
+  EvalSpec two = spec;
+  two.methods = {find_method("balancekv"), find_method("uniform")};
+  try {
+    run_eval(cap, two);
+    ADD_FAILURE() << "two methods with points must be refused";
+  } catch (const SettingError& e) {
+    EXPECT_NE(std::string(e.what()).find("one method"), std::string::npos) << e.what();
+  }
+  EvalSpec bad = spec;
+  bad.points.push_back({{"no_such_param", 1.0}});
+  EXPECT_THROW(run_eval(cap, bad), InputError);
+}
+
 TEST(RunEval, ShardsMergeToTheUnshardedReport) {
   MemoryCapture cap = make_capture(192, 2, 2, 2, true);
   EvalSpec spec = simple_spec(2);

@@ -45,10 +45,10 @@ TEST(SweepGrid, CellsAreTheProtocolsResults) {
   int calls = 0;
   const Grid2Result r = run_grid2(*cap, spec, g, [&](int done, int total) {
     ++calls;
-    EXPECT_EQ(total, 4);
+    EXPECT_EQ(total, 8);  // work items: 4 cells x 2 heads x 1 ratio
     EXPECT_EQ(done, calls);
   });
-  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(calls, 8);
   ASSERT_EQ(r.mean.size(), 1u);
   ASSERT_EQ(r.heads.size(), 2u);
   // Cell (gamma 0, temp 1) against a direct run of the protocol.
