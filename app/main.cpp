@@ -18,6 +18,7 @@
 #include "app/export.h"
 #include "app/headless.h"
 #include "app/input_queue.h"
+#include "app/memory_stats.h"
 #include "app/screenshot.h"
 #include "app/soft_render.h"
 #include "app/view.h"
@@ -245,16 +246,27 @@ int main(int argc, char** argv) {
     auto last_change = t0;
     uint64_t last_fingerprint = 0;
     std::string window_title_path;
+    // Free memory is given back once the app has gone still after activity (app/memory_stats.h).
+    bool active_since_trim = false;
+    auto last_trim = t0;
     while (!quit && !glfwWindowShouldClose(window)) {
       const auto frame_start = std::chrono::steady_clock::now();
       bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
       bool animating = std::chrono::duration<double>(frame_start - last_change).count() < 0.25;
       const bool input_pending = g_input_frames > 0;
       if (g_input_frames > 0) --g_input_frames;
-      if (headless || busy || animating || input_pending)
+      if (headless || busy || animating || input_pending) {
+        active_since_trim = true;
         glfwPollEvents();
-      else
+      } else {
+        if (active_since_trim &&
+            std::chrono::duration<double>(frame_start - last_trim).count() >= 2.0) {
+          return_free_memory();  // nothing to draw: the few milliseconds delay no frame
+          active_since_trim = false;
+          last_trim = frame_start;
+        }
         glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
+      }
       const auto work_start = std::chrono::steady_clock::now();  // the frame's work from here
       state.worker.drain(state);
       if (state.capture_path != window_title_path) {

@@ -13,7 +13,7 @@
 #if defined(KVSCOPE_ASAN)
 #include <sanitizer/allocator_interface.h>
 #elif defined(__GLIBC__)
-#include <malloc.h>
+#include <malloc.h>  // mallinfo2, malloc_trim
 #endif
 
 namespace kvscope::app {
@@ -36,6 +36,12 @@ MemoryStats memory_stats() {
   m.allocator = "glibc";
 #endif
   return m;
+}
+
+void return_free_memory() {
+#if !defined(KVSCOPE_ASAN) && defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 }  // namespace kvscope::app
