@@ -15,9 +15,10 @@
 //    rate max(n / exaggeration / 4, 50) ("auto": Belkina et al. 2019 as sklearn writes it for a
 //    gradient that includes the factor 4), embedding re-centred every iteration;
 //  - gradient: exact O(n^2) when theta == 0, Barnes-Hut quadtree with opening angle theta
-//    otherwise, via Backend::tsne_gradient (CPU: cpu_tsne_gradient below; CUDA: kernels/); in
-//    automatic mode on the CPU above fft_threshold points (10000), FFT-accelerated
-//    interpolation of the repulsion (FIt-SNE; engine/tsne_fft.h).
+//    otherwise, via Backend::tsne_gradient (CPU: cpu_tsne_gradient,
+//    engine/ops/tsne_gradient_cpu.cpp; CUDA: kernels/); in automatic mode on the CPU above
+//    fft_threshold points (10000), FFT-accelerated interpolation of the repulsion (FIt-SNE;
+//    engine/tsne_fft.h).
 #pragma once
 
 #include <atomic>

@@ -91,8 +91,8 @@ std::vector<std::complex<double>> tsne_fft_circular_convolution(
     int live, int keep);
 
 // The gradient of KL(P || Q), with the same definition and return value as cpu_tsne_gradient
-// (whose theta is ignored here), the repulsion from `repulsion`. Defined in tsne.cpp next to the
-// attractive term it shares.
+// (whose theta is ignored here), the repulsion from `repulsion`. Defined in
+// engine/ops/tsne_gradient_cpu.cpp next to the attractive term it shares.
 double fft_tsne_gradient(const TsneGradInput& in, float* grad, TsneFftRepulsion& repulsion);
 
 }  // namespace kvscope

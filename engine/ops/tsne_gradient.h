@@ -1,5 +1,5 @@
 // The t-SNE gradient op (Backend::tsne_gradient, engine/backend.h): its input type and its CPU
-// reference, cpu_tsne_gradient (engine/tsne.cpp for now: exact, Barnes-Hut, and the
+// reference, cpu_tsne_gradient (engine/ops/tsne_gradient_cpu.cpp: exact, Barnes-Hut, and the
 // FFT-interpolated variant fft_tsne_gradient of engine/tsne_fft.h). The CUDA kernel is
 // kernels/tsne_grad.cu. The optimisation around it is engine/tsne.h's TsneRun.
 #pragma once
@@ -31,5 +31,8 @@ double cpu_tsne_gradient(const TsneGradInput& in, float* grad);
 // The t-SNE attraction and KL rows (and TsneRun's gradient step) use AVX2 where the CPU has it;
 // false forces the portable scalar path (tests compare the two). Returns the previous setting.
 bool set_cpu_tsne_simd(bool enabled);
+// Whether those AVX2 paths run now: the SIMD table in use has AVX2 and FMA and
+// set_cpu_tsne_simd has not turned them off.
+bool cpu_tsne_avx2_in_use();
 
 }  // namespace kvscope
