@@ -26,6 +26,7 @@
 #include "engine/generate.h"
 #include "engine/json_fields.h"
 #include "engine/llama2c.h"
+#include "engine/printable.h"
 
 namespace kvscope::app {
 namespace {
@@ -35,21 +36,6 @@ constexpr const char* kOutputResult = "output.generate";
 // The protocol's ratios, and 0.75 so that kvpress's four (keep 0.75, 1/2, 1/4, 1/8: it counts
 // the fraction removed, 0.25 ... 0.875) are all offered.
 constexpr double kRatios[] = {0.5, 0.25, 0.125, 0.0625, 0.75};
-
-std::string escaped(const std::string& t) {
-  std::string out;
-  for (char c : t) {
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\t')
-      out += "\\t";
-    else if (c == '\r')
-      out += "\\r";
-    else
-      out += c;
-  }
-  return out;
-}
 
 // What the user asked to generate (the controls as they were at Run, or the defaults of the
 // open capture's model and prompt): the result's key is derived from it, so a change of capture
@@ -108,28 +94,30 @@ class OutputView final : public View {
       p.lane = Lane::Analysis;
       p.label = "Output: generate";
       p.auto_limit_s = 1e30;  // asked for by a Run click or by opening the view
-      p.compute = [rq](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-        GenerateSpec spec;
-        spec.prompt = rq.prompt;
-        spec.compress_at = rq.compress_at;
-        spec.steps = rq.steps;
-        spec.recompress_every = rq.recompress_every;
-        spec.seed = static_cast<uint64_t>(rq.seed);
-        spec.threads = 0;
-        spec.ratios = rq.ratios;
-        for (const std::string& name : rq.methods)
-          if (const Method* m = find_method(name)) spec.methods.push_back(m);
-        spec.has_continuation = rq.has_continuation;
-        spec.continuation = rq.continuation;
-        llama2c::Transformer model(rq.checkpoint);
-        llama2c::Tokenizer tok(rq.tokenizer, model.config().vocab_size);
-        return std::make_shared<const GenerateReport>(run_generate(
-            model, tok, spec,
-            [&](long long done, long long total) {
-              ctx.progress(static_cast<int>(done), static_cast<int>(total));
-            },
-            ctx.cancel_flag()));
-      };
+      p.returns<GenerateReport>(
+          [rq](JobContext& ctx,
+               const JobPlan::PartialFn&) -> std::shared_ptr<const GenerateReport> {
+            GenerateSpec spec;
+            spec.prompt = rq.prompt;
+            spec.compress_at = rq.compress_at;
+            spec.steps = rq.steps;
+            spec.recompress_every = rq.recompress_every;
+            spec.seed = static_cast<uint64_t>(rq.seed);
+            spec.threads = 0;
+            spec.ratios = rq.ratios;
+            for (const std::string& name : rq.methods)
+              if (const Method* m = find_method(name)) spec.methods.push_back(m);
+            spec.has_continuation = rq.has_continuation;
+            spec.continuation = rq.continuation;
+            llama2c::Transformer model(rq.checkpoint);
+            llama2c::Tokenizer tok(rq.tokenizer, model.config().vocab_size);
+            return std::make_shared<const GenerateReport>(run_generate(
+                model, tok, spec,
+                [&](long long done, long long total) {
+                  ctx.progress(static_cast<int>(done), static_cast<int>(total));
+                },
+                ctx.cancel_flag()));
+          });
     }
     out.emplace_back(kOutputResult, p);
   }
@@ -505,7 +493,7 @@ class OutputView final : public View {
     if (i >= 0) {
       plot.vline(i, kColGrid);
       ImGui::BeginTooltip();
-      ImGui::Text("step %d: exact token '%s'", i, escaped(rep.exact_text[i]).c_str());
+      ImGui::Text("step %d: exact token '%s'", i, printable(rep.exact_text[i]).c_str());
       for (const GenerateRun* r : runs) ImGui::Text("%s: KL %.4f", r->method.c_str(), r->kl[i]);
       ImGui::EndTooltip();
     }
@@ -538,13 +526,13 @@ class OutputView final : public View {
       dl->AddText(pos, fg, text.c_str());
       pos.x += size.x;
     };
-    for (const std::string& p : prefix) put(escaped(p), IM_COL32(150, 154, 160, 255), 0);
+    for (const std::string& p : prefix) put(printable(p), IM_COL32(150, 154, 160, 255), 0);
     for (size_t i = 0; i < tokens.size(); ++i) {
       const bool bad = diverges(static_cast<int>(i));
       if (static_cast<int>(i) == first_divergence)
         dl->AddLine(ImVec2(pos.x, pos.y - 1), ImVec2(pos.x, pos.y + line_h - 2),
                     IM_COL32(255, 230, 60, 255), 2.0f);
-      put(escaped(tokens[i]), bad ? IM_COL32(255, 255, 255, 255) : IM_COL32(225, 228, 232, 255),
+      put(printable(tokens[i]), bad ? IM_COL32(255, 255, 255, 255) : IM_COL32(225, 228, 232, 255),
           bad ? IM_COL32(170, 50, 50, 255) : 0);
     }
     ImGui::SetCursorScreenPos(ImVec2(left, pos.y + line_h));

@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   kvscope::cli::add_generate_command(app);
   kvscope::cli::add_theory_command(app);
   // Messages may quote file contents (metadata values, tensor names): escaped for the terminal.
-  using kvscope::cli::printable;
+  using kvscope::printable;
   try {
     app.parse(argc, argv);
     kvscope::cli::check_stdout();  // exit 0 only when the printed output arrived

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/printable.h"  // printable(): text from files made safe to print
+
 namespace kvscope::cli {
 
 // Throws InputError "FLAG VALUE: must be between LO and HI" unless lo <= value <= hi.
@@ -39,10 +41,5 @@ uint64_t available_memory_bytes(std::string* source = nullptr);
 // (SOURCE)" when `bytes` exceeds what is available.
 void require_memory(double bytes, const std::string& what, const std::string& detail);
 std::string gib(double bytes);
-
-// Text from a file or the command line made safe for a terminal: control characters (C0, DEL,
-// C1) and bytes that are not UTF-8 are escaped (\n, \t, \x1b, ...); valid UTF-8 is kept.
-// `keep_newlines` leaves '\n' as is (multi-line error messages).
-std::string printable(const std::string& s, bool keep_newlines = false);
 
 }  // namespace kvscope::cli
