@@ -21,29 +21,15 @@
 #include "engine/method.h"
 #include "engine/protocol.h"
 #include "sample_captures.h"
+#include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
 
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(KVSCOPE_CLI) + " " + args + " 2>&1";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, got);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using kvscope::testing::CliRun;
+using kvscope::testing::run_cli;
 
 std::string lily() {
   return kvscope::testing::sample_capture_paths()[0];
@@ -123,14 +109,14 @@ TEST(Budgets, ABudgetThatDoesNotFitNamesTheSetting) {
   EXPECT_NO_THROW(ratios_for_budgets({400}, 480, 20, 60));
   EXPECT_THROW(ratios_for_budgets({64, 64}, 480, -1, -1), SettingError);  // given twice
 
-  const CliResult r = run_cli("eval " + lily() + " --methods uniform --budget 500 --seeds 1");
+  const CliRun r = run_cli("eval " + lily() + " --methods uniform --budget 500 --seeds 1");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("--budget: 500 tokens do not fit"), std::string::npos) << r.output;
-  const CliResult both =
+  const CliRun both =
       run_cli("eval " + lily() + " --methods uniform --budget 50 --ratios 0.5 --seeds 1");
   EXPECT_EQ(both.code, 1) << both.output;
   EXPECT_NE(both.output.find("--budget"), std::string::npos) << both.output;
-  const CliResult word = run_cli("eval " + lily() + " --methods uniform --budget 5x --seeds 1");
+  const CliRun word = run_cli("eval " + lily() + " --methods uniform --budget 5x --seeds 1");
   EXPECT_EQ(word.code, 1) << word.output;
   EXPECT_NE(word.output.find("--budget: '5x'"), std::string::npos) << word.output;
 }
@@ -139,10 +125,10 @@ TEST(Budgets, ABudgetThatDoesNotFitNamesTheSetting) {
 TEST(Budgets, CliEvalAndSweepByBudget) {
   const fs::path d = temp_dir();
   const std::string out = (d / "b.json").string();
-  const CliResult r = run_cli("eval " + lily() +
-                              " --methods uniform,tova --budget 32,200 --seeds 1 --layers 1 "
-                              "--json " +
-                              out);
+  const CliRun r = run_cli("eval " + lily() +
+                           " --methods uniform,tova --budget 32,200 --seeds 1 --layers 1 "
+                           "--json " +
+                           out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("budget 32"), std::string::npos) << r.output;
   std::ifstream in(out);
@@ -152,10 +138,10 @@ TEST(Budgets, CliEvalAndSweepByBudget) {
   EXPECT_EQ(j["window"]["budgets"], nlohmann::json({32, 200}));
 
   const std::string sw = (d / "s.json").string();
-  const CliResult s = run_cli("sweep " + lily() +
-                              " --method snapkv --param window=8,32 --budget 50 --seeds 1 "
-                              "--layers 0 --json " +
-                              sw);
+  const CliRun s = run_cli("sweep " + lily() +
+                           " --method snapkv --param window=8,32 --budget 50 --seeds 1 "
+                           "--layers 0 --json " +
+                           sw);
   ASSERT_EQ(s.code, 0) << s.output;
   EXPECT_NE(s.output.find("budget 50"), std::string::npos) << s.output;
   std::ifstream sin(sw);
@@ -175,7 +161,7 @@ TEST(Budgets, KvpressPresetOfRatios) {
 
   const fs::path d = temp_dir();
   const std::string out = (d / "k.json").string();
-  const CliResult r = run_cli(
+  const CliRun r = run_cli(
       "eval " + lily() + " --methods uniform --ratios kvpress --seeds 1 --layers 0 --json " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream in(out);
@@ -286,8 +272,8 @@ TEST(Budgets, CapturesCarryRope) {
   if (!fs::exists(models + "stories260K.bin")) GTEST_SKIP() << "needs ../shared/models";
   const fs::path d = temp_dir();
   const std::string out = (d / "c.safetensors").string();
-  const CliResult r = run_cli("capture --model " + models + "stories260K.bin --tokenizer " +
-                              models + "tok512.bin --prompt Hi --steps 40 --out " + out);
+  const CliRun r = run_cli("capture --model " + models + "stories260K.bin --tokenizer " + models +
+                           "tok512.bin --prompt Hi --steps 40 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   auto cap = CaptureFile::open(out);
   EXPECT_EQ(cap->info().metadata.at("rope_theta"), "10000");

@@ -21,11 +21,14 @@
 #include "engine/protocol.h"
 #include "engine/random.h"
 #include "engine/tensor_archive.h"
+#include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
 
 namespace {
+
+using kvscope::testing::run_cli;
 
 // Removes the test's scratch directory when the test program ends.
 class ScratchCleanup : public ::testing::Environment {
@@ -307,16 +310,6 @@ TEST(HalfConversion, Bf16RoundsToNearestEven) {
     if ((h & 0x7F80) == 0x7F80) continue;
     ASSERT_EQ(float_to_bf16(bf16_to_float(static_cast<uint16_t>(h))), h) << h;
   }
-}
-
-std::string run_cli(const std::string& args, int* exit_code) {
-  FILE* pipe = ::popen((std::string(KVSCOPE_CLI) + " " + args + " 2>&1").c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return output;
 }
 
 TEST(CliInfo, PrintsShapesProvenanceAndTokens) {

@@ -13,34 +13,16 @@
 
 #include "engine/capture.h"
 #include "engine/pca.h"
+#include "tests/cli_runner.h"
 
 namespace kvscope {
 namespace {
 
+using kvscope::testing::CliRun;
+using kvscope::testing::run_cli;
+
 const std::string kCapture =
     std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
-
-struct RunResult {
-  int rc = -1;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult run_cli(const std::string& args) {
-  const std::string log = (std::filesystem::temp_directory_path() /
-                           ("kvscope_embed_" + std::to_string(::getpid()) + ".log"))
-                              .string();
-  const std::string cmd =
-      std::string("\"") + KVSCOPE_CLI + "\" " + args + " > \"" + log + "\" 2>&1";
-  RunResult r;
-  const int status = std::system(cmd.c_str());
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  std::filesystem::remove(log);
-  return r;
-}
 
 struct Csv {
   std::string header;
@@ -77,9 +59,9 @@ class CliEmbed : public ::testing::Test {
 };
 
 TEST_F(CliEmbed, PcaMatchesTheEngine) {
-  const RunResult r =
+  const CliRun r =
       run_cli("embed \"" + kCapture + "\" --layer 1 --head 2 --method pca --out \"" + out_ + "\"");
-  ASSERT_EQ(r.rc, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   auto capture = CaptureFile::open(kCapture);
   const MatrixF expected = pca_2d(capture->layer(1)->keys[2]);
   const Csv csv = read_csv(out_);
@@ -95,10 +77,10 @@ TEST_F(CliEmbed, PcaMatchesTheEngine) {
 }
 
 TEST_F(CliEmbed, TsneWritesOneFiniteRowPerToken) {
-  const RunResult r =
+  const CliRun r =
       run_cli("embed \"" + kCapture +
               "\" --layer 0 --head 0 --iterations 300 --perplexity 20 --out \"" + out_ + "\"");
-  ASSERT_EQ(r.rc, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   const Csv csv = read_csv(out_);
   EXPECT_EQ(csv.header, "token,x,y");
   auto capture = CaptureFile::open(kCapture);
@@ -114,10 +96,10 @@ TEST_F(CliEmbed, TsneWritesOneFiniteRowPerToken) {
 }
 
 TEST_F(CliEmbed, WithQueriesAddsQueryRows) {
-  const RunResult r =
+  const CliRun r =
       run_cli("embed \"" + kCapture + "\" --layer 3 --head 1 --method pca --with-queries --out \"" +
               out_ + "\"");
-  ASSERT_EQ(r.rc, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   auto capture = CaptureFile::open(kCapture);
   const int n = capture->info().num_tokens;
   const Csv csv = read_csv(out_);
@@ -142,14 +124,14 @@ TEST_F(CliEmbed, BadFlagsGiveOneClearError) {
       {"--layer 0 --head 0 --with-queries --query-head 7", "--query-head 7"},
   };
   for (const Case& c : cases) {
-    const RunResult r = run_cli("embed \"" + kCapture + "\" " + c.args + " --out \"" + out_ + "\"");
-    EXPECT_EQ(r.rc, 1) << c.args << "\n" << r.output;
+    const CliRun r = run_cli("embed \"" + kCapture + "\" " + c.args + " --out \"" + out_ + "\"");
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find("kvscope-cli: error: " + c.expect), std::string::npos) << c.args << "\n"
                                                                                    << r.output;
   }
-  const RunResult missing =
+  const CliRun missing =
       run_cli("embed /nonexistent/x.safetensors --layer 0 --head 0 --out \"" + out_ + "\"");
-  EXPECT_EQ(missing.rc, 1);
+  EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find("/nonexistent/x.safetensors"), std::string::npos) << missing.output;
 }
 

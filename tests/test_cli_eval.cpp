@@ -15,29 +15,15 @@
 
 #include "engine/capture.h"
 #include "engine/method.h"
+#include "tests/cli_runner.h"
 
 namespace kvscope {
 namespace {
 
+using kvscope::testing::CliRun;
+using kvscope::testing::run_cli;
+
 namespace fs = std::filesystem;
-
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
-
-Result run_cli(const std::string& args) {
-  const std::string cmd = std::string(KVSCOPE_CLI) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, got);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -96,7 +82,7 @@ std::string CliEval::capture_;
 
 TEST_F(CliEval, PrintsWindowTableAndWritesJson) {
   const fs::path json = dir_ / "full.json", csv = dir_ / "full.csv";
-  const Result r = run_cli("eval " + capture_ +
+  const CliRun r = run_cli("eval " + capture_ +
                            " --methods exact,uniform,streaming --ratios 0.5,1/8 --seeds 3 --json " +
                            json.string() + " --csv " + csv.string());
   ASSERT_EQ(r.code, 0) << r.output;
@@ -135,7 +121,7 @@ TEST_F(CliEval, ShardsMergeToTheUnshardedResults) {
   ASSERT_EQ(run_cli(common + " --threads 1 --json " + full.string()).code, 0);
   ASSERT_EQ(run_cli(common + " --shard 0/2 --json " + s0.string()).code, 0);
   ASSERT_EQ(run_cli(common + " --shard 1/2 --json " + s1.string()).code, 0);
-  const Result m =
+  const CliRun m =
       run_cli("merge " + s1.string() + " " + s0.string() + " --json " + merged.string());
   ASSERT_EQ(m.code, 0) << m.output;
   const nlohmann::json a = read_json(full), b = read_json(merged);
@@ -144,7 +130,7 @@ TEST_F(CliEval, ShardsMergeToTheUnshardedResults) {
   EXPECT_LT(read_json(s0)["results"].size(), a["results"].size());
 
   // Missing shard and duplicate shard are refused.
-  Result bad = run_cli("merge " + s0.string() + " --json " + (dir_ / "x.json").string());
+  CliRun bad = run_cli("merge " + s0.string() + " --json " + (dir_ / "x.json").string());
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.output.find("missing shard"), std::string::npos) << bad.output;
   bad = run_cli("merge " + s0.string() + " " + s0.string() + " " + s1.string());
@@ -229,7 +215,7 @@ TEST_F(CliEval, MergeNamesEveryWrongTypedField) {
     json j = good;
     j[json::json_pointer(c.pointer)] = c.value;
     std::ofstream(bad) << j.dump();
-    const Result r = run_cli("merge " + bad.string() + " " + s1.string() + " --quiet");
+    const CliRun r = run_cli("merge " + bad.string() + " " + s1.string() + " --quiet");
     EXPECT_EQ(r.code, 1) << c.pointer << ": " << r.output;
     EXPECT_NE(r.output.find(bad.string() + ": eval report field \"" + c.field + "\""),
               std::string::npos)
@@ -258,7 +244,7 @@ TEST_F(CliEval, MergeRefusesASpecOfTooManyWorkItems) {
   j["spec"]["heads"] = all;
   j["spec"]["ratios"] = {0.5, 0.25, 0.125, 0.0625};
   std::ofstream(bad) << j.dump();
-  const Result r = run_cli("merge " + bad.string() + " --quiet");
+  const CliRun r = run_cli("merge " + bad.string() + " --quiet");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("eval report field \"spec\": asks for 67108864 work items"),
             std::string::npos)
@@ -287,12 +273,12 @@ TEST_F(CliEval, BadFlagsGiveOneClearError) {
     std::string base = " ";
     if (c.args.find("--methods") == std::string::npos) base += "--methods uniform ";
     if (c.args.find("--seeds") == std::string::npos) base += "--seeds 1 ";
-    const Result r = run_cli("eval " + capture_ + base + c.args);
+    const CliRun r = run_cli("eval " + capture_ + base + c.args);
     EXPECT_EQ(r.code, 1) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find("kvscope-cli: error:"), std::string::npos) << r.output;
   }
-  const Result missing = run_cli("eval " + (dir_ / "absent.safetensors").string());
+  const CliRun missing = run_cli("eval " + (dir_ / "absent.safetensors").string());
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find("absent.safetensors"), std::string::npos);
 }
@@ -312,7 +298,7 @@ TEST_F(CliEval, SweepPrintsErrorPerGridValue) {
       }
     if (tunable) break;
   }
-  const Result none = run_cli("sweep " + capture_ + " --method uniform --param k=1,2");
+  const CliRun none = run_cli("sweep " + capture_ + " --method uniform --param k=1,2");
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.output.find("--param uniform.k"), std::string::npos) << none.output;
   ASSERT_NE(tunable, nullptr) << "no method with a Float parameter is registered";
@@ -321,7 +307,7 @@ TEST_F(CliEval, SweepPrintsErrorPerGridValue) {
   char values[128];
   std::snprintf(values, sizeof values, "%.17g,%.17g", lo, mid);
   const fs::path json = dir_ / "sweep.json";
-  const Result r =
+  const CliRun r =
       run_cli("sweep " + capture_ + " --method " + tunable->name() + " --param " + param->name +
               "=" + values + " --ratios 0.5 --seeds 1 --layers 0 --json " + json.string());
   ASSERT_EQ(r.code, 0) << r.output;
@@ -334,7 +320,7 @@ TEST_F(CliEval, SweepPrintsErrorPerGridValue) {
 
   char out_of_range[64];
   std::snprintf(out_of_range, sizeof out_of_range, "%.17g", hi + 1 + std::abs(hi));
-  const Result bad = run_cli("sweep " + capture_ + " --method " + tunable->name() + " --param " +
+  const CliRun bad = run_cli("sweep " + capture_ + " --method " + tunable->name() + " --param " +
                              param->name + "=" + out_of_range);
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.output.find("outside"), std::string::npos) << bad.output;

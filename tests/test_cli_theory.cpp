@@ -11,33 +11,16 @@
 #include <sstream>
 #include <string>
 
+#include "tests/cli_runner.h"
+
 namespace {
+
+using kvscope::testing::CliRun;
+using kvscope::testing::run_cli;
 
 namespace fs = std::filesystem;
 const std::string kCapture =
     std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
-
-struct RunResult {
-  int rc = -1;
-  std::string output;
-};
-
-RunResult run_cli(const std::string& args) {
-  const std::string log =
-      (fs::temp_directory_path() / ("kvscope_theory_" + std::to_string(::getpid()) + ".log"))
-          .string();
-  const std::string cmd =
-      std::string("\"") + KVSCOPE_CLI + "\" " + args + " > \"" + log + "\" 2>&1";
-  RunResult r;
-  const int status = std::system(cmd.c_str());
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  fs::remove(log);
-  return r;
-}
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
@@ -49,12 +32,12 @@ std::string slurp(const fs::path& p) {
 TEST(CliTheory, JsonCsvAndSvgHaveTheirSchema) {
   const fs::path dir = fs::temp_directory_path() / ("kvscope_theory_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const RunResult r = run_cli("theory " + kCapture +
-                              " --layers 1 --heads 0 --methods balancekv,uniform,subgen "
-                              "--seeds 2 --disc-seeds 2 --max-n 64 --json " +
-                              (dir / "t.json").string() + " --csv " + (dir / "t.csv").string() +
-                              " --svg " + (dir / "t.svg").string());
-  ASSERT_EQ(r.rc, 0) << r.output;
+  const CliRun r = run_cli("theory " + kCapture +
+                           " --layers 1 --heads 0 --methods balancekv,uniform,subgen "
+                           "--seeds 2 --disc-seeds 2 --max-n 64 --json " +
+                           (dir / "t.json").string() + " --csv " + (dir / "t.csv").string() +
+                           " --svg " + (dir / "t.svg").string());
+  ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("discrepancy vs n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("error vs budget"), std::string::npos) << r.output;
   const nlohmann::json j = nlohmann::json::parse(slurp(dir / "t.json"));
@@ -140,9 +123,9 @@ TEST(CliTheory, BadFlagsGiveOneClearError) {
   };
   for (const Case& c : cases) {
     const bool seeds = c.args.find("--seeds") != std::string::npos;
-    const RunResult r =
+    const CliRun r =
         run_cli("theory " + kCapture + c.args + " --no-discrepancy" + (seeds ? "" : " --seeds 1"));
-    EXPECT_EQ(r.rc, 1) << c.args << ": " << r.output;
+    EXPECT_EQ(r.code, 1) << c.args << ": " << r.output;
     EXPECT_NE(r.output.find("kvscope-cli: error:"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << ": " << r.output;
   }
@@ -155,10 +138,10 @@ TEST(CliTheory, BadFlagsGiveOneClearError) {
 TEST(CliTheory, RenderDrawsTheTheoryView) {
   const fs::path out =
       fs::temp_directory_path() / ("kvscope_theory_view_" + std::to_string(::getpid()) + ".svg");
-  const RunResult r =
+  const CliRun r =
       run_cli("render " + std::string(KVSCOPE_SOURCE_DIR) +
               "/sample_data/kjv3M_beginning.safetensors --view theory --out " + out.string());
-  ASSERT_EQ(r.rc, 0) << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::string svg = slurp(out);
   EXPECT_NE(svg.find("denominator instance: discrepancy along the evaluation queries"),
             std::string::npos);

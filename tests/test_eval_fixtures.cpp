@@ -21,24 +21,17 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli_runner.h"
+
 namespace kvscope {
 namespace {
+
+using kvscope::testing::run_cli;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kExcluded = "balancekv";
-
-int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = std::string(KVSCOPE_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, p)) > 0) output->append(buf, got);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -114,12 +107,9 @@ TEST_P(EvalFixtures, EveryFigureUnchanged) {
     }
   const fs::path out = fs::temp_directory_path() / ("kvscope_eval_fixture_" + name + "_" +
                                                     std::to_string(::getpid()) + ".json");
-  std::string log;
-  ASSERT_EQ(run_cli("eval " + capture.string() + " --methods " + methods +
-                        " --ratios 0.5,0.25,0.125 --seeds 3 --json " + out.string(),
-                    &log),
-            0)
-      << log;
+  const testing::CliRun run = run_cli("eval " + capture.string() + " --methods " + methods +
+                                      " --ratios 0.5,0.25,0.125 --seeds 3 --json " + out.string());
+  ASSERT_EQ(run.code, 0) << run.output;
   const json got = read_json(out);
   fs::remove(out);
 

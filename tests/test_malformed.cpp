@@ -21,11 +21,14 @@
 #include "engine/npz.h"
 #include "engine/safetensors.h"
 #include "engine/tensor_archive.h"
+#include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
 
 namespace {
+
+using kvscope::testing::run_cli;
 
 std::string corpus(const std::string& name) {
   return std::string(KVSCOPE_SOURCE_DIR) + "/tests/malformed/" + name;
@@ -216,18 +219,6 @@ TEST(Corpus, EverySingleByteCorruptionIsHandled) {
       }
     }
   }
-}
-
-std::string run_cli(const std::string& args, int* exit_code) {
-  const std::string command = std::string(KVSCOPE_CLI) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe))
-    output.append(buffer.data(), n);
-  int status = ::pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return output;
 }
 
 TEST(CliInfo, MalformedFileExitsNonZeroWithTheMessage) {

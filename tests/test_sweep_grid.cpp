@@ -14,11 +14,14 @@
 #include "engine/error.h"
 #include "engine/method.h"
 #include "engine/sweep_grid.h"
+#include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
 
 namespace {
+
+using kvscope::testing::run_cli;
 
 const std::string kSample =
     std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
@@ -97,18 +100,6 @@ TEST(SweepGrid, BadGridsAreInputErrors) {
   EXPECT_THROW(run_grid2(*cap, small_spec(), g), InputError);
   g.cols = {"temp", {-1}};  // outside [0, 10]
   EXPECT_THROW(run_grid2(*cap, small_spec(), g), InputError);
-}
-
-std::string run_cli(const std::string& args, int* rc) {
-  const std::string cmd = std::string("\"") + KVSCOPE_CLI + "\" " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
-  const int status = pclose(p);
-  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
 }
 
 TEST(SweepGridCli, TableJsonAndCsv) {

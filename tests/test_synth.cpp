@@ -16,11 +16,14 @@
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/synth.h"
+#include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
 
 namespace {
+
+using kvscope::testing::run_cli;
 
 fs::path scratch() {
   fs::path dir = fs::temp_directory_path() / ("kvscope_test_synth_" + std::to_string(::getpid()));
@@ -211,17 +214,6 @@ TEST(Synth, ValuesFollowTheKeyTopics) {
   ASSERT_GT(same_n, 10);
   ASSERT_GT(other_n, 10);
   EXPECT_LT(same / same_n, 0.6 * other / other_n);
-}
-
-std::string run_cli(const std::string& args, int* exit_code) {
-  FILE* pipe = ::popen((std::string(KVSCOPE_CLI) + " " + args + " 2>&1").c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe))
-    output.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return output;
 }
 
 TEST(CliSynth, WritesACaptureThatInfoLabelsSynthetic) {
