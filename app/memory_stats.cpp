@@ -11,7 +11,10 @@
 #endif
 
 #if defined(KVSCOPE_ASAN)
-#include <sanitizer/allocator_interface.h>
+#include <cstddef>
+// From the runtime's sanitizer/allocator_interface.h, which GCC does not install.
+extern "C" size_t __sanitizer_get_current_allocated_bytes();
+extern "C" size_t __sanitizer_get_heap_size();
 #elif defined(__GLIBC__)
 #include <malloc.h>  // mallinfo2, malloc_trim
 #endif
