@@ -88,42 +88,22 @@ const char* op_name(Op op) {
   return "?";
 }
 
+// {op, rows, d, dv, count, float_scores}: the fields of OpShape in order (engine/backend.h).
 OpShape op_shape(const WalkBatch& b) {
-  OpShape s;
-  s.op = Op::walk_blocks;
-  s.rows = b.num_blocks > 0 && b.block_offset ? b.block_offset[b.num_blocks] : 0;
-  s.d = b.d;
-  s.dv = b.dv;
-  s.count = b.num_blocks;
-  return s;
+  const int64_t rows = b.num_blocks > 0 && b.block_offset ? b.block_offset[b.num_blocks] : 0;
+  return {Op::walk_blocks, rows, b.d, b.dv, b.num_blocks, false};
 }
 
 OpShape op_shape(const ErrorBatch& b) {
-  OpShape s;
-  s.op = Op::attention_errors;
-  s.rows = b.n;
-  s.d = b.d;
-  s.dv = b.dv;
-  s.count = b.q_heads;
-  s.float_scores = b.float_scores;
-  return s;
+  return {Op::attention_errors, b.n, b.d, b.dv, b.q_heads, b.float_scores};
 }
 
 OpShape op_shape(const TsneGradInput& in) {
-  OpShape s;
-  s.op = Op::tsne_gradient;
-  s.rows = in.n;
-  s.d = 2;
-  return s;
+  return {Op::tsne_gradient, in.n, 2, 0, 0, false};
 }
 
 OpShape kcenter_shape(int n, int d, int k) {
-  OpShape s;
-  s.op = Op::kcenter;
-  s.rows = n;
-  s.d = d;
-  s.count = k;
-  return s;
+  return {Op::kcenter, n, d, 0, k, false};
 }
 
 // ---- the fallback ---------------------------------------------------------------------------
