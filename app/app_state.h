@@ -30,6 +30,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "app/grid_cells.h"
@@ -123,9 +124,10 @@ struct Result {
   std::string want;  // key the current settings give ("" = not wanted now)
   std::string key;   // key `value` / `error` were computed from
   std::shared_ptr<const void> value;
-  std::string error;     // the job failed for `key`
-  bool partial = false;  // value is an intermediate frame of a running job
-  double seconds = 0;    // wall time of the run that produced value
+  const std::type_info* type = nullptr;  // of `value` (JobPlan::value_type)
+  std::string error;                     // the job failed for `key`
+  bool partial = false;                  // value is an intermediate frame of a running job
+  double seconds = 0;                    // wall time of the run that produced value
   // Job state.
   std::string running;    // key of the submitted job ("" = none)
   std::string held;       // == want when the job waits for a Run click (estimate too high)
@@ -145,13 +147,19 @@ struct Result {
   // Something is shown that was computed for other settings.
   bool stale() const { return (value || !error.empty()) && key != want; }
   bool busy() const { return !running.empty(); }
+  // The value as a T, or null when there is none or it is of another type (a result is never
+  // read as a type its job did not return).
   template <typename T>
   const T* get() const {
-    return static_cast<const T*>(value.get());
+    return holds<T>() ? static_cast<const T*>(value.get()) : nullptr;
   }
   template <typename T>
   std::shared_ptr<const T> ptr() const {
-    return std::static_pointer_cast<const T>(value);
+    return holds<T>() ? std::static_pointer_cast<const T>(value) : nullptr;
+  }
+  template <typename T>
+  bool holds() const {
+    return value && type && *type == typeid(T);
   }
 };
 
@@ -171,11 +179,55 @@ struct JobPlan {
   // Progressive (the grid): fills in piece by piece and is cancellable, so it starts without a
   // Run click whatever its cost; `units` counts only what is still missing.
   bool progressive = false;
-  // Computes the value; `partial` posts an intermediate value (e.g. a t-SNE frame).
+  // Computes the value; `partial` posts an intermediate value (e.g. a t-SNE frame) of the same
+  // type. Set through returns<T>() or derive() so that the value's type is recorded.
   using PartialFn = std::function<void(std::shared_ptr<const void>)>;
   std::function<std::shared_ptr<const void>(JobContext&, const PartialFn&)> compute;
+  const std::type_info* value_type = nullptr;
+
+  // compute = fn, a callable (JobContext&, const PartialFn&) -> shared_ptr<const T>.
+  template <class T, class Fn>
+  void returns(Fn fn) {
+    value_type = &typeid(T);
+    compute = [fn = std::move(fn)](JobContext& ctx,
+                                   const PartialFn& partial) -> std::shared_ptr<const void> {
+      std::shared_ptr<const T> v = fn(ctx, partial);
+      return v;
+    };
+  }
+
+  // A job derived from its input (docs/design.md, "Keys"): `in` holds every value the job reads
+  // (a struct with nlohmann's to_json, declared beside it with
+  // NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE), the key is `kind` and all of `in`, and `fn` is a plain
+  // function (no captures) of `in` and of the handles `in` identifies (the capture by its id, a
+  // layer by its index, the backend by its name). So nothing the job reads can be missing from
+  // its key, and two settings that give the same input share one result.
+  template <class Out, class Input, class Handles>
+  void derive(const char* kind, Input in, Handles handles,
+              std::shared_ptr<const Out> (*fn)(const Input&, const Handles&, JobContext&,
+                                               const PartialFn&)) {
+    key = derived_key(kind, in);
+    returns<Out>(
+        [in = std::move(in), handles = std::move(handles), fn](
+            JobContext& ctx, const PartialFn& partial) { return fn(in, handles, ctx, partial); });
+  }
+  template <class Input>
+  static std::string derived_key(const char* kind, const Input& in) {
+    return std::string(kind) + "|" + nlohmann::json(in).dump();
+  }
 };
 using NamedPlan = std::pair<std::string, JobPlan>;
+
+// What every evaluation job reads beyond its own settings (part of their inputs, JobPlan::derive):
+// the capture (by the id of its opening), the backend (by name), the window as passed to the
+// engine (the overrides, or the clamped window when the capture needed one) and the estimator.
+struct EvalCommon {
+  uint64_t capture = 0;
+  std::string backend;
+  int sink = -1, eval = -1;
+  std::string estimator;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EvalCommon, capture, backend, sink, eval, estimator)
 
 // Measured seconds per unit of work, by cost class ("head:balancekv", "tsne", ...).
 class CostModel {
@@ -324,7 +376,8 @@ struct AppState {
   // The method settings for any method name in jobs: the slot's own params when the name is
   // method A's or B's, defaults otherwise.
   ParamValues params_for(const std::string& method_name) const;
-  std::string common_key() const;  // capture, backend, window: part of every evaluation key
+  // What every evaluation job reads beyond its own settings: capture, backend, window, estimator.
+  EvalCommon eval_common() const;
 
   Backend* backend_ = nullptr;
   std::string backend_resolved_;  // settings.backend the backend was resolved for

@@ -28,54 +28,55 @@ JobPlan plan_overlap(const AppState& s) {
   std::shared_ptr<CaptureFile> cap = s.capture;
   const uint64_t seed = static_cast<uint64_t>(s.settings.seed);
   const std::string name_a = s.method_name(0), name_b = s.method_name(1);
-  p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-    if (!a.method) throw InputError("unknown method '" + name_a + "'");
-    if (!b.method) throw InputError("unknown method '" + name_b + "'");
-    auto g = std::make_shared<OverlapGrid>();
-    g->layers = ci.num_layers;
-    g->heads = ci.kv_heads;
-    g->method_a = name_a;
-    g->method_b = name_b;
-    const size_t cells = static_cast<size_t>(g->layers * g->heads);
-    g->jaccard.assign(cells, NAN);
-    g->a_kept.assign(cells, 0);
-    g->b_kept.assign(cells, 0);
-    g->both.assign(cells, 0);
-    g->note.assign(cells, "");
-    auto select = [&](const LayerData& layer, int kv, const MethodSettings& ms) {
-      const EvalWindow win = EvalWindow::make(static_cast<int>(layer.keys[kv].rows()),
-                                              ms.keep_ratio, ms.sink, ms.eval);
-      MethodInput in = make_method_input(layer, ci.num_layers, kv, win, ms, seed);
-      in.cancel = ctx.cancel_flag();
-      Selection sel = ms.method->select(in);
-      check_selection(sel, win.mid_begin, win.mid_end, win.budget, *ms.method);
-      return sel;
-    };
-    for (int l = 0; l < g->layers; ++l) {
-      const std::shared_ptr<const LayerData> layer = cap->layer(l);
-      for (int kv = 0; kv < g->heads; ++kv) {
-        ctx.check_cancel();
-        ctx.progress(l * g->heads + kv, static_cast<int>(cells));
-        const size_t c = static_cast<size_t>(l * g->heads + kv);
-        if (kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty()) {
-          g->note[c] = layer->refused[kv];
-          continue;
+  p.returns<OverlapGrid>(
+      [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const OverlapGrid> {
+        if (!a.method) throw InputError("unknown method '" + name_a + "'");
+        if (!b.method) throw InputError("unknown method '" + name_b + "'");
+        auto g = std::make_shared<OverlapGrid>();
+        g->layers = ci.num_layers;
+        g->heads = ci.kv_heads;
+        g->method_a = name_a;
+        g->method_b = name_b;
+        const size_t cells = static_cast<size_t>(g->layers * g->heads);
+        g->jaccard.assign(cells, NAN);
+        g->a_kept.assign(cells, 0);
+        g->b_kept.assign(cells, 0);
+        g->both.assign(cells, 0);
+        g->note.assign(cells, "");
+        auto select = [&](const LayerData& layer, int kv, const MethodSettings& ms) {
+          const EvalWindow win = EvalWindow::make(static_cast<int>(layer.keys[kv].rows()),
+                                                  ms.keep_ratio, ms.sink, ms.eval);
+          MethodInput in = make_method_input(layer, ci.num_layers, kv, win, ms, seed);
+          in.cancel = ctx.cancel_flag();
+          Selection sel = ms.method->select(in);
+          check_selection(sel, win.mid_begin, win.mid_end, win.budget, *ms.method);
+          return sel;
+        };
+        for (int l = 0; l < g->layers; ++l) {
+          const std::shared_ptr<const LayerData> layer = cap->layer(l);
+          for (int kv = 0; kv < g->heads; ++kv) {
+            ctx.check_cancel();
+            ctx.progress(l * g->heads + kv, static_cast<int>(cells));
+            const size_t c = static_cast<size_t>(l * g->heads + kv);
+            if (kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty()) {
+              g->note[c] = layer->refused[kv];
+              continue;
+            }
+            try {
+              const KeptOverlap o = kept_overlap(select(*layer, kv, a), select(*layer, kv, b));
+              g->jaccard[c] = o.jaccard();
+              g->a_kept[c] = o.a;
+              g->b_kept[c] = o.b;
+              g->both[c] = o.both;
+            } catch (const Cancelled&) {
+              throw;
+            } catch (const std::exception& e) {
+              g->note[c] = e.what();
+            }
+          }
         }
-        try {
-          const KeptOverlap o = kept_overlap(select(*layer, kv, a), select(*layer, kv, b));
-          g->jaccard[c] = o.jaccard();
-          g->a_kept[c] = o.a;
-          g->b_kept[c] = o.b;
-          g->both[c] = o.both;
-        } catch (const Cancelled&) {
-          throw;
-        } catch (const std::exception& e) {
-          g->note[c] = e.what();
-        }
-      }
-    }
-    return g;
-  };
+        return g;
+      });
   return p;
 }
 

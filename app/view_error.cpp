@@ -429,14 +429,15 @@ class ErrorView final : public View {
     p.auto_limit_s = 3.0;
     std::shared_ptr<CaptureFile> capture = s.capture;
     Backend* be = s.backend();
-    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
+    p.returns<TuneResult>([=](JobContext& ctx,
+                              const JobPlan::PartialFn&) -> std::shared_ptr<const TuneResult> {
       if (!err.empty()) throw InputError(err);
       auto r = std::make_shared<TuneResult>();
       r->grid = run_grid2(
           *capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be);
       r->scope = scope;
       return r;
-    };
+    });
     return p;
   }
 

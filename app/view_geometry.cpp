@@ -500,19 +500,21 @@ class GeometryView final : public View {
     p.units = 4.0 * n * std::min<double>(kKCenterCap, n);
     p.prior_per_unit = 2e-7;
     p.auto_limit_s = 10.0;
-    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-      const auto t0 = std::chrono::steady_clock::now();
-      const MatrixF& x = src == ProjectionSource::Values ? layer->values[head] : layer->keys[head];
-      auto r = std::make_shared<KCenterResult>();
-      r->key = key;
-      r->source = src;
-      r->spread = rms_spread(x);
-      Backend& b = backend ? *backend : cpu_backend();
-      r->fig = kcenter_figure(b, x, k, std::max(factor * r->spread, 1e-12), kKCenterCap,
-                              ctx.cancel_flag());
-      r->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return r;
-    };
+    p.returns<KCenterResult>(
+        [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const KCenterResult> {
+          const auto t0 = std::chrono::steady_clock::now();
+          const MatrixF& x =
+              src == ProjectionSource::Values ? layer->values[head] : layer->keys[head];
+          auto r = std::make_shared<KCenterResult>();
+          r->key = key;
+          r->source = src;
+          r->spread = rms_spread(x);
+          Backend& b = backend ? *backend : cpu_backend();
+          r->fig = kcenter_figure(b, x, k, std::max(factor * r->spread, 1e-12), kKCenterCap,
+                                  ctx.cancel_flag());
+          r->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          return r;
+        });
     out.emplace_back(name, p);
   }
 
@@ -552,7 +554,8 @@ class GeometryView final : public View {
     // cost per point and iteration is a third of Barnes-Hut's: its own cost class, so a measured
     // 8k-point Barnes-Hut map does not set the estimate of a 32k-point FFT one.
     const bool fft = req.method == ProjectionMethod::Tsne && req.tsne.theta < 0 &&
-                     points > req.tsne.fft_threshold && !(backend && backend->parallel_in_one_call());
+                     points > req.tsne.fft_threshold &&
+                     !(backend && backend->parallel_in_one_call());
     p.cost_class = req.method == ProjectionMethod::Pca ? "pca" : fft ? "tsne-fft" : "tsne";
     // t-SNE (Barnes-Hut): about 1 us per point and iteration on the 2-core build machine (8192
     // keys, 1000 iterations: 7.4 s); FFT about 0.3 us (32768 keys: about 10 s); PCA is linear
@@ -560,74 +563,75 @@ class GeometryView final : public View {
     p.prior_per_unit = req.method == ProjectionMethod::Pca ? 1e-6 : fft ? 0.5e-6 : 1.5e-6;
     p.units = cached ? 0 : points * (req.method == ProjectionMethod::Pca ? 1 : req.tsne.iterations);
     p.auto_limit_s = 3.0;
-    p.compute = [=](JobContext& ctx,
-                    const JobPlan::PartialFn& partial) -> std::shared_ptr<const void> {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto base = std::make_shared<GeometryFrame>();
-      base->key = key;
-      base->method = req.method;
-      base->source = src;
-      MatrixF points = projection_input(info, *layer, head, req, &base->query_head);
-      const MatrixF& own =
-          src == ProjectionSource::Values ? layer->values[head] : layer->keys[head];
-      base->num_keys = static_cast<int>(own.rows());
-      base->num_queries = static_cast<int>(points.rows()) - base->num_keys;
-      base->key_norm.resize(own.rows());
-      for (int i = 0; i < own.rows(); ++i) base->key_norm[i] = own.row(i).norm();
-      // The finished map of a projection, from the cache or just computed.
-      auto finished = [&](const Projection& pr) {
-        auto f = std::make_shared<GeometryFrame>(*base);
-        f->coords = pr.coords;
-        f->iteration = f->total = pr.iterations;
-        f->kl = pr.kl;
-        f->perplexity = pr.perplexity;
-        f->theta = pr.theta;
-        f->gradient = pr.gradient;
-        f->explained[0] = pr.explained[0];
-        f->explained[1] = pr.explained[1];
-        f->done = true;
-        return f;
-      };
-      if (auto cached = projection_cache().find(pkey)) {
-        auto f = finished(*cached);
-        f->from_cache = true;
-        return f;
-      }
-      auto seconds = [&] {
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      };
-      if (req.method == ProjectionMethod::Pca) {
-        auto pr = std::make_shared<Projection>(
-            compute_projection(info, *layer, head, req, backend, ctx.cancel_flag()));
-        projection_cache().put(pkey, pr);
-        auto f = finished(*pr);
-        f->seconds = seconds();
-        return f;
-      }
-      // The engine steps t-SNE and reports frames about 20 times a second for the animation.
-      auto pr = std::make_shared<Projection>(run_tsne_projection(
-          points, req.tsne, backend, ctx.cancel_flag(), 0.05, [&](const TsneRun& run) {
-            ctx.progress(run.iteration(), run.total_iterations());
+    p.returns<GeometryFrame>(
+        [=](JobContext& ctx,
+            const JobPlan::PartialFn& partial) -> std::shared_ptr<const GeometryFrame> {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto base = std::make_shared<GeometryFrame>();
+          base->key = key;
+          base->method = req.method;
+          base->source = src;
+          MatrixF points = projection_input(info, *layer, head, req, &base->query_head);
+          const MatrixF& own =
+              src == ProjectionSource::Values ? layer->values[head] : layer->keys[head];
+          base->num_keys = static_cast<int>(own.rows());
+          base->num_queries = static_cast<int>(points.rows()) - base->num_keys;
+          base->key_norm.resize(own.rows());
+          for (int i = 0; i < own.rows(); ++i) base->key_norm[i] = own.row(i).norm();
+          // The finished map of a projection, from the cache or just computed.
+          auto finished = [&](const Projection& pr) {
             auto f = std::make_shared<GeometryFrame>(*base);
-            f->coords = run.embedding();
-            f->iteration = run.iteration();
-            f->total = run.total_iterations();
-            f->kl = run.kl();
-            f->perplexity = run.perplexity();
-            f->theta = run.theta();
-            f->gradient = run.gradient_name();
+            f->coords = pr.coords;
+            f->iteration = f->total = pr.iterations;
+            f->kl = pr.kl;
+            f->perplexity = pr.perplexity;
+            f->theta = pr.theta;
+            f->gradient = pr.gradient;
+            f->explained[0] = pr.explained[0];
+            f->explained[1] = pr.explained[1];
+            f->done = true;
+            return f;
+          };
+          if (auto cached = projection_cache().find(pkey)) {
+            auto f = finished(*cached);
+            f->from_cache = true;
+            return f;
+          }
+          auto seconds = [&] {
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          };
+          if (req.method == ProjectionMethod::Pca) {
+            auto pr = std::make_shared<Projection>(
+                compute_projection(info, *layer, head, req, backend, ctx.cancel_flag()));
+            projection_cache().put(pkey, pr);
+            auto f = finished(*pr);
             f->seconds = seconds();
-            partial(f);
-          }));
-      ctx.check_cancel();
-      pr->num_keys = base->num_keys;
-      pr->num_queries = base->num_queries;
-      pr->query_head = base->query_head;
-      projection_cache().put(pkey, pr);
-      auto f = finished(*pr);
-      f->seconds = seconds();
-      return f;
-    };
+            return f;
+          }
+          // The engine steps t-SNE and reports frames about 20 times a second for the animation.
+          auto pr = std::make_shared<Projection>(run_tsne_projection(
+              points, req.tsne, backend, ctx.cancel_flag(), 0.05, [&](const TsneRun& run) {
+                ctx.progress(run.iteration(), run.total_iterations());
+                auto f = std::make_shared<GeometryFrame>(*base);
+                f->coords = run.embedding();
+                f->iteration = run.iteration();
+                f->total = run.total_iterations();
+                f->kl = run.kl();
+                f->perplexity = run.perplexity();
+                f->theta = run.theta();
+                f->gradient = run.gradient_name();
+                f->seconds = seconds();
+                partial(f);
+              }));
+          ctx.check_cancel();
+          pr->num_keys = base->num_keys;
+          pr->num_queries = base->num_queries;
+          pr->query_head = base->query_head;
+          projection_cache().put(pkey, pr);
+          auto f = finished(*pr);
+          f->seconds = seconds();
+          return f;
+        });
     out.emplace_back(name, p);
   }
 

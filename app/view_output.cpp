@@ -94,28 +94,30 @@ class OutputView final : public View {
       p.lane = Lane::Analysis;
       p.label = "Output: generate";
       p.auto_limit_s = 1e30;  // asked for by a Run click or by opening the view
-      p.compute = [rq](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-        GenerateSpec spec;
-        spec.prompt = rq.prompt;
-        spec.compress_at = rq.compress_at;
-        spec.steps = rq.steps;
-        spec.recompress_every = rq.recompress_every;
-        spec.seed = static_cast<uint64_t>(rq.seed);
-        spec.threads = 0;
-        spec.ratios = rq.ratios;
-        for (const std::string& name : rq.methods)
-          if (const Method* m = find_method(name)) spec.methods.push_back(m);
-        spec.has_continuation = rq.has_continuation;
-        spec.continuation = rq.continuation;
-        llama2c::Transformer model(rq.checkpoint);
-        llama2c::Tokenizer tok(rq.tokenizer, model.config().vocab_size);
-        return std::make_shared<const GenerateReport>(run_generate(
-            model, tok, spec,
-            [&](long long done, long long total) {
-              ctx.progress(static_cast<int>(done), static_cast<int>(total));
-            },
-            ctx.cancel_flag()));
-      };
+      p.returns<GenerateReport>(
+          [rq](JobContext& ctx,
+               const JobPlan::PartialFn&) -> std::shared_ptr<const GenerateReport> {
+            GenerateSpec spec;
+            spec.prompt = rq.prompt;
+            spec.compress_at = rq.compress_at;
+            spec.steps = rq.steps;
+            spec.recompress_every = rq.recompress_every;
+            spec.seed = static_cast<uint64_t>(rq.seed);
+            spec.threads = 0;
+            spec.ratios = rq.ratios;
+            for (const std::string& name : rq.methods)
+              if (const Method* m = find_method(name)) spec.methods.push_back(m);
+            spec.has_continuation = rq.has_continuation;
+            spec.continuation = rq.continuation;
+            llama2c::Transformer model(rq.checkpoint);
+            llama2c::Tokenizer tok(rq.tokenizer, model.config().vocab_size);
+            return std::make_shared<const GenerateReport>(run_generate(
+                model, tok, spec,
+                [&](long long done, long long total) {
+                  ctx.progress(static_cast<int>(done), static_cast<int>(total));
+                },
+                ctx.cancel_flag()));
+          });
     }
     out.emplace_back(kOutputResult, p);
   }

@@ -151,11 +151,12 @@ class TheoryView final : public View {
     p.prior_per_unit = 2e-9;
     p.auto_limit_s = 4.0;
     std::shared_ptr<CaptureFile> capture = s.capture;
-    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-      auto r = std::make_shared<TheoryResult>(run_theory(
-          *capture, spec, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag()));
-      return r;
-    };
+    p.returns<TheoryResult>(
+        [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const TheoryResult> {
+          auto r = std::make_shared<TheoryResult>(run_theory(
+              *capture, spec, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag()));
+          return r;
+        });
     return p;
   }
 

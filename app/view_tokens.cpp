@@ -122,12 +122,13 @@ class TokensView final : public View {
     p.prior_per_unit = 2e-10;
     p.auto_limit_s = 20;
     const int kv = f.kv_head, sink = w.sink, eval = w.eval;
-    p.compute = [layer, kv, sink, eval](JobContext&,
-                                        const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-      return std::make_shared<TokenHarm>(
-          token_harm(harm_queries(*layer, kv), layer->keys[static_cast<size_t>(kv)],
-                     layer->values[static_cast<size_t>(kv)], sink, eval));
-    };
+    p.returns<TokenHarm>(
+        [layer, kv, sink, eval](JobContext&,
+                                const JobPlan::PartialFn&) -> std::shared_ptr<const TokenHarm> {
+          return std::make_shared<TokenHarm>(
+              token_harm(harm_queries(*layer, kv), layer->keys[static_cast<size_t>(kv)],
+                         layer->values[static_cast<size_t>(kv)], sink, eval));
+        });
     out.emplace_back(kHarm, p);
   }
 

@@ -415,19 +415,20 @@ class WalkView final : public View {
     const int num_layers = ci.num_layers, kv = f.kv_head;
     const uint64_t seed = static_cast<uint64_t>(s.settings.seed);
     Backend* be = s.backend();
-    p.compute = [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const void> {
-      const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
-      const EvalWindow w =
-          EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
-      MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
-      in.want_trace = true;
-      in.trace_query = q;
-      in.cancel = ctx.cancel_flag();
-      in.backend = be;
-      std::shared_ptr<const WalkTrace> tr = ms.method->select(in).trace;
-      if (!tr) throw InputError(ms.method->name() + " returned no walk trace");
-      return tr;
-    };
+    p.returns<WalkTrace>(
+        [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const WalkTrace> {
+          const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
+          const EvalWindow w =
+              EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
+          MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
+          in.want_trace = true;
+          in.trace_query = q;
+          in.cancel = ctx.cancel_flag();
+          in.backend = be;
+          std::shared_ptr<const WalkTrace> tr = ms.method->select(in).trace;
+          if (!tr) throw InputError(ms.method->name() + " returned no walk trace");
+          return tr;
+        });
     return p;
   }
 

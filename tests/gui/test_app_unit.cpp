@@ -291,6 +291,73 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
 // parameter recomputes A's cells only (B's keep their serials); going back to an earlier value
 // computes nothing; the figures are run_eval's to the last bit; a Cancel holds across changes
 // until Run.
+// Results are typed: a value is read only as the type its job returned.
+TEST(Results, AValueIsReadOnlyAsTheTypeItsJobReturned) {
+  JobPlan p;
+  p.returns<HeadRun>([](JobContext&, const JobPlan::PartialFn&) {
+    auto run = std::make_shared<HeadRun>();
+    run->mean_relative = 0.25;
+    return std::shared_ptr<const HeadRun>(run);
+  });
+  ASSERT_NE(p.value_type, nullptr);
+  EXPECT_EQ(*p.value_type, typeid(HeadRun));
+  JobContext ctx;
+  Result r;
+  r.value = p.compute(ctx, {});
+  r.type = p.value_type;
+  ASSERT_NE(r.get<HeadRun>(), nullptr);
+  EXPECT_EQ(r.get<HeadRun>()->mean_relative, 0.25);
+  EXPECT_EQ(r.get<EvalReport>(), nullptr);  // never reinterpreted as another type
+  EXPECT_EQ(r.ptr<GridReport>(), nullptr);
+  r.type = nullptr;  // a value of unknown type is not read at all
+  EXPECT_EQ(r.get<HeadRun>(), nullptr);
+}
+
+// Keys are derived from what a job reads: every setting a focused run reads changes its key, and
+// settings it does not read (the views shown) change no result's key.
+TEST(Results, KeysChangeWithEverySettingTheJobReadsAndNothingElse) {
+  AppState s;
+  s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
+  s.request_open(kSample);
+  ASSERT_TRUE(pump(s, [&] { return fresh(s, kFocusA); }));
+  auto wants = [&] {
+    std::map<std::string, std::string> out;
+    for (const auto& [name, r] : s.results) out[name] = r.want;
+    return out;
+  };
+  const std::string focus0 = s.result(kFocusA).want;
+  EXPECT_EQ(focus0.rfind("focus|{", 0), 0u) << focus0;
+  // Each of these is read by the focused run, so each gives another key.
+  std::vector<std::pair<const char*, std::function<void(Settings&)>>> reads = {
+      {"keep ratio", [](Settings& st) { st.keep_ratio = 0.125; }},
+      {"seed", [](Settings& st) { st.seed = 7; }},
+      {"parameter", [](Settings& st) { st.method[0].params["gamma"] = 2; }},
+      {"method", [](Settings& st) { st.method[0].name = "uniform"; }},
+      {"sink", [](Settings& st) { st.sink_override = 3; }},
+      {"eval", [](Settings& st) { st.eval_override = 5; }},
+      {"estimator", [](Settings& st) { st.estimator = Estimator::Authors; }},
+      {"layer", [](Settings& st) { st.focus.layer = 1; }},
+      {"kv head", [](Settings& st) { st.focus.kv_head = 1; }},
+  };
+  const Settings base = s.settings;
+  for (const auto& [what, change] : reads) {
+    s.settings = base;
+    change(s.settings);
+    s.reconcile();
+    EXPECT_NE(s.result(kFocusA).want, focus0) << what;
+  }
+  s.settings = base;
+  s.reconcile();
+  EXPECT_EQ(s.result(kFocusA).want, focus0);
+  const auto before = wants();
+  s.settings.active_view = "geometry";
+  s.settings.panel_view = {"walk", "error"};
+  s.reconcile();
+  EXPECT_EQ(s.result(kFocusA).want, focus0);
+  EXPECT_EQ(s.result(kFocusB).want, before.at(kFocusB));
+  EXPECT_EQ(s.result(kLayer).want, before.at(kLayer));
+}
+
 TEST(AppFlow, TheGridRecomputesOnlyTheCellsAChangeOutdates) {
   AppState s;
   s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
