@@ -229,6 +229,11 @@ struct EvalCommon {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EvalCommon, capture, backend, sink, eval, estimator)
 
+// Prior seconds per work unit before anything was measured on this machine: deliberately slow
+// (the slowest method measured on the 2-core build machine, BalanceKV, rounded up), so that big
+// jobs on a fresh start wait for a Run click rather than start by themselves.
+inline constexpr double kPriorPerUnit = 6e-9;
+
 // Measured seconds per unit of work, by cost class ("head:balancekv", "tsne", ...).
 class CostModel {
  public:

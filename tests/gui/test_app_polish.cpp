@@ -384,8 +384,9 @@ TEST(FigureExport, ToolbarsAreNotInTheExportedRectangle) {
           ++in_figure;
       }
       EXPECT_GT(toolbar, 0) << name << ": no toolbar found above the figure";
-      if (!pickers_in_figure.count(name))
+      if (!pickers_in_figure.count(name)) {
         EXPECT_EQ(in_figure, 0) << name << ": widgets inside the exported figure";
+      }
     }
   }
   ImGui::DestroyContext();

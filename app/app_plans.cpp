@@ -1,0 +1,440 @@
+// The app's own results and what each needs under the current settings (docs/app.md, "How the
+// app computes"): one planner per result, each deriving its job from an input struct that holds
+// every value the job reads (JobPlan::derive, app/app_state.h). reconcile() (app_state.cpp)
+// calls them every frame in dependency order (AppState::planners below).
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "app/app_state.h"
+#include "engine/attention.h"
+#include "engine/backend.h"
+#include "engine/error.h"
+
+namespace kvscope::app {
+
+namespace {
+
+// Threads for background evaluations: all cores but one, which stays free for the focused
+// head's re-runs and the UI.
+int background_threads() {
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw > 2 ? static_cast<int>(hw) - 1 : 1;
+}
+
+// Focused runs are what the user clicked for: started by themselves up to this estimate.
+constexpr double kFocusAutoLimitS = 20.0;
+// Everything else (grid, sweep, entropy, projections) up to this one.
+constexpr double kBackgroundAutoLimitS = 3.0;
+
+std::string params_text(const ParamValues& p) {
+  return nlohmann::json(p).dump();
+}
+
+}  // namespace
+
+// ---- job inputs: every value a job reads; its key is derived from them (JobPlan::derive)
+
+namespace {
+
+struct LayerInput {
+  uint64_t capture = 0;
+  int layer = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LayerInput, capture, layer)
+struct CaptureHandle {
+  std::shared_ptr<CaptureFile> capture;
+};
+
+std::shared_ptr<const LayerData> load_layer(const LayerInput& in, const CaptureHandle& h,
+                                            JobContext&, const JobPlan::PartialFn&) {
+  return h.capture->layer(in.layer);
+}
+
+// One method on the focused head for one seed (the focused runs A and B).
+struct FocusInput {
+  EvalCommon common;
+  int layer = 0, kv_head = 0, num_layers = 0;
+  std::string method;
+  ParamValues params;
+  double keep_ratio = 0;
+  uint64_t seed = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FocusInput, common, layer, kv_head, num_layers, method, params,
+                                   keep_ratio, seed)
+struct FocusHandles {
+  std::shared_ptr<const LayerData> layer;  // (common.capture, layer)
+  Backend* backend = nullptr;              // common.backend
+  std::string refused;                     // why the loaded head is refused ("" = it is not)
+};
+
+MethodSettings method_settings_of(const EvalCommon& c, const std::string& method,
+                                  const ParamValues& params, double keep_ratio) {
+  MethodSettings ms;
+  ms.method = find_method(method);
+  if (!ms.method) throw InputError("unknown method '" + method + "'");
+  ms.keep_ratio = keep_ratio;
+  ms.params = params;
+  ms.sink = c.sink;
+  ms.eval = c.eval;
+  ms.estimator = parse_estimator(c.estimator);
+  return ms;
+}
+
+std::shared_ptr<const HeadRun> run_focus(const FocusInput& in, const FocusHandles& h,
+                                         JobContext& ctx, const JobPlan::PartialFn&) {
+  const MethodSettings ms = method_settings_of(in.common, in.method, in.params, in.keep_ratio);
+  if (!h.refused.empty()) throw InputError("head refused: " + h.refused);
+  return std::make_shared<HeadRun>(run_head(*h.layer, in.num_layers, in.kv_head, ms, in.seed, true,
+                                            h.backend, ctx.cancel_flag()));
+}
+
+// The Error view's sweep over methods and ratios (run_eval with token harm).
+struct SweepInput {
+  EvalCommon common;
+  std::vector<std::string> methods;
+  std::map<std::string, ParamValues> params;
+  std::vector<double> ratios;
+  int seeds = 0;
+  uint64_t base_seed = 0;
+  std::vector<int> layers;  // empty: all
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SweepInput, common, methods, params, ratios, seeds, base_seed,
+                                   layers)
+struct EvalHandles {
+  std::shared_ptr<CaptureFile> capture;  // common.capture
+  Backend* backend = nullptr;            // common.backend
+  int threads = 1;                       // figures are identical for any count (run_eval)
+};
+
+std::shared_ptr<const EvalReport> run_sweep(const SweepInput& in, const EvalHandles& h,
+                                            JobContext& ctx, const JobPlan::PartialFn&) {
+  EvalSpec spec;
+  for (const std::string& name : in.methods)
+    if (const Method* m = find_method(name)) spec.methods.push_back(m);
+  spec.params = in.params;
+  spec.ratios = in.ratios;
+  spec.harm = true;  // the Error view's harm kept vs dropped (engine/token_harm.h)
+  spec.seeds = in.seeds;
+  spec.base_seed = in.base_seed;
+  spec.sink = in.common.sink;
+  spec.eval = in.common.eval;
+  spec.estimator = parse_estimator(in.common.estimator);
+  spec.threads = h.threads;
+  spec.layers = in.layers;
+  return std::make_shared<EvalReport>(run_eval(
+      *h.capture, spec, [&](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), h.backend));
+}
+
+// The mean attention entropy of every head: it reads the evaluation rows only (n and E).
+struct EntropyInput {
+  uint64_t capture = 0;
+  int n = 0, eval = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EntropyInput, capture, n, eval)
+
+std::shared_ptr<const EntropyGrid> run_entropy(const EntropyInput& in, const CaptureHandle& h,
+                                               JobContext& ctx, const JobPlan::PartialFn&) {
+  const CaptureInfo& ci = h.capture->info();
+  EvalWindow w;  // mean_attention_entropy reads n and eval (engine/attention_stats.h)
+  w.n = in.n;
+  w.eval = in.eval;
+  auto eg = std::make_shared<EntropyGrid>();
+  eg->layers = ci.num_layers;
+  eg->heads = ci.kv_heads;
+  eg->values.assign(static_cast<size_t>(ci.num_layers * ci.kv_heads), NAN);
+  for (int L = 0; L < ci.num_layers; ++L) {
+    ctx.progress(L, ci.num_layers);
+    std::shared_ptr<const LayerData> layer;
+    try {
+      layer = h.capture->layer(L);
+    } catch (const InputError&) {
+      continue;  // the grid shows the loader's message; entropy stays NaN here
+    }
+    for (int kv = 0; kv < ci.kv_heads; ++kv)
+      eg->values[static_cast<size_t>(L * ci.kv_heads + kv)] =
+          mean_attention_entropy(*layer, kv, w, ctx.cancel_flag());
+  }
+  return eg;
+}
+
+// One query of the focused head: exact against method A's weighted attention.
+struct QueryInput {
+  std::string run_a;  // the key of method A's focused run (its input, so its settings)
+  int kv_head = 0, q_head = 0, position = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(QueryInput, run_a, kv_head, q_head, position)
+struct QueryHandles {
+  std::shared_ptr<const LayerData> layer;  // the layer of run_a
+  std::shared_ptr<const HeadRun> run;      // run_a's value
+};
+
+std::shared_ptr<const QueryComparison> compare_query(const QueryInput& in, const QueryHandles& h,
+                                                     JobContext&, const JobPlan::PartialFn&) {
+  const LayerData& layer = *h.layer;
+  if (layer.queries.empty()) throw InputError("this capture has no queries");
+  const MatrixF& K = layer.keys[static_cast<size_t>(in.kv_head)];
+  const MatrixF& V = layer.values[static_cast<size_t>(in.kv_head)];
+  const int j = in.position;
+  const float* q = layer.queries[static_cast<size_t>(in.q_head)].row(j).data();
+  const EvalWindow& w = h.run->window;
+  auto qc = std::make_shared<QueryComparison>();
+  qc->position = j;
+  qc->q_head = in.q_head;
+  qc->exact_weights = attention_row(q, K, j);
+  qc->approx_weights = estimator_weights(q, K, j, w, h.run->selection);
+  VectorD ex = exact_attention(q, K, V, j);
+  VectorD ap = weighted_attention(q, K, V, j, w, h.run->selection);
+  qc->exact_output.assign(ex.data(), ex.data() + ex.size());
+  qc->approx_output.assign(ap.data(), ap.data() + ap.size());
+  double en = ex.norm();
+  qc->relative_error = en > 0 ? (ap - ex).norm() / en : 0;
+  return qc;
+}
+
+// Work units of one head run of a method (one seed): the evaluation side costs about n*E*G*d
+// multiply-adds, the selection about n*d times a method factor; both scale like n * d * (E*G + 64).
+double head_units(const CaptureInfo& ci, const EvalWindow& w) {
+  return static_cast<double>(ci.num_tokens) * ci.head_dim *
+         (static_cast<double>(w.eval) * ci.group_size() + 64.0);
+}
+
+// Selections an evaluation computes per kv head: the protocol runs a method that ignores the
+// seed once for all seeds, and one that ignores the budget once for all ratios.
+double runs_per_head(const Method* m, size_t ratios, int seeds) {
+  if (!m) return static_cast<double>(ratios) * seeds;
+  return (m->depends_on_budget() ? static_cast<double>(ratios) : 1.0) *
+         (m->depends_on_seed() ? seeds : 1);
+}
+
+}  // namespace
+
+EvalCommon AppState::eval_common() const {
+  const MethodSettings ms = method_settings(0);
+  return {capture_id, backend_active, ms.sink, ms.eval, estimator_name(settings.estimator)};
+}
+
+// ---------------------------------------------------------------- planning
+
+JobPlan AppState::plan_layer() const {
+  JobPlan p;
+  if (!capture) return p;
+  const int L = settings.focus.layer;
+  p.lane = Lane::Focus;
+  p.label = "loading layer " + std::to_string(L);
+  p.auto_limit_s = 1e30;
+  p.derive("layer", LayerInput{capture_id, L}, CaptureHandle{capture}, &load_layer);
+  return p;
+}
+
+JobPlan AppState::plan_focus(int slot) const {
+  JobPlan p;
+  if (!capture || (slot == 1 && !settings.ab_enabled)) return p;
+  const CaptureInfo& ci = capture->info();
+  const MethodChoice& mc = settings.method[static_cast<size_t>(slot)];
+  const Focus f = settings.focus;
+  FocusInput in{
+      eval_common(), f.layer,   f.kv_head,           ci.num_layers,
+      mc.name,       mc.params, settings.keep_ratio, static_cast<uint64_t>(settings.seed)};
+  FocusHandles h;
+  h.layer = focus_layer();
+  h.backend = backend_;
+  if (h.layer) focus_refused(&h.refused);
+  p.derive("focus", std::move(in), h, &run_focus);
+  if (!h.layer) {
+    p.waiting = "loading layer " + std::to_string(f.layer);
+    return p;
+  }
+  p.lane = Lane::Focus;
+  p.label = mc.name + " on L" + std::to_string(f.layer) + " H" + std::to_string(f.kv_head);
+  p.cost_class = "head:" + mc.name;
+  p.units = head_units(ci, window());
+  p.auto_limit_s = kFocusAutoLimitS;
+  return p;
+}
+
+JobPlan AppState::plan_grid() const {
+  JobPlan p;
+  if (!capture) return p;
+  const CaptureInfo& ci = capture->info();
+  const int seeds = grid_seeds();
+  // The cells' shared part: capture, backend, window, estimator and the keep ratio; each slot's
+  // cells add their method and its own parameters (app/grid_cells.h).
+  const std::string shared =
+      JobPlan::derived_key("cells", eval_common()) + "|r=" + std::to_string(settings.keep_ratio);
+  std::array<std::string, 2> mkey;
+  for (size_t k = 0; k < 2; ++k)
+    if (k == 0 || settings.ab_enabled)
+      mkey[k] = settings.method[k].name + params_text(settings.method[k].params);
+  p.key = "grid|" + shared + "|A=" + mkey[0] + "|B=" + mkey[1] +
+          "|seed=" + std::to_string(settings.seed) + "|seeds=" + std::to_string(seeds);
+  const Result& now = result(kGrid);
+  // The job: rebuilt only when the key or the cells in hand changed (this runs every frame).
+  if (!grid_plan_job_ || grid_plan_key_ != p.key || grid_plan_version_ != grid_cells.version()) {
+    auto job = std::make_shared<GridJob>();
+    job->capture = capture;
+    job->backend = backend_;
+    const MethodSettings ms = method_settings(0);
+    job->base.ratios = {settings.keep_ratio};
+    job->base.sink = ms.sink;
+    job->base.eval = ms.eval;
+    job->base.estimator = settings.estimator;
+    job->base.threads = 1;
+    job->seeds = seeds;
+    job->base_seed = static_cast<uint64_t>(settings.seed);
+    job->layers = ci.num_layers;
+    job->heads = ci.kv_heads;
+    job->shared_key = shared;
+    // Every core: the grid's threads run below the UI and the focused runs (grid_cells.cpp).
+    job->threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    job->priority = grid_priority;
+    job->previous = now.ptr<GridReport>();
+    for (size_t k = 0; k < 2; ++k) {
+      if (mkey[k].empty()) continue;
+      GridJob::Slot& sl = job->slots[k];
+      sl.method = method(static_cast<int>(k));
+      sl.name = settings.method[k].name;
+      sl.params = settings.method[k].params;
+      sl.method_key = mkey[k];
+      if (!sl.method) continue;
+      sl.runs = sl.method->depends_on_seed() ? seeds : 1;
+      for (int run = 0; run < sl.runs; ++run) {
+        const std::string seed =
+            sl.runs == 1 && seeds > 1 ? "any" : std::to_string(settings.seed + run);
+        for (int l = 0; l < ci.num_layers; ++l)
+          for (int h = 0; h < ci.kv_heads; ++h) {
+            GridJob::Need n;
+            n.slot = static_cast<int>(k);
+            n.layer = l;
+            n.head = h;
+            n.run = run;
+            n.key = grid_cell_key(mkey[k], shared, l, h, seed);
+            n.have = grid_cells.get(n.key);
+            job->needs.push_back(std::move(n));
+          }
+      }
+    }
+    grid_plan_job_ = job;
+    grid_plan_key_ = p.key;
+    grid_plan_version_ = grid_cells.version();
+  }
+  std::shared_ptr<const GridJob> job = grid_plan_job_;
+  p.lane = Lane::Grid;
+  p.label = "grid: " + settings.method[0].name + " at " + std::to_string(settings.keep_ratio);
+  p.progressive = true;
+  // The estimate: the missing cells only, each at its method's measured cost.
+  const double per_cell = head_units(ci, window());
+  double seconds = 0;
+  for (const GridJob::Need& n : job->needs)
+    if (!n.have)
+      seconds += per_cell * costs.per_unit("eval:" + job->slots[static_cast<size_t>(n.slot)].name);
+  p.cost_class = "";
+  p.units = seconds / kPriorPerUnit;
+  p.threads = job->threads;
+  p.auto_limit_s = 1e30;
+  const std::string name = settings.method[0].name;
+  p.returns<GridReport>(
+      [job, name, per_cell](
+          JobContext& ctx, const JobPlan::PartialFn& partial) -> std::shared_ptr<const GridReport> {
+        if (!job->slots[0].method) throw InputError("unknown method '" + name + "'");
+        return run_grid_job(
+            *job, ctx,
+            [&ctx, job, per_cell](const GridJob::Need& n, const HeadEval& he, double secs) {
+              const std::string cls = "eval:" + job->slots[static_cast<size_t>(n.slot)].name;
+              ctx.post([key = n.key, he, cls, per_cell, secs](AppState& s) {
+                s.grid_cells.insert(key, he);
+                s.costs.record(cls, per_cell, secs);
+              });
+            },
+            [&partial](std::shared_ptr<const GridReport> g) { partial(g); });
+      });
+  return p;
+}
+
+JobPlan AppState::plan_sweep() const {
+  JobPlan p;
+  const SweepRequest& r = settings.sweep;
+  if (!capture || r.methods.empty()) return p;
+  const CaptureInfo& ci = capture->info();
+  SweepInput in;
+  in.common = eval_common();
+  std::vector<const Method*> methods;
+  for (const std::string& name : r.methods) {
+    const Method* m = find_method(name);
+    if (!m) continue;
+    methods.push_back(m);
+    in.methods.push_back(name);
+    // Each method with the parameters of the slot that runs it (A or B), defaults otherwise;
+    // never parameters of a method the sweep does not run.
+    ParamValues pv = params_for(name);
+    if (!pv.empty()) in.params[name] = pv;
+  }
+  if (methods.empty()) return p;
+  in.ratios = r.ratios;
+  in.seeds = r.seeds;
+  in.base_seed = static_cast<uint64_t>(settings.seed);
+  if (r.focused_layer_only) in.layers = {settings.focus.layer};
+  EvalHandles h{capture, backend_, background_threads()};
+  p.derive("sweep", std::move(in), h, &run_sweep);
+  p.lane = Lane::Analysis;
+  p.label = "error sweep";
+  const double layers = r.focused_layer_only ? 1.0 : ci.num_layers;
+  const double units_per_run = head_units(ci, window()) * layers * ci.kv_heads;
+  // Mixed methods: the estimate sums each method's runs times its measured cost per unit
+  // (expressed in units of the general prior, as the plan has one class only).
+  double seconds = 0;
+  for (const Method* m : methods)
+    seconds += units_per_run * runs_per_head(m, r.ratios.size(), r.seeds) *
+               costs.per_unit("eval:" + m->name());
+  p.cost_class = "";
+  p.units = seconds / kPriorPerUnit;
+  p.threads = h.threads;
+  p.auto_limit_s = kBackgroundAutoLimitS;
+  return p;
+}
+
+JobPlan AppState::plan_entropy() const {
+  JobPlan p;
+  if (!capture || settings.grid_metric != GridMetric::Entropy) return p;
+  const CaptureInfo& ci = capture->info();
+  if (!ci.has_queries) return p;
+  const EvalWindow w = window();
+  p.derive("entropy", EntropyInput{capture_id, w.n, w.eval}, CaptureHandle{capture}, &run_entropy);
+  p.lane = Lane::Grid;
+  p.label = "attention entropy";
+  p.cost_class = "entropy";
+  p.units = static_cast<double>(ci.num_layers) * ci.q_heads * w.eval * ci.num_tokens * ci.head_dim;
+  p.auto_limit_s = kBackgroundAutoLimitS;
+  return p;
+}
+
+JobPlan AppState::plan_query() const {
+  JobPlan p;
+  if (!capture || !capture->info().has_queries) return p;
+  const Result& ra = result(kFocusA);
+  QueryHandles h{focus_layer(), run_ptr(0)};
+  const int kv = settings.focus.kv_head;
+  const int group = capture->info().group_size();
+  const int qh = kv * group + std::clamp(settings.selected_q_head, 0, std::max(0, group - 1));
+  if (!ra.fresh() || !h.layer || !h.run) {
+    // Wanted, but method A's run for these settings is not there yet.
+    p.derive("query", QueryInput{ra.want, kv, qh, settings.selected_query}, h, &compare_query);
+    p.waiting = "waiting for method A";
+    return p;
+  }
+  p.derive("query", QueryInput{ra.key, kv, qh, effective_query()}, h, &compare_query);
+  p.lane = Lane::Focus;
+  p.label = "query comparison";
+  p.auto_limit_s = 1e30;  // one query: always cheap
+  return p;
+}
+
+std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> AppState::planners() {
+  // In dependency order: the focused runs read the layer, the query comparison reads run A.
+  return {{kLayer, &AppState::plan_layer},    {kFocusA, &AppState::plan_focus_a},
+          {kFocusB, &AppState::plan_focus_b}, {kGrid, &AppState::plan_grid},
+          {kSweep, &AppState::plan_sweep},    {kEntropy, &AppState::plan_entropy},
+          {kQuery, &AppState::plan_query}};
+}
+
+}  // namespace kvscope::app
