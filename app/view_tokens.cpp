@@ -123,11 +123,11 @@ class TokensView final : public View {
     p.auto_limit_s = 20;
     const int kv = f.kv_head, sink = w.sink, eval = w.eval;
     p.returns<TokenHarm>(
-        [layer, kv, sink, eval](JobContext&,
+        [layer, kv, sink, eval](JobContext& ctx,
                                 const JobPlan::PartialFn&) -> std::shared_ptr<const TokenHarm> {
           return std::make_shared<TokenHarm>(
               token_harm(harm_queries(*layer, kv), layer->keys[static_cast<size_t>(kv)],
-                         layer->values[static_cast<size_t>(kv)], sink, eval));
+                         layer->values[static_cast<size_t>(kv)], sink, eval, ctx.cancel_flag()));
         });
     out.emplace_back(kHarm, p);
   }

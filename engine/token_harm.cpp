@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/capture.h"
+#include "engine/error.h"
 #include "engine/reference_cache.h"
 #include "engine/simd.h"
 
@@ -25,7 +26,7 @@ std::vector<const MatrixF*> harm_queries(const LayerData& layer, int kv) {
 }
 
 TokenHarm token_harm(const std::vector<const MatrixF*>& queries, const MatrixF& K, const MatrixF& V,
-                     int sink, int eval) {
+                     int sink, int eval, const std::atomic<bool>* cancel) {
   const int n = static_cast<int>(K.rows()), d = static_cast<int>(K.cols()),
             dv = static_cast<int>(V.cols());
   if (n <= 0 || sink < 0 || eval <= 0 || sink + eval > n)
@@ -61,6 +62,7 @@ TokenHarm token_harm(const std::vector<const MatrixF*>& queries, const MatrixF& 
   std::vector<double> shift, z, o_sq, o_norm;
   for (const MatrixF* qm : queries) {
     for (int r0 = 0; r0 < eval; r0 += R) {
+      if (cancel && cancel->load(std::memory_order_relaxed)) throw Cancelled();
       const int rows = std::min(R, eval - r0);
       const int keys = first + r0 + rows;  // the panel's last query sees keys [0, keys)
       Qp = qm->block(first + r0, 0, rows, d).cast<double>();

@@ -7,6 +7,7 @@
 // It depends on the capture's head and the window only, not on the method, ratio or seed.
 #pragma once
 
+#include <atomic>
 #include <vector>
 
 #include "engine/method.h"
@@ -27,9 +28,10 @@ struct TokenHarm {
 // queries: n x d each, as ExactReference takes them (the GQA group's query heads, or the keys as
 // proxy queries when the capture has none; harm_queries gives the protocol's choice). Throws
 // std::invalid_argument on inconsistent shapes or window (as ExactReference). A token holding all
-// of a query's attention (1 - p_ij = 0 in double) has infinite harm.
+// of a query's attention (1 - p_ij = 0 in double) has infinite harm. A set cancel flag throws
+// Cancelled (checked between panels of query rows).
 TokenHarm token_harm(const std::vector<const MatrixF*>& queries, const MatrixF& K, const MatrixF& V,
-                     int sink, int eval);
+                     int sink, int eval, const std::atomic<bool>* cancel = nullptr);
 
 // The queries the protocol scores errors with for kv head `kv` (engine/protocol.cpp): the GQA
 // group's query heads, or the keys themselves when the capture has no queries.

@@ -4,12 +4,14 @@
 // the relative output change averaged over the evaluation queries and query heads.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "engine/attention.h"
 #include "engine/capture.h"
+#include "engine/error.h"
 #include "engine/token_harm.h"
 #include "sample_captures.h"
 
@@ -214,6 +216,20 @@ TEST(TokenHarm, SplitSumsKeptAndDropped) {
   EXPECT_EQ(s.kept_count, 0);
   EXPECT_EQ(s.kept_mean, 0.0);
   EXPECT_DOUBLE_EQ(s.dropped_mean, 31.0 / 5);
+}
+
+// The Tokens view's harm job can be cancelled: a set flag stops the work with Cancelled, an
+// unset one changes nothing.
+TEST(TokenHarm, ASetCancelFlagStopsIt) {
+  std::mt19937 rng(11);
+  const int n = 96, d = 8;
+  const MatrixF K = random_matrix(n, d, rng), V = random_matrix(n, d, rng);
+  const MatrixF Q = random_matrix(n, d, rng);
+  std::atomic<bool> cancel{true};
+  EXPECT_THROW(token_harm({&Q}, K, V, 4, 12, &cancel), Cancelled);
+  cancel = false;
+  const TokenHarm a = token_harm({&Q}, K, V, 4, 12, &cancel), b = token_harm({&Q}, K, V, 4, 12);
+  EXPECT_EQ(a.harm, b.harm);
 }
 
 TEST(TokenHarm, RefusesInconsistentShapes) {
