@@ -25,6 +25,7 @@
 #include "backends/imgui_impl_glfw.h"
 #include "backends/imgui_impl_opengl3.h"
 #include "engine/error.h"
+#include "engine/reference_cache.h"
 
 namespace {
 
@@ -132,6 +133,10 @@ void save_dense_png(kvscope::app::AppUi& ui, const kvscope::app::AppUi::PngReque
 
 int main(int argc, char** argv) {
   using namespace kvscope::app;
+  // References of captures seen before are read back from the user's cache folder instead of
+  // computed again (docs/performance.md, "Exact reference cache"; KVSCOPE_CACHE_DIR=off: never).
+  kvscope::ReferenceCache::global().set_disk(kvscope::ReferenceCache::default_disk_dir(),
+                                             kvscope::ReferenceCache::kDefaultDiskBudget);
   CLI::App cli{"kvscope: look inside KV-cache compression (BalanceKV, SubGen, BUZZ, baselines)"};
   HeadlessOptions opt;
   opt.view = "";

@@ -6,8 +6,13 @@
 #include "cli/output_file.h"
 #include "cli/validate.h"
 #include "engine/error.h"
+#include "engine/reference_cache.h"
 
 int main(int argc, char** argv) {
+  // References of captures seen before are read back from the user's cache folder instead of
+  // computed again (docs/performance.md, "Exact reference cache"; KVSCOPE_CACHE_DIR=off: never).
+  kvscope::ReferenceCache::global().set_disk(kvscope::ReferenceCache::default_disk_dir(),
+                                             kvscope::ReferenceCache::kDefaultDiskBudget);
   CLI::App app{"kvscope-cli: KV-cache compression, headless (the engine of the KVScope app)"};
   app.require_subcommand(1);
   kvscope::cli::add_info_command(app);

@@ -1,10 +1,19 @@
 #include "engine/reference_cache.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <sstream>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 
 #include "engine/error.h"
 #include "engine/simd.h"
@@ -136,7 +145,178 @@ ReferenceCacheStats ReferenceCache::stats() const {
   s.misses = misses_;
   s.waits = waits_;
   s.evictions = evictions_;
+  s.disk_hits = disk_hits_;
+  s.disk_writes = disk_writes_;
+  s.disk_dir = disk_dir_;
   return s;
+}
+
+// ---- the disk tier
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The whole key as text: written at the head of its file and compared on reading, so a file
+// found under a colliding name is never taken for another key's.
+std::string key_text(const ReferenceKey& k) {
+  std::ostringstream o;
+  o << "kvscope-reference/1 content=" << k.content << " layer=" << k.layer << " kv=" << k.kv_head
+    << " n=" << k.n << " d=" << k.d << " dv=" << k.dv << " sink=" << k.sink << " eval=" << k.eval
+    << " qh=" << k.query_heads << " proxy=" << k.proxy_queries << " kernels=" << k.kernels;
+  return o.str();
+}
+
+std::string key_file(const std::string& dir, const ReferenceKey& k) {
+  const std::string text = key_text(k);
+  char name[40];
+  std::snprintf(name, sizeof name, "%016llx.kvref",
+                static_cast<unsigned long long>(content_hash(text.data(), text.size())));
+  return (fs::path(dir) / name).string();
+}
+
+template <class M>
+bool read_block(std::istream& in, M& m, long rows, long cols) {
+  m.resize(rows, cols);
+  in.read(reinterpret_cast<char*>(m.data()),
+          static_cast<std::streamsize>(sizeof(double) * rows * cols));
+  return static_cast<bool>(in);
+}
+
+template <class M>
+void write_block(std::ostream& out, const M& m) {
+  out.write(reinterpret_cast<const char*>(m.data()),
+            static_cast<std::streamsize>(sizeof(double) * m.size()));
+}
+
+// Oldest files out until the folder's .kvref files fit `budget`.
+void trim_folder(const std::string& dir, size_t budget) {
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> files;
+  uintmax_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".kvref") continue;
+    const uintmax_t size = e.file_size(ec);
+    if (ec) continue;
+    total += size;
+    files.emplace_back(e.last_write_time(ec), e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [when, path] : files) {
+    if (total <= budget) break;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (fs::remove(path, ec)) total -= size;
+  }
+}
+
+}  // namespace
+
+void ReferenceCache::set_disk(const std::string& dir, size_t budget_bytes) {
+  std::error_code ec;
+  if (!dir.empty()) fs::create_directories(dir, ec);
+  std::lock_guard<std::mutex> lock(mu_);
+  disk_dir_ = ec ? std::string() : dir;
+  disk_budget_ = budget_bytes;
+}
+
+std::string ReferenceCache::default_disk_dir() {
+  std::string base;
+  if (const char* d = std::getenv("KVSCOPE_CACHE_DIR")) {
+    if (std::string(d) == "off") return "";
+    base = d;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    base = (fs::path(x) / "kvscope").string();
+  } else if (const char* h = std::getenv("HOME"); h && *h) {
+    base = (fs::path(h) / ".cache" / "kvscope").string();
+  } else {
+    return "";
+  }
+  return (fs::path(base) / "reference").string();
+}
+
+std::shared_ptr<const ExactSide> ReferenceCache::read_disk(const ReferenceKey& key) {
+  std::string dir;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dir = disk_dir_;
+  }
+  if (dir.empty()) return nullptr;
+  const std::string path = key_file(dir, key);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return nullptr;
+  const std::string want = key_text(key);
+  std::string got(want.size(), '\0');
+  in.read(got.data(), static_cast<std::streamsize>(got.size()));
+  auto side = std::make_shared<ExactSide>();
+  int32_t dims[6] = {};
+  bool ok = in && got == want && in.read(reinterpret_cast<char*>(dims), sizeof dims);
+  ok = ok && dims[0] == key.n && dims[1] == key.d && dims[2] == key.dv && dims[3] == key.sink &&
+       dims[4] == key.eval && dims[5] == key.query_heads;
+  if (ok) {
+    side->n = key.n, side->d = key.d, side->dv = key.dv, side->sink = key.sink;
+    side->eval = key.eval;
+    side->heads.resize(static_cast<size_t>(key.query_heads));
+    for (ExactSide::Head& h : side->heads)
+      ok = ok && read_block(in, h.exact, key.eval, key.dv) &&
+           read_block(in, h.shift, key.eval, 1) && read_block(in, h.norm, key.eval, 1) &&
+           read_block(in, h.softmax_norm, key.eval, 1) && read_block(in, h.v_frob, key.eval, 1);
+    ok = ok && in.peek() == std::char_traits<char>::eof();
+  }
+  if (!ok) {  // another key's, truncated or of another shape: not ours to keep
+    in.close();
+    std::error_code ec;
+    fs::remove(path, ec);
+    return nullptr;
+  }
+  std::error_code ec;
+  fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // recently used: kept longer
+  std::lock_guard<std::mutex> lock(mu_);
+  ++disk_hits_;
+  return side;
+}
+
+void ReferenceCache::write_disk(const ReferenceKey& key, const ExactSide& side) {
+  std::string dir;
+  size_t budget = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dir = disk_dir_;
+    budget = disk_budget_;
+  }
+  if (dir.empty()) return;
+  const std::string path = key_file(dir, key);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id()));
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    const std::string text = key_text(key);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    const int32_t dims[6] = {side.n,    side.d,    side.dv,
+                             side.sink, side.eval, static_cast<int32_t>(side.heads.size())};
+    out.write(reinterpret_cast<const char*>(dims), sizeof dims);
+    for (const ExactSide::Head& h : side.heads) {
+      write_block(out, h.exact);
+      write_block(out, h.shift);
+      write_block(out, h.norm);
+      write_block(out, h.softmax_norm);
+      write_block(out, h.v_frob);
+    }
+    if (!out) {
+      out.close();
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return;  // a full or read-only folder stops the writes, never the run
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return;
+  }
+  trim_folder(dir, budget);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++disk_writes_;
 }
 
 void ReferenceCache::clear() {
@@ -190,8 +370,12 @@ std::shared_ptr<const ExactSide> ReferenceCache::get(const ReferenceKey& key, co
     if (builder) {
       std::shared_ptr<const ExactSide> side;
       try {
-        side = build();
-        if (!side) throw std::logic_error("reference cache: the build returned nothing");
+        side = read_disk(key);
+        if (!side) {
+          side = build();
+          if (!side) throw std::logic_error("reference cache: the build returned nothing");
+          write_disk(key, *side);
+        }
       } catch (...) {
         {
           std::lock_guard<std::mutex> lock(mu_);

@@ -55,6 +55,10 @@ struct ReferenceCacheStats {
   long long misses = 0;     // built
   long long waits = 0;      // found being built by another thread, waited for it
   long long evictions = 0;  // dropped for the budget
+  // The disk tier (set_disk): entries read back from disk instead of built, written, and the
+  // folder in use ("" when off).
+  long long disk_hits = 0, disk_writes = 0;
+  std::string disk_dir;
 };
 
 class ReferenceCache {
@@ -70,6 +74,19 @@ class ReferenceCache {
   void set_budget(size_t bytes);
   ReferenceCacheStats stats() const;
   void clear();  // drops every entry (not the counters)
+
+  // The disk tier: a miss first looks in `dir` for the entry (one file per key, named by a hash
+  // of the whole key and holding the key itself, so reopening a capture finds its references
+  // instead of computing them again) and a build is written there (atomically: a temporary
+  // file renamed). The folder is kept under `budget_bytes`, oldest files out. A file that does
+  // not hold the key or its shapes is ignored and removed; a folder that cannot be written only
+  // stops the writes. "" turns the tier off (the default).
+  void set_disk(const std::string& dir, size_t budget_bytes);
+  // The folder the app and the CLI use: $KVSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/kvscope, else
+  // ~/.cache/kvscope, with /reference appended; "" when KVSCOPE_CACHE_DIR is "off" or no home is
+  // known. 2 GiB.
+  static std::string default_disk_dir();
+  static constexpr size_t kDefaultDiskBudget = size_t{2} << 30;
 
   using BuildFn = std::function<std::shared_ptr<const ExactSide>()>;
   // The entry of `key`: found (a hit), or made by `build` (a miss) and kept when it fits the
@@ -88,6 +105,8 @@ class ReferenceCache {
   struct Pending;
   void insert_locked(const ReferenceKey& key, std::shared_ptr<const ExactSide> side);
   void evict_locked();
+  std::shared_ptr<const ExactSide> read_disk(const ReferenceKey& key);
+  void write_disk(const ReferenceKey& key, const ExactSide& side);
 
   mutable std::mutex mu_;
   size_t budget_ = 0, bytes_ = 0;
@@ -95,6 +114,9 @@ class ReferenceCache {
   std::map<ReferenceKey, Entry> ready_;
   std::map<ReferenceKey, std::shared_ptr<Pending>> pending_;
   long long hits_ = 0, misses_ = 0, waits_ = 0, evictions_ = 0;
+  std::string disk_dir_;
+  size_t disk_budget_ = 0;
+  long long disk_hits_ = 0, disk_writes_ = 0;
 };
 
 // The exact reference of kv head `kv` of `layer` over sink s and eval E, through `cache` (the

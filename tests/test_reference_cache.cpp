@@ -3,9 +3,11 @@
 // bit, hits and evictions change nothing, two threads never build one key twice, cancellation
 // stops waits, and every field the exact side depends on is in the key.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <thread>
@@ -187,6 +189,62 @@ TEST(ReferenceCache, HitScoresIdenticallyToAFreshReference) {
   // The hit held no logits unless asked: a compact reference.
   EXPECT_FALSE(cached_reference(L, 1, 8, 32, false, nullptr, &cache)->has_logits());
   EXPECT_TRUE(cached_reference(L, 1, 8, 32, true, nullptr, &cache)->has_logits());
+}
+
+// The disk tier: a second process (a fresh cache on the same folder) reads the reference back
+// instead of building it, with identical figures; a damaged file is ignored and replaced, and
+// the folder is kept under its budget.
+TEST(ReferenceCache, DiskTierReadsBackIdenticallyAndSurvivesDamage) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("kvscope_refdisk_" + std::to_string(::getpid()) + "_" +
+       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  const LayerData L = make_layer(2, 256, 16, 12, 2, 2, 7);
+  const Selection sel = random_selection(256, 8, 32, 60, false, 9);
+  const Errors want = fresh_errors(L, 1, 8, 32, sel);
+  {
+    ReferenceCache first(size_t{1} << 30);
+    first.set_disk(dir.string(), size_t{1} << 30);
+    expect_identical(cached_reference(L, 1, 8, 32, false, nullptr, &first)->evaluate(sel), want);
+    EXPECT_EQ(first.stats().disk_writes, 1);
+    EXPECT_EQ(first.stats().disk_hits, 0);
+  }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].extension(), ".kvref");
+  {
+    ReferenceCache second(size_t{1} << 30);
+    second.set_disk(dir.string(), size_t{1} << 30);
+    for (bool logits : {false, true})
+      expect_identical(cached_reference(L, 1, 8, 32, logits, nullptr, &second)->evaluate(sel),
+                       want);
+    EXPECT_EQ(second.stats().disk_hits, 1);
+    EXPECT_EQ(second.stats().disk_writes, 0);  // read back, not built
+    // Another head is another key: built and written beside it.
+    cached_reference(L, 0, 8, 32, false, nullptr, &second);
+    EXPECT_EQ(second.stats().disk_writes, 1);
+  }
+  // A truncated file is not taken: the reference is built again, with the same figures.
+  fs::resize_file(files[0], fs::file_size(files[0]) / 2);
+  {
+    ReferenceCache third(size_t{1} << 30);
+    third.set_disk(dir.string(), size_t{1} << 30);
+    expect_identical(cached_reference(L, 1, 8, 32, false, nullptr, &third)->evaluate(sel), want);
+    EXPECT_EQ(third.stats().disk_hits, 0);
+    EXPECT_EQ(third.stats().disk_writes, 1);
+  }
+  // A budget below one file keeps none.
+  {
+    ReferenceCache tiny(size_t{1} << 30);
+    tiny.set_disk(dir.string(), 1);
+    cached_reference(L, 1, 4, 32, false, nullptr, &tiny);
+    size_t left = 0;
+    for (const auto& e : fs::directory_iterator(dir)) left += e.path().extension() == ".kvref";
+    EXPECT_EQ(left, 0u);
+  }
+  fs::remove_all(dir);
 }
 
 TEST(ReferenceCache, EvictionUnderATinyBudgetKeepsTheFigures) {
