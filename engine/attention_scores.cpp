@@ -26,37 +26,6 @@ ParamSpec param_spec(std::string name, ParamSpec::Type type, double min, double 
   return p;
 }
 
-void check_params(const std::vector<ParamSpec>& specs, const ParamValues& values,
-                  const std::string& method) {
-  for (const auto& [name, value] : values) {
-    const ParamSpec* spec = nullptr;
-    for (const ParamSpec& s : specs)
-      if (s.name == name) spec = &s;
-    if (!spec) {
-      std::string known;
-      for (const ParamSpec& s : specs) known += (known.empty() ? "" : ", ") + s.name;
-      throw InputError(method + "." + name + ": unknown parameter (" + method + " has " +
-                       (known.empty() ? std::string("none") : known) + ")");
-    }
-    double lo = spec->min, hi = spec->max;
-    if (spec->type == ParamSpec::Type::Choice) {
-      lo = 0;
-      hi = static_cast<double>(spec->choices.size()) - 1;
-    } else if (spec->type == ParamSpec::Type::Bool) {
-      lo = 0;
-      hi = 1;
-    }
-    const bool whole = spec->type != ParamSpec::Type::Float;
-    if (!std::isfinite(value) || value < lo || value > hi ||
-        (whole && value != std::floor(value))) {
-      std::ostringstream msg;
-      msg << method << "." << name << " = " << value << ": must be "
-          << (whole ? "a whole number " : "") << "in [" << lo << ", " << hi << "]";
-      throw InputError(msg.str());
-    }
-  }
-}
-
 void check_method_input(const MethodInput& in, const std::string& method, bool needs_queries) {
   const std::string who = method + ": ";
   if (!in.keys || !in.values) throw InputError(who + "no keys/values given");

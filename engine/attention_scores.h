@@ -19,11 +19,6 @@ ParamSpec param_spec(std::string name, ParamSpec::Type type, double min, double 
                      double default_value, std::string help, std::vector<std::string> choices = {},
                      bool log_scale = false);
 
-// Every key of `values` must name a parameter of `specs` and lie inside its [min, max] (Choice:
-// a valid index; Int/Bool: a whole number). Throws InputError naming method.parameter.
-void check_params(const std::vector<ParamSpec>& specs, const ParamValues& values,
-                  const std::string& method);
-
 // Checks the parts of a MethodInput every method relies on: keys/values present with n rows,
 // 0 <= mid_begin <= mid_end <= n, 0 <= budget <= n_mid, and (when `needs_queries`) at least one
 // query head of n rows and the keys' width. Throws InputError naming the method and the problem.

@@ -115,23 +115,7 @@ BalanceParams kvscope_v1_params(BalanceParams p) {
 
 BalanceParams balance_params_from(const ParamValues& values) {
   const std::vector<ParamSpec> specs = balancekv_param_specs();
-  for (const auto& [name, v] : values) {
-    const ParamSpec& spec = find_param_spec(specs, name, "balancekv");
-    const double hi = spec.type == ParamSpec::Type::Choice
-                          ? static_cast<double>(spec.choices.size()) - 1
-                          : spec.max;
-    if (!std::isfinite(v) || v < spec.min || v > hi) {
-      std::ostringstream os;
-      os << "balancekv: parameter " << name << " = " << v << " is outside [" << spec.min << ", "
-         << hi << "]";
-      throw InputError(os.str());
-    }
-    if (spec.type != ParamSpec::Type::Float && v != std::floor(v)) {
-      std::ostringstream os;
-      os << "balancekv: parameter " << name << " = " << v << " must be an integer";
-      throw InputError(os.str());
-    }
-  }
+  validate_params(specs, values, "balancekv");
   BalanceParams p;
   p.gamma = param_value(specs, values, "gamma");
   p.temp = param_value(specs, values, "temp");

@@ -41,6 +41,14 @@ double param_value(const std::vector<ParamSpec>& specs, const ParamValues& value
 const ParamSpec& find_param_spec(const std::vector<ParamSpec>& specs, const std::string& name,
                                  const std::string& method);
 
+// The one parameter validator (run_eval, the sweep, theory, generate, every method's run, the CLI
+// and the app's session reader call it): each of `values` must have a spec in `specs`, be a
+// finite number, a whole number unless the spec is Float, and lie in [min, max] (Bool: [0, 1];
+// Choice: [0, choices - 1]). Throws SettingError naming the setting "<method>.<name>" (the CLI
+// shows it as "--param <method>.<name>").
+void validate_params(const std::vector<ParamSpec>& specs, const ParamValues& values,
+                     const std::string& method);
+
 struct MethodInput {
   const MatrixF* keys = nullptr;        // n x d, all tokens of this kv head
   const MatrixF* values = nullptr;      // n x d_v
@@ -137,6 +145,11 @@ class Method {
   virtual Selection ranked_selection(const MethodInput& in, const Ranking& ranking) const;
 };
 
+// validate_params against the method's own specs, named by the method.
+inline void validate_method_params(const Method& method, const ParamValues& values) {
+  validate_params(method.params(), values, method.name());
+}
+
 // A score-ranking method (ranks_by_score) whose selection is the first `budget` positions of its
 // ranking, weight 1 (prefix_selection, engine/attention_scores.h): it implements rank() only.
 class ScoreRankingMethod : public Method {
@@ -149,6 +162,12 @@ class ScoreRankingMethod : public Method {
 // Every method the engine has, in display order: the methods of engine/methods/ and the
 // wrapped ones `--methods all` runs (adakv(snapkv), adakv(expected-attention)).
 const std::vector<const Method*>& all_methods();
+// Adds a method after the others, as if its factory were in engine/methods/registry.cpp's list:
+// from then on find_method, all_methods (so `--methods all`, the CLI's list of known methods,
+// run_eval and the app's method combos) and the wrappers know it. For plugins and tests; call it
+// before any thread reads the lists. Throws std::invalid_argument for a name already taken or
+// one that is not a plain name.
+void register_method(std::unique_ptr<Method> method);
 // nullptr when unknown. Besides the names of all_methods(), a wrapper around a score-ranking
 // method, "adakv(snapkv)", "chunkkv(knorm)", "criticalkv(expected-attention)" (wrapper_names()),
 // is made on first use and lives as long as the program (nullptr when the inner method is

@@ -221,39 +221,6 @@ std::string method_unavailable(const Method& method, const CaptureInfo& info,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parameters
-
-void validate_method_params(const Method& method, const ParamValues& values) {
-  const std::vector<ParamSpec> specs = method.params();
-  for (const auto& [name, value] : values) {
-    // The app shows "balancekv.gamma: ..."; the CLI "--param balancekv.gamma: ..." (SettingError).
-    const std::string setting = method.name() + "." + name, flag = "--param " + setting;
-    auto it = std::find_if(specs.begin(), specs.end(),
-                           [&](const ParamSpec& p) { return p.name == name; });
-    if (it == specs.end()) {
-      std::vector<std::string> known;
-      for (const ParamSpec& p : specs) known.push_back(p.name);
-      throw SettingError(
-          setting, flag,
-          "unknown parameter (" +
-              (known.empty() ? method.name() + " has no parameters" : "known: " + join(known)) +
-              ")");
-    }
-    if (!std::isfinite(value)) throw SettingError(setting, flag, "value is not a finite number");
-    double lo = it->min, hi = it->max;
-    if (it->type == ParamSpec::Type::Bool) lo = 0, hi = 1;
-    if (it->type == ParamSpec::Type::Choice)
-      lo = 0, hi = static_cast<double>(it->choices.size()) - 1;
-    if (it->type != ParamSpec::Type::Float && value != std::floor(value))
-      throw SettingError(setting, flag, fmt_double(value) + " is not an integer");
-    if (value < lo || value > hi)
-      throw SettingError(
-          setting, flag,
-          fmt_double(value) + " is outside [" + fmt_double(lo) + ", " + fmt_double(hi) + "]");
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Estimators
 
 const char* estimator_name(Estimator e) {

@@ -203,9 +203,7 @@ struct EvalReport {
 std::string method_unavailable(const Method& method, const CaptureInfo& info,
                                const ParamValues& params = {});
 
-// Checks --param values against the method's ParamSpec (known name, within [min, max], integer
-// for Int/Bool/Choice); throws InputError naming --param, the method and the parameter.
-void validate_method_params(const Method& method, const ParamValues& values);
+// validate_method_params (the parameters of a method): engine/method.h.
 
 // Called from worker threads (never two at once) after each finished work item.
 using ProgressFn = std::function<void(int done, int total)>;

@@ -202,20 +202,6 @@ std::vector<ParamSpec> balancekv_stream_param_specs() {
 
 namespace {
 
-void check_params(const ParamValues& values, const std::vector<ParamSpec>& specs) {
-  for (const auto& [name, v] : values) {
-    const ParamSpec& spec = find_param_spec(specs, name, "balancekv-stream");
-    if (!std::isfinite(v) || v < spec.min || v > spec.max ||
-        (spec.type == ParamSpec::Type::Int && v != std::floor(v))) {
-      std::ostringstream os;
-      os << "balancekv-stream: parameter " << name << " = " << v << " must be "
-         << (spec.type == ParamSpec::Type::Int ? "an integer " : "") << "in [" << spec.min << ", "
-         << spec.max << "]";
-      throw InputError(os.str());
-    }
-  }
-}
-
 // Expected kept size of MergeAndReduce when each reduction keeps the smaller class of fair coin
 // signs, E min(B, L - B) ~= L/2 - sqrt(L / (2 pi)) for B ~ Binomial(L, 1/2): with the theorem's c
 // the walk's probabilities stay within a hair of 1/2, so this is what SoftmaxBalance keeps.
@@ -296,7 +282,7 @@ void balancekv_stream_den_plan(long long n, long long m, int max_batch, int* bat
 
 Selection balancekv_stream_select(const MethodInput& in) {
   const std::vector<ParamSpec> specs = balancekv_stream_param_specs();
-  check_params(in.params, specs);
+  validate_params(specs, in.params, "balancekv-stream");
   if (!in.keys || !in.values) throw InputError("balancekv-stream: no keys/values given");
   const int n_mid = in.mid_end - in.mid_begin;
   {

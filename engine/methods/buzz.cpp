@@ -126,7 +126,7 @@ class Buzz final : public Method {
 
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const auto specs = params();
     const int sink = static_cast<int>(param_value(specs, in.params, "sink"));
     int window = static_cast<int>(param_value(specs, in.params, "window"));

@@ -159,7 +159,7 @@ class Compactor final : public Method {
   bool depends_on_seed() const override { return true; }
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     if (!in.layer_data)
       throw InputError(name() +
                        ": needs every kv head of the layer at once, and this caller "

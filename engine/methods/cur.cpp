@@ -42,7 +42,7 @@ class Cur final : public ScoreRankingMethod {
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const auto specs = params();
     const int sinks = static_cast<int>(param_value(specs, in.params, "num_sinks"));
     const int type = static_cast<int>(param_value(specs, in.params, "leverage_type"));

@@ -53,7 +53,7 @@ class ExpectedAttention final : public ScoreRankingMethod {
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     if (!in.rope.known())
       throw InputError(name() +
                        ": needs the capture's RoPE (rope_theta and rope_layout) to rotate the "

@@ -26,7 +26,7 @@ class H2O final : public ScoreRankingMethod {
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     std::vector<double> scores = h2o_scores(in);
     return rank_by_scores(scores, scores);
   }

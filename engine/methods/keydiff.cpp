@@ -26,7 +26,7 @@ class KeyDiff final : public ScoreRankingMethod {
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const MatrixF& K = *in.keys;
     const int ctx = in.mid_end, d = static_cast<int>(K.cols());
     // F.normalize(p=2, eps=1e-12): x / max(|x|, eps), then the mean over the context.

@@ -18,7 +18,7 @@ class KNorm final : public ScoreRankingMethod {
   // Ranked by the negated norm (lowest norm first); the hover shows the norm itself.
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const int n_mid = in.mid_end - in.mid_begin;
     std::vector<double> norms(n_mid), negated(n_mid);
     for (int i = 0; i < n_mid; ++i) {

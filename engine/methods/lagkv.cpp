@@ -76,7 +76,7 @@ class LagKV final : public ScoreRankingMethod {
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), false);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const auto specs = params();
     const int sink = static_cast<int>(param_value(specs, in.params, "n_sink"));
     const int lag = static_cast<int>(param_value(specs, in.params, "lag_size"));

@@ -68,7 +68,7 @@ class PyramidKV final : public Method {
   // The scores are SnapKV's (beta only changes how many are kept), checked here once.
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const auto specs = params();
     const SnapKVWindow w = snapkv_window_params(specs, in.params, name());
     if (!(param_value(specs, in.params, "beta") >= 1))

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -12,9 +13,9 @@ namespace kvscope {
 
 namespace {
 
-// The methods of engine/methods/, in display order.
-const std::vector<std::unique_ptr<Method>>& base_methods() {
-  static const std::vector<std::unique_ptr<Method>> owned = [] {
+// The methods of engine/methods/, in display order, then those given to register_method.
+std::vector<std::unique_ptr<Method>>& base_methods() {
+  static std::vector<std::unique_ptr<Method>> owned = [] {
     std::vector<std::unique_ptr<Method>> m;
     m.push_back(make_exact());
     m.push_back(make_uniform());
@@ -97,8 +98,11 @@ const std::vector<std::string>& wrapper_names() {
   return names;
 }
 
-const std::vector<const Method*>& all_methods() {
-  static const std::vector<const Method*> view = [] {
+namespace {
+
+// all_methods()' list; register_method appends to it.
+std::vector<const Method*>& all_list() {
+  static std::vector<const Method*> view = [] {
     std::vector<const Method*> v;
     for (const auto& m : base_methods()) v.push_back(m.get());
     // The wrapped methods `--methods all` runs (criticalkv needs W_O, which captures lack).
@@ -107,6 +111,25 @@ const std::vector<const Method*>& all_methods() {
     return v;
   }();
   return view;
+}
+
+}  // namespace
+
+const std::vector<const Method*>& all_methods() {
+  return all_list();
+}
+
+void register_method(std::unique_ptr<Method> method) {
+  if (!method) throw std::invalid_argument("register_method: no method");
+  const std::string name = method->name();
+  if (name.empty() || name.find_first_of("(),") != std::string::npos)
+    throw std::invalid_argument("register_method: '" + name +
+                                "' is not a method name (empty, or holds '(', ')' or ',')");
+  if (find_method(name)) throw std::invalid_argument("register_method: '" + name + "' exists");
+  all_list();  // built first, so the wrapped methods keep their place before the new one
+  const Method* m = method.get();
+  base_methods().push_back(std::move(method));
+  all_list().push_back(m);
 }
 
 Selection ScoreRankingMethod::ranked_selection(const MethodInput& in, const Ranking& r) const {
@@ -170,6 +193,39 @@ const ParamSpec& find_param_spec(const std::vector<ParamSpec>& specs, const std:
   std::string known;
   for (const ParamSpec& s : specs) known += (known.empty() ? "" : ", ") + s.name;
   throw InputError(method + ": unknown parameter '" + name + "' (known: " + known + ")");
+}
+
+void validate_params(const std::vector<ParamSpec>& specs, const ParamValues& values,
+                     const std::string& method) {
+  auto number = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  for (const auto& [name, value] : values) {
+    // The app shows "balancekv.gamma: ..."; the CLI "--param balancekv.gamma: ..." (SettingError).
+    const std::string setting = method + "." + name, flag = "--param " + setting;
+    auto it = std::find_if(specs.begin(), specs.end(),
+                           [&](const ParamSpec& p) { return p.name == name; });
+    if (it == specs.end()) {
+      std::string known;
+      for (const ParamSpec& p : specs) known += (known.empty() ? "" : ", ") + p.name;
+      throw SettingError(setting, flag,
+                         "unknown parameter (" +
+                             (known.empty() ? method + " has no parameters" : "known: " + known) +
+                             ")");
+    }
+    if (!std::isfinite(value)) throw SettingError(setting, flag, "value is not a finite number");
+    double lo = it->min, hi = it->max;
+    if (it->type == ParamSpec::Type::Bool) lo = 0, hi = 1;
+    if (it->type == ParamSpec::Type::Choice)
+      lo = 0, hi = static_cast<double>(it->choices.size()) - 1;
+    if (it->type != ParamSpec::Type::Float && value != std::floor(value))
+      throw SettingError(setting, flag, number(value) + " is not an integer");
+    if (value < lo || value > hi)
+      throw SettingError(setting, flag,
+                         number(value) + " is outside [" + number(lo) + ", " + number(hi) + "]");
+  }
 }
 
 }  // namespace kvscope

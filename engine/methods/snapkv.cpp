@@ -49,7 +49,7 @@ class SnapKV final : public ScoreRankingMethod {
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const auto specs = params();
     const SnapKVWindow w = snapkv_window_params(specs, in.params, name());
     const bool max_pool = param_value(specs, in.params, "pooling") >= 0.5;

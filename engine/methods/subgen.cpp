@@ -110,7 +110,7 @@ class SubGen final : public Method {
 
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), false);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const auto specs = params();
     int t = static_cast<int>(param_value(specs, in.params, "t"));
     const double split = param_value(specs, in.params, "split");

@@ -40,7 +40,7 @@ class SubGenKCenter final : public Method {
 
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), false);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     const bool by_size = param_value(params(), in.params, "weighting") >= 0.5;
     const int n_mid = in.mid_end - in.mid_begin;
     Selection sel;

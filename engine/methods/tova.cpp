@@ -35,7 +35,7 @@ class Tova final : public ScoreRankingMethod {
   bool depends_on_seed() const override { return false; }
   Ranking rank(const MethodInput& in) const override {
     check_method_input(in, name(), true);
-    check_params(params(), in.params, name());
+    validate_params(params(), in.params, name());
     // The (queries, keys) pairs averaged: the group on this head, or every query head of the
     // layer on its own kv head (the same share each: groups are equal).
     std::vector<std::pair<std::vector<const MatrixF*>, const MatrixF*>> parts = {

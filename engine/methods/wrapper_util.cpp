@@ -36,7 +36,7 @@ MethodInput WrapperBase::inner_input(const MethodInput& in) const {
 }
 
 void WrapperBase::check(const MethodInput& in) const {
-  check_params(params(), in.params, name());
+  validate_params(params(), in.params, name());
 }
 
 const std::vector<double>& WrapperBase::scores_of(const Ranking& r) const {
