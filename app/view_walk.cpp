@@ -38,8 +38,10 @@ constexpr ImU32 kColRandomKernel = IM_COL32(200, 150, 110, 255);
 constexpr ImU32 kColWalk = IM_COL32(120, 200, 255, 255);
 constexpr ImU32 kColCut = IM_COL32(240, 200, 80, 255);
 
+// Methods that record a walk (Method::produces_trace), asked of the registry, never by name.
 bool is_walk_method(const std::string& name) {
-  return name == "balancekv" || name == "balancekv-stream";
+  const Method* m = find_method(name);
+  return m && m->produces_trace();
 }
 
 std::string short_text(const std::string& t, size_t max_chars = 12) {

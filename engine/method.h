@@ -141,6 +141,9 @@ class Method {
   // method's parameters since a method may do without it when asked (criticalkv's projection).
   virtual bool needs_rope() const { return false; }
   virtual bool needs_output_projection(const ParamValues& /*params*/) const { return false; }
+  // Whether select() records a walk (Selection::trace) when MethodInput::want_trace asks: the
+  // Walk view replays only such methods.
+  virtual bool produces_trace() const { return false; }
   virtual Ranking rank(const MethodInput& in) const;
   virtual Selection ranked_selection(const MethodInput& in, const Ranking& ranking) const;
 };

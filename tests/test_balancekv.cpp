@@ -210,6 +210,30 @@ TEST(BalanceKV, TraceShapes) {
   EXPECT_EQ(kept[1], in.budget);
 }
 
+// Views ask Method::produces_trace(), not names (issue 25): the methods that say so record a walk
+// when asked, the others that run on a bare head record none, and the two walk methods say so.
+TEST(BalanceKV, ProducesTraceIsWhatTheMethodsDo) {
+  const SynthHead h = synth_head(600, 16, 7);
+  MethodInput in = input_for(h, 0.25, 4);
+  in.want_trace = true;
+  int tracing = 0;
+  for (const Method* m : all_methods()) {
+    if (m->needs_layer() || m->needs_rope()) continue;
+    Selection s;
+    try {
+      s = m->select(in);
+    } catch (const InputError&) {
+      EXPECT_FALSE(m->produces_trace()) << m->name();
+      continue;
+    }
+    EXPECT_EQ(static_cast<bool>(s.trace), m->produces_trace()) << m->name();
+    tracing += m->produces_trace() ? 1 : 0;
+  }
+  EXPECT_TRUE(find_method("balancekv")->produces_trace());
+  EXPECT_TRUE(find_method("balancekv-stream")->produces_trace());
+  EXPECT_EQ(tracing, 2);
+}
+
 TEST(BalanceKV, BadInputNamesTheProblem) {
   const SynthHead h = synth_head(200, 8, 8);
   MethodInput in = input_for(h, 0.5, 1);

@@ -15,6 +15,7 @@ class BalanceKV final : public Method {
            "exact halving per round, weights 2 / 1";
   }
   std::vector<ParamSpec> params() const override { return balancekv_param_specs(); }
+  bool produces_trace() const override { return true; }
   Selection select(const MethodInput& in) const override { return balancekv_select(in); }
 };
 

@@ -16,6 +16,7 @@ class BalanceKVStream final : public Method {
            "numerator / denominator sets";
   }
   std::vector<ParamSpec> params() const override { return balancekv_stream_param_specs(); }
+  bool produces_trace() const override { return true; }
   Selection select(const MethodInput& in) const override { return balancekv_stream_select(in); }
 };
 
