@@ -6,6 +6,7 @@
 // declare it below and add one line to make_views() (app_frame.cpp).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -58,6 +59,14 @@ std::unique_ptr<View> make_theory_view();  // view_theory.cpp: the papers' scali
 // All views in display order: the one list (app_frame.cpp). Adding a view: its file, its
 // factory above, one line in make_views().
 std::vector<std::unique_ptr<View>> make_views();
+// Adds a view after the built-in ones, as if `factory` were a line of make_views(): from then on
+// its tab, --view, kvscope-cli render, the help window and sessions know it. For plugins and
+// tests; call it before the first AppUi is made. Throws std::invalid_argument when the factory
+// makes no view or one whose name is taken (view_registry.cpp).
+using ViewFactory = std::function<std::unique_ptr<View>()>;
+void register_view(ViewFactory factory);
+// The registered factories, in order (make_views() appends their views).
+const std::vector<ViewFactory>& registered_views();
 // Their names ("capture", "method", ...), and the same joined by ", " for help texts.
 std::vector<std::string> view_names();
 std::string view_names_text();

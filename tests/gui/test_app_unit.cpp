@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "app/app_frame.h"
@@ -26,12 +27,14 @@
 #include "app/method_list.h"
 #include "app/overlap_grid.h"
 #include "app/plot.h"
+#include "app/result_status.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
 #include "app/view.h"
 #include "app/walk_advice.h"
 #include "app/worker.h"
 #include "engine/attention.h"
+#include "engine/attention_scores.h"
 #include "engine/error.h"
 #include "engine/synth.h"
 
@@ -1469,4 +1472,104 @@ TEST(Budgets, MethodsTheCaptureCannotRunSayWhy) {
   s.settings.method[0] = MethodChoice{"criticalkv(keydiff)", *alt};
   EXPECT_EQ(method_unavailable_here(s, *find_method("criticalkv(keydiff)")), "");
   fs::remove(p);
+}
+
+// Issue 25 item 2: a method or a view added by its own code and one registration line is known
+// everywhere the app lists them: a toy view registered here is in view_names() (the --view help
+// of the app and of kvscope-cli render, which read view_names_text(), and the check of --view),
+// gets a tab and draws; a toy method registered here is in the Method view's combo. docs/app.md
+// names every view (its --view list). The engine's side: tests/test_registry.cpp.
+namespace {
+class ToyView final : public View {
+ public:
+  const char* name() const override { return "test-toy"; }
+  const char* title() const override { return "Toy"; }
+  void draw(AppState& s) override {
+    ImGui::TextUnformatted("toy view");
+    record_item(s, "toy:text");
+  }
+};
+class ToyMethod final : public ScoreRankingMethod {
+ public:
+  std::string name() const override { return "test-app-oldest"; }
+  std::string summary() const override { return "the m oldest middle tokens (a test's method)"; }
+  Ranking rank(const MethodInput& in) const override {
+    std::vector<double> scores(static_cast<size_t>(in.mid_end - in.mid_begin));
+    for (size_t i = 0; i < scores.size(); ++i) scores[i] = -static_cast<double>(i);
+    return rank_by_scores(scores, scores);
+  }
+};
+bool has_name(const std::vector<std::string>& v, const std::string& n) {
+  return std::find(v.begin(), v.end(), n) != v.end();
+}
+}  // namespace
+
+TEST(Registry, AViewAndAMethodRegisteredInATestAppearInEveryList) {
+  EXPECT_FALSE(has_name(view_names(), "test-toy"));
+  HeadlessOptions bad;
+  bad.view = "test-toy";
+  EXPECT_THROW(validate_options(bad), InputError);
+  register_view([] { return std::make_unique<ToyView>(); });
+  register_method(std::make_unique<ToyMethod>());
+  EXPECT_THROW(register_view([] { return std::make_unique<ToyView>(); }), std::invalid_argument);
+
+  EXPECT_TRUE(has_name(view_names(), "test-toy"));
+  EXPECT_EQ(view_names().back(), "test-toy");
+  EXPECT_NE(view_names_text().find("test-toy"), std::string::npos);
+  EXPECT_NO_THROW(validate_options(bad));  // --view test-toy is accepted
+
+  [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
+  {
+    AppState s;
+    AppUi ui(s);
+    ASSERT_NE(ui.find_view("test-toy"), nullptr);
+    auto frame = [&](ImVec2 mouse, bool down) {
+      ImGuiIO& io = ImGui::GetIO();
+      io.DeltaTime = 1.0f / 60.0f;
+      io.MousePos = mouse;
+      io.MouseDown[0] = down;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+    };
+    ui.show_view("test-toy");
+    for (int f = 0; f < 4; ++f) frame(ImVec2(-1, -1), false);
+    EXPECT_TRUE(s.ui_items.count("tab:test-toy")) << "no tab for the registered view";
+    EXPECT_TRUE(s.ui_items.count("toy:text")) << "the registered view was not drawn";
+
+    // The Method view's combo lists the registered method.
+    ui.show_view("method");
+    for (int f = 0; f < 4; ++f) frame(ImVec2(-1, -1), false);
+    ASSERT_TRUE(s.ui_items.count("combo:method A"));
+    EXPECT_FALSE(s.ui_items.count("combo:method A:test-app-oldest"));
+    const auto r = s.ui_items.at("combo:method A");
+    const ImVec2 at((r[0] + r[2]) / 2, (r[1] + r[3]) / 2);
+    frame(at, true);
+    frame(at, false);
+    for (int f = 0; f < 3; ++f) frame(at, false);
+    EXPECT_TRUE(s.ui_items.count("combo:method A:snapkv")) << "the combo did not open";
+    EXPECT_TRUE(s.ui_items.count("combo:method A:test-app-oldest"))
+        << "the registered method is not in the combo";
+  }
+  ImGui::DestroyContext();
+}
+
+TEST(Registry, DocsNameEveryView) {
+  std::ifstream in(std::string(KVSCOPE_SOURCE_DIR) + "/docs/app.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const std::string lead = "`NAME` is one of `";
+  const size_t at = doc.find(lead);
+  ASSERT_NE(at, std::string::npos) << "docs/app.md lost its list of view names";
+  const size_t b = at + lead.size(), e = doc.find('`', b);
+  std::vector<std::string> listed;
+  std::stringstream list(doc.substr(b, e - b));
+  for (std::string item; std::getline(list, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    listed.push_back(item);
+  }
+  std::vector<std::string> views = view_names();
+  views.erase(std::remove(views.begin(), views.end(), "test-toy"), views.end());  // this file's
+  EXPECT_EQ(listed, views) << "docs/app.md: " << doc.substr(b, e - b);
 }
