@@ -1,936 +1,587 @@
 // Error view (docs/app.md): error against keep ratio per method (mean and spread over seeds, log2
 // x axis), error per layer and head (heatmap), error against query position for the focused head,
 // and exact vs approximate attention for one chosen query (weights over keys and output vector).
-#include <imgui.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <map>
-#include <memory>
-#include <optional>
-#include <sstream>
+#include "app/view_error_view.h"
 
-#include "app/app_frame.h"
-#include "app/app_state.h"
-#include "app/colormap.h"
-#include "app/grid_values.h"
-#include "app/method_list.h"
-#include "app/overlap_grid.h"
-#include "app/plot.h"
-#include "app/result_status.h"
-#include "app/view.h"
-#include "engine/error.h"
-#include "engine/json_fields.h"
-#include "engine/sweep_grid.h"
+namespace kvscope::app::error_view {
 
-namespace kvscope::app {
-namespace {
-
-// A number for JSON, null when NaN (harm not computed).
-nlohmann::json finite_or_null(double v) {
-  return std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
+const char* ErrorView::help() const {
+  return "What compression costs: relative attention error vs keep ratio per method (mean and "
+         "spread over seeds), per layer and kv head, vs query position, and exact vs "
+         "approximate attention for one query. 'Tune two parameters' sweeps two of method A's "
+         "parameters as heatmaps.";
 }
 
-int method_index(const std::string& name) {
-  const auto& all = all_methods();
-  for (size_t i = 0; i < all.size(); ++i)
-    if (all[i]->name() == name) return static_cast<int>(i);
-  return -1;
+bool ErrorView::ready(const AppState& s) const {
+  if (!s.capture) return true;
+  auto done = [&](const char* n) {
+    const Result& r = s.result(n);
+    return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
+  };
+  if (mode_ == 1) return done(kTune);
+  return done(kSweep) && done(kFocusA) && done(kGrid) && !s.settings.sweep.methods.empty();
 }
 
-// Mean over the group's query heads of the relative error at each evaluation position.
-void per_position(const HeadRun& r, std::vector<double>* x, std::vector<double>* y) {
-  x->clear();
-  y->clear();
-  if (r.per_query_head.empty()) return;
-  size_t E = r.per_query_head[0].size();
-  for (size_t t = 0; t < E; ++t) {
-    double sum = 0;
-    int cnt = 0;
-    for (const auto& head : r.per_query_head)
-      if (t < head.size()) {
-        sum += head[t].relative;
-        ++cnt;
-      }
-    x->push_back(r.per_query_head[0][t].position);
-    y->push_back(cnt ? sum / cnt : NAN);
+void ErrorView::draw(AppState& s) {
+  if (!s.info()) {
+    ImGui::TextDisabled("No capture open.");
+    return;
+  }
+  // The first visit asks for the sweep with the protocol's ratios (a setting like any other:
+  // reconcile() runs it, or holds it for a Run click when it is costly).
+  if (s.settings.sweep.methods.empty()) {
+    SweepRequest r;
+    r.methods = {"uniform", "streaming", "snapkv", "subgen-kcenter", "balancekv"};
+    r.methods.erase(std::remove_if(r.methods.begin(), r.methods.end(),
+                                   [](const std::string& m) { return !find_method(m); }),
+                    r.methods.end());
+    for (int k = 0; k < 2; ++k)
+      if ((k == 0 || s.settings.ab_enabled) &&
+          std::find(r.methods.begin(), r.methods.end(), s.method_name(k)) == r.methods.end())
+        r.methods.push_back(s.method_name(k));
+    s.settings.sweep = r;
+  }
+  ImGui::RadioButton("overview", &mode_, 0);
+  toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
+  ImGui::RadioButton("tune two parameters", &mode_, 1);
+  if (mode_ == 1) {
+    draw_tuning(s);
+    return;
+  }
+  mark_figure_top();
+  // Four panels, two by two; where two columns of readable plots do not fit (a projector's 2x
+  // scale) one column, and the view scrolls rather than shrinking the plots.
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const float gap = px(8);
+  const ImVec2 least = min_plot_size();
+  const ImVec2 panel_least(least.x + px(40), least.y + 4 * ImGui::GetFrameHeightWithSpacing());
+  const bool two_columns = avail.x >= 2 * panel_least.x + gap;
+  const float w2 = two_columns ? (avail.x - gap) / 2 : avail.x;
+  const float h2 = std::max(panel_least.y, (avail.y - gap) / 2);
+  // A switch, not a table of member-function pointers: GCC 12's UBSan instrumentation of
+  // (this->*panels[i].draw)(s) at -O1 read an uninitialised copy of i for its bounds check
+  // and stopped the sanitized app the first time this view was drawn (the soak test).
+  const char* ids[] = {"##sweep", "##heat", "##position", "##query"};
+  for (int i = 0; i < 4; ++i) {
+    if (two_columns && i % 2 == 1) ImGui::SameLine(0, gap);
+    ImGui::BeginChild(ids[i], ImVec2(w2, h2), true);
+    switch (i) {
+      case 0:
+        draw_sweep(s);
+        break;
+      case 1:
+        draw_heatmap(s);
+        break;
+      case 2:
+        draw_positions(s);
+        break;
+      default:
+        draw_query(s);
+    }
+    ImGui::EndChild();
   }
 }
 
-// The tuning grid's result (a derived result of the Error view, keyed by what it was run for).
-struct TuneResult {
-  Grid2Result grid;
-  int scope = 0;  // the scope the grid was computed for
-};
-
-std::vector<double> parse_values(const std::string& text, const std::string& what) {
-  std::vector<double> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
-    if (used != item.size() || item.empty())
-      throw InputError(what + ": '" + item + "' is not a number");
-    out.push_back(v);
-  }
-  if (out.empty()) throw InputError(what + ": give values separated by commas");
-  return out;
-}
-
-class ErrorView final : public View {
- public:
-  const char* name() const override { return "error"; }
-  const char* title() const override { return "Error"; }
-  const char* help() const override {
-    return "What compression costs: relative attention error vs keep ratio per method (mean and "
-           "spread over seeds), per layer and kv head, vs query position, and exact vs "
-           "approximate attention for one query. 'Tune two parameters' sweeps two of method A's "
-           "parameters as heatmaps.";
-  }
-
-  bool ready(const AppState& s) const override {
-    if (!s.capture) return true;
-    auto done = [&](const char* n) {
-      const Result& r = s.result(n);
-      return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
-    };
-    if (mode_ == 1) return done(kTune);
-    return done(kSweep) && done(kFocusA) && done(kGrid) && !s.settings.sweep.methods.empty();
-  }
-
-  void draw(AppState& s) override {
-    if (!s.info()) {
-      ImGui::TextDisabled("No capture open.");
-      return;
-    }
-    // The first visit asks for the sweep with the protocol's ratios (a setting like any other:
-    // reconcile() runs it, or holds it for a Run click when it is costly).
-    if (s.settings.sweep.methods.empty()) {
-      SweepRequest r;
-      r.methods = {"uniform", "streaming", "snapkv", "subgen-kcenter", "balancekv"};
-      r.methods.erase(std::remove_if(r.methods.begin(), r.methods.end(),
-                                     [](const std::string& m) { return !find_method(m); }),
-                      r.methods.end());
-      for (int k = 0; k < 2; ++k)
-        if ((k == 0 || s.settings.ab_enabled) &&
-            std::find(r.methods.begin(), r.methods.end(), s.method_name(k)) == r.methods.end())
-          r.methods.push_back(s.method_name(k));
-      s.settings.sweep = r;
-    }
-    ImGui::RadioButton("overview", &mode_, 0);
-    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
-    ImGui::RadioButton("tune two parameters", &mode_, 1);
-    if (mode_ == 1) {
-      draw_tuning(s);
-      return;
-    }
-    mark_figure_top();
-    // Four panels, two by two; where two columns of readable plots do not fit (a projector's 2x
-    // scale) one column, and the view scrolls rather than shrinking the plots.
-    const ImVec2 avail = ImGui::GetContentRegionAvail();
-    const float gap = px(8);
-    const ImVec2 least = min_plot_size();
-    const ImVec2 panel_least(least.x + px(40), least.y + 4 * ImGui::GetFrameHeightWithSpacing());
-    const bool two_columns = avail.x >= 2 * panel_least.x + gap;
-    const float w2 = two_columns ? (avail.x - gap) / 2 : avail.x;
-    const float h2 = std::max(panel_least.y, (avail.y - gap) / 2);
-    // A switch, not a table of member-function pointers: GCC 12's UBSan instrumentation of
-    // (this->*panels[i].draw)(s) at -O1 read an uninitialised copy of i for its bounds check
-    // and stopped the sanitized app the first time this view was drawn (the soak test).
-    const char* ids[] = {"##sweep", "##heat", "##position", "##query"};
-    for (int i = 0; i < 4; ++i) {
-      if (two_columns && i % 2 == 1) ImGui::SameLine(0, gap);
-      ImGui::BeginChild(ids[i], ImVec2(w2, h2), true);
-      switch (i) {
-        case 0:
-          draw_sweep(s);
-          break;
-        case 1:
-          draw_heatmap(s);
-          break;
-        case 2:
-          draw_positions(s);
-          break;
-        default:
-          draw_query(s);
-      }
-      ImGui::EndChild();
-    }
-  }
-
-  nlohmann::json export_json(const AppState& s) const override {
-    nlohmann::json j;
-    if (s.sweep()) {
-      nlohmann::json sum = nlohmann::json::array();
-      for (const EvalSummary& e : s.sweep()->summary())
-        sum.push_back({{"method", e.method},
-                       {"ratio", e.ratio},
-                       {"mean", e.mean},
-                       {"std", e.std},
-                       {"heads", e.heads},
-                       {"harm_kept", finite_or_null(e.harm_kept)},
-                       {"harm_dropped", finite_or_null(e.harm_dropped)},
-                       {"harm_dropped_share", finite_or_null(e.harm_dropped_share)}});
-      j["sweep_summary"] = sum;
-      j["sweep_stale"] = s.result(kSweep).stale();
-      j["sweep_report"] = s.sweep()->to_json();
-    }
-    j["grid"] = grid_json(s);
-    j["overlap"] = overlap_json(s);
-    j["sweep_status"] = {{"running", s.result(kSweep).busy()},
-                         {"held_for_run", !s.result(kSweep).held.empty()},
-                         {"estimate_s", s.result(kSweep).estimate_s},
-                         {"error", s.result(kSweep).error}};
-    nlohmann::json runs = nlohmann::json::array();
-    for (int k = 0; k < 2; ++k) {
-      if (!s.run(k)) continue;
-      std::vector<double> x, y;
-      per_position(*s.run(k), &x, &y);
-      runs.push_back({{"method", s.method_name(k)}, {"position", x}, {"relative_error", y}});
-    }
-    j["focused_head"] = {{"layer", s.settings.focus.layer},
-                         {"kv_head", s.settings.focus.kv_head},
-                         {"by_position", runs}};
-    if (s.query_cmp()) {
-      const QueryComparison& q = *s.query_cmp();
-      j["query"] = {{"position", q.position},
-                    {"q_head", q.q_head},
-                    {"exact_weights", q.exact_weights},
-                    {"approx_weights", q.approx_weights},
-                    {"exact_output", q.exact_output},
-                    {"approx_output", q.approx_output},
-                    {"relative_error", q.relative_error}};
-    }
-    if (const TuneResult* t = s.result(kTune).get<TuneResult>()) j["tuning"] = t->grid.to_json();
-    if (j.is_null()) return nullptr;
-    return j;
-  }
-
-  nlohmann::json save_state() const override {
-    return {{"log_attention", log_attention_},
-            {"heatmap_method", heat_source_.first},
-            {"heatmap_ratio", heat_source_.second},
-            {"mode", mode_ == 1 ? "tune" : "overview"},
-            {"sweep_y", sweep_y_ == 1 ? "harm" : "error"},
-            {"tune",
-             {{"rows", tune_rows_},
-              {"row_values", row_values_},
-              {"cols", tune_cols_},
-              {"col_values", col_values_},
-              {"seeds", tune_seeds_},
-              {"scope", tune_scope_}}}};
-  }
-  void load_state(const nlohmann::json& j) override {
-    // Every field is checked before anything changes; a wrong one throws InputError naming it
-    // ("session field \"views.error.tune.seeds\": ..."), and AppUi::load_session refuses the
-    // session.
-    const JsonField f(j, "session", "views.error");
-    const bool log_attention = f.get("log_attention", log_attention_);
-    std::pair<std::string, double> heat{f.get("heatmap_method", ""), f.get("heatmap_ratio", 0.0)};
-    const std::string mode = f.get("mode", "overview");
-    const std::string sweep_y = f.get("sweep_y", "error");
-    if (sweep_y != "error" && sweep_y != "harm")
-      f.at("sweep_y").fail("'" + sweep_y + "' is not error or harm");
-    if (mode != "overview" && mode != "tune")
-      f.at("mode").fail("'" + mode + "' is not overview or tune");
-    std::string rows = tune_rows_, row_values = row_values_, cols = tune_cols_,
-                col_values = col_values_;
-    int seeds = tune_seeds_, scope = tune_scope_;
-    if (const std::optional<JsonField> t = f.find("tune")) {
-      rows = t->get("rows", rows);
-      row_values = t->get("row_values", row_values);
-      cols = t->get("cols", cols);
-      col_values = t->get("col_values", col_values);
-      seeds = t->get("seeds", seeds, 1, 10);
-      scope = t->get("scope", scope, 0, 2);
-    }
-    log_attention_ = log_attention;
-    heat_source_ = std::move(heat);
-    mode_ = mode == "tune" ? 1 : 0;
-    sweep_y_ = sweep_y == "harm" ? 1 : 0;
-    tune_rows_ = std::move(rows);
-    row_values_ = std::move(row_values);
-    tune_cols_ = std::move(cols);
-    col_values_ = std::move(col_values);
-    tune_seeds_ = seeds;
-    tune_scope_ = scope;
-  }
-
-  std::string export_csv(const AppState& s) const override {
-    if (!s.sweep()) return {};
-    std::ostringstream o;
-    o << "method,keep_ratio,relative_error_mean,relative_error_std,heads\n";
+nlohmann::json ErrorView::export_json(const AppState& s) const {
+  nlohmann::json j;
+  if (s.sweep()) {
+    nlohmann::json sum = nlohmann::json::array();
     for (const EvalSummary& e : s.sweep()->summary())
-      o << e.method << "," << e.ratio << "," << e.mean << "," << e.std << "," << e.heads << "\n";
-    return o.str();
+      sum.push_back({{"method", e.method},
+                     {"ratio", e.ratio},
+                     {"mean", e.mean},
+                     {"std", e.std},
+                     {"heads", e.heads},
+                     {"harm_kept", finite_or_null(e.harm_kept)},
+                     {"harm_dropped", finite_or_null(e.harm_dropped)},
+                     {"harm_dropped_share", finite_or_null(e.harm_dropped_share)}});
+    j["sweep_summary"] = sum;
+    j["sweep_stale"] = s.result(kSweep).stale();
+    j["sweep_report"] = s.sweep()->to_json();
   }
+  j["grid"] = grid_json(s);
+  j["overlap"] = overlap_json(s);
+  j["sweep_status"] = {{"running", s.result(kSweep).busy()},
+                       {"held_for_run", !s.result(kSweep).held.empty()},
+                       {"estimate_s", s.result(kSweep).estimate_s},
+                       {"error", s.result(kSweep).error}};
+  nlohmann::json runs = nlohmann::json::array();
+  for (int k = 0; k < 2; ++k) {
+    if (!s.run(k)) continue;
+    std::vector<double> x, y;
+    per_position(*s.run(k), &x, &y);
+    runs.push_back({{"method", s.method_name(k)}, {"position", x}, {"relative_error", y}});
+  }
+  j["focused_head"] = {{"layer", s.settings.focus.layer},
+                       {"kv_head", s.settings.focus.kv_head},
+                       {"by_position", runs}};
+  if (s.query_cmp()) {
+    const QueryComparison& q = *s.query_cmp();
+    j["query"] = {{"position", q.position},
+                  {"q_head", q.q_head},
+                  {"exact_weights", q.exact_weights},
+                  {"approx_weights", q.approx_weights},
+                  {"exact_output", q.exact_output},
+                  {"approx_output", q.approx_output},
+                  {"relative_error", q.relative_error}};
+  }
+  if (const TuneResult* t = s.result(kTune).get<TuneResult>()) j["tuning"] = t->grid.to_json();
+  if (j.is_null()) return nullptr;
+  return j;
+}
 
- private:
-  // ---- Tuning two parameters of method A at once (engine/sweep_grid.h): a heatmap of the mean
-  // error over the grid and one of its spread over seeds, best and default cells marked.
-  void draw_tuning(AppState& s) {
-    const Method* m = s.method(0);
-    if (!m) return;
-    std::vector<std::string> names;
-    for (const ParamSpec& p : m->params())
-      if (p.type == ParamSpec::Type::Float || p.type == ParamSpec::Type::Int)
-        names.push_back(p.name);
-    if (names.size() < 2) {
-      ImGui::TextWrapped("Method A (%s) has fewer than two numeric parameters to tune.",
-                         m->name().c_str());
-      return;
-    }
-    if (tune_method_ != m->name()) {  // defaults for a new method
-      tune_method_ = m->name();
-      const bool bkv = std::find(names.begin(), names.end(), "gamma") != names.end() &&
-                       std::find(names.begin(), names.end(), "temp") != names.end();
-      tune_rows_ = bkv ? "gamma" : names[0];
-      tune_cols_ = bkv ? "temp" : names[1];
-      auto around = [&](const std::string& n) {
-        const double d = param_value(m->params(), {}, n);
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "%g,%g,%g", d / 2, d, d * 2);
-        return std::string(buf);
-      };
-      row_values_ = bkv ? "0,1,2,4" : around(tune_rows_);
-      col_values_ = bkv ? "0.1,0.3,1" : around(tune_cols_);
-    }
-    bool changed = false;
-    auto param_combo = [&](const char* label, std::string* v) {
-      ImGui::SetNextItemWidth(px(110));
-      if (ImGui::BeginCombo(label, v->c_str())) {
-        for (const std::string& n : names)
-          if (ImGui::Selectable(n.c_str(), n == *v)) *v = n, changed = true;
-        ImGui::EndCombo();
+nlohmann::json ErrorView::save_state() const {
+  return {{"log_attention", log_attention_},
+          {"heatmap_method", heat_source_.first},
+          {"heatmap_ratio", heat_source_.second},
+          {"mode", mode_ == 1 ? "tune" : "overview"},
+          {"sweep_y", sweep_y_ == 1 ? "harm" : "error"},
+          {"tune",
+           {{"rows", tune_rows_},
+            {"row_values", row_values_},
+            {"cols", tune_cols_},
+            {"col_values", col_values_},
+            {"seeds", tune_seeds_},
+            {"scope", tune_scope_}}}};
+}
+
+void ErrorView::load_state(const nlohmann::json& j) {
+  // Every field is checked before anything changes; a wrong one throws InputError naming it
+  // ("session field \"views.error.tune.seeds\": ..."), and AppUi::load_session refuses the
+  // session.
+  const JsonField f(j, "session", "views.error");
+  const bool log_attention = f.get("log_attention", log_attention_);
+  std::pair<std::string, double> heat{f.get("heatmap_method", ""), f.get("heatmap_ratio", 0.0)};
+  const std::string mode = f.get("mode", "overview");
+  const std::string sweep_y = f.get("sweep_y", "error");
+  if (sweep_y != "error" && sweep_y != "harm")
+    f.at("sweep_y").fail("'" + sweep_y + "' is not error or harm");
+  if (mode != "overview" && mode != "tune")
+    f.at("mode").fail("'" + mode + "' is not overview or tune");
+  std::string rows = tune_rows_, row_values = row_values_, cols = tune_cols_,
+              col_values = col_values_;
+  int seeds = tune_seeds_, scope = tune_scope_;
+  if (const std::optional<JsonField> t = f.find("tune")) {
+    rows = t->get("rows", rows);
+    row_values = t->get("row_values", row_values);
+    cols = t->get("cols", cols);
+    col_values = t->get("col_values", col_values);
+    seeds = t->get("seeds", seeds, 1, 10);
+    scope = t->get("scope", scope, 0, 2);
+  }
+  log_attention_ = log_attention;
+  heat_source_ = std::move(heat);
+  mode_ = mode == "tune" ? 1 : 0;
+  sweep_y_ = sweep_y == "harm" ? 1 : 0;
+  tune_rows_ = std::move(rows);
+  row_values_ = std::move(row_values);
+  tune_cols_ = std::move(cols);
+  col_values_ = std::move(col_values);
+  tune_seeds_ = seeds;
+  tune_scope_ = scope;
+}
+
+std::string ErrorView::export_csv(const AppState& s) const {
+  if (!s.sweep()) return {};
+  std::ostringstream o;
+  o << "method,keep_ratio,relative_error_mean,relative_error_std,heads\n";
+  for (const EvalSummary& e : s.sweep()->summary())
+    o << e.method << "," << e.ratio << "," << e.mean << "," << e.std << "," << e.heads << "\n";
+  return o.str();
+}
+
+void ErrorView::plan(const AppState& s, std::vector<NamedPlan>& out) const {
+  out.emplace_back(kTune, plan_tuning(s));
+  // The A/B overlap while the heatmap shows it.
+  out.emplace_back(kOverlap,
+                   mode_ == 0 && heat_source_ == kOverlapSource ? plan_overlap(s) : JobPlan{});
+}
+
+void ErrorView::draw_sweep(AppState& s) {
+  SweepRequest& req = s.settings.sweep;
+  if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
+  if (ImGui::BeginPopup("##methods")) {
+    for (const Method* m : all_methods()) {
+      bool on = std::find(req.methods.begin(), req.methods.end(), m->name()) != req.methods.end();
+      if (method_checkbox(s, *m, &on, "sweep:method:" + m->name())) {
+        if (on)
+          req.methods.push_back(m->name());
+        else
+          req.methods.erase(std::find(req.methods.begin(), req.methods.end(), m->name()));
       }
-    };
-    auto values_input = [&](const char* label, std::string* v) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "%s", v->c_str());
-      ImGui::SetNextItemWidth(px(130));
-      if (ImGui::InputText(label, buf, sizeof buf, ImGuiInputTextFlags_EnterReturnsTrue))
-        *v = buf, changed = true;
-      if (ImGui::IsItemDeactivatedAfterEdit()) *v = buf, changed = true;
-    };
-    toolbar_next(labelled_width(px(110), "rows") + labelled_width(px(130), "##rv") + 8);
-    param_combo("rows", &tune_rows_);
-    ImGui::SameLine();
-    values_input("##rv", &row_values_);
-    toolbar_next(labelled_width(px(110), "columns") + labelled_width(px(130), "##cv") + 8);
-    param_combo("columns", &tune_cols_);
-    ImGui::SameLine();
-    values_input("##cv", &col_values_);
-    toolbar_next(labelled_width(px(80), "seeds"));
-    ImGui::SetNextItemWidth(px(80));
-    changed |= ImGui::SliderInt("seeds", &tune_seeds_, 1, 10);
-    toolbar_next(labelled_width(px(150), "scope"));
+    }
+    ImGui::EndPopup();
+  }
+  // The keep ratios swept: the protocol's, or kvpress's (keep 3/4 .. 1/8: it counts the
+  // fraction removed, 0.25 .. 0.875).
+  {
+    const std::vector<double>& kvp = *parse_ratio_preset("kvpress");
+    const char* names[] = {"protocol ratios", "kvpress ratios"};
+    int preset = req.ratios == kvp ? 1 : 0;
+    toolbar_next(px(150));
     ImGui::SetNextItemWidth(px(150));
-    changed |= ImGui::Combo("scope", &tune_scope_, "focused head\0focused layer\0whole capture\0");
-    (void)changed;  // every choice is part of the grid's key: reconcile() re-plans it
-    // Run / Cancel / estimate: cheap grids run at once, costly ones wait for Run.
-    draw_result_status(s, kTune, "tuning grid");
-    const Result& res = s.result(kTune);
-    mark_figure_top();
-    const TuneResult* tr = res.get<TuneResult>();
-    if (!tr) {
-      ImGui::TextDisabled("%s", res.busy() ? "running the grid..." : "no grid yet");
-      return;
-    }
-    const Grid2Result& g = tr->grid;
-    const char* scope_name[] = {"the focused head", "the focused layer", "the whole capture"};
-    ImGui::TextWrapped(
-        "%s at keep ratio %s, %s (%zu head%s), %d seeds: mean relative error and its spread "
-        "(std over seeds). Outlined white: best cell; dashed yellow: the defaults (%s=%g, "
-        "%s=%g).",
-        g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tr->scope], g.heads.size(),
-        g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(), g.default_row_value,
-        g.cols.name.c_str(), g.default_col_value);
-    const ImVec2 avail = ImGui::GetContentRegionAvail();
-    const float gap = ImGui::GetStyle().ItemSpacing.x * 2;
-    const float w = std::max(px(200), (avail.x - gap) / 2);
-    draw_grid_panel("##tune_mean", g, g.mean[0], "mean relative error", "error",
-                    ImVec2(w, avail.y));
-    ImGui::SameLine(0, gap);
-    draw_grid_panel("##tune_std", g, g.seed_std[0], "spread: std over seeds", "std",
-                    ImVec2(w, avail.y));
+    if (ImGui::Combo("##sweep_ratios", &preset, names, 2))
+      req.ratios = *parse_ratio_preset(preset == 1 ? "kvpress" : "protocol");
+    record_item(s, "sweep:ratios");
   }
-
-  // The tuning grid as a derived result: planned from the settings (method A's parameters,
-  // ratio, window, seed, focus) and this view's choices; AppState::reconcile() runs it.
-  static constexpr const char* kTune = "tune2";
-
-  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
-    out.emplace_back(kTune, plan_tuning(s));
-    // The A/B overlap while the heatmap shows it.
-    out.emplace_back(kOverlap,
-                     mode_ == 0 && heat_source_ == kOverlapSource ? plan_overlap(s) : JobPlan{});
+  toolbar_next(labelled_width(px(90), "seeds"));
+  ImGui::SetNextItemWidth(px(90));
+  ImGui::SliderInt("seeds", &req.seeds, 1, 10);
+  // Why a method loses, per token: the share of the middle's harm (each token's exact output
+  // change when evicted alone, engine/token_harm.h) that the method dropped.
+  {
+    const char* ys[] = {"relative error", "harm dropped"};
+    toolbar_next(px(140));
+    ImGui::SetNextItemWidth(px(140));
+    ImGui::Combo("##sweep_y", &sweep_y_, ys, 2);
+    record_item(s, "sweep:y");
   }
+  toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
+  ImGui::Checkbox("focused layer only", &req.focused_layer_only);
+  draw_result_status(s, kSweep, "sweep");
 
-  JobPlan plan_tuning(const AppState& s) const {
-    JobPlan p;
-    const Method* m = s.method(0);
-    // Wanted while the tuning mode shows method A's grid (draw_tuning set its axes).
-    if (mode_ != 1 || !s.capture || !m || tune_method_ != m->name()) return p;
-    const CaptureInfo& ci = *s.info();
-    const MethodSettings ms = s.method_settings(0);
-    const Focus f = s.settings.focus;
-    const int scope = tune_scope_;
-    p.key = "tune2|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|" +
-            m->name() + nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
-            "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
-            "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
-            "|" + tune_rows_ + "=" + row_values_ + "|" + tune_cols_ + "=" + col_values_ +
-            "|seeds=" + std::to_string(tune_seeds_) + "|scope=" + std::to_string(scope) +
-            (scope <= 1 ? "|L" + std::to_string(f.layer) : "") +
-            (scope == 0 ? "H" + std::to_string(f.kv_head) : "");
-    Grid2Spec g;
-    g.method = m;
-    std::string err;
-    try {
-      if (tune_rows_ == tune_cols_) throw InputError("rows and columns sweep the same parameter");
-      g.rows = {tune_rows_, parse_values(row_values_, tune_rows_)};
-      g.cols = {tune_cols_, parse_values(col_values_, tune_cols_)};
-      for (double v : g.rows.values) validate_method_params(*m, {{g.rows.name, v}});
-      for (double v : g.cols.values) validate_method_params(*m, {{g.cols.name, v}});
-    } catch (const InputError& e) {
-      err = e.what();
-    }
-    // Other parameters as method A has them now.
-    for (const auto& [k, v] : ms.params)
-      if (k != g.rows.name && k != g.cols.name) g.fixed[k] = v;
-    EvalSpec spec;
-    spec.ratios = {ms.keep_ratio};
-    spec.seeds = tune_seeds_;
-    spec.base_seed = static_cast<uint64_t>(s.settings.seed);
-    spec.sink = ms.sink;
-    spec.eval = ms.eval;
-    spec.estimator = ms.estimator;
-    if (scope <= 1) spec.layers = {f.layer};
-    if (scope == 0) spec.heads = {f.kv_head};
-    p.lane = Lane::Analysis;
-    p.label = "tuning grid";
-    const double heads = scope == 0   ? 1.0
-                         : scope == 1 ? ci.kv_heads
-                                      : static_cast<double>(ci.kv_heads) * ci.num_layers;
-    const EvalWindow w = s.window();
-    p.cost_class = "eval:" + m->name();
-    p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
-              (static_cast<double>(w.eval) * ci.group_size() + 64.0) * heads *
-              (m->depends_on_seed() ? tune_seeds_ : 1) *
-              static_cast<double>(g.rows.values.size() * g.cols.values.size());
-    p.auto_limit_s = 3.0;
-    std::shared_ptr<CaptureFile> capture = s.capture;
-    Backend* be = s.backend();
-    p.returns<TuneResult>([=](JobContext& ctx,
-                              const JobPlan::PartialFn&) -> std::shared_ptr<const TuneResult> {
-      if (!err.empty()) throw InputError(err);
-      auto r = std::make_shared<TuneResult>();
-      r->grid = run_grid2(
-          *capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be);
-      r->scope = scope;
-      return r;
-    });
-    return p;
-  }
-
-  // One heatmap of the grid: rows = first parameter, columns = second, value in each cell, a
-  // colour bar, the best cell outlined white and the default cell dashed yellow.
-  void draw_grid_panel(const char* id, const Grid2Result& g,
-                       const std::vector<std::vector<double>>& values, const char* what,
-                       const char* bar_label, ImVec2 size) {
-    ImGui::BeginGroup();
-    const int R = static_cast<int>(g.rows.values.size()),
-              C = static_cast<int>(g.cols.values.size());
-    double lo = INFINITY, hi = -INFINITY;
-    for (const auto& row : values)
-      for (double v : row)
-        if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
-    if (!(hi > lo)) hi = lo + 1e-12;
-    const float lh = ImGui::GetTextLineHeight();
-    ImGui::TextUnformatted(what);
-    const ImVec2 o = ImGui::GetCursorScreenPos();
-    float label_w = ImGui::CalcTextSize(g.rows.name.c_str()).x;
-    for (double v : g.rows.values) {
-      char b[32];
-      std::snprintf(b, sizeof b, "%g", v);
-      label_w = std::max(label_w, ImGui::CalcTextSize(b).x);
-    }
-    label_w += px(8);
-    const float bar_w = px(70);
-    const float map_w = std::max(px(60), size.x - label_w - bar_w - px(8));
-    const float map_h = std::max(px(60), std::min(size.y - 3 * lh - px(16), map_w * 0.9f));
-    ImDrawList* dl = ImGui::GetWindowDrawList();
-    // Column header: the second parameter's name and values.
-    dl->AddText(ImVec2(o.x, o.y), kColAxisText, (g.rows.name + " \\ " + g.cols.name).c_str());
-    const float cw = map_w / static_cast<float>(C), ch = map_h / static_cast<float>(R);
-    const float top = o.y + lh + px(4);
-    for (int c = 0; c < C; ++c) {
-      char b[32];
-      std::snprintf(b, sizeof b, "%g", g.cols.values[static_cast<size_t>(c)]);
-      const float tw = ImGui::CalcTextSize(b).x;
-      dl->AddText(ImVec2(o.x + label_w + (c + 0.5f) * cw - tw / 2, top - lh - px(2) + lh),
-                  kColAxisText, b);
-    }
-    const float map_top = top + lh + px(2);
-    for (int r = 0; r < R; ++r) {
-      char b[32];
-      std::snprintf(b, sizeof b, "%g", g.rows.values[static_cast<size_t>(r)]);
-      dl->AddText(ImVec2(o.x + label_w - ImGui::CalcTextSize(b).x - px(6),
-                         map_top + (r + 0.5f) * ch - lh / 2),
-                  kColAxisText, b);
-    }
-    ImGui::SetCursorScreenPos(ImVec2(o.x + label_w, map_top));
-    auto colour = [&](int r, int c) {
-      const double v = values[static_cast<size_t>(r)][static_cast<size_t>(c)];
-      if (!std::isfinite(v)) return kColRefused;
-      return colormap(Colormap::Viridis, (v - lo) / (hi - lo));
-    };
-    auto text = [&](int r, int c) {
-      const double v = values[static_cast<size_t>(r)][static_cast<size_t>(c)];
-      char b[32];
-      std::snprintf(b, sizeof b, std::isfinite(v) ? "%.4f" : "failed", v);
-      return std::string(b);
-    };
-    const HeatmapHit hit = heatmap(id, ImVec2(map_w, map_h), R, C, colour, text);
-    auto outline = [&](std::pair<int, int> cell, ImU32 col, bool dashed) {
-      if (cell.first < 0) return;
-      const ImVec2 a(o.x + label_w + cell.second * cw + 1, map_top + cell.first * ch + 1);
-      const ImVec2 b(a.x + cw - 2, a.y + ch - 2);
-      if (!dashed) {
-        dl->AddRect(a, b, col, 0, 0, px(3));
-        return;
-      }
-      const float dash = px(6);
-      const ImVec2 pts[5] = {a, ImVec2(b.x, a.y), b, ImVec2(a.x, b.y), a};
-      for (int e = 0; e < 4; ++e) {
-        const ImVec2 p = pts[e], q = pts[e + 1];
-        const float len = std::hypot(q.x - p.x, q.y - p.y);
-        for (float t = 0; t < len; t += 2 * dash) {
-          const float t1 = std::min(len, t + dash);
-          dl->AddLine(ImVec2(p.x + (q.x - p.x) * t / len, p.y + (q.y - p.y) * t / len),
-                      ImVec2(p.x + (q.x - p.x) * t1 / len, p.y + (q.y - p.y) * t1 / len), col,
-                      px(2));
-        }
-      }
-    };
-    outline(g.best(0), IM_COL32(255, 255, 255, 255), false);
-    outline(g.default_cell(), kColSelect, true);
-    ImGui::SameLine(0, px(8));
-    ImGui::SetCursorScreenPos(ImVec2(o.x + label_w + map_w + px(8), map_top - lh * 1.5f - 6));
-    colour_bar((std::string(id) + "_bar").c_str(), ImVec2(bar_w, map_h + lh * 1.5f + 6),
-               Colormap::Viridis, lo, hi, bar_label);
-    ImGui::SetCursorScreenPos(ImVec2(o.x, map_top + map_h + px(4)));
-    ImGui::TextDisabled("rows: %s, columns: %s", g.rows.name.c_str(), g.cols.name.c_str());
-    if (hit.row >= 0) {
-      ImGui::BeginTooltip();
-      ImGui::Text("%s = %g, %s = %g", g.rows.name.c_str(), g.rows.values[hit.row],
-                  g.cols.name.c_str(), g.cols.values[hit.col]);
-      ImGui::Text("mean %.5f, std over seeds %.5f", g.mean[0][hit.row][hit.col],
-                  g.seed_std[0][hit.row][hit.col]);
-      ImGui::EndTooltip();
-    }
-    ImGui::EndGroup();
-  }
-
-  void draw_sweep(AppState& s) {
-    SweepRequest& req = s.settings.sweep;
-    if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
-    if (ImGui::BeginPopup("##methods")) {
-      for (const Method* m : all_methods()) {
-        bool on = std::find(req.methods.begin(), req.methods.end(), m->name()) != req.methods.end();
-        if (method_checkbox(s, *m, &on, "sweep:method:" + m->name())) {
-          if (on)
-            req.methods.push_back(m->name());
-          else
-            req.methods.erase(std::find(req.methods.begin(), req.methods.end(), m->name()));
-        }
-      }
-      ImGui::EndPopup();
-    }
-    // The keep ratios swept: the protocol's, or kvpress's (keep 3/4 .. 1/8: it counts the
-    // fraction removed, 0.25 .. 0.875).
-    {
-      const std::vector<double>& kvp = *parse_ratio_preset("kvpress");
-      const char* names[] = {"protocol ratios", "kvpress ratios"};
-      int preset = req.ratios == kvp ? 1 : 0;
-      toolbar_next(px(150));
-      ImGui::SetNextItemWidth(px(150));
-      if (ImGui::Combo("##sweep_ratios", &preset, names, 2))
-        req.ratios = *parse_ratio_preset(preset == 1 ? "kvpress" : "protocol");
-      record_item(s, "sweep:ratios");
-    }
-    toolbar_next(labelled_width(px(90), "seeds"));
-    ImGui::SetNextItemWidth(px(90));
-    ImGui::SliderInt("seeds", &req.seeds, 1, 10);
-    // Why a method loses, per token: the share of the middle's harm (each token's exact output
-    // change when evicted alone, engine/token_harm.h) that the method dropped.
-    {
-      const char* ys[] = {"relative error", "harm dropped"};
-      toolbar_next(px(140));
-      ImGui::SetNextItemWidth(px(140));
-      ImGui::Combo("##sweep_y", &sweep_y_, ys, 2);
-      record_item(s, "sweep:y");
-    }
-    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
-    ImGui::Checkbox("focused layer only", &req.focused_layer_only);
-    draw_result_status(s, kSweep, "sweep");
-
-    // Series from the summary: mean over heads, spread = std over seeds of the head mean.
-    struct Series {
-      std::string method;
-      std::vector<double> x, y, lo, hi, sd;
-    };
-    std::vector<Series> series;
-    std::vector<double> all_y;
-    std::vector<double> ratios;
-    if (s.sweep()) {
-      std::map<std::string, Series> by;
-      for (const EvalSummary& e : s.sweep()->summary()) {
-        if (sweep_y_ == 1) {  // harm dropped: share of the middle's total, no spread
-          if (e.heads == 0 || std::isnan(e.harm_dropped_share)) continue;
-          Series& sr = by[e.method];
-          sr.method = e.method;
-          sr.x.push_back(e.ratio);
-          sr.y.push_back(e.harm_dropped_share);
-          sr.sd.push_back(e.harm_kept);  // shown in the tooltip as the harm kept
-          sr.lo.push_back(e.harm_dropped_share);
-          sr.hi.push_back(e.harm_dropped);  // the tooltip's harm dropped
-          ratios.push_back(e.ratio);
-          all_y.push_back(e.harm_dropped_share);
-          continue;
-        }
+  // Series from the summary: mean over heads, spread = std over seeds of the head mean.
+  struct Series {
+    std::string method;
+    std::vector<double> x, y, lo, hi, sd;
+  };
+  std::vector<Series> series;
+  std::vector<double> all_y;
+  std::vector<double> ratios;
+  if (s.sweep()) {
+    std::map<std::string, Series> by;
+    for (const EvalSummary& e : s.sweep()->summary()) {
+      if (sweep_y_ == 1) {  // harm dropped: share of the middle's total, no spread
+        if (e.heads == 0 || std::isnan(e.harm_dropped_share)) continue;
         Series& sr = by[e.method];
         sr.method = e.method;
         sr.x.push_back(e.ratio);
-        sr.y.push_back(e.mean);
-        sr.sd.push_back(e.std);
-        sr.lo.push_back(std::max(e.mean - e.std, e.mean * 0.05));
-        sr.hi.push_back(e.mean + e.std);
-        all_y.push_back(sr.lo.back());
-        all_y.push_back(sr.hi.back());
+        sr.y.push_back(e.harm_dropped_share);
+        sr.sd.push_back(e.harm_kept);  // shown in the tooltip as the harm kept
+        sr.lo.push_back(e.harm_dropped_share);
+        sr.hi.push_back(e.harm_dropped);  // the tooltip's harm dropped
         ratios.push_back(e.ratio);
+        all_y.push_back(e.harm_dropped_share);
+        continue;
       }
-      for (const std::string& m : s.settings.sweep.methods)
-        if (by.count(m)) {
-          Series sr = by[m];
-          std::vector<size_t> ord(sr.x.size());
-          for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
-          std::sort(ord.begin(), ord.end(), [&](size_t a, size_t b) { return sr.x[a] < sr.x[b]; });
-          Series sorted;
-          sorted.method = m;
-          for (size_t i : ord) {
-            sorted.x.push_back(sr.x[i]);
-            sorted.y.push_back(sr.y[i]);
-            sorted.lo.push_back(sr.lo[i]);
-            sorted.hi.push_back(sr.hi[i]);
-            sorted.sd.push_back(sr.sd[i]);
+      Series& sr = by[e.method];
+      sr.method = e.method;
+      sr.x.push_back(e.ratio);
+      sr.y.push_back(e.mean);
+      sr.sd.push_back(e.std);
+      sr.lo.push_back(std::max(e.mean - e.std, e.mean * 0.05));
+      sr.hi.push_back(e.mean + e.std);
+      all_y.push_back(sr.lo.back());
+      all_y.push_back(sr.hi.back());
+      ratios.push_back(e.ratio);
+    }
+    for (const std::string& m : s.settings.sweep.methods)
+      if (by.count(m)) {
+        Series sr = by[m];
+        std::vector<size_t> ord(sr.x.size());
+        for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
+        std::sort(ord.begin(), ord.end(), [&](size_t a, size_t b) { return sr.x[a] < sr.x[b]; });
+        Series sorted;
+        sorted.method = m;
+        for (size_t i : ord) {
+          sorted.x.push_back(sr.x[i]);
+          sorted.y.push_back(sr.y[i]);
+          sorted.lo.push_back(sr.lo[i]);
+          sorted.hi.push_back(sr.hi[i]);
+          sorted.sd.push_back(sr.sd[i]);
+        }
+        series.push_back(sorted);
+      }
+  }
+  double ylo = 1e-3, yhi = 1;
+  std::vector<double> pos;
+  for (double v : all_y)
+    if (v > 0 && std::isfinite(v)) pos.push_back(v);
+  if (!pos.empty()) {
+    ylo = *std::min_element(pos.begin(), pos.end()) / 1.3;
+    yhi = *std::max_element(pos.begin(), pos.end()) * 1.3;
+  }
+  double xlo = 1.0 / 16, xhi = 0.5;
+  if (!ratios.empty()) {
+    xlo = *std::min_element(ratios.begin(), ratios.end());
+    xhi = *std::max_element(ratios.begin(), ratios.end());
+  }
+  Axis xa{"keep ratio (log2 axis)", xlo / 1.25, xhi * 1.25, Scale::Log2, true};
+  Axis ya{"relative error", ylo, yhi, Scale::Log10};
+  if (sweep_y_ == 1) ya = Axis{"share of the middle's harm dropped", 0.0, 1.0, Scale::Linear};
+  const Result& res = s.result(kSweep);
+  std::string title =
+      s.sweep() ? "error vs keep ratio: mean over heads, band = +-1 std over " +
+                      std::to_string(s.sweep()->spec.seeds) + " seeds"
+                : (res.busy() ? "error vs keep ratio (running...)" : "error vs keep ratio");
+  if (sweep_y_ == 1)
+    title =
+        "harm dropped vs keep ratio: share of the middle's per-token harm (exact output change "
+        "of evicting each token alone) a method dropped, mean over heads";
+  // Curves computed for other settings stay visible, faded and labelled stale.
+  const bool stale = res.stale();
+  if (stale) title += "  [STALE: earlier settings]";
+  Plot plot("##sweepplot", ImVec2(0, 0), title, xa, ya);
+  std::vector<Plot::LegendEntry> legend;
+  // Legends name the parameters the sweep ran with (its own record, not the settings now).
+  const std::map<std::string, ParamValues> sweep_params =
+      s.sweep() ? s.sweep()->spec.params : std::map<std::string, ParamValues>{};
+  for (const Series& sr : series) {
+    if (sweep_y_ == 1) break;  // no spread band for the harm
+    ImU32 c = method_colour(method_index(sr.method));
+    plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
+  }
+  for (const Series& sr : series) {
+    ImU32 c = method_colour(method_index(sr.method));
+    if (stale) c = with_alpha(c, 0.4f);
+    plot.line(sr.x, sr.y, c, 2.0f);
+    plot.markers(sr.x, sr.y, c, 3.5f);
+    const auto pit = sweep_params.find(sr.method);
+    legend.push_back(
+        {method_label(sr.method, pit == sweep_params.end() ? ParamValues{} : pit->second), c});
+  }
+  // Errors are largest at small ratios (top left): the legend goes bottom left.
+  plot.legend(legend, Plot::Corner::BottomLeft);
+  if (plot.hovered() && !series.empty()) {
+    int i = plot.nearest_x(series[0].x);
+    if (i >= 0) {
+      double r = series[0].x[static_cast<size_t>(i)];
+      plot.vline(r, IM_COL32(255, 255, 255, 90));
+      ImGui::BeginTooltip();
+      ImGui::Text("keep ratio %s", ratio_label(r).c_str());
+      for (const Series& sr : series)
+        for (size_t t = 0; t < sr.x.size(); ++t)
+          if (std::fabs(sr.x[t] - r) < 1e-12) {
+            const ImVec4 col =
+                ImGui::ColorConvertU32ToFloat4(method_colour(method_index(sr.method)));
+            if (sweep_y_ == 1)
+              ImGui::TextColored(col, "%-16s harm kept %.4g, dropped %.4g (%.0f%%)",
+                                 sr.method.c_str(), sr.sd[t], sr.hi[t], 100 * sr.y[t]);
+            else
+              ImGui::TextColored(col, "%-16s %.4f +- %.4f", sr.method.c_str(), sr.y[t], sr.sd[t]);
           }
-          series.push_back(sorted);
-        }
+      ImGui::EndTooltip();
     }
-    double ylo = 1e-3, yhi = 1;
-    std::vector<double> pos;
-    for (double v : all_y)
-      if (v > 0 && std::isfinite(v)) pos.push_back(v);
-    if (!pos.empty()) {
-      ylo = *std::min_element(pos.begin(), pos.end()) / 1.3;
-      yhi = *std::max_element(pos.begin(), pos.end()) * 1.3;
+  }
+}
+
+void ErrorView::draw_heatmap(AppState& s) {
+  // Source: the background grid (method A at the current ratio) or any (method, ratio) of
+  // the sweep.
+  std::vector<std::pair<std::string, double>> options;
+  if (s.sweep())
+    for (const EvalSummary& e : s.sweep()->summary()) options.emplace_back(e.method, e.ratio);
+  auto label = [](const std::pair<std::string, double>& o) {
+    return o.first + " at " + ratio_label(o.second) + " (sweep)";
+  };
+  bool from_sweep = false;
+  for (const auto& o : options) from_sweep = from_sweep || o == heat_source_;
+  // The grid holds method B's cells too (app/grid_cells.h): "B" picks them.
+  const bool grid_b = !from_sweep && heat_source_.first == "B" && s.settings.ab_enabled;
+  // The grid's A/B mode also shows how far A and B keep the same tokens (app/overlap_grid.h).
+  const bool overlap = !from_sweep && heat_source_ == kOverlapSource && s.settings.ab_enabled;
+  auto grid_label = [&](int k) {
+    return std::string(k ? "B: " : "A: ") + s.method_name(k) + " at " +
+           ratio_label(s.settings.keep_ratio) + " (grid)";
+  };
+  const std::string overlap_label = "A/B overlap of kept sets (Jaccard)";
+  std::string current = from_sweep ? label(heat_source_)
+                        : overlap  ? overlap_label
+                                   : grid_label(grid_b ? 1 : 0);
+  ImGui::TextUnformatted("error per layer and kv head");
+  toolbar_next(px(160));
+  ImGui::SetNextItemWidth(-1);
+  if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
+    if (ImGui::Selectable(grid_label(0).c_str(), !from_sweep && !grid_b && !overlap))
+      heat_source_ = {};
+    if (s.settings.ab_enabled && ImGui::Selectable(grid_label(1).c_str(), grid_b))
+      heat_source_ = {"B", -1.0};
+    if (s.settings.ab_enabled && ImGui::Selectable(overlap_label.c_str(), overlap))
+      heat_source_ = kOverlapSource;
+    record_item(s, "error:heat:overlap");
+    for (const auto& o : options)
+      if (ImGui::Selectable(label(o).c_str(), from_sweep && o == heat_source_)) heat_source_ = o;
+    ImGui::EndCombo();
+  }
+  GridValues gv =
+      from_sweep ? grid_values_from_report(s, *s.sweep(), heat_source_.first, heat_source_.second)
+      : overlap  ? overlap_grid_values(s)
+                 : grid_values(s, GridMetric::Error, grid_b ? 1 : 0);
+  if (overlap) draw_result_status(s, kOverlap, "overlap");
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("%s", gv.caption.c_str());
+  ImGui::PopStyleColor();
+  draw_grid(s, gv, "##errgrid", 10000.0f);
+}
+
+void ErrorView::draw_positions(AppState& s) {
+  std::vector<std::vector<double>> xs(2), ys(2);
+  std::vector<double> all;
+  double xmin = 0, xmax = 1;
+  for (int k = 0; k < 2; ++k)
+    if (s.run(k) && (k == 0 || s.settings.ab_enabled)) {
+      per_position(*s.run(k), &xs[k], &ys[k]);
+      for (double v : ys[k])
+        if (v > 0 && std::isfinite(v)) all.push_back(v);
+      if (!xs[k].empty()) {
+        xmin = xs[k].front();
+        xmax = xs[k].back();
+      }
     }
-    double xlo = 1.0 / 16, xhi = 0.5;
-    if (!ratios.empty()) {
-      xlo = *std::min_element(ratios.begin(), ratios.end());
-      xhi = *std::max_element(ratios.begin(), ratios.end());
-    }
-    Axis xa{"keep ratio (log2 axis)", xlo / 1.25, xhi * 1.25, Scale::Log2, true};
-    Axis ya{"relative error", ylo, yhi, Scale::Log10};
-    if (sweep_y_ == 1) ya = Axis{"share of the middle's harm dropped", 0.0, 1.0, Scale::Linear};
-    const Result& res = s.result(kSweep);
-    std::string title =
-        s.sweep() ? "error vs keep ratio: mean over heads, band = +-1 std over " +
-                        std::to_string(s.sweep()->spec.seeds) + " seeds"
-                  : (res.busy() ? "error vs keep ratio (running...)" : "error vs keep ratio");
-    if (sweep_y_ == 1)
-      title =
-          "harm dropped vs keep ratio: share of the middle's per-token harm (exact output change "
-          "of evicting each token alone) a method dropped, mean over heads";
-    // Curves computed for other settings stay visible, faded and labelled stale.
-    const bool stale = res.stale();
-    if (stale) title += "  [STALE: earlier settings]";
-    Plot plot("##sweepplot", ImVec2(0, 0), title, xa, ya);
-    std::vector<Plot::LegendEntry> legend;
-    // Legends name the parameters the sweep ran with (its own record, not the settings now).
-    const std::map<std::string, ParamValues> sweep_params =
-        s.sweep() ? s.sweep()->spec.params : std::map<std::string, ParamValues>{};
-    for (const Series& sr : series) {
-      if (sweep_y_ == 1) break;  // no spread band for the harm
-      ImU32 c = method_colour(method_index(sr.method));
-      plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
-    }
-    for (const Series& sr : series) {
-      ImU32 c = method_colour(method_index(sr.method));
-      if (stale) c = with_alpha(c, 0.4f);
-      plot.line(sr.x, sr.y, c, 2.0f);
-      plot.markers(sr.x, sr.y, c, 3.5f);
-      const auto pit = sweep_params.find(sr.method);
-      legend.push_back(
-          {method_label(sr.method, pit == sweep_params.end() ? ParamValues{} : pit->second), c});
-    }
-    // Errors are largest at small ratios (top left): the legend goes bottom left.
-    plot.legend(legend, Plot::Corner::BottomLeft);
-    if (plot.hovered() && !series.empty()) {
-      int i = plot.nearest_x(series[0].x);
-      if (i >= 0) {
-        double r = series[0].x[static_cast<size_t>(i)];
-        plot.vline(r, IM_COL32(255, 255, 255, 90));
-        ImGui::BeginTooltip();
-        ImGui::Text("keep ratio %s", ratio_label(r).c_str());
-        for (const Series& sr : series)
-          for (size_t t = 0; t < sr.x.size(); ++t)
-            if (std::fabs(sr.x[t] - r) < 1e-12) {
-              const ImVec4 col =
-                  ImGui::ColorConvertU32ToFloat4(method_colour(method_index(sr.method)));
-              if (sweep_y_ == 1)
-                ImGui::TextColored(col, "%-16s harm kept %.4g, dropped %.4g (%.0f%%)",
-                                   sr.method.c_str(), sr.sd[t], sr.hi[t], 100 * sr.y[t]);
-              else
-                ImGui::TextColored(col, "%-16s %.4f +- %.4f", sr.method.c_str(), sr.y[t], sr.sd[t]);
-            }
-        ImGui::EndTooltip();
+  double ylo = 1e-3, yhi = 1;
+  if (!all.empty()) {
+    ylo = *std::min_element(all.begin(), all.end()) / 1.3;
+    yhi = *std::max_element(all.begin(), all.end()) * 1.3;
+  }
+  char title[160];
+  std::snprintf(title, sizeof title, "error vs query position (L%d H%d, mean over the GQA group)",
+                s.settings.focus.layer, s.settings.focus.kv_head);
+  Plot plot("##posplot", ImVec2(0, 0), title,
+            Axis{"query position j (token index)", xmin - 0.5, xmax + 0.5},
+            Axis{"relative error", ylo, yhi, Scale::Log10});
+  std::vector<Plot::LegendEntry> legend;
+  for (int k = 0; k < 2; ++k) {
+    if (xs[k].empty()) continue;
+    plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
+    legend.push_back(
+        {std::string(k == 0 ? "A " : "B ") +
+             method_label(s.method_name(k), s.settings.method[static_cast<size_t>(k)].params),
+         kColSlot[k]});
+  }
+  int q = s.effective_query();
+  plot.vline(q, kColQuery, 1.5f);
+  plot.legend(legend);
+  if (plot.hovered() && !xs[0].empty()) {
+    int i = plot.nearest_x(xs[0]);
+    if (i >= 0) {
+      int j = static_cast<int>(xs[0][static_cast<size_t>(i)]);
+      plot.vline(j, IM_COL32(255, 255, 255, 90));
+      ImGui::BeginTooltip();
+      ImGui::Text("query %d \"%s\"", j, s.token_text(j).c_str());
+      for (int k = 0; k < 2; ++k)
+        if (static_cast<size_t>(i) < ys[k].size())
+          ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name(k).c_str(),
+                      ys[k][static_cast<size_t>(i)]);
+      ImGui::TextDisabled("click: compare exact and approximate attention for this query");
+      ImGui::EndTooltip();
+      if (plot.clicked()) {
+        s.settings.selected_query = j;
       }
     }
   }
+  if (!s.run_error(0).empty())
+    plot.draw_list()->AddText(ImVec2(plot.inner_min().x + 8, plot.inner_min().y + 8),
+                              IM_COL32(255, 120, 120, 255), s.run_error(0).c_str());
+}
 
-  void draw_heatmap(AppState& s) {
-    // Source: the background grid (method A at the current ratio) or any (method, ratio) of
-    // the sweep.
-    std::vector<std::pair<std::string, double>> options;
-    if (s.sweep())
-      for (const EvalSummary& e : s.sweep()->summary()) options.emplace_back(e.method, e.ratio);
-    auto label = [](const std::pair<std::string, double>& o) {
-      return o.first + " at " + ratio_label(o.second) + " (sweep)";
-    };
-    bool from_sweep = false;
-    for (const auto& o : options) from_sweep = from_sweep || o == heat_source_;
-    // The grid holds method B's cells too (app/grid_cells.h): "B" picks them.
-    const bool grid_b = !from_sweep && heat_source_.first == "B" && s.settings.ab_enabled;
-    // The grid's A/B mode also shows how far A and B keep the same tokens (app/overlap_grid.h).
-    const bool overlap = !from_sweep && heat_source_ == kOverlapSource && s.settings.ab_enabled;
-    auto grid_label = [&](int k) {
-      return std::string(k ? "B: " : "A: ") + s.method_name(k) + " at " +
-             ratio_label(s.settings.keep_ratio) + " (grid)";
-    };
-    const std::string overlap_label = "A/B overlap of kept sets (Jaccard)";
-    std::string current = from_sweep ? label(heat_source_)
-                          : overlap  ? overlap_label
-                                     : grid_label(grid_b ? 1 : 0);
-    ImGui::TextUnformatted("error per layer and kv head");
-    toolbar_next(px(160));
-    ImGui::SetNextItemWidth(-1);
-    if (ImGui::BeginCombo("##heatsrc", current.c_str())) {
-      if (ImGui::Selectable(grid_label(0).c_str(), !from_sweep && !grid_b && !overlap))
-        heat_source_ = {};
-      if (s.settings.ab_enabled && ImGui::Selectable(grid_label(1).c_str(), grid_b))
-        heat_source_ = {"B", -1.0};
-      if (s.settings.ab_enabled && ImGui::Selectable(overlap_label.c_str(), overlap))
-        heat_source_ = kOverlapSource;
-      record_item(s, "error:heat:overlap");
-      for (const auto& o : options)
-        if (ImGui::Selectable(label(o).c_str(), from_sweep && o == heat_source_)) heat_source_ = o;
-      ImGui::EndCombo();
-    }
-    GridValues gv =
-        from_sweep ? grid_values_from_report(s, *s.sweep(), heat_source_.first, heat_source_.second)
-        : overlap  ? overlap_grid_values(s)
-                   : grid_values(s, GridMetric::Error, grid_b ? 1 : 0);
-    if (overlap) draw_result_status(s, kOverlap, "overlap");
-    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
-    ImGui::TextWrapped("%s", gv.caption.c_str());
-    ImGui::PopStyleColor();
-    draw_grid(s, gv, "##errgrid", 10000.0f);
+void ErrorView::draw_query(AppState& s) {
+  if (!s.info()->has_queries) {
+    ImGui::TextWrapped("This capture has no queries: exact attention needs them.");
+    return;
   }
-
-  void draw_positions(AppState& s) {
-    std::vector<std::vector<double>> xs(2), ys(2);
-    std::vector<double> all;
-    double xmin = 0, xmax = 1;
-    for (int k = 0; k < 2; ++k)
-      if (s.run(k) && (k == 0 || s.settings.ab_enabled)) {
-        per_position(*s.run(k), &xs[k], &ys[k]);
-        for (double v : ys[k])
-          if (v > 0 && std::isfinite(v)) all.push_back(v);
-        if (!xs[k].empty()) {
-          xmin = xs[k].front();
-          xmax = xs[k].back();
-        }
-      }
-    double ylo = 1e-3, yhi = 1;
-    if (!all.empty()) {
-      ylo = *std::min_element(all.begin(), all.end()) / 1.3;
-      yhi = *std::max_element(all.begin(), all.end()) * 1.3;
-    }
-    char title[160];
-    std::snprintf(title, sizeof title, "error vs query position (L%d H%d, mean over the GQA group)",
-                  s.settings.focus.layer, s.settings.focus.kv_head);
-    Plot plot("##posplot", ImVec2(0, 0), title,
-              Axis{"query position j (token index)", xmin - 0.5, xmax + 0.5},
-              Axis{"relative error", ylo, yhi, Scale::Log10});
-    std::vector<Plot::LegendEntry> legend;
-    for (int k = 0; k < 2; ++k) {
-      if (xs[k].empty()) continue;
-      plot.line(xs[k], ys[k], kColSlot[k], 1.5f);
-      legend.push_back(
-          {std::string(k == 0 ? "A " : "B ") +
-               method_label(s.method_name(k), s.settings.method[static_cast<size_t>(k)].params),
-           kColSlot[k]});
-    }
-    int q = s.effective_query();
-    plot.vline(q, kColQuery, 1.5f);
-    plot.legend(legend);
-    if (plot.hovered() && !xs[0].empty()) {
-      int i = plot.nearest_x(xs[0]);
-      if (i >= 0) {
-        int j = static_cast<int>(xs[0][static_cast<size_t>(i)]);
-        plot.vline(j, IM_COL32(255, 255, 255, 90));
-        ImGui::BeginTooltip();
-        ImGui::Text("query %d \"%s\"", j, s.token_text(j).c_str());
-        for (int k = 0; k < 2; ++k)
-          if (static_cast<size_t>(i) < ys[k].size())
-            ImGui::Text("%s %s: %.4f", k == 0 ? "A" : "B", s.method_name(k).c_str(),
-                        ys[k][static_cast<size_t>(i)]);
-        ImGui::TextDisabled("click: compare exact and approximate attention for this query");
-        ImGui::EndTooltip();
-        if (plot.clicked()) {
-          s.settings.selected_query = j;
-        }
-      }
-    }
-    if (!s.run_error(0).empty())
-      plot.draw_list()->AddText(ImVec2(plot.inner_min().x + 8, plot.inner_min().y + 8),
-                                IM_COL32(255, 120, 120, 255), s.run_error(0).c_str());
+  int group = s.info()->group_size();
+  if (group > 1) {
+    ImGui::SetNextItemWidth(px(80));
+    ImGui::SliderInt("query head", &s.settings.selected_q_head, 0, group - 1);
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("query head within the GQA group");
   }
-
-  void draw_query(AppState& s) {
-    if (!s.info()->has_queries) {
-      ImGui::TextWrapped("This capture has no queries: exact attention needs them.");
-      return;
+  char qtext[160];
+  std::snprintf(qtext, sizeof qtext, "query %d \"%s\"", s.effective_query(),
+                s.token_text(s.effective_query()).c_str());
+  if (group > 1) toolbar_next(ImGui::CalcTextSize(qtext).x);
+  ImGui::TextDisabled("%s", qtext);
+  toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scale"));
+  ImGui::Checkbox("log scale", &log_attention_);
+  if (!s.query_cmp()) {
+    if (!s.result(kQuery).error.empty())
+      ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.result(kQuery).error.c_str());
+    else
+      ImGui::TextDisabled("computing...");
+    return;
+  }
+  const QueryComparison& qc = *s.query_cmp();
+  ImVec2 avail = ImGui::GetContentRegionAvail();
+  // The attention plot over the output plot; each at least a readable plot (the panel scrolls).
+  const float top_h = std::max(avail.y * 0.55f, min_plot_size().y);
+  {
+    const size_t n = qc.exact_weights.size();
+    std::vector<double> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<double>(i);
+    double ymax = 0, ymin_pos = 1;
+    for (size_t i = 0; i < n; ++i) {
+      ymax = std::max({ymax, qc.exact_weights[i], qc.approx_weights[i]});
+      if (qc.exact_weights[i] > 0) ymin_pos = std::min(ymin_pos, qc.exact_weights[i]);
     }
-    int group = s.info()->group_size();
-    if (group > 1) {
-      ImGui::SetNextItemWidth(px(80));
-      ImGui::SliderInt("query head", &s.settings.selected_q_head, 0, group - 1);
-      if (ImGui::IsItemHovered()) ImGui::SetTooltip("query head within the GQA group");
-    }
-    char qtext[160];
-    std::snprintf(qtext, sizeof qtext, "query %d \"%s\"", s.effective_query(),
-                  s.token_text(s.effective_query()).c_str());
-    if (group > 1) toolbar_next(ImGui::CalcTextSize(qtext).x);
-    ImGui::TextDisabled("%s", qtext);
-    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scale"));
-    ImGui::Checkbox("log scale", &log_attention_);
-    if (!s.query_cmp()) {
-      if (!s.result(kQuery).error.empty())
-        ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.result(kQuery).error.c_str());
-      else
-        ImGui::TextDisabled("computing...");
-      return;
-    }
-    const QueryComparison& qc = *s.query_cmp();
-    ImVec2 avail = ImGui::GetContentRegionAvail();
-    // The attention plot over the output plot; each at least a readable plot (the panel scrolls).
-    const float top_h = std::max(avail.y * 0.55f, min_plot_size().y);
-    {
-      const size_t n = qc.exact_weights.size();
-      std::vector<double> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<double>(i);
-      double ymax = 0, ymin_pos = 1;
-      for (size_t i = 0; i < n; ++i) {
-        ymax = std::max({ymax, qc.exact_weights[i], qc.approx_weights[i]});
-        if (qc.exact_weights[i] > 0) ymin_pos = std::min(ymin_pos, qc.exact_weights[i]);
+    char title[200];
+    std::snprintf(title, sizeof title,
+                  "attention of query %d (q head %d) over keys: rel. error %.4g", qc.position,
+                  qc.q_head, qc.relative_error);
+    // Log scale by default: a few keys (sinks, the query itself) take most of the mass and
+    // would flatten everything else on a linear axis.
+    Axis ya = log_attention_
+                  ? Axis{"weight (log)", std::max(ymin_pos, 1e-7) / 2, ymax * 2, Scale::Log10}
+                  : Axis{"weight", 0, ymax * 1.1};
+    Plot plot("##attn", ImVec2(0, top_h), title, Axis{"key position", -0.5, n - 0.5}, ya);
+    plot.bars(x, qc.exact_weights, 1.0, with_alpha(kColExact, 0.55f));
+    // Dots: dropped keys have no approximate weight, so a line would mislead.
+    std::vector<double> kx, ky;
+    for (size_t i = 0; i < n; ++i)
+      if (qc.approx_weights[i] > 0) {
+        kx.push_back(x[i]);
+        ky.push_back(qc.approx_weights[i]);
       }
-      char title[200];
-      std::snprintf(title, sizeof title,
-                    "attention of query %d (q head %d) over keys: rel. error %.4g", qc.position,
-                    qc.q_head, qc.relative_error);
-      // Log scale by default: a few keys (sinks, the query itself) take most of the mass and
-      // would flatten everything else on a linear axis.
-      Axis ya = log_attention_
-                    ? Axis{"weight (log)", std::max(ymin_pos, 1e-7) / 2, ymax * 2, Scale::Log10}
-                    : Axis{"weight", 0, ymax * 1.1};
-      Plot plot("##attn", ImVec2(0, top_h), title, Axis{"key position", -0.5, n - 0.5}, ya);
-      plot.bars(x, qc.exact_weights, 1.0, with_alpha(kColExact, 0.55f));
-      // Dots: dropped keys have no approximate weight, so a line would mislead.
-      std::vector<double> kx, ky;
-      for (size_t i = 0; i < n; ++i)
-        if (qc.approx_weights[i] > 0) {
-          kx.push_back(x[i]);
-          ky.push_back(qc.approx_weights[i]);
-        }
-      plot.markers(kx, ky, kColSlot[0], 2.0f);
-      plot.legend({{"exact softmax", with_alpha(kColExact, 0.8f)},
-                   {"approx (A): w e^s / sum", kColSlot[0]}});
-      int i = plot.nearest_x(x);
-      if (i >= 0) {
-        s.hovered_token = i;
-        plot.vline(i, IM_COL32(255, 255, 255, 90));
-        ImGui::SetTooltip("key %d \"%s\"\nexact %.4g\napprox %.4g", i, s.token_text(i).c_str(),
-                          qc.exact_weights[static_cast<size_t>(i)],
-                          qc.approx_weights[static_cast<size_t>(i)]);
-      }
-    }
-    {
-      const size_t d = qc.exact_output.size();
-      std::vector<double> xe(d), xa(d);
-      double lo = 0, hi = 0;
-      for (size_t c = 0; c < d; ++c) {
-        xe[c] = c - 0.2;
-        xa[c] = c + 0.2;
-        lo = std::min({lo, qc.exact_output[c], qc.approx_output[c]});
-        hi = std::max({hi, qc.exact_output[c], qc.approx_output[c]});
-      }
-      double pad = (hi - lo) * 0.1 + 1e-9;
-      Plot plot("##out", ImVec2(0, 0), "output vector: exact Attn_j vs approximation z_j",
-                Axis{"value dimension", -0.7, d - 0.3}, Axis{"value", lo - pad, hi + pad});
-      plot.hline(0, kColAxisText);
-      // Bars grow from the zero line: draw them as thin rectangles by hand for negative values.
-      for (size_t c = 0; c < d; ++c) {
-        for (int k = 0; k < 2; ++k) {
-          double xc = k == 0 ? xe[c] : xa[c];
-          double v = k == 0 ? qc.exact_output[c] : qc.approx_output[c];
-          ImVec2 a = plot.to_screen(xc - 0.18, std::max(v, 0.0)),
-                 b = plot.to_screen(xc + 0.18, std::min(v, 0.0));
-          plot.draw_list()->AddRectFilled(a, b, k == 0 ? with_alpha(kColExact, 0.7f) : kColSlot[0]);
-        }
-      }
-      plot.legend({{"exact", kColExact}, {"approx (A)", kColSlot[0]}});
-      int c = plot.nearest_x(std::vector<double>(xe.begin(), xe.end()));
-      if (c >= 0)
-        ImGui::SetTooltip("dimension %d\nexact %.5g\napprox %.5g", c,
-                          qc.exact_output[static_cast<size_t>(c)],
-                          qc.approx_output[static_cast<size_t>(c)]);
+    plot.markers(kx, ky, kColSlot[0], 2.0f);
+    plot.legend(
+        {{"exact softmax", with_alpha(kColExact, 0.8f)}, {"approx (A): w e^s / sum", kColSlot[0]}});
+    int i = plot.nearest_x(x);
+    if (i >= 0) {
+      s.hovered_token = i;
+      plot.vline(i, IM_COL32(255, 255, 255, 90));
+      ImGui::SetTooltip("key %d \"%s\"\nexact %.4g\napprox %.4g", i, s.token_text(i).c_str(),
+                        qc.exact_weights[static_cast<size_t>(i)],
+                        qc.approx_weights[static_cast<size_t>(i)]);
     }
   }
+  {
+    const size_t d = qc.exact_output.size();
+    std::vector<double> xe(d), xa(d);
+    double lo = 0, hi = 0;
+    for (size_t c = 0; c < d; ++c) {
+      xe[c] = c - 0.2;
+      xa[c] = c + 0.2;
+      lo = std::min({lo, qc.exact_output[c], qc.approx_output[c]});
+      hi = std::max({hi, qc.exact_output[c], qc.approx_output[c]});
+    }
+    double pad = (hi - lo) * 0.1 + 1e-9;
+    Plot plot("##out", ImVec2(0, 0), "output vector: exact Attn_j vs approximation z_j",
+              Axis{"value dimension", -0.7, d - 0.3}, Axis{"value", lo - pad, hi + pad});
+    plot.hline(0, kColAxisText);
+    // Bars grow from the zero line: draw them as thin rectangles by hand for negative values.
+    for (size_t c = 0; c < d; ++c) {
+      for (int k = 0; k < 2; ++k) {
+        double xc = k == 0 ? xe[c] : xa[c];
+        double v = k == 0 ? qc.exact_output[c] : qc.approx_output[c];
+        ImVec2 a = plot.to_screen(xc - 0.18, std::max(v, 0.0)),
+               b = plot.to_screen(xc + 0.18, std::min(v, 0.0));
+        plot.draw_list()->AddRectFilled(a, b, k == 0 ? with_alpha(kColExact, 0.7f) : kColSlot[0]);
+      }
+    }
+    plot.legend({{"exact", kColExact}, {"approx (A)", kColSlot[0]}});
+    int c = plot.nearest_x(std::vector<double>(xe.begin(), xe.end()));
+    if (c >= 0)
+      ImGui::SetTooltip("dimension %d\nexact %.5g\napprox %.5g", c,
+                        qc.exact_output[static_cast<size_t>(c)],
+                        qc.approx_output[static_cast<size_t>(c)]);
+  }
+}
 
-  bool log_attention_ = true;
-  std::pair<std::string, double> heat_source_;  // empty method: the background grid
-  inline static const std::pair<std::string, double> kOverlapSource{"A/B overlap", -2.0};
-  int mode_ = 0;     // 0 overview, 1 tune two parameters
-  int sweep_y_ = 0;  // the sweep plot's y: 0 relative error, 1 share of the harm dropped
-  std::string tune_method_, tune_rows_, tune_cols_, row_values_, col_values_;
-  int tune_seeds_ = 3, tune_scope_ = 0;
-};
+}  // namespace kvscope::app::error_view
 
-}  // namespace
+namespace kvscope::app {
 
 std::unique_ptr<View> make_error_view() {
-  return std::make_unique<ErrorView>();
+  return std::make_unique<error_view::ErrorView>();
 }
 
 }  // namespace kvscope::app

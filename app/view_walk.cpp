@@ -4,899 +4,565 @@
 // sum_{j<i} K_ij sigma_j, and the discrepancy along the trace query and in kernel norm, walk vs
 // random signs. Play / pause / step / scrub; the token being walked is shown in the strip below
 // and becomes the app's selected token, so the Tokens view follows.
-#include <imgui.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <memory>
-#include <sstream>
-#include <string>
-#include <vector>
+#include "app/view_walk_view.h"
 
-#include "app/app_frame.h"
-#include "app/app_state.h"
-#include "app/colormap.h"
-#include "app/plot.h"
-#include "app/point_renderer.h"
-#include "app/token_marks.h"
-#include "app/view.h"
-#include "app/walk_advice.h"
-#include "engine/error.h"
-#include "engine/json_fields.h"
-#include "engine/protocol.h"
-#include "engine/walk_trace.h"
+namespace kvscope::app::walk {
 
-namespace kvscope::app {
-namespace {
-
-constexpr ImU32 kColPlus = IM_COL32(76, 190, 110, 255);
-constexpr ImU32 kColMinus = IM_COL32(230, 97, 92, 255);
-constexpr ImU32 kColRandom = IM_COL32(215, 215, 225, 255);
-constexpr ImU32 kColRandomKernel = IM_COL32(200, 150, 110, 255);
-constexpr ImU32 kColWalk = IM_COL32(120, 200, 255, 255);
-constexpr ImU32 kColCut = IM_COL32(240, 200, 80, 255);
-
-// Methods that record a walk (Method::produces_trace), asked of the registry, never by name.
-bool is_walk_method(const std::string& name) {
-  const Method* m = find_method(name);
-  return m && m->produces_trace();
+const char* WalkView::help() const {
+  return "BalanceKV's self-balancing walk for one block and round: the 2-D path of the signed "
+         "partial sums, the probabilities p_i, and the discrepancy against random signs. Play, "
+         "step or scrub through the walk.";
 }
 
-std::string short_text(const std::string& t, size_t max_chars = 12) {
-  return t.size() <= max_chars ? t : t.substr(0, max_chars - 1) + "~";
+bool WalkView::ready(const AppState& s) const {
+  if (!s.capture || !is_walk_method(s.method_name(0))) return true;
+  return (s.run(0) || !s.run_error(0).empty()) && !own(s, kWalkQuery).pending &&
+         !own(s, kWalkCompare).pending;
 }
 
-template <class T>
-T at(const std::vector<T>& v, size_t i) {
-  return i < v.size() ? v[i] : T(0);
-}
-
-// Symmetric log transform sign(v) log10(1 + |v| / t): real kernels span many decades (one large
-// <k_i, k_j> dominates a linear axis), while the sign and the order of magnitude are what the
-// reader needs. t is a low percentile of the nonzero magnitudes, so small values stay linear.
-struct SymLog {
-  double t = 1;
-  bool on = false;
-  double operator()(double v) const {
-    if (!on || !std::isfinite(v)) return v;
-    return (v < 0 ? -1 : 1) * std::log10(1 + std::abs(v) / t);
+void WalkView::draw(AppState& s) {
+  if (!s.info()) {
+    ImGui::TextDisabled("No capture open.");
+    return;
   }
-  std::vector<double> apply(const std::vector<double>& v) const {
-    std::vector<double> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = (*this)(v[i]);
-    return out;
-  }
-};
-
-// Picks the scale of a series: linear unless its magnitudes span more than three decades.
-SymLog choose_scale(const std::vector<const std::vector<double>*>& series, bool allow) {
-  std::vector<double> mags;
-  for (const auto* v : series)
-    for (double x : *v)
-      if (std::isfinite(x) && x != 0) mags.push_back(std::abs(x));
-  SymLog s;
-  if (!allow || mags.size() < 4) return s;
-  std::sort(mags.begin(), mags.end());
-  const double low = mags[mags.size() / 10], high = mags.back();
-  if (high <= 1e3 * std::max(low, 1e-300)) return s;
-  s.on = true;
-  s.t = low;
-  return s;
-}
-
-std::string scale_label(const std::string& what, const SymLog& s) {
-  if (!s.on) return what;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s (symlog, t=%.2g)", what.c_str(), s.t);
-  return buf;
-}
-
-std::vector<double> iota_steps(size_t n) {
-  std::vector<double> x(n);
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<double>(i);
-  return x;
-}
-
-// Share of steps whose p_i (recorded before clipping) is <= 0 or >= 1: their sign is forced.
-struct Saturation {
-  int clipped = 0, steps = 0;
-  double share() const { return steps ? static_cast<double>(clipped) / steps : 0.0; }
-};
-Saturation saturation_of(const WalkBlockTrace& b) {
-  Saturation s;
-  for (double p : b.p) {
-    if (!std::isfinite(p)) continue;
-    ++s.steps;
-    s.clipped += (p <= 0.0 || p >= 1.0);
-  }
-  return s;
-}
-Saturation saturation_of(const WalkTrace& t) {
-  Saturation s;
-  for (const auto& b : t.blocks) {
-    const Saturation k = saturation_of(b);
-    s.clipped += k.clipped;
-    s.steps += k.steps;
-  }
-  return s;
-}
-
-// A walk of the focused head computed by this view itself: with another query along which the
-// discrepancy is measured, or with other parameters for the side-by-side comparison.
-struct OwnTrace {
-  std::string wanted;  // what was asked for (settings + query + head); "" = nothing
-  std::string have;    // what `trace` was computed for
-  std::shared_ptr<const WalkTrace> trace;
-  std::string error;
-  bool pending() const { return !wanted.empty() && wanted != have; }
-};
-
-std::string describe_params(const Method& m, const ParamValues& v) {
-  std::string out;
-  for (const char* name : {"temp", "gamma", "block"}) {
-    double x = 0;
-    try {
-      x = param_value(m.params(), v, name);
-    } catch (const InputError&) {
-      continue;
+  if (!is_walk_method(s.method_name(0))) {
+    ImGui::TextWrapped(
+        "Walk traces come from the self-balancing walk of balancekv (and balancekv-stream). "
+        "Method A is %s.",
+        s.method_name(0).c_str());
+    if (ImGui::Button("Use balancekv as method A")) {
+      s.settings.method[0].name = "balancekv";
     }
-    char buf[48];
-    std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", name, x);
-    out += buf;
+    return;
   }
+  if (!s.run_error(0).empty()) {
+    ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s: %s", s.method_name(0).c_str(),
+                       s.run_error(0).c_str());
+    return;
+  }
+  if (!s.run(0)) {
+    ImGui::TextDisabled("Running %s on layer %d, kv head %d ...", s.method_name(0).c_str(),
+                        s.settings.focus.layer, s.settings.focus.kv_head);
+    return;
+  }
+  const OwnTrace main = own(s, kWalkQuery);
+  const auto trace = shown_trace(s);
+  if (!trace || trace->blocks.empty()) {
+    if (main.pending) {
+      ImGui::TextDisabled("Walking with discrepancy along query %d ...", query_);
+      return;
+    }
+    const std::string why = !main.error.empty() ? main.error : trace ? trace->note : std::string();
+    ImGui::TextDisabled("%s returned no walk trace for this head%s%s", s.method_name(0).c_str(),
+                        why.empty() ? "." : ": ", why.c_str());
+    return;
+  }
+  if (trace.get() != last_trace_) {
+    // A new run (settings, head, seed or query changed): keep round/block when they still exist.
+    last_trace_ = trace.get();
+    round_ = std::clamp(round_, 0, std::max(0, trace->rounds - 1));
+    clamp_block(*trace);
+    step_ = -1;  // show the whole walk until the user plays or scrubs
+  }
+  draw_controls(s, *trace);
+  const WalkBlockTrace* b = current_block(*trace);
+  if (!b || b->sigma.empty()) {
+    ImGui::TextDisabled("No block %d in round %d.", block_, round_);
+    return;
+  }
+  draw_saturation(s, *trace, *b);
+  const int len = static_cast<int>(b->sigma.size());
+  if (step_ >= len) step_ = len - 1;
+  advance_playback(len);
+  const int cur = step_ < 0 ? len - 1 : step_;
+  if (playing_ || step_ >= 0) s.selected_token = b->tokens[cur];
+
+  mark_figure_top();
+  if (compare_ > 0) {
+    draw_side_by_side(s, *trace, *b, cur);
+    return;
+  }
+  const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.4f;
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const float gap = ImGui::GetStyle().ItemSpacing.x;
+  const float plot_w = std::max(px(160), (avail.x - gap) / 2);
+  const float plot_h = std::max(px(130), (avail.y - strip_h - ImGui::GetStyle().ItemSpacing.y) / 2);
+  int hovered = -1;
+  draw_path_plot("##walk_path", *b, cur, ImVec2(plot_w, plot_h), "");
+  ImGui::SameLine();
+  hovered = std::max(hovered, draw_p_plot("##walk_p", *b, cur, ImVec2(plot_w, plot_h), ""));
+  hovered = std::max(hovered, draw_partial_plot(*b, cur, ImVec2(plot_w, plot_h)));
+  ImGui::SameLine();
+  hovered = std::max(
+      hovered, draw_discrepancy_plot("##walk_disc", *trace, *b, cur, ImVec2(plot_w, plot_h), ""));
+  hover_tooltip(s, *b, hovered);
+  draw_strip(s, *b, cur);
+}
+
+nlohmann::json WalkView::export_json(const AppState& s) const {
+  const WalkBlockTrace* b = exported_block(s);
+  if (!b) return nullptr;
+  nlohmann::json j;
+  j["view"] = "walk";
+  j["capture"] = s.capture_path;
+  j["layer"] = s.settings.focus.layer;
+  j["kv_head"] = s.settings.focus.kv_head;
+  j["method"] = s.method_name(0);
+  j["round"] = b->round;
+  j["block"] = b->block;
+  j["trace_query"] = shown_trace(s)->trace_query;
+  const Saturation sat = saturation_of(*b);
+  j["saturation"] = {{"clipped_steps", sat.clipped},
+                     {"steps", sat.steps},
+                     {"share", sat.share()},
+                     {"whole_walk_share", saturation_of(*shown_trace(s)).share()}};
+  j["halving_cut"] = b->halving_cut;
+  j["tokens"] = b->tokens;
+  j["p"] = b->p;
+  j["sigma"] = b->sigma;
+  j["partial"] = b->partial;
+  j["disc_query"] = b->disc_query;
+  j["disc_kernel"] = b->disc_kernel;
+  j["random_disc_query"] = b->random_disc_query;
+  j["random_disc_kernel"] = b->random_disc_kernel;
+  j["kept"] = b->kept;
+  return j;
+}
+
+std::string WalkView::export_csv(const AppState& s) const {
+  const WalkBlockTrace* b = exported_block(s);
+  if (!b) return {};
+  std::ostringstream out;
+  out << "step,token,p,sigma,partial,disc_query,disc_kernel,random_disc_query,"
+         "random_disc_kernel,path_x,path_y,random_path_x,random_path_y,kept\n";
+  for (size_t i = 0; i < b->sigma.size(); ++i) {
+    const auto path = i < b->path.size() ? b->path[i] : std::array<double, 2>{0, 0};
+    const auto rpath = i < b->random_path.size() ? b->random_path[i] : std::array<double, 2>{0, 0};
+    out << i << ',' << at(b->tokens, i) << ',' << at(b->p, i) << ',' << at(b->sigma, i) << ','
+        << at(b->partial, i) << ',' << at(b->disc_query, i) << ',' << at(b->disc_kernel, i) << ','
+        << at(b->random_disc_query, i) << ',' << at(b->random_disc_kernel, i) << ',' << path[0]
+        << ',' << path[1] << ',' << rpath[0] << ',' << rpath[1] << ',' << at(b->kept, i) << '\n';
+  }
+  return out.str();
+}
+
+nlohmann::json WalkView::save_state() const {
+  return {{"round", round_},       {"block", block_}, {"speed", speed_},
+          {"log_scales", symlog_}, {"query", query_}, {"compare", compare_}};
+}
+
+void WalkView::load_state(const nlohmann::json& j) {
+  // Every field is checked before anything changes; a wrong one throws InputError naming it
+  // ("session field \"views.walk.speed\": ..."), and AppUi::load_session refuses the session.
+  const JsonField f(j, "session", "views.walk");
+  const int round = f.get("round", 0, 0, 1 << 20);
+  const int block = f.get("block", 0, 0, 1 << 20);
+  const double speed = f.get("speed", static_cast<double>(speed_), 1.0, 200.0);
+  const bool symlog = f.get("log_scales", symlog_);
+  const int query = f.get("query", -1, -1, 1 << 30);
+  const int compare = f.get("compare", 0, 0, static_cast<int>(walk_comparisons().size()) - 1);
+  round_ = round;
+  block_ = block;
+  speed_ = static_cast<float>(speed);
+  symlog_ = symlog;
+  query_ = query;
+  compare_ = compare;
+}
+
+std::vector<int> WalkView::blocks_of_round(const WalkTrace& t) const {
+  std::vector<int> out;
+  for (size_t i = 0; i < t.blocks.size(); ++i)
+    if (t.blocks[i].round == round_) out.push_back(static_cast<int>(i));
   return out;
 }
 
-class WalkView final : public View {
- public:
-  const char* name() const override { return "walk"; }
-  const char* title() const override { return "Walk"; }
-  const char* help() const override {
-    return "BalanceKV's self-balancing walk for one block and round: the 2-D path of the signed "
-           "partial sums, the probabilities p_i, and the discrepancy against random signs. Play, "
-           "step or scrub through the walk.";
-  }
+void WalkView::clamp_block(const WalkTrace& t) {
+  const int count = static_cast<int>(blocks_of_round(t).size());
+  block_ = std::clamp(block_, 0, std::max(0, count - 1));
+}
 
-  bool ready(const AppState& s) const override {
-    if (!s.capture || !is_walk_method(s.method_name(0))) return true;
-    return (s.run(0) || !s.run_error(0).empty()) && !own(s, kWalkQuery).pending &&
-           !own(s, kWalkCompare).pending;
-  }
+const WalkBlockTrace* WalkView::current_block(const WalkTrace& t) const {
+  const auto idx = blocks_of_round(t);
+  if (idx.empty() || block_ < 0 || block_ >= static_cast<int>(idx.size())) return nullptr;
+  return &t.blocks[static_cast<size_t>(idx[block_])];
+}
 
-  void draw(AppState& s) override {
-    if (!s.info()) {
-      ImGui::TextDisabled("No capture open.");
-      return;
-    }
-    if (!is_walk_method(s.method_name(0))) {
-      ImGui::TextWrapped(
-          "Walk traces come from the self-balancing walk of balancekv (and balancekv-stream). "
-          "Method A is %s.",
-          s.method_name(0).c_str());
-      if (ImGui::Button("Use balancekv as method A")) {
-        s.settings.method[0].name = "balancekv";
-      }
-      return;
-    }
-    if (!s.run_error(0).empty()) {
-      ImGui::TextColored(ImVec4(1, 0.5f, 0.4f, 1), "%s: %s", s.method_name(0).c_str(),
-                         s.run_error(0).c_str());
-      return;
-    }
-    if (!s.run(0)) {
-      ImGui::TextDisabled("Running %s on layer %d, kv head %d ...", s.method_name(0).c_str(),
-                          s.settings.focus.layer, s.settings.focus.kv_head);
-      return;
-    }
-    const OwnTrace main = own(s, kWalkQuery);
-    const auto trace = shown_trace(s);
-    if (!trace || trace->blocks.empty()) {
-      if (main.pending) {
-        ImGui::TextDisabled("Walking with discrepancy along query %d ...", query_);
-        return;
-      }
-      const std::string why = !main.error.empty() ? main.error
-                              : trace             ? trace->note
-                                                  : std::string();
-      ImGui::TextDisabled("%s returned no walk trace for this head%s%s", s.method_name(0).c_str(),
-                          why.empty() ? "." : ": ", why.c_str());
-      return;
-    }
-    if (trace.get() != last_trace_) {
-      // A new run (settings, head, seed or query changed): keep round/block when they still exist.
-      last_trace_ = trace.get();
-      round_ = std::clamp(round_, 0, std::max(0, trace->rounds - 1));
-      clamp_block(*trace);
-      step_ = -1;  // show the whole walk until the user plays or scrubs
-    }
-    draw_controls(s, *trace);
-    const WalkBlockTrace* b = current_block(*trace);
-    if (!b || b->sigma.empty()) {
-      ImGui::TextDisabled("No block %d in round %d.", block_, round_);
-      return;
-    }
-    draw_saturation(s, *trace, *b);
-    const int len = static_cast<int>(b->sigma.size());
-    if (step_ >= len) step_ = len - 1;
-    advance_playback(len);
-    const int cur = step_ < 0 ? len - 1 : step_;
-    if (playing_ || step_ >= 0) s.selected_token = b->tokens[cur];
+const WalkBlockTrace* WalkView::exported_block(const AppState& s) const {
+  const auto t = shown_trace(s);
+  return t ? current_block(*t) : nullptr;
+}
 
-    mark_figure_top();
-    if (compare_ > 0) {
-      draw_side_by_side(s, *trace, *b, cur);
-      return;
-    }
-    const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.4f;
-    const ImVec2 avail = ImGui::GetContentRegionAvail();
-    const float gap = ImGui::GetStyle().ItemSpacing.x;
-    const float plot_w = std::max(px(160), (avail.x - gap) / 2);
-    const float plot_h =
-        std::max(px(130), (avail.y - strip_h - ImGui::GetStyle().ItemSpacing.y) / 2);
-    int hovered = -1;
-    draw_path_plot("##walk_path", *b, cur, ImVec2(plot_w, plot_h), "");
-    ImGui::SameLine();
-    hovered = std::max(hovered, draw_p_plot("##walk_p", *b, cur, ImVec2(plot_w, plot_h), ""));
-    hovered = std::max(hovered, draw_partial_plot(*b, cur, ImVec2(plot_w, plot_h)));
-    ImGui::SameLine();
-    hovered = std::max(
-        hovered, draw_discrepancy_plot("##walk_disc", *trace, *b, cur, ImVec2(plot_w, plot_h), ""));
-    hover_tooltip(s, *b, hovered);
-    draw_strip(s, *b, cur);
-  }
-
-  nlohmann::json export_json(const AppState& s) const override {
-    const WalkBlockTrace* b = exported_block(s);
-    if (!b) return nullptr;
-    nlohmann::json j;
-    j["view"] = "walk";
-    j["capture"] = s.capture_path;
-    j["layer"] = s.settings.focus.layer;
-    j["kv_head"] = s.settings.focus.kv_head;
-    j["method"] = s.method_name(0);
-    j["round"] = b->round;
-    j["block"] = b->block;
-    j["trace_query"] = shown_trace(s)->trace_query;
-    const Saturation sat = saturation_of(*b);
-    j["saturation"] = {{"clipped_steps", sat.clipped},
-                       {"steps", sat.steps},
-                       {"share", sat.share()},
-                       {"whole_walk_share", saturation_of(*shown_trace(s)).share()}};
-    j["halving_cut"] = b->halving_cut;
-    j["tokens"] = b->tokens;
-    j["p"] = b->p;
-    j["sigma"] = b->sigma;
-    j["partial"] = b->partial;
-    j["disc_query"] = b->disc_query;
-    j["disc_kernel"] = b->disc_kernel;
-    j["random_disc_query"] = b->random_disc_query;
-    j["random_disc_kernel"] = b->random_disc_kernel;
-    j["kept"] = b->kept;
-    return j;
-  }
-
-  std::string export_csv(const AppState& s) const override {
-    const WalkBlockTrace* b = exported_block(s);
-    if (!b) return {};
-    std::ostringstream out;
-    out << "step,token,p,sigma,partial,disc_query,disc_kernel,random_disc_query,"
-           "random_disc_kernel,path_x,path_y,random_path_x,random_path_y,kept\n";
-    for (size_t i = 0; i < b->sigma.size(); ++i) {
-      const auto path = i < b->path.size() ? b->path[i] : std::array<double, 2>{0, 0};
-      const auto rpath =
-          i < b->random_path.size() ? b->random_path[i] : std::array<double, 2>{0, 0};
-      out << i << ',' << at(b->tokens, i) << ',' << at(b->p, i) << ',' << at(b->sigma, i) << ','
-          << at(b->partial, i) << ',' << at(b->disc_query, i) << ',' << at(b->disc_kernel, i) << ','
-          << at(b->random_disc_query, i) << ',' << at(b->random_disc_kernel, i) << ',' << path[0]
-          << ',' << path[1] << ',' << rpath[0] << ',' << rpath[1] << ',' << at(b->kept, i) << '\n';
-    }
-    return out.str();
-  }
-
-  nlohmann::json save_state() const override {
-    return {{"round", round_},       {"block", block_}, {"speed", speed_},
-            {"log_scales", symlog_}, {"query", query_}, {"compare", compare_}};
-  }
-  void load_state(const nlohmann::json& j) override {
-    // Every field is checked before anything changes; a wrong one throws InputError naming it
-    // ("session field \"views.walk.speed\": ..."), and AppUi::load_session refuses the session.
-    const JsonField f(j, "session", "views.walk");
-    const int round = f.get("round", 0, 0, 1 << 20);
-    const int block = f.get("block", 0, 0, 1 << 20);
-    const double speed = f.get("speed", static_cast<double>(speed_), 1.0, 200.0);
-    const bool symlog = f.get("log_scales", symlog_);
-    const int query = f.get("query", -1, -1, 1 << 30);
-    const int compare = f.get("compare", 0, 0, static_cast<int>(walk_comparisons().size()) - 1);
-    round_ = round;
-    block_ = block;
-    speed_ = static_cast<float>(speed);
-    symlog_ = symlog;
-    query_ = query;
-    compare_ = compare;
-  }
-
- private:
-  std::vector<int> blocks_of_round(const WalkTrace& t) const {
-    std::vector<int> out;
-    for (size_t i = 0; i < t.blocks.size(); ++i)
-      if (t.blocks[i].round == round_) out.push_back(static_cast<int>(i));
-    return out;
-  }
-  void clamp_block(const WalkTrace& t) {
-    const int count = static_cast<int>(blocks_of_round(t).size());
-    block_ = std::clamp(block_, 0, std::max(0, count - 1));
-  }
-  const WalkBlockTrace* current_block(const WalkTrace& t) const {
-    const auto idx = blocks_of_round(t);
-    if (idx.empty() || block_ < 0 || block_ >= static_cast<int>(idx.size())) return nullptr;
-    return &t.blocks[static_cast<size_t>(idx[block_])];
-  }
-  const WalkBlockTrace* exported_block(const AppState& s) const {
-    const auto t = shown_trace(s);
-    return t ? current_block(*t) : nullptr;
-  }
-
-  // This view's own walks of the focused head (another query for the discrepancy, other
-  // parameters for the side by side) are derived results like the app's: keyed by the settings
-  // they depend on, planned here every frame and run by AppState::reconcile().
-  static constexpr const char* kWalkQuery = "walk.query";
-  static constexpr const char* kWalkCompare = "walk.compare";
-
-  struct OwnTrace {
-    std::shared_ptr<const WalkTrace> trace;
-    std::string error;
-    bool pending = false;  // wanted and not (yet) computed for the current settings
-  };
-  static OwnTrace own(const AppState& s, const char* name) {
-    OwnTrace o;
-    const Result& r = s.result(name);
-    if (r.want.empty()) return o;
-    if (r.key != r.want || r.partial) {
-      o.pending = true;
-      return o;
-    }
-    o.trace = r.ptr<WalkTrace>();
-    o.error = r.error;
+WalkView::OwnTrace WalkView::own(const AppState& s, const char* name) {
+  OwnTrace o;
+  const Result& r = s.result(name);
+  if (r.want.empty()) return o;
+  if (r.key != r.want || r.partial) {
+    o.pending = true;
     return o;
   }
+  o.trace = r.ptr<WalkTrace>();
+  o.error = r.error;
+  return o;
+}
 
-  // The trace the main plots show: the app's run of method A, or this view's own walk when the
-  // user picked another query for the discrepancy.
-  std::shared_ptr<const WalkTrace> shown_trace(const AppState& s) const {
-    if (query_ >= 0) return own(s, kWalkQuery).trace;
-    return s.run(0) ? s.run(0)->selection.trace : nullptr;
-  }
+std::shared_ptr<const WalkTrace> WalkView::shown_trace(const AppState& s) const {
+  if (query_ >= 0) return own(s, kWalkQuery).trace;
+  return s.run(0) ? s.run(0)->selection.trace : nullptr;
+}
 
-  // Method A's settings with a comparison's parameter overrides (only those the method has).
-  static MethodSettings with_overrides(const AppState& s, const ParamValues& overrides) {
-    MethodSettings ms = s.method_settings(0);
-    if (ms.method) ms.params = with_walk_overrides(*ms.method, ms.params, overrides);
-    return ms;
-  }
+MethodSettings WalkView::with_overrides(const AppState& s, const ParamValues& overrides) {
+  MethodSettings ms = s.method_settings(0);
+  if (ms.method) ms.params = with_walk_overrides(*ms.method, ms.params, overrides);
+  return ms;
+}
 
-  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
-    out.emplace_back(kWalkQuery, plan_trace(s, query_ >= 0, {}));
-    out.emplace_back(
-        kWalkCompare,
-        plan_trace(s, compare_ > 0,
-                   walk_comparisons()[static_cast<size_t>(std::max(0, compare_))].overrides));
-  }
+void WalkView::plan(const AppState& s, std::vector<NamedPlan>& out) const {
+  out.emplace_back(kWalkQuery, plan_trace(s, query_ >= 0, {}));
+  out.emplace_back(
+      kWalkCompare,
+      plan_trace(s, compare_ > 0,
+                 walk_comparisons()[static_cast<size_t>(std::max(0, compare_))].overrides));
+}
 
-  JobPlan plan_trace(const AppState& s, bool needed, const ParamValues& overrides) const {
-    JobPlan p;
-    if (!needed || !s.capture || !is_walk_method(s.method_name(0)) || !s.method(0)) return p;
-    const MethodSettings ms = with_overrides(s, overrides);
-    const Focus f = s.settings.focus;
-    const int q = query_;
-    p.key = "walk|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|L" +
-            std::to_string(f.layer) + "H" + std::to_string(f.kv_head) + "|" + ms.method->name() +
-            nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
-            "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
-            "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
-            "|q=" + std::to_string(q);
-    std::shared_ptr<const LayerData> layer = s.focus_layer();
-    if (!layer) {
-      p.waiting = "loading layer " + std::to_string(f.layer);
-      return p;
-    }
-    if (s.focus_refused()) {
-      p.key.clear();  // the view says why; nothing to compute
-      return p;
-    }
-    const CaptureInfo& ci = *s.info();
-    const EvalWindow w0 = s.window();
-    p.lane = Lane::Geometry;
-    p.label = "walk " + describe_params(*ms.method, ms.params);
-    // Same work as a focused run (which also records the trace): same cost class and units.
-    p.cost_class = "head:" + ms.method->name();
-    p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
-              (static_cast<double>(w0.eval) * ci.group_size() + 64.0);
-    p.auto_limit_s = 20.0;
-    const int num_layers = ci.num_layers, kv = f.kv_head;
-    const uint64_t seed = static_cast<uint64_t>(s.settings.seed);
-    Backend* be = s.backend();
-    p.returns<WalkTrace>(
-        [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const WalkTrace> {
-          const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
-          const EvalWindow w =
-              EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
-          MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
-          in.want_trace = true;
-          in.trace_query = q;
-          in.cancel = ctx.cancel_flag();
-          in.backend = be;
-          std::shared_ptr<const WalkTrace> tr = ms.method->select(in).trace;
-          if (!tr) throw InputError(ms.method->name() + " returned no walk trace");
-          return tr;
-        });
+JobPlan WalkView::plan_trace(const AppState& s, bool needed, const ParamValues& overrides) const {
+  JobPlan p;
+  if (!needed || !s.capture || !is_walk_method(s.method_name(0)) || !s.method(0)) return p;
+  const MethodSettings ms = with_overrides(s, overrides);
+  const Focus f = s.settings.focus;
+  const int q = query_;
+  p.key = "walk|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|L" +
+          std::to_string(f.layer) + "H" + std::to_string(f.kv_head) + "|" + ms.method->name() +
+          nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
+          "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
+          "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
+          "|q=" + std::to_string(q);
+  std::shared_ptr<const LayerData> layer = s.focus_layer();
+  if (!layer) {
+    p.waiting = "loading layer " + std::to_string(f.layer);
     return p;
   }
-
-  void draw_controls(AppState& s, const WalkTrace& t) {
-    // One toolbar that wraps on narrow windows; every control keeps its place across frames.
-    ImGui::SetNextItemWidth(px(110));
-    if (ImGui::SliderInt("round", &round_, 0, std::max(0, t.rounds - 1))) {
-      clamp_block(t);
-      step_ = -1;
-    }
-    const int blocks = static_cast<int>(blocks_of_round(t).size());
-    toolbar_next(labelled_width(px(140), "block"));
-    ImGui::SetNextItemWidth(px(140));
-    if (ImGui::SliderInt("block", &block_, 0, std::max(0, blocks - 1))) step_ = -1;
-    const WalkBlockTrace* b = current_block(t);
-    const int len = b ? static_cast<int>(b->sigma.size()) : 0;
-    const float play_w = ImGui::CalcTextSize("pause").x + ImGui::GetStyle().FramePadding.x * 2;
-    toolbar_next(button_width("|<") + button_width("<") + play_w + button_width(">") +
-                 button_width(">|") + 4 * ImGui::GetStyle().ItemSpacing.x);
-    if (ImGui::Button("|<")) step_ = 0, playing_ = false;
-    ImGui::SameLine();
-    if (ImGui::Button("<")) step_back(len);
-    ImGui::SameLine();
-    if (ImGui::Button(playing_ ? "pause" : "play", ImVec2(play_w, 0))) toggle_play(len);
-    ImGui::SameLine();
-    if (ImGui::Button(">")) step_forward(len);
-    ImGui::SameLine();
-    if (ImGui::Button(">|")) step_ = len - 1, playing_ = false;
-    int scrub = step_ < 0 ? len - 1 : step_;
-    toolbar_next(labelled_width(px(200), "step"));
-    ImGui::SetNextItemWidth(px(200));
-    if (ImGui::SliderInt("step", &scrub, 0, std::max(0, len - 1))) step_ = scrub, playing_ = false;
-    toolbar_next(labelled_width(px(80), "steps/s"));
-    ImGui::SetNextItemWidth(px(80));
-    ImGui::SliderFloat("steps/s", &speed_, 1.0f, 120.0f, "%.0f");
-    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scales"));
-    ImGui::Checkbox("log scales", &symlog_);
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip(
-          "Kernel entries exp(<k_i,k_j>/sqrt d) of real keys span many decades. When a series\n"
-          "spans more than three, draw it on a symmetric log (sums, path) or log (norms) axis.");
-    // The query along which the discrepancy is measured: the last one, or any position.
-    const int n = s.num_tokens();
-    const EvalWindow w = s.window();
-    const int qlo = std::max(0, n - std::max(1, w.eval));
-    bool last = query_ < 0;
-    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "last query") + px(150) +
-                 labelled_width(0, "query"));
-    if (ImGui::Checkbox("last query", &last)) query_ = last ? -1 : std::max(qlo, n - 2);
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip(
-          "The discrepancy plot measures the prefix along one query q:\n"
-          "|sum_j sigma_j exp(<k_j,q>/sqrt d) v_j|. Untick to choose the query position.");
-    ImGui::SameLine();
-    ImGui::SetNextItemWidth(px(150));
-    int qpos = query_ < 0 ? n - 1 : query_;
-    if (last) ImGui::BeginDisabled();
-    if (ImGui::SliderInt("query", &qpos, qlo, std::max(qlo, n - 1))) query_ = qpos;
-    if (last) ImGui::EndDisabled();
-    toolbar_next(labelled_width(px(210), "compare with"));
-    ImGui::SetNextItemWidth(px(210));
-    const auto& cmp = walk_comparisons();
-    if (ImGui::BeginCombo("compare with", cmp[static_cast<size_t>(compare_)].label)) {
-      for (size_t i = 0; i < cmp.size(); ++i)
-        if (ImGui::Selectable(cmp[i].label, static_cast<int>(i) == compare_))
-          compare_ = static_cast<int>(i);
-      ImGui::EndCombo();
-    }
-    if (ImGui::IsItemHovered())
-      ImGui::SetTooltip(
-          "Side by side: the same block walked with the current settings and with these.");
-
-    std::string info = "L" + std::to_string(s.settings.focus.layer) + " H" +
-                       std::to_string(s.settings.focus.kv_head) + ", " + s.method_name(0) + " (" +
-                       describe_params(*s.method(0), s.method_settings(0).params) +
-                       "): " + std::to_string(t.rounds) + " round(s), " + std::to_string(blocks) +
-                       " block(s) in round " + std::to_string(round_) + ", " + std::to_string(len) +
-                       " tokens in this block";
-    if (t.trace_query >= 0) info += "; discrepancy along query " + std::to_string(t.trace_query);
-    ImGui::TextWrapped("%s%s%s", info.c_str(), t.note.empty() ? "" : ". ", t.note.c_str());
+  if (s.focus_refused()) {
+    p.key.clear();  // the view says why; nothing to compute
+    return p;
   }
+  const CaptureInfo& ci = *s.info();
+  const EvalWindow w0 = s.window();
+  p.lane = Lane::Geometry;
+  p.label = "walk " + describe_params(*ms.method, ms.params);
+  // Same work as a focused run (which also records the trace): same cost class and units.
+  p.cost_class = "head:" + ms.method->name();
+  p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
+            (static_cast<double>(w0.eval) * ci.group_size() + 64.0);
+  p.auto_limit_s = 20.0;
+  const int num_layers = ci.num_layers, kv = f.kv_head;
+  const uint64_t seed = static_cast<uint64_t>(s.settings.seed);
+  Backend* be = s.backend();
+  p.returns<WalkTrace>(
+      [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const WalkTrace> {
+        const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
+        const EvalWindow w =
+            EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
+        MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
+        in.want_trace = true;
+        in.trace_query = q;
+        in.cancel = ctx.cancel_flag();
+        in.backend = be;
+        std::shared_ptr<const WalkTrace> tr = ms.method->select(in).trace;
+        if (!tr) throw InputError(ms.method->name() + " returned no walk trace");
+        return tr;
+      });
+  return p;
+}
 
-  // The saturation line: how many p_i were clipped, what that means, and what to try.
-  void draw_saturation(AppState& s, const WalkTrace& t, const WalkBlockTrace& b) {
-    const Saturation blk = saturation_of(b), all = saturation_of(t);
-    char line[512];
-    std::snprintf(line, sizeof line,
-                  "Saturation: %.0f%% of this block's %d steps (%.0f%% of the whole walk) have "
-                  "p_i <= 0 or >= 1 before clipping.",
-                  100 * blk.share(), blk.steps, 100 * all.share());
-    const bool high = blk.share() > 0.5;
-    const Method* m = s.method(0);
-    // A remedy is offered only when it changes the settings (issue 24: the same advice came back
-    // after it had been taken, and "compare side by side" compared two identical settings).
-    const int remedy = high && m ? saturation_remedy(*m, s.method_settings(0).params) : -1;
-    const char* remedy_name =
-        remedy > 0 ? walk_comparisons()[static_cast<size_t>(remedy)].short_label : "";
-    std::string advice = "Most signs are drawn at random with a bias: the walk balances.";
-    if (high)
-      advice = std::string(
-                   "Those signs are forced: the walk is deterministic there and does no random "
-                   "balancing (one or two huge kernel entries decide). ") +
-               (remedy > 0 ? std::string("Try ") + remedy_name +
-                                 " to bring p_i back into (0, 1); compare it side by side first."
-                           : std::string("None of this view's remedies (temp 0.1 with block 256, "
-                                         "temp 0.1, gamma 0) changes these settings: this "
-                                         "head's kernel entries are extreme at any of them."));
-    ImGui::PushStyleColor(ImGuiCol_Text,
-                          high ? ImVec4(1.0f, 0.78f, 0.35f, 1) : ImVec4(0.75f, 0.77f, 0.8f, 1));
-    ImGui::TextWrapped("%s %s", line, advice.c_str());
-    ImGui::PopStyleColor();
-    if (remedy > 0) {
-      const std::string use = std::string("use ") + remedy_name;
-      toolbar_next(button_width(use.c_str()));
-      if (ImGui::Button(use.c_str())) {
-        // A settings edit: reconcile() re-runs method A (and everything keyed on its params).
-        ParamValues& pv = s.settings.method[0].params;
-        pv = with_walk_overrides(*m, pv, walk_comparisons()[static_cast<size_t>(remedy)].overrides);
-        if (compare_ == remedy) compare_ = 0;  // it would compare the settings with themselves
-      }
-      if (compare_ != remedy) {
-        toolbar_next(button_width("compare side by side"));
-        if (ImGui::Button("compare side by side")) compare_ = remedy;
-      }
+void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
+  // One toolbar that wraps on narrow windows; every control keeps its place across frames.
+  ImGui::SetNextItemWidth(px(110));
+  if (ImGui::SliderInt("round", &round_, 0, std::max(0, t.rounds - 1))) {
+    clamp_block(t);
+    step_ = -1;
+  }
+  const int blocks = static_cast<int>(blocks_of_round(t).size());
+  toolbar_next(labelled_width(px(140), "block"));
+  ImGui::SetNextItemWidth(px(140));
+  if (ImGui::SliderInt("block", &block_, 0, std::max(0, blocks - 1))) step_ = -1;
+  const WalkBlockTrace* b = current_block(t);
+  const int len = b ? static_cast<int>(b->sigma.size()) : 0;
+  const float play_w = ImGui::CalcTextSize("pause").x + ImGui::GetStyle().FramePadding.x * 2;
+  toolbar_next(button_width("|<") + button_width("<") + play_w + button_width(">") +
+               button_width(">|") + 4 * ImGui::GetStyle().ItemSpacing.x);
+  if (ImGui::Button("|<")) step_ = 0, playing_ = false;
+  ImGui::SameLine();
+  if (ImGui::Button("<")) step_back(len);
+  ImGui::SameLine();
+  if (ImGui::Button(playing_ ? "pause" : "play", ImVec2(play_w, 0))) toggle_play(len);
+  ImGui::SameLine();
+  if (ImGui::Button(">")) step_forward(len);
+  ImGui::SameLine();
+  if (ImGui::Button(">|")) step_ = len - 1, playing_ = false;
+  int scrub = step_ < 0 ? len - 1 : step_;
+  toolbar_next(labelled_width(px(200), "step"));
+  ImGui::SetNextItemWidth(px(200));
+  if (ImGui::SliderInt("step", &scrub, 0, std::max(0, len - 1))) step_ = scrub, playing_ = false;
+  toolbar_next(labelled_width(px(80), "steps/s"));
+  ImGui::SetNextItemWidth(px(80));
+  ImGui::SliderFloat("steps/s", &speed_, 1.0f, 120.0f, "%.0f");
+  toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scales"));
+  ImGui::Checkbox("log scales", &symlog_);
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip(
+        "Kernel entries exp(<k_i,k_j>/sqrt d) of real keys span many decades. When a series\n"
+        "spans more than three, draw it on a symmetric log (sums, path) or log (norms) axis.");
+  // The query along which the discrepancy is measured: the last one, or any position.
+  const int n = s.num_tokens();
+  const EvalWindow w = s.window();
+  const int qlo = std::max(0, n - std::max(1, w.eval));
+  bool last = query_ < 0;
+  toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "last query") + px(150) +
+               labelled_width(0, "query"));
+  if (ImGui::Checkbox("last query", &last)) query_ = last ? -1 : std::max(qlo, n - 2);
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip(
+        "The discrepancy plot measures the prefix along one query q:\n"
+        "|sum_j sigma_j exp(<k_j,q>/sqrt d) v_j|. Untick to choose the query position.");
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(px(150));
+  int qpos = query_ < 0 ? n - 1 : query_;
+  if (last) ImGui::BeginDisabled();
+  if (ImGui::SliderInt("query", &qpos, qlo, std::max(qlo, n - 1))) query_ = qpos;
+  if (last) ImGui::EndDisabled();
+  toolbar_next(labelled_width(px(210), "compare with"));
+  ImGui::SetNextItemWidth(px(210));
+  const auto& cmp = walk_comparisons();
+  if (ImGui::BeginCombo("compare with", cmp[static_cast<size_t>(compare_)].label)) {
+    for (size_t i = 0; i < cmp.size(); ++i)
+      if (ImGui::Selectable(cmp[i].label, static_cast<int>(i) == compare_))
+        compare_ = static_cast<int>(i);
+    ImGui::EndCombo();
+  }
+  if (ImGui::IsItemHovered())
+    ImGui::SetTooltip(
+        "Side by side: the same block walked with the current settings and with these.");
+
+  std::string info = "L" + std::to_string(s.settings.focus.layer) + " H" +
+                     std::to_string(s.settings.focus.kv_head) + ", " + s.method_name(0) + " (" +
+                     describe_params(*s.method(0), s.method_settings(0).params) +
+                     "): " + std::to_string(t.rounds) + " round(s), " + std::to_string(blocks) +
+                     " block(s) in round " + std::to_string(round_) + ", " + std::to_string(len) +
+                     " tokens in this block";
+  if (t.trace_query >= 0) info += "; discrepancy along query " + std::to_string(t.trace_query);
+  ImGui::TextWrapped("%s%s%s", info.c_str(), t.note.empty() ? "" : ". ", t.note.c_str());
+}
+
+void WalkView::draw_saturation(AppState& s, const WalkTrace& t, const WalkBlockTrace& b) {
+  const Saturation blk = saturation_of(b), all = saturation_of(t);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "Saturation: %.0f%% of this block's %d steps (%.0f%% of the whole walk) have "
+                "p_i <= 0 or >= 1 before clipping.",
+                100 * blk.share(), blk.steps, 100 * all.share());
+  const bool high = blk.share() > 0.5;
+  const Method* m = s.method(0);
+  // A remedy is offered only when it changes the settings (issue 24: the same advice came back
+  // after it had been taken, and "compare side by side" compared two identical settings).
+  const int remedy = high && m ? saturation_remedy(*m, s.method_settings(0).params) : -1;
+  const char* remedy_name =
+      remedy > 0 ? walk_comparisons()[static_cast<size_t>(remedy)].short_label : "";
+  std::string advice = "Most signs are drawn at random with a bias: the walk balances.";
+  if (high)
+    advice = std::string(
+                 "Those signs are forced: the walk is deterministic there and does no random "
+                 "balancing (one or two huge kernel entries decide). ") +
+             (remedy > 0 ? std::string("Try ") + remedy_name +
+                               " to bring p_i back into (0, 1); compare it side by side first."
+                         : std::string("None of this view's remedies (temp 0.1 with block 256, "
+                                       "temp 0.1, gamma 0) changes these settings: this "
+                                       "head's kernel entries are extreme at any of them."));
+  ImGui::PushStyleColor(ImGuiCol_Text,
+                        high ? ImVec4(1.0f, 0.78f, 0.35f, 1) : ImVec4(0.75f, 0.77f, 0.8f, 1));
+  ImGui::TextWrapped("%s %s", line, advice.c_str());
+  ImGui::PopStyleColor();
+  if (remedy > 0) {
+    const std::string use = std::string("use ") + remedy_name;
+    toolbar_next(button_width(use.c_str()));
+    if (ImGui::Button(use.c_str())) {
+      // A settings edit: reconcile() re-runs method A (and everything keyed on its params).
+      ParamValues& pv = s.settings.method[0].params;
+      pv = with_walk_overrides(*m, pv, walk_comparisons()[static_cast<size_t>(remedy)].overrides);
+      if (compare_ == remedy) compare_ = 0;  // it would compare the settings with themselves
+    }
+    if (compare_ != remedy) {
+      toolbar_next(button_width("compare side by side"));
+      if (ImGui::Button("compare side by side")) compare_ = remedy;
     }
   }
+}
 
-  void toggle_play(int len) {
-    playing_ = !playing_;
-    if (playing_ && (step_ < 0 || step_ >= len - 1)) step_ = 0;
-    carry_ = 0;
-  }
-  void step_back(int len) {
-    step_ = std::max(0, (step_ < 0 ? len - 1 : step_) - 1);
+void WalkView::toggle_play(int len) {
+  playing_ = !playing_;
+  if (playing_ && (step_ < 0 || step_ >= len - 1)) step_ = 0;
+  carry_ = 0;
+}
+
+void WalkView::step_back(int len) {
+  step_ = std::max(0, (step_ < 0 ? len - 1 : step_) - 1);
+  playing_ = false;
+}
+
+void WalkView::step_forward(int len) {
+  step_ = std::min(len - 1, (step_ < 0 ? len - 1 : step_) + 1);
+  playing_ = false;
+}
+
+void WalkView::hover_tooltip(AppState& s, const WalkBlockTrace& b, int hovered) {
+  const int len = static_cast<int>(b.sigma.size());
+  if (hovered < 0 || hovered >= len) return;
+  s.hovered_token = b.tokens[hovered];
+  ImGui::BeginTooltip();
+  ImGui::Text("step %d: token %d \"%s\"", hovered, b.tokens[hovered],
+              s.token_text(b.tokens[hovered]).c_str());
+  ImGui::Text("p = %.4f, sigma = %+d, partial sum = %.4g", b.p[hovered], b.sigma[hovered],
+              b.partial[hovered]);
+  if (hovered < static_cast<int>(b.kept.size()))
+    ImGui::Text("%s this round", b.kept[hovered] ? "kept" : "dropped");
+  ImGui::TextDisabled("click: go to this step");
+  ImGui::EndTooltip();
+  if (ImGui::IsMouseClicked(ImGuiMouseButton_Left)) {
+    step_ = hovered;
     playing_ = false;
   }
-  void step_forward(int len) {
-    step_ = std::min(len - 1, (step_ < 0 ? len - 1 : step_) + 1);
-    playing_ = false;
-  }
+}
 
-  void hover_tooltip(AppState& s, const WalkBlockTrace& b, int hovered) {
-    const int len = static_cast<int>(b.sigma.size());
-    if (hovered < 0 || hovered >= len) return;
-    s.hovered_token = b.tokens[hovered];
-    ImGui::BeginTooltip();
-    ImGui::Text("step %d: token %d \"%s\"", hovered, b.tokens[hovered],
-                s.token_text(b.tokens[hovered]).c_str());
-    ImGui::Text("p = %.4f, sigma = %+d, partial sum = %.4g", b.p[hovered], b.sigma[hovered],
-                b.partial[hovered]);
-    if (hovered < static_cast<int>(b.kept.size()))
-      ImGui::Text("%s this round", b.kept[hovered] ? "kept" : "dropped");
-    ImGui::TextDisabled("click: go to this step");
-    ImGui::EndTooltip();
-    if (ImGui::IsMouseClicked(ImGuiMouseButton_Left)) {
-      step_ = hovered;
-      playing_ = false;
-    }
+void WalkView::draw_side_by_side(AppState& s, const WalkTrace& t, const WalkBlockTrace& b,
+                                 int cur) {
+  const WalkComparison& c = walk_comparisons()[static_cast<size_t>(compare_)];
+  const Method* m = s.method(0);
+  const std::string left_name = describe_params(*m, s.method_settings(0).params);
+  const std::string right_name =
+      describe_params(*m, with_overrides(s, c.overrides).params) +
+      (walk_overrides_change(*m, s.method_settings(0).params, c.overrides)
+           ? ""
+           : " (the same as the current settings)");
+  const OwnTrace other = own(s, kWalkCompare);
+  const WalkBlockTrace* ob = nullptr;
+  if (other.trace) {
+    const auto idx = blocks_of_round_in(*other.trace, round_);
+    if (block_ < static_cast<int>(idx.size()))
+      ob = &other.trace->blocks[static_cast<size_t>(idx[block_])];
   }
-
-  // The same block walked with the current settings (left) and the comparison's (right): p_i,
-  // the path and the discrepancy, each titled with its settings and saturation.
-  void draw_side_by_side(AppState& s, const WalkTrace& t, const WalkBlockTrace& b, int cur) {
-    const WalkComparison& c = walk_comparisons()[static_cast<size_t>(compare_)];
-    const Method* m = s.method(0);
-    const std::string left_name = describe_params(*m, s.method_settings(0).params);
-    const std::string right_name =
-        describe_params(*m, with_overrides(s, c.overrides).params) +
-        (walk_overrides_change(*m, s.method_settings(0).params, c.overrides)
-             ? ""
-             : " (the same as the current settings)");
-    const OwnTrace other = own(s, kWalkCompare);
-    const WalkBlockTrace* ob = nullptr;
-    if (other.trace) {
-      const auto idx = blocks_of_round_in(*other.trace, round_);
-      if (block_ < static_cast<int>(idx.size()))
-        ob = &other.trace->blocks[static_cast<size_t>(idx[block_])];
-    }
-    const ImVec2 avail = ImGui::GetContentRegionAvail();
-    const float gap = ImGui::GetStyle().ItemSpacing.x;
-    const float w = std::max(px(160), (avail.x - gap) / 2);
-    const bool three = avail.y > px(3 * 150);
-    const float h =
-        std::max(px(120), (avail.y - 2 * ImGui::GetStyle().ItemSpacing.y) / (three ? 3 : 2));
-    auto title = [](const std::string& name, const WalkBlockTrace& blk) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "%s: %.0f%% clipped", name.c_str(),
-                    100 * saturation_of(blk).share());
-      return std::string(buf);
-    };
-    int hovered = -1;
-    const int ocur = ob ? std::min(cur, static_cast<int>(ob->sigma.size()) - 1) : 0;
-    auto placeholder = [&](const char* id) {
-      ImGui::BeginChild(id, ImVec2(w, h), true);
-      if (!other.error.empty())
-        ImGui::TextWrapped("%s", other.error.c_str());
-      else if (other.pending)
-        ImGui::TextDisabled("walking with %s ...", right_name.c_str());
-      else
-        ImGui::TextDisabled("no block %d in round %d with %s", block_, round_, right_name.c_str());
-      ImGui::EndChild();
-    };
-    if (three) {
-      hovered =
-          std::max(hovered, draw_p_plot("##cmp_p_a", b, cur, ImVec2(w, h), title(left_name, b)));
-      ImGui::SameLine();
-      if (ob)
-        draw_p_plot("##cmp_p_b", *ob, ocur, ImVec2(w, h), title(right_name, *ob), false);
-      else
-        placeholder("##cmp_p_b");
-    }
-    draw_path_plot("##cmp_path_a", b, cur, ImVec2(w, h), three ? "" : title(left_name, b));
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const float gap = ImGui::GetStyle().ItemSpacing.x;
+  const float w = std::max(px(160), (avail.x - gap) / 2);
+  const bool three = avail.y > px(3 * 150);
+  const float h =
+      std::max(px(120), (avail.y - 2 * ImGui::GetStyle().ItemSpacing.y) / (three ? 3 : 2));
+  auto title = [](const std::string& name, const WalkBlockTrace& blk) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s: %.0f%% clipped", name.c_str(),
+                  100 * saturation_of(blk).share());
+    return std::string(buf);
+  };
+  int hovered = -1;
+  const int ocur = ob ? std::min(cur, static_cast<int>(ob->sigma.size()) - 1) : 0;
+  auto placeholder = [&](const char* id) {
+    ImGui::BeginChild(id, ImVec2(w, h), true);
+    if (!other.error.empty())
+      ImGui::TextWrapped("%s", other.error.c_str());
+    else if (other.pending)
+      ImGui::TextDisabled("walking with %s ...", right_name.c_str());
+    else
+      ImGui::TextDisabled("no block %d in round %d with %s", block_, round_, right_name.c_str());
+    ImGui::EndChild();
+  };
+  if (three) {
+    hovered =
+        std::max(hovered, draw_p_plot("##cmp_p_a", b, cur, ImVec2(w, h), title(left_name, b)));
     ImGui::SameLine();
     if (ob)
-      draw_path_plot("##cmp_path_b", *ob, ocur, ImVec2(w, h), three ? "" : title(right_name, *ob),
-                     false);
+      draw_p_plot("##cmp_p_b", *ob, ocur, ImVec2(w, h), title(right_name, *ob), false);
     else
-      placeholder("##cmp_path_b");
-    hovered = std::max(hovered,
-                       draw_discrepancy_plot("##cmp_disc_a", t, b, cur, ImVec2(w, h), left_name));
-    ImGui::SameLine();
-    if (ob)
-      draw_discrepancy_plot("##cmp_disc_b", *other.trace, *ob, ocur, ImVec2(w, h), right_name,
-                            false);
-    else
-      placeholder("##cmp_disc_b");
-    hover_tooltip(s, b, hovered);
+      placeholder("##cmp_p_b");
   }
+  draw_path_plot("##cmp_path_a", b, cur, ImVec2(w, h), three ? "" : title(left_name, b));
+  ImGui::SameLine();
+  if (ob)
+    draw_path_plot("##cmp_path_b", *ob, ocur, ImVec2(w, h), three ? "" : title(right_name, *ob),
+                   false);
+  else
+    placeholder("##cmp_path_b");
+  hovered =
+      std::max(hovered, draw_discrepancy_plot("##cmp_disc_a", t, b, cur, ImVec2(w, h), left_name));
+  ImGui::SameLine();
+  if (ob)
+    draw_discrepancy_plot("##cmp_disc_b", *other.trace, *ob, ocur, ImVec2(w, h), right_name, false);
+  else
+    placeholder("##cmp_disc_b");
+  hover_tooltip(s, b, hovered);
+}
 
-  static std::vector<int> blocks_of_round_in(const WalkTrace& t, int round) {
-    std::vector<int> out;
-    for (size_t i = 0; i < t.blocks.size(); ++i)
-      if (t.blocks[i].round == round) out.push_back(static_cast<int>(i));
-    return out;
+std::vector<int> WalkView::blocks_of_round_in(const WalkTrace& t, int round) {
+  std::vector<int> out;
+  for (size_t i = 0; i < t.blocks.size(); ++i)
+    if (t.blocks[i].round == round) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+void WalkView::advance_playback(int len) {
+  if (!playing_) return;
+  carry_ += ImGui::GetIO().DeltaTime * speed_;
+  const int adv = static_cast<int>(carry_);
+  carry_ -= adv;
+  step_ = std::min(len - 1, std::max(0, step_) + adv);
+  if (step_ >= len - 1) playing_ = false;
+  request_next_frame();
+}
+
+void WalkView::draw_strip(AppState& s, const WalkBlockTrace& b, int cur) {
+  const int len = static_cast<int>(b.tokens.size());
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const float width = ImGui::GetContentRegionAvail().x;
+  const float h = ImGui::GetTextLineHeight() + 6;
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  auto token_w = [&](int i) {
+    return ImGui::CalcTextSize(short_text(s.token_text(b.tokens[i])).c_str()).x + 8;
+  };
+  int lo = cur, hi = cur;
+  float left = origin.x + width * 0.5f - token_w(cur) * 0.5f;
+  float right = origin.x + width * 0.5f + token_w(cur) * 0.5f;
+  while (true) {
+    bool grew = false;
+    if (lo > 0 && left - token_w(lo - 1) - 2 > origin.x) left -= token_w(--lo) + 2, grew = true;
+    if (hi < len - 1 && right + token_w(hi + 1) + 2 < origin.x + width)
+      right += token_w(++hi) + 2, grew = true;
+    if (!grew) break;
   }
-
-  void advance_playback(int len) {
-    if (!playing_) return;
-    carry_ += ImGui::GetIO().DeltaTime * speed_;
-    const int adv = static_cast<int>(carry_);
-    carry_ -= adv;
-    step_ = std::min(len - 1, std::max(0, step_) + adv);
-    if (step_ >= len - 1) playing_ = false;
-    request_next_frame();
+  float x = left;
+  for (int i = lo; i <= hi; ++i) {
+    const float w = token_w(i);
+    const ImVec2 a(x, origin.y), c(x + w, origin.y + h);
+    const ImU32 bg = i <= cur ? (b.sigma[i] > 0 ? kColPlus : kColMinus) : kColDropped;
+    dl->AddRectFilled(a, c, with_alpha(bg, i <= cur ? 0.85f : 0.6f), 3.0f);
+    dl->AddText(ImVec2(a.x + 4, a.y + 3), i <= cur ? IM_COL32(10, 10, 12, 255) : kColAxisText,
+                short_text(s.token_text(b.tokens[i])).c_str());
+    if (i == cur) dl->AddRect(a, c, kColHover, 3.0f, 0, 2.0f);
+    if (i == b.halving_cut)
+      dl->AddLine(ImVec2(a.x - 1, a.y - 2), ImVec2(a.x - 1, c.y + 2), kColCut, 2);
+    x += w + 2;
   }
+  ImGui::Dummy(ImVec2(width, h));
+  const int tok = b.tokens[cur];
+  ImGui::TextWrapped(
+      "step %d/%d: token %d \"%s\"  p = %.3f  sigma = %+d%s", cur, len - 1, tok,
+      s.token_text(tok).c_str(), b.p[cur], b.sigma[cur],
+      cur < static_cast<int>(b.kept.size()) ? (b.kept[cur] ? "  (kept)" : "  (dropped)") : "");
+}
 
-  // The walk's prefix sum on the block's top two kernel-PCA directions, against random signs.
-  // Both share the axes (and the log scale); the random-sign path is drawn last, dashed, so it
-  // stays visible where the two overlap.
-  void draw_path_plot(const char* id, const WalkBlockTrace& b, int cur, ImVec2 size,
-                      const std::string& title, bool with_legend = true) {
-    const int n = std::min<int>(cur + 1, static_cast<int>(b.path.size()));
-    std::vector<double> px_, py, rpx, rpy;
-    for (const auto& q : b.path) px_.push_back(q[0]), py.push_back(q[1]);
-    for (const auto& q : b.random_path) rpx.push_back(q[0]), rpy.push_back(q[1]);
-    const SymLog sc = choose_scale({&px_, &py, &rpx, &rpy}, symlog_);
-    std::vector<double> all_x{0}, all_y{0};
-    for (double v : sc.apply(px_)) all_x.push_back(v);
-    for (double v : sc.apply(rpx)) all_x.push_back(v);
-    for (double v : sc.apply(py)) all_y.push_back(v);
-    for (double v : sc.apply(rpy)) all_y.push_back(v);
-    double x0, x1, y0, y1;
-    finite_range(all_x, &x0, &x1, 0.08);
-    finite_range(all_y, &y0, &y1, 0.08);
-    Plot plot(id, size, title.empty() ? "walk path: prefix sum, top-2 kernel PCA" : title,
-              Axis{scale_label("PC 1", sc), x0, x1}, Axis{scale_label("PC 2", sc), y0, y1});
-    std::vector<double> xs{0}, ys{0}, rx{0}, ry{0};
-    for (int i = 0; i < std::min<int>(cur + 1, static_cast<int>(b.random_path.size())); ++i)
-      rx.push_back(sc(rpx[i])), ry.push_back(sc(rpy[i]));
-    for (int i = 0; i < n; ++i) xs.push_back(sc(px_[i])), ys.push_back(sc(py[i]));
-    plot.line(xs, ys, kColWalk, 2.0f);
-    ImDrawList* dl = plot.draw_list();
-    dl->PushClipRect(plot.inner_min(), plot.inner_max(), true);
-    // Each step's sign as a dot on the path, the current position as a ring.
-    for (int i = 0; i < n; ++i)
-      dl->AddCircleFilled(plot.to_screen(xs[i + 1], ys[i + 1]), px(2.5f),
-                          b.sigma[i] > 0 ? kColPlus : kColMinus, 8);
-    dl->PopClipRect();
-    plot.dashed_line(rx, ry, kColRandom, 1.5f);
-    dl->PushClipRect(plot.inner_min(), plot.inner_max(), true);
-    dl->AddCircleFilled(plot.to_screen(0, 0), px(3.5f), kColExact, 10);
-    if (n > 0) dl->AddCircle(plot.to_screen(xs[n], ys[n]), px(7), kColHover, 14, 2);
-    dl->PopClipRect();
-    std::vector<ImVec2> occupied;
-    for (size_t i = 0; i < xs.size(); ++i) occupied.push_back(plot.to_screen(xs[i], ys[i]));
-    for (size_t i = 0; i < rx.size(); ++i) occupied.push_back(plot.to_screen(rx[i], ry[i]));
-    if (with_legend)
-      plot.legend({{"walk (dot: sign + / -)", kColWalk},
-                   {"random signs (dashed)", kColRandom},
-                   {"origin", kColExact}},
-                  plot.emptiest_corner(occupied));
-  }
+}  // namespace kvscope::app::walk
 
-  int draw_p_plot(const char* id, const WalkBlockTrace& b, int cur, ImVec2 size,
-                  const std::string& title, bool with_legend = true) {
-    std::vector<double> x = iota_steps(b.p.size());
-    // p_i outside [0, 1] only means "sign forced"; values far outside are drawn at the edge.
-    constexpr double kLo = -0.5, kHi = 1.5;
-    int outside = 0;
-    for (double v : b.p) outside += (v < kLo || v > kHi);
-    Plot plot(id, size, title.empty() ? "p_i before clipping" : title,
-              Axis{"step i", 0, std::max(1.0, double(b.p.size()) - 1)},
-              Axis{outside ? "p_i (clamped to [-0.5, 1.5])" : "p_i", kLo - 0.05, kHi + 0.05});
-    // The clipped zones, shaded: a dot there is a forced sign.
-    ImDrawList* dl = plot.draw_list();
-    dl->AddRectFilled(plot.to_screen(0, kHi + 0.05), ImVec2(plot.inner_max().x, plot.sy(1)),
-                      IM_COL32(240, 200, 80, 28));
-    dl->AddRectFilled(ImVec2(plot.inner_min().x, plot.sy(0)), plot.inner_max(),
-                      IM_COL32(240, 200, 80, 28));
-    plot.hline(0.5, kColGrid, 1.5f);
-    plot.hline(0, with_alpha(kColAxisText, 0.5f));
-    plot.hline(1, with_alpha(kColAxisText, 0.5f));
-    std::vector<double> pxs, pys, mx, my;
-    for (int i = 0; i <= cur && i < static_cast<int>(b.p.size()); ++i) {
-      const double v = std::clamp(b.p[i], kLo, kHi);
-      (b.sigma[i] > 0 ? pxs : mx).push_back(i);
-      (b.sigma[i] > 0 ? pys : my).push_back(v);
-    }
-    plot.markers(pxs, pys, kColPlus, px(2.5f));
-    plot.markers(mx, my, kColMinus, px(2.5f));
-    mark_cut_and_step(plot, b, cur);
-    if (with_legend)
-      plot.legend({{"sigma = +1", kColPlus},
-                   {"sigma = -1", kColMinus},
-                   {"clipped: sign forced", IM_COL32(240, 200, 80, 90)},
-                   {"halving cut", kColCut}});
-    return plot.hovered() ? plot.nearest_x(x) : -1;
-  }
-
-  int draw_partial_plot(const WalkBlockTrace& b, int cur, ImVec2 size) {
-    std::vector<double> x = iota_steps(b.partial.size());
-    const SymLog sc = choose_scale({&b.partial}, symlog_);
-    const std::vector<double> shown = sc.apply(b.partial);
-    double lo, hi;
-    finite_range(shown, &lo, &hi);
-    Plot plot("##walk_partial", size, "sum_{j<i} K_ij sigma_j",
-              Axis{"step i", 0, std::max(1.0, double(b.partial.size()) - 1)},
-              Axis{scale_label("partial sum", sc), lo, hi});
-    plot.hline(0, kColGrid, 1.5f);
-    std::vector<double> xs(x.begin(), x.begin() + std::min<size_t>(x.size(), cur + 1));
-    std::vector<double> ys(shown.begin(), shown.begin() + std::min<size_t>(shown.size(), cur + 1));
-    plot.line(xs, ys, kColWalk, 1.5f);
-    mark_cut_and_step(plot, b, cur);
-    return plot.hovered() ? plot.nearest_x(x) : -1;
-  }
-
-  int draw_discrepancy_plot(const char* id, const WalkTrace& t, const WalkBlockTrace& b, int cur,
-                            ImVec2 size, const std::string& name, bool with_legend = true) {
-    std::vector<double> x = iota_steps(b.disc_query.size());
-    std::vector<double> all;
-    for (const auto* v :
-         {&b.disc_query, &b.random_disc_query, &b.disc_kernel, &b.random_disc_kernel})
-      all.insert(all.end(), v->begin(), v->end());
-    // Norms over several decades: log axis, zeros (the empty prefix) left out.
-    double lo = 0, hi = 0;
-    for (double v : all)
-      if (std::isfinite(v) && v > 0) lo = lo > 0 ? std::min(lo, v) : v, hi = std::max(hi, v);
-    const bool log_axis = symlog_ && lo > 0 && hi > 100 * lo;
-    if (!log_axis) finite_range(all, &lo, &hi);
-    Axis y{log_axis ? "prefix norm (log)" : "prefix norm", log_axis ? lo / 1.5 : std::min(0.0, lo),
-           log_axis ? hi * 1.5 : hi};
-    if (log_axis) y.scale = Scale::Log10;
-    Plot plot(id, size,
-              name.empty() ? std::string("discrepancy vs random signs") : "discrepancy, " + name,
-              Axis{"step i", 0, std::max(1.0, double(b.disc_query.size()) - 1)}, y);
-    auto upto = [&](const std::vector<double>& v) {
-      std::vector<double> out(v.begin(), v.begin() + std::min<size_t>(v.size(), cur + 1));
-      if (log_axis)
-        for (double& e : out)
-          if (!(e > 0)) e = std::nan("");
-      return out;
-    };
-    const std::vector<double> xs = upto(x);
-    constexpr ImU32 kColQueryLine = kColWalk;
-    constexpr ImU32 kColKernelLine = IM_COL32(230, 160, 60, 255);
-    // The walk solid, random signs dashed on top in the same hue family, same axis.
-    plot.line(xs, upto(b.disc_query), kColQueryLine, 2.0f);
-    plot.line(xs, upto(b.disc_kernel), kColKernelLine, 2.0f);
-    plot.dashed_line(xs, upto(b.random_disc_query), with_alpha(kColRandom, 0.95f), 1.5f);
-    plot.dashed_line(xs, upto(b.random_disc_kernel), with_alpha(kColRandomKernel, 0.95f), 1.5f);
-    mark_cut_and_step(plot, b, cur);
-    const std::string q = t.trace_query >= 0 ? std::to_string(t.trace_query) : "last";
-    std::vector<ImVec2> occupied;
-    for (const auto* v :
-         {&b.disc_query, &b.random_disc_query, &b.disc_kernel, &b.random_disc_kernel})
-      for (size_t i = 0; i < v->size() && i < xs.size(); ++i)
-        if (!log_axis || (*v)[i] > 0) occupied.push_back(plot.to_screen(xs[i], (*v)[i]));
-    const Plot::Corner legend_at = plot.emptiest_corner(occupied);
-    if (with_legend)
-      plot.legend({{"along query " + q + " (walk)", kColQueryLine},
-                   {"kernel norm sqrt(s^T K s) (walk)", kColKernelLine},
-                   {"random signs, along query (dashed)", kColRandom},
-                   {"random signs, kernel norm (dashed)", kColRandomKernel}},
-                  legend_at);
-    ImDrawList* dl = plot.draw_list();
-    // The note sits in a bottom corner the legend does not use.
-    const char* note = "balance holds per direction, not in norm";
-    const ImVec2 ts = ImGui::CalcTextSize(note);
-    const bool note_left = legend_at == Plot::Corner::BottomRight;
-    if (ts.x < plot.inner_max().x - plot.inner_min().x - 12)
-      dl->AddText(ImVec2(note_left ? plot.inner_min().x + 6 : plot.inner_max().x - ts.x - 6,
-                         plot.inner_max().y - ts.y - 4),
-                  kColAxisText, note);
-    return plot.hovered() ? plot.nearest_x(x) : -1;
-  }
-
-  void mark_cut_and_step(const Plot& plot, const WalkBlockTrace& b, int cur) const {
-    if (b.halving_cut >= 0) plot.vline(b.halving_cut, kColCut, 1.5f);
-    plot.vline(cur, with_alpha(kColHover, 0.6f), 1.0f);
-  }
-
-  // The block's tokens around the current step, coloured by the sign drawn so far.
-  void draw_strip(AppState& s, const WalkBlockTrace& b, int cur) {
-    const int len = static_cast<int>(b.tokens.size());
-    ImDrawList* dl = ImGui::GetWindowDrawList();
-    const float width = ImGui::GetContentRegionAvail().x;
-    const float h = ImGui::GetTextLineHeight() + 6;
-    const ImVec2 origin = ImGui::GetCursorScreenPos();
-    auto token_w = [&](int i) {
-      return ImGui::CalcTextSize(short_text(s.token_text(b.tokens[i])).c_str()).x + 8;
-    };
-    int lo = cur, hi = cur;
-    float left = origin.x + width * 0.5f - token_w(cur) * 0.5f;
-    float right = origin.x + width * 0.5f + token_w(cur) * 0.5f;
-    while (true) {
-      bool grew = false;
-      if (lo > 0 && left - token_w(lo - 1) - 2 > origin.x) left -= token_w(--lo) + 2, grew = true;
-      if (hi < len - 1 && right + token_w(hi + 1) + 2 < origin.x + width)
-        right += token_w(++hi) + 2, grew = true;
-      if (!grew) break;
-    }
-    float x = left;
-    for (int i = lo; i <= hi; ++i) {
-      const float w = token_w(i);
-      const ImVec2 a(x, origin.y), c(x + w, origin.y + h);
-      const ImU32 bg = i <= cur ? (b.sigma[i] > 0 ? kColPlus : kColMinus) : kColDropped;
-      dl->AddRectFilled(a, c, with_alpha(bg, i <= cur ? 0.85f : 0.6f), 3.0f);
-      dl->AddText(ImVec2(a.x + 4, a.y + 3), i <= cur ? IM_COL32(10, 10, 12, 255) : kColAxisText,
-                  short_text(s.token_text(b.tokens[i])).c_str());
-      if (i == cur) dl->AddRect(a, c, kColHover, 3.0f, 0, 2.0f);
-      if (i == b.halving_cut)
-        dl->AddLine(ImVec2(a.x - 1, a.y - 2), ImVec2(a.x - 1, c.y + 2), kColCut, 2);
-      x += w + 2;
-    }
-    ImGui::Dummy(ImVec2(width, h));
-    const int tok = b.tokens[cur];
-    ImGui::TextWrapped(
-        "step %d/%d: token %d \"%s\"  p = %.3f  sigma = %+d%s", cur, len - 1, tok,
-        s.token_text(tok).c_str(), b.p[cur], b.sigma[cur],
-        cur < static_cast<int>(b.kept.size()) ? (b.kept[cur] ? "  (kept)" : "  (dropped)") : "");
-  }
-
-  int round_ = 0, block_ = 0;
-  int step_ = -1;  // -1: the whole walk
-  bool playing_ = false;
-  float speed_ = 20.0f, carry_ = 0;
-  bool symlog_ = true;
-  const WalkTrace* last_trace_ = nullptr;  // the trace last shown
-  int query_ = -1;   // query position of the discrepancy (-1: the last one, the app's run)
-  int compare_ = 0;  // index into walk_comparisons(); 0: no side by side
-};
-
-}  // namespace
+namespace kvscope::app {
 
 std::unique_ptr<View> make_walk_view() {
-  return std::make_unique<WalkView>();
+  return std::make_unique<walk::WalkView>();
 }
 
 }  // namespace kvscope::app
