@@ -8,9 +8,11 @@
 //   param     one BalanceKV parameter changed (gamma 4 -> 2): only A's cells are computed again;
 //   ratio     the keep ratio changed (0.25 -> 0.125): every cell;
 //   back      gamma back to 4 at ratio 0.25: nothing is computed (cells in the store).
-// Method B is off unless --ab (then B's cells follow A's in each step).
+// Method B is off unless --ab (then B's cells follow A's in each step). With --disk the exact
+// references are read from and written to the disk tier as the app does
+// (engine/reference_cache.h; KVSCOPE_CACHE_DIR picks the folder): a second run is a reopening.
 //
-//   bench_app_grid CAPTURE [--method balancekv] [--ab]
+//   bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk]
 //
 // A plain timing program, not a Google Benchmark.
 #include <sys/resource.h>
@@ -22,6 +24,7 @@
 #include <thread>
 
 #include "app/app_state.h"
+#include "engine/reference_cache.h"
 
 namespace {
 
@@ -78,7 +81,7 @@ bool until_grid(AppState& s, const char* what, double limit_s = 1800) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_app_grid CAPTURE [--method balancekv] [--ab]\n");
+    std::fprintf(stderr, "usage: bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk]\n");
     return 2;
   }
   std::string method = "balancekv";
@@ -88,6 +91,9 @@ int main(int argc, char** argv) {
       method = argv[++i];
     else if (!std::strcmp(argv[i], "--ab"))
       ab = true;
+    else if (!std::strcmp(argv[i], "--disk"))
+      ReferenceCache::global().set_disk(ReferenceCache::default_disk_dir(),
+                                        ReferenceCache::kDefaultDiskBudget);
   }
   AppState s;
   s.settings.method = {MethodChoice{method, {}}, MethodChoice{"uniform", {}}};

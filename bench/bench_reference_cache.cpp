@@ -5,9 +5,10 @@
 //             every run cost before it), cold (empty cache) and warm;
 //   change    BalanceKV with one parameter changed, the cache warm (the app's grid after a slider
 //             move: the whole 32 x 8 grid);
-//   sweep     gamma = 0, 1, 2, 4, 8 as `kvscope-cli sweep` runs it (one eval per value, in one
-//             process, so starting cold), against one cold eval (and, with --sweep-off, with the
-//             cache off: five times the work of one eval, as before the cache);
+//   sweep     gamma = 0, 1, 2, 4, 8 as `kvscope-cli sweep` runs it (one run_eval for all five
+//             values, EvalSpec::points, in one process, so starting cold), and as it ran before
+//             (one eval per value), against one cold eval (and, with --sweep-off, with the cache
+//             off: five times the work of one eval, as before the cache);
 //   focused   one head (run_head), cold and warm, and the open time;
 // and the process's resident memory after each step.
 //
@@ -146,14 +147,19 @@ int main(int argc, char** argv) {
       change = timed("eval, gamma changed, cache warm", eval);
       spec.params.clear();
     }
-    auto sweep = [&] {
+    auto sweep_evals = [&] {
       for (double g : {0.0, 1.0, 2.0, 4.0, 8.0}) {
         spec.params["balancekv"] = {{"gamma", g}};
         run_eval(*capture, spec);
       }
       spec.params.clear();
     };
-    Timed sweep_off, sweep_on;
+    auto sweep = [&] {
+      for (double g : {0.0, 1.0, 2.0, 4.0, 8.0}) spec.points.push_back({{"gamma", g}});
+      run_eval(*capture, spec).split_points();
+      spec.points.clear();
+    };
+    Timed sweep_off, sweep_on, sweep_five;
     if (method == "balancekv") {
       if (sweep_off_too) {
         cache.clear();
@@ -162,7 +168,9 @@ int main(int argc, char** argv) {
         cache.set_budget(budget);
       }
       cache.clear();
-      sweep_on = timed("sweep gamma=0,1,2,4,8, cache from cold", sweep);
+      sweep_five = timed("sweep gamma=0,1,2,4,8 as five evals, cache from cold", sweep_evals);
+      cache.clear();
+      sweep_on = timed("sweep gamma=0,1,2,4,8 as one run, cache from cold", sweep);
     }
     std::printf("\nratios (wall)\n");
     std::printf("  eval cold / eval cache off                     %.2f\n", cold.wall / off.wall);
@@ -175,10 +183,10 @@ int main(int argc, char** argv) {
         std::printf("  sweep (5 values), cache off / eval cache off   %.2f\n",
                     sweep_off.wall / off.wall);
       // What the CLI does: one process, so `sweep` starts cold, as `eval` does.
-      std::printf("  sweep (5 values) from cold / eval cold         %.2f\n",
-                  sweep_on.wall / cold.wall);
-      std::printf("  same in cpu seconds                            %.2f\n",
-                  sweep_on.cpu / cold.cpu);
+      std::printf("  sweep (5 values, one run) from cold / eval cold  %.2f (cpu %.2f)\n",
+                  sweep_on.wall / cold.wall, sweep_on.cpu / cold.cpu);
+      std::printf("  sweep (5 evals) from cold / eval cold            %.2f (cpu %.2f)\n",
+                  sweep_five.wall / cold.wall, sweep_five.cpu / cold.cpu);
     }
     const ReferenceCacheStats s = cache.stats();
     std::printf("cache    %.0f MiB of %.0f MiB, %d entries, %lld hits, %lld misses\n",
