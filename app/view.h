@@ -65,6 +65,8 @@ std::vector<std::unique_ptr<View>> make_views();
 // makes no view or one whose name is taken (view_registry.cpp).
 using ViewFactory = std::function<std::unique_ptr<View>()>;
 void register_view(ViewFactory factory);
+// Removes the registered view of that name (a test's, so later tests see the built-in list).
+void unregister_view(const std::string& name);
 // The registered factories, in order (make_views() appends their views).
 const std::vector<ViewFactory>& registered_views();
 // Their names ("capture", "method", ...), and the same joined by ", " for help texts.

@@ -26,4 +26,9 @@ void register_view(ViewFactory factory) {
   factories().push_back(std::move(factory));
 }
 
+void unregister_view(const std::string& name) {
+  auto& f = factories();
+  std::erase_if(f, [&](const ViewFactory& make) { return make()->name() == name; });
+}
+
 }  // namespace kvscope::app

@@ -1552,6 +1552,9 @@ TEST(Registry, AViewAndAMethodRegisteredInATestAppearInEveryList) {
         << "the registered method is not in the combo";
   }
   ImGui::DestroyContext();
+  // Later tests of this binary see the built-in lists again.
+  unregister_view("test-toy");
+  EXPECT_FALSE(has_name(view_names(), "test-toy"));
 }
 
 TEST(Registry, DocsNameEveryView) {
