@@ -351,9 +351,31 @@ JobPlan AppState::plan_grid() const {
   return p;
 }
 
+std::vector<std::string> default_sweep_methods() {
+  std::vector<std::string> names = {"uniform", "streaming", "snapkv", "subgen-kcenter",
+                                    "balancekv"};
+  names.erase(std::remove_if(names.begin(), names.end(),
+                             [](const std::string& m) { return !find_method(m); }),
+              names.end());
+  return names;
+}
+
+SweepRequest AppState::sweep_request() const {
+  if (!settings.sweep.methods.empty()) return settings.sweep;
+  SweepRequest r = settings.sweep;  // the ratios, seeds and layers it was left with
+  const auto& shown = settings.panel_view;
+  if (std::find(shown.begin(), shown.end(), "error") == shown.end()) return r;
+  r.methods = default_sweep_methods();
+  for (int k = 0; k < 2; ++k)
+    if ((k == 0 || settings.ab_enabled) &&
+        std::find(r.methods.begin(), r.methods.end(), method_name(k)) == r.methods.end())
+      r.methods.push_back(method_name(k));
+  return r;
+}
+
 JobPlan AppState::plan_sweep() const {
   JobPlan p;
-  const SweepRequest& r = settings.sweep;
+  const SweepRequest r = sweep_request();
   if (!capture || r.methods.empty()) return p;
   const CaptureInfo& ci = capture->info();
   SweepInput in;

@@ -77,6 +77,9 @@ struct SweepRequest {
   bool focused_layer_only = false;
   bool operator==(const SweepRequest&) const = default;
 };
+// The methods the Error view's sweep compares when the user has chosen none (the registered ones
+// of uniform, streaming, snapkv, subgen-kcenter, balancekv); AppState::sweep_request adds A and B.
+std::vector<std::string> default_sweep_methods();
 
 // One method slot (A or B): the method and its own parameter values (only non-defaults).
 struct MethodChoice {
@@ -102,7 +105,7 @@ struct Settings {
   std::string backend = "cpu";                 // cpu | cuda | auto
   int grid_seeds = 0;                          // seeds of the background grid; 0: by capture size
   GridMetric grid_metric = GridMetric::Error;
-  SweepRequest sweep;       // empty methods: no sweep wanted (the Error view fills it in)
+  SweepRequest sweep;       // empty methods: the default (AppState::sweep_request)
   int selected_query = -1;  // absolute position of the Error view's query (-1: default)
   int selected_q_head = 0;  // within the focused kv head's GQA group
   std::string active_view = "capture";
@@ -313,6 +316,10 @@ struct AppState {
     return g ? &g->report : nullptr;
   }
   const EvalReport* sweep() const { return result(kSweep).get<EvalReport>(); }
+  // The sweep the settings ask for: settings.sweep once the user chose one; while it is empty, the
+  // default (default_sweep_methods() and method A, and B when shown) if the Error view is shown,
+  // none otherwise. Opening the Error view changes no setting.
+  SweepRequest sweep_request() const;
   const EntropyGrid* entropy() const { return result(kEntropy).get<EntropyGrid>(); }
   const QueryComparison* query_cmp() const { return result(kQuery).get<QueryComparison>(); }
   // The focused layer, only when it is the one the settings ask for.

@@ -20,27 +20,13 @@ bool ErrorView::ready(const AppState& s) const {
     return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
   };
   if (mode_ == 1) return done(kTune);
-  return done(kSweep) && done(kFocusA) && done(kGrid) && !s.settings.sweep.methods.empty();
+  return done(kSweep) && done(kFocusA) && done(kGrid) && !s.sweep_request().methods.empty();
 }
 
 void ErrorView::draw(AppState& s) {
   if (!s.info()) {
     ImGui::TextDisabled("No capture open.");
     return;
-  }
-  // The first visit asks for the sweep with the protocol's ratios (a setting like any other:
-  // reconcile() runs it, or holds it for a Run click when it is costly).
-  if (s.settings.sweep.methods.empty()) {
-    SweepRequest r;
-    r.methods = {"uniform", "streaming", "snapkv", "subgen-kcenter", "balancekv"};
-    r.methods.erase(std::remove_if(r.methods.begin(), r.methods.end(),
-                                   [](const std::string& m) { return !find_method(m); }),
-                    r.methods.end());
-    for (int k = 0; k < 2; ++k)
-      if ((k == 0 || s.settings.ab_enabled) &&
-          std::find(r.methods.begin(), r.methods.end(), s.method_name(k)) == r.methods.end())
-        r.methods.push_back(s.method_name(k));
-    s.settings.sweep = r;
   }
   ImGui::RadioButton("overview", &mode_, 0);
   toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
@@ -199,7 +185,10 @@ void ErrorView::plan(const AppState& s, std::vector<NamedPlan>& out) const {
 }
 
 void ErrorView::draw_sweep(AppState& s) {
-  SweepRequest& req = s.settings.sweep;
+  // The controls show the sweep asked for (the default until the user changes it); a change
+  // makes it the setting.
+  const SweepRequest asked = s.sweep_request();
+  SweepRequest req = asked;
   if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
   if (ImGui::BeginPopup("##methods")) {
     for (const Method* m : all_methods()) {
@@ -239,6 +228,7 @@ void ErrorView::draw_sweep(AppState& s) {
   }
   toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
   ImGui::Checkbox("focused layer only", &req.focused_layer_only);
+  if (req != asked) s.settings.sweep = req;
   draw_result_status(s, kSweep, "sweep");
 
   // Series from the summary: mean over heads, spread = std over seeds of the head mean.
@@ -276,7 +266,7 @@ void ErrorView::draw_sweep(AppState& s) {
       all_y.push_back(sr.hi.back());
       ratios.push_back(e.ratio);
     }
-    for (const std::string& m : s.settings.sweep.methods)
+    for (const std::string& m : asked.methods)
       if (by.count(m)) {
         Series sr = by[m];
         std::vector<size_t> ord(sr.x.size());

@@ -434,3 +434,35 @@ TEST(RecentFiles, TheMenuOpensAnEntryAndAVanishedOneIsDisabled) {
   }
   ImGui::DestroyContext();
 }
+
+// Issue 25 item 3: opening a view changes no setting. The Error view's sweep is derived (an empty
+// settings.sweep is the default request while the view is shown), not written on the first visit.
+TEST(ErrorView, OpeningItChangesNoSettingAndAsksForTheDefaultSweep) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    s.request_open(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors");
+    for (int i = 0; i < 3000 && !s.capture; ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(s.capture) << s.load_error;
+    EXPECT_TRUE(s.sweep_request().methods.empty()) << "a sweep is asked for with no Error view";
+    EXPECT_EQ(s.result(kSweep).want, "");
+    ui.show_view("error");  // as a tab click does: the panel's view is a setting
+    for (int f = 0; f < 10 && !s.ui_items.count("sweep:ratios"); ++f) frame(s, ui);
+    ASSERT_TRUE(s.ui_items.count("sweep:ratios")) << "the Error view was not drawn";
+    EXPECT_TRUE(s.settings.sweep.methods.empty()) << "the first visit wrote the sweep setting";
+    const Settings before = s.settings;
+    for (int f = 0; f < 60; ++f) frame(s, ui);
+    EXPECT_TRUE(s.settings == before) << "drawing the Error view changed a setting";
+    EXPECT_TRUE(s.settings.sweep.methods.empty());
+    const std::vector<std::string> asked = s.sweep_request().methods;
+    for (const std::string& m : default_sweep_methods())
+      EXPECT_NE(std::find(asked.begin(), asked.end(), m), asked.end()) << m;
+    EXPECT_NE(std::find(asked.begin(), asked.end(), s.method_name(0)), asked.end());
+    EXPECT_NE(s.result(kSweep).want, "") << "the default sweep is not planned";
+  }
+  ImGui::DestroyContext();
+}
