@@ -10,6 +10,7 @@
 #include "engine/attention.h"
 #include "engine/backend.h"
 #include "engine/error.h"
+#include "engine/printable.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -256,18 +257,7 @@ int AppState::effective_query() const {
 std::string AppState::token_text(int i) const {
   const CaptureInfo* ci = info();
   if (!ci || i < 0 || i >= static_cast<int>(ci->tokens.size())) return {};
-  std::string out;
-  for (char c : ci->tokens[static_cast<size_t>(i)]) {
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\t')
-      out += "\\t";
-    else if (c == '\r')
-      out += "\\r";
-    else
-      out += c;
-  }
-  return out;
+  return printable(ci->tokens[static_cast<size_t>(i)]);
 }
 
 std::pair<int, int> AppState::progress(const std::string& name) const {
