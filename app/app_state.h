@@ -199,8 +199,8 @@ struct JobPlan {
     };
   }
 
-  // A job derived from its input (docs/design.md, "Keys and results"): `in` holds every value the job reads
-  // (a struct with nlohmann's to_json, declared beside it with
+  // A job derived from its input (docs/design.md, "Keys and results"): `in` holds every value the
+  // job reads (a struct with nlohmann's to_json, declared beside it with
   // NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE), the key is `kind` and all of `in`, and `fn` is a plain
   // function (no captures) of `in` and of the handles `in` identifies (the capture by its id, a
   // layer by its index, the backend by its name). So nothing the job reads can be missing from
