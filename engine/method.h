@@ -181,29 +181,4 @@ const std::vector<std::string>& wrapper_names();
 // Parses "a,b,c" or "all"; throws InputError naming the unknown method.
 std::vector<const Method*> parse_method_list(const std::string& list);
 
-// Factories, one per method file in engine/methods/.
-std::unique_ptr<Method> make_exact();
-std::unique_ptr<Method> make_uniform();
-std::unique_ptr<Method> make_streaming();
-std::unique_ptr<Method> make_h2o();
-std::unique_ptr<Method> make_snapkv();
-std::unique_ptr<Method> make_pyramidkv();
-std::unique_ptr<Method> make_tova();
-std::unique_ptr<Method> make_knorm();
-// Ports of kvpress presses (docs/methods.md, "kvpress presses").
-std::unique_ptr<Method> make_keydiff();
-std::unique_ptr<Method> make_lagkv();
-std::unique_ptr<Method> make_cur();
-std::unique_ptr<Method> make_expected_attention();
-std::unique_ptr<Method> make_compactor();
-// Wrappers of kvpress (docs/methods.md): `inner` must rank by score; it must outlive the result.
-std::unique_ptr<Method> make_adakv(const Method& inner);
-std::unique_ptr<Method> make_chunkkv(const Method& inner);
-std::unique_ptr<Method> make_criticalkv(const Method& inner);
-std::unique_ptr<Method> make_subgen();
-std::unique_ptr<Method> make_subgen_kcenter();
-std::unique_ptr<Method> make_buzz();
-std::unique_ptr<Method> make_balancekv();
-std::unique_ptr<Method> make_balancekv_stream();
-
 }  // namespace kvscope

@@ -11,30 +11,50 @@
 
 namespace kvscope {
 
+// The built-in methods, in display order: one line each. Adding a method is its file in
+// engine/methods/ (defining `std::unique_ptr<Method> make_<id>()` in namespace kvscope, the
+// method's name() free to differ from <id>) plus its line here; nothing else names it
+// (docs/methods.md, "Adding a method"). An explicit list rather than self-registering statics,
+// which the linker drops from a static library when nothing else references their file.
+#define KVSCOPE_BUILTIN_METHODS(X) \
+  X(exact)                         \
+  X(uniform)                       \
+  X(streaming)                     \
+  X(h2o)                           \
+  X(snapkv)                        \
+  X(pyramidkv)                     \
+  X(tova)                          \
+  X(knorm)                         \
+  X(keydiff)                       \
+  X(lagkv)                         \
+  X(cur)                           \
+  X(expected_attention)            \
+  X(compactor)                     \
+  X(subgen)                        \
+  X(subgen_kcenter)                \
+  X(buzz)                          \
+  X(balancekv)                     \
+  X(balancekv_stream)
+
+// Their factories, one per file of engine/methods/.
+#define KVSCOPE_DECLARE_FACTORY(id) std::unique_ptr<Method> make_##id();
+KVSCOPE_BUILTIN_METHODS(KVSCOPE_DECLARE_FACTORY)
+#undef KVSCOPE_DECLARE_FACTORY
+// The wrappers of kvpress (docs/methods.md; wrapper_names() below): `inner` must rank by score
+// and outlive the result.
+std::unique_ptr<Method> make_adakv(const Method& inner);
+std::unique_ptr<Method> make_chunkkv(const Method& inner);
+std::unique_ptr<Method> make_criticalkv(const Method& inner);
+
 namespace {
 
-// The methods of engine/methods/, in display order, then those given to register_method.
+// The built-in methods, then those given to register_method.
 std::vector<std::unique_ptr<Method>>& base_methods() {
   static std::vector<std::unique_ptr<Method>> owned = [] {
     std::vector<std::unique_ptr<Method>> m;
-    m.push_back(make_exact());
-    m.push_back(make_uniform());
-    m.push_back(make_streaming());
-    m.push_back(make_h2o());
-    m.push_back(make_snapkv());
-    m.push_back(make_pyramidkv());
-    m.push_back(make_tova());
-    m.push_back(make_knorm());
-    m.push_back(make_keydiff());
-    m.push_back(make_lagkv());
-    m.push_back(make_cur());
-    m.push_back(make_expected_attention());
-    m.push_back(make_compactor());
-    m.push_back(make_subgen());
-    m.push_back(make_subgen_kcenter());
-    m.push_back(make_buzz());
-    m.push_back(make_balancekv());
-    m.push_back(make_balancekv_stream());
+#define KVSCOPE_MAKE_METHOD(id) m.push_back(make_##id());
+    KVSCOPE_BUILTIN_METHODS(KVSCOPE_MAKE_METHOD)
+#undef KVSCOPE_MAKE_METHOD
     return m;
   }();
   return owned;
