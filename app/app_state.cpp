@@ -275,8 +275,8 @@ void AppState::resolve_backend() {
     backend_ = &b;
     backend_resolved_ = settings.backend;
     backend_active = b.name();
-    if (b.is_gpu())
-      backend_note = "GPU in use";
+    if (&b != &cpu_backend())
+      backend_note = b.name() + " in use";
     else
       backend_note = cuda ? "CUDA available but not selected" : "CUDA not used: " + why;
   } catch (const std::exception& e) {

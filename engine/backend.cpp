@@ -18,7 +18,6 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
-  bool is_gpu() const override { return false; }
   void walk_blocks(const WalkBatch& b) override { cpu_walk_blocks(b); }
   void attention_errors(const ErrorBatch& b) override { cpu_attention_errors(b); }
   double tsne_gradient(const TsneGradInput& in, float* grad) override {

@@ -51,7 +51,6 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu" or "cuda (NVIDIA H100 ...)"
-  virtual bool is_gpu() const = 0;       // for display: which kind of processor runs the ops
   // Whether this backend runs `shape` itself; when not, `why` (if given) says why. Asked by
   // FallbackBackend before each op. The CPU supports every shape.
   virtual bool supports(const OpShape& shape, std::string* why = nullptr) const { return true; }
@@ -60,7 +59,8 @@ class Backend {
   // attention_errors, and t-SNE keeps the exact gradient at any size. False (the CPU): callers
   // spread heads over CPU threads and take the CPU's own shortcuts (each block walked while in
   // cache, the exact-reference cache, FFT repulsion, 16-bit columns). Results do not depend on it.
-  virtual bool parallel_in_one_call() const { return is_gpu(); }
+  // Which processor runs the ops is said by name() and by whether this is cpu_backend().
+  virtual bool parallel_in_one_call() const { return false; }
   virtual void walk_blocks(const WalkBatch& batch) = 0;
   virtual void attention_errors(const ErrorBatch& batch) = 0;
   // grad: n x 2. Returns the KL divergence when cheap to compute, else NaN.
@@ -80,7 +80,6 @@ class FallbackBackend final : public Backend {
   // CPU"). `device` must outlive this.
   FallbackBackend(std::string label, Backend& device);
   std::string name() const override { return device_.name(); }
-  bool is_gpu() const override { return device_.is_gpu(); }
   bool parallel_in_one_call() const override { return device_.parallel_in_one_call(); }
   // Every shape runs, on the device or on the CPU.
   bool supports(const OpShape&, std::string* = nullptr) const override { return true; }

@@ -45,7 +45,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return name_; }
-  bool is_gpu() const override { return true; }
+  bool parallel_in_one_call() const override { return true; }
 
   // Everything runs except what the kernels' tiles cannot hold (known before any upload).
   bool supports(const OpShape& s, std::string* why) const override {

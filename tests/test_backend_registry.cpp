@@ -29,7 +29,7 @@ constexpr double kMarker = -7.0;  // what the fake device writes: tells its resu
 class FakeDevice final : public Backend {
  public:
   std::string name() const override { return "fake device"; }
-  bool is_gpu() const override { return true; }
+  bool parallel_in_one_call() const override { return true; }
   bool supports(const OpShape& s, std::string* why) const override {
     if (s.op == Op::attention_errors && s.d > 32) {
       if (why) *why = "d=" + std::to_string(s.d) + " is wider than the fake tiles";
@@ -101,12 +101,13 @@ TEST(BackendRegistry, RegistrarsAddBackendsAndSelectWrapsThem) {
   FallbackBackend& b = fake();
   EXPECT_EQ(&select_backend("fake"), &b) << "one wrapped backend per program";
   EXPECT_EQ(b.name(), "fake device");
-  EXPECT_TRUE(b.is_gpu());
+  EXPECT_NE(&b, &cpu_backend());
   EXPECT_TRUE(b.parallel_in_one_call());
   std::string why;
   EXPECT_TRUE(backend_available("fake", &why));
   EXPECT_EQ(why, "fake device 0");
-  EXPECT_TRUE(select_backend("auto").is_gpu()) << "auto takes a registered device that answers";
+  EXPECT_NE(&select_backend("auto"), &cpu_backend())
+      << "auto takes a registered device that answers";
 
   EXPECT_FALSE(backend_available("fake-absent", &why));
   EXPECT_EQ(why, "no fake device on this machine");

@@ -57,9 +57,10 @@ TEST(CudaProbe, ReportsWhyWhenNoDeviceAndSelectBackendFollows) {
   EXPECT_EQ(&select_backend("cpu"), &cpu_backend());
   if (available) {
     Backend& gpu = select_backend("cuda");
-    EXPECT_TRUE(gpu.is_gpu());
+    EXPECT_NE(&gpu, &cpu_backend());
+    EXPECT_TRUE(gpu.parallel_in_one_call());
     EXPECT_NE(gpu.name().find("cuda"), std::string::npos) << gpu.name();
-    EXPECT_TRUE(select_backend("auto").is_gpu());
+    EXPECT_NE(&select_backend("auto"), &cpu_backend());
   } else {
     EXPECT_EQ(&select_backend("auto"), &cpu_backend());
     try {
