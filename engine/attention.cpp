@@ -53,9 +53,10 @@ struct ExactReference::Kept {
   std::vector<char> in_num, in_den;
   std::vector<double> num_logw, den_logw;
   std::vector<double> num_inv_w, den_inv_w;  // 1 / w, to turn a weighted term back into exp(l)
-  // The value rows (C x d_v) of every scored column (sinks, idx, window), gathered once per
-  // selection for all query heads and panels instead of in every product; the key rows (C x d)
-  // too when the logits of every key are not held.
+  // The value rows (C x d_v) of every scored column (the kept middle tokens, idx; the sinks and
+  // the window are in ExactSide's fixed sums), gathered once per selection for all query heads
+  // and panels instead of in every product; the key rows (C x d) too when the logits of every
+  // key are not held.
   int columns = 0;
   scratch::Buffer values, keys;
 };
@@ -98,8 +99,10 @@ size_t ExactSide::bytes() const {
   size_t b = sizeof(ExactSide);
   for (const Head& h : heads)
     b += sizeof(Head) +
-         sizeof(double) * static_cast<size_t>(h.exact.size() + h.shift.size() + h.norm.size() +
-                                              h.softmax_norm.size() + h.v_frob.size());
+         sizeof(double) *
+             static_cast<size_t>(h.exact.size() + h.shift.size() + h.norm.size() +
+                                 h.softmax_norm.size() + h.v_frob.size() + h.fixed_num.size() +
+                                 h.fixed_max.size() + h.fixed_sum.size());
   return b;
 }
 
@@ -239,6 +242,9 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
   rows_to_double(V_, n_, dv_, vd.data());
   if (logits) kern.gemm_abt(n_, R, d_, scale, kd.data(), d_, q.data(), d_, logits, R);
   r.exact.setZero(R, dv_);
+  r.fixed_num.setZero(R, dv_);
+  r.fixed_max.resize(R);
+  r.fixed_sum.resize(R);
   r.shift.resize(R);
   r.norm.resize(R);
   r.softmax_norm.resize(R);
@@ -255,6 +261,11 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
   }
   // Keys x panel rows: exp(l - max), 0 beyond each query's position.
   scratch::Buffer panel(static_cast<size_t>(first_j + R) * std::min(R, kPanelRows));
+  // The fixed columns' logits (sinks, then the window up to the panel's last row) and tokens.
+  const int win_begin = n_ - eval_;
+  scratch::Buffer fixed(static_cast<size_t>(sink_ + first_j + R - win_begin) *
+                        std::min(R, kPanelRows));
+  std::vector<int> fixed_tok;
   std::vector<double> z, p_sq;
   for (int r0 = 0; r0 < R; r0 += kPanelRows) {
     const int rows = std::min(kPanelRows, R - r0);
@@ -270,6 +281,24 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
     }
     for (int i = first_j + r0 + 1; i < keys; ++i)  // causal mask: query e sees keys <= j(e)
       for (int e = 0; e < i - first_j - r0; ++e) P[static_cast<long>(i) * rows + e] = kMinusInf;
+    // The fixed columns on their own, from the same logits (masked alike).
+    const int fixed_cols = sink_ + keys - win_begin;
+    fixed_tok.resize(fixed_cols);
+    double* F = fixed.data();
+    for (int c = 0; c < fixed_cols; ++c) {
+      fixed_tok[c] = c < sink_ ? c : win_begin + (c - sink_);
+      std::copy(P + static_cast<long>(fixed_tok[c]) * rows,
+                P + static_cast<long>(fixed_tok[c]) * rows + rows, F + static_cast<long>(c) * rows);
+    }
+    double* fmax = r.fixed_max.data() + r0;
+    std::fill(fmax, fmax + rows, kMinusInf);
+    kern.col_max(F, fixed_cols, rows, rows, fmax);
+    kern.col_exp_sub(F, fixed_cols, rows, rows, fmax);
+    double* fsum = r.fixed_sum.data() + r0;
+    std::fill(fsum, fsum + rows, 0.0);
+    kern.col_sums(F, fixed_cols, rows, rows, nullptr, fsum, nullptr);
+    kern.gemm_atb_acc(rows, dv_, fixed_cols, F, rows, vd.data(), dv_, fixed_tok.data(),
+                      r.fixed_num.row(r0).data(), dv_);
     double* shift = r.shift.data() + r0;
     std::fill(shift, shift + rows, kMinusInf);
     kern.col_max(P, keys, rows, rows, shift);
@@ -338,20 +367,17 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
     k.num_inv_w[u] = std::exp(-k.num_logw[u]);
     k.den_inv_w[u] = std::exp(-k.den_logw[u]);
   }
-  const int kept = static_cast<int>(all.size());
-  k.columns = sink_ + kept + eval_;
-  // Token of each column: the sinks, the merged selection, the window.
-  auto token = [&](int c) {
-    return c < sink_ ? c : c < sink_ + kept ? all[c - sink_] : n_ - eval_ + (c - sink_ - kept);
-  };
+  // One column per kept middle token (the sinks and the window are in the exact side's fixed
+  // sums).
+  k.columns = static_cast<int>(all.size());
   k.values.reserve(static_cast<size_t>(k.columns) * dv_);
   for (int c = 0; c < k.columns; ++c)
-    rows_to_double(V_ + static_cast<long>(token(c)) * dv_, 1, dv_,
+    rows_to_double(V_ + static_cast<long>(all[c]) * dv_, 1, dv_,
                    k.values.data() + static_cast<long>(c) * dv_);
   if (logits_.empty()) {
     k.keys.reserve(static_cast<size_t>(k.columns) * d_);
     for (int c = 0; c < k.columns; ++c)
-      rows_to_double(K_ + static_cast<long>(token(c)) * d_, 1, d_,
+      rows_to_double(K_ + static_cast<long>(all[c]) * d_, 1, d_,
                      k.keys.data() + static_cast<long>(c) * d_);
   }
   return k;
@@ -359,45 +385,30 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
 
 std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
                                               MatrixD* approx) const {
-  // Columns: the sinks, the merged selection (index order) and the whole window [n-E, n); a
-  // query at j masks the window columns beyond j. Sinks and window have weight 1 in both sums.
-  // The biased logits l + log w of a panel of queries are gathered from the exact logits (held,
-  // or computed here for the kept columns only) into a columns x queries block (a masked or
-  // absent term is -inf, so exp gives 0), then exponentiated in place and summed column-wise,
-  // and the numerator is that block times the values of the kept tokens.
+  // Columns: the merged selection (index order). The sinks and the window up to j (weight 1 in
+  // both sums) enter through the exact side's fixed sums, rescaled to the panel's shift. The
+  // biased logits l + log w of a panel of queries are gathered from the exact logits (held, or
+  // computed here for the kept columns only) into a columns x queries block (an absent term is
+  // -inf, so exp gives 0), then exponentiated in place and summed column-wise, and the
+  // numerator is that block times the values of the kept tokens.
   const simd::Kernels& kern = simd::kernels();
   const ExactSide::Head& ex = *rows.side;
-  const int win_begin = n_ - eval_;
-  const int kept = static_cast<int>(k.idx.size());
   const int C = k.columns;
   const int R = static_cast<int>(ex.exact.rows());
-  std::vector<int> tok(C);
-  std::vector<char> in_num(C, 1), in_den(C, 1);
-  std::vector<double> lwn(C, 0.0), lwd(C, 0.0), inv_wn(C, 1.0), inv_wd(C, 1.0);
+  const std::vector<int>& tok = k.idx;
   bool shared_terms = true;  // every column serves numerator and denominator with one weight
-  for (int c = 0; c < sink_; ++c) tok[c] = c;
-  for (int u = 0; u < kept; ++u) {
-    const int c = sink_ + u;
-    tok[c] = k.idx[u];
-    in_num[c] = k.in_num[u];
-    in_den[c] = k.in_den[u];
-    lwn[c] = k.num_logw[u];
-    lwd[c] = k.den_logw[u];
-    inv_wn[c] = k.num_inv_w[u];
-    inv_wd[c] = k.den_inv_w[u];
-    shared_terms = shared_terms && in_num[c] && in_den[c] && lwn[c] == lwd[c];
-  }
-  for (int c = sink_ + kept; c < C; ++c) tok[c] = win_begin + (c - sink_ - kept);
+  for (int c = 0; c < C; ++c)
+    shared_terms = shared_terms && k.in_num[c] && k.in_den[c] && k.num_logw[c] == k.den_logw[c];
   // Denominator-only columns enter the mass through their own weight; the others through the
   // numerator's.
   std::vector<double> den_mass_coef(C, 0.0);
   if (!shared_terms)
-    for (int c = 0; c < C; ++c) den_mass_coef[c] = in_num[c] ? 0.0 : inv_wd[c];
+    for (int c = 0; c < C; ++c) den_mass_coef[c] = k.in_num[c] ? 0.0 : k.den_inv_w[c];
 
   // The logits of column c for every row: a row of the held logits, or of the kept columns'
   // logits computed here (the same products, so the same values bit for bit).
   scratch::Buffer kept_logits;
-  if (!rows.logits) {
+  if (!rows.logits && C > 0) {
     kept_logits.reserve(static_cast<size_t>(C) * R);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
     kern.gemm_abt(C, R, d_, scale, k.keys.data(), d_, rows.q, d_, kept_logits.data(), R);
@@ -410,8 +421,8 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
   std::vector<QueryError> out(R);
   if (approx) approx->resize(R, dv_);
   const int panel_rows = std::min(kPanelRows, R);
-  scratch::Buffer Wn(static_cast<size_t>(C) * panel_rows);
-  scratch::Buffer Wd(shared_terms ? 0 : static_cast<size_t>(C) * panel_rows);
+  scratch::Buffer Wn(static_cast<size_t>(std::max(C, 1)) * panel_rows);
+  scratch::Buffer Wd(shared_terms ? 0 : static_cast<size_t>(std::max(C, 1)) * panel_rows);
   MatrixD num;  // panel rows x dv
   std::vector<double> m2, den, msum;
   auto gather = [&](double* W, const std::vector<char>& in, const std::vector<double>& lw, int r0,
@@ -424,25 +435,22 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
       }
       const double* l = logit_row(c) + r0;
       for (int e = 0; e < nr; ++e) w[e] = l[e] + lw[c];
-      // Window column: only queries at j >= tok see it.
-      const int first_seeing = tok[c] - rows.first_j - r0;
-      if (c >= sink_ + kept)
-        for (int e = 0; e < std::min(first_seeing, nr); ++e) w[e] = kMinusInf;
     }
   };
   for (int r0 = 0; r0 < R; r0 += kPanelRows) {
     const int nr = std::min(kPanelRows, R - r0);
-    m2.assign(nr, kMinusInf);
+    // The panel's shift: the largest biased logit of the kept columns and the fixed ones.
+    m2.assign(ex.fixed_max.data() + r0, ex.fixed_max.data() + r0 + nr);
     den.assign(nr, 0.0);
     msum.assign(nr, 0.0);  // in units of exp(l - M')
-    gather(Wn.data(), in_num, lwn, r0, nr);
+    gather(Wn.data(), k.in_num, k.num_logw, r0, nr);
     kern.col_max(Wn.data(), C, nr, nr, m2.data());
     if (!shared_terms) {
-      gather(Wd.data(), in_den, lwd, r0, nr);
+      gather(Wd.data(), k.in_den, k.den_logw, r0, nr);
       kern.col_max(Wd.data(), C, nr, nr, m2.data());
     }
     kern.col_exp_sub(Wn.data(), C, nr, nr, m2.data());
-    kern.col_sums(Wn.data(), C, nr, nr, inv_wn.data(), msum.data(), nullptr);
+    kern.col_sums(Wn.data(), C, nr, nr, k.num_inv_w.data(), msum.data(), nullptr);
     if (shared_terms) {
       kern.col_sums(Wn.data(), C, nr, nr, nullptr, den.data(), nullptr);
     } else {
@@ -454,6 +462,12 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, k.values.data(), dv_, nullptr, num.data(), dv_);
     for (int e = 0; e < nr; ++e) {
       const int row = r0 + e;
+      // The fixed columns, from their own shift to the panel's (f <= 1).
+      const double f = std::exp(ex.fixed_max[row] - m2[e]);
+      const double fixed = f * ex.fixed_sum[row];
+      den[e] += fixed;
+      msum[e] += fixed;
+      num.row(e) += f * ex.fixed_num.row(row);
       // den > 0: the window always holds j itself.
       const double mass = msum[e] * std::exp(m2[e] - ex.shift[row]) / ex.norm[row];
       const VectorD z = num.row(e).transpose() / den[e];

@@ -51,6 +51,12 @@ struct ExactSide {
   struct Head {
     MatrixD exact;                              // E x d_v: Attn_j
     VectorD shift, norm, softmax_norm, v_frob;  // max logit, sum exp(l - shift), Eq. (2) norms
+    // The part every selection keeps: the sinks and the window up to j (weight 1 in both sums),
+    // summed once here so that scoring a selection touches its kept middle tokens only
+    // (docs/performance.md, "Exact reference cache"): with f = max of their logits,
+    // fixed_sum_j = sum exp(l_i - f) and fixed_num_j = sum exp(l_i - f) v_i (E x d_v).
+    MatrixD fixed_num;
+    VectorD fixed_max, fixed_sum;
   };
   std::vector<Head> heads;  // one per query head
   size_t bytes() const;     // memory held
@@ -66,7 +72,7 @@ struct ExactSide {
 // Two forms score identically, bit for bit: with the logits of every key for every evaluation
 // query kept (n x E doubles per query head; what the constructors below build, and worth it when
 // many selections are scored), or from the compact ExactSide alone, computing per selection the
-// logits of the kept tokens only (one (s + kept + E) x d by d x E product per query head).
+// logits of the kept tokens only (one kept x d by d x E product per query head).
 class ExactReference {
  public:
   // queries: n x d each (the GQA group, or the keys as proxy queries); sink s and eval E as in

@@ -161,7 +161,7 @@ namespace fs = std::filesystem;
 // found under a colliding name is never taken for another key's.
 std::string key_text(const ReferenceKey& k) {
   std::ostringstream o;
-  o << "kvscope-reference/1 content=" << k.content << " layer=" << k.layer << " kv=" << k.kv_head
+  o << "kvscope-reference/2 content=" << k.content << " layer=" << k.layer << " kv=" << k.kv_head
     << " n=" << k.n << " d=" << k.d << " dv=" << k.dv << " sink=" << k.sink << " eval=" << k.eval
     << " qh=" << k.query_heads << " proxy=" << k.proxy_queries << " kernels=" << k.kernels;
   return o.str();
@@ -259,7 +259,9 @@ std::shared_ptr<const ExactSide> ReferenceCache::read_disk(const ReferenceKey& k
     for (ExactSide::Head& h : side->heads)
       ok = ok && read_block(in, h.exact, key.eval, key.dv) &&
            read_block(in, h.shift, key.eval, 1) && read_block(in, h.norm, key.eval, 1) &&
-           read_block(in, h.softmax_norm, key.eval, 1) && read_block(in, h.v_frob, key.eval, 1);
+           read_block(in, h.softmax_norm, key.eval, 1) && read_block(in, h.v_frob, key.eval, 1) &&
+           read_block(in, h.fixed_num, key.eval, key.dv) &&
+           read_block(in, h.fixed_max, key.eval, 1) && read_block(in, h.fixed_sum, key.eval, 1);
     ok = ok && in.peek() == std::char_traits<char>::eof();
   }
   if (!ok) {  // another key's, truncated or of another shape: not ours to keep
@@ -300,6 +302,9 @@ void ReferenceCache::write_disk(const ReferenceKey& key, const ExactSide& side) 
       write_block(out, h.norm);
       write_block(out, h.softmax_norm);
       write_block(out, h.v_frob);
+      write_block(out, h.fixed_num);
+      write_block(out, h.fixed_max);
+      write_block(out, h.fixed_sum);
     }
     if (!out) {
       out.close();
