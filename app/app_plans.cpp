@@ -351,20 +351,36 @@ JobPlan AppState::plan_grid() const {
   return p;
 }
 
+const DefaultMethods& default_methods() {
+  static const DefaultMethods d = [] {
+    // Each method the defaults name, written once.
+    const std::string uniform = "uniform", streaming = "streaming", snapkv = "snapkv",
+                      subgen = "subgen", kcenter = "subgen-kcenter", balancekv = "balancekv";
+    auto registered = [](std::vector<std::string> names) {
+      names.erase(std::remove_if(names.begin(), names.end(),
+                                 [](const std::string& m) { return !find_method(m); }),
+                  names.end());
+      return names;
+    };
+    DefaultMethods out;
+    out.slots = {balancekv, uniform};
+    out.sweep = registered({uniform, streaming, snapkv, kcenter, balancekv});
+    out.output = registered({uniform, snapkv, balancekv, streaming});
+    out.theory = registered({balancekv, uniform, subgen});
+    return out;
+  }();
+  return d;
+}
+
 std::vector<std::string> default_sweep_methods() {
-  std::vector<std::string> names = {"uniform", "streaming", "snapkv", "subgen-kcenter",
-                                    "balancekv"};
-  names.erase(std::remove_if(names.begin(), names.end(),
-                             [](const std::string& m) { return !find_method(m); }),
-              names.end());
-  return names;
+  return default_methods().sweep;
 }
 
 SweepRequest AppState::sweep_request() const {
   if (!settings.sweep.methods.empty()) return settings.sweep;
   SweepRequest r = settings.sweep;  // the ratios, seeds and layers it was left with
   const auto& shown = settings.panel_view;
-  if (std::find(shown.begin(), shown.end(), "error") == shown.end()) return r;
+  if (std::find(shown.begin(), shown.end(), kErrorView) == shown.end()) return r;
   r.methods = default_sweep_methods();
   for (int k = 0; k < 2; ++k)
     if ((k == 0 || settings.ab_enabled) &&

@@ -77,8 +77,17 @@ struct SweepRequest {
   bool focused_layer_only = false;
   bool operator==(const SweepRequest&) const = default;
 };
-// The methods the Error view's sweep compares when the user has chosen none (the registered ones
-// of uniform, streaming, snapkv, subgen-kcenter, balancekv); AppState::sweep_request adds A and B.
+// The app's default method choices, in one place (app_plans.cpp, where each name is written
+// once): methods A and B of fresh settings, and the default lists of the Error view's sweep, the
+// Output view's generation and the Theory view's error vs budget (each keeps only the methods
+// the registry holds).
+struct DefaultMethods {
+  std::array<std::string, 2> slots;
+  std::vector<std::string> sweep, output, theory;
+};
+const DefaultMethods& default_methods();
+// The methods the Error view's sweep compares when the user has chosen none
+// (default_methods().sweep); AppState::sweep_request adds A and B.
 std::vector<std::string> default_sweep_methods();
 
 // One method slot (A or B): the method and its own parameter values (only non-defaults).
@@ -91,7 +100,8 @@ struct MethodChoice {
 // Every setting, as plain values. Sessions save and restore exactly this (plus view choices).
 struct Settings {
   Focus focus;
-  std::array<MethodChoice, 2> method{MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
+  std::array<MethodChoice, 2> method{MethodChoice{default_methods().slots[0], {}},
+                                     MethodChoice{default_methods().slots[1], {}}};
   bool ab_enabled = true;
   double keep_ratio = 0.25;
   // A token budget instead of a ratio (docs/evaluation.md, "Budgets"): while budget_mode is on,
@@ -121,6 +131,9 @@ inline constexpr const char* kGrid = "grid";
 inline constexpr const char* kSweep = "sweep";
 inline constexpr const char* kEntropy = "entropy";
 inline constexpr const char* kQuery = "query";
+// The Error view's name (ErrorView::name(), app/view_error_view.h): while it is shown in a panel,
+// AppState::sweep_request asks for the default sweep.
+inline constexpr const char* kErrorView = "error";
 
 // One derived result and the state of the job that computes it.
 struct Result {

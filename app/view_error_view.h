@@ -88,7 +88,7 @@ inline std::vector<double> parse_values(const std::string& text, const std::stri
 
 class ErrorView final : public View {
  public:
-  const char* name() const override { return "error"; }
+  const char* name() const override { return kErrorView; }
   const char* title() const override { return "Error"; }
   const char* help() const override;
 

@@ -65,8 +65,7 @@ struct OutputRequest {
 
 class OutputView final : public View {
  public:
-  OutputView() {
-    for (const char* m : {"uniform", "snapkv", "balancekv", "streaming"}) methods_.push_back(m);
+  OutputView() : methods_(default_methods().output) {
     ratio_on_[1] = true;  // 1/4
   }
   const char* name() const override { return "output"; }

@@ -58,7 +58,7 @@ std::string short_label(const DiscRun& d) {
 
 struct ViewChoices {
   int scope = 0;  // 0 focused head, 1 whole capture
-  std::vector<std::string> methods{"balancekv", "uniform", "subgen"};
+  std::vector<std::string> methods = default_methods().theory;
   int seeds = 5;
   int disc_seeds = 8;
   int sizes = 0;      // DiscSizes
