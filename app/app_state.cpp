@@ -522,7 +522,7 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
       r.estimate_text.clear();
       continue;
     }
-    if (p.compute) {
+    if (p.compute && p.waiting.empty()) {  // a waiting job's size is not known yet
       const double per_unit =
           p.cost_class.empty() ? kPriorPerUnit : costs.per_unit(p.cost_class, p.prior_per_unit);
       r.estimate_s = p.units * per_unit / std::max(1, p.threads);

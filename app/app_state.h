@@ -313,6 +313,8 @@ struct AppState {
   }
   // Method, ratio, the slot's own parameters and the fitted window for the engine.
   MethodSettings method_settings(int slot) const;
+  // What every evaluation job reads beyond its own settings: capture, backend, window, estimator.
+  EvalCommon eval_common() const;
   const CaptureInfo* info() const { return capture ? &capture->info() : nullptr; }
   int num_tokens() const { return capture ? capture->info().num_tokens : 0; }
   const Result& result(const std::string& name) const;
@@ -401,8 +403,6 @@ struct AppState {
   // The method settings for any method name in jobs: the slot's own params when the name is
   // method A's or B's, defaults otherwise.
   ParamValues params_for(const std::string& method_name) const;
-  // What every evaluation job reads beyond its own settings: capture, backend, window, estimator.
-  EvalCommon eval_common() const;
 
   Backend* backend_ = nullptr;
   std::string backend_resolved_;  // settings.backend the backend was resolved for

@@ -3,80 +3,105 @@
 #include <cmath>
 #include <cstdio>
 
+#include "app/view_jobs.h"
 #include "engine/error.h"
 #include "engine/selection_check.h"
 #include "engine/selection_overlap.h"
 
 namespace kvscope::app {
 
+namespace {
+
+// What the overlap job reads: the capture, the window's overrides, the keep ratio, the seed, and
+// each slot's method with its own parameters (selections only: neither estimator nor backend).
+struct OverlapSlot {
+  std::string method;
+  ParamValues params;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapSlot, method, params)
+struct OverlapInput {
+  uint64_t capture = 0;
+  int sink = -1, eval = -1;
+  double keep_ratio = 0;
+  uint64_t seed = 0;
+  OverlapSlot a, b;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapInput, capture, sink, eval, keep_ratio, seed, a, b)
+
+std::shared_ptr<const OverlapGrid> run_overlap(const OverlapInput& in, const CaptureRef& h,
+                                               JobContext& ctx, const JobPlan::PartialFn&) {
+  const CaptureInfo& ci = h.capture->info();
+  auto settings = [&](const OverlapSlot& sl) {
+    return method_settings_of({sl.method, sl.params, in.keep_ratio, in.sink, in.eval});
+  };
+  const MethodSettings a = settings(in.a), b = settings(in.b);
+  auto g = std::make_shared<OverlapGrid>();
+  g->layers = ci.num_layers;
+  g->heads = ci.kv_heads;
+  g->method_a = in.a.method;
+  g->method_b = in.b.method;
+  const size_t cells = static_cast<size_t>(g->layers * g->heads);
+  g->jaccard.assign(cells, NAN);
+  g->a_kept.assign(cells, 0);
+  g->b_kept.assign(cells, 0);
+  g->both.assign(cells, 0);
+  g->note.assign(cells, "");
+  auto select = [&](const LayerData& layer, int kv, const MethodSettings& ms) {
+    const EvalWindow win =
+        EvalWindow::make(static_cast<int>(layer.keys[kv].rows()), ms.keep_ratio, ms.sink, ms.eval);
+    MethodInput mi = make_method_input(layer, ci.num_layers, kv, win, ms, in.seed);
+    mi.cancel = ctx.cancel_flag();
+    Selection sel = ms.method->select(mi);
+    check_selection(sel, win.mid_begin, win.mid_end, win.budget, *ms.method);
+    return sel;
+  };
+  for (int l = 0; l < g->layers; ++l) {
+    const std::shared_ptr<const LayerData> layer = h.capture->layer(l);
+    for (int kv = 0; kv < g->heads; ++kv) {
+      ctx.check_cancel();
+      ctx.progress(l * g->heads + kv, static_cast<int>(cells));
+      const size_t c = static_cast<size_t>(l * g->heads + kv);
+      if (kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty()) {
+        g->note[c] = layer->refused[kv];
+        continue;
+      }
+      try {
+        const KeptOverlap o = kept_overlap(select(*layer, kv, a), select(*layer, kv, b));
+        g->jaccard[c] = o.jaccard();
+        g->a_kept[c] = o.a;
+        g->b_kept[c] = o.b;
+        g->both[c] = o.both;
+      } catch (const Cancelled&) {
+        throw;
+      } catch (const std::exception& e) {
+        g->note[c] = e.what();
+      }
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
 JobPlan plan_overlap(const AppState& s) {
   JobPlan p;
   if (!s.capture || !s.settings.ab_enabled) return p;
   const CaptureInfo& ci = s.capture->info();
   const MethodSettings a = s.method_settings(0), b = s.method_settings(1);
-  const EvalWindow w = s.window();
-  p.key = "overlap|cap" + std::to_string(s.capture_id) + "|s=" + std::to_string(w.sink) +
-          "|E=" + std::to_string(w.eval) + "|" + s.method_name(0) +
-          nlohmann::json(a.params).dump() + "|" + s.method_name(1) +
-          nlohmann::json(b.params).dump() + "|r=" + std::to_string(s.settings.keep_ratio) +
-          "|seed=" + std::to_string(s.settings.seed);
+  OverlapInput in;
+  in.capture = s.capture_id;
+  in.sink = a.sink;
+  in.eval = a.eval;
+  in.keep_ratio = s.settings.keep_ratio;
+  in.seed = static_cast<uint64_t>(s.settings.seed);
+  in.a = {s.method_name(0), a.params};
+  in.b = {s.method_name(1), b.params};
+  p.derive("overlap", std::move(in), CaptureRef{s.capture, nullptr}, &run_overlap);
   p.lane = Lane::Analysis;
   p.label = "A/B overlap of kept sets";
   p.cost_class = "overlap:" + s.method_name(0) + "+" + s.method_name(1);
   p.units = static_cast<double>(ci.num_tokens) * ci.head_dim * 64.0 * ci.num_layers * ci.kv_heads;
   p.auto_limit_s = 3.0;
-  std::shared_ptr<CaptureFile> cap = s.capture;
-  const uint64_t seed = static_cast<uint64_t>(s.settings.seed);
-  const std::string name_a = s.method_name(0), name_b = s.method_name(1);
-  p.returns<OverlapGrid>(
-      [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const OverlapGrid> {
-        if (!a.method) throw InputError("unknown method '" + name_a + "'");
-        if (!b.method) throw InputError("unknown method '" + name_b + "'");
-        auto g = std::make_shared<OverlapGrid>();
-        g->layers = ci.num_layers;
-        g->heads = ci.kv_heads;
-        g->method_a = name_a;
-        g->method_b = name_b;
-        const size_t cells = static_cast<size_t>(g->layers * g->heads);
-        g->jaccard.assign(cells, NAN);
-        g->a_kept.assign(cells, 0);
-        g->b_kept.assign(cells, 0);
-        g->both.assign(cells, 0);
-        g->note.assign(cells, "");
-        auto select = [&](const LayerData& layer, int kv, const MethodSettings& ms) {
-          const EvalWindow win = EvalWindow::make(static_cast<int>(layer.keys[kv].rows()),
-                                                  ms.keep_ratio, ms.sink, ms.eval);
-          MethodInput in = make_method_input(layer, ci.num_layers, kv, win, ms, seed);
-          in.cancel = ctx.cancel_flag();
-          Selection sel = ms.method->select(in);
-          check_selection(sel, win.mid_begin, win.mid_end, win.budget, *ms.method);
-          return sel;
-        };
-        for (int l = 0; l < g->layers; ++l) {
-          const std::shared_ptr<const LayerData> layer = cap->layer(l);
-          for (int kv = 0; kv < g->heads; ++kv) {
-            ctx.check_cancel();
-            ctx.progress(l * g->heads + kv, static_cast<int>(cells));
-            const size_t c = static_cast<size_t>(l * g->heads + kv);
-            if (kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty()) {
-              g->note[c] = layer->refused[kv];
-              continue;
-            }
-            try {
-              const KeptOverlap o = kept_overlap(select(*layer, kv, a), select(*layer, kv, b));
-              g->jaccard[c] = o.jaccard();
-              g->a_kept[c] = o.a;
-              g->b_kept[c] = o.b;
-              g->both[c] = o.both;
-            } catch (const Cancelled&) {
-              throw;
-            } catch (const std::exception& e) {
-              g->note[c] = e.what();
-            }
-          }
-        }
-        return g;
-      });
   return p;
 }
 

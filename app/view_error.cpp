@@ -124,7 +124,8 @@ nlohmann::json ErrorView::save_state() const {
           {"mode", mode_ == 1 ? "tune" : "overview"},
           {"sweep_y", sweep_y_ == 1 ? "harm" : "error"},
           {"tune",
-           {{"rows", tune_rows_},
+           {{"method", tune_method_},  // the method whose parameters the axes name
+            {"rows", tune_rows_},
             {"row_values", row_values_},
             {"cols", tune_cols_},
             {"col_values", col_values_},
@@ -145,10 +146,11 @@ void ErrorView::load_state(const nlohmann::json& j) {
     f.at("sweep_y").fail("'" + sweep_y + "' is not error or harm");
   if (mode != "overview" && mode != "tune")
     f.at("mode").fail("'" + mode + "' is not overview or tune");
-  std::string rows = tune_rows_, row_values = row_values_, cols = tune_cols_,
+  std::string method = tune_method_, rows = tune_rows_, row_values = row_values_, cols = tune_cols_,
               col_values = col_values_;
   int seeds = tune_seeds_, scope = tune_scope_;
   if (const std::optional<JsonField> t = f.find("tune")) {
+    method = t->get("method", method);
     rows = t->get("rows", rows);
     row_values = t->get("row_values", row_values);
     cols = t->get("cols", cols);
@@ -160,6 +162,7 @@ void ErrorView::load_state(const nlohmann::json& j) {
   heat_source_ = std::move(heat);
   mode_ = mode == "tune" ? 1 : 0;
   sweep_y_ = sweep_y == "harm" ? 1 : 0;
+  tune_method_ = std::move(method);
   tune_rows_ = std::move(rows);
   row_values_ = std::move(row_values);
   tune_cols_ = std::move(cols);

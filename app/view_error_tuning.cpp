@@ -3,6 +3,7 @@
 // app/view_error_view.h; the view's other panels are in app/view_error.cpp.
 
 #include "app/view_error_view.h"
+#include "app/view_jobs.h"
 
 namespace kvscope::app::error_view {
 
@@ -91,47 +92,93 @@ void ErrorView::draw_tuning(AppState& s) {
                   ImVec2(w, avail.y));
 }
 
+namespace {
+
+// What the tuning grid reads: method A with its parameters, the keep ratio, seed, window,
+// estimator, backend and capture (common), the two swept parameters with their values as typed,
+// the seeds, the scope, and the focused layer (scope <= 1) and head (scope 0), -1 otherwise.
+struct TuneInput {
+  EvalCommon common;
+  std::string method;
+  ParamValues params;
+  double keep_ratio = 0;
+  uint64_t seed = 0;
+  std::string rows, row_values, cols, col_values;
+  int seeds = 0, scope = 0, layer = -1, kv_head = -1;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TuneInput, common, method, params, keep_ratio, seed, rows,
+                                   row_values, cols, col_values, seeds, scope, layer, kv_head)
+
+// The grid's axes and fixed parameters; throws InputError for values that do not parse or a
+// parameter's range.
+Grid2Spec grid_of(const TuneInput& in) {
+  Grid2Spec g;
+  g.method = find_method(in.method);
+  if (!g.method) throw InputError("unknown method '" + in.method + "'");
+  if (in.rows == in.cols) throw InputError("rows and columns sweep the same parameter");
+  g.rows = {in.rows, parse_values(in.row_values, in.rows)};
+  g.cols = {in.cols, parse_values(in.col_values, in.cols)};
+  for (double v : g.rows.values) validate_method_params(*g.method, {{g.rows.name, v}});
+  for (double v : g.cols.values) validate_method_params(*g.method, {{g.cols.name, v}});
+  // Other parameters as method A has them.
+  for (const auto& [k, v] : in.params)
+    if (k != g.rows.name && k != g.cols.name) g.fixed[k] = v;
+  return g;
+}
+
+std::shared_ptr<const TuneResult> run_tuning(const TuneInput& in, const CaptureRef& h,
+                                             JobContext& ctx, const JobPlan::PartialFn&) {
+  const Grid2Spec g = grid_of(in);
+  EvalSpec spec;
+  spec.ratios = {in.keep_ratio};
+  spec.seeds = in.seeds;
+  spec.base_seed = in.seed;
+  spec.sink = in.common.sink;
+  spec.eval = in.common.eval;
+  spec.estimator = parse_estimator(in.common.estimator);
+  if (in.layer >= 0) spec.layers = {in.layer};
+  if (in.kv_head >= 0) spec.heads = {in.kv_head};
+  auto r = std::make_shared<TuneResult>();
+  r->grid = run_grid2(
+      *h.capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(),
+      h.backend);
+  r->scope = in.scope;
+  return r;
+}
+
+}  // namespace
+
 JobPlan ErrorView::plan_tuning(const AppState& s) const {
   JobPlan p;
   const Method* m = s.method(0);
-  // Wanted while the tuning mode shows method A's grid (draw_tuning set its axes).
+  // Wanted while the tuning mode shows method A's grid (its axes are method A's).
   if (mode_ != 1 || !s.capture || !m || tune_method_ != m->name()) return p;
   const CaptureInfo& ci = *s.info();
   const MethodSettings ms = s.method_settings(0);
   const Focus f = s.settings.focus;
   const int scope = tune_scope_;
-  p.key = "tune2|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|" + m->name() +
-          nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
-          "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
-          "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
-          "|" + tune_rows_ + "=" + row_values_ + "|" + tune_cols_ + "=" + col_values_ +
-          "|seeds=" + std::to_string(tune_seeds_) + "|scope=" + std::to_string(scope) +
-          (scope <= 1 ? "|L" + std::to_string(f.layer) : "") +
-          (scope == 0 ? "H" + std::to_string(f.kv_head) : "");
-  Grid2Spec g;
-  g.method = m;
-  std::string err;
+  TuneInput in;
+  in.common = s.eval_common();
+  in.method = m->name();
+  in.params = ms.params;
+  in.keep_ratio = ms.keep_ratio;
+  in.seed = static_cast<uint64_t>(s.settings.seed);
+  in.rows = tune_rows_;
+  in.row_values = row_values_;
+  in.cols = tune_cols_;
+  in.col_values = col_values_;
+  in.seeds = tune_seeds_;
+  in.scope = scope;
+  in.layer = scope <= 1 ? f.layer : -1;
+  in.kv_head = scope == 0 ? f.kv_head : -1;
+  // The grid's size for the estimate (none when the values do not parse: the job says why).
+  double cells = 0;
   try {
-    if (tune_rows_ == tune_cols_) throw InputError("rows and columns sweep the same parameter");
-    g.rows = {tune_rows_, parse_values(row_values_, tune_rows_)};
-    g.cols = {tune_cols_, parse_values(col_values_, tune_cols_)};
-    for (double v : g.rows.values) validate_method_params(*m, {{g.rows.name, v}});
-    for (double v : g.cols.values) validate_method_params(*m, {{g.cols.name, v}});
-  } catch (const InputError& e) {
-    err = e.what();
+    const Grid2Spec g = grid_of(in);
+    cells = static_cast<double>(g.rows.values.size() * g.cols.values.size());
+  } catch (const InputError&) {
   }
-  // Other parameters as method A has them now.
-  for (const auto& [k, v] : ms.params)
-    if (k != g.rows.name && k != g.cols.name) g.fixed[k] = v;
-  EvalSpec spec;
-  spec.ratios = {ms.keep_ratio};
-  spec.seeds = tune_seeds_;
-  spec.base_seed = static_cast<uint64_t>(s.settings.seed);
-  spec.sink = ms.sink;
-  spec.eval = ms.eval;
-  spec.estimator = ms.estimator;
-  if (scope <= 1) spec.layers = {f.layer};
-  if (scope == 0) spec.heads = {f.kv_head};
+  p.derive("tune", std::move(in), CaptureRef{s.capture, s.backend()}, &run_tuning);
   p.lane = Lane::Analysis;
   p.label = "tuning grid";
   const double heads = scope == 0   ? 1.0
@@ -141,20 +188,8 @@ JobPlan ErrorView::plan_tuning(const AppState& s) const {
   p.cost_class = "eval:" + m->name();
   p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
             (static_cast<double>(w.eval) * ci.group_size() + 64.0) * heads *
-            (m->depends_on_seed() ? tune_seeds_ : 1) *
-            static_cast<double>(g.rows.values.size() * g.cols.values.size());
+            (m->depends_on_seed() ? tune_seeds_ : 1) * cells;
   p.auto_limit_s = 3.0;
-  std::shared_ptr<CaptureFile> capture = s.capture;
-  Backend* be = s.backend();
-  p.returns<TuneResult>(
-      [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const TuneResult> {
-        if (!err.empty()) throw InputError(err);
-        auto r = std::make_shared<TuneResult>();
-        r->grid = run_grid2(
-            *capture, spec, g, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag(), be);
-        r->scope = scope;
-        return r;
-      });
   return p;
 }
 

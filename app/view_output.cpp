@@ -22,6 +22,7 @@
 #include "app/new_capture_dialog.h"
 #include "app/plot.h"
 #include "app/view.h"
+#include "app/view_jobs.h"
 #include "engine/error.h"
 #include "engine/generate.h"
 #include "engine/json_fields.h"
@@ -38,8 +39,9 @@ constexpr const char* kOutputResult = "output.generate";
 constexpr double kRatios[] = {0.5, 0.25, 0.125, 0.0625, 0.75};
 
 // What the user asked to generate (the controls as they were at Run, or the defaults of the
-// open capture's model and prompt): the result's key is derived from it, so a change of capture
-// (new defaults) or a Run with other controls outdates the shown report and marks it stale.
+// open capture's model and prompt): the job's input (JobPlan::derive), so a change of capture
+// (new defaults) or a Run with other controls outdates the shown report and marks it stale. The
+// continuation is part of it only when it is used (output_input).
 struct OutputRequest {
   std::string checkpoint, tokenizer, prompt, continuation;
   bool has_continuation = false;
@@ -47,21 +49,40 @@ struct OutputRequest {
   std::vector<std::string> methods;
   std::vector<double> ratios;
   bool operator==(const OutputRequest&) const = default;
-  std::string key() const {
-    return nlohmann::json{{"checkpoint", checkpoint},
-                          {"tokenizer", tokenizer},
-                          {"prompt", prompt},
-                          {"continuation", has_continuation ? continuation : std::string()},
-                          {"has_continuation", has_continuation},
-                          {"compress_at", compress_at},
-                          {"steps", steps},
-                          {"recompress_every", recompress_every},
-                          {"seed", seed},
-                          {"methods", methods},
-                          {"ratios", ratios}}
-        .dump();
-  }
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OutputRequest, checkpoint, tokenizer, prompt, continuation,
+                                   has_continuation, compress_at, steps, recompress_every, seed,
+                                   methods, ratios)
+
+// The request as the job reads it: an unused continuation is left out.
+OutputRequest output_input(OutputRequest rq) {
+  if (!rq.has_continuation) rq.continuation.clear();
+  return rq;
+}
+
+std::shared_ptr<const GenerateReport> run_output(const OutputRequest& rq, const NoHandles&,
+                                                 JobContext& ctx, const JobPlan::PartialFn&) {
+  GenerateSpec spec;
+  spec.prompt = rq.prompt;
+  spec.compress_at = rq.compress_at;
+  spec.steps = rq.steps;
+  spec.recompress_every = rq.recompress_every;
+  spec.seed = static_cast<uint64_t>(rq.seed);
+  spec.threads = 0;
+  spec.ratios = rq.ratios;
+  for (const std::string& name : rq.methods)
+    if (const Method* m = find_method(name)) spec.methods.push_back(m);
+  spec.has_continuation = rq.has_continuation;
+  spec.continuation = rq.continuation;
+  llama2c::Transformer model(rq.checkpoint);
+  llama2c::Tokenizer tok(rq.tokenizer, model.config().vocab_size);
+  return std::make_shared<const GenerateReport>(run_generate(
+      model, tok, spec,
+      [&](long long done, long long total) {
+        ctx.progress(static_cast<int>(done), static_cast<int>(total));
+      },
+      ctx.cancel_flag()));
+}
 
 class OutputView final : public View {
  public:
@@ -88,40 +109,17 @@ class OutputView final : public View {
   void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
     JobPlan p;
     if (requested_) {
-      const OutputRequest rq = *requested_;
-      p.key = result_key(rq);
+      p.derive("output", output_input(*requested_), NoHandles{}, &run_output);
       p.lane = Lane::Analysis;
       p.label = "Output: generate";
       p.auto_limit_s = 1e30;  // asked for by a Run click or by opening the view
-      p.returns<GenerateReport>(
-          [rq](JobContext& ctx,
-               const JobPlan::PartialFn&) -> std::shared_ptr<const GenerateReport> {
-            GenerateSpec spec;
-            spec.prompt = rq.prompt;
-            spec.compress_at = rq.compress_at;
-            spec.steps = rq.steps;
-            spec.recompress_every = rq.recompress_every;
-            spec.seed = static_cast<uint64_t>(rq.seed);
-            spec.threads = 0;
-            spec.ratios = rq.ratios;
-            for (const std::string& name : rq.methods)
-              if (const Method* m = find_method(name)) spec.methods.push_back(m);
-            spec.has_continuation = rq.has_continuation;
-            spec.continuation = rq.continuation;
-            llama2c::Transformer model(rq.checkpoint);
-            llama2c::Tokenizer tok(rq.tokenizer, model.config().vocab_size);
-            return std::make_shared<const GenerateReport>(run_generate(
-                model, tok, spec,
-                [&](long long done, long long total) {
-                  ctx.progress(static_cast<int>(done), static_cast<int>(total));
-                },
-                ctx.cancel_flag()));
-          });
     }
     out.emplace_back(kOutputResult, p);
   }
 
-  static std::string result_key(const OutputRequest& rq) { return "output|" + rq.key(); }
+  static std::string result_key(const OutputRequest& rq) {
+    return JobPlan::derived_key("output", output_input(rq));
+  }
   // The shown report answers the current request. Checked against the request itself, not only
   // the result's `want`: a change of capture makes a new request while drawing, and a report
   // exported in that frame must not pass for the new capture's.

@@ -21,6 +21,7 @@
 #include "app/plot.h"
 #include "app/result_status.h"
 #include "app/view.h"
+#include "app/view_jobs.h"
 #include "engine/theory.h"
 
 namespace kvscope::app {
@@ -67,6 +68,56 @@ struct ViewChoices {
   bool operator==(const ViewChoices&) const = default;
 };
 
+// What the theory job reads: the capture, the scope (with the focused head when it is one), the
+// discrepancy's sizes, largest n, seeds and unsaturated walk, the methods (each with the
+// parameters of the slot that runs it, defaults otherwise), the seeds and base seed, the
+// window's overrides and the estimator.
+struct TheoryMethodInput {
+  std::string name;
+  ParamValues params;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TheoryMethodInput, name, params)
+struct TheoryInput {
+  uint64_t capture = 0;
+  int scope = 0, layer = -1, kv_head = -1;
+  int sizes = 0, max_n = 0, disc_seeds = 0;
+  float unsat_temp = 0, unsat_gamma = 0;
+  int seeds = 0;
+  uint64_t base_seed = 0;
+  int sink = -1, eval = -1;
+  std::string estimator;
+  std::vector<TheoryMethodInput> methods;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TheoryInput, capture, scope, layer, kv_head, sizes, max_n,
+                                   disc_seeds, unsat_temp, unsat_gamma, seeds, base_seed, sink,
+                                   eval, estimator, methods)
+
+TheorySpec theory_spec(const TheoryInput& in) {
+  TheorySpec spec;
+  if (in.layer >= 0) spec.layers = {in.layer};
+  if (in.kv_head >= 0) spec.heads = {in.kv_head};
+  spec.sizes = in.sizes == 0 ? DiscSizes::Prefixes : DiscSizes::WholeBlocks;
+  spec.max_n = in.max_n;
+  spec.disc_seeds = in.disc_seeds;
+  spec.walks = default_disc_walks();
+  spec.walks[1].params.temp = in.unsat_temp;
+  spec.walks[1].params.gamma = in.unsat_gamma;
+  spec.seeds = in.seeds;
+  spec.base_seed = in.base_seed;
+  spec.sink = in.sink;
+  spec.eval = in.eval;
+  spec.estimator = parse_estimator(in.estimator);
+  for (const TheoryMethodInput& m : in.methods) spec.methods.push_back({m.name, m.params});
+  return spec;
+}
+
+std::shared_ptr<const TheoryResult> run_theory_job(const TheoryInput& in, const CaptureRef& h,
+                                                   JobContext& ctx, const JobPlan::PartialFn&) {
+  return std::make_shared<TheoryResult>(run_theory(
+      *h.capture, theory_spec(in), [&ctx](int d, int t) { ctx.progress(d, t); },
+      ctx.cancel_flag()));
+}
+
 class TheoryView final : public View {
  public:
   const char* name() const override { return "theory"; }
@@ -100,46 +151,32 @@ class TheoryView final : public View {
     if (!s.capture || !s.info()) return p;
     const CaptureInfo& ci = *s.info();
     const ViewChoices c = c_;
-    TheorySpec spec;
     const Focus f = s.settings.focus;
-    if (c.scope == 0) {
-      spec.layers = {f.layer};
-      spec.heads = {f.kv_head};
-    }
-    spec.sizes = c.sizes == 0 ? DiscSizes::Prefixes : DiscSizes::WholeBlocks;
-    spec.max_n = 1 << c.max_n_log;
-    spec.disc_seeds = c.disc_seeds;
-    spec.walks = default_disc_walks();
-    spec.walks[1].params.temp = c.unsat_temp;
-    spec.walks[1].params.gamma = c.unsat_gamma;
-    spec.seeds = c.seeds;
-    spec.base_seed = static_cast<uint64_t>(s.settings.seed);
-    spec.sink = s.settings.sink_override;
-    spec.eval = s.settings.eval_override;
-    spec.estimator = s.settings.estimator;
+    TheoryInput in;
+    in.capture = s.capture_id;
+    in.scope = c.scope;
+    in.layer = c.scope == 0 ? f.layer : -1;
+    in.kv_head = c.scope == 0 ? f.kv_head : -1;
+    in.sizes = c.sizes;
+    in.max_n = 1 << c.max_n_log;
+    in.disc_seeds = c.disc_seeds;
+    in.unsat_temp = c.unsat_temp;
+    in.unsat_gamma = c.unsat_gamma;
+    in.seeds = c.seeds;
+    in.base_seed = static_cast<uint64_t>(s.settings.seed);
+    in.sink = s.settings.sink_override;
+    in.eval = s.settings.eval_override;
+    in.estimator = estimator_name(s.settings.estimator);
     for (const std::string& m : c.methods) {
       if (!find_method(m)) continue;
-      TheoryMethod tm{m, {}};
+      TheoryMethodInput tm{m, {}};
+      // A method that is A or B runs with that slot's own parameters.
       for (int k = 0; k < 2; ++k)
         if (s.method_name(k) == m) tm.params = s.settings.method[static_cast<size_t>(k)].params;
-      spec.methods.push_back(tm);
+      in.methods.push_back(tm);
     }
-    nlohmann::json key = {{"cap", s.capture_id},
-                          {"scope", c.scope},
-                          {"L", c.scope == 0 ? f.layer : -1},
-                          {"H", c.scope == 0 ? f.kv_head : -1},
-                          {"sizes", c.sizes},
-                          {"max_n", spec.max_n},
-                          {"disc_seeds", c.disc_seeds},
-                          {"t", c.unsat_temp},
-                          {"g", c.unsat_gamma},
-                          {"seeds", c.seeds},
-                          {"seed", s.settings.seed},
-                          {"sink", spec.sink},
-                          {"eval", spec.eval},
-                          {"est", estimator_name(spec.estimator)}};
-    for (const TheoryMethod& m : spec.methods) key["m"].push_back({m.name, m.params});
-    p.key = "theory|" + key.dump();
+    const TheorySpec spec = theory_spec(in);
+    p.derive("theory", std::move(in), CaptureRef{s.capture, nullptr}, &run_theory_job);
     p.lane = Lane::Analysis;
     p.label = "theory";
     const double heads = c.scope == 0 ? 1.0 : static_cast<double>(ci.num_layers) * ci.kv_heads;
@@ -150,13 +187,6 @@ class TheoryView final : public View {
                        4.0 * c.disc_seeds * n_disc * n_disc * (ci.head_dim + 8));
     p.prior_per_unit = 2e-9;
     p.auto_limit_s = 4.0;
-    std::shared_ptr<CaptureFile> capture = s.capture;
-    p.returns<TheoryResult>(
-        [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const TheoryResult> {
-          auto r = std::make_shared<TheoryResult>(run_theory(
-              *capture, spec, [&ctx](int d, int t) { ctx.progress(d, t); }, ctx.cancel_flag()));
-          return r;
-        });
     return p;
   }
 

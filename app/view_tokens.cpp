@@ -20,6 +20,7 @@
 #include "app/result_status.h"
 #include "app/token_marks.h"
 #include "app/view.h"
+#include "app/view_jobs.h"
 #include "engine/json_fields.h"
 #include "engine/token_harm.h"
 
@@ -74,6 +75,22 @@ std::string csv_escape(const std::string& s) {
   return o + "\"";
 }
 
+// What the harm job reads: the focused head (capture, layer, kv head) and the window (sinks and
+// evaluation queries, as fitted to the capture).
+struct HarmInput {
+  uint64_t capture = 0;
+  int layer = 0, kv_head = 0, sink = 0, eval = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HarmInput, capture, layer, kv_head, sink, eval)
+
+std::shared_ptr<const TokenHarm> run_harm(const HarmInput& in, const LayerRef& h, JobContext& ctx,
+                                          const JobPlan::PartialFn&) {
+  const size_t kv = static_cast<size_t>(in.kv_head);
+  return std::make_shared<TokenHarm>(token_harm(harm_queries(*h.layer, in.kv_head),
+                                                h.layer->keys[kv], h.layer->values[kv], in.sink,
+                                                in.eval, ctx.cancel_flag()));
+}
+
 class TokensView final : public View {
  public:
   const char* name() const override { return "tokens"; }
@@ -105,10 +122,9 @@ class TokensView final : public View {
     const CaptureInfo& ci = *s.info();
     const Focus f = s.settings.focus;
     const EvalWindow w = s.window();
-    p.key = std::string(kHarm) + "|cap" + std::to_string(s.capture_id) + "|L" +
-            std::to_string(f.layer) + "H" + std::to_string(f.kv_head) +
-            "|s=" + std::to_string(w.sink) + "|E=" + std::to_string(w.eval);
     std::shared_ptr<const LayerData> layer = s.focus_layer();
+    p.derive(kHarm, HarmInput{s.capture_id, f.layer, f.kv_head, w.sink, w.eval},
+             LayerRef{layer, nullptr}, &run_harm);
     std::string why;
     if (!layer)
       p.waiting = "loading layer " + std::to_string(f.layer);
@@ -121,14 +137,6 @@ class TokensView final : public View {
               (2.0 * ci.head_dim);
     p.prior_per_unit = 2e-10;
     p.auto_limit_s = 20;
-    const int kv = f.kv_head, sink = w.sink, eval = w.eval;
-    p.returns<TokenHarm>(
-        [layer, kv, sink, eval](JobContext& ctx,
-                                const JobPlan::PartialFn&) -> std::shared_ptr<const TokenHarm> {
-          return std::make_shared<TokenHarm>(
-              token_harm(harm_queries(*layer, kv), layer->keys[static_cast<size_t>(kv)],
-                         layer->values[static_cast<size_t>(kv)], sink, eval, ctx.cancel_flag()));
-        });
     out.emplace_back(kHarm, p);
   }
 

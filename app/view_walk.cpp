@@ -5,6 +5,7 @@
 // random signs. Play / pause / step / scrub; the token being walked is shown in the strip below
 // and becomes the app's selected token, so the Tokens view follows.
 
+#include "app/view_jobs.h"
 #include "app/view_walk_view.h"
 
 namespace kvscope::app::walk {
@@ -225,28 +226,57 @@ void WalkView::plan(const AppState& s, std::vector<NamedPlan>& out) const {
                  walk_comparisons()[static_cast<size_t>(std::max(0, compare_))].overrides));
 }
 
+namespace {
+
+// What a walk trace reads: method A's settings with the comparison's overrides, the window, the
+// estimator and backend (common), the focused head, the seed and the traced query.
+struct TraceInput {
+  EvalCommon common;
+  int layer = 0, kv_head = 0, num_layers = 0;
+  MethodRunInput run;
+  uint64_t seed = 0;
+  int query = -1;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TraceInput, common, layer, kv_head, num_layers, run, seed, query)
+
+std::shared_ptr<const WalkTrace> run_trace(const TraceInput& in, const LayerRef& h, JobContext& ctx,
+                                           const JobPlan::PartialFn&) {
+  const MethodSettings ms = method_settings_of(in.run, parse_estimator(in.common.estimator));
+  const MatrixF& K = h.layer->keys.at(static_cast<size_t>(in.kv_head));
+  const EvalWindow w =
+      EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
+  MethodInput mi = make_method_input(*h.layer, in.num_layers, in.kv_head, w, ms, in.seed);
+  mi.want_trace = true;
+  mi.trace_query = in.query;
+  mi.cancel = ctx.cancel_flag();
+  mi.backend = h.backend;
+  std::shared_ptr<const WalkTrace> tr = ms.method->select(mi).trace;
+  if (!tr) throw InputError(ms.method->name() + " returned no walk trace");
+  return tr;
+}
+
+}  // namespace
+
 JobPlan WalkView::plan_trace(const AppState& s, bool needed, const ParamValues& overrides) const {
   JobPlan p;
   if (!needed || !s.capture || !is_walk_method(s.method_name(0)) || !s.method(0)) return p;
   const MethodSettings ms = with_overrides(s, overrides);
   const Focus f = s.settings.focus;
-  const int q = query_;
-  p.key = "walk|cap" + std::to_string(s.capture_id) + "|be=" + s.backend_active + "|L" +
-          std::to_string(f.layer) + "H" + std::to_string(f.kv_head) + "|" + ms.method->name() +
-          nlohmann::json(ms.params).dump() + "|r=" + std::to_string(ms.keep_ratio) +
-          "|s=" + std::to_string(ms.sink) + "|E=" + std::to_string(ms.eval) +
-          "|est=" + estimator_name(ms.estimator) + "|seed=" + std::to_string(s.settings.seed) +
-          "|q=" + std::to_string(q);
+  const CaptureInfo& ci = *s.info();
   std::shared_ptr<const LayerData> layer = s.focus_layer();
+  TraceInput in{s.eval_common(),
+                f.layer,
+                f.kv_head,
+                ci.num_layers,
+                method_run_input(ms.method->name(), ms),
+                static_cast<uint64_t>(s.settings.seed),
+                query_};
+  p.derive("walk", std::move(in), LayerRef{layer, s.backend()}, &run_trace);
   if (!layer) {
     p.waiting = "loading layer " + std::to_string(f.layer);
     return p;
   }
-  if (s.focus_refused()) {
-    p.key.clear();  // the view says why; nothing to compute
-    return p;
-  }
-  const CaptureInfo& ci = *s.info();
+  if (s.focus_refused()) return JobPlan{};  // the view says why; nothing to compute
   const EvalWindow w0 = s.window();
   p.lane = Lane::Geometry;
   p.label = "walk " + describe_params(*ms.method, ms.params);
@@ -255,23 +285,6 @@ JobPlan WalkView::plan_trace(const AppState& s, bool needed, const ParamValues& 
   p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
             (static_cast<double>(w0.eval) * ci.group_size() + 64.0);
   p.auto_limit_s = 20.0;
-  const int num_layers = ci.num_layers, kv = f.kv_head;
-  const uint64_t seed = static_cast<uint64_t>(s.settings.seed);
-  Backend* be = s.backend();
-  p.returns<WalkTrace>(
-      [=](JobContext& ctx, const JobPlan::PartialFn&) -> std::shared_ptr<const WalkTrace> {
-        const MatrixF& K = layer->keys.at(static_cast<size_t>(kv));
-        const EvalWindow w =
-            EvalWindow::make(static_cast<int>(K.rows()), ms.keep_ratio, ms.sink, ms.eval);
-        MethodInput in = make_method_input(*layer, num_layers, kv, w, ms, seed);
-        in.want_trace = true;
-        in.trace_query = q;
-        in.cancel = ctx.cancel_flag();
-        in.backend = be;
-        std::shared_ptr<const WalkTrace> tr = ms.method->select(in).trace;
-        if (!tr) throw InputError(ms.method->name() + " returned no walk trace");
-        return tr;
-      });
   return p;
 }
 
