@@ -4,6 +4,7 @@
 // its key, and every other one leaves the key as it is (a forgotten field would show a stale
 // result as fresh; an extra one would recompute for nothing).
 #include <gtest/gtest.h>
+#include <imgui.h>
 
 #include <chrono>
 #include <functional>
@@ -13,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/overlap_grid.h"
+#include "app/soft_render.h"
 #include "app/view.h"
 
 using namespace kvscope;
@@ -299,4 +302,71 @@ TEST(ViewKeys, TheWalkTraceReadsMethodAsRunTheFocusedHeadAndTheQuery) {
               moves(sink(), m), moves(eval(), m), moves(estimator(), m), moves(layer(), m),
               moves(kv_head(), m), moves(view("query", {{"query", 12}}), m), b_method(), ab_off(),
               q_head(), grid(), sweep(), views_shown()});
+}
+
+// The Output view's generation reads its request (the controls at Run, or the open capture's
+// model and prompt) and no setting; an unused continuation is not part of it.
+TEST(ViewKeys, TheOutputRunReadsItsRequestAndNoSetting) {
+  [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
+  {
+    Open o;
+    AppState& s = o.s;
+    ASSERT_TRUE(s.focus_layer()) << s.load_error;
+    AppUi ui(s);
+    ui.show_view("output");
+    View* v = ui.find_view("output");
+    ASSERT_NE(v, nullptr);
+    auto frame = [&] {
+      ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+    };
+    auto key = [&] {
+      const std::map<std::string, std::string> k = view_keys(s, v);
+      return k.count("output.generate") ? k.at("output.generate") : std::string();
+    };
+    for (int f = 0; f < 20 && key().empty(); ++f) frame();
+    ASSERT_FALSE(key().empty()) << "the view asked for no generation";
+    const json state = v->save_state();
+    const std::string base = key();
+    EXPECT_EQ(base.rfind("output|{", 0), 0u) << base;
+    for (const Change& c :
+         {keep_ratio(), seed(), a_param(), a_method(), b_method(), ab_off(), sink(), eval(),
+          estimator(), layer(), kv_head(), q_head(), grid(), sweep()}) {
+      const Settings before = s.settings;
+      c.settings(s.settings);
+      EXPECT_EQ(key(), base) << c.what << " is not read by the generation but changed its key";
+      s.settings = before;
+    }
+    const std::vector<std::pair<std::string, json>> reads = {
+        {"prompt", {{"prompt", "Once there was"}}},
+        {"continuation used", {{"use_continuation", true}, {"continuation", "a cat"}}},
+        {"compress at", {{"compress_at", 64}}},
+        {"steps", {{"steps", 32}}},
+        {"recompress every", {{"recompress_every", 8}}},
+        {"seed", {{"seed", 3}}},
+        {"methods", {{"methods", {"uniform"}}}},
+        {"ratios", {{"ratios", {0.5}}}},
+        {"tokenizer", {{"tokenizer", "other.bin"}}},
+        {"checkpoint", {{"checkpoint", "other.bin"}}}};
+    for (const auto& [what, change] : reads) {
+      json st = state;
+      st.merge_patch(change);
+      v->load_state(st);
+      frame();
+      EXPECT_NE(key(), base) << what << " is read by the generation but left its key";
+      v->load_state(state);
+      frame();
+      EXPECT_EQ(key(), base) << what;
+    }
+    json unused = state;
+    unused["use_continuation"] = false;
+    unused["continuation"] = "not used";
+    v->load_state(unused);
+    frame();
+    EXPECT_EQ(key(), base) << "an unused continuation changed the key";
+    s.cancel_job("output.generate");
+  }
+  ImGui::DestroyContext();
 }
