@@ -212,7 +212,7 @@ class ArchiveCapture final : public CaptureFile {
     }
     // Load outside the lock so other layers stay available meanwhile; if two threads race for
     // the same layer, the first insertion wins and the other copy is dropped.
-    std::shared_ptr<const LayerData> loaded = load(L);
+    std::shared_ptr<LayerData> loaded = load(L);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = cache_.find(L);
     if (it != cache_.end()) {
@@ -250,16 +250,41 @@ class ArchiveCapture final : public CaptureFile {
     lru_.push_front(L);
   }
   void evict() {
-    bool evicted = false;
+    bool freed = false;
     while (static_cast<int>(lru_.size()) > max_cached_) {
-      cache_.erase(lru_.back());
+      auto it = cache_.find(lru_.back());
+      // A layer only the cache holds gives its matrices to the next load: a layer is 100-800 MB
+      // of fresh pages otherwise, and mapping and clearing them cost the kernel more than the
+      // conversion itself (docs/performance.md, "Large captures"). One layer's worth is kept.
+      if (it->second.use_count() == 1) {
+        spare_.clear();
+        for (auto* list : {&it->second->keys, &it->second->values, &it->second->queries})
+          for (MatrixF& m : *list) spare_.push_back(std::move(m));
+      } else {
+        freed = true;
+      }
+      cache_.erase(it);
       lru_.pop_back();
-      evicted = true;
     }
     // Evicted layers are ~100 MB blocks; glibc raises its mmap threshold after freeing mapped
     // blocks, so later layers land on the heap and freed ones are not returned to the system.
-    // Trimming keeps the process RSS bounded by the layers in use.
-    if (evicted) ::malloc_trim(0);
+    // Trimming keeps the process RSS bounded by the layers in use and the spare.
+    if (freed) ::malloc_trim(0);
+  }
+
+  // A rows x cols matrix: a spare one of that shape when there is one (contents undefined).
+  MatrixF take_matrix(int64_t rows, int64_t cols) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t i = 0; i < spare_.size(); ++i)
+        if (spare_[i].rows() == rows && spare_[i].cols() == cols) {
+          MatrixF m = std::move(spare_[i]);
+          spare_[i] = std::move(spare_.back());
+          spare_.pop_back();
+          return m;
+        }
+    }
+    return MatrixF(rows, cols);
   }
 
   std::string tensor_where(int index) const {
@@ -430,7 +455,7 @@ class ArchiveCapture final : public CaptureFile {
     bad->assign(heads, std::string());
     for (int h = 0; h < heads; ++h) {
       MatrixF& m = (*out)[h];
-      m.resize(rows, cols);
+      m = take_matrix(rows, cols);
       float* dst = m.data();
       const size_t head_offset = static_cast<size_t>(h) * head_bytes;
       if (t.dtype == DType::F32) {
@@ -439,18 +464,32 @@ class ArchiveCapture final : public CaptureFile {
         else
           std::memcpy(dst, bytes + head_offset, head_bytes);
       } else {
-        const uint8_t* src;
-        if (plain) {
-          half_buffer.resize(head_bytes);
-          plain->copy(file_offset + head_offset, head_bytes, half_buffer.data());
-          src = half_buffer.data();
-        } else {
-          src = bytes + head_offset;
-        }
-        for (size_t i = 0; i < per_head; ++i) {
-          uint16_t half;
-          std::memcpy(&half, src + 2 * i, 2);
-          dst[i] = t.dtype == DType::F16 ? f16_to_float(half) : bf16_to_float(half);
+        // In pieces that stay in the core's cache between the copy and the conversion.
+        constexpr size_t kPiece = size_t{1} << 15;  // values
+        for (size_t i0 = 0; i0 < per_head; i0 += kPiece) {
+          const size_t count = std::min(kPiece, per_head - i0);
+          const uint8_t* src;
+          if (plain) {
+            half_buffer.resize(2 * kPiece);
+            plain->copy(file_offset + head_offset + 2 * i0, 2 * count, half_buffer.data());
+            src = half_buffer.data();
+          } else {
+            src = bytes + head_offset + 2 * i0;
+          }
+          float* out_piece = dst + i0;
+          if (t.dtype == DType::F16) {
+            for (size_t i = 0; i < count; ++i) {
+              uint16_t half;
+              std::memcpy(&half, src + 2 * i, 2);
+              out_piece[i] = f16_to_float(half);
+            }
+          } else {
+            for (size_t i = 0; i < count; ++i) {
+              uint16_t half;
+              std::memcpy(&half, src + 2 * i, 2);
+              out_piece[i] = bf16_to_float(half);
+            }
+          }
         }
       }
       if (any_unusable(dst, per_head)) {
@@ -474,7 +513,7 @@ class ArchiveCapture final : public CaptureFile {
     archive_->release(index);
   }
 
-  std::shared_ptr<const LayerData> load(int L) const {
+  std::shared_ptr<LayerData> load(int L) const {
     auto data = std::make_shared<LayerData>();
     data->layer = L;
     data->rope = info_.rope;
@@ -511,7 +550,10 @@ class ArchiveCapture final : public CaptureFile {
   std::vector<LayerTensors> layers_;
 
   mutable std::mutex mutex_;
-  std::map<int, std::shared_ptr<const LayerData>> cache_;
+  std::map<int, std::shared_ptr<LayerData>> cache_;
+  // The matrices of the last evicted layer that nobody else held, reused by the next load
+  // (guarded by mutex_): see evict().
+  mutable std::vector<MatrixF> spare_;
   std::list<int> lru_;  // most recently used first
   int max_cached_ = 4;
 };

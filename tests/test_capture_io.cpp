@@ -212,6 +212,40 @@ TEST(CaptureIo, LayerCacheIsBoundedAndLru) {
   EXPECT_THROW(cap->layer(-1), InputError);
 }
 
+// An evicted layer nobody holds lends its matrices to the next load (engine/capture.cpp,
+// ArchiveCapture::evict): every load still holds exactly its own layer's values, and a layer the
+// caller still holds is never recycled under it.
+TEST(CaptureIo, RecycledLayersHoldTheirOwnValuesAndHeldLayersAreUntouched) {
+  CaptureData data = make_capture(5, 4, 2, 40, 8, 8, true);
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    const fs::path path =
+        temp_dir() / (std::string("recycle_") + dtype_name(dtype) + ".safetensors");
+    write_capture(path.string(), data, dtype);
+    auto cap = CaptureFile::open(path.string());
+    auto fresh = CaptureFile::open(path.string());
+    fresh->set_max_cached_layers(0);
+    cap->set_max_cached_layers(1);  // every load evicts the one before: constant recycling
+    auto held = cap->layer(2);      // evicted below while held
+    const LayerData held_copy = *fresh->layer(2);
+    for (int pass = 0; pass < 3; ++pass)
+      for (int L = 0; L < 5; ++L) {
+        const std::shared_ptr<const LayerData> got = cap->layer(L), want = fresh->layer(L);
+        ASSERT_EQ(got->layer, L);
+        for (int h = 0; h < 2; ++h) {
+          EXPECT_TRUE(got->keys[h] == want->keys[h]) << "layer " << L << " kv head " << h;
+          EXPECT_TRUE(got->values[h] == want->values[h]) << "layer " << L << " kv head " << h;
+        }
+        for (int h = 0; h < 4; ++h)
+          EXPECT_TRUE(got->queries[h] == want->queries[h]) << "layer " << L << " query " << h;
+      }
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_TRUE(held->keys[h] == held_copy.keys[h]);
+      EXPECT_TRUE(held->values[h] == held_copy.values[h]);
+    }
+    for (int h = 0; h < 4; ++h) EXPECT_TRUE(held->queries[h] == held_copy.queries[h]);
+  }
+}
+
 TEST(CaptureIo, ConcurrentLayerRequestsAgree) {
   CaptureData data = make_capture(6, 2, 2, 32, 8, 8, true);
   const fs::path path = temp_dir() / "threads.safetensors";
