@@ -1,16 +1,32 @@
-// Hot double-precision kernels dispatched at run time to the best instruction set the CPU has
-// (AVX-512, AVX2+FMA, SSE2, scalar). One source (engine/simd/kernels.inc) is compiled once per
-// instruction set; results of every path agree with the scalar one to rounding (tested to 1e-9
-// relative in test_simd). With KVSCOPE_NATIVE=ON (the default) the scalar path itself is built
-// for the host CPU and the dispatcher still picks the widest table the CPU runs.
+// Hot kernels dispatched at run time to the best instruction set the CPU has (AVX-512, AVX2+FMA,
+// SSE2, scalar): the engine's one SIMD style. One source (engine/simd/kernels.inc) is compiled
+// once per instruction set; results of every path agree with the scalar one to rounding (tested
+// to 1e-9 relative in test_simd). The hand-written intrinsics of the AVX2 and AVX-512 tables
+// (engine/simd/intrinsics_*.cpp) are entries of the same tables. With KVSCOPE_NATIVE=ON (the
+// default) the scalar path itself is built for the host CPU and the dispatcher still picks the
+// widest table the CPU runs. No engine file outside engine/simd* uses a target attribute or asks
+// the CPU what it runs.
 //
 // Layouts are row-major with explicit row strides ("ld"); sizes are ints.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace kvscope::simd {
+
+// The brute-force kNN's points (engine/knn.cpp) as its kernels read them: `rows` row-major (d
+// floats each, kKnnRows rows of zero padding after the last), `panels` of kKnnPanel points
+// dimension-major (panel t holds, for each dimension c, points 16t .. 16t + 15 at panels[(16t *
+// d) + 16c + r]), zero-padded, both 64-byte aligned; `norms` their squared norms, NaN past n.
+constexpr int kKnnPanel = 16, kKnnRows = 6, kKnnMaxRank = 16;
+struct KnnPoints {
+  int n = 0, d = 0;
+  const float* rows = nullptr;
+  const float* panels = nullptr;
+  const float* norms = nullptr;
+};
 
 struct Kernels {
   const char* name;
@@ -45,6 +61,63 @@ struct Kernels {
   // runs after each tile of products (prefetch hints).
   void (*walk_gram_f32)(const float* packed, int rows, int dim, int ibegin, int iend, int ldg,
                         float* g, void (*on_tile)(void*), void* ctx);
+
+  // ---- Hand-written x86 intrinsics (engine/simd/intrinsics_avx2.cpp, intrinsics_avx512.cpp):
+  // null in the scalar and sse2 tables, where the callers run their portable code instead. Unlike
+  // the kernels above (contracted: -ffp-contract=fast), these are built with -ffp-contract=off
+  // (CMakeLists.txt): multiply-adds are fused only where they say so. The avx512 table uses the
+  // AVX2 ones except where it names its own.
+
+  // The double walk's block Gram (engine/ops/walk_blocks_cpu.cpp, preset kvscope-v1):
+  // G[i][j] = <x_i, x_j> for rows i in [ibegin, iend) and j <= i (plus a few entries above the
+  // diagonal), x row-major `dimp` wide, dimp a multiple of walk_gram_f64_lanes (4; avx512: 8, its
+  // own kernel) zero-padded, rows zero-padded to a multiple of 4 (ibegin % 4 == 0, iend % 2 ==
+  // 0); row i goes to g + (i - ibegin) * ldg. Sums in lanes of that width: results depend on it.
+  int walk_gram_f64_lanes;
+  void (*walk_gram_f64)(const double* x, int ibegin, int iend, int dimp, int ldg, double* g);
+  // The float32 walk's other steps (set exactly where walk_gram_f32 is). Packs `len` rows of x
+  // (`dim` wide) as walk_gram_f32 reads them.
+  void (*walk_pack_panels16)(const float* x, int len, int dim, float* out);
+  // The kernel entries of rows [p0, p1) (p0 % 16 == 0) of the block from its Gram rows (row r at
+  // gk/gv + (r - p0) * ld): out[r * ld + j] = exp((temp * gk) / sqrt_d - beta) *
+  // ((gv + eps) + bias) for j <= r (and on to r rounded up to 8, or 16 with the avx512 table's own
+  // kernel: the same bits), a polynomial exp within 2 ulp (inf above the float range, 0 below);
+  // tail_bad[j] = 1 for each non-finite entry of column j.
+  void (*walk_kernel_rows_f32)(const float* gk, const float* gv, int p0, int p1, int ld, float temp,
+                               float sqrt_d, float beta, float eps, float bias, float* out,
+                               char* tail_bad);
+  // sum_{j<i} k[j] s[j] in float: 8 lanes, then the tail in order.
+  float (*walk_dot_f32)(const float* k, const float* s, int i);
+  // sum[c] = the sum over the rows `tokens` (in order) of rows[token * d + c], in double: the
+  // same bits as the plain loop (one chain per column).
+  void (*column_sums_f32)(const float* rows, const int* tokens, int count, int d, double* sum);
+  // t-SNE's row i of the attraction (fx, fy) and, with kl not null, its KL term and sum_j p_ij
+  // (engine/ops/tsne_gradient_cpu.cpp): P in CSR (rowptr, col or col16 when not null, val), y
+  // interleaved (x, y); 8 neighbours per step in float lanes summed in double.
+  void (*tsne_row_terms)(const float* y, const int* rowptr, const int* col, const uint16_t* col16,
+                         const float* val, int i, double* fx, double* fy, double* kl, double* ps);
+  // t-SNE's gradient step (engine/tsne.cpp) on the first multiple of 8 of `size` coordinates,
+  // the plain loop's float operations in its order (bit for bit); returns how many it did.
+  long (*tsne_gradient_step)(const float* g, float* u, float* gain, float* y, long size,
+                             float momentum, float lr, float min_gain);
+  // The brute-force kNN's distances |a|^2 + |b|^2 - 2 a.b (engine/knn.cpp): one fused multiply-add
+  // per dimension in order, then the norms fused in; the layout is KnnPoints'.
+  // One tile, rows [i0, i1) against columns [j0, j1) (only j > i when i0 == j0): every distance
+  // at most threshold[i] or threshold[j] (read as it changes) goes to offer(ctx, i, j, dd, for_row,
+  // for_col) in groups of 16 columns, dd their distances, bit c of for_row / for_col set where
+  // column j + c is offered to point i / point i to point j + c.
+  void (*knn_scan_tile)(const KnnPoints& p, int i0, int i1, int j0, int j1, const float* threshold,
+                        void (*offer)(void* ctx, int i, int j, const float* dd, unsigned for_row,
+                                      unsigned for_col),
+                        void* ctx);
+  // estimate[i], i in [i0, i1) (i0 a multiple of kKnnRows): the rank-th (1 <= rank <=
+  // kKnnMaxRank) smallest distance from row i to the `sample` points (s.n of them, padded: NaN
+  // norms past the last) other than itself (sample_row[t] == i), +inf when fewer.
+  void (*knn_sample_ranks)(const KnnPoints& p, const KnnPoints& sample, const int* sample_row,
+                           int rank, int i0, int i1, float* estimate);
+  // dd[j] for every j < p.n rounded up to 64 (p's panels hold that many): the distance of row i
+  // to point j.
+  void (*knn_distances)(const KnnPoints& p, int i, float* dd);
 };
 
 // The table in use: the widest the CPU supports, unless KVSCOPE_SIMD=<name> in the environment
