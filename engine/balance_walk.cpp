@@ -9,11 +9,6 @@
 #include <numeric>
 #include <sstream>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define KVS_GRAM_AVX2 1  // column_sums has an AVX2 path
-#endif
-
 #include "engine/backend.h"
 #include "engine/capture.h"
 #include "engine/cpu_ops.h"
@@ -165,43 +160,11 @@ std::vector<float> trace_query_vector(const MethodInput& in, int* position_out) 
 namespace {
 
 // sum[c] = the sum over the rows `tokens` (in order) of row[c], in double, as the block mean
-// always summed them. The AVX2 version keeps 32 columns in 8 registers per pass over the rows:
-// each column's sum is one chain of dependent adds, and 8 chains (not 4) keep both add units busy
-// past the add latency.
-#if defined(KVS_GRAM_AVX2)
-__attribute__((target("avx2,fma"))) void column_sums_avx2(const float* rows, const int* tokens,
-                                                          int count, int d, double* sum) {
-  int c0 = 0;
-  for (; c0 + 32 <= d; c0 += 32) {
-    __m256d a[8];
-    for (__m256d& v : a) v = _mm256_setzero_pd();
-    for (int i = 0; i < count; ++i) {
-      const float* k = rows + static_cast<long>(tokens[i]) * d + c0;
-      for (int q = 0; q < 8; ++q)
-        a[q] = _mm256_add_pd(a[q], _mm256_cvtps_pd(_mm_loadu_ps(k + 4 * q)));
-    }
-    for (int q = 0; q < 8; ++q) _mm256_storeu_pd(sum + c0 + 4 * q, a[q]);
-  }
-  for (; c0 + 4 <= d; c0 += 4) {
-    __m256d a = _mm256_setzero_pd();
-    for (int i = 0; i < count; ++i)
-      a = _mm256_add_pd(
-          a, _mm256_cvtps_pd(_mm_loadu_ps(rows + static_cast<long>(tokens[i]) * d + c0)));
-    _mm256_storeu_pd(sum + c0, a);
-  }
-  for (; c0 < d; ++c0) {
-    double a = 0;
-    for (int i = 0; i < count; ++i) a += rows[static_cast<long>(tokens[i]) * d + c0];
-    sum[c0] = a;
-  }
-}
-#endif
-
+// always summed them: the SIMD table's column_sums_f32 (engine/simd.h; AVX2, 32 columns per pass
+// over the rows) where it has one, the same bits.
 void column_sums(const float* rows, const int* tokens, int count, int d, double* sum) {
-#if defined(KVS_GRAM_AVX2)
-  static const bool avx2 = simd::cpu_supports("avx2");
-  if (avx2) return column_sums_avx2(rows, tokens, count, d, sum);
-#endif
+  if (const auto simd_sums = simd::kernels().column_sums_f32)
+    return simd_sums(rows, tokens, count, d, sum);
   std::fill(sum, sum + d, 0.0);
   for (int i = 0; i < count; ++i) {
     const float* k = rows + static_cast<long>(tokens[i]) * d;
