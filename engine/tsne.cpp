@@ -10,11 +10,6 @@
 #include <type_traits>
 #include <utility>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define KVS_TSNE_AVX2 1  // the gradient step below
-#endif
-
 #include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/knn.h"
@@ -260,40 +255,17 @@ namespace {
 
 // One step of gradient descent with momentum and sklearn's gains, for every coordinate c: gains
 // grow by 0.2 where the gradient changed sign against the last update and shrink by 0.8 where it
-// agrees (at least min_gain), then u = momentum u - lr gain g and y += u. The AVX2 path does the
-// same float operations in the same order (bit for bit); GCC keeps the plain loop scalar (its
-// selects are control flow under -ftrapping-math), which cost 3% of a 32k-point run on the
-// caller's thread alone.
-#if defined(KVS_TSNE_AVX2)
-__attribute__((target("avx2,fma"))) long gradient_step_avx2(const float* g, float* u, float* gain,
-                                                            float* y, long size, float momentum,
-                                                            float lr, float min_gain) {
-  const __m256 vm = _mm256_set1_ps(momentum), vlr = _mm256_set1_ps(lr);
-  const __m256 vmin = _mm256_set1_ps(min_gain), up = _mm256_set1_ps(0.2f);
-  const __m256 down = _mm256_set1_ps(0.8f), zero = _mm256_setzero_ps();
-  long c = 0;
-  for (; c + 8 <= size; c += 8) {
-    const __m256 gc = _mm256_loadu_ps(g + c), uc = _mm256_loadu_ps(u + c);
-    const __m256 ga = _mm256_loadu_ps(gain + c);
-    const __m256 flipped = _mm256_cmp_ps(_mm256_mul_ps(uc, gc), zero, _CMP_LT_OQ);
-    __m256 gn = _mm256_blendv_ps(_mm256_mul_ps(ga, down), _mm256_add_ps(ga, up), flipped);
-    gn = _mm256_max_ps(vmin, gn);  // gn < min_gain ? min_gain : gn
-    const __m256 un =
-        _mm256_sub_ps(_mm256_mul_ps(vm, uc), _mm256_mul_ps(_mm256_mul_ps(vlr, gn), gc));
-    _mm256_storeu_ps(gain + c, gn);
-    _mm256_storeu_ps(u + c, un);
-    _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), un));
-  }
-  return c;
-}
-#endif
-
+// agrees (at least min_gain), then u = momentum u - lr gain g and y += u. The SIMD table's
+// tsne_gradient_step (engine/simd.h; AVX2, with the t-SNE rows' switch) does the same float
+// operations in the same order (bit for bit); GCC keeps the plain loop scalar (its selects are
+// control flow under -ftrapping-math), which cost 3% of a 32k-point run on the caller's thread
+// alone.
 void gradient_step(const float* g, float* u, float* gain, float* y, long size, float momentum,
                    float lr, float min_gain) {
   long c = 0;
-#if defined(KVS_TSNE_AVX2)
-  if (cpu_tsne_avx2_in_use()) c = gradient_step_avx2(g, u, gain, y, size, momentum, lr, min_gain);
-#endif
+  if (cpu_tsne_avx2_in_use())
+    if (const auto step = simd::kernels().tsne_gradient_step)
+      c = step(g, u, gain, y, size, momentum, lr, min_gain);
   for (; c < size; ++c) {
     gain[c] = (u[c] * g[c] < 0) ? gain[c] + 0.2f : gain[c] * 0.8f;
     gain[c] = std::max(gain[c], min_gain);

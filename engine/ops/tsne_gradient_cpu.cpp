@@ -1,6 +1,7 @@
 // The CPU reference of the t-SNE gradient op (engine/ops/tsne_gradient.h): exact O(n^2) or
 // Barnes-Hut repulsion, the FFT-interpolated variant (fft_tsne_gradient; the repulsion itself is
-// engine/tsne_fft.cpp), and the attraction and KL rows they share (AVX2 where the CPU has it).
+// engine/tsne_fft.cpp), and the attraction and KL rows they share (the SIMD table's where it has
+// them, engine/simd.h).
 // TsneRun (engine/tsne.cpp) calls it through the backend; the CUDA kernel (kernels/tsne_grad.cu)
 // is tested against it (tests/test_cuda_parity.cpp). Moved here from engine/tsne.cpp unchanged.
 #include <algorithm>
@@ -16,11 +17,6 @@
 #include <vector>
 
 #include "engine/ops/tsne_gradient.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
-
 #include "engine/simd.h"
 #include "engine/thread_pool.h"
 #include "engine/tsne_fft.h"
@@ -266,7 +262,7 @@ constexpr int kLanes = 8;  // independent partial sums per row (vectorised witho
 // independent partial sums combined in double in a fixed order. The portable path: kept scalar
 // on purpose, because GCC vectorises this loop with gathered loads of y_j, which measured
 // 1.5-2x slower than scalar loads on the development CPU (AMD Zen 3; isolated microbenchmark of
-// 32k rows x 138 entries, 13-15 ms vs 6-8 ms). attraction_avx2 below is the fast path.
+// 32k rows x 138 entries, 13-15 ms vs 6-8 ms). The SIMD table's tsne_row_terms is the fast path.
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((noinline, optimize("no-tree-vectorize")))
 #endif
@@ -317,137 +313,20 @@ inline void kl_row_portable(const TsneGradInput& in, int i, double& kl, double& 
 
 std::atomic<bool> g_tsne_simd{true};
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define KVS_TSNE_AVX2 1
-#endif
-
-// Whether the AVX2 paths below run: when the SIMD table in use (engine/simd.h: the widest the
-// CPU runs, or KVSCOPE_SIMD) has AVX2 and FMA, as for the kNN kernel, and set_cpu_tsne_simd has
-// not turned them off. Asked once per gradient, not per row.
-bool use_tsne_avx2() {
-#if defined(KVS_TSNE_AVX2)
-  if (!g_tsne_simd.load(std::memory_order_relaxed)) return false;
-  const std::string name = simd::kernels().name;
-  return name == "avx2" || name == "avx512";
-#else
-  return false;
-#endif
+// The SIMD table's rows (engine/simd.h tsne_row_terms: AVX2, 8 neighbours per step, also in the
+// avx512 table) when it has them and set_cpu_tsne_simd has not turned them off; null otherwise.
+// Asked once per gradient, not per row.
+decltype(simd::Kernels::tsne_row_terms) simd_row_terms() {
+  if (!g_tsne_simd.load(std::memory_order_relaxed)) return nullptr;
+  return simd::kernels().tsne_row_terms;
 }
 
-#if defined(KVS_TSNE_AVX2)
-
-// The 8 neighbours' coordinates, y_j for j = col[0..7], as x and y lanes in neighbour order:
-// each (x, y) pair is one 64-bit load (a gather instruction measured slower on Zen 3), pairs 0, 1,
-// 4, 5 in a and 2, 3, 6, 7 in b so that one in-lane shuffle each separates x from y.
-template <class Index>
-__attribute__((target("avx2,fma"))) inline void load_neighbours(const float* y, const Index* col,
-                                                                __m256& xs, __m256& ys) {
-  auto pair = [&](int l) {
-    return reinterpret_cast<const __m64*>(y + 2 * static_cast<long>(col[l]));
-  };
-  const __m128 p01 = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), pair(0)), pair(1));
-  const __m128 p23 = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), pair(2)), pair(3));
-  const __m128 p45 = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), pair(4)), pair(5));
-  const __m128 p67 = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), pair(6)), pair(7));
-  const __m256 a = _mm256_set_m128(p45, p01), b = _mm256_set_m128(p67, p23);
-  xs = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-  ys = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-}
-
-// The 8 lanes of v summed in double, lane 0 first (a fixed order).
-__attribute__((target("avx2,fma"))) inline double lane_sum(__m256 v) {
-  alignas(32) float l[8];
-  _mm256_store_ps(l, v);
-  double s = 0;
-  for (float x : l) s += x;
-  return s;
-}
-
-// vector_log for 8 floats (normal, positive inputs).
-__attribute__((target("avx2,fma"))) inline __m256 log_avx2(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  __m256i e =
-      _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xff)),
-                       _mm256_set1_epi32(127));
-  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(
-      _mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f800000)));
-  const __m256 high = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421356f), _CMP_GT_OQ);
-  m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), high);
-  e = _mm256_sub_epi32(e, _mm256_castps_si256(high));  // high lanes are all ones: e + 1
-  const __m256 one = _mm256_set1_ps(1.f);
-  const __m256 s = _mm256_div_ps(_mm256_sub_ps(m, one), _mm256_add_ps(m, one));
-  const __m256 s2 = _mm256_mul_ps(s, s);
-  __m256 series = _mm256_fmadd_ps(s2, _mm256_set1_ps(1.f / 9), _mm256_set1_ps(1.f / 7));
-  series = _mm256_fmadd_ps(s2, series, _mm256_set1_ps(1.f / 5));
-  series = _mm256_fmadd_ps(s2, series, _mm256_set1_ps(1.f / 3));
-  series = _mm256_fmadd_ps(s2, series, one);
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_set1_ps(0.693147180559945f),
-                         _mm256_mul_ps(_mm256_add_ps(s, s), series));
-}
-
-// attraction_portable, and with kKl kl_row_portable in the same pass over the row, with 8
-// neighbours per step in the lanes of one vector (the same float terms; the sums associate
-// differently, so results agree with the portable ones to float rounding, not bit for bit).
-template <bool kKl, class Index>
-__attribute__((target("avx2,fma"))) void row_terms_avx2(const TsneGradInput& in, const Index* col,
-                                                        int i, double& fx, double& fy, double* kl,
-                                                        double* ps) {
-  const float* y = in.y;
-  const float* val = in.p_val;
-  const __m256 xi = _mm256_set1_ps(y[2 * i]), yi = _mm256_set1_ps(y[2 * i + 1]);
-  const __m256 one = _mm256_set1_ps(1.f), tiny = _mm256_set1_ps(1e-30f);
-  __m256 ax = _mm256_setzero_ps(), ay = ax, akl = ax, aps = ax;
-  int k = in.p_rowptr[i];
-  const int end = in.p_rowptr[i + 1];
-  for (; k + 8 <= end; k += 8) {
-    __m256 xs, ys;
-    load_neighbours(y, col + k, xs, ys);
-    const __m256 dx = _mm256_sub_ps(xi, xs), dy = _mm256_sub_ps(yi, ys);
-    const __m256 p = _mm256_loadu_ps(val + k);
-    const __m256 den = _mm256_fmadd_ps(dy, dy, _mm256_fmadd_ps(dx, dx, one));
-    const __m256 pq = _mm256_div_ps(p, den);
-    ax = _mm256_fmadd_ps(pq, dx, ax);
-    ay = _mm256_fmadd_ps(pq, dy, ay);
-    if constexpr (kKl) {
-      // p log p -> 0 as p -> 0: below 1e-30 the term is dropped.
-      const __m256 keep = _mm256_cmp_ps(p, tiny, _CMP_GT_OQ);
-      const __m256 pd = _mm256_blendv_ps(one, _mm256_mul_ps(p, den), keep);
-      akl = _mm256_add_ps(akl, _mm256_and_ps(keep, _mm256_mul_ps(p, log_avx2(pd))));
-      aps = _mm256_add_ps(aps, p);
-    }
-  }
-  fx = lane_sum(ax), fy = lane_sum(ay);
-  if constexpr (kKl) *kl = lane_sum(akl), *ps = lane_sum(aps);
-  const float xs = y[2 * i], ysc = y[2 * i + 1];
-  for (; k < end; ++k) {
-    const int j = col[k];
-    const float p = val[k];
-    const float dx = xs - y[2 * j], dy = ysc - y[2 * j + 1];
-    const float den = 1.f + dx * dx + dy * dy;
-    const float pq = p / den;
-    fx += pq * dx;
-    fy += pq * dy;
-    if constexpr (kKl) {
-      if (p > 1e-30f) *kl += p * vector_log(p * den);
-      *ps += p;
-    }
-  }
-}
-#endif
-
-// Row i's attraction, and with kl/ps its part of the KL divergence and sum_j p_ij: the AVX2 rows
-// when avx2 (use_tsne_avx2()), else the portable ones.
-void row_terms(const TsneGradInput& in, bool avx2, int i, double& fx, double& fy, double* kl,
-               double* ps) {
-#if defined(KVS_TSNE_AVX2)
-  if (avx2) {
-    if (kl)
-      return in.p_col16 ? row_terms_avx2<true>(in, in.p_col16, i, fx, fy, kl, ps)
-                        : row_terms_avx2<true>(in, in.p_col, i, fx, fy, kl, ps);
-    return in.p_col16 ? row_terms_avx2<false>(in, in.p_col16, i, fx, fy, kl, ps)
-                      : row_terms_avx2<false>(in, in.p_col, i, fx, fy, kl, ps);
-  }
-#endif
+// Row i's attraction, and with kl/ps its part of the KL divergence and sum_j p_ij: the SIMD rows
+// (the same float terms; the sums associate differently, so results agree with the portable ones
+// to float rounding, not bit for bit) when `rows` is not null, else the portable ones.
+void row_terms(const TsneGradInput& in, decltype(simd::Kernels::tsne_row_terms) rows, int i,
+               double& fx, double& fy, double* kl, double* ps) {
+  if (rows) return rows(in.y, in.p_rowptr, in.p_col, in.p_col16, in.p_val, i, &fx, &fy, kl, ps);
   attraction_portable(in, i, fx, fy);
   if (kl) kl_row_portable(in, i, *kl, *ps);
 }
@@ -463,11 +342,11 @@ double finish_gradient(const TsneGradInput& in, const double* rep, const double*
   const bool want_kl = in.want_kl;
   std::vector<double> kl_terms(want_kl ? n : 0), psum(want_kl ? n : 0);
   const double exaggeration = in.exaggeration;
-  const bool avx2 = use_tsne_avx2();
+  const auto rows = simd_row_terms();
   parallel_chunks(n, 512, [&](int b, int e) {
     for (int i = b; i < e; ++i) {
       double fx, fy;
-      row_terms(in, avx2, i, fx, fy, want_kl ? &kl_terms[i] : nullptr,
+      row_terms(in, rows, i, fx, fy, want_kl ? &kl_terms[i] : nullptr,
                 want_kl ? &psum[i] : nullptr);
       grad[2 * i] = static_cast<float>(4.0 * (exaggeration * fx - rep[2 * i] / z));
       grad[2 * i + 1] = static_cast<float>(4.0 * (exaggeration * fy - rep[2 * i + 1] / z));
@@ -488,7 +367,7 @@ bool set_cpu_tsne_simd(bool enabled) {
 }
 
 bool cpu_tsne_avx2_in_use() {
-  return use_tsne_avx2();
+  return simd_row_terms() != nullptr;
 }
 
 }  // namespace kvscope
