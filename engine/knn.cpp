@@ -14,11 +14,6 @@
 #include "engine/simd.h"
 #include "engine/thread_pool.h"
 
-#if defined(KVSCOPE_SIMD_X86) && (defined(__x86_64__) || defined(__i386__))
-#include <immintrin.h>
-#define KVSCOPE_KNN_AVX2 1
-#endif
-
 namespace kvscope {
 namespace {
 
@@ -191,8 +186,9 @@ void knn_kdtree(const MatrixF& x, int k, std::vector<int>& neighbours, std::vect
 // ---- brute force -----------------------------------------------------------------------------
 
 constexpr int kBlock = 512;  // rows and columns of a tile (a multiple of kPanel)
-constexpr int kPanel = 16;   // columns of a packed panel: two AVX2 vectors
-constexpr int kRows = 6;     // rows of the register block (6 x 16 accumulators: 12 of 16 ymm)
+// The layout of the SIMD table's kNN kernels (engine/simd.h KnnPoints).
+constexpr int kPanel = simd::kKnnPanel;  // columns of a packed panel: two AVX2 vectors
+constexpr int kRows = simd::kKnnRows;    // rows of the register block (6 x 16 accumulators)
 
 // 64-byte aligned float storage.
 struct AlignedDelete {
@@ -253,10 +249,8 @@ inline void offer_masked(NearestSets& sets, int i, int j0, const float* dd, unsi
 // The distances of one tile: rows [i0, i1) against columns [j0, j1) (j1 - j0 a multiple of
 // kPanel; columns past n are padding), only j > i on the diagonal tile. Each is offered to both
 // points when it beats either one's current k-th distance.
-using TileScan = void (*)(const Points& p, int i0, int i1, int j0, int j1, NearestSets& sets,
-                          MatrixF& scratch);
-
-// Portable: the tile's Gram block by an Eigen float GEMM, then one pass over it.
+// Portable: the tile's Gram block by an Eigen float GEMM, then one pass over it (the SIMD table's
+// knn_scan_tile where it has one).
 void scan_tile_portable(const Points& p, int i0, int i1, int j0, int j1, NearestSets& sets,
                         MatrixF& scratch) {
   const bool diagonal = i0 == j0;
@@ -312,201 +306,27 @@ struct Sample {
   std::vector<int> row;
 };
 
-#ifdef KVSCOPE_KNN_AVX2
-// The dot products of 6 consecutive rows (from a, d floats apart) with the 16 points of a panel:
-// one fused multiply-add per dimension in order, in 12 accumulators.
-struct DotBlock {
-  __m256 v[kRows][2];
-};
-__attribute__((target("avx2,fma"), always_inline)) inline DotBlock dot_block(const float* a, int d,
-                                                                             const float* panel) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int c = 0; c < d; ++c) {
-    const __m256 b0 = _mm256_load_ps(panel + c * kPanel);
-    const __m256 b1 = _mm256_load_ps(panel + c * kPanel + 8);
-    __m256 v = _mm256_broadcast_ss(a + c);
-    c00 = _mm256_fmadd_ps(v, b0, c00);
-    c01 = _mm256_fmadd_ps(v, b1, c01);
-    v = _mm256_broadcast_ss(a + d + c);
-    c10 = _mm256_fmadd_ps(v, b0, c10);
-    c11 = _mm256_fmadd_ps(v, b1, c11);
-    v = _mm256_broadcast_ss(a + 2 * d + c);
-    c20 = _mm256_fmadd_ps(v, b0, c20);
-    c21 = _mm256_fmadd_ps(v, b1, c21);
-    v = _mm256_broadcast_ss(a + 3 * d + c);
-    c30 = _mm256_fmadd_ps(v, b0, c30);
-    c31 = _mm256_fmadd_ps(v, b1, c31);
-    v = _mm256_broadcast_ss(a + 4 * d + c);
-    c40 = _mm256_fmadd_ps(v, b0, c40);
-    c41 = _mm256_fmadd_ps(v, b1, c41);
-    v = _mm256_broadcast_ss(a + 5 * d + c);
-    c50 = _mm256_fmadd_ps(v, b0, c50);
-    c51 = _mm256_fmadd_ps(v, b1, c51);
-  }
-  return DotBlock{{{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}}};
+// The points as the SIMD table's kNN kernels read them.
+simd::KnnPoints view(const Points& p) {
+  return {p.n, p.d, p.rows.get(), p.panels.get(), p.norms.get()};
 }
 
-// AVX2 + FMA: a 6 x 16 register block over the whole dimension, its distances compared while
-// still in registers (the Gram block is never written out). Panels of the column block stay in
-// L1 while the tile's rows (512 x d floats) stream from L2.
-__attribute__((target("avx2,fma"))) void scan_tile_avx2(const Points& p, int i0, int i1, int j0,
-                                                        int j1, NearestSets& sets, MatrixF&) {
-  const int d = p.d;
-  const bool diagonal = i0 == j0;
-  const __m256 minus_two = _mm256_set1_ps(-2.f);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int j = j0; j < j1; j += kPanel) {
-    const float* panel = p.panels.get() + static_cast<size_t>(j) * d;
-    const __m256 nj0 = _mm256_load_ps(p.norms.get() + j);
-    const __m256 nj1 = _mm256_load_ps(p.norms.get() + j + 8);
-    const __m256i col0 = _mm256_add_epi32(_mm256_set1_epi32(j), lane);
-    const __m256i col1 = _mm256_add_epi32(col0, _mm256_set1_epi32(8));
-    // On the diagonal tile, rows from j + 15 on have no column above them in this panel.
-    const int row_end = diagonal ? std::min(i1, j + kPanel - 1) : i1;
-    for (int i = i0; i < row_end; i += kRows) {
-      const DotBlock acc = dot_block(p.rows.get() + static_cast<size_t>(i) * d, d, panel);
-      const int rows = std::min(kRows, i1 - i);
-      for (int r = 0; r < rows; ++r) {
-        const int row = i + r;
-        // d = |a|^2 + |b|^2 - 2 a.b, the same value for both points of the pair.
-        const __m256 ni = _mm256_set1_ps(p.norms[row]);
-        const __m256 d0 = _mm256_fmadd_ps(minus_two, acc.v[r][0], _mm256_add_ps(ni, nj0));
-        const __m256 d1 = _mm256_fmadd_ps(minus_two, acc.v[r][1], _mm256_add_ps(ni, nj1));
-        const __m256 wi = _mm256_set1_ps(sets.threshold()[row]);
-        const float* wj = sets.threshold() + j;
-        __m256 r0 = _mm256_cmp_ps(d0, wi, _CMP_LE_OQ), r1 = _mm256_cmp_ps(d1, wi, _CMP_LE_OQ);
-        __m256 q0 = _mm256_cmp_ps(d0, _mm256_loadu_ps(wj), _CMP_LE_OQ);
-        __m256 q1 = _mm256_cmp_ps(d1, _mm256_loadu_ps(wj + 8), _CMP_LE_OQ);
-        if (diagonal) {
-          const __m256i rv = _mm256_set1_epi32(row);
-          const __m256 above0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(col0, rv));
-          const __m256 above1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(col1, rv));
-          r0 = _mm256_and_ps(r0, above0);
-          r1 = _mm256_and_ps(r1, above1);
-          q0 = _mm256_and_ps(q0, above0);
-          q1 = _mm256_and_ps(q1, above1);
-        }
-        const unsigned for_row =
-            unsigned(_mm256_movemask_ps(r0)) | (unsigned(_mm256_movemask_ps(r1)) << 8);
-        const unsigned for_col =
-            unsigned(_mm256_movemask_ps(q0)) | (unsigned(_mm256_movemask_ps(q1)) << 8);
-        if (for_row | for_col) {
-          alignas(32) float dd[kPanel];
-          _mm256_store_ps(dd, d0);
-          _mm256_store_ps(dd + 8, d1);
-          offer_masked(sets, row, j, dd, for_row, for_col);
-        }
-      }
-    }
-  }
+// offer_masked for the SIMD table's tile kernel (knn_scan_tile).
+void offer_to(void* sets, int i, int j0, const float* dd, unsigned for_row, unsigned for_col) {
+  offer_masked(*static_cast<NearestSets*>(sets), i, j0, dd, for_row, for_col);
 }
-
-// The estimates of rows [i0, i1) (i0 a multiple of kRows): the kSampleRank-th smallest distance
-// to a sample point other than the row itself, +inf when the sample has fewer.
-__attribute__((target("avx2,fma"))) void sample_ranks_avx2(const Points& p, const Sample& s, int i0,
-                                                           int i1, float* estimate) {
-  const int d = p.d;
-  const __m256 minus_two = _mm256_set1_ps(-2.f);
-  constexpr float inf = std::numeric_limits<float>::infinity();
-  for (int i = i0; i < i1; i += kRows) {
-    const int rows = std::min(kRows, i1 - i);
-    float best[kRows][kSampleRank];  // ascending
-    int kept[kRows] = {};
-    float bound[kRows];
-    std::fill(bound, bound + kRows, inf);
-    for (int j = 0; j < s.padded; j += kPanel) {
-      const DotBlock acc = dot_block(p.rows.get() + static_cast<size_t>(i) * d, d,
-                                     s.panels.get() + static_cast<size_t>(j) * d);
-      const __m256 nj0 = _mm256_load_ps(s.norms.get() + j);
-      const __m256 nj1 = _mm256_load_ps(s.norms.get() + j + 8);
-      const __m256i id0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.row.data() + j));
-      const __m256i id1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.row.data() + j + 8));
-      for (int r = 0; r < rows; ++r) {
-        const __m256 ni = _mm256_set1_ps(p.norms[i + r]);
-        const __m256 d0 = _mm256_fmadd_ps(minus_two, acc.v[r][0], _mm256_add_ps(ni, nj0));
-        const __m256 d1 = _mm256_fmadd_ps(minus_two, acc.v[r][1], _mm256_add_ps(ni, nj1));
-        const __m256 b = _mm256_set1_ps(bound[r]);
-        const __m256i self = _mm256_set1_epi32(i + r);
-        const __m256 m0 = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(id0, self)),
-                                           _mm256_cmp_ps(d0, b, _CMP_LT_OQ));
-        const __m256 m1 = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(id1, self)),
-                                           _mm256_cmp_ps(d1, b, _CMP_LT_OQ));
-        unsigned bits = unsigned(_mm256_movemask_ps(m0)) | (unsigned(_mm256_movemask_ps(m1)) << 8);
-        if (!bits) continue;
-        alignas(32) float dd[kPanel];
-        _mm256_store_ps(dd, d0);
-        _mm256_store_ps(dd + 8, d1);
-        float* list = best[r];
-        while (bits) {
-          const float v = dd[__builtin_ctz(bits)];
-          bits &= bits - 1;
-          if (v >= bound[r]) continue;
-          int at = kept[r] < kSampleRank ? kept[r]++ : kSampleRank - 1;
-          for (; at > 0 && list[at - 1] > v; --at) list[at] = list[at - 1];
-          list[at] = v;
-          if (kept[r] == kSampleRank) bound[r] = list[kSampleRank - 1];
-        }
-      }
-    }
-    for (int r = 0; r < rows; ++r) estimate[i + r] = bound[r];
-  }
-}
-#endif
-
-TileScan pick_tile_scan() {
-#ifdef KVSCOPE_KNN_AVX2
-  // The AVX2 kernel where the SIMD dispatcher (engine/simd.h, KVSCOPE_SIMD) runs AVX2 or wider.
-  const std::string name = simd::kernels().name;
-  if (name == "avx2" || name == "avx512") return scan_tile_avx2;
-#endif
-  return scan_tile_portable;
-}
-
-#ifdef KVSCOPE_KNN_AVX2
-// Row i against every other point, exactly as the AVX2 tile kernel computes a distance (one fused
-// multiply-add per dimension in order, then |a|^2 + |b|^2 - 2 a.b fused), into `cand`: four
-// panels at a time, so that eight accumulators hide the multiply-add latency.
-__attribute__((target("avx2,fma"))) void all_distances(const Points& p, int i,
-                                                       std::vector<Candidate>& cand) {
-  cand.clear();
-  const int d = p.d;
-  const float* a = p.rows.get() + static_cast<size_t>(i) * d;
-  const __m256 minus_two = _mm256_set1_ps(-2.f);
-  const __m256 ni = _mm256_set1_ps(p.norms[i]);
-  constexpr int kWide = 4 * kPanel;  // p.padded is a multiple of it
-  for (int j0 = 0; j0 < p.n; j0 += kWide) {
-    __m256 acc[8];
-    for (__m256& v : acc) v = _mm256_setzero_ps();
-    const float* panel = p.panels.get() + static_cast<size_t>(j0) * d;
-    for (int c = 0; c < d; ++c) {
-      const __m256 v = _mm256_broadcast_ss(a + c);
-      for (int q = 0; q < 8; ++q) {
-        const float* b = panel + static_cast<size_t>(q / 2) * kPanel * d + c * kPanel + (q % 2) * 8;
-        acc[q] = _mm256_fmadd_ps(v, _mm256_load_ps(b), acc[q]);
-      }
-    }
-    alignas(32) float dd[kWide];
-    for (int q = 0; q < 8; ++q) {
-      const __m256 nj = _mm256_load_ps(p.norms.get() + j0 + q * 8);
-      _mm256_store_ps(dd + q * 8, _mm256_fmadd_ps(minus_two, acc[q], _mm256_add_ps(ni, nj)));
-    }
-    for (int c = 0; c < kWide && j0 + c < p.n; ++c)
-      if (j0 + c != i) cand.push_back({dd[c], j0 + c});
-  }
-}
-#endif
 
 // Estimated k-th distances of every point (see kSampleHits), or empty where a sample is not worth
-// it (small n: it would be a large share of the work) or the AVX2 kernel does not run (the
-// recomputation of a point matches that kernel's arithmetic only).
-std::vector<float> sampled_thresholds(const Points& p, int k, TileScan scan,
+// it (small n: it would be a large share of the work) or the SIMD table has no kNN kernels (the
+// recomputation of a point, knn_distances, matches their arithmetic only).
+std::vector<float> sampled_thresholds(const Points& p, int k, const simd::Kernels& kern,
                                       const std::atomic<bool>* cancel) {
-#ifdef KVSCOPE_KNN_AVX2
+  static_assert(kSampleRank <= simd::kKnnMaxRank, "knn_sample_ranks keeps at most kKnnMaxRank");
   const int n = p.n, d = p.d;
   const int m = static_cast<int>(std::ceil(kSampleHits * n / k));
-  if (scan != scan_tile_avx2 || n < 4096 || 8 * m > n || m <= 2 * kSampleRank) return {};
+  if (!kern.knn_scan_tile || !kern.knn_sample_ranks || !kern.knn_distances || n < 4096 ||
+      8 * m > n || m <= 2 * kSampleRank)
+    return {};
   Sample s;
   s.padded = (m + kPanel - 1) / kPanel * kPanel;
   s.panels = aligned_floats(static_cast<size_t>(s.padded) * d);
@@ -523,25 +343,28 @@ std::vector<float> sampled_thresholds(const Points& p, int k, TileScan scan,
     for (int c = 0; c < d; ++c) panel[c * kPanel] = p.rows[static_cast<size_t>(i) * d + c];
   }
   std::vector<float> estimate(n);
+  const simd::KnnPoints points = view(p);
+  const simd::KnnPoints sample{s.padded, d, nullptr, s.panels.get(), s.norms.get()};
   const int groups = (n + kRows - 1) / kRows;
   parallel_chunks(groups, 64, [&](int gb, int ge) {
     for (int g = gb; g < ge; g += 64) {
       if (is_set(cancel)) return;
-      sample_ranks_avx2(p, s, g * kRows, std::min(n, std::min(ge, g + 64) * kRows),
-                        estimate.data());
+      kern.knn_sample_ranks(points, sample, s.row.data(), kSampleRank, g * kRows,
+                            std::min(n, std::min(ge, g + 64) * kRows), estimate.data());
     }
   });
   return estimate;
-#else
-  return {};
-#endif
 }
 
 void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
                      std::vector<float>& dist2, const std::atomic<bool>* cancel) {
   const int n = static_cast<int>(x.rows());
   const Points points = pack_points(x);
-  const TileScan scan = pick_tile_scan();
+  // The SIMD table's tile kernel where it has one (engine/simd.h, KVSCOPE_SIMD: AVX2 + FMA, a 6 x
+  // 16 register block whose distances are compared while still in registers), else the portable
+  // one.
+  const simd::Kernels& kern = simd::kernels();
+  const simd::KnnPoints packed = view(points);
   const int blocks = points.padded / kBlock;
   // Tiles (I, J), J >= I, diagonal first, then by distance from it: neighbouring tokens of a
   // capture tend to be near in key space too, so thresholds come down early (without a sampled
@@ -553,7 +376,7 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
   std::vector<NearestSets> sets;
   sets.reserve(threads);
   for (int t = 0; t < threads; ++t) sets.emplace_back(n, points.padded + kPanel, k, 2 * k);
-  const std::vector<float> estimate = sampled_thresholds(points, k, scan, cancel);
+  const std::vector<float> estimate = sampled_thresholds(points, k, kern, cancel);
   if (is_set(cancel)) return;
   for (int i = 0; i < static_cast<int>(estimate.size()); ++i)
     for (NearestSets& s : sets) s.set_threshold(i, estimate[i]);
@@ -568,14 +391,17 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
         if (is_set(cancel)) return;
         const int i0 = tiles[at].first * kBlock, i1 = std::min(n, i0 + kBlock);
         const int j0 = tiles[at].second * kBlock, j1 = j0 + kBlock;
-        scan(points, i0, i1, j0, j1, sets[t], scratch);
+        if (kern.knn_scan_tile)
+          kern.knn_scan_tile(packed, i0, i1, j0, j1, sets[t].threshold(), offer_to, &sets[t]);
+        else
+          scan_tile_portable(points, i0, i1, j0, j1, sets[t], scratch);
       }
     }
   });
   if (is_set(cancel)) return;
   parallel_chunks(n, 1024, [&](int b, int e) {
     std::vector<Candidate> cand;
-    std::vector<float> scratch;
+    std::vector<float> scratch, all;
     for (int i = b; i < e; ++i) {
       if (threads == 1 && sets[0].size(i) >= k) {
         write_row(i, k, sets[0].begin(i), sets[0].size(i), neighbours, dist2, scratch);
@@ -583,10 +409,16 @@ void knn_brute_force(const MatrixF& x, int k, std::vector<int>& neighbours,
       }
       cand.clear();
       for (NearestSets& s : sets) cand.insert(cand.end(), s.begin(i), s.begin(i) + s.size(i));
-#ifdef KVSCOPE_KNN_AVX2
-      // Fewer than k within the sampled estimate: it was too tight for this point.
-      if (static_cast<int>(cand.size()) < k) all_distances(points, i, cand);
-#endif
+      // Fewer than k within the sampled estimate (only with the SIMD kernels): it was too tight
+      // for this point, which is recomputed against every other, exactly as the tile kernel
+      // computes a distance.
+      if (static_cast<int>(cand.size()) < k && kern.knn_distances) {
+        all.resize(points.padded);
+        kern.knn_distances(packed, i, all.data());
+        cand.clear();
+        for (int j = 0; j < n; ++j)
+          if (j != i) cand.push_back({all[j], j});
+      }
       write_row(i, k, cand.data(), static_cast<int>(cand.size()), neighbours, dist2, scratch);
     }
   });
