@@ -537,14 +537,10 @@ WalkJob walk_job(const MatrixF& keys, const MatrixF& values, int kv_head, int n,
   return job;
 }
 
-// The fused Gram runs when the SIMD table in use has it (not under KVSCOPE_SIMD=sse2).
+// The fused Gram runs when the SIMD table in use has it (not under KVSCOPE_SIMD=sse2; a table
+// is only in use where the CPU runs it).
 bool float32_walk_uses_avx2() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         simd::kernels().walk_gram_f32 != nullptr;
-#else
-  return false;
-#endif
+  return simd::kernels().walk_gram_f32 != nullptr;
 }
 
 }  // namespace

@@ -3,7 +3,12 @@
 // scoring that use them; exp matches libm to a few ulp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -197,11 +202,7 @@ std::vector<float> pack_rows(const std::vector<float>& x, int rows, int dim) {
 }
 
 bool cpu_has_avx2_fma() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
+  return simd::cpu_supports("avx2");  // AVX2 with FMA (engine/simd.h)
 }
 
 TEST(Simd, WalkGramIsTheFusedFeatureOrderSumOnEveryFmaTable) {
@@ -271,6 +272,187 @@ TEST(Simd, WalkGramOfTheCpuWalkIsTheFusedSumWhereTheTableHasIt) {
     for (int j = 0; j <= i; ++j)
       ASSERT_NEAR(g[static_cast<size_t>(i) * ldg + j], gp[static_cast<size_t>(i) * ldg + j],
                   1e-5f * (1 + std::abs(gp[static_cast<size_t>(i) * ldg + j])));
+}
+
+// The intrinsics entries (engine/simd/intrinsics_*.cpp) are set exactly in the FMA tables, all
+// together: their callers take a null entry for "run the portable code".
+TEST(Simd, IntrinsicsEntriesAreSetExactlyInTheFmaTables) {
+  for (const std::string& name : simd::available()) {
+    const simd::Kernels& t = simd::table(name);
+    const bool fma = name == "avx2" || name == "avx512";
+    const std::vector<std::pair<const char*, bool>> entries = {
+        {"walk_gram_f64", t.walk_gram_f64 != nullptr},
+        {"walk_pack_panels16", t.walk_pack_panels16 != nullptr},
+        {"walk_kernel_rows_f32", t.walk_kernel_rows_f32 != nullptr},
+        {"walk_dot_f32", t.walk_dot_f32 != nullptr},
+        {"column_sums_f32", t.column_sums_f32 != nullptr},
+        {"tsne_row_terms", t.tsne_row_terms != nullptr},
+        {"tsne_gradient_step", t.tsne_gradient_step != nullptr},
+        {"knn_scan_tile", t.knn_scan_tile != nullptr},
+        {"knn_sample_ranks", t.knn_sample_ranks != nullptr},
+        {"knn_distances", t.knn_distances != nullptr}};
+    for (const auto& [entry, set] : entries) EXPECT_EQ(fma, set) << name << "." << entry;
+    EXPECT_EQ(fma, t.walk_gram_f32 != nullptr) << name;
+    EXPECT_EQ(name == "avx2" ? 4 : name == "avx512" ? 8 : 0, t.walk_gram_f64_lanes) << name;
+  }
+}
+
+// Where an entry promises the plain loop's bits (column sums, the t-SNE step) it gives them; the
+// rest agree with plain arithmetic to rounding, and the avx512 table's own kernel rows are the
+// avx2 table's bits.
+TEST(Simd, IntrinsicsMatchTheirPlainLoops) {
+  std::vector<const simd::Kernels*> tables;
+  for (const std::string& name : simd::available())
+    if (simd::table(name).column_sums_f32) tables.push_back(&simd::table(name));
+  if (tables.empty()) GTEST_SKIP() << "no table with intrinsics on this CPU";
+  std::mt19937 rng(23);
+  const int n = 61, d = 77;  // 32-, 4- and 1-column parts
+  const std::vector<float> rows = random_floats(static_cast<size_t>(n) * d, rng, 0.5f);
+  std::vector<int> tokens;
+  for (int i = n - 1; i >= 0; i -= 2) tokens.push_back(i);
+  std::vector<double> want(d, 0.0);
+  for (const int tok : tokens)
+    for (int c = 0; c < d; ++c) want[c] += rows[static_cast<size_t>(tok) * d + c];
+  for (const simd::Kernels* t : tables) {
+    std::vector<double> got(d, -1.0);
+    t->column_sums_f32(rows.data(), tokens.data(), static_cast<int>(tokens.size()), d, got.data());
+    for (int c = 0; c < d; ++c) ASSERT_EQ(want[c], got[c]) << t->name << " column " << c;
+
+    // The t-SNE step: gains up and down, clamped at min_gain, on the first multiple of 8.
+    const long size = 101;
+    std::vector<float> g = random_floats(size, rng, 0.0f), u = random_floats(size, rng, 0.0f);
+    std::vector<float> gain = random_floats(size, rng, 1.0f), y = random_floats(size, rng, 0.0f);
+    std::vector<float> g2 = g, u2 = u, gain2 = gain, y2 = y;
+    const float momentum = 0.8f, lr = 0.5f, min_gain = 0.95f;  // terms of one size
+    const long done = t->tsne_gradient_step(g.data(), u.data(), gain.data(), y.data(), size,
+                                            momentum, lr, min_gain);
+    ASSERT_EQ(size / 8 * 8, done) << t->name;
+    for (long c = 0; c < done; ++c) {
+      gain2[c] = (u2[c] * g2[c] < 0) ? gain2[c] + 0.2f : gain2[c] * 0.8f;
+      gain2[c] = std::max(gain2[c], min_gain);
+      u2[c] = momentum * u2[c] - lr * gain2[c] * g2[c];
+      y2[c] += u2[c];
+      ASSERT_EQ(gain2[c], gain[c]) << t->name << " coordinate " << c;
+      ASSERT_EQ(u2[c], u[c]) << t->name << " coordinate " << c;
+      ASSERT_EQ(y2[c], y[c]) << t->name << " coordinate " << c;
+    }
+
+    // The double walk's Gram: rows zero-padded to 4, dim to the table's lanes.
+    const int lanes = t->walk_gram_f64_lanes, len = 22, dim = 13;
+    const int dimp = (dim + lanes - 1) / lanes * lanes;
+    std::vector<double> x(static_cast<size_t>(24) * dimp, 0.0);
+    for (int i = 0; i < len; ++i)
+      for (int c = 0; c < dim; ++c) x[static_cast<size_t>(i) * dimp + c] = rows[i * d + c];
+    std::vector<double> gram(static_cast<size_t>(len) * 24, 0.0);
+    t->walk_gram_f64(x.data(), 0, len, dimp, 24, gram.data());
+    for (int i = 0; i < len; ++i)
+      for (int j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int c = 0; c < dim; ++c) dot += x[i * dimp + c] * x[j * dimp + c];
+        ASSERT_NEAR(dot, gram[i * 24 + j], 1e-12 * (1 + std::abs(dot))) << t->name;
+      }
+
+    // The sign loop's dot product, every tail length.
+    for (int i = 0; i <= 40; ++i) {
+      float dot = 0;
+      for (int j = 0; j < i; ++j) dot += rows[j] * rows[d + j];
+      ASSERT_NEAR(dot, t->walk_dot_f32(rows.data(), rows.data() + d, i),
+                  1e-5f * (1 + std::abs(dot)))
+          << t->name;
+    }
+
+    // Kernel rows of a 40-row block from made-up Gram rows (one entry overflows exp).
+    const int ld = 48, p0 = 0, p1 = 40;
+    std::vector<float> gk = random_floats(static_cast<size_t>(p1) * ld, rng, 0.0f);
+    const std::vector<float> gv = random_floats(static_cast<size_t>(p1) * ld, rng, 0.5f);
+    gk[static_cast<size_t>(30) * ld + 7] = 1e4f;
+    std::vector<float> kern(static_cast<size_t>(p1) * ld, 0.0f), avx2(kern.size(), 0.0f);
+    std::vector<char> bad(p1, 0), bad2(p1, 0);
+    const float temp = 2.0f, sqrt_d = 8.0f, beta = 0.5f, eps = 1e-8f, bias = 0.025f;
+    t->walk_kernel_rows_f32(gk.data(), gv.data(), p0, p1, ld, temp, sqrt_d, beta, eps, bias,
+                            kern.data(), bad.data());
+    simd::table("avx2").walk_kernel_rows_f32(gk.data(), gv.data(), p0, p1, ld, temp, sqrt_d, beta,
+                                             eps, bias, avx2.data(), bad2.data());
+    for (int i = 0; i < p1; ++i) {
+      EXPECT_EQ(i == 7, bad[i] != 0) << t->name << " column " << i;
+      EXPECT_EQ(bad2[i], bad[i]) << t->name << " column " << i;
+      for (int j = 0; j <= i; ++j) {
+        const size_t at = static_cast<size_t>(i) * ld + j;
+        const float arg = (temp * gk[at]) / sqrt_d - beta;
+        const float plain = std::exp(arg) * ((gv[at] + eps) + bias);
+        const float got = kern[at];
+        ASSERT_EQ(0, std::memcmp(&avx2[at], &got, sizeof got))
+            << t->name << " (" << i << ", " << j << ")";
+        if (std::isfinite(plain))
+          ASSERT_NEAR(plain, got, 5e-7f * std::abs(plain))
+              << t->name << " (" << i << ", " << j << ")";
+        else
+          ASSERT_FALSE(std::isfinite(got)) << t->name << " (" << i << ", " << j << ")";
+      }
+    }
+  }
+}
+
+// The kNN kernels: every distance the tile kernel offers is the one knn_distances recomputes,
+// bit for bit (engine/knn.cpp relies on it for points whose sampled estimate was too tight),
+// and both are |a - b|^2 to float rounding.
+TEST(Simd, KnnRecomputationIsTheTileKernelsDistance) {
+  const simd::Kernels& t = simd::kernels();
+  if (!t.knn_scan_tile) GTEST_SKIP() << "the table in use has no kNN kernels";
+  std::mt19937 rng(31);
+  const int n = 70, d = 40, padded = 128;  // a multiple of 64 covering n
+  const std::vector<float> x = random_floats(static_cast<size_t>(n) * d, rng, 0.2f);
+  auto aligned = [](size_t count) {
+    return std::unique_ptr<float[], void (*)(float*)>(
+        static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t(64))),
+        [](float* p) { ::operator delete[](p, std::align_val_t(64)); });
+  };
+  auto rows = aligned(static_cast<size_t>(n + simd::kKnnRows) * d);
+  auto panels = aligned(static_cast<size_t>(padded) * d);
+  auto norms = aligned(padded + simd::kKnnRows);
+  std::fill(rows.get(), rows.get() + static_cast<size_t>(n + simd::kKnnRows) * d, 0.0f);
+  std::fill(panels.get(), panels.get() + static_cast<size_t>(padded) * d, 0.0f);
+  std::fill(norms.get(), norms.get() + padded + simd::kKnnRows, std::nanf(""));
+  for (int i = 0; i < n; ++i) {
+    float nn = 0;
+    for (int c = 0; c < d; ++c) {
+      const float v = x[static_cast<size_t>(i) * d + c];
+      rows[static_cast<size_t>(i) * d + c] = v;
+      panels[static_cast<size_t>(i / 16) * 16 * d + c * 16 + i % 16] = v;
+      nn += v * v;
+    }
+    norms[i] = nn;
+  }
+  const simd::KnnPoints p{n, d, rows.get(), panels.get(), norms.get()};
+  std::vector<float> threshold(padded + 16, std::numeric_limits<float>::infinity());
+  std::vector<float> tile(static_cast<size_t>(n) * padded, std::nanf(""));
+  struct Ctx {
+    std::vector<float>* tile;
+    int padded;
+  } ctx{&tile, padded};
+  auto offer = [](void* c, int i, int j0, const float* dd, unsigned for_row, unsigned) {
+    auto* cx = static_cast<Ctx*>(c);
+    for (int k = 0; k < 16; ++k)
+      if (for_row >> k & 1) (*cx->tile)[static_cast<size_t>(i) * cx->padded + j0 + k] = dd[k];
+  };
+  t.knn_scan_tile(p, 0, n, 0, padded, threshold.data(), offer, &ctx);
+  std::vector<float> all(padded);
+  int checked = 0;
+  for (int i = 0; i < n; ++i) {
+    t.knn_distances(p, i, all.data());
+    for (int j = i + 1; j < n; ++j) {
+      const float got = tile[static_cast<size_t>(i) * padded + j];
+      ASSERT_EQ(0, std::memcmp(&got, &all[j], sizeof got)) << "pair (" << i << ", " << j << ")";
+      double exact = 0;
+      for (int c = 0; c < d; ++c) {
+        const double diff = double(x[i * d + c]) - x[j * d + c];
+        exact += diff * diff;
+      }
+      ASSERT_NEAR(exact, got, 1e-5 * (1 + norms[i] + norms[j]));
+      ++checked;
+    }
+  }
+  EXPECT_EQ(n * (n - 1) / 2, checked);
 }
 
 }  // namespace
