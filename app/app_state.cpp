@@ -483,6 +483,7 @@ void AppState::submit(const std::string& name, Result& r, const JobPlan& p) {
 
 void AppState::reconcile(const ViewPlanner& plan_views) {
   worker.drain(*this);
+  finish_new_capture();
   resolve_backend();
   fit_settings_to_capture(false);
   // Where the grid job looks first (read by the job before each cell).

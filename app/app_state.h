@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "app/grid_cells.h"
+#include "app/new_capture.h"
 #include "app/worker.h"
 #include "engine/attention_stats.h"
 #include "engine/capture.h"
@@ -281,6 +282,13 @@ struct AppState {
   // deleted when another capture opens and when the AppState ends (the app quits); a file the
   // user saved is never in here.
   std::set<std::string> temp_captures;
+  // File > New capture (app/new_capture.h; transient, not saved): the last capture asked for,
+  // and whether it is still wanted. The dialog's Run sets both (ask_new_capture), its Cancel
+  // clears new_capture_pending; reconcile() runs the request while it is pending (result
+  // kNewCapture) and, once its job is done, clears it and opens the capture it made.
+  NewCaptureRequest new_capture;
+  bool new_capture_pending = false;
+  std::shared_ptr<const NewCaptureResult> new_capture_made;  // the last capture made
 
   // ---- backend (resolved from settings.backend by reconcile)
   std::string backend_active;  // name() of the backend in use
@@ -397,6 +405,9 @@ struct AppState {
   JobPlan plan_sweep() const;
   JobPlan plan_entropy() const;
   JobPlan plan_query() const;
+  JobPlan plan_new_capture() const;  // app/new_capture.cpp
+  // A pending New capture whose job is done: no longer pending; opens what it made.
+  void finish_new_capture();
   void submit(const std::string& name, Result& r, const JobPlan& p);
   void resolve_backend();
   void fit_settings_to_capture(bool announce);

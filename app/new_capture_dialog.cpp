@@ -1,21 +1,17 @@
 #include "app/new_capture_dialog.h"
 
 #include <imgui.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <mutex>
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/result_status.h"
-#include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/llama2c.h"
 
@@ -23,8 +19,6 @@ namespace kvscope::app {
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr const char* kJobKey = "newcapture";
 
 // The dialog's fields and the last result; UI thread only.
 struct DialogState {
@@ -40,8 +34,7 @@ struct DialogState {
   int seed = 0;
   char save_path[1024] = "my_capture.safetensors";
   std::string save_message;
-  bool has_result = false;
-  NewCaptureResult result;
+  std::shared_ptr<const NewCaptureResult> shown;  // the capture the save fields are for
 };
 
 DialogState& dialog() {
@@ -142,72 +135,15 @@ void start_new_capture(AppState& s, const NewCaptureSettings& settings) {
   d.temperature = settings.temperature;
   d.topp = settings.topp;
   d.seed = static_cast<int>(settings.seed);
-  static int counter = 0;
-  const std::string out =
-      (fs::temp_directory_path() / ("kvscope_new_capture_" + std::to_string(::getpid()) + "_" +
-                                    std::to_string(++counter) + ".safetensors"))
-          .string();
-  s.job_errors.erase(kJobKey);
-  s.worker.submit(
-      Lane::Analysis, kJobKey, "new capture", [settings, out](JobContext& ctx) -> ApplyFn {
-        const auto t0 = std::chrono::steady_clock::now();
-        llama2c::Transformer model(settings.checkpoint);
-        llama2c::Tokenizer tokenizer(settings.tokenizer, model.config().vocab_size);
-        llama2c::GenerateOptions options;
-        options.steps = settings.steps;
-        options.temperature = settings.temperature;
-        options.topp = settings.topp;
-        options.seed = settings.seed;
-        options.cancel = ctx.cancel_flag();
-        options.on_token = [&](int pos, int, const std::string&) {
-          ctx.progress(pos + 1, settings.steps);
-        };
-        const llama2c::Generation g = llama2c::generate(model, tokenizer, settings.prompt, options);
-        const std::string name = llama2c::model_name_from_path(settings.checkpoint);
-        CaptureData data =
-            llama2c::make_capture(model, g, name, settings.prompt,
-                                  "KVScope app, File > New capture (llama2.c forward pass)");
-        char sampling[160];
-        if (settings.temperature == 0.0f)
-          std::snprintf(sampling, sizeof sampling, "greedy (temperature 0)");
-        else
-          std::snprintf(sampling, sizeof sampling, "temperature %g, top-p %g, seed %llu (Philox)",
-                        settings.temperature, settings.topp,
-                        static_cast<unsigned long long>(settings.seed));
-        data.info.metadata["sampling"] = sampling;
-        data.info.metadata["steps"] = std::to_string(settings.steps);
-        data.info.metadata["bos_restarts"] = std::to_string(g.restarts);
-        ctx.check_cancel();
-        write_capture(out, data, DType::F32);
-        NewCaptureResult r;
-        r.path = out;
-        r.model = name;
-        r.prompt = settings.prompt;
-        r.text = g.decoded;
-        r.tokens = static_cast<int>(g.tokens.size());
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return [r](AppState& st) {
-          DialogState& d = dialog();
-          d.result = r;
-          d.has_result = true;
-          d.save_message.clear();
-          copy_to(d.save_path, sizeof d.save_path, r.model + "_capture.safetensors");
-          st.temp_captures.insert(r.path);  // deleted on exit or when another capture opens
-          st.request_open(r.path);
-          char msg[200];
-          std::snprintf(msg, sizeof msg, "new capture: %d tokens of %s in %.1f s (not saved yet)",
-                        r.tokens, r.model.c_str(), r.seconds);
-          st.status_message = msg;
-        };
-      });
+  ask_new_capture(s, settings);
 }
 
-const NewCaptureResult* last_new_capture() {
-  return dialog().has_result ? &dialog().result : nullptr;
+const NewCaptureResult* last_new_capture(const AppState& s) {
+  return s.new_capture_made.get();
 }
 
 void save_new_capture(AppState& s, const std::string& path) {
-  const NewCaptureResult* r = last_new_capture();
+  const NewCaptureResult* r = last_new_capture(s);
   if (!r) throw InputError("save capture: no new capture has been made yet");
   std::error_code ec;
   if (!fs::exists(r->path, ec))
@@ -307,17 +243,21 @@ void draw_new_capture_dialog(AppState& s) {
   }
 
   ImGui::Separator();
-  const bool busy = s.worker.busy(kJobKey);
-  if (busy) {
-    for (const JobInfo& j : s.worker.jobs()) {
-      if (j.key != kJobKey) continue;
-      char overlay[64];
-      std::snprintf(overlay, sizeof overlay, "%d/%d positions", j.done, j.total);
-      ImGui::ProgressBar(j.total > 0 ? static_cast<float>(j.done) / j.total : 0.0f,
-                         ImVec2(px(400), 0), j.running ? overlay : "queued");
-    }
+  // The request runs while it is pending (reconcile() submits it); Cancel changes the request.
+  const bool pending = s.new_capture_pending;
+  if (pending) {
+    const Result& r = s.result(kNewCapture);
+    const auto [done, total] = s.progress(kNewCapture);
+    char overlay[64];
+    std::snprintf(overlay, sizeof overlay, "%d/%d positions", done, total);
+    ImGui::ProgressBar(total > 0 ? static_cast<float>(done) / total : 0.0f, ImVec2(px(400), 0),
+                       total > 0  ? overlay
+                       : r.busy() ? "queued"
+                                  : "starting");
     ImGui::SameLine();
-    if (ImGui::Button("Cancel run")) s.worker.cancel(kJobKey);
+    const bool cancel = ImGui::Button("Cancel run");
+    record_item(s, "newcapture:Cancel");
+    if (cancel) cancel_new_capture(s);
   } else {
     const bool run = ImGui::Button("Run", ImVec2(dialog_button_width("Close"), 0));
     record_item(s, "newcapture:Run");
@@ -333,18 +273,24 @@ void draw_new_capture_dialog(AppState& s) {
       start_new_capture(s, settings);
     }
   }
-  if (auto it = s.job_errors.find(kJobKey); it != s.job_errors.end() && !busy) {
+  if (const std::string error = new_capture_error(s); !error.empty()) {
     ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.45f, 0.4f, 1.0f));
-    ImGui::TextWrapped("%s", it->second.c_str());
+    ImGui::TextWrapped("%s", error.c_str());
     ImGui::PopStyleColor();
   }
 
-  if (d.has_result) {
+  // A capture made since the dialog last drew: its save fields start afresh.
+  if (s.new_capture_made && s.new_capture_made != d.shown) {
+    d.shown = s.new_capture_made;
+    d.save_message.clear();
+    copy_to(d.save_path, sizeof d.save_path, d.shown->model + "_capture.safetensors");
+  }
+  if (const NewCaptureResult* made = last_new_capture(s)) {
     ImGui::Separator();
-    ImGui::Text("Opened: %d tokens of %s in %.1f s", d.result.tokens, d.result.model.c_str(),
-                d.result.seconds);
+    ImGui::Text("Opened: %d tokens of %s in %.1f s", made->tokens, made->model.c_str(),
+                made->seconds);
     ImGui::BeginChild("##newcapturetext", ImVec2(field_w + px(120), px(110)), true);
-    ImGui::TextWrapped("%s", d.result.text.c_str());
+    ImGui::TextWrapped("%s", made->text.c_str());
     ImGui::EndChild();
     ImGui::SetNextItemWidth(480);
     ImGui::InputText("##savepath", d.save_path, sizeof d.save_path);

@@ -1,15 +1,15 @@
-// File > New capture: run a llama2.c checkpoint on a typed prompt (on a worker lane, with
-// progress and cancel), open the capture it makes, and save it as safetensors. Also the list of
+// File > New capture: run a llama2.c checkpoint on a typed prompt (the request the dialog sets is
+// run by reconcile() on a worker lane, with progress and cancel; app/new_capture.h), open the
+// capture it makes, and save it as safetensors. Also the list of
 // bundled llama2.c models, shared with the Output view.
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <vector>
 
-namespace kvscope::app {
+#include "app/new_capture.h"
 
-struct AppState;
+namespace kvscope::app {
 
 // A llama2.c checkpoint with the tokenizer whose vocabulary matches it.
 struct BundledModel {
@@ -32,26 +32,14 @@ void open_new_capture_dialog();
 void close_new_capture_dialog();
 void draw_new_capture_dialog(AppState& s);
 
-// What the dialog's Run button does, for scripts and tests: queues the capture on the Analysis
-// lane (job key "newcapture"); when it finishes the capture is written to a temporary
-// safetensors file and opened.
-struct NewCaptureSettings {
-  std::string checkpoint, tokenizer, prompt;
-  int steps = 256;
-  float temperature = 0.8f;
-  float topp = 0.9f;
-  uint64_t seed = 0;
-};
+// What the dialog's Run button does, for scripts and tests: shows `settings` in the dialog and
+// asks for the capture (ask_new_capture, app/new_capture.h). reconcile() runs it on the Analysis
+// lane (result kNewCapture); when it finishes the capture is written to a temporary safetensors
+// file and opened.
 void start_new_capture(AppState& s, const NewCaptureSettings& settings);
 
-struct NewCaptureResult {
-  std::string path;  // the temporary capture that was opened
-  std::string model, prompt, text;
-  int tokens = 0;
-  double seconds = 0;
-};
 // The last capture made (nullptr before the first).
-const NewCaptureResult* last_new_capture();
+const NewCaptureResult* last_new_capture(const AppState& s);
 // Copies the last capture to `path` (must end in .safetensors and not exist yet); when that
 // capture is the open one, `path` becomes its path (AppState::capture_saved_as). The temporary
 // file stays the app's (AppState::temp_captures) and is deleted later. Throws InputError naming

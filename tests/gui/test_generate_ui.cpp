@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 
@@ -44,6 +45,37 @@ bool frames_until(AppState& s, AppUi& ui, Pred done, double seconds) {
   }
 }
 
+// Clicks a widget the last frame drew (AppState::ui_items) through ImGui's input: the press and
+// the release each in a frame of their own, as a user's click arrives.
+bool click(AppState& s, AppUi& ui, const std::string& item) {
+  const auto it = s.ui_items.find(item);
+  if (it == s.ui_items.end()) return false;
+  const auto [x0, y0, x1, y1] = it->second;
+  ImGuiIO& io = ImGui::GetIO();
+  io.MousePos = ImVec2((x0 + x1) / 2, (y0 + y1) / 2);
+  for (const bool down : {false, true, false}) {
+    io.MouseDown[0] = down;
+    frames_until(
+        s, ui, [] { return true; }, 0);
+  }
+  return true;
+}
+
+// A frame's draw data kept past the next NewFrame (to draw its PNG later).
+struct DrawCopy {
+  std::vector<ImDrawList*> lists;
+  ImDrawData data;
+  explicit DrawCopy(const ImDrawData& d) : data(d) {
+    for (int i = 0; i < d.CmdListsCount; ++i) lists.push_back(d.CmdLists[i]->CloneOutput());
+    data.CmdLists = lists.data();
+  }
+  ~DrawCopy() {
+    for (ImDrawList* l : lists) IM_DELETE(l);
+  }
+  DrawCopy(const DrawCopy&) = delete;
+  DrawCopy& operator=(const DrawCopy&) = delete;
+};
+
 std::string out_dir() {
   fs::create_directories(KVSCOPE_GUI_OUT);
   return KVSCOPE_GUI_OUT;
@@ -77,21 +109,31 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
   {
     AppState s;
     AppUi ui(s);
-    // A bad tokenizer: the error is reported under the job key, nothing opens.
+    // A bad tokenizer: the error is the kNewCapture result's, one message naming the file;
+    // nothing opens. Asking only sets the request: reconcile() submits the job (issue 25 item 3).
     NewCaptureSettings bad;
     bad.checkpoint = stories->checkpoint;
     bad.tokenizer = find_bundled_model("kjv3M")->tokenizer;  // 1024 entries for a 512 vocab
+    open_new_capture_dialog();
     start_new_capture(s, bad);
+    EXPECT_TRUE(s.new_capture_pending);
+    EXPECT_FALSE(s.worker.busy(kNewCapture)) << "asking submitted a job";
     ASSERT_TRUE(frames_until(
-        s, ui, [&] { return !s.worker.busy(); }, 60));
-    s.worker.drain(s);
-    ASSERT_EQ(s.job_errors.count("newcapture"), 1u);
-    EXPECT_NE(s.job_errors["newcapture"].find("tok1024.bin"), std::string::npos)
-        << s.job_errors["newcapture"];
+        s, ui, [&] { return !s.new_capture_pending; }, 60));
+    const std::string error = new_capture_error(s);
+    EXPECT_NE(error.find("tok1024.bin"), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
     EXPECT_FALSE(s.capture);
+    // A failed request is done: it is not run again.
+    frames_until(
+        s, ui, [] { return false; }, 0.1);
+    EXPECT_FALSE(s.worker.busy(kNewCapture));
+    EXPECT_EQ(new_capture_error(s), error);
+    std::vector<uint8_t> px;
+    soft_render(ImGui::GetDrawData(), font, kWidth, kHeight, px, IM_COL32(23, 25, 28, 255));
+    write_png(out_dir() + "/new_capture_error.png", px, kWidth, kHeight, false);
 
     // The dialog's Run: greedy, 96 positions.
-    open_new_capture_dialog();
     NewCaptureSettings ok;
     ok.checkpoint = stories->checkpoint;
     ok.tokenizer = stories->tokenizer;
@@ -102,7 +144,7 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     ASSERT_TRUE(frames_until(
         s, ui,
         [&] {
-          return last_new_capture() && s.capture && s.capture_path == last_new_capture()->path &&
+          return last_new_capture(s) && s.capture && s.capture_path == last_new_capture(s)->path &&
                  !s.worker.busy();
         },
         120))
@@ -110,7 +152,6 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     // A few more frames so the dialog shows the result, then its screenshot.
     frames_until(
         s, ui, [] { return false; }, 0.2);
-    std::vector<uint8_t> px;
     soft_render(ImGui::GetDrawData(), font, kWidth, kHeight, px, IM_COL32(23, 25, 28, 255));
     const std::string dialog_png = out_dir() + "/new_capture_dialog.png";
     write_png(dialog_png, px, kWidth, kHeight, false);
@@ -127,14 +168,19 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     options.steps = 96;
     const llama2c::Generation g = llama2c::generate(model, tok, ok.prompt, options);
     EXPECT_EQ(info.tokens, g.text);
-    EXPECT_EQ(last_new_capture()->text, g.decoded);
+    EXPECT_EQ(last_new_capture(s)->text, g.decoded);
+    // Opening the capture cleared every result, the request's too; the request is done, so it is
+    // not run again (the capture is not made and reopened once more).
+    EXPECT_FALSE(s.new_capture_pending);
+    EXPECT_FALSE(s.worker.busy(kNewCapture));
+    EXPECT_TRUE(new_capture_error(s).empty());
 
     // Save: a safetensors copy that opens; never over an existing file; only .safetensors.
     const std::string saved = (fs::temp_directory_path() /
                                ("kvscope_saved_" + std::to_string(::getpid()) + ".safetensors"))
                                   .string();
     fs::remove(saved);
-    const std::string temp = last_new_capture()->path;
+    const std::string temp = last_new_capture(s)->path;
     EXPECT_EQ(s.temp_captures.count(temp), 1u);
     save_new_capture(s, saved);
     EXPECT_EQ(CaptureFile::open(saved)->info().tokens, g.text);
@@ -147,17 +193,38 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     EXPECT_EQ(s.temp_captures.count(saved), 0u);
     EXPECT_TRUE(fs::exists(temp));
 
-    // Cancel: a long capture cancelled at once leaves the open capture as it was.
+    // Cancel: the dialog shows the long capture's progress; its Cancel button (a change of the
+    // request, cancel_new_capture) stops the job and leaves the open capture as it was. kjv3M (a
+    // dozen times stories260K's work per position) over its whole context, clicked at once: the
+    // progress frame is copied and drawn into its PNG after the click.
     NewCaptureSettings longer = ok;
+    longer.checkpoint = find_bundled_model("kjv3M")->checkpoint;
+    longer.tokenizer = find_bundled_model("kjv3M")->tokenizer;
     longer.steps = 512;
     const std::string before = s.capture_path;
     start_new_capture(s, longer);
-    s.worker.cancel("newcapture");
+    const std::string cancelled_out = s.new_capture.out;
     ASSERT_TRUE(frames_until(
-        s, ui, [&] { return !s.worker.busy(); }, 60));
-    s.worker.drain(s);
+        s, ui,
+        [&] { return s.progress(kNewCapture).first > 0 && s.ui_items.count("newcapture:Cancel"); },
+        60));
+    EXPECT_EQ(s.progress(kNewCapture).second, 512);
+    DrawCopy progress_frame(*ImGui::GetDrawData());
+    const int done_at_cancel = s.progress(kNewCapture).first;
+    ASSERT_TRUE(click(s, ui, "newcapture:Cancel"));
+    std::printf("Cancel clicked at %d/512 positions\n", done_at_cancel);
+    EXPECT_FALSE(s.new_capture_pending);
+    soft_render(&progress_frame.data, font, kWidth, kHeight, px, IM_COL32(23, 25, 28, 255));
+    write_png(out_dir() + "/new_capture_progress.png", px, kWidth, kHeight, false);
+    ASSERT_TRUE(frames_until(
+        s, ui, [&] { return !s.worker.busy(kNewCapture); }, 60));
+    frames_until(
+        s, ui, [] { return false; }, 0.2);
     EXPECT_EQ(s.capture_path, before);
-    EXPECT_EQ(s.job_errors.count("newcapture"), 0u);
+    EXPECT_FALSE(s.result(kNewCapture).busy());  // cancelled stays cancelled
+    EXPECT_TRUE(new_capture_error(s).empty());
+    EXPECT_FALSE(fs::exists(cancelled_out));
+    EXPECT_TRUE(s.ui_items.count("newcapture:Run"));  // Run is back
 
     // The Output view starts with the open capture's model and prompt and runs by itself.
     close_new_capture_dialog();
