@@ -126,7 +126,8 @@ const Kernels& kernels();
 // Names of the tables this CPU can run, narrowest first ("scalar", "sse2", "avx2", "avx512").
 std::vector<std::string> available();
 // Whether this CPU runs the instruction set of that table ("avx2" means AVX2 with FMA): the one
-// place KVScope asks the CPU (the walk's Gram kernels ask here too).
+// place KVScope asks the CPU. Engine code does not need it (a table in use is one the CPU runs;
+// a null entry means the portable path); tests do.
 bool cpu_supports(const std::string& name);
 // The table of that name; throws std::invalid_argument when the CPU cannot run it or it is not
 // built.
