@@ -58,9 +58,9 @@ BalanceParams balance_params_from(const ParamValues& values);
 // `p` with the four switches set to KVScope's earlier variant (preset kvscope-v1).
 BalanceParams kvscope_v1_params(BalanceParams p);
 
-// The CPU walk op computes its block Gram matrices with AVX2/AVX-512 kernels when the CPU has
-// them. Passing false forces the portable (Eigen) path, for tests that compare the two; returns
-// the previous setting.
+// The CPU walk op computes its block Gram matrices with the SIMD table's kernels (engine/simd.h:
+// AVX2/AVX-512) when the table in use has them. Passing false forces the portable (Eigen) path,
+// for tests that compare the two; returns the previous setting.
 bool set_cpu_walk_simd(bool enabled);
 
 // The float32 walk's block Gram as the CPU walk op computes it: g[i * ldg + j] = <x_i, x_j> for

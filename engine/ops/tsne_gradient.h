@@ -28,10 +28,11 @@ struct TsneGradInput {
 // The CPU reference. grad: n x 2. Returns KL(P || Q) of the un-exaggerated P (with the
 // Barnes-Hut estimate of Z when theta > 0), or NaN when !in.want_kl; 0 for n <= 0.
 double cpu_tsne_gradient(const TsneGradInput& in, float* grad);
-// The t-SNE attraction and KL rows (and TsneRun's gradient step) use AVX2 where the CPU has it;
-// false forces the portable scalar path (tests compare the two). Returns the previous setting.
+// The t-SNE attraction and KL rows (and TsneRun's gradient step) use the SIMD table's AVX2 kernels
+// where the table in use has them (engine/simd.h); false forces the portable scalar path (tests
+// compare the two). Returns the previous setting.
 bool set_cpu_tsne_simd(bool enabled);
-// Whether those AVX2 paths run now: the SIMD table in use has AVX2 and FMA and
+// Whether those AVX2 paths run now: the SIMD table in use has them (avx2, avx512) and
 // set_cpu_tsne_simd has not turned them off.
 bool cpu_tsne_avx2_in_use();
 
