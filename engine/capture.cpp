@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <list>
 #include <nlohmann/json.hpp>
 
@@ -202,29 +203,49 @@ class ArchiveCapture final : public CaptureFile {
     if (L < 0 || L >= info_.num_layers)
       throw InputError(info_.path + ": layer " + std::to_string(L) + " out of range (capture has " +
                        std::to_string(info_.num_layers) + " layers)");
+    std::promise<std::shared_ptr<LayerData>> mine;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::unique_lock<std::mutex> lock(mutex_);
       auto it = cache_.find(L);
       if (it != cache_.end()) {
         touch(L);
         return it->second;
       }
+      // Another thread is loading it (the grid's threads reach a new layer together): wait for
+      // that load rather than convert the same layer twice.
+      auto in_flight = loading_.find(L);
+      if (in_flight != loading_.end()) {
+        std::shared_future<std::shared_ptr<LayerData>> other = in_flight->second;
+        lock.unlock();
+        return other.get();  // its InputError too
+      }
+      loading_[L] = mine.get_future().share();
     }
-    // Load outside the lock so other layers stay available meanwhile; if two threads race for
-    // the same layer, the first insertion wins and the other copy is dropped.
-    std::shared_ptr<LayerData> loaded = load(L);
+    // Load outside the lock so other layers stay available meanwhile.
+    std::shared_ptr<LayerData> loaded;
+    try {
+      loaded = load(L);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      loading_.erase(L);
+      mine.set_exception(std::current_exception());
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = cache_.find(L);
-    if (it != cache_.end()) {
-      touch(L);
-      return it->second;
-    }
+    ++loads_;
+    loading_.erase(L);
+    mine.set_value(loaded);
     if (max_cached_ > 0) {
       cache_[L] = loaded;
       lru_.push_front(L);
       evict();
     }
     return loaded;
+  }
+
+  long long layers_loaded() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return loads_;
   }
 
   long long resident_bytes() const override {
@@ -554,6 +575,9 @@ class ArchiveCapture final : public CaptureFile {
   // The matrices of the last evicted layer that nobody else held, reused by the next load
   // (guarded by mutex_): see evict().
   mutable std::vector<MatrixF> spare_;
+  // Layers being loaded, for the threads that ask for them meanwhile (guarded by mutex_).
+  std::map<int, std::shared_future<std::shared_ptr<LayerData>>> loading_;
+  long long loads_ = 0;
   std::list<int> lru_;  // most recently used first
   int max_cached_ = 4;
 };

@@ -81,6 +81,9 @@ class CaptureFile {
   virtual std::shared_ptr<const LayerData> layer(int L) = 0;
   // Bytes of tensor data currently resident in the layer cache.
   virtual long long resident_bytes() const = 0;
+  // Layers converted from the file so far (threads asking for a layer being loaded wait for that
+  // load instead of converting it again).
+  virtual long long layers_loaded() const = 0;
   virtual void set_max_cached_layers(int n) = 0;
 };
 

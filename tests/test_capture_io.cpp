@@ -246,6 +246,29 @@ TEST(CaptureIo, RecycledLayersHoldTheirOwnValuesAndHeldLayersAreUntouched) {
   }
 }
 
+// Threads that ask for a layer while another loads it wait for that load (the grid's threads
+// reach each layer together): one conversion per layer, the same object for every thread.
+TEST(CaptureIo, ThreadsAskingForALayerBeingLoadedShareOneLoad) {
+  CaptureData data = make_capture(2, 8, 4, 2048, 64, 64, true);
+  const fs::path path = temp_dir() / "share_load.safetensors";
+  write_capture(path.string(), data, DType::BF16);
+  for (int round = 0; round < 5; ++round) {
+    auto cap = CaptureFile::open(path.string());
+    std::atomic<int> ready{0};
+    std::vector<std::shared_ptr<const LayerData>> got(4);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        ++ready;
+        while (ready.load() < 4) std::this_thread::yield();
+        got[t] = cap->layer(1);
+      });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(cap->layers_loaded(), 1);
+    for (int t = 1; t < 4; ++t) EXPECT_EQ(got[t], got[0]);
+  }
+}
+
 TEST(CaptureIo, ConcurrentLayerRequestsAgree) {
   CaptureData data = make_capture(6, 2, 2, 32, 8, 8, true);
   const fs::path path = temp_dir() / "threads.safetensors";

@@ -475,6 +475,7 @@ class MemoryCapture final : public CaptureFile {
     return std::shared_ptr<const LayerData>(&data_.layers.at(L), [](const LayerData*) {});
   }
   long long resident_bytes() const override { return 0; }
+  long long layers_loaded() const override { return 0; }
   void set_max_cached_layers(int) override {}
 
  private:
