@@ -472,7 +472,8 @@ std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> AppState::pla
   return {{kLayer, &AppState::plan_layer},    {kFocusA, &AppState::plan_focus_a},
           {kFocusB, &AppState::plan_focus_b}, {kGrid, &AppState::plan_grid},
           {kSweep, &AppState::plan_sweep},    {kEntropy, &AppState::plan_entropy},
-          {kQuery, &AppState::plan_query},    {kNewCapture, &AppState::plan_new_capture}};
+          {kQuery, &AppState::plan_query},    {kNewCapture, &AppState::plan_new_capture},
+          {kOpen, &AppState::plan_open}};
 }
 
 }  // namespace kvscope::app

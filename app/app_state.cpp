@@ -294,45 +294,6 @@ void AppState::resolve_backend() {
 
 // ---------------------------------------------------------------- actions
 
-void AppState::request_open(const std::string& path, bool from_session) {
-  loading_path = path;
-  worker.submit(Lane::Focus, "open", "opening " + fs::path(path).filename().string(),
-                [path, from_session](JobContext& ctx) -> ApplyFn {
-                  std::shared_ptr<CaptureFile> cap;
-                  std::string msg;
-                  try {
-                    cap = CaptureFile::open(path);
-                  } catch (const Cancelled&) {
-                    throw;
-                  } catch (const std::exception& e) {
-                    msg = e.what();
-                  }
-                  ctx.check_cancel();
-                  return [path, cap, msg, from_session](AppState& s) {
-                    if (s.loading_path == path) s.loading_path.clear();
-                    if (!cap) {
-                      s.load_error = msg;  // the current capture stays open
-                      return;
-                    }
-                    // Results of the previous capture index its tokens: drop them all.
-                    for (auto& [name, r] : s.results)
-                      if (!r.running.empty()) s.worker.cancel(name);
-                    s.results.clear();
-                    s.grid_cells.clear();
-                    s.capture = cap;
-                    s.capture_path = path;
-                    ++s.capture_id;
-                    s.load_error.clear();
-                    s.selected_tokens.clear();
-                    s.selected_token = -1;
-                    if (!from_session) s.settings.selected_query = -1;
-                    s.fit_settings_to_capture(true);
-                    // A temporary capture that is no longer open (saved or not) is deleted.
-                    s.remove_temp_captures(path);
-                  };
-                });
-}
-
 void AppState::capture_saved_as(const std::string& from, const std::string& to) {
   if (capture && capture_path == from) capture_path = to;
 }
@@ -483,7 +444,8 @@ void AppState::submit(const std::string& name, Result& r, const JobPlan& p) {
 
 void AppState::reconcile(const ViewPlanner& plan_views) {
   worker.drain(*this);
-  finish_new_capture();
+  finish_new_capture();  // may ask to open the capture it made
+  finish_open();
   resolve_backend();
   fit_settings_to_capture(false);
   // Where the grid job looks first (read by the job before each cell).

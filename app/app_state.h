@@ -35,6 +35,7 @@
 
 #include "app/grid_cells.h"
 #include "app/new_capture.h"
+#include "app/open_capture.h"
 #include "app/worker.h"
 #include "engine/attention_stats.h"
 #include "engine/capture.h"
@@ -271,12 +272,18 @@ struct AppState {
 
   Settings settings;
 
-  // ---- capture (opened by request_open: an action, not a setting)
+  // ---- capture (opened through a request, app/open_capture.h: an action, not a setting)
   std::shared_ptr<CaptureFile> capture;  // CaptureFile::layer() is thread-safe
   std::string capture_path;
   uint64_t capture_id = 0;   // incremented on every successful open (part of every key)
   std::string load_error;    // last failed open (the loader's InputError), shown in the window
   std::string loading_path;  // non-empty while a file is being opened
+  // The last open asked for (request_open) and whether it is still wanted: reconcile() runs it
+  // while it is pending (result kOpen) and, once its job is done, failed or was cancelled, ends
+  // it and swaps in the capture it opened (finish_open). open_next opens once it has ended.
+  OpenRequest open_request;
+  bool open_pending = false;
+  std::string open_next;
   std::vector<std::string> notes;  // settings adjusted to fit the capture (shown until dismissed)
   // Capture files the app wrote itself (File > New capture) in the temporary folder. They are
   // deleted when another capture opens and when the AppState ends (the app quits); a file the
@@ -365,9 +372,12 @@ struct AppState {
   std::pair<int, int> progress(const std::string& name) const;
 
   // ---- actions (UI thread)
-  // Opens a capture in the background; the open one stays when it fails. A session's open
-  // keeps the selected query (a plain open resets it).
+  // Asks for a capture to be opened (app/open_capture.cpp): a new request, which reconcile()
+  // opens in the background; the open one stays when it fails. A session's open keeps the
+  // selected query (a plain open resets it). Asking again replaces a pending request.
   void request_open(const std::string& path, bool from_session = false);
+  // Opens `path` once the pending request has ended (at once when none is pending).
+  void request_open_after(const std::string& path);
   // The open capture, read from `from`, was saved as `to` (a copy of that file): from now on
   // `to` is its path (window title, sessions, exports). Nothing is reloaded or recomputed.
   void capture_saved_as(const std::string& from, const std::string& to);
@@ -406,6 +416,10 @@ struct AppState {
   JobPlan plan_entropy() const;
   JobPlan plan_query() const;
   JobPlan plan_new_capture() const;  // app/new_capture.cpp
+  JobPlan plan_open() const;         // app/open_capture.cpp
+  // A pending open whose job is done, failed or was cancelled: no longer pending; swaps in the
+  // capture it opened (clearing every result), or keeps the open one and says why.
+  void finish_open();
   // A pending New capture whose job is done: no longer pending; opens what it made.
   void finish_new_capture();
   void submit(const std::string& name, Result& r, const JobPlan& p);

@@ -52,13 +52,8 @@ void apply_options(AppState& s, AppUi& ui, const HeadlessOptions& o) {
   s.settings.active_view = o.view;
   ui.show_view(o.view);
   if (!o.capture.empty()) s.request_open(o.capture, !o.session.empty());
-  if (!o.then_open.empty()) {
-    // Queued behind the first open on the same lane, so it runs once that one has been applied.
-    std::string path = o.then_open;
-    s.worker.submit(Lane::Focus, "script.open", "scripted open", [path](JobContext&) -> ApplyFn {
-      return [path](AppState& st) { st.request_open(path); };
-    });
-  }
+  // Asked for once the first open has ended (opened or failed), like a second File > Open.
+  if (!o.then_open.empty()) s.request_open_after(o.then_open);
 }
 
 int render_view_software(const HeadlessOptions& opt) {
