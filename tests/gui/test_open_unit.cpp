@@ -176,3 +176,36 @@ TEST(Open, AnOpenAskedAfterAnotherFollowsItOpenedOrFailed) {
   EXPECT_TRUE(s.open_pending);
   EXPECT_EQ(s.open_request.path, kDragon);
 }
+
+TEST(Open, EveryFileOfTheMalformedCorpusThatFailsToOpenIsOneMessageAndKeepsTheCapture) {
+  AppState s;
+  s.request_open(kLily);
+  ASSERT_TRUE(pump(s, [&] { return s.capture != nullptr; })) << s.load_error;
+  const fs::path dir = fs::path(KVSCOPE_SOURCE_DIR) / "tests" / "malformed";
+  int refused = 0, files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string ext = e.path().extension().string();
+    if (ext != ".safetensors" && ext != ".npz") continue;
+    ++files;
+    SCOPED_TRACE(e.path().string());
+    const auto before = s.capture;
+    const uint64_t id = s.capture_id;
+    s.request_open(e.path().string());
+    ASSERT_TRUE(pump(s, [&] { return !s.open_pending; }));
+    if (s.capture_id != id) {  // the damage is in tensor data, read when a layer is asked for
+      EXPECT_TRUE(s.load_error.empty()) << s.load_error;
+      s.request_open(kLily);
+      ASSERT_TRUE(pump(s, [&] { return !s.open_pending; }));
+      ASSERT_EQ(s.capture_path, kLily);
+      continue;
+    }
+    ++refused;
+    const std::string error = s.load_error;
+    EXPECT_NE(error.find(e.path().filename().string()), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    EXPECT_EQ(s.capture, before);
+    EXPECT_EQ(s.capture_path, kLily);
+  }
+  EXPECT_GT(files, 20) << "the corpus is missing: tests/malformed/make_corpus.py";
+  EXPECT_GT(refused, files / 2) << "most of the corpus is refused when opened";
+}
