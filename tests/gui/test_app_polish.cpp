@@ -19,25 +19,17 @@
 #include "app/soft_render.h"
 #include "app/view.h"
 #include "engine/synth.h"
+#include "tests/gui/app_pump.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
 using namespace kvscope::app;
 
+using kvscope::app::testing::pump_until;
+
 namespace {
 
 constexpr int kEscape = 256, kF1 = 290;  // GLFW key codes (the app's key indices)
-
-template <typename Pred>
-bool pump_until(AppState& s, Pred done, int seconds = 20) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    s.reconcile();
-    if (done()) return true;
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-}
 
 fs::path scratch_dir(const std::string& name) {
   const fs::path d =

@@ -37,6 +37,7 @@
 #include "engine/attention_scores.h"
 #include "engine/error.h"
 #include "engine/synth.h"
+#include "tests/gui/app_pump.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
@@ -48,13 +49,7 @@ namespace {
 // reconcile() (which applies finished jobs and starts what the settings need).
 template <typename Pred>
 bool pump(AppState& s, Pred done, int seconds = 20) {
-  auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    s.reconcile();
-    if (done()) return true;
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  return kvscope::app::testing::pump_until(s, done, seconds);
 }
 
 const std::string kSample =

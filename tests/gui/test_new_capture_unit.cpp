@@ -11,6 +11,7 @@
 #include "app/app_state.h"
 #include "app/new_capture.h"
 #include "app/new_capture_dialog.h"
+#include "tests/gui/app_pump.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
@@ -20,13 +21,7 @@ namespace {
 
 template <typename Pred>
 bool pump(AppState& s, Pred done, int seconds = 60) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    s.reconcile();
-    if (done()) return true;
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  return kvscope::app::testing::pump_until(s, done, seconds);
 }
 
 // stories260K greedy on a short prompt; skips the test without the models folder.

@@ -12,6 +12,7 @@
 
 #include "app/app_state.h"
 #include "app/open_capture.h"
+#include "tests/gui/app_pump.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;
@@ -21,13 +22,7 @@ namespace {
 
 template <typename Pred>
 bool pump(AppState& s, Pred done, int seconds = 30) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    s.reconcile();
-    if (done()) return true;
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  return kvscope::app::testing::pump_until(s, done, seconds);
 }
 
 const std::string kLily =
