@@ -223,6 +223,36 @@ TEST(ViewKeys, TheTuningGridReadsMethodAItsAxesAndTheFocusOfItsScope) {
   check_keys(o.s, v.get(), whole, {layer(), kv_head(), moves(seed(), m)});
 }
 
+TEST(ViewKeys, TheGeometryMapsAndCentresReadTheFocusedHeadAndTheirOwnChoices) {
+  Open o;
+  ASSERT_TRUE(o.s.focus_layer()) << o.s.load_error;
+  std::unique_ptr<View> v = make_view("geometry");
+  ASSERT_TRUE(v);
+  const json state = {{"projection", "pca"}, {"points", "both"}, {"with_queries", true}};
+  const std::set<std::string> all{"geometry.projection", "geometry.projection.values",
+                                  "geometry.kcenter.keys", "geometry.kcenter.values"};
+  const std::set<std::string> maps{"geometry.projection", "geometry.projection.values"};
+  const std::set<std::string> centres{"geometry.kcenter.keys", "geometry.kcenter.values"};
+  check_keys(o.s, v.get(), state,
+             {moves(layer(), all), moves(kv_head(), all),
+              // The keys' map is joint with the selected query head's queries.
+              moves(q_head(), {"geometry.projection"}),
+              moves(view("projection", {{"projection", "tsne"}}), maps),
+              moves(view("clusters", {{"clusters", 5}}), centres),
+              moves(view("radius", {{"radius_factor", 0.25}}), centres),
+              moves(view("queries", {{"with_queries", false}}), {"geometry.projection"}),
+              keep_ratio(), seed(), a_param(), a_method(), b_method(), ab_off(), sink(), eval(),
+              estimator(), grid(), sweep(), views_shown()});
+  // t-SNE reads its perplexity and iterations; PCA reads neither.
+  check_keys(o.s, v.get(), state,
+             {view("perplexity", {{"perplexity", 10}}), view("iterations", {{"iterations", 500}})});
+  json tsne = state;
+  tsne["projection"] = "tsne";
+  check_keys(o.s, v.get(), tsne,
+             {moves(view("perplexity", {{"perplexity", 10}}), maps),
+              moves(view("iterations", {{"iterations", 500}}), maps)});
+}
+
 TEST(ViewKeys, TheTheoryRunReadsTheWindowTheSeedTheSlotsParametersAndItsChoices) {
   Open o;
   ASSERT_TRUE(o.s.focus_layer()) << o.s.load_error;
