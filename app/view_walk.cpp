@@ -28,12 +28,15 @@ void WalkView::draw(AppState& s) {
     return;
   }
   if (!is_walk_method(s.method_name(0))) {
+    const std::vector<std::string> walkers = walk_method_names();
     ImGui::TextWrapped(
-        "Walk traces come from the self-balancing walk of balancekv (and balancekv-stream). "
-        "Method A is %s.",
+        "Walk traces come from the self-balancing walk of these methods. Method "
+        "A is %s.",
         s.method_name(0).c_str());
-    if (ImGui::Button("Use balancekv as method A")) {
-      s.settings.method[0].name = "balancekv";
+    for (const std::string& w : walkers) {
+      char label[128];
+      std::snprintf(label, sizeof label, "Use %s as method A", w.c_str());
+      if (ImGui::Button(label)) s.settings.method[0].name = w;
     }
     return;
   }
@@ -357,14 +360,17 @@ void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
     ImGui::SetTooltip(
         "Side by side: the same block walked with the current settings and with these.");
 
-  std::string info = "L" + std::to_string(s.settings.focus.layer) + " H" +
-                     std::to_string(s.settings.focus.kv_head) + ", " + s.method_name(0) + " (" +
-                     describe_params(*s.method(0), s.method_settings(0).params) +
-                     "): " + std::to_string(t.rounds) + " round(s), " + std::to_string(blocks) +
-                     " block(s) in round " + std::to_string(round_) + ", " + std::to_string(len) +
-                     " tokens in this block";
-  if (t.trace_query >= 0) info += "; discrepancy along query " + std::to_string(t.trace_query);
-  ImGui::TextWrapped("%s%s%s", info.c_str(), t.note.empty() ? "" : ". ", t.note.c_str());
+  // Printed in parts (one long chain of string + made GCC 12 warn, -Wrestrict, falsely).
+  const std::string params = describe_params(*s.method(0), s.method_settings(0).params);
+  char where[160];
+  std::snprintf(where, sizeof where,
+                "): %d round(s), %d block(s) in round %d, %d tokens in this block", t.rounds,
+                static_cast<int>(blocks), static_cast<int>(round_), static_cast<int>(len));
+  const std::string query = t.trace_query >= 0 ? std::to_string(t.trace_query) : "";
+  ImGui::TextWrapped("L%d H%d, %s (%s%s%s%s%s%s", s.settings.focus.layer, s.settings.focus.kv_head,
+                     s.method_name(0).c_str(), params.c_str(), where,
+                     query.empty() ? "" : "; discrepancy along query ", query.c_str(),
+                     t.note.empty() ? "" : ". ", t.note.c_str());
 }
 
 void WalkView::draw_saturation(AppState& s, const WalkTrace& t, const WalkBlockTrace& b) {

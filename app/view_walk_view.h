@@ -42,6 +42,15 @@ inline bool is_walk_method(const std::string& name) {
   return m && m->produces_trace();
 }
 
+// The names of the methods that record a walk, in the registry's order (for the Walk view's
+// offer when method A records none).
+inline std::vector<std::string> walk_method_names() {
+  std::vector<std::string> names;
+  for (const Method* m : all_methods())
+    if (m->produces_trace()) names.push_back(m->name());
+  return names;
+}
+
 inline std::string short_text(const std::string& t, size_t max_chars = 12) {
   return t.size() <= max_chars ? t : t.substr(0, max_chars - 1) + "~";
 }
