@@ -114,7 +114,7 @@ struct Settings {
   int seed = 0;
   int sink_override = -1, eval_override = -1;  // -1: protocol default
   Estimator estimator = Estimator::Weighted;   // the authors' estimator is a protocol option
-  std::string backend = "cpu";                 // cpu | cuda | auto
+  std::string backend = "cpu";                 // one of backend_choices() (engine/backend.h)
   int grid_seeds = 0;                          // seeds of the background grid; 0: by capture size
   GridMetric grid_metric = GridMetric::Error;
   SweepRequest sweep;       // empty methods: the default (AppState::sweep_request)

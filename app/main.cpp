@@ -24,6 +24,7 @@
 #include "app/view.h"
 #include "backends/imgui_impl_glfw.h"
 #include "backends/imgui_impl_opengl3.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/reference_cache.h"
 
@@ -150,7 +151,7 @@ int main(int argc, char** argv) {
   cli.add_option("--method", opt.method, "method A");
   cli.add_option("--method-b", opt.method_b, "method B of the A/B comparison");
   cli.add_option("--ratio", opt.keep_ratio, "keep ratio in (0, 1]");
-  cli.add_option("--backend", opt.backend, "cpu, cuda or auto");
+  cli.add_option("--backend", opt.backend, kvscope::backend_choices_text());
   cli.add_option("--session", opt.session, "session JSON to open");
   cli.add_option("--then-open", opt.then_open,
                  "scripted session: open this file after the first one (tests the error path)");

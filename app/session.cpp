@@ -1,9 +1,11 @@
 // Sessions: AppState::to_session, parse_session and apply_session (declared in app_state.h).
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
 
 #include "app/app_state.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/json_fields.h"
 
@@ -124,8 +126,11 @@ Settings AppState::parse_session(const nlohmann::json& j, std::string* capture_o
     doc.at("estimator").fail("'" + estimator + "' is not weighted or authors");
   st.estimator = estimator == "authors" ? Estimator::Authors : Estimator::Weighted;
   st.backend = doc.get("backend", st.backend);
-  if (st.backend != "cpu" && st.backend != "cuda" && st.backend != "auto")
-    doc.at("backend").fail("'" + st.backend + "' is not cpu, cuda or auto");
+  {
+    const std::vector<std::string> choices = backend_choices();
+    if (std::find(choices.begin(), choices.end(), st.backend) == choices.end())
+      doc.at("backend").fail("'" + st.backend + "' is not " + backend_choices_text());
+  }
   st.grid_seeds = doc.get("grid_seeds", st.grid_seeds, 0, 10);
   const std::string metric = doc.get("grid_metric", "error");
   if (metric != "error" && metric != "entropy")

@@ -391,15 +391,12 @@ class MethodView final : public View {
     // The header and the combo need IDs of their own: with one label for both, a click on the
     // combo toggled the header's state instead and the list never opened (issue 24, defect 3).
     if (ImGui::CollapsingHeader("Backend##section", ImGuiTreeNodeFlags_DefaultOpen)) {
-      const char* choices[] = {"cpu", "cuda", "auto"};
-      int cur = 0;
-      for (int i = 0; i < 3; ++i)
-        if (st.backend == choices[i]) cur = i;
+      const std::vector<std::string> choices = backend_choices();
       ImGui::SetNextItemWidth(px(120));
-      if (ImGui::BeginCombo("compute on##backend", choices[cur])) {
-        for (int i = 0; i < 3; ++i) {
-          if (ImGui::Selectable(choices[i], i == cur)) st.backend = choices[i];
-          record_item(s, std::string("method:backend:") + choices[i]);
+      if (ImGui::BeginCombo("compute on##backend", st.backend.c_str())) {
+        for (const std::string& c : choices) {
+          if (ImGui::Selectable(c.c_str(), c == st.backend)) st.backend = c;
+          record_item(s, "method:backend:" + c);
         }
         ImGui::EndCombo();
       }

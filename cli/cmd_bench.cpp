@@ -198,7 +198,7 @@ void add_bench_command(CLI::App& app) {
   auto opts = std::make_shared<BenchOptions>();
   auto* sub = app.add_subcommand(
       "bench", "Time the practical BalanceKV walk (median over repeats) on synthetic heads");
-  sub->add_option("--backend", opts->backend, "cpu, cuda or auto")->default_val("auto");
+  sub->add_option("--backend", opts->backend, backend_choices_text())->default_val("auto");
   sub->add_option("--n", opts->n, "tokens per head")->default_val(8192);
   sub->add_option("--d", opts->d, "head dimension (keys and values)")->default_val(128);
   sub->add_option("--heads", opts->heads, "kv heads walked together (one layer)")->default_val(1);

@@ -142,7 +142,7 @@ void add_embed_command(CLI::App& app) {
                 "with --with-queries: do not move the key centroid onto the query centroid");
   sub->add_flag("--no-scale", o->no_scale,
                 "with --with-queries: do not rescale queries and keys to equal mean norm");
-  sub->add_option("--backend", o->backend, "cpu, cuda or auto (t-SNE gradient)")
+  sub->add_option("--backend", o->backend, backend_choices_text() + " (t-SNE gradient)")
       ->capture_default_str();
   sub->callback([o] { run_embed(*o); });
 }

@@ -83,7 +83,7 @@ void add_common(CLI::App* sub, CommonOptions& o) {
   sub->add_option("--heads", o.heads, "kv heads, e.g. 0-3 (default all)");
   o.sink_option = sub->add_option("--sink", o.sink, "sink tokens s (default min(256, n/32))");
   o.eval_option = sub->add_option("--eval", o.eval, "evaluation queries E (default min(256, n/8))");
-  sub->add_option("--backend", o.backend, "cpu | cuda | auto")->capture_default_str();
+  sub->add_option("--backend", o.backend, backend_choices_text())->capture_default_str();
   sub->add_option("--threads", o.threads, "worker threads (0: all cores)")->capture_default_str();
   sub->add_option("--json", o.json_out, "write the report as JSON");
   sub->add_option("--estimator", o.estimator,

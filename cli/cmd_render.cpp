@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/output_file.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 
 #ifdef KVSCOPE_HAVE_UI
@@ -27,7 +28,7 @@ void add_render_command(CLI::App& app) {
   sub->add_option("--method", opt->method, "method A (default balancekv)");
   sub->add_option("--method-b", opt->method_b, "method B of the A/B comparison");
   sub->add_option("--ratio", opt->keep_ratio, "keep ratio in (0, 1]");
-  sub->add_option("--backend", opt->backend, "cpu, cuda or auto");
+  sub->add_option("--backend", opt->backend, backend_choices_text());
   sub->add_option("--session", opt->session, "session JSON to apply first");
   sub->add_option("--width", opt->width, "window width in pixels")->default_val(1600);
   sub->add_option("--height", opt->height, "window height in pixels")->default_val(1000);

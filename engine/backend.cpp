@@ -2,6 +2,7 @@
 // (engine/backend.h). No kernels/ header here: device backends register themselves.
 #include "engine/backend.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -223,6 +224,28 @@ bool cuda_available(std::string* why) {
   return backend_available("cuda", why);
 }
 
+namespace {
+// The device backends KVScope has (kernels/), listed even in builds without them.
+const char* const kDeviceBackends[] = {"cuda"};
+}  // namespace
+
+std::vector<std::string> backend_choices() {
+  std::vector<std::string> names{"cpu"};
+  for (const char* d : kDeviceBackends) names.push_back(d);
+  for (const std::string& id : registered_backends())
+    if (std::find(names.begin(), names.end(), id) == names.end()) names.push_back(id);
+  names.push_back("auto");
+  return names;
+}
+
+std::string backend_choices_text() {
+  const std::vector<std::string> names = backend_choices();
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
 Backend& select_backend(const std::string& which) {
   if (which == "cpu") return cpu_backend();
   if (which == "auto") {
@@ -236,10 +259,7 @@ Backend& select_backend(const std::string& which) {
       throw SettingError(
           "backend", "--backend",
           "cuda: no CUDA kernels in this build (nvcc was not found at configure time)");
-    std::string names = "cpu, cuda, auto";
-    for (const std::string& id : registered_backends())
-      if (id != "cuda") names += ", " + id;
-    throw SettingError("backend", "--backend", "'" + which + "' is not one of " + names);
+    throw SettingError("backend", "--backend", "'" + which + "' is not " + backend_choices_text());
   }
   std::string why;
   if (Backend* b = probe_entry(*e, &why)) return *b;

@@ -117,6 +117,12 @@ using BackendProbe = Backend* (*)(std::string* why);
 bool register_backend(const std::string& id, BackendProbe probe);
 // The ids registered so far.
 std::vector<std::string> registered_backends();
+// The backends a user can name (the app's combo, sessions, every --backend): "cpu", the device
+// backends KVScope has whether this build registered them or not ("cuda": choosing it without
+// the kernels says why), the other registered ids, and "auto"; in that order.
+std::vector<std::string> backend_choices();
+// backend_choices() for help text and messages: "cpu, cuda or auto".
+std::string backend_choices_text();
 
 Backend& cpu_backend();
 // Whether a device backend registered as `id` answers; `why` says what was found.

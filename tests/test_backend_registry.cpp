@@ -126,6 +126,21 @@ TEST(BackendRegistry, RegistrarsAddBackendsAndSelectWrapsThem) {
         << "the message lists the registered backends: " << e.what();
   }
   EXPECT_EQ(&select_backend("cpu"), &cpu_backend());
+
+  // Every list of backends (the app's combo, sessions, each --backend help) is this one: cpu,
+  // the device backends KVScope has (built or not), the registered ones, auto.
+  const std::vector<std::string> choices = backend_choices();
+  ASSERT_GE(choices.size(), 5u);
+  EXPECT_EQ(choices.front(), "cpu");
+  EXPECT_EQ(choices[1], "cuda");
+  EXPECT_EQ(choices.back(), "auto");
+  EXPECT_EQ(std::count(choices.begin(), choices.end(), "cuda"), 1);
+  EXPECT_NE(std::find(choices.begin(), choices.end(), "fake"), choices.end());
+  EXPECT_NE(std::find(choices.begin(), choices.end(), "fake-absent"), choices.end());
+  const std::string text = backend_choices_text();
+  EXPECT_EQ(text.rfind("cpu, cuda, ", 0), 0u) << text;
+  EXPECT_NE(text.find(", fake"), std::string::npos) << text;
+  EXPECT_EQ(text.substr(text.size() - 8), " or auto") << text;
 }
 
 // A supported shape runs on the device (its marker comes back); an unsupported one never reaches
