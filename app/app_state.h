@@ -296,6 +296,9 @@ struct AppState {
   NewCaptureRequest new_capture;
   bool new_capture_pending = false;
   std::shared_ptr<const NewCaptureResult> new_capture_made;  // the last capture made
+  // The file of a cancelled request, removed once its job has ended (it may have written the
+  // capture just before the cancel reached it).
+  std::string new_capture_discard;
 
   // ---- backend (resolved from settings.backend by reconcile)
   std::string backend_active;  // name() of the backend in use

@@ -83,6 +83,7 @@ void ask_new_capture(AppState& s, const NewCaptureSettings& settings) {
 }
 
 void cancel_new_capture(AppState& s) {
+  if (s.new_capture_pending) s.new_capture_discard = s.new_capture.out;
   s.new_capture_pending = false;
 }
 
@@ -102,11 +103,19 @@ JobPlan AppState::plan_new_capture() const {
 }
 
 void AppState::finish_new_capture() {
+  // A cancelled request's job has ended: a capture it wrote just before the cancel reached it
+  // (the last positions can run faster than a click) is not wanted.
+  if (!new_capture_discard.empty() && !worker.busy(kNewCapture)) {
+    std::error_code ec;
+    fs::remove(new_capture_discard, ec);
+    new_capture_discard.clear();
+  }
   if (!new_capture_pending) return;
   const Result& r = result(kNewCapture);
   const std::string key = new_capture_key(new_capture);
   if (r.cancelled == key) {  // the status bar's cancel (cancel_job) stops it too
     new_capture_pending = false;
+    new_capture_discard = new_capture.out;
     return;
   }
   if (r.busy() || r.partial || r.key != key) return;
