@@ -35,6 +35,7 @@
 #include "app/worker.h"
 #include "engine/attention.h"
 #include "engine/attention_scores.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/synth.h"
 #include "tests/gui/app_pump.h"
@@ -643,6 +644,10 @@ TEST(Session, BadSessionsNameTheFieldAndChangeNothing) {
             std::string::npos);
   EXPECT_NE(message({{"kvscope_session", 1}, {"focus", {{"layer", -1}}}}).find("focus.layer"),
             std::string::npos);
+  // A backend that is not one of backend_choices() (engine/backend.h): the field and the choices.
+  const std::string backend = message({{"kvscope_session", 1}, {"backend", "tpu"}});
+  EXPECT_NE(backend.find("\"backend\""), std::string::npos) << backend;
+  EXPECT_NE(backend.find(backend_choices_text()), std::string::npos) << backend;
   EXPECT_EQ(s.settings, before);
 }
 
