@@ -5,6 +5,7 @@
 // random signs. Play / pause / step / scrub; the token being walked is shown in the strip below
 // and becomes the app's selected token, so the Tokens view follows.
 
+#include "app/result_status.h"
 #include "app/view_jobs.h"
 #include "app/view_walk_view.h"
 
@@ -37,6 +38,7 @@ void WalkView::draw(AppState& s) {
       char label[128];
       std::snprintf(label, sizeof label, "Use %s as method A", w.c_str());
       if (ImGui::Button(label)) s.settings.method[0].name = w;
+      record_item(s, "walk:use:" + w);
     }
     return;
   }
