@@ -27,10 +27,6 @@ constexpr double kFocusAutoLimitS = 20.0;
 // Everything else (grid, sweep, entropy, projections) up to this one.
 constexpr double kBackgroundAutoLimitS = 3.0;
 
-std::string params_text(const ParamValues& p) {
-  return nlohmann::json(p).dump();
-}
-
 }  // namespace
 
 // ---- job inputs: every value a job reads; its key is derived from them (JobPlan::derive)
@@ -62,6 +58,32 @@ struct FocusInput {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(FocusInput, common, layer, kv_head, num_layers, method, params,
                                    keep_ratio, seed)
+// The progressive grid (plan_grid, app/grid_cells.h). A cell reads the evaluation's common
+// part, the one keep ratio, its own slot's method and parameters, its head and its seed ("any"
+// for a method that ignores the seed), so a change of A's parameters leaves B's cells where they
+// are. The grid as a whole adds which slots are in it, the first seed and the seed count.
+struct GridSlotInput {
+  std::string method;
+  ParamValues params;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GridSlotInput, method, params)
+struct GridCellInput {
+  EvalCommon common;
+  double keep_ratio = 0;
+  GridSlotInput slot;
+  int layer = 0, kv_head = 0;
+  std::string seed;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GridCellInput, common, keep_ratio, slot, layer, kv_head, seed)
+struct GridInput {
+  EvalCommon common;
+  double keep_ratio = 0;
+  std::vector<GridSlotInput> slots;  // A, and B when A/B is on
+  uint64_t seed = 0;
+  int seeds = 1;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GridInput, common, keep_ratio, slots, seed, seeds)
+
 struct FocusHandles {
   std::shared_ptr<const LayerData> layer;  // (common.capture, layer)
   Backend* backend = nullptr;              // common.backend
@@ -258,57 +280,48 @@ JobPlan AppState::plan_grid() const {
   if (!capture) return p;
   const CaptureInfo& ci = capture->info();
   const int seeds = grid_seeds();
-  // The cells' shared part: capture, backend, window, estimator and the keep ratio; each slot's
-  // cells add their method and its own parameters (app/grid_cells.h).
-  const std::string shared =
-      JobPlan::derived_key("cells", eval_common()) + "|r=" + std::to_string(settings.keep_ratio);
-  std::array<std::string, 2> mkey;
+  GridInput in{eval_common(), settings.keep_ratio, {}, static_cast<uint64_t>(settings.seed), seeds};
   for (size_t k = 0; k < 2; ++k)
     if (k == 0 || settings.ab_enabled)
-      mkey[k] = settings.method[k].name + params_text(settings.method[k].params);
-  p.key = "grid|" + shared + "|A=" + mkey[0] + "|B=" + mkey[1] +
-          "|seed=" + std::to_string(settings.seed) + "|seeds=" + std::to_string(seeds);
+      in.slots.push_back({settings.method[k].name, settings.method[k].params});
+  p.key = JobPlan::derived_key("grid", in);
   const Result& now = result(kGrid);
   // The job: rebuilt only when the key or the cells in hand changed (this runs every frame).
   if (!grid_plan_job_ || grid_plan_key_ != p.key || grid_plan_version_ != grid_cells.version()) {
     auto job = std::make_shared<GridJob>();
     job->capture = capture;
     job->backend = backend_;
-    const MethodSettings ms = method_settings(0);
-    job->base.ratios = {settings.keep_ratio};
-    job->base.sink = ms.sink;
-    job->base.eval = ms.eval;
-    job->base.estimator = settings.estimator;
+    job->base.ratios = {in.keep_ratio};
+    job->base.sink = in.common.sink;
+    job->base.eval = in.common.eval;
+    job->base.estimator = settings.estimator;  // in.common.estimator is its name
     job->base.threads = 1;
     job->seeds = seeds;
-    job->base_seed = static_cast<uint64_t>(settings.seed);
+    job->base_seed = in.seed;
     job->layers = ci.num_layers;
     job->heads = ci.kv_heads;
-    job->shared_key = shared;
     // Every core: the grid's threads run below the UI and the focused runs (grid_cells.cpp).
     job->threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     job->priority = grid_priority;
     job->previous = now.ptr<GridReport>();
-    for (size_t k = 0; k < 2; ++k) {
-      if (mkey[k].empty()) continue;
+    for (size_t k = 0; k < in.slots.size(); ++k) {
       GridJob::Slot& sl = job->slots[k];
       sl.method = method(static_cast<int>(k));
-      sl.name = settings.method[k].name;
-      sl.params = settings.method[k].params;
-      sl.method_key = mkey[k];
+      sl.name = in.slots[k].method;
+      sl.params = in.slots[k].params;
       if (!sl.method) continue;
       sl.runs = sl.method->depends_on_seed() ? seeds : 1;
+      GridCellInput cell{in.common, in.keep_ratio, in.slots[k], 0, 0, ""};
       for (int run = 0; run < sl.runs; ++run) {
-        const std::string seed =
-            sl.runs == 1 && seeds > 1 ? "any" : std::to_string(settings.seed + run);
+        cell.seed = sl.method->depends_on_seed() ? std::to_string(in.seed + run) : "any";
         for (int l = 0; l < ci.num_layers; ++l)
           for (int h = 0; h < ci.kv_heads; ++h) {
             GridJob::Need n;
             n.slot = static_cast<int>(k);
-            n.layer = l;
-            n.head = h;
+            n.layer = cell.layer = l;
+            n.head = cell.kv_head = h;
             n.run = run;
-            n.key = grid_cell_key(mkey[k], shared, l, h, seed);
+            n.key = JobPlan::derived_key("cell", cell);
             n.have = grid_cells.get(n.key);
             job->needs.push_back(std::move(n));
           }

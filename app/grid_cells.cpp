@@ -52,12 +52,6 @@ void GridCellStore::clear() {
   ++version_;
 }
 
-std::string grid_cell_key(const std::string& method_key, const std::string& shared_key, int layer,
-                          int kv_head, const std::string& seed) {
-  return method_key + "|" + shared_key + "|L" + std::to_string(layer) + "H" +
-         std::to_string(kv_head) + "|seed=" + seed;
-}
-
 const char* cell_state_name(CellState s) {
   switch (s) {
     case CellState::Missing:

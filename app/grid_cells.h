@@ -1,14 +1,13 @@
 // The progressive layer x kv-head grid (docs/app.md, "How the grid fills"): every cell is one
 // method (with its own parameters) on one (layer, kv head) for one seed, computed alone through
-// run_eval and kept in a store keyed by exactly what it depends on:
-//
-//   method + its parameters | capture, backend, window, estimator, keep ratio | layer, head | seed
-//
-// so a change recomputes only the cells its key outdates: a change of method A's parameters
-// leaves method B's cells (and every cell of an earlier A seen again) where they are. The grid
-// job (AppState::plan_grid, started by reconcile()) computes the missing cells one by one, the
-// focused cell and the visible rows first, seed 0 of every cell before the other seeds, and
-// posts each cell to the store and a partial GridReport while the rest computes.
+// run_eval and kept in a store keyed by exactly what it depends on (GridCellInput in
+// app/app_plans.cpp: its method and parameters, the capture, backend, window, estimator and keep
+// ratio, its layer and head, its seed), so a change recomputes only the cells its key outdates: a
+// change of method A's parameters leaves method B's cells (and every cell of an earlier A seen
+// again) where they are. The grid job (AppState::plan_grid, started by reconcile()) computes the
+// missing cells one by one, the focused cell and the visible rows first, seed 0 of every cell
+// before the other seeds, and posts each cell to the store and a partial GridReport while the rest
+// computes.
 #pragma once
 
 #include <array>
@@ -51,9 +50,6 @@ class GridCellStore {
   std::unordered_map<std::string, std::shared_ptr<const GridCell>> cells_;
   uint64_t computed_ = 0, version_ = 0;
 };
-
-std::string grid_cell_key(const std::string& method_key, const std::string& shared_key, int layer,
-                          int kv_head, const std::string& seed);
 
 // How far a grid entry (one method slot on one head, over the grid's seeds) has come.
 enum class CellState : uint8_t {
@@ -98,7 +94,7 @@ struct GridJob {
   EvalSpec base;  // window overrides, estimator, the one keep ratio
   struct Slot {
     const Method* method = nullptr;  // null: the slot is not in the grid
-    std::string name, method_key;
+    std::string name;
     ParamValues params;
     int runs = 1;  // seed runs per head: the grid's seeds, or 1 for a seed-free method
   };
@@ -106,7 +102,6 @@ struct GridJob {
   int seeds = 1;
   uint64_t base_seed = 0;
   int layers = 0, heads = 0;
-  std::string shared_key;
   int threads = 1;
   // One seed run of one slot on one head; `have` is set when the store holds it.
   struct Need {

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -355,6 +356,89 @@ TEST(Results, KeysChangeWithEverySettingTheJobReadsAndNothingElse) {
   EXPECT_EQ(s.result(kFocusA).want, focus0);
   EXPECT_EQ(s.result(kFocusB).want, before.at(kFocusB));
   EXPECT_EQ(s.result(kLayer).want, before.at(kLayer));
+}
+
+// The grid's key is derived from its input (GridInput in app/app_plans.cpp) as every other
+// job's: each setting a cell reads, which slots are in the grid and the seed count move it;
+// the focus, the views shown and how the grid is coloured do not.
+TEST(Results, TheGridKeyReadsWhatItsCellsReadAndNothingElse) {
+  AppState s;
+  s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
+  s.request_open(kSample);
+  ASSERT_TRUE(pump(s, [&] { return fresh(s, kFocusA); }));
+  const std::string grid0 = s.result(kGrid).want;
+  EXPECT_EQ(grid0.rfind("grid|{", 0), 0u) << grid0;
+  std::vector<std::pair<const char*, std::function<void(Settings&)>>> reads = {
+      {"keep ratio", [](Settings& st) { st.keep_ratio = 0.125; }},
+      {"seed", [](Settings& st) { st.seed = 7; }},
+      {"A's parameter", [](Settings& st) { st.method[0].params["gamma"] = 2; }},
+      {"A's method", [](Settings& st) { st.method[0].name = "uniform"; }},
+      {"B's method", [](Settings& st) { st.method[1].name = "snapkv"; }},
+      {"B's parameter", [](Settings& st) { st.method[1].params["x"] = 1; }},
+      {"B off", [](Settings& st) { st.ab_enabled = false; }},
+      {"sink", [](Settings& st) { st.sink_override = 3; }},
+      {"eval", [](Settings& st) { st.eval_override = 5; }},
+      {"estimator", [](Settings& st) { st.estimator = Estimator::Authors; }},
+      {"grid seeds", [](Settings& st) { st.grid_seeds = st.grid_seeds + 2; }},
+  };
+  std::vector<std::pair<const char*, std::function<void(Settings&)>>> ignores = {
+      {"layer", [](Settings& st) { st.focus.layer = 1; }},
+      {"kv head", [](Settings& st) { st.focus.kv_head = 1; }},
+      {"query head", [](Settings& st) { st.selected_q_head = 1; }},
+      {"grid metric", [](Settings& st) { st.grid_metric = GridMetric::Entropy; }},
+      {"views shown",
+       [](Settings& st) {
+         st.panel_view = {"walk", "theory"};
+       }},
+  };
+  const Settings base = s.settings;
+  for (const auto& [what, change] : reads) {
+    s.settings = base;
+    change(s.settings);
+    s.reconcile();
+    EXPECT_NE(s.result(kGrid).want, grid0) << what;
+  }
+  for (const auto& [what, change] : ignores) {
+    s.settings = base;
+    change(s.settings);
+    s.reconcile();
+    EXPECT_EQ(s.result(kGrid).want, grid0) << what;
+  }
+  s.settings = base;
+  s.reconcile();
+  EXPECT_EQ(s.result(kGrid).want, grid0);
+}
+
+// A cell is keyed by its own seed, and a method that ignores the seed (streaming) by none: moving
+// the first seed by one computes only method A's cells of the one seed that is new, and none of
+// B's.
+TEST(AppFlow, ANewSeedRecomputesOnlyTheCellsOfTheSeedThatIsNew) {
+  AppState s;
+  s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"streaming", {}}};
+  s.settings.grid_seeds = 2;
+  s.request_open(kSample);
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kGrid); }, 60));
+  auto keys = [&](int slot) {
+    std::set<std::string> out;
+    for (const GridEntry& e : s.grid_report()->entries)
+      if (e.slot == slot) out.insert(e.keys.begin(), e.keys.end());
+    return out;
+  };
+  const CaptureInfo& ci = s.capture->info();
+  const size_t heads = static_cast<size_t>(ci.num_layers * ci.kv_heads);
+  const auto a0 = keys(0), b0 = keys(1);
+  ASSERT_EQ(a0.size(), 2 * heads);
+  ASSERT_EQ(b0.size(), heads);  // one cell per head for all seeds
+  const uint64_t computed = s.grid_cells.computed();
+  s.settings.seed += 1;
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kGrid); }, 60));
+  EXPECT_EQ(keys(1), b0);
+  size_t fresh_keys = 0;
+  for (const std::string& k : keys(0)) fresh_keys += a0.count(k) == 0;
+  EXPECT_EQ(fresh_keys, heads);  // seed 1 is shared; seed 2 is new
+  EXPECT_EQ(s.grid_cells.computed(), computed + heads);
 }
 
 TEST(AppFlow, TheGridRecomputesOnlyTheCellsAChangeOutdates) {
