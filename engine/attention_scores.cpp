@@ -6,8 +6,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "engine/backend.h"
 #include "engine/error.h"
-#include "engine/simd.h"
 
 namespace kvscope {
 
@@ -67,71 +67,45 @@ void check_method_input(const MethodInput& in, const std::string& method, bool n
   }
 }
 
-void for_each_attention_row(const std::vector<const MatrixF*>& queries, const MatrixF& keys,
-                            int row_begin, int row_end, const AttentionRowFn& fn,
-                            const std::atomic<bool>* cancel) {
-  row_begin = std::max(row_begin, 0);
-  row_end = std::min<int>(row_end, static_cast<int>(keys.rows()));
-  if (row_begin >= row_end || queries.empty()) return;
-  const int d = static_cast<int>(keys.cols());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  // Keys 0..row_end-1 in double, once; logits of a block of rows by one matrix product per head.
-  const MatrixD k_d = keys.topRows(row_end).cast<double>();
-  constexpr int kBlockRows = 64;
-  std::vector<double> mean(row_end);
-  MatrixD logits;
-  std::vector<MatrixD> block_logits(queries.size());
-  const simd::Kernels& kern = simd::kernels();
-  for (int b0 = row_begin; b0 < row_end; b0 += kBlockRows) {
-    if (cancel && cancel->load(std::memory_order_relaxed)) throw Cancelled();
-    const int b1 = std::min(row_end, b0 + kBlockRows);
-    const int cols = b1;  // the last row of the block sees keys 0..b1-1
-    for (size_t h = 0; h < queries.size(); ++h) {
-      const MatrixD q_d = queries[h]->middleRows(b0, b1 - b0).cast<double>();
-      block_logits[h].resize(b1 - b0, cols);
-      kern.gemm_abt(b1 - b0, cols, d, scale, q_d.data(), d, k_d.data(), d, block_logits[h].data(),
-                    cols);
-    }
-    for (int j = b0; j < b1; ++j) {
-      std::fill(mean.begin(), mean.begin() + j + 1, 0.0);
-      for (size_t h = 0; h < queries.size(); ++h) {
-        double* row = block_logits[h].row(j - b0).data();  // overwritten by exp(logit - max)
-        const double mx = *std::max_element(row, row + j + 1);
-        const double z = kern.exp_shift_sum(row, j + 1, mx, nullptr);
-        const double norm = 1.0 / (z * static_cast<double>(queries.size()));
-        for (int i = 0; i <= j; ++i) mean[i] += row[i] * norm;
-      }
-      fn(j, mean.data());
-    }
+Backend& method_backend(const MethodInput& in) {
+  return in.backend ? *in.backend : cpu_backend();
+}
+
+std::vector<double> head_attention_scores(const MethodInput& in, int row_begin, int row_end,
+                                          ScoreReduce reduce, const int* stop_rows,
+                                          std::vector<double>* stopped) {
+  std::vector<double> scores(std::max(0, row_end), 0.0);
+  ScoreBatch b;
+  b.n = in.n;
+  b.d = static_cast<int>(in.keys->cols());
+  b.row_begin = row_begin;
+  b.row_end = row_end;
+  b.reduce = reduce;
+  b.cancel = in.cancel;
+  ScoreHead head;
+  head.keys = in.keys->data();
+  for (const MatrixF* q : in.queries) head.queries.push_back(q->data());
+  head.scores = scores.data();
+  if (stopped) {
+    stopped->assign(scores.size(), 0.0);
+    head.stopped = stopped->data();
+    b.stop_rows = stop_rows;
   }
-}
-
-std::vector<double> attention_column_sums(const std::vector<const MatrixF*>& queries,
-                                          const MatrixF& keys, int row_begin, int row_end,
-                                          const std::atomic<bool>* cancel) {
-  std::vector<double> sums(std::max(0, std::min<int>(row_end, static_cast<int>(keys.rows()))), 0.0);
-  for_each_attention_row(
-      queries, keys, row_begin, row_end,
-      [&](int j, const double* p) {
-        for (int i = 0; i <= j; ++i) sums[i] += p[i];
-      },
-      cancel);
-  return sums;
-}
-
-std::vector<double> h2o_scores(const MethodInput& in) {
-  // Rows before mid_begin only see sinks, so the middle's scores need rows [mid_begin, mid_end).
-  const std::vector<double> sums =
-      attention_column_sums(in.queries, *in.keys, in.mid_begin, in.mid_end, in.cancel);
-  std::vector<double> scores(in.mid_end - in.mid_begin);
-  for (int i = in.mid_begin; i < in.mid_end; ++i)
-    scores[i - in.mid_begin] = sums[i] / static_cast<double>(in.mid_end - i);
+  b.heads.push_back(std::move(head));
+  method_backend(in).attention_scores(b);
   return scores;
 }
 
+std::vector<double> h2o_scores(const MethodInput& in) {
+  // Rows before mid_begin only see sinks, so the middle's scores need rows [mid_begin, mid_end);
+  // the op divides each key's sum by the mid_end - i rows that see it.
+  const std::vector<double> means =
+      head_attention_scores(in, in.mid_begin, in.mid_end, ScoreReduce::mean_seen);
+  return std::vector<double>(means.begin() + in.mid_begin, means.begin() + in.mid_end);
+}
+
 std::vector<double> observation_window_scores(const MethodInput& in, int window) {
-  return attention_column_sums(in.queries, *in.keys, std::max(0, in.mid_end - window), in.mid_end,
-                               in.cancel);
+  return head_attention_scores(in, std::max(0, in.mid_end - window), in.mid_end, ScoreReduce::sum);
 }
 
 std::vector<double> avg_pool_same(const std::vector<double>& x, int kernel) {

@@ -1,15 +1,16 @@
 // Score helpers shared by the attention-score baselines (h2o, snapkv, pyramidkv, tova, buzz) and
 // the input checks every baseline method runs. All scores are softmax attention probabilities in
 // double precision, scale 1/sqrt(d), causal (query j sees keys 0..j), averaged over the query
-// heads of the GQA group that reads the kv head.
+// heads of the GQA group that reads the kv head, computed by the backend's attention-score op
+// (engine/ops/attention_scores.h) on the method's backend (MethodInput::backend).
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "engine/method.h"
+#include "engine/ops/attention_scores.h"
 #include "engine/tensor.h"
 
 namespace kvscope {
@@ -24,20 +25,17 @@ ParamSpec param_spec(std::string name, ParamSpec::Type type, double min, double 
 // query head of n rows and the keys' width. Throws InputError naming the method and the problem.
 void check_method_input(const MethodInput& in, const std::string& method, bool needs_queries);
 
-// Visits the causal attention rows of query positions [row_begin, row_end) in increasing order.
-// For row j, `probs` holds j+1 values: the softmax over keys 0..j of <q_j,k_i>/sqrt(d), averaged
-// over the given query heads. Rows are computed in blocks with a double-precision matrix product.
-// Checks `cancel` between blocks (throws Cancelled).
-using AttentionRowFn = std::function<void(int row, const double* probs)>;
-void for_each_attention_row(const std::vector<const MatrixF*>& queries, const MatrixF& keys,
-                            int row_begin, int row_end, const AttentionRowFn& fn,
-                            const std::atomic<bool>* cancel = nullptr);
+// The backend a method runs its ops on: in.backend, or the CPU reference (cpu_backend()) when
+// none is given. Both give the same figures up to rounding (tests/test_cuda_parity.cpp).
+Backend& method_backend(const MethodInput& in);
 
-// Sum over query rows [row_begin, row_end) of the group-averaged causal attention each key
-// receives; entry i is for key i, keys [0, row_end) (a key after a row gets nothing from it).
-std::vector<double> attention_column_sums(const std::vector<const MatrixF*>& queries,
-                                          const MatrixF& keys, int row_begin, int row_end,
-                                          const std::atomic<bool>* cancel = nullptr);
+// The attention-score op (engine/ops/attention_scores.h) for this head's keys and GQA group over
+// the query rows [row_begin, row_end), on method_backend(in), checking in.cancel: entry i is key
+// i's reduced score, keys [0, row_end). With `stop_rows` (row_end entries), `stopped` receives
+// the running sums as they stood after row stop_rows[i] - 1.
+std::vector<double> head_attention_scores(const MethodInput& in, int row_begin, int row_end,
+                                          ScoreReduce reduce, const int* stop_rows = nullptr,
+                                          std::vector<double>* stopped = nullptr);
 
 // H2O's score for middle token i (entry i - mid_begin): the attention it receives from every
 // causal query before mid_end, summed and divided by how many of those queries see it

@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
     return cpu_kcenter(x, n, d, k, first);
   }
+  void attention_scores(const ScoreBatch& b) override { cpu_attention_scores(b); }
 };
 
 // One registered device backend: probed once, wrapped once.
@@ -84,6 +85,8 @@ const char* op_name(Op op) {
       return "tsne_gradient";
     case Op::kcenter:
       return "kcenter";
+    case Op::attention_scores:
+      return "attention_scores";
   }
   return "?";
 }
@@ -100,6 +103,10 @@ OpShape op_shape(const ErrorBatch& b) {
 
 OpShape op_shape(const TsneGradInput& in) {
   return {Op::tsne_gradient, in.n, 2, 0, 0, false};
+}
+
+OpShape op_shape(const ScoreBatch& b) {
+  return {Op::attention_scores, b.n, b.d, static_cast<int>(b.heads.size()), b.group(), false};
 }
 
 OpShape kcenter_shape(int n, int d, int k) {
@@ -173,6 +180,11 @@ std::vector<int> FallbackBackend::kcenter(const float* x, int n, int d, int k, i
   return run(
       kcenter_shape(n, d, k), [&] { return device_.kcenter(x, n, d, k, first); },
       [&] { return cpu_kcenter(x, n, d, k, first); });
+}
+
+void FallbackBackend::attention_scores(const ScoreBatch& b) {
+  run(
+      op_shape(b), [&] { device_.attention_scores(b); }, [&] { cpu_attention_scores(b); });
 }
 
 std::string last_fallback() {

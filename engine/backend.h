@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/ops/attention_errors.h"
+#include "engine/ops/attention_scores.h"
 #include "engine/ops/kcenter.h"
 #include "engine/ops/tsne_gradient.h"
 #include "engine/ops/walk_blocks.h"
@@ -21,21 +22,23 @@
 namespace kvscope {
 
 // The ops of the seam, for supports() and the fallback's messages.
-enum class Op { walk_blocks, attention_errors, tsne_gradient, kcenter };
-const char* op_name(Op op);  // "walk_blocks", "attention_errors", "tsne_gradient", "kcenter"
+enum class Op { walk_blocks, attention_errors, tsne_gradient, kcenter, attention_scores };
+// "walk_blocks", "attention_errors", "tsne_gradient", "kcenter", "attention_scores"
+const char* op_name(Op op);
 
 // What supports() is told about one call: the op and its sizes.
 struct OpShape {
   Op op = Op::walk_blocks;
-  int64_t rows = 0;  // walk: total rows; attention: tokens n; t-SNE: points; k-center: points
+  int64_t rows = 0;  // walk: total rows; attention, scores: tokens n; t-SNE, k-center: points
   int d = 0;         // key width (t-SNE: 2; k-center: features)
-  int dv = 0;        // value width (walk, attention)
-  int count = 0;     // walk: blocks; attention: query heads; t-SNE: 0; k-center: k
+  int dv = 0;        // value width (walk, attention); scores: kv heads of the batch
+  int count = 0;     // walk: blocks; attention: query heads; scores: group; t-SNE: 0; k-center: k
   bool float_scores = false;  // attention: ErrorBatch::float_scores
 };
 OpShape op_shape(const WalkBatch& b);
 OpShape op_shape(const ErrorBatch& b);
 OpShape op_shape(const TsneGradInput& in);
+OpShape op_shape(const ScoreBatch& b);
 OpShape kcenter_shape(int n, int d, int k);
 
 // A device backend's report that it could not run an op (out of device memory, a rejected launch,
@@ -67,6 +70,8 @@ class Backend {
   virtual double tsne_gradient(const TsneGradInput& in, float* grad) = 0;
   // Greedy k-center (Gonzalez) from row `first`; returns the k centre rows in pick order.
   virtual std::vector<int> kcenter(const float* x, int n, int d, int k, int first) = 0;
+  // The causal attention each key receives, reduced per key (engine/ops/attention_scores.h).
+  virtual void attention_scores(const ScoreBatch& batch) = 0;
 };
 
 // The engine's CPU fallback around a device backend: before each op it asks the device whether it
@@ -87,6 +92,7 @@ class FallbackBackend final : public Backend {
   void attention_errors(const ErrorBatch& batch) override;
   double tsne_gradient(const TsneGradInput& in, float* grad) override;
   std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override;
+  void attention_scores(const ScoreBatch& batch) override;
 
   // Why the most recent op ran on the CPU, or "" when it ran on the device.
   std::string last_fallback() const;

@@ -98,6 +98,11 @@ class CudaBackend final : public Backend {
     });
   }
 
+  // Not on the device yet: the engine's fallback runs the CPU reference.
+  void attention_scores(const ScoreBatch&) override {
+    throw DeviceFailure("attention_scores has no CUDA kernel yet");
+  }
+
  private:
   // Runs `gpu`; a CUDA failure or a shape found unsupported becomes a DeviceFailure (the engine's
   // FallbackBackend runs the CPU reference and reports it). One op at a time: the app's worker

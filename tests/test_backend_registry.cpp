@@ -24,14 +24,14 @@ namespace {
 std::atomic<int> g_device_calls{0};
 constexpr double kMarker = -7.0;  // what the fake device writes: tells its results from the CPU's
 
-// Supports attention errors up to d = 32, k-center up to 8 centres, every walk and t-SNE shape;
-// its t-SNE gradient fails like a device out of memory above 100 points.
+// Supports attention errors and scores up to d = 32, k-center up to 8 centres, every walk and t-SNE
+// shape; its t-SNE gradient fails like a device out of memory above 100 points.
 class FakeDevice final : public Backend {
  public:
   std::string name() const override { return "fake device"; }
   bool parallel_in_one_call() const override { return true; }
   bool supports(const OpShape& s, std::string* why) const override {
-    if (s.op == Op::attention_errors && s.d > 32) {
+    if ((s.op == Op::attention_errors || s.op == Op::attention_scores) && s.d > 32) {
       if (why) *why = "d=" + std::to_string(s.d) + " is wider than the fake tiles";
       return false;
     }
@@ -60,6 +60,10 @@ class FakeDevice final : public Backend {
     std::vector<int> picks = cpu_kcenter(x, n, d, k, first);  // input errors as the CPU's
     std::reverse(picks.begin(), picks.end());                 // device-made: a different order
     return picks;
+  }
+  void attention_scores(const ScoreBatch& b) override {
+    ++g_device_calls;
+    for (const ScoreHead& h : b.heads) std::fill_n(h.scores, b.row_end, kMarker);
   }
 };
 
@@ -179,6 +183,24 @@ TEST(BackendRegistry, UnsupportedShapeRunsTheCpuReferenceAndSaysWhy) {
   EXPECT_EQ(b.last_fallback(), "");
   EXPECT_EQ(b.kcenter(kc.x.data(), kc.n, kc.d, 24, 5), cpu_kcenter(kc.x.data(), kc.n, kc.d, 24, 5));
   EXPECT_EQ(b.last_fallback(), "fake kcenter: more than 8 centres; ran on the CPU");
+
+  // Attention scores: d = 32 on the device, d = 128 on the CPU reference, bit for bit.
+  ScoreCaseData narrow_scores(find_score_case("h2o_gqa"));  // d = 32
+  ASSERT_LE(narrow_scores.batch.d, 32);
+  calls = g_device_calls;
+  narrow_scores.run(b);
+  EXPECT_EQ(g_device_calls, calls + 1);
+  EXPECT_EQ(narrow_scores.scores.front().front(), kMarker);
+  EXPECT_EQ(b.last_fallback(), "");
+  ScoreCaseData wide_scores(find_score_case("window_llama"));  // d = 128
+  calls = g_device_calls;
+  wide_scores.run(b);
+  EXPECT_EQ(g_device_calls, calls) << "an unsupported shape must not reach the device";
+  const std::vector<std::vector<double>> fell_back = wide_scores.scores;
+  wide_scores.run(cpu_backend());
+  EXPECT_EQ(fell_back, wide_scores.scores);
+  EXPECT_EQ(b.last_fallback(),
+            "fake attention_scores: d=128 is wider than the fake tiles; ran on the CPU");
 }
 
 // A DeviceFailure thrown by the device (out of memory, a launch failure) gives the CPU

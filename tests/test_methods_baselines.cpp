@@ -11,7 +11,9 @@
 #include <set>
 
 #include "engine/attention_scores.h"
+#include "engine/backend.h"
 #include "engine/capture.h"
+#include "engine/cpu_ops.h"
 #include "engine/error.h"
 #include "engine/method.h"
 #include "engine/protocol.h"
@@ -371,6 +373,82 @@ TEST(Baselines, RunOnTheSampleCapture) {
       const MethodInput in =
           make_method_input(*layer, capture->info().num_layers, 0, run.window, s, 3);
       expect_valid(in, run.selection.indices, run.selection.weights, name + " on " + path);
+    }
+  }
+}
+
+// A backend whose attention-score op is the CPU reference, counted, and (when `distort`) with each
+// output scaled by a factor that depends on the key, so that a method reading the op's figures
+// must rank differently. Its other ops are the CPU references.
+class ScoreRecorder final : public Backend {
+ public:
+  int calls = 0;
+  bool distort = false;
+  std::string name() const override { return "score recorder"; }
+  void walk_blocks(const WalkBatch& b) override { cpu_walk_blocks(b); }
+  void attention_errors(const ErrorBatch& b) override { cpu_attention_errors(b); }
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    return cpu_tsne_gradient(in, grad);
+  }
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return cpu_kcenter(x, n, d, k, first);
+  }
+  void attention_scores(const ScoreBatch& b) override {
+    ++calls;
+    cpu_attention_scores(b);
+    if (!distort) return;
+    for (const ScoreHead& h : b.heads)
+      for (int i = 0; i < b.row_end; ++i) {
+        h.scores[i] *= 1 + (i * 7919) % 13;
+        if (h.stopped) h.stopped[i] *= 1 + (i * 104729) % 11;
+      }
+  }
+};
+
+// The score-ranking methods (and wrappers around them) compute their attention scores through
+// MethodInput::backend's attention-score op: with a backend that forwards to the CPU reference
+// every selection is the one without a backend, bit for bit (scores included); with one that
+// changes the op's figures, the selections change (so the op's output is what they rank).
+TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
+  struct Case {
+    const char* method;
+    ParamValues params;
+  };
+  const std::vector<Case> cases = {
+      {"h2o", {}},
+      {"snapkv", {}},
+      {"snapkv", {{"pooling", 1}}},
+      {"snapkv", {{"variant", 1}}},
+      {"pyramidkv", {}},
+      {"tova", {}},
+      {"tova", {{"variant", 1}}},
+      {"buzz", {{"accumulate", 1}, {"window", 8}, {"threshold", 20}, {"top_up", 1}}},
+      {"adakv(snapkv)", {}},
+      {"chunkkv(h2o)", {}},
+  };
+  const std::string path = ::kvscope::testing::sample_capture_paths().front();
+  auto capture = CaptureFile::open(path);
+  const int layers = capture->info().num_layers;
+  auto layer = capture->layer(1);
+  const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
+    const Method& m = method(c.method);
+    for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
+      MethodInput in = make_method_input(*layer, layers, kv, w, c.params, 0);
+      const Selection plain = m.select(in);
+      ScoreRecorder rec;
+      in.backend = &rec;
+      const Selection routed = m.select(in);
+      EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
+      EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
+      EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+      EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+      rec.distort = true;
+      const Selection distorted = m.select(in);
+      EXPECT_TRUE(distorted.indices != plain.indices ||
+                  distorted.middle_scores != plain.middle_scores)
+          << "kv head " << kv << ": the op's figures did not reach the selection";
     }
   }
 }

@@ -181,7 +181,13 @@ class Buzz final : public Method {
     std::deque<int> recent;
     int evictions = 0;
 
+    // The streamed step of the current arrival, and (in the full-prefix rule's dry run, below)
+    // where evict() records the step at which each new-buffer token's score was compared.
+    int step = 0;
+    std::vector<int>* record_stops = nullptr;
     auto evict = [&]() {
+      if (record_stops)
+        for (int f : fresh) (*record_stops)[f] = step + 1;
       std::vector<int> next;
       for (size_t i = 0; i < old_kept.size(); i += old_stride) next.push_back(old_kept[i]);
       for (size_t c = 0; c < fresh.size(); c += new_stride) {
@@ -198,6 +204,7 @@ class Buzz final : public Method {
     };
     // Token t arrives (after its scores were added): a sink, or the window's newest token.
     auto arrive = [&](int t) {
+      step = t;
       if (t < sink) {
         sinks.push_back(t);
         return;
@@ -210,15 +217,28 @@ class Buzz final : public Method {
       if (static_cast<int>(old_kept.size() + fresh.size()) > threshold) evict();
     };
 
+    // The scores of the full-prefix rule without log n (for the hover and top_up = score): each
+    // middle token's attention summed over every causal row of the middle.
+    std::vector<double> full_scores;
     if (accumulate == kFullPrefix && !log_n) {
-      // KVScope's earlier rule, computed as before (blocked causal rows).
-      for_each_attention_row(
-          in.queries, *in.keys, in.mid_begin, in.mid_end,
-          [&](int t, const double* p) {
-            for (int i = in.mid_begin; i <= t; ++i) acc[i] += p[i];
-            arrive(t);
-          },
-          in.cancel);
+      // KVScope's earlier rule, on the backend's attention-score op. When an eviction compares
+      // the new buffer's tokens at step t, each token's score is its running sum up to row t.
+      // Which tokens an eviction compares, and when, depends on counts only, so a dry run of the
+      // stream (whose picks are discarded) records each token's stop row; the op returns the
+      // running sums at those rows (a token never compared while streaming stops at the end,
+      // with its full sum) and the stream runs again on them.
+      std::vector<int> stop_rows(in.mid_end, in.mid_end);
+      record_stops = &stop_rows;
+      for (int t = in.mid_begin; t < in.mid_end; ++t) arrive(t);
+      record_stops = nullptr;
+      sinks.clear();
+      old_kept.clear();
+      fresh.clear();
+      recent.clear();
+      evictions = 0;
+      full_scores = head_attention_scores(in, in.mid_begin, in.mid_end, ScoreReduce::sum,
+                                          stop_rows.data(), &acc);
+      for (int t = in.mid_begin; t < in.mid_end; ++t) arrive(t);
     } else {
       // One row per step over the keys the query attends to: the cache as it stands with the
       // new token in it (compressed-cache), or every key 0..t (full-prefix with log n).
@@ -292,7 +312,8 @@ class Buzz final : public Method {
     note << " " << streamed_evictions << " evictions while streaming, "
          << evictions - streamed_evictions << " to fit m;";
 
-    std::vector<double> scores(acc.begin() + in.mid_begin, acc.end());
+    const std::vector<double>& final_acc = full_scores.empty() ? acc : full_scores;
+    std::vector<double> scores(final_acc.begin() + in.mid_begin, final_acc.end());
     const int fitted = total();
     const int missing = m - fitted;
     if (missing > 0 && top_up != 0) {

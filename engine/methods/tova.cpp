@@ -10,8 +10,10 @@
 // head then ranks alike) and the last context token, the query's own, is kept first.
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "engine/attention_scores.h"
+#include "engine/backend.h"
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/method.h"
@@ -50,15 +52,26 @@ class Tova final : public ScoreRankingMethod {
     }
     std::vector<double> scores(in.mid_end - in.mid_begin, 0.0);
     if (in.mid_end > in.mid_begin) {
+      // The last row's probabilities of every part, in one call of the attention-score op.
       const int last = in.mid_end - 1;
-      for (const auto& [queries, keys] : parts)
-        for_each_attention_row(
-            queries, *keys, last, last + 1,
-            [&](int, const double* p) {
-              for (int i = in.mid_begin; i < in.mid_end; ++i)
-                scores[i - in.mid_begin] += p[i] / static_cast<double>(parts.size());
-            },
-            in.cancel);
+      std::vector<std::vector<double>> rows(parts.size(), std::vector<double>(last + 1));
+      ScoreBatch b;
+      b.n = in.n;
+      b.d = static_cast<int>(in.keys->cols());
+      b.row_begin = last;
+      b.row_end = last + 1;
+      b.cancel = in.cancel;
+      for (size_t p = 0; p < parts.size(); ++p) {
+        ScoreHead head;
+        head.keys = parts[p].second->data();
+        for (const MatrixF* q : parts[p].first) head.queries.push_back(q->data());
+        head.scores = rows[p].data();
+        b.heads.push_back(std::move(head));
+      }
+      method_backend(in).attention_scores(b);
+      for (const std::vector<double>& p : rows)
+        for (int i = in.mid_begin; i < in.mid_end; ++i)
+          scores[i - in.mid_begin] += p[i] / static_cast<double>(parts.size());
     }
     // kvpress pads the last token (the query's own) with the maximum + 1.
     if (kvpress && in.mid_end > in.mid_begin)

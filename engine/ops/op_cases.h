@@ -309,6 +309,113 @@ struct ErrorCaseData {
   }
 };
 
+// ---- attention scores ------------------------------------------------------------------------
+
+// `kv_heads` heads of `group` query heads each, query rows [row_begin, row_end) reduced by
+// `reduce`; with `stops`, every head also asks for the running sums at stop rows drawn in
+// [row_begin, row_end] (BUZZ's eviction-time scores).
+struct ScoreCase {
+  const char* name;
+  int n, d, kv_heads, group, row_begin, row_end;
+  ScoreReduce reduce;
+  bool stops;
+  double key_sd;  // normal: key sd (queries 1.2); larger makes sharper rows
+  uint32_t seed;
+  CaseFill fill;
+  bool parity, bench;
+};
+
+inline const std::vector<ScoreCase>& score_cases() {
+  static const std::vector<ScoreCase> cases = {
+      // H2O: every middle row, GQA groups of 2 over two kv heads, several key tiles and chunks.
+      {"h2o_gqa", 300, 32, 2, 2, 8, 260, ScoreReduce::mean_seen, false, 1.0, 5, CaseFill::normal,
+       true, false},
+      // SnapKV's observation window with Llama's d = 128 and a group of 4.
+      {"window_llama", 700, 128, 1, 4, 636, 668, ScoreReduce::sum, false, 1.0, 6, CaseFill::normal,
+       true, false},
+      // TOVA's last row over three kv heads (kvpress variant), odd d.
+      {"last_row_odd_d", 257, 13, 3, 2, 200, 201, ScoreReduce::sum, false, 1.0, 7, CaseFill::normal,
+       true, false},
+      // A window reaching row 0 (window longer than the prefix), group of 3.
+      {"from_row_0", 150, 64, 1, 3, 0, 150, ScoreReduce::sum, false, 1.0, 8, CaseFill::normal, true,
+       false},
+      // BUZZ's full-prefix rule: stopped sums, sharp rows (large logits).
+      {"stops_sharp", 230, 16, 1, 1, 4, 210, ScoreReduce::sum, true, 3.0, 9, CaseFill::normal, true,
+       false},
+      // Benchmarks: H2O over a layer's 8 kv heads (groups of 4) at n = 8192; SnapKV's window of
+      // 32 at n = 32768.
+      {"h2o_layer_8k", 8192, 128, 8, 4, 4, 7936, ScoreReduce::mean_seen, false, 1.0, 3,
+       CaseFill::fast, false, true},
+      {"window_layer_32k", 32768, 128, 8, 4, 32480, 32512, ScoreReduce::sum, false, 1.0, 3,
+       CaseFill::fast, false, true},
+  };
+  return cases;
+}
+inline const ScoreCase& find_score_case(const std::string& name) {
+  return op_cases::find_case(score_cases(), name);
+}
+
+// A score case's heads and its batch (outputs set by run()).
+struct ScoreCaseData {
+  std::vector<std::vector<float>> keys, queries;  // [kv_heads], [kv_heads * group]
+  std::vector<int> stop_rows;
+  std::vector<std::vector<double>> scores, stopped;  // [kv_heads][row_end]
+  ScoreBatch batch;
+
+  explicit ScoreCaseData(const ScoreCase& c) {
+    const size_t nd = static_cast<size_t>(c.n) * c.d;
+    for (int h = 0; h < c.kv_heads; ++h) {
+      if (c.fill == CaseFill::normal) {
+        keys.push_back(op_cases::normal(nd, c.key_sd, c.seed + 10 * h));
+      } else {
+        keys.emplace_back(nd);
+        op_cases::fast_fill(keys.back(), static_cast<float>(c.key_sd), c.seed + 10 * h);
+      }
+    }
+    for (int q = 0; q < c.kv_heads * c.group; ++q) {
+      if (c.fill == CaseFill::normal) {
+        queries.push_back(op_cases::normal(nd, 1.2, c.seed + 1000 + q));
+      } else {
+        queries.emplace_back(nd);
+        op_cases::fast_fill(queries.back(), 1.0f, c.seed + 1000 + q);
+      }
+    }
+    if (c.stops) {
+      std::mt19937 rng(c.seed + 77);
+      std::uniform_int_distribution<int> stop(c.row_begin, c.row_end);
+      stop_rows.resize(c.row_end);
+      for (int& r : stop_rows) r = stop(rng);
+    }
+    batch.n = c.n;
+    batch.d = c.d;
+    batch.row_begin = c.row_begin;
+    batch.row_end = c.row_end;
+    batch.reduce = c.reduce;
+    batch.stop_rows = c.stops ? stop_rows.data() : nullptr;
+    scores.assign(c.kv_heads, {});
+    stopped.assign(c.kv_heads, {});
+    for (int h = 0; h < c.kv_heads; ++h) {
+      ScoreHead head;
+      head.keys = keys[h].data();
+      for (int g = 0; g < c.group; ++g) head.queries.push_back(queries[h * c.group + g].data());
+      batch.heads.push_back(head);
+    }
+  }
+
+  // Points the outputs at fresh arrays (NaN) and runs the op on `backend`.
+  void run(Backend& backend) {
+    for (size_t h = 0; h < batch.heads.size(); ++h) {
+      scores[h].assign(batch.row_end, NAN);
+      batch.heads[h].scores = scores[h].data();
+      if (batch.stop_rows) {
+        stopped[h].assign(batch.row_end, NAN);
+        batch.heads[h].stopped = stopped[h].data();
+      }
+    }
+    backend.attention_scores(batch);
+  }
+};
+
 // ---- t-SNE gradient --------------------------------------------------------------------------
 
 struct TsneCase {
