@@ -313,6 +313,36 @@ TEST(Results, AValueIsReadOnlyAsTheTypeItsJobReturned) {
   EXPECT_EQ(r.get<HeadRun>(), nullptr);
 }
 
+namespace {
+
+// Settings changes by name, for the key tests below.
+using SettingChanges = std::vector<std::pair<const char*, std::function<void(Settings&)>>>;
+
+// Each of `reads` changes the key `result` wants, each of `ignores` leaves it, and the base
+// settings give the same key again.
+void expect_key_reads(AppState& s, const std::string& result, const SettingChanges& reads,
+                      const SettingChanges& ignores = {}) {
+  const std::string key0 = s.result(result).want;
+  const Settings base = s.settings;
+  for (const auto& [what, change] : reads) {
+    s.settings = base;
+    change(s.settings);
+    s.reconcile();
+    EXPECT_NE(s.result(result).want, key0) << what << " is read by " << result;
+  }
+  for (const auto& [what, change] : ignores) {
+    s.settings = base;
+    change(s.settings);
+    s.reconcile();
+    EXPECT_EQ(s.result(result).want, key0) << what << " is not read by " << result;
+  }
+  s.settings = base;
+  s.reconcile();
+  EXPECT_EQ(s.result(result).want, key0);
+}
+
+}  // namespace
+
 // Keys are derived from what a job reads: every setting a focused run reads changes its key, and
 // settings it does not read (the views shown) change no result's key.
 TEST(Results, KeysChangeWithEverySettingTheJobReadsAndNothingElse) {
@@ -328,7 +358,7 @@ TEST(Results, KeysChangeWithEverySettingTheJobReadsAndNothingElse) {
   const std::string focus0 = s.result(kFocusA).want;
   EXPECT_EQ(focus0.rfind("focus|{", 0), 0u) << focus0;
   // Each of these is read by the focused run, so each gives another key.
-  std::vector<std::pair<const char*, std::function<void(Settings&)>>> reads = {
+  const SettingChanges reads = {
       {"keep ratio", [](Settings& st) { st.keep_ratio = 0.125; }},
       {"seed", [](Settings& st) { st.seed = 7; }},
       {"parameter", [](Settings& st) { st.method[0].params["gamma"] = 2; }},
@@ -339,16 +369,7 @@ TEST(Results, KeysChangeWithEverySettingTheJobReadsAndNothingElse) {
       {"layer", [](Settings& st) { st.focus.layer = 1; }},
       {"kv head", [](Settings& st) { st.focus.kv_head = 1; }},
   };
-  const Settings base = s.settings;
-  for (const auto& [what, change] : reads) {
-    s.settings = base;
-    change(s.settings);
-    s.reconcile();
-    EXPECT_NE(s.result(kFocusA).want, focus0) << what;
-  }
-  s.settings = base;
-  s.reconcile();
-  EXPECT_EQ(s.result(kFocusA).want, focus0);
+  expect_key_reads(s, kFocusA, reads);
   const auto before = wants();
   s.settings.active_view = "geometry";
   s.settings.panel_view = {"walk", "error"};
@@ -368,7 +389,7 @@ TEST(Results, TheGridKeyReadsWhatItsCellsReadAndNothingElse) {
   ASSERT_TRUE(pump(s, [&] { return fresh(s, kFocusA); }));
   const std::string grid0 = s.result(kGrid).want;
   EXPECT_EQ(grid0.rfind("grid|{", 0), 0u) << grid0;
-  std::vector<std::pair<const char*, std::function<void(Settings&)>>> reads = {
+  const SettingChanges reads = {
       {"keep ratio", [](Settings& st) { st.keep_ratio = 0.125; }},
       {"seed", [](Settings& st) { st.seed = 7; }},
       {"A's parameter", [](Settings& st) { st.method[0].params["gamma"] = 2; }},
@@ -381,7 +402,7 @@ TEST(Results, TheGridKeyReadsWhatItsCellsReadAndNothingElse) {
       {"estimator", [](Settings& st) { st.estimator = Estimator::Authors; }},
       {"grid seeds", [](Settings& st) { st.grid_seeds = st.grid_seeds + 2; }},
   };
-  std::vector<std::pair<const char*, std::function<void(Settings&)>>> ignores = {
+  const SettingChanges ignores = {
       {"layer", [](Settings& st) { st.focus.layer = 1; }},
       {"kv head", [](Settings& st) { st.focus.kv_head = 1; }},
       {"query head", [](Settings& st) { st.selected_q_head = 1; }},
@@ -391,22 +412,7 @@ TEST(Results, TheGridKeyReadsWhatItsCellsReadAndNothingElse) {
          st.panel_view = {"walk", "theory"};
        }},
   };
-  const Settings base = s.settings;
-  for (const auto& [what, change] : reads) {
-    s.settings = base;
-    change(s.settings);
-    s.reconcile();
-    EXPECT_NE(s.result(kGrid).want, grid0) << what;
-  }
-  for (const auto& [what, change] : ignores) {
-    s.settings = base;
-    change(s.settings);
-    s.reconcile();
-    EXPECT_EQ(s.result(kGrid).want, grid0) << what;
-  }
-  s.settings = base;
-  s.reconcile();
-  EXPECT_EQ(s.result(kGrid).want, grid0);
+  expect_key_reads(s, kGrid, reads, ignores);
 }
 
 // A cell is keyed by its own seed, and a method that ignores the seed (streaming) by none: moving
