@@ -286,8 +286,16 @@ JobPlan AppState::plan_grid() const {
       in.slots.push_back({settings.method[k].name, settings.method[k].params});
   p.key = JobPlan::derived_key("grid", in);
   const Result& now = result(kGrid);
-  // The job: rebuilt only when the key or the cells in hand changed (this runs every frame).
-  if (!grid_plan_job_ || grid_plan_key_ != p.key || grid_plan_version_ != grid_cells.version()) {
+  // The job: built when the key changed, its cells in hand refreshed when the store changed
+  // (this runs every frame; the cells' keys are derived once per grid key).
+  if (grid_plan_job_ && grid_plan_key_ == p.key && grid_plan_version_ != grid_cells.version()) {
+    auto job = std::make_shared<GridJob>(*grid_plan_job_);
+    job->previous = now.ptr<GridReport>();
+    for (GridJob::Need& n : job->needs) n.have = grid_cells.get(n.key);
+    grid_plan_job_ = job;
+    grid_plan_version_ = grid_cells.version();
+  }
+  if (!grid_plan_job_ || grid_plan_key_ != p.key) {
     auto job = std::make_shared<GridJob>();
     job->capture = capture;
     job->backend = backend_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <tuple>
 
@@ -253,12 +254,30 @@ std::shared_ptr<GridReport> run_grid_job(
 
   std::mutex mu;
   std::string error;  // the first cell that failed for a reason other than its method
+  // Layers a cell or a prefetch has asked the capture for. Cells take layers in rank order, so
+  // with several threads they all reach a new layer together and all but one would wait for its
+  // load (34 ms of CPU for a Llama-3-8B layer at 8k tokens; docs/performance.md, "The app's
+  // grid"): instead, the thread that takes a cell of a layer in hand first loads the next layer
+  // the ranking will reach, while the others go on computing.
+  // Only the last few count as in hand: the cache keeps few layers, and a later seed or method B
+  // comes back to layers long evicted.
+  const int threads = std::max(1, std::min(job.threads, static_cast<int>(pending.size())));
+  std::deque<int> asked;
+  auto in_hand = [&](int layer) {
+    return std::find(asked.begin(), asked.end(), layer) != asked.end();
+  };
+  auto ask = [&](int layer) {
+    asked.push_back(layer);
+    if (asked.size() > static_cast<size_t>(threads) + 1) asked.pop_front();
+  };
+  int ahead = -1;  // the layer loaded ahead that no cell has taken yet
   auto last_post = std::chrono::steady_clock::now();
   int computed = 0;  // cells this job computed
   auto work = [&] {
     lower_thread_priority();
     for (;;) {
       size_t i = 0;
+      int prefetch = -1;
       {
         std::lock_guard<std::mutex> lock(mu);
         if (pending.empty() || !error.empty() || ctx.cancelled()) return;
@@ -267,6 +286,30 @@ std::shared_ptr<GridReport> run_grid_job(
         });
         i = *best;
         pending.erase(best);
+        const int layer = job.needs[i].layer;
+        const bool loaded = in_hand(layer);  // else this thread loads it now
+        if (!loaded) ask(layer);
+        if (layer == ahead) ahead = -1;
+        // One layer ahead at most (the capture's layer cache holds few).
+        if (threads > 1 && loaded && ahead < 0) {
+          const size_t* next = nullptr;
+          for (const size_t& c : pending)
+            if (!in_hand(job.needs[c].layer) &&
+                (!next || rank(job.needs[c], job.priority.get()) <
+                              rank(job.needs[*next], job.priority.get())))
+              next = &c;
+          if (next) {
+            prefetch = ahead = job.needs[*next].layer;
+            ask(prefetch);
+          }
+        }
+      }
+      if (prefetch >= 0) {
+        try {
+          job.capture->layer(prefetch);  // stays in the capture's layer cache for its cells
+        } catch (const std::exception&) {
+          // The layer's cells will report it.
+        }
       }
       const GridJob::Need& n = job.needs[i];
       const GridJob::Slot& sl = job.slots[static_cast<size_t>(n.slot)];
@@ -311,7 +354,6 @@ std::shared_ptr<GridReport> run_grid_job(
   };
   // Each of the threads takes the best-ranked pending cell in turn (work), so the loop is one
   // task per thread rather than one per cell.
-  const int threads = std::max(1, std::min(job.threads, static_cast<int>(pending.size())));
   parallel_for(threads, threads, nullptr, [&](int) { work(); });
   ctx.check_cancel();
   if (!error.empty()) throw InputError(error);

@@ -85,6 +85,11 @@ std::vector<double> log_of(const std::vector<int>& idx, const std::vector<double
 
 // Query rows per panel: bounds the work panel to n x kPanelRows doubles (16 MiB at n = 32k).
 constexpr int kPanelRows = 64;
+// Scoring a selection takes as many rows per panel as keep its kept-columns x rows block within
+// this many doubles (8 MiB), at least kPanelRows: each panel's numerator is one product whose
+// packing of the kept values is paid once per panel, so fewer, taller panels pack less (all 256
+// rows of a head at 8k tokens and ratio 1/4 in one). The figures do not depend on it.
+constexpr size_t kScorePanelValues = size_t{1} << 20;
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
 
 // Rows of a float matrix (row stride `cols`) into doubles.
@@ -420,7 +425,8 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
 
   std::vector<QueryError> out(R);
   if (approx) approx->resize(R, dv_);
-  const int panel_rows = std::min(kPanelRows, R);
+  const int panel_rows = std::min(
+      R, std::max(kPanelRows, static_cast<int>(kScorePanelValues / std::max<size_t>(C, 1))));
   scratch::Buffer Wn(static_cast<size_t>(std::max(C, 1)) * panel_rows);
   scratch::Buffer Wd(shared_terms ? 0 : static_cast<size_t>(std::max(C, 1)) * panel_rows);
   MatrixD num;  // panel rows x dv
@@ -437,8 +443,8 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
       for (int e = 0; e < nr; ++e) w[e] = l[e] + lw[c];
     }
   };
-  for (int r0 = 0; r0 < R; r0 += kPanelRows) {
-    const int nr = std::min(kPanelRows, R - r0);
+  for (int r0 = 0; r0 < R; r0 += panel_rows) {
+    const int nr = std::min(panel_rows, R - r0);
     // The panel's shift: the largest biased logit of the kept columns and the fixed ones.
     m2.assign(ex.fixed_max.data() + r0, ex.fixed_max.data() + r0 + nr);
     den.assign(nr, 0.0);
