@@ -8,6 +8,8 @@
 //   t-SNE:  exact gradient of 32768 points (1000 iterations < 1 s means < 1 ms each), and 8192
 //           points on both backends (ratio)
 //   k-center: 32768 keys x 128 dims, 256 centres, both backends
+//   scores: the attention-score op of the score-ranking methods over a layer's 8 kv heads
+//           (groups of 4): H2O's every middle row at n = 8192, SnapKV's 32-row window at 32768
 // GPU timings are device-resident: inputs are uploaded once, each iteration replays only the
 // kernels and is timed with CUDA events (UseManualTime). Host<->device copies are not included;
 // the app pays them once per capture/layer. Without a device every GPU benchmark reports
@@ -260,6 +262,29 @@ void cpu_kcenter_bench(benchmark::State& state, const KcenterCase* c) {
     benchmark::DoNotOptimize(cpu_kcenter(data.x.data(), data.n, data.d, c->k, 0));
 }
 
+// ---- attention scores ----------------------------------------------------------------------
+
+void gpu_scores(benchmark::State& state, const ScoreCase* c) {
+  run_gpu(state, [c] {
+    std::vector<std::unique_ptr<GpuOpTimer>> t;
+#ifdef KVSCOPE_HAVE_CUDA
+    ScoreCaseData data(*c);
+    t.push_back(cuda_score_timer(data.batch));
+#else
+    (void)c;
+#endif
+    return t;
+  });
+}
+
+void cpu_scores(benchmark::State& state, const ScoreCase* c) {
+  ScoreCaseData data(*c);
+  for (auto _ : state) {
+    data.run(cpu_backend());
+    benchmark::DoNotOptimize(data.scores.data());
+  }
+}
+
 // Every `bench` case of the table, on the GPU (device-resident, manual time) and, where the CPU
 // takes seconds rather than minutes (one head, 8192 points, the k-center case), on the CPU.
 void register_cases() {
@@ -323,6 +348,14 @@ void register_cases() {
         ->Unit(kMillisecond);
     benchmark::RegisterBenchmark(("BM_CpuKcenter/" + n).c_str(), cpu_kcenter_bench, &c)
         ->Unit(kMillisecond);
+  }
+  for (const ScoreCase& c : score_cases()) {
+    if (!c.bench) continue;
+    const std::string n = c.name;
+    benchmark::RegisterBenchmark(("BM_GpuScores/" + n).c_str(), gpu_scores, &c)
+        ->UseManualTime()
+        ->Unit(kMillisecond);
+    benchmark::RegisterBenchmark(("BM_CpuScores/" + n).c_str(), cpu_scores, &c)->Unit(kMillisecond);
   }
 }
 

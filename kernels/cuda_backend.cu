@@ -16,6 +16,7 @@
 
 #include "engine/backend.h"
 #include "kernels/attention_error.cuh"
+#include "kernels/attention_scores.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/kcenter.cuh"
@@ -56,6 +57,10 @@ class CudaBackend final : public Backend {
            " exceed the CUDA kernel's tiles";
     else if (s.op == Op::kcenter && static_cast<size_t>(s.d) * sizeof(float) > 48 * 1024)
       no = std::to_string(s.d) + " features exceed the CUDA kernel's shared-memory centre row";
+    else if (s.op == Op::attention_scores && s.d > 0 && s.count > 0 &&
+             cuda::attention_scores_smem_bytes(s.d, s.count, smem_optin_) == 0)
+      no = "key width d=" + std::to_string(s.d) + " with " + std::to_string(s.count) +
+           " query heads per group exceeds the CUDA kernels' tiles";
     if (no.empty()) return true;
     if (why) *why = no;
     return false;
@@ -98,9 +103,12 @@ class CudaBackend final : public Backend {
     });
   }
 
-  // Not on the device yet: the engine's fallback runs the CPU reference.
-  void attention_scores(const ScoreBatch&) override {
-    throw DeviceFailure("attention_scores has no CUDA kernel yet");
+  void attention_scores(const ScoreBatch& b) override {
+    guarded([&] {
+      const cuda::ScoreDeviceArgs a = cuda::upload_score_batch(b, score_ws_, stream_);
+      cuda::launch_attention_scores(a, smem_optin_, stream_);
+      cuda::download_score_outputs(a, b, stream_);
+    });
   }
 
  private:
@@ -141,6 +149,7 @@ class CudaBackend final : public Backend {
     error_ws_.release();
     tsne_ws_.release();
     kcenter_ws_.release();
+    score_ws_.release();
   }
 
   int device_;
@@ -153,6 +162,7 @@ class CudaBackend final : public Backend {
   cuda::ErrorWorkspace error_ws_;
   cuda::TsneWorkspace tsne_ws_;
   cuda::KcenterWorkspace kcenter_ws_;
+  cuda::ScoreWorkspace score_ws_;
 };
 
 struct Probe {
@@ -331,6 +341,26 @@ class KcenterTimer final : public GpuOpTimer {
   cuda::KcenterDeviceArgs args_;
 };
 
+class ScoreTimer final : public GpuOpTimer {
+ public:
+  explicit ScoreTimer(const ScoreBatch& b) {
+    cudaDeviceProp prop{};
+    KVS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    smem_optin_ = static_cast<int>(prop.sharedMemPerBlockOptin);
+    args_ = cuda::upload_score_batch(b, ws_, timer_.stream());
+    KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_attention_scores(args_, smem_optin_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::ScoreWorkspace ws_;
+  cuda::ScoreDeviceArgs args_;
+  int smem_optin_ = 0;
+};
+
 // A host-to-device copy of `bytes` from pageable host memory (as the app's captures are): what
 // the device ops' timings leave out.
 class UploadTimer final : public GpuOpTimer {
@@ -397,6 +427,9 @@ std::unique_ptr<GpuOpTimer> cuda_tsne_timer(const TsneGradInput& in) {
 }
 std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int k, int first) {
   return make_timer<KcenterTimer>(x, n, d, k, first);
+}
+std::unique_ptr<GpuOpTimer> cuda_score_timer(const ScoreBatch& batch) {
+  return make_timer<ScoreTimer>(batch);
 }
 
 }  // namespace kvscope

@@ -1,7 +1,8 @@
 // CUDA backend against the CPU reference (docs/testing.md): the same random inputs through
 // cpu_backend() and the CUDA backend. Walk signs agree except for rare draws that land within
 // float rounding of p_i, attention errors within 1e-4 relative, the t-SNE gradient closely,
-// k-center picks exactly on well-separated data. The inputs are the named cases of
+// k-center picks exactly on well-separated data, attention scores within 1e-9 relative and the
+// score-ranking methods' kept sets identical. The inputs are the named cases of
 // engine/ops/op_cases.h (the table bench/bench_gpu.cpp times too): the error and t-SNE tests run
 // every case marked `parity`; the walk and k-center tests name theirs ("standard", "separated").
 // Every device test skips with a message when no CUDA device is present; the probe's "no device"
@@ -325,6 +326,122 @@ TEST(CudaParity, OutOfMemoryFallsBackToCpuAndSaysSo) {
   expect_close(c.relative, rel, 1e-4, 1e-7, "relative after recovery");
 }
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// The attention-score op: every `parity` case of op_cases.h on the device against the CPU
+// reference, scores and stopped sums within 1e-9 relative (both accumulate in double; they differ
+// by the order of the dot products and sums only).
+TEST(CudaParity, AttentionScoresMatchCpu) {
+  REQUIRE_GPU(gpu);
+  int checked = 0;
+  for (const ScoreCase& c : score_cases()) {
+    if (!c.parity) continue;
+    SCOPED_TRACE(c.name);
+    ScoreCaseData data(c);
+    data.run(cpu_backend());
+    const auto scores = data.scores, stopped = data.stopped;
+    data.run(*gpu);
+    EXPECT_EQ(last_fallback(), "") << "the op must run on the device";
+    for (size_t h = 0; h < scores.size(); ++h) {
+      expect_close(data.scores[h], scores[h], 1e-9, 1e-300, "scores");
+      if (c.stops) expect_close(data.stopped[h], stopped[h], 1e-9, 1e-300, "stopped");
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+}
+
+TEST(CudaParity, AttentionScoresWithoutRowsAndBadBatchesLikeCpu) {
+  REQUIRE_GPU(gpu);
+  ScoreCaseData data(find_score_case("h2o_gqa"));
+  data.batch.row_begin = data.batch.row_end = 100;  // no rows: every sum is 0
+  data.run(*gpu);
+  for (const std::vector<double>& s : data.scores) EXPECT_EQ(s, std::vector<double>(100, 0.0));
+  data.batch.row_end = data.batch.n + 1;
+  EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
+  EXPECT_THROW(data.run(*gpu), std::invalid_argument);
+}
+
+// Counts the attention-score calls it forwards to `inner` (to prove the methods reach the device).
+class ScoreCounter final : public Backend {
+ public:
+  explicit ScoreCounter(Backend& inner) : inner_(inner) {}
+  int calls = 0;
+  std::string name() const override { return inner_.name(); }
+  bool parallel_in_one_call() const override { return inner_.parallel_in_one_call(); }
+  void walk_blocks(const WalkBatch& b) override { inner_.walk_blocks(b); }
+  void attention_errors(const ErrorBatch& b) override { inner_.attention_errors(b); }
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    return inner_.tsne_gradient(in, grad);
+  }
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return inner_.kcenter(x, n, d, k, first);
+  }
+  void attention_scores(const ScoreBatch& b) override {
+    ++calls;
+    inner_.attention_scores(b);
+    if (!last_fallback().empty()) ADD_FAILURE() << last_fallback();
+  }
+
+ private:
+  Backend& inner_;
+};
+
+// The score-ranking methods routed through the op (MethodInput::backend) keep the CPU's sets on
+// the real sample captures, every layer and kv head: identical indices and weights, scores
+// within 1e-9 relative. A kept set may differ only where two scores tie to rounding; none do
+// here.
+TEST(CudaParity, ScoreRankingMethodsKeepTheCpuSetsOnDevice) {
+  REQUIRE_GPU(gpu);
+  const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
+  const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
+  struct Case {
+    const char* method;
+    ParamValues params;
+  };
+  const std::vector<Case> cases = {
+      {"h2o", {}},
+      {"snapkv", {}},
+      {"snapkv", {{"pooling", 1}}},
+      {"snapkv", {{"variant", 1}}},
+      {"pyramidkv", {}},
+      {"tova", {}},
+      {"tova", {{"variant", 1}}},
+      {"buzz", {{"accumulate", 1}, {"window", 8}, {"threshold", 20}, {"top_up", 1}}},
+      {"adakv(snapkv)", {}},
+      {"chunkkv(h2o)", {}},
+  };
+  int runs = 0, identical = 0;
+  for (const char* file : {"stories260K_lily.safetensors", "kjv3M_beginning.safetensors"}) {
+    const auto capture = CaptureFile::open(root + "/sample_data/" + file);
+    const int layers = capture->info().num_layers;
+    const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
+    for (int layer = 0; layer < layers; ++layer) {
+      const auto data = capture->layer(layer);
+      for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
+        for (const Case& c : cases) {
+          SCOPED_TRACE(std::string(file) + " " + c.method + " layer " + std::to_string(layer) +
+                       " kv head " + std::to_string(kv));
+          const Method* m = find_method(c.method);
+          ASSERT_NE(m, nullptr);
+          MethodInput in = make_method_input(*data, layers, kv, w, c.params, 0);
+          in.backend = &cpu_backend();
+          const Selection cpu = m->select(in);
+          ScoreCounter dev(*gpu);
+          in.backend = &dev;
+          const Selection sel = m->select(in);
+          EXPECT_GT(dev.calls, 0);
+          ++runs;
+          identical += sel.indices == cpu.indices && sel.weights == cpu.weights;
+          EXPECT_EQ(sel.indices, cpu.indices);
+          expect_close(sel.middle_scores, cpu.middle_scores, 1e-9, 1e-300, "middle scores");
+        }
+      }
+    }
+  }
+  std::printf("score-ranking selections on the device: %d of %d identical to the CPU's\n",
+              identical, runs);
+}
 
 // ---------------------------------------------------------------------------------------------
 TEST(CudaParity, TsneGradientMatchesCpu) {

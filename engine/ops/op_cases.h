@@ -400,10 +400,15 @@ struct ScoreCaseData {
       for (int g = 0; g < c.group; ++g) head.queries.push_back(queries[h * c.group + g].data());
       batch.heads.push_back(head);
     }
+    prepare_outputs();
   }
 
   // Points the outputs at fresh arrays (NaN) and runs the op on `backend`.
   void run(Backend& backend) {
+    prepare_outputs();
+    backend.attention_scores(batch);
+  }
+  void prepare_outputs() {
     for (size_t h = 0; h < batch.heads.size(); ++h) {
       scores[h].assign(batch.row_end, NAN);
       batch.heads[h].scores = scores[h].data();
@@ -412,7 +417,6 @@ struct ScoreCaseData {
         batch.heads[h].stopped = stopped[h].data();
       }
     }
-    backend.attention_scores(batch);
   }
 };
 
