@@ -195,10 +195,12 @@ class AppUi {
   std::string export_dir;
   void export_all_json(const std::string& dir) const;
   // Frame times (the soak test, docs/testing.md): the renderer reports each frame's work, from
-  // the end of its wait for events to the buffer swap. state.json exports how many frames were
-  // drawn (a heartbeat) and the last kFrameRing of these times.
+  // the end of its wait for events to the buffer swap (`ms`), and the app's own part of it
+  // (`app_ms`: applying results, reconcile(), the views' drawing and ImGui's draw lists, before
+  // any GL call; under Xvfb the rest is the software rasteriser, which a GPU does instead).
+  // state.json exports how many frames were drawn (a heartbeat) and the last kFrameRing of both.
   static constexpr size_t kFrameRing = 1024;
-  void note_frame_time(double ms);
+  void note_frame_time(double ms, double app_ms);
 
  private:
   void draw_menu();
@@ -246,6 +248,7 @@ class AppUi {
   std::unique_ptr<Autosave> autosave_;
   uint64_t frames_ = 0;             // frames reported by note_frame_time
   std::vector<float> frame_ms_;     // ring: frame i at i % kFrameRing
+  std::vector<float> app_ms_;       // the same frames' own work (note_frame_time)
   nlohmann::json restore_session_;  // what the restore prompt offers
   std::string restore_text_;        // the prompt's line: when it was saved, which capture
   bool restore_pending_ = false;    // the prompt is up (opened at the next frame)

@@ -212,7 +212,8 @@ std::shared_ptr<GridReport> assemble_grid(
 namespace {
 
 // The grid's threads run below the UI and the focused runs: the grid is what the user did not
-// ask for this second.
+// ask for this second. The lowest nice value: on two cores the UI thread (and a software GL
+// rasteriser) is otherwise preempted by the grid in the middle of a frame.
 void lower_thread_priority() {
 #ifdef __linux__
   static thread_local bool lowered = false;
@@ -220,7 +221,7 @@ void lower_thread_priority() {
   lowered = true;
   const int tid = static_cast<int>(syscall(SYS_gettid));
   const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
-  if (now < 4) setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 4);
+  if (now < 19) setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 19);
 #endif
 }
 

@@ -302,6 +302,7 @@ int main(int argc, char** argv) {
       ui.draw();
       ImGui::Render();
       ui.after_render(ImGui::GetDrawData());
+      const auto app_end = std::chrono::steady_clock::now();  // GL from here
       int fw = 0, fh = 0;
       glfwGetFramebufferSize(window, &fw, &fh);
       glViewport(0, 0, fw, fh);
@@ -366,7 +367,8 @@ int main(int argc, char** argv) {
       }
       ui.note_frame_time(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - work_start)
-              .count());
+              .count(),
+          std::chrono::duration<double, std::milli>(app_end - work_start).count());
       // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
       if (!headless) {
         auto spent = std::chrono::steady_clock::now() - frame_start;

@@ -10,7 +10,8 @@
 //     A's (balancekv's) cells are computed again: every B (uniform) cell keeps the serials of its
 //     seed runs, every A cell has new ones.
 //  4. Every exported cell of A equals `kvscope-cli eval` for the same settings (1e-9, as the
-//     numbers oracle checks), and the frames stayed short while the grid computed.
+//     numbers oracle checks), and the app's own work per frame stayed under 20 ms while the grid
+//     computed.
 #include <algorithm>
 #include <map>
 #include <sstream>
@@ -86,22 +87,30 @@ class Progressive : public RealWindow {
                     "gamma to change");
   }
 
-  // Frames drawn since the last call, into `into` (the grid computing, or idle).
-  void take_frames(const json& st, std::vector<double>* into = nullptr) {
+  // Frames drawn since the last call: their whole time and the app's own work (state.json's
+  // frames, app/app_frame.h), as drawn while the grid computed or idle.
+  struct Frames {
+    std::vector<double> ms, app_ms;
+  };
+  void take_frames(const json& st, bool idle = false) {
     if (!st.contains("frames")) return;
+    Frames& into = idle ? idle_ : busy_;
     const uint64_t count = st["frames"]["count"].get<uint64_t>();
     const json& recent = st["frames"]["recent_ms"];
+    const json& recent_app = st["frames"]["recent_app_ms"];
     const uint64_t fresh = count - std::min<uint64_t>(count, frames_seen_);
     const size_t take = static_cast<size_t>(std::min<uint64_t>(fresh, recent.size()));
-    for (size_t i = recent.size() - take; i < recent.size(); ++i)
-      (into ? into : &frame_ms_)->push_back(recent[i].get<double>());
+    for (size_t i = recent.size() - take; i < recent.size(); ++i) {
+      into.ms.push_back(recent[i].get<double>());
+      into.app_ms.push_back(recent_app[i].get<double>());
+    }
     frames_seen_ = count;
   }
 
   fs::path synth_;
   uint64_t frames_seen_ = 0;
-  std::vector<double> frame_ms_;  // frames drawn while the grid computed
-  std::vector<double> idle_ms_;   // frames drawn with nothing computing (the same machine, load)
+  Frames busy_;  // frames drawn while the grid computed
+  Frames idle_;  // frames drawn with nothing computing (the same machine, load)
 };
 
 TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutdates) {
@@ -168,7 +177,7 @@ TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutda
   }
   st = wait_for([](const json& s) { return fresh(s, "grid"); }, 240, "the whole grid");
   take_frames(st);
-  for (int look = 0; look < 8; ++look) take_frames(state(), &idle_ms_);
+  for (int look = 0; look < 8; ++look) take_frames(state(), true);
   g = grid();
   const auto a1 = serials(g, "error_grid"), b1 = serials(g, "error_grid_b");
   ASSERT_EQ(a1.size(), static_cast<size_t>(kLayers * 8));
@@ -234,22 +243,27 @@ TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutda
   }
   EXPECT_EQ(checked, kLayers * 8);
 
-  // The frames drawn while the grid computed against those drawn idle, in the same run (software
-  // GL under Xvfb on a shared machine: the absolute target, 20 ms, is docs/app.md's; here the
-  // grid must not make frames slower than the machine's load does).
-  ASSERT_FALSE(frame_ms_.empty());
-  ASSERT_FALSE(idle_ms_.empty());
+  // The frames drawn while the grid computed. The app's own work per frame (results applied,
+  // reconcile(), the views, ImGui's draw lists) stays under docs/app.md's 20 ms; the whole
+  // frame adds the software rasteriser of Xvfb, which shares the two cores with the grid here
+  // and which a GPU does instead: reported with the idle frames of the same run, not checked.
+  ASSERT_FALSE(busy_.ms.empty());
+  ASSERT_FALSE(idle_.ms.empty());
   auto stats = [](std::vector<double> f) {
     std::sort(f.begin(), f.end());
     return std::pair{f[f.size() / 2], f[f.size() * 9 / 10]};
   };
-  const auto [median, p90] = stats(frame_ms_);
-  const auto [idle_median, idle_p90] = stats(idle_ms_);
-  note(std::to_string(frame_ms_.size()) + " frames while the grid computed: median " +
-       std::to_string(median) + " ms, 90th percentile " + std::to_string(p90) + " ms; " +
-       std::to_string(idle_ms_.size()) + " idle: median " + std::to_string(idle_median) +
-       " ms, 90th percentile " + std::to_string(idle_p90) + " ms");
-  EXPECT_LT(median, std::max(20.0, 1.5 * idle_median + 10.0));
+  const auto [app_median, app_p90] = stats(busy_.app_ms);
+  const auto [median, p90] = stats(busy_.ms);
+  const auto [idle_app_median, idle_app_p90] = stats(idle_.app_ms);
+  const auto [idle_median, idle_p90] = stats(idle_.ms);
+  note(std::to_string(busy_.ms.size()) + " frames while the grid computed: the app's own work " +
+       "median " + std::to_string(app_median) + " ms, 90th percentile " + std::to_string(app_p90) +
+       " ms; whole frame (software GL) median " + std::to_string(median) + " ms, 90th " +
+       std::to_string(p90) + " ms. " + std::to_string(idle_.ms.size()) + " idle: own work median " +
+       std::to_string(idle_app_median) + " ms, whole frame median " + std::to_string(idle_median) +
+       " ms, 90th " + std::to_string(idle_p90) + " ms");
+  EXPECT_LT(app_median, 20.0);
   step("done");
 }
 
