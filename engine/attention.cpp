@@ -443,23 +443,38 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
       for (int e = 0; e < nr; ++e) w[e] = l[e] + lw[c];
     }
   };
+  // One column's biased logits with the running maximum of each row (the maxima col_max would
+  // give: a maximum does not depend on the order). Used when every column serves both sums.
+  auto gather_max = [&](double* W, int r0, int nr, double* m) {
+    for (int c = 0; c < C; ++c) {
+      double* w = W + static_cast<long>(c) * nr;
+      const double* l = logit_row(c) + r0;
+      const double lw = k.num_logw[c];
+      for (int e = 0; e < nr; ++e) {
+        w[e] = l[e] + lw;
+        m[e] = w[e] > m[e] ? w[e] : m[e];
+      }
+    }
+  };
   for (int r0 = 0; r0 < R; r0 += panel_rows) {
     const int nr = std::min(panel_rows, R - r0);
     // The panel's shift: the largest biased logit of the kept columns and the fixed ones.
     m2.assign(ex.fixed_max.data() + r0, ex.fixed_max.data() + r0 + nr);
     den.assign(nr, 0.0);
     msum.assign(nr, 0.0);  // in units of exp(l - M')
-    gather(Wn.data(), k.in_num, k.num_logw, r0, nr);
-    kern.col_max(Wn.data(), C, nr, nr, m2.data());
-    if (!shared_terms) {
+    if (shared_terms) {
+      // Two passes over the block instead of five: the gather with its maxima, then the
+      // exponentials with both sums.
+      gather_max(Wn.data(), r0, nr, m2.data());
+      kern.col_exp_sums(Wn.data(), C, nr, nr, m2.data(), k.num_inv_w.data(), msum.data(),
+                        den.data());
+    } else {
+      gather(Wn.data(), k.in_num, k.num_logw, r0, nr);
+      kern.col_max(Wn.data(), C, nr, nr, m2.data());
       gather(Wd.data(), k.in_den, k.den_logw, r0, nr);
       kern.col_max(Wd.data(), C, nr, nr, m2.data());
-    }
-    kern.col_exp_sub(Wn.data(), C, nr, nr, m2.data());
-    kern.col_sums(Wn.data(), C, nr, nr, k.num_inv_w.data(), msum.data(), nullptr);
-    if (shared_terms) {
-      kern.col_sums(Wn.data(), C, nr, nr, nullptr, den.data(), nullptr);
-    } else {
+      kern.col_exp_sub(Wn.data(), C, nr, nr, m2.data());
+      kern.col_sums(Wn.data(), C, nr, nr, k.num_inv_w.data(), msum.data(), nullptr);
       kern.col_exp_sub(Wd.data(), C, nr, nr, m2.data());
       kern.col_sums(Wd.data(), C, nr, nr, nullptr, den.data(), nullptr);
       kern.col_sums(Wd.data(), C, nr, nr, den_mass_coef.data(), msum.data(), nullptr);

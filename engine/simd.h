@@ -49,6 +49,11 @@ struct Kernels {
   // out[e] += sum_c coef[c] X[c][e] (coef null: 1); out_sq[e] += sum_c X[c][e]^2 when not null.
   void (*col_sums)(const double* X, int rows, int cols, int ld, const double* coef, double* out,
                    double* out_sq);
+  // col_exp_sub, then col_sums(X, ..., coef, out_coef, nullptr) and col_sums(X, ..., nullptr,
+  // out, nullptr), in one pass over X: the same values, bit for bit (each sum adds its terms in
+  // row order, as col_sums does).
+  void (*col_exp_sums)(double* X, int rows, int cols, int ld, const double* m, const double* coef,
+                       double* out_coef, double* out);
   // The float32 walk's block Gram (engine/balance_walk.cpp); null in the tables without fused
   // multiply-adds (scalar, sse2). Rows i in [ibegin, iend) of G = X X^T for the `rows` rows of X
   // (`dim` features), given packed: G[i][j] = sum_c x_i[c] x_j[c] in float, one accumulator per

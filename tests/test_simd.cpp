@@ -114,6 +114,18 @@ TEST(Simd, EveryTableMatchesScalar) {
         k.col_sums(X0.data(), rows, cols, cols, coef.data(), s1.data(), q1.data());
         for (int e = 0; e < cols; ++e) ASSERT_NEAR(s0[e], s1[e], 1e-9 * (rows + 1)) << name;
         expect_close(q0, q1, name + " col_sums squares");
+        // The fused pass: the same values as exp, then the two sums, bit for bit (its own table).
+        {
+          auto Xa = X, Xb = X;
+          std::vector<double> w0(cols, 0.5), p0(cols, 0.25), w1 = w0, p1 = p0;
+          k.col_exp_sub(Xa.data(), rows, cols, cols, m0.data());
+          k.col_sums(Xa.data(), rows, cols, cols, coef.data(), w0.data(), nullptr);
+          k.col_sums(Xa.data(), rows, cols, cols, nullptr, p0.data(), nullptr);
+          k.col_exp_sums(Xb.data(), rows, cols, cols, m0.data(), coef.data(), w1.data(), p1.data());
+          EXPECT_EQ(Xa, Xb) << name << " col_exp_sums values";
+          EXPECT_EQ(w0, w1) << name << " col_exp_sums weighted sums";
+          EXPECT_EQ(p0, p1) << name << " col_exp_sums sums";
+        }
         auto x0 = random_vector(cols, rng, 4.0), x1 = x0;
         double sq0 = 0, sq1 = 0;
         const double t0 = ref.exp_shift_sum(x0.data(), cols, 2.0, &sq0);
