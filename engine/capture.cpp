@@ -45,6 +45,14 @@ std::vector<const MatrixF*> LayerData::group_queries(int kv) const {
   return out;
 }
 
+int default_cached_layers(const CaptureInfo& info) {
+  const long long layer_bytes = 4LL * info.num_tokens * info.head_dim *
+                                (2LL * info.kv_heads + (info.has_queries ? info.q_heads : 0));
+  constexpr long long kLayerCacheBytes = 2LL << 30;
+  if (layer_bytes <= 0) return 4;
+  return static_cast<int>(std::clamp<long long>(kLayerCacheBytes / layer_bytes, 2, 4));
+}
+
 namespace {
 
 using nlohmann::json;
@@ -195,6 +203,7 @@ class ArchiveCapture final : public CaptureFile {
  public:
   explicit ArchiveCapture(std::unique_ptr<TensorArchive> archive) : archive_(std::move(archive)) {
     validate();
+    max_cached_ = default_cached_layers(info_);
   }
 
   const CaptureInfo& info() const override { return info_; }

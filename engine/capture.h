@@ -70,6 +70,13 @@ struct LayerData {
 
 // An open capture. Opening parses and validates the header and every tensor's shape, dtype and
 // byte range; tensor data is read (and checked for NaN/Inf) only when a layer is asked for.
+// How many converted layers a capture keeps by default (CaptureFile::set_max_cached_layers): up
+// to 4, fewer when they are large: as many as fit in about 2 GiB of float32, never under 2 (the
+// layer a job reads and the one loading ahead). At Llama-3-8B's shapes that is 4 at 8192 tokens
+// (192 MiB a layer) and 2 at 32768 (805 MiB), so the app's grid over a 32k capture stays under
+// 6 GiB resident (docs/performance.md, "Large captures").
+int default_cached_layers(const CaptureInfo& info);
+
 class CaptureFile {
  public:
   virtual ~CaptureFile() = default;

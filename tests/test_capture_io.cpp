@@ -522,3 +522,29 @@ TEST(EvalWindowFit, EveryCaptureLengthAndOverrideGivesAValidWindow) {
 }
 
 }  // namespace
+
+// Large layers are cached fewer at a time, so a 32k-token capture's grid stays within its memory
+// target (docs/performance.md, "Large captures").
+TEST(CaptureIo, LargeLayersAreCachedFewerAtATime) {
+  CaptureInfo llama;
+  llama.num_layers = 32;
+  llama.q_heads = 32;
+  llama.kv_heads = 8;
+  llama.head_dim = 128;
+  llama.has_queries = true;
+  llama.num_tokens = 8192;  // 192 MiB a layer
+  EXPECT_EQ(default_cached_layers(llama), 4);
+  llama.num_tokens = 32768;  // 805 MiB a layer
+  EXPECT_EQ(default_cached_layers(llama), 2);
+  llama.num_tokens = 131072;  // 3.2 GiB a layer: still the one read and the one loading ahead
+  EXPECT_EQ(default_cached_layers(llama), 2);
+  llama.has_queries = false;  // keys and values only: 4 x 32768 x 128 x 16 = 256 MiB
+  llama.num_tokens = 32768;
+  EXPECT_EQ(default_cached_layers(llama), 4);
+  CaptureInfo tiny;  // the sample captures
+  tiny.num_tokens = 512;
+  tiny.head_dim = 8;
+  tiny.q_heads = tiny.kv_heads = 8;
+  tiny.has_queries = true;
+  EXPECT_EQ(default_cached_layers(tiny), 4);
+}
