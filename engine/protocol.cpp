@@ -268,40 +268,26 @@ HeadRun score_head_run(const LayerData& layer, int kv_head, const EvalWindow& w,
   const std::vector<const MatrixF*> queries = error_queries(layer, kv_head);
   const Selection& sel = run.selection;
   if (backend && backend->parallel_in_one_call()) {
-    // Through the Backend seam, one kv head per batch.
+    // Through the Backend seam, this kv head alone (run_eval batches a layer's heads:
+    // evaluate_layer_batched, engine/protocol_batched.cpp).
     ErrorBatch b;
-    b.n = w.n;
-    b.d = static_cast<int>(K.cols());
-    b.dv = static_cast<int>(V.cols());
-    b.q_heads = static_cast<int>(queries.size());
-    b.kv_heads = 1;
-    b.sink = w.sink;
-    b.eval = w.eval;
-    b.keys = {K.data()};
-    b.values = {V.data()};
-    for (const MatrixF* q : queries) b.queries.push_back(q->data());
-    b.num_idx = {sel.indices};
-    b.num_logw = {log_weights(sel.weights)};
-    b.den_idx = {sel.separate ? sel.den_indices : sel.indices};
-    b.den_logw = {sel.separate ? log_weights(sel.den_weights) : b.num_logw[0]};
-    const size_t count = queries.size() * static_cast<size_t>(w.eval);
-    std::vector<double> rel(count), nrm(count), mass(count);
-    b.relative = rel.data();
-    b.normalized = nrm.data();
-    b.mass = mass.data();
-    backend->attention_errors(b);
-    run.per_query_head.assign(queries.size(), std::vector<QueryError>(w.eval));
-    for (size_t h = 0; h < queries.size(); ++h)
-      for (int e = 0; e < w.eval; ++e) {
-        const size_t o = h * w.eval + e;
-        run.per_query_head[h][e] = {w.n - w.eval + e, rel[o], nrm[o], mass[o]};
-      }
+    protocol_detail::add_error_head(b, layer, kv_head, w, sel);
+    run.per_query_head = protocol_detail::run_error_batch(*backend, b);
   } else if (reference) {
     run.per_query_head = reference->evaluate(sel);
   } else {
     run.per_query_head = ExactReference(queries, K, V, w.sink, w.eval).evaluate(sel);
   }
 
+  protocol_detail::finish_head_run(run, layer.layer, kv_head);
+  return run;
+}
+
+}  // namespace
+
+namespace protocol_detail {
+
+void finish_head_run(HeadRun& run, int layer, int kv_head) {
   size_t count = 0;
   for (const auto& head : run.per_query_head)
     for (const QueryError& qe : head) {
@@ -317,13 +303,52 @@ HeadRun score_head_run(const LayerData& layer, int kv_head, const EvalWindow& w,
   if (!std::isfinite(run.mean_relative) || !std::isfinite(run.mean_normalized) ||
       !std::isfinite(run.mean_mass))
     throw InputError(
-        "layer " + std::to_string(layer.layer) + " kv head " + std::to_string(kv_head) +
+        "layer " + std::to_string(layer) + " kv head " + std::to_string(kv_head) +
         ": the approximation gave a non-finite error (values too large for float arithmetic?); no "
         "figure reported for this head");
-  return run;
 }
 
-// The checks run_head makes before asking the method (they name the head and the method).
+void add_error_head(ErrorBatch& b, const LayerData& layer, int kv_head, const EvalWindow& w,
+                    const Selection& sel) {
+  const MatrixF& K = layer.keys[kv_head];
+  const MatrixF& V = layer.values[kv_head];
+  const std::vector<const MatrixF*> queries = error_queries(layer, kv_head);
+  if (b.kv_heads == 0) {
+    b.n = w.n;
+    b.d = static_cast<int>(K.cols());
+    b.dv = static_cast<int>(V.cols());
+    b.sink = w.sink;
+    b.eval = w.eval;
+  }
+  ++b.kv_heads;
+  b.q_heads += static_cast<int>(queries.size());
+  b.keys.push_back(K.data());
+  b.values.push_back(V.data());
+  for (const MatrixF* q : queries) b.queries.push_back(q->data());
+  b.num_idx.push_back(sel.indices);
+  b.num_logw.push_back(log_weights(sel.weights));
+  b.den_idx.push_back(sel.separate ? sel.den_indices : sel.indices);
+  b.den_logw.push_back(sel.separate ? log_weights(sel.den_weights) : b.num_logw.back());
+}
+
+std::vector<std::vector<QueryError>> run_error_batch(Backend& backend, ErrorBatch& b) {
+  const size_t count = static_cast<size_t>(b.q_heads) * static_cast<size_t>(b.eval);
+  std::vector<double> rel(count), nrm(count), mass(count);
+  b.relative = rel.data();
+  b.normalized = nrm.data();
+  b.mass = mass.data();
+  backend.attention_errors(b);
+  b.relative = b.normalized = b.mass = nullptr;
+  std::vector<std::vector<QueryError>> out(static_cast<size_t>(b.q_heads),
+                                           std::vector<QueryError>(b.eval));
+  for (size_t h = 0; h < out.size(); ++h)
+    for (int e = 0; e < b.eval; ++e) {
+      const size_t o = h * b.eval + e;
+      out[h][e] = {b.n - b.eval + e, rel[o], nrm[o], mass[o]};
+    }
+  return out;
+}
+
 void check_head(const LayerData& layer, int kv_head, const Method& method) {
   if (kv_head < 0 || kv_head >= static_cast<int>(layer.keys.size()))
     throw InputError("kv head " + std::to_string(kv_head) + " out of range: layer " +
@@ -336,7 +361,102 @@ void check_head(const LayerData& layer, int kv_head, const Method& method) {
     throw InputError(method.name() + " needs queries and the capture has none");
 }
 
-}  // namespace
+bool budget_free(const Method& method, Estimator estimator) {
+  // The authors' estimator scales the denominator by 2^T, which depends on the ratio.
+  return !method.depends_on_seed() && !method.depends_on_budget() &&
+         estimator == Estimator::Weighted;
+}
+
+Selection group_selection(const LayerData& layer, int num_layers, int kv_head,
+                          const MethodSettings& s, const EvalWindow& w, uint64_t seed,
+                          Backend* backend, const std::atomic<bool>* cancel, SharedWork& shared) {
+  const Method& method = *s.method;
+  MethodInput in = make_method_input(layer, num_layers, kv_head, w, s, seed);
+  in.cancel = cancel;
+  in.backend = backend;
+  Selection sel;
+  if (method.ranks_by_score()) {
+    if (!shared.ranking) shared.ranking = method.rank(in);
+    sel = method.ranked_selection(in, *shared.ranking);
+  } else {
+    sel = method.select(in);
+  }
+  check_selection(sel, w.mid_begin, w.mid_end, w.budget, method);
+  if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
+  if (cancel && cancel->load()) throw Cancelled();
+  return sel;
+}
+
+bool start_item(const LayerData& layer, const EvalSpec& spec, const WorkItem& it,
+                bool method_refused, HeadEval& he, MethodSettings& settings) {
+  const Method* method = spec.methods[it.method];
+  he.method = method->name();
+  he.ratio = spec.ratios[it.ratio];
+  he.layer = spec.layers[it.layer];
+  he.kv_head = spec.heads[it.head];
+  he.point = it.point;
+  if (method_refused) {
+    he.refused = true;
+    he.note = method->name() + " needs queries and the capture has none";
+    return false;
+  }
+  if (he.kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[he.kv_head].empty()) {
+    he.refused = true;
+    he.note = layer.refused[he.kv_head];
+    return false;
+  }
+  settings.method = method;
+  settings.keep_ratio = he.ratio;
+  settings.sink = spec.sink;
+  settings.eval = spec.eval;
+  settings.estimator = spec.estimator;
+  settings.params = item_params(spec, *method, it.point);
+  return true;
+}
+
+void add_seed_run(const EvalSpec& spec, const HeadRun& run, int r, const TokenHarm* harm,
+                  HeadEval& he, SeedSums& sums) {
+  if (he.note.empty()) he.note = run.selection.note;
+  if (r == 0) {
+    he.kept = static_cast<int>(run.selection.indices.size());
+    he.budget = run.window.budget;
+  }
+  if (run.selection.saturation >= 0)
+    he.saturation = (r == 0 ? 0.0 : he.saturation) + run.selection.saturation / spec.seeds;
+  if (harm) {
+    const HarmSplit split = harm_split(*harm, run.selection);
+    sums.harm_kept += split.kept_sum;
+    sums.harm_dropped += split.dropped_sum;
+  }
+  he.per_seed.push_back(run.mean_relative);
+  sums.norm.push_back(run.mean_normalized);
+  sums.mass.push_back(run.mean_mass);
+  if (he.per_query.empty()) he.per_query.assign(run.window.eval, 0.0);
+  for (const auto& head : run.per_query_head)
+    for (int e = 0; e < run.window.eval; ++e) he.per_query[e] += head[e].relative;
+  if (r == spec.seeds - 1)
+    for (double& v : he.per_query) v /= static_cast<double>(spec.seeds * run.per_query_head.size());
+}
+
+void fail_item(HeadEval& he, const std::string& what) {
+  he.error = what;
+  he.per_seed.clear();
+  he.per_query.clear();
+}
+
+void finish_item(const EvalSpec& spec, const SeedSums& sums, bool harm, HeadEval& he) {
+  std::tie(he.mean, he.std) = mean_std(he.per_seed);
+  he.normalized_mean = mean_std(sums.norm).first;
+  he.mass_mean = mean_std(sums.mass).first;
+  if (harm) {
+    he.harm_kept = sums.harm_kept / spec.seeds;
+    he.harm_dropped = sums.harm_dropped / spec.seeds;
+  }
+}
+
+}  // namespace protocol_detail
+
+using protocol_detail::check_head;
 
 HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
                  uint64_t seed, bool want_trace, Backend* backend,
@@ -367,20 +487,9 @@ namespace {
 
 using protocol_detail::all_items;
 using protocol_detail::item_params;
+using protocol_detail::SharedWork;
+using protocol_detail::WorkGroup;
 using protocol_detail::WorkItem;
-
-// The work items of one (layer, kv head, point, method): its ratios in this shard, in order.
-struct WorkGroup {
-  size_t first = 0, count = 0;  // positions in the shard's item list
-};
-
-// What a group's runs share, so that nothing is computed twice: the ranking of a score-ranking
-// method (one per head: it depends on neither seed nor budget), and the run of a method that
-// ignores both seed and budget (exact).
-struct SharedWork {
-  std::optional<Ranking> ranking;
-  std::optional<HeadRun> budget_free_run;
-};
 
 // One run of `method` on one head for one (ratio, seed), reusing what `shared` holds.
 HeadRun group_run(const LayerData& layer, int num_layers, int kv_head, const MethodSettings& s,
@@ -395,24 +504,10 @@ HeadRun group_run(const LayerData& layer, int num_layers, int kv_head, const Met
     run.window = w;
     return run;
   }
-  MethodInput in = make_method_input(layer, num_layers, kv_head, w, s, seed);
-  in.cancel = cancel;
-  in.backend = backend;
-  Selection sel;
-  if (method.ranks_by_score()) {
-    if (!shared.ranking) shared.ranking = method.rank(in);
-    sel = method.ranked_selection(in, *shared.ranking);
-  } else {
-    sel = method.select(in);
-  }
-  check_selection(sel, w.mid_begin, w.mid_end, w.budget, method);
-  if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
-  if (cancel && cancel->load()) throw Cancelled();
+  Selection sel = protocol_detail::group_selection(layer, num_layers, kv_head, s, w, seed, backend,
+                                                   cancel, shared);
   HeadRun run = score_head_run(layer, kv_head, w, std::move(sel), backend, reference);
-  // The authors' estimator scales the denominator by 2^T, which depends on the ratio.
-  if (!method.depends_on_seed() && !method.depends_on_budget() &&
-      s.estimator == Estimator::Weighted)
-    shared.budget_free_run = run;
+  if (protocol_detail::budget_free(method, s.estimator)) shared.budget_free_run = run;
   return run;
 }
 
@@ -426,33 +521,12 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
                     const std::function<void()>& item_done) {
   SharedWork shared;
   for (size_t g = 0; g < count; ++g) {
-    const WorkItem& it = items[g];
-    const Method* method = spec.methods[it.method];
+    const Method* method = spec.methods[items[g].method];
     HeadEval& he = out[g];
-    he.method = method->name();
-    he.ratio = spec.ratios[it.ratio];
-    he.layer = spec.layers[it.layer];
-    he.kv_head = spec.heads[it.head];
-    he.point = it.point;
-    if (method_refused) {
-      he.refused = true;
-      he.note = method->name() + " needs queries and the capture has none";
-    } else if (he.kv_head < static_cast<int>(layer.refused.size()) &&
-               !layer.refused[he.kv_head].empty()) {
-      he.refused = true;
-      he.note = layer.refused[he.kv_head];
-    } else {
-      MethodSettings settings;
-      settings.method = method;
-      settings.keep_ratio = he.ratio;
-      settings.sink = spec.sink;
-      settings.eval = spec.eval;
-      settings.estimator = spec.estimator;
-      settings.params = item_params(spec, *method, it.point);
-
-      std::vector<double> norm_seeds, mass_seeds;
-      double harm_kept = 0, harm_dropped = 0;  // sums over seeds (spec.harm)
-      std::optional<HeadRun> seed_free_run;    // the one run of a seed-independent method
+    MethodSettings settings;
+    if (protocol_detail::start_item(layer, spec, items[g], method_refused, he, settings)) {
+      protocol_detail::SeedSums sums;
+      std::optional<HeadRun> seed_free_run;  // the one run of a seed-independent method
       for (int r = 0; r < spec.seeds; ++r) {
         if (cancel && cancel->load()) throw Cancelled();
         HeadRun fresh;
@@ -465,45 +539,15 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
             throw;
           } catch (const std::exception& e) {
             // A method that throws is reported, not fatal: the other methods' figures stand.
-            he.error = e.what();
-            he.per_seed.clear();
-            he.per_query.clear();
+            protocol_detail::fail_item(he, e.what());
             break;
           }
           if (!method->depends_on_seed()) seed_free_run = std::move(fresh);
         }
-        const HeadRun& run = seed_free_run ? *seed_free_run : fresh;
-        if (he.note.empty()) he.note = run.selection.note;
-        if (r == 0) {
-          he.kept = static_cast<int>(run.selection.indices.size());
-          he.budget = run.window.budget;
-        }
-        if (run.selection.saturation >= 0)
-          he.saturation = (r == 0 ? 0.0 : he.saturation) + run.selection.saturation / spec.seeds;
-        if (harm) {
-          const HarmSplit split = harm_split(*harm, run.selection);
-          harm_kept += split.kept_sum;
-          harm_dropped += split.dropped_sum;
-        }
-        he.per_seed.push_back(run.mean_relative);
-        norm_seeds.push_back(run.mean_normalized);
-        mass_seeds.push_back(run.mean_mass);
-        if (he.per_query.empty()) he.per_query.assign(run.window.eval, 0.0);
-        for (const auto& head : run.per_query_head)
-          for (int e = 0; e < run.window.eval; ++e) he.per_query[e] += head[e].relative;
-        if (r == spec.seeds - 1)
-          for (double& v : he.per_query)
-            v /= static_cast<double>(spec.seeds * run.per_query_head.size());
+        protocol_detail::add_seed_run(spec, seed_free_run ? *seed_free_run : fresh, r, harm, he,
+                                      sums);
       }
-      if (he.error.empty()) {
-        std::tie(he.mean, he.std) = mean_std(he.per_seed);
-        he.normalized_mean = mean_std(norm_seeds).first;
-        he.mass_mean = mean_std(mass_seeds).first;
-        if (harm) {
-          he.harm_kept = harm_kept / spec.seeds;
-          he.harm_dropped = harm_dropped / spec.seeds;
-        }
-      }
+      if (he.error.empty()) protocol_detail::finish_item(spec, sums, harm != nullptr, he);
     }
     if (item_done) item_done();
   }
@@ -659,6 +703,28 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
     };
     for (const WorkGroup& g : groups)
       if (wants_harm(g)) ++harms[mine[g.first].head].users;
+    // The harm of group g's head, built by the first group that asks (null without spec.harm).
+    auto harm_of = [&](const WorkGroup& g) -> const TokenHarm* {
+      if (!wants_harm(g)) return nullptr;
+      HeadHarm& hslot = harms[mine[g.first].head];
+      std::call_once(hslot.built, [&] {
+        const int kv = spec.heads[mine[g.first].head];
+        hslot.harm = std::make_unique<TokenHarm>(
+            token_harm(harm_queries(*layer, kv), layer->keys[kv], layer->values[kv],
+                       report.window_example.sink, report.window_example.eval));
+      });
+      return hslot.harm.get();
+    };
+    if (!cpu_scoring) {
+      // Every selection of the layer first, then one attention_errors call per (point, method,
+      // ratio, seed) over all its kv heads (engine/protocol_batched.cpp); the harms go with the
+      // layer.
+      protocol_detail::evaluate_layer_batched(
+          *layer, info.num_layers, spec, mine, groups, method_refused, threads, cancel, *backend,
+          [&](size_t k) { return harm_of(groups[k]); }, report.results.data(), item_done);
+      begin = end;
+      continue;
+    }
     auto uses_reference = [&](const WorkGroup& g) {
       const WorkItem& it = mine[g.first];
       const int kv = spec.heads[it.head];
@@ -675,7 +741,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       ++refs[first.head].users;
       const Method& m = *spec.methods[first.method];
       const double fixed = ew.sink + ew.eval;
-      if (!m.depends_on_seed() && !m.depends_on_budget() && spec.estimator == Estimator::Weighted) {
+      if (protocol_detail::budget_free(m, spec.estimator)) {
         columns[first.head] += fixed + ew.n_mid;
         continue;
       }
@@ -696,17 +762,8 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
         });
         ref = slot->ref.get();
       }
-      const TokenHarm* harm = nullptr;
-      HeadHarm* hslot = wants_harm(g) ? &harms[first.head] : nullptr;
-      if (hslot) {
-        std::call_once(hslot->built, [&] {
-          const int kv = spec.heads[first.head];
-          hslot->harm = std::make_unique<TokenHarm>(
-              token_harm(harm_queries(*layer, kv), layer->keys[kv], layer->values[kv],
-                         report.window_example.sink, report.window_example.eval));
-        });
-        harm = hslot->harm.get();
-      }
+      const TokenHarm* harm = harm_of(g);
+      HeadHarm* hslot = harm ? &harms[first.head] : nullptr;
       evaluate_group(*layer, info.num_layers, spec, &mine[g.first], g.count,
                      method_refused[first.method], cancel, backend, ref, harm,
                      &report.results[g.first], item_done);

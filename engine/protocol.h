@@ -214,7 +214,9 @@ using ProgressFn = std::function<void(int done, int total)>;
 // method that throws is recorded in its HeadEval::error (see failures()); a set cancel flag
 // throws Cancelled. On the CPU the exact side of each kv head is computed once per capture and
 // window (the reference cache, engine/reference_cache.h) and shared by all its items and every
-// later run; a GPU backend scores through Backend::attention_errors.
+// later run. A backend that parallelises inside one call (a GPU) scores through
+// Backend::attention_errors, all kv heads of a layer in one call per (point, method, ratio, seed):
+// each seed's selections of the layer are made first (engine/protocol_batched.cpp).
 EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec, const ProgressFn& progress = {},
                     const std::atomic<bool>* cancel = nullptr, Backend* backend = nullptr);
 
