@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "app/worker.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/seed_stats.h"
 #include "engine/thread_pool.h"
@@ -274,10 +275,16 @@ std::shared_ptr<GridReport> run_grid_job(
   int ahead = -1;  // the layer loaded ahead that no cell has taken yet
   auto last_post = std::chrono::steady_clock::now();
   int computed = 0;  // cells this job computed
+  // A backend that parallelises inside one call (a device) takes the best-ranked cell together
+  // with every pending cell of its layer, slot and seed run: one run_eval over those heads scores
+  // them in one attention_errors call (docs/design.md, "Backend ops"). The CPU takes cells one
+  // by one.
+  const bool by_layer = job.backend && job.backend->parallel_in_one_call();
   auto work = [&] {
     lower_thread_priority();
     for (;;) {
       size_t i = 0;
+      std::vector<size_t> batch;  // i, and with by_layer the cells computed with it
       int prefetch = -1;
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -287,6 +294,21 @@ std::shared_ptr<GridReport> run_grid_job(
         });
         i = *best;
         pending.erase(best);
+        batch.push_back(i);
+        if (by_layer) {
+          const GridJob::Need& first = job.needs[i];
+          for (auto it = pending.begin(); it != pending.end();) {
+            const GridJob::Need& c = job.needs[*it];
+            if (c.slot == first.slot && c.layer == first.layer && c.run == first.run) {
+              batch.push_back(*it);
+              it = pending.erase(it);
+            } else {
+              ++it;
+            }
+          }
+          std::sort(batch.begin(), batch.end(),
+                    [&](size_t a, size_t b) { return job.needs[a].head < job.needs[b].head; });
+        }
         const int layer = job.needs[i].layer;
         const bool loaded = in_hand(layer);  // else this thread loads it now
         if (!loaded) ask(layer);
@@ -319,7 +341,8 @@ std::shared_ptr<GridReport> run_grid_job(
       spec.params.clear();
       if (!sl.params.empty()) spec.params[sl.name] = sl.params;
       spec.layers = {n.layer};
-      spec.heads = {n.head};
+      spec.heads.clear();
+      for (size_t c : batch) spec.heads.push_back(job.needs[c].head);
       spec.seeds = 1;
       spec.base_seed = job.base_seed + static_cast<uint64_t>(n.run);
       spec.threads = 1;
@@ -334,19 +357,28 @@ std::shared_ptr<GridReport> run_grid_job(
         if (error.empty()) error = e.what();
         return;
       }
+      // Each cell's share of the time (the costs record seconds per cell).
       const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+          static_cast<double>(batch.size());
       if (rep.results.empty()) continue;
-      auto cell = std::make_shared<GridCell>();
-      cell->eval = rep.results[0];
       std::lock_guard<std::mutex> lock(mu);
-      cells[i] = cell;
-      ++done;
-      ctx.progress(done, total);
-      if (cell_done) cell_done(n, cell->eval, secs);
+      const bool first_post = computed == 0;
+      for (const HeadEval& he : rep.results) {  // one per head of the batch
+        const auto c = std::find_if(batch.begin(), batch.end(),
+                                    [&](size_t b) { return job.needs[b].head == he.kv_head; });
+        if (c == batch.end()) continue;
+        auto cell = std::make_shared<GridCell>();
+        cell->eval = he;
+        cells[*c] = cell;
+        ++done;
+        ++computed;
+        ctx.progress(done, total);
+        if (cell_done) cell_done(job.needs[*c], cell->eval, secs);
+      }
       const auto now = std::chrono::steady_clock::now();
-      // The partial grid at most every 100 ms (the job's first cell at once).
-      if (report && (++computed == 1 || pending.empty() ||
+      // The partial grid at most every 100 ms (the job's first cells at once).
+      if (report && (first_post || pending.empty() ||
                      std::chrono::duration<double>(now - last_post).count() > 0.1)) {
         last_post = now;
         report(assemble_grid(job, cells));

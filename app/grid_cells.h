@@ -7,7 +7,9 @@
 // again) where they are. The grid job (AppState::plan_grid, started by reconcile()) computes the
 // missing cells one by one, the focused cell and the visible rows first, seed 0 of every cell
 // before the other seeds, and posts each cell to the store and a partial GridReport while the rest
-// computes.
+// computes. On a backend that parallelises inside one call (a device), a cell is computed with
+// the other missing cells of its layer, slot and seed run: one run_eval over their heads, one
+// attention_errors call; each cell is still posted on its own.
 #pragma once
 
 #include <array>

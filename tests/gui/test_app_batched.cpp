@@ -1,0 +1,140 @@
+// The app's grid on a backend that parallelises inside one call (issue 28 item 1; run_grid_job in
+// app/grid_cells.cpp): the pending cells of a layer (one slot, one seed run) are computed by one
+// run_eval over their heads, which scores them in one attention_errors call. A counting backend
+// registered here as "test-batch" runs the CPU references and records every call; the app runs
+// on it through settings.backend, as it would on "cuda".
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "app/app_state.h"
+#include "app/grid_cells.h"
+#include "engine/backend.h"
+#include "engine/capture.h"
+#include "engine/method.h"
+#include "engine/protocol.h"
+#include "tests/gui/app_pump.h"
+
+using namespace kvscope;
+using namespace kvscope::app;
+
+namespace {
+
+class CountingBackend final : public Backend {
+ public:
+  std::string name() const override { return "test-batch (CPU references, counting)"; }
+  bool parallel_in_one_call() const override { return true; }
+  void walk_blocks(const WalkBatch& b) override { cpu_backend().walk_blocks(b); }
+  void attention_errors(const ErrorBatch& b) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kv_heads_.push_back(b.kv_heads);
+    }
+    cpu_attention_errors(b);
+  }
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    return cpu_backend().tsne_gradient(in, grad);
+  }
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return cpu_backend().kcenter(x, n, d, k, first);
+  }
+  void attention_scores(const ScoreBatch& b) override { cpu_backend().attention_scores(b); }
+
+  // The kv heads of each attention_errors call since the last take.
+  std::vector<int> take_calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int> out;
+    out.swap(kv_heads_);
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int> kv_heads_;
+};
+
+CountingBackend& counting() {
+  static CountingBackend backend;
+  return backend;
+}
+
+Backend* probe_counting(std::string* why) {
+  if (why) *why = "the counting test backend";
+  return &counting();
+}
+
+const bool kRegistered = register_backend("test-batch", probe_counting);
+
+const std::string kSample =
+    std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
+
+bool grid_fresh(const AppState& s) {
+  return s.result(kGrid).fresh();
+}
+
+// Calls of every kv head of the layer, and calls of some heads only.
+std::pair<int, int> whole_and_partial(const std::vector<int>& calls, int kv_heads) {
+  int whole = 0, partial = 0;
+  for (int k : calls) (k == kv_heads ? whole : partial) += 1;
+  return {whole, partial};
+}
+
+TEST(AppGridOnADevice, EachLayerOfTheGridIsScoredInOneCallPerSlotAndSeed) {
+  ASSERT_TRUE(kRegistered);
+  AppState s;
+  s.settings.backend = "test-batch";
+  s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"balancekv", {}}};
+  s.settings.grid_seeds = 2;
+  s.request_open(kSample);
+  counting().take_calls();
+  ASSERT_TRUE(kvscope::app::testing::pump_until(
+      s, [&] { return grid_fresh(s); }, 120));
+  ASSERT_EQ(s.backend(), &select_backend("test-batch"));
+  const CaptureInfo& ci = s.capture->info();
+  // The focused runs score one head each (run_head); every grid call holds a whole layer: both
+  // methods depend on the seed, so layers x 2 slots x 2 seeds calls.
+  auto [whole, partial] = whole_and_partial(counting().take_calls(), ci.kv_heads);
+  EXPECT_EQ(whole, ci.num_layers * 2 * 2);
+  EXPECT_LE(partial, 2) << "only the two focused runs may score a head alone";
+  EXPECT_EQ(s.grid_cells.computed(), static_cast<uint64_t>(ci.num_layers * ci.kv_heads * 2 * 2));
+
+  // The cells are eval's figures on the same backend, bit for bit.
+  EvalSpec spec;
+  spec.methods = {find_method("uniform")};
+  spec.ratios = {s.settings.keep_ratio};
+  spec.seeds = 2;
+  spec.base_seed = static_cast<uint64_t>(s.settings.seed);
+  spec.threads = 1;
+  const EvalReport want = run_eval(*s.capture, spec, {}, nullptr, s.backend());
+  counting().take_calls();
+  const GridReport* g = s.grid_report();
+  ASSERT_NE(g, nullptr);
+  for (const HeadEval& w : want.results) {
+    const GridEntry* e = nullptr;
+    const HeadEval* h = g->find(0, w.layer, w.kv_head, &e);
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(e->state, CellState::Fresh);
+    EXPECT_EQ(h->mean, w.mean) << "L" << w.layer << " H" << w.kv_head;
+    EXPECT_EQ(h->std, w.std) << "L" << w.layer << " H" << w.kv_head;
+    EXPECT_EQ(h->normalized_mean, w.normalized_mean);
+    EXPECT_EQ(h->mass_mean, w.mass_mean);
+    EXPECT_EQ(h->kept, w.kept);
+  }
+
+  // A third seed: only the cells of the new seed run are missing, again a layer's heads per call.
+  const uint64_t computed = s.grid_cells.computed();
+  s.settings.grid_seeds = 3;
+  ASSERT_TRUE(kvscope::app::testing::pump_until(
+      s, [&] { return grid_fresh(s); }, 120));
+  std::tie(whole, partial) = whole_and_partial(counting().take_calls(), ci.kv_heads);
+  EXPECT_EQ(whole, ci.num_layers * 2);
+  EXPECT_EQ(partial, 0);
+  EXPECT_EQ(s.grid_cells.computed(),
+            computed + static_cast<uint64_t>(ci.num_layers * ci.kv_heads * 2));
+}
+
+}  // namespace
