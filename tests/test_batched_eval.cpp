@@ -8,6 +8,7 @@
 // report: every figure, note and error.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 
 #include "engine/backend.h"
 #include "engine/capture.h"
+#include "engine/error.h"
 #include "engine/method.h"
 #include "engine/protocol.h"
 #include "engine/sweep_grid.h"
@@ -238,11 +240,40 @@ TEST_P(BatchedEval, OneCallPerLayerMethodRatioAndSeedWithEveryKvHeadAndTheSameFi
   spec.harm = true;
   const EvalReport cpu = run_eval(*cap, spec);  // the CPU path: exact-reference cache
   ASSERT_TRUE(counting().take_calls().empty()) << "the CPU path must not reach the backend";
-  const EvalReport got = run_eval(*cap, spec, {}, nullptr, &backend);
+  int last_done = 0, progress_calls = 0;
+  const EvalReport got = run_eval(
+      *cap, spec,
+      [&](int done, int total) {
+        ++progress_calls;
+        EXPECT_EQ(done, last_done + 1);
+        EXPECT_EQ(total, static_cast<int>(cpu.results.size()));
+        last_done = done;
+      },
+      nullptr, &backend);
+  EXPECT_EQ(progress_calls, static_cast<int>(cpu.results.size())) << "one call per item";
   const std::vector<ErrorCall> calls = counting().take_calls();
   EXPECT_EQ(calls.size(), expected_calls(spec, info.num_layers));
   expect_whole_layers(calls, info);
   expect_per_head_and_cpu_figures(*cap, spec, backend, got, cpu);
+}
+
+TEST(BatchedEvalCancel, ACancelDuringALayerStopsBeforeTheNextLayer) {
+  auto cap = CaptureFile::open(kvscope::testing::sample_capture_paths()[0]);
+  Backend& backend = batch_backend();
+  EvalSpec spec;
+  spec.methods = {find_method("uniform")};
+  spec.ratios = {0.5};
+  spec.seeds = 2;
+  spec.threads = 2;
+  std::atomic<bool> cancel{false};
+  EXPECT_THROW(run_eval(
+                   *cap, spec, [&](int, int) { cancel = true; }, &cancel, &backend),
+               Cancelled);
+  // The first items finish at the first layer's last seed: its two calls, none of the next layer.
+  EXPECT_EQ(counting().take_calls().size(), 2u);
+  cancel = true;
+  EXPECT_THROW(run_eval(*cap, spec, {}, &cancel, &backend), Cancelled);
+  EXPECT_TRUE(counting().take_calls().empty());
 }
 
 TEST_P(BatchedEval, ShardsOneThreadAndTheAuthorsEstimatorAsPerHead) {
