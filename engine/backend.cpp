@@ -28,6 +28,8 @@ class CpuBackend final : public Backend {
     return cpu_kcenter(x, n, d, k, first);
   }
   void attention_scores(const ScoreBatch& b) override { cpu_attention_scores(b); }
+  void key_clusters(const ClusterBatch& b) override { cpu_key_clusters(b); }
+  void cache_scores(const CacheScoreBatch& b) override { cpu_cache_scores(b); }
 };
 
 // One registered device backend: probed once, wrapped once.
@@ -87,6 +89,10 @@ const char* op_name(Op op) {
       return "kcenter";
     case Op::attention_scores:
       return "attention_scores";
+    case Op::key_clusters:
+      return "key_clusters";
+    case Op::cache_scores:
+      return "cache_scores";
   }
   return "?";
 }
@@ -107,6 +113,14 @@ OpShape op_shape(const TsneGradInput& in) {
 
 OpShape op_shape(const ScoreBatch& b) {
   return {Op::attention_scores, b.n, b.d, static_cast<int>(b.heads.size()), b.group(), false};
+}
+
+OpShape op_shape(const ClusterBatch& b) {
+  return {Op::key_clusters, b.n, b.d, 0, static_cast<int>(b.deltas.size()), false};
+}
+
+OpShape op_shape(const CacheScoreBatch& b) {
+  return {Op::cache_scores, b.n, b.d, b.num_keys, b.group(), false};
 }
 
 OpShape kcenter_shape(int n, int d, int k) {
@@ -185,6 +199,16 @@ std::vector<int> FallbackBackend::kcenter(const float* x, int n, int d, int k, i
 void FallbackBackend::attention_scores(const ScoreBatch& b) {
   run(
       op_shape(b), [&] { device_.attention_scores(b); }, [&] { cpu_attention_scores(b); });
+}
+
+void FallbackBackend::key_clusters(const ClusterBatch& b) {
+  run(
+      op_shape(b), [&] { device_.key_clusters(b); }, [&] { cpu_key_clusters(b); });
+}
+
+void FallbackBackend::cache_scores(const CacheScoreBatch& b) {
+  run(
+      op_shape(b), [&] { device_.cache_scores(b); }, [&] { cpu_cache_scores(b); });
 }
 
 std::string last_fallback() {

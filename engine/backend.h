@@ -15,30 +15,47 @@
 
 #include "engine/ops/attention_errors.h"
 #include "engine/ops/attention_scores.h"
+#include "engine/ops/cache_scores.h"
 #include "engine/ops/kcenter.h"
+#include "engine/ops/key_clusters.h"
 #include "engine/ops/tsne_gradient.h"
 #include "engine/ops/walk_blocks.h"
 
 namespace kvscope {
 
 // The ops of the seam, for supports() and the fallback's messages.
-enum class Op { walk_blocks, attention_errors, tsne_gradient, kcenter, attention_scores };
-// "walk_blocks", "attention_errors", "tsne_gradient", "kcenter", "attention_scores"
+enum class Op {
+  walk_blocks,
+  attention_errors,
+  tsne_gradient,
+  kcenter,
+  attention_scores,
+  key_clusters,
+  cache_scores
+};
+// "walk_blocks", "attention_errors", "tsne_gradient", "kcenter", "attention_scores",
+// "key_clusters", "cache_scores"
 const char* op_name(Op op);
 
 // What supports() is told about one call: the op and its sizes.
 struct OpShape {
   Op op = Op::walk_blocks;
-  int64_t rows = 0;  // walk: total rows; attention, scores: tokens n; t-SNE, k-center: points
-  int d = 0;         // key width (t-SNE: 2; k-center: features)
-  int dv = 0;        // value width (walk, attention); scores: kv heads of the batch
-  int count = 0;     // walk: blocks; attention: query heads; scores: group; t-SNE: 0; k-center: k
+  // walk: total rows; attention, scores, cache scores: tokens n; t-SNE, k-center, clusters: points
+  int64_t rows = 0;
+  int d = 0;  // key width (t-SNE: 2; k-center: features)
+  // value width (walk, attention); scores: kv heads of the batch; cache scores: keys of the cache
+  int dv = 0;
+  // walk: blocks; attention: query heads; scores, cache scores: group; t-SNE: 0; k-center: k;
+  // clusters: radii
+  int count = 0;
   bool float_scores = false;  // attention: ErrorBatch::float_scores
 };
 OpShape op_shape(const WalkBatch& b);
 OpShape op_shape(const ErrorBatch& b);
 OpShape op_shape(const TsneGradInput& in);
 OpShape op_shape(const ScoreBatch& b);
+OpShape op_shape(const ClusterBatch& b);
+OpShape op_shape(const CacheScoreBatch& b);
 OpShape kcenter_shape(int n, int d, int k);
 
 // A device backend's report that it could not run an op (out of device memory, a rejected launch,
@@ -72,6 +89,12 @@ class Backend {
   virtual std::vector<int> kcenter(const float* x, int n, int d, int k, int first) = 0;
   // The causal attention each key receives, reduced per key (engine/ops/attention_scores.h).
   virtual void attention_scores(const ScoreBatch& batch) = 0;
+  // SubGen's online clustering of keys, one clustering per radius (engine/ops/key_clusters.h).
+  // Not pure: a backend without it (a test's fake) runs the CPU reference.
+  virtual void key_clusters(const ClusterBatch& batch) { cpu_key_clusters(batch); }
+  // BUZZ's streamed scores over one segment of its cache (engine/ops/cache_scores.h). Not pure,
+  // as key_clusters.
+  virtual void cache_scores(const CacheScoreBatch& batch) { cpu_cache_scores(batch); }
 };
 
 // The engine's CPU fallback around a device backend: before each op it asks the device whether it
@@ -93,6 +116,8 @@ class FallbackBackend final : public Backend {
   double tsne_gradient(const TsneGradInput& in, float* grad) override;
   std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override;
   void attention_scores(const ScoreBatch& batch) override;
+  void key_clusters(const ClusterBatch& batch) override;
+  void cache_scores(const CacheScoreBatch& batch) override;
 
   // Why the most recent op ran on the CPU, or "" when it ran on the device.
   std::string last_fallback() const;

@@ -453,6 +453,91 @@ TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
   }
 }
 
+// A backend whose key-clustering and cache-score ops are the CPU references, counted, and (when
+// `distort`) with their figures changed: the clusters relabelled in reverse order of creation,
+// each score addition scaled by a factor that depends on the key. Its other ops are the CPU's.
+class StreamOpRecorder final : public Backend {
+ public:
+  int calls = 0;
+  bool distort = false;
+  std::string name() const override { return "stream op recorder"; }
+  void walk_blocks(const WalkBatch& b) override { cpu_walk_blocks(b); }
+  void attention_errors(const ErrorBatch& b) override { cpu_attention_errors(b); }
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    return cpu_tsne_gradient(in, grad);
+  }
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return cpu_kcenter(x, n, d, k, first);
+  }
+  void attention_scores(const ScoreBatch& b) override { cpu_attention_scores(b); }
+  void key_clusters(const ClusterBatch& b) override {
+    ++calls;
+    cpu_key_clusters(b);
+    if (!distort) return;
+    for (size_t r = 0; r < b.deltas.size(); ++r) {
+      KeyClusters& c = b.out[r];
+      const int num = static_cast<int>(c.size.size());
+      for (int& o : c.owner)
+        if (o >= 0) o = num - 1 - o;
+      std::reverse(c.size.begin(), c.size.end());
+    }
+  }
+  void cache_scores(const CacheScoreBatch& b) override {
+    ++calls;
+    if (!distort) return cpu_cache_scores(b);
+    std::vector<double> before(b.acc, b.acc + b.n);
+    cpu_cache_scores(b);
+    for (int j = 0; j < b.num_keys; ++j) {
+      const int i = b.key_ids[j];
+      b.acc[i] = before[i] + (b.acc[i] - before[i]) * (1 + (i * 7919) % 13);
+    }
+  }
+};
+
+// SubGen's clustering and BUZZ's streamed scores (the default compressed-cache rule, and
+// full-prefix with log n) run on MethodInput::backend's ops: forwarding to the CPU references
+// gives every selection bit for bit; changing the ops' figures changes the selections.
+TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
+  struct Case {
+    const char* method;
+    ParamValues params;
+  };
+  const std::vector<Case> cases = {
+      {"subgen", {}},
+      {"buzz", {{"window", 8}, {"threshold", 20}}},
+      {"buzz", {{"window", 8}, {"threshold", 20}, {"log_n", 1}, {"accumulate", 1}}},
+  };
+  const std::string path = ::kvscope::testing::sample_capture_paths().front();
+  auto capture = CaptureFile::open(path);
+  const int layers = capture->info().num_layers;
+  auto layer = capture->layer(1);
+  const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
+    const Method& m = method(c.method);
+    for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
+      MethodInput in = make_method_input(*layer, layers, kv, w, c.params, 0);
+      const Selection plain = m.select(in);
+      // Two recorders alive at once: SubGen remembers its radius search per backend.
+      StreamOpRecorder rec, distorting;
+      distorting.distort = true;
+      in.backend = &rec;
+      const Selection routed = m.select(in);
+      EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
+      EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
+      EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+      EXPECT_EQ(routed.den_indices, plain.den_indices) << "kv head " << kv;
+      EXPECT_EQ(routed.cluster, plain.cluster) << "kv head " << kv;
+      EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+      in.backend = &distorting;
+      const Selection distorted = m.select(in);
+      EXPECT_TRUE(distorted.indices != plain.indices || distorted.cluster != plain.cluster ||
+                  distorted.middle_scores != plain.middle_scores)
+          << "kv head " << kv << ": the op's figures did not reach the selection";
+    }
+  }
+}
+
 // The attention-score methods exist to keep the tokens attention goes to: on the real capture
 // their kept set covers more of the evaluation queries' exact attention mass than a uniform
 // sample of the same size, on every layer.

@@ -49,6 +49,10 @@
 //   the dropped tokens of highest accumulated score (top_up = score). The note says how many of
 //   the m slots the top-up filled. With top_up = off the selection keeps fewer than m and says so.
 // - If even the window does not fit (auto_scale = off and w > m), its oldest tokens are dropped.
+// The scores run on MethodInput::backend's ops (the CPU when none): full-prefix without log n on
+// the attention-score op (engine/ops/attention_scores.h), the other rules on the cache-score op
+// (engine/ops/cache_scores.h), one call per segment of rows between two evictions. The evictions
+// themselves (interval sampling and each chunk's maximum, a few comparisons per token) run here.
 // tests/test_buzz.cpp checks the default against kept sets from the authors' class
 // (tests/data/buzz_authors.json, made by tools/buzz_golden.py).
 #include <algorithm>
@@ -61,6 +65,7 @@
 #include <vector>
 
 #include "engine/attention_scores.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/method.h"
 
@@ -185,9 +190,11 @@ class Buzz final : public Method {
     // where evict() records the step at which each new-buffer token's score was compared.
     int step = 0;
     std::vector<int>* record_stops = nullptr;
+    std::vector<char>* record_evictions = nullptr;  // the compressed-cache rule's dry run
     auto evict = [&]() {
       if (record_stops)
         for (int f : fresh) (*record_stops)[f] = step + 1;
+      if (record_evictions) (*record_evictions)[step] = 1;
       std::vector<int> next;
       for (size_t i = 0; i < old_kept.size(); i += old_stride) next.push_back(old_kept[i]);
       for (size_t c = 0; c < fresh.size(); c += new_stride) {
@@ -241,50 +248,51 @@ class Buzz final : public Method {
       for (int t = in.mid_begin; t < in.mid_end; ++t) arrive(t);
     } else {
       // One row per step over the keys the query attends to: the cache as it stands with the
-      // new token in it (compressed-cache), or every key 0..t (full-prefix with log n).
-      const int d = static_cast<int>(in.keys->cols());
-      const MatrixD keys = in.keys->topRows(in.mid_end).cast<double>();
-      std::vector<MatrixD> queries;
-      for (const MatrixF* q : in.queries) queries.push_back(q->topRows(in.mid_end).cast<double>());
-      const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
-      const double group = static_cast<double>(queries.size());
+      // new token in it (compressed-cache), or every key 0..t (full-prefix with log n), on the
+      // backend's cache-score op (engine/ops/cache_scores.h). The cache's members change only
+      // at an eviction, and which steps evict depends on counts only, so a dry run of the stream
+      // records them; the op then scores each segment of rows up to and including an eviction's
+      // step in one call (the cache as it stood at the segment's start plus the tokens arriving
+      // in it, each row seeing those up to itself), and the stream arrives through the segment,
+      // its last arrival evicting on the scores so far. Full-prefix (with log n) segments the same
+      // way, its rows seeing every key up to themselves.
+      std::vector<char> evicts_at(in.mid_end, 0);
+      record_evictions = &evicts_at;
+      for (int t = in.mid_begin; t < in.mid_end; ++t) arrive(t);
+      record_evictions = nullptr;
+      sinks.clear();
+      old_kept.clear();
+      fresh.clear();
+      recent.clear();
+      evictions = 0;
+      CacheScoreBatch b;
+      b.keys = in.keys->data();
+      for (const MatrixF* q : in.queries) b.queries.push_back(q->data());
+      b.n = in.mid_end;
+      b.d = static_cast<int>(in.keys->cols());
+      b.log_n = log_n;
+      b.acc = acc.data();
+      b.cancel = in.cancel;
       std::vector<int> ids;
-      std::vector<double> logits;
-      for (int t = in.mid_begin; t < in.mid_end; ++t) {
-        if ((t - in.mid_begin) % 64 == 0 && in.cancel && in.cancel->load(std::memory_order_relaxed))
-          throw Cancelled();
+      for (int t = in.mid_begin; t < in.mid_end;) {
+        int last = t;  // the segment's last row
+        while (last < in.mid_end - 1 && !evicts_at[last]) ++last;
         ids.clear();
-        if (accumulate == kFullPrefix) {
-          for (int i = 0; i <= t; ++i) ids.push_back(i);
-        } else {
-          // The cache before t arrives, then t itself (where arrive() will put it).
+        if (accumulate == kCompressedCache) {
+          // The cache before t arrives (ascending positions), then t..last as they arrive.
           for (int i = 0; i < in.mid_begin; ++i) ids.push_back(i);
           ids.insert(ids.end(), sinks.begin(), sinks.end());
           ids.insert(ids.end(), old_kept.begin(), old_kept.end());
           ids.insert(ids.end(), fresh.begin(), fresh.end());
           ids.insert(ids.end(), recent.begin(), recent.end());
-          ids.push_back(t);
         }
-        const double scale =
-            inv_sqrt_d *
-            (log_n ? std::log(static_cast<double>(ids.size())) / std::log(512.0) : 1.0);
-        logits.resize(ids.size());
-        for (const MatrixD& q : queries) {
-          const double* qt = q.row(t).data();
-          double mx = -std::numeric_limits<double>::infinity();
-          for (size_t j = 0; j < ids.size(); ++j) {
-            const double* k = keys.row(ids[j]).data();
-            double dot = 0;
-            for (int c = 0; c < d; ++c) dot += qt[c] * k[c];
-            logits[j] = dot * scale;
-            mx = std::max(mx, logits[j]);
-          }
-          double z = 0;
-          for (double& x : logits) z += (x = std::exp(x - mx));
-          const double norm = 1.0 / (z * group);
-          for (size_t j = 0; j < ids.size(); ++j) acc[ids[j]] += logits[j] * norm;
-        }
-        arrive(t);
+        for (int i = accumulate == kFullPrefix ? 0 : t; i <= last; ++i) ids.push_back(i);
+        b.key_ids = ids.data();
+        b.num_keys = static_cast<int>(ids.size());
+        b.row_begin = t;
+        b.row_end = last + 1;
+        method_backend(in).cache_scores(b);
+        for (; t <= last; ++t) arrive(t);
       }
     }
     const int streamed_evictions = evictions;

@@ -32,12 +32,18 @@
 // A delta override (> 0) that would exceed the share falls back to the automatic delta.
 // Randomness: CounterRng(seed, kRandSubGen, layer, kv_head), denominator draws first in stream
 // order, then the numerator's.
+// The clustering (every radius the search tries, and the final one) runs on the key-clustering op
+// of MethodInput::backend (engine/ops/key_clusters.h; the CPU when none): O(n x clusters x d) per
+// radius, the method's hot part. A device gets the next levels of the bisection as one batch.
+// The seeded sampling stays here: O(n d) for the norms, then s draws by binary search (or the
+// literal reservoir's O(n s) coin flips, drawn in stream order from one counter).
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
 
 #include "engine/attention_scores.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/method.h"
 #include "engine/random.h"
@@ -45,46 +51,24 @@
 namespace kvscope {
 namespace {
 
-struct Clustering {
-  std::vector<int> owner;  // cluster id per middle token (stream order of creation)
-  std::vector<int> size;   // n_c
-  long long capacity = 0;  // sum_c min(t, n_c)
-  bool over = false;       // stopped early: capacity exceeded the limit
-};
+using Clustering = KeyClusters;
 
-// Online clustering of the rows of `keys`, in order, with radius delta (lines 12-13, 20-21). Stops
-// as soon as the capacity exceeds `limit` (it only grows along the stream).
-Clustering cluster_stream(const MatrixD& keys, double delta, int t, long long limit) {
-  const int n = static_cast<int>(keys.rows());
-  Clustering c;
-  c.owner.assign(n, -1);
-  MatrixD reps(std::min<long long>(n, limit + 1) + 1, keys.cols());
-  int num = 0;
-  const double delta2 = delta * delta;
-  for (int i = 0; i < n; ++i) {
-    int best = -1;
-    double best_d2 = 0;
-    if (num > 0) {
-      Eigen::Index arg = 0;
-      best_d2 = (reps.topRows(num).rowwise() - keys.row(i)).rowwise().squaredNorm().minCoeff(&arg);
-      best = static_cast<int>(arg);
-    }
-    if (best >= 0 && best_d2 <= delta2) {
-      c.owner[i] = best;
-      if (c.size[best]++ < t) ++c.capacity;
-    } else {
-      if (num == reps.rows()) reps.conservativeResize(2 * reps.rows(), Eigen::NoChange);
-      reps.row(num) = keys.row(i);
-      c.owner[i] = num++;
-      c.size.push_back(1);
-      ++c.capacity;
-    }
-    if (c.capacity > limit) {
-      c.over = true;
-      return c;
-    }
-  }
-  return c;
+// Clusterings of the middle's keys at `deltas`, on the op (engine/ops/key_clusters.h) of the
+// method's backend (the CPU when none).
+std::vector<Clustering> cluster_keys(const MethodInput& in, int t, long long limit,
+                                     std::vector<double> deltas) {
+  ClusterBatch b;
+  b.keys = in.keys->data() + static_cast<size_t>(in.mid_begin) * in.keys->cols();
+  b.n = in.mid_end - in.mid_begin;
+  b.d = static_cast<int>(in.keys->cols());
+  b.t = t;
+  b.limit = limit;
+  b.deltas = std::move(deltas);
+  std::vector<Clustering> out(b.deltas.size());
+  b.out = out.data();
+  b.cancel = in.cancel;
+  method_backend(in).key_clusters(b);
+  return out;
 }
 
 class SubGen final : public Method {
@@ -144,22 +128,25 @@ class SubGen final : public Method {
     // Delta: the smallest radius whose clustering fits the denominator's share. The search does
     // not depend on the seed, and the protocol asks for the same head, t and share once per seed:
     // the last few searches are remembered per thread, keyed by everything they read (the
-    // keys by address, shape and a checksum of their values).
-    SearchKey key{in.keys->data(), in.mid_begin,   n_mid, static_cast<int>(keys.cols()), t,
-                  den_share,       delta_override, 0.0};
+    // keys by address, shape and a checksum of their values) and the backend that ran them.
+    SearchKey key{
+        &method_backend(in), in.keys->data(), in.mid_begin, n_mid, static_cast<int>(keys.cols()), t,
+        den_share,           delta_override,  0.0};
     for (Eigen::Index i = 0; i < keys.size(); ++i)
       key.checksum += keys.data()[i] * static_cast<double>(1 + (i % 7));
     thread_local std::vector<std::pair<SearchKey, SearchResult>> searches;
     for (const auto& [k, r] : searches)
       if (k == key) return finish(in, t, literal, r, std::move(sel), std::move(note));
-    SearchResult result = search_delta(keys, t, den_share, delta_override, in.cancel);
+    SearchResult result = search_delta(in, keys, t, den_share, delta_override);
     if (searches.size() >= 8) searches.erase(searches.begin());
     searches.emplace_back(key, result);
     return finish(in, t, literal, result, std::move(sel), std::move(note));
   }
 
  private:
+  static constexpr int kSpeculate = 5;  // bisection levels per call on a parallel backend
   struct SearchKey {
+    const Backend* backend;
     const float* keys;
     int mid_begin, n_mid, d, t, den_share;
     double delta_override, checksum;
@@ -171,14 +158,18 @@ class SubGen final : public Method {
     std::string note;  // what the search says (automatic delta, override refused)
   };
 
-  static SearchResult search_delta(const MatrixD& keys, int t, int den_share, double delta_override,
-                                   const std::atomic<bool>* cancel) {
+  static SearchResult search_delta(const MethodInput& in, const MatrixD& keys, int t, int den_share,
+                                   double delta_override) {
+    const std::atomic<bool>* cancel = in.cancel;
+    auto cluster_stream = [&](double delta) {
+      return std::move(cluster_keys(in, t, den_share, {delta}).front());
+    };
     std::ostringstream note;
     double delta = delta_override;
     Clustering clusters;
     bool need_auto = delta_override <= 0;
     if (!need_auto) {
-      clusters = cluster_stream(keys, delta, t, den_share);
+      clusters = cluster_stream(delta);
       if (clusters.over) {
         note << " delta " << delta_override << " needs more than " << den_share
              << " denominator slots; using the automatic delta;";
@@ -190,21 +181,43 @@ class SubGen final : public Method {
       // Every key within hi of the first one: a single cluster (padded against rounding, since
       // the clustering compares squared distances).
       double hi = (keys.rowwise() - keys.row(0)).rowwise().norm().maxCoeff() * (1 + 1e-9) + 1e-12;
-      clusters = cluster_stream(keys, lo, t, den_share);
+      clusters = cluster_stream(lo);
       if (!clusters.over) {
         delta = lo;
       } else {
-        // cap(delta) is a step function; 0.1% of delta is as close as the budget needs.
-        for (int iter = 0; iter < 60 && hi - lo > 1e-3 * std::max(hi, 1e-30); ++iter) {
+        // cap(delta) is a step function; 0.1% of delta is as close as the budget needs. A backend
+        // that parallelises inside one call gets the next kSpeculate levels of the bisection's
+        // tree at once (2^kSpeculate - 1 radii, the midpoints either outcome leads to, computed
+        // as the sequential search computes them); the walk down the tree then takes the same
+        // steps, so delta is the one the sequential search finds.
+        const int levels = method_backend(in).parallel_in_one_call() ? kSpeculate : 1;
+        auto go_on = [&](int iter) { return iter < 60 && hi - lo > 1e-3 * std::max(hi, 1e-30); };
+        for (int iter = 0; go_on(iter);) {
           if (cancel && cancel->load(std::memory_order_relaxed)) throw Cancelled();
-          const double mid = 0.5 * (lo + hi);
-          if (cluster_stream(keys, mid, t, den_share).over)
-            lo = mid;
-          else
-            hi = mid;
+          // Node j of the tree (breadth first) has children 2j+1 (fits: hi = mid) and 2j+2
+          // (over: lo = mid).
+          std::vector<double> node_lo{lo}, node_hi{hi}, mids;
+          for (size_t j = 0; j < (size_t{1} << levels) - 1; ++j) {
+            const double mid = 0.5 * (node_lo[j] + node_hi[j]);
+            mids.push_back(mid);
+            node_lo.push_back(node_lo[j]);
+            node_hi.push_back(mid);
+            node_lo.push_back(mid);
+            node_hi.push_back(node_hi[j]);
+          }
+          const std::vector<Clustering> probes = cluster_keys(in, t, den_share, mids);
+          for (size_t j = 0; j < mids.size() && go_on(iter); ++iter) {
+            if (probes[j].over) {
+              lo = mids[j];
+              j = 2 * j + 2;
+            } else {
+              hi = mids[j];
+              j = 2 * j + 1;
+            }
+          }
         }
         delta = hi;
-        clusters = cluster_stream(keys, delta, t, den_share);
+        clusters = cluster_stream(delta);
       }
       note << " delta " << delta << " (auto);";
     } else {
