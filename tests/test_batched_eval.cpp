@@ -45,6 +45,8 @@ class CountingBackend final : public Backend {
       calls_.push_back({b.kv_heads, b.q_heads, b.n,
                         std::set<const float*>(b.keys.begin(), b.keys.end()).size()});
     }
+    for (const float* k : b.keys)
+      if (k == reject_keys.load()) throw std::invalid_argument("test-batch rejects these keys");
     cpu_attention_errors(b);
   }
   double tsne_gradient(const TsneGradInput& in, float* grad) override {
@@ -54,6 +56,9 @@ class CountingBackend final : public Backend {
     return cpu_backend().kcenter(x, n, d, k, first);
   }
   void attention_scores(const ScoreBatch& b) override { cpu_backend().attention_scores(b); }
+
+  // A call holding these keys throws, as an op rejects a batch (input errors propagate).
+  std::atomic<const float*> reject_keys{nullptr};
 
   std::vector<ErrorCall> take_calls() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -334,6 +339,44 @@ TEST(BatchedEvalErrors, AMethodThatThrowsOnOneHeadFailsThatItemOnly) {
   for (const ErrorCall& c : calls) short_calls += c.kv_heads == info.kv_heads - 1 ? 1 : 0;
   EXPECT_EQ(short_calls, 4u);
   expect_per_head_and_cpu_figures(*cap, spec, backend, got, cpu);
+}
+
+TEST(BatchedEvalErrors, ABatchTheOpRejectsIsScoredHeadByHead) {
+  auto cap = CaptureFile::open(kvscope::testing::sample_capture_paths()[0]);
+  const CaptureInfo& info = cap->info();
+  Backend& backend = batch_backend();
+  EvalSpec spec;
+  spec.methods = {find_method("uniform"), find_method("snapkv")};
+  spec.ratios = {0.25, 0.5};
+  spec.seeds = 2;
+  spec.threads = 2;
+  spec.layers = {1};
+  counting().reject_keys = cap->layer(1)->keys[1].data();
+  const EvalReport got = run_eval(*cap, spec, {}, nullptr, &backend);
+  // Each rejected batch is tried once whole, then head by head: head 1's items fail with the op's
+  // message, the other heads' figures stand, as when each head is evaluated alone.
+  size_t failed = 0;
+  for (const HeadEval& h : got.results) {
+    EXPECT_EQ(h.error.empty(), h.kv_head != 1) << h.method << " H" << h.kv_head;
+    if (!h.error.empty()) {
+      EXPECT_EQ(h.error, "test-batch rejects these keys");
+    }
+    failed += h.error.empty() ? 0 : 1;
+  }
+  EXPECT_EQ(failed, 2u * 2u);  // two methods x two ratios
+  const std::vector<ErrorCall> calls = counting().take_calls();
+  // Seed 0: uniform's and snapkv's 2 ratios, each whole then alone per head; seed 1 (uniform
+  // only): head 1's items stopped at their error, so the batches without it pass.
+  EXPECT_EQ(calls.size(), 4u * (1 + static_cast<size_t>(info.kv_heads)) + 2u);
+  for (int h = 0; h < info.kv_heads; ++h) {
+    EvalSpec alone = spec;
+    alone.heads = {h};
+    const EvalReport one = run_eval(*cap, alone, {}, nullptr, &backend);
+    counting().take_calls();
+    SCOPED_TRACE("kv head " + std::to_string(h) + " alone");
+    expect_same_report(head_only(got, h), one);
+  }
+  counting().reject_keys = nullptr;
 }
 
 // The two-parameter sweep (kvscope-cli sweep --grid2, the Error view's tuning heatmap): one call
