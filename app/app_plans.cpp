@@ -310,6 +310,9 @@ JobPlan AppState::plan_grid() const {
     job->heads = ci.kv_heads;
     // Every core: the grid's threads run below the UI and the focused runs (grid_cells.cpp).
     job->threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    // A device's grid holds a layer per thread: no more than the capture's layer cache keeps,
+    // less the layer loaded ahead (run_grid_job).
+    job->layers_at_once = std::max(1, default_cached_layers(ci) - 1);
     job->priority = grid_priority;
     job->previous = now.ptr<GridReport>();
     for (size_t k = 0; k < in.slots.size(); ++k) {

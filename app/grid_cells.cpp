@@ -280,6 +280,11 @@ std::shared_ptr<GridReport> run_grid_job(
   // them in one attention_errors call (docs/design.md, "Backend ops"). The CPU takes cells one
   // by one.
   const bool by_layer = job.backend && job.backend->parallel_in_one_call();
+  // Each thread then holds a whole layer: at most layers_at_once of them, the cores shared out
+  // among the layers' selections.
+  const int grid_threads =
+      by_layer && job.layers_at_once > 0 ? std::min(threads, job.layers_at_once) : threads;
+  const int eval_threads = by_layer ? std::max(1, job.threads / grid_threads) : 1;
   auto work = [&] {
     lower_thread_priority();
     for (;;) {
@@ -314,7 +319,7 @@ std::shared_ptr<GridReport> run_grid_job(
         if (!loaded) ask(layer);
         if (layer == ahead) ahead = -1;
         // One layer ahead at most (the capture's layer cache holds few).
-        if (threads > 1 && loaded && ahead < 0) {
+        if (grid_threads > 1 && loaded && ahead < 0) {
           const size_t* next = nullptr;
           for (const size_t& c : pending)
             if (!in_hand(job.needs[c].layer) &&
@@ -345,7 +350,7 @@ std::shared_ptr<GridReport> run_grid_job(
       for (size_t c : batch) spec.heads.push_back(job.needs[c].head);
       spec.seeds = 1;
       spec.base_seed = job.base_seed + static_cast<uint64_t>(n.run);
-      spec.threads = 1;
+      spec.threads = eval_threads;
       const auto t0 = std::chrono::steady_clock::now();
       EvalReport rep;
       try {
@@ -387,7 +392,7 @@ std::shared_ptr<GridReport> run_grid_job(
   };
   // Each of the threads takes the best-ranked pending cell in turn (work), so the loop is one
   // task per thread rather than one per cell.
-  parallel_for(threads, threads, nullptr, [&](int) { work(); });
+  parallel_for(grid_threads, grid_threads, nullptr, [&](int) { work(); });
   ctx.check_cancel();
   if (!error.empty()) throw InputError(error);
   return assemble_grid(job, cells);

@@ -105,6 +105,10 @@ struct GridJob {
   uint64_t base_seed = 0;
   int layers = 0, heads = 0;
   int threads = 1;
+  // On a backend that parallelises inside one call (computed a layer at a time): how many layers
+  // at once at most, each with threads / layers_at_once threads for its selections, so the layers
+  // held stay within the capture's layer cache (0: as many as threads).
+  int layers_at_once = 0;
   // One seed run of one slot on one head; `have` is set when the store holds it.
   struct Need {
     int slot = 0, layer = 0, head = 0, run = 0;

@@ -5,14 +5,19 @@
 // on it through settings.backend, as it would on "cuda".
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "app/app_state.h"
 #include "app/grid_cells.h"
+#include "app/worker.h"
 #include "engine/backend.h"
 #include "engine/capture.h"
 #include "engine/method.h"
@@ -34,7 +39,13 @@ class CountingBackend final : public Backend {
       std::lock_guard<std::mutex> lock(mu_);
       kv_heads_.push_back(b.kv_heads);
     }
+    const int now = ++active_;
+    for (int seen = max_active_.load();
+         now > seen && !max_active_.compare_exchange_weak(seen, now);) {
+    }
+    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms.load()));
     cpu_attention_errors(b);
+    --active_;
   }
   double tsne_gradient(const TsneGradInput& in, float* grad) override {
     return cpu_backend().tsne_gradient(in, grad);
@@ -43,6 +54,11 @@ class CountingBackend final : public Backend {
     return cpu_backend().kcenter(x, n, d, k, first);
   }
   void attention_scores(const ScoreBatch& b) override { cpu_backend().attention_scores(b); }
+
+  // How long each attention_errors call takes at least (to see calls overlap), and the most
+  // calls seen at once since the last take.
+  std::atomic<int> sleep_ms{0};
+  int take_max_active() { return max_active_.exchange(0); }
 
   // The kv heads of each attention_errors call since the last take.
   std::vector<int> take_calls() {
@@ -55,6 +71,7 @@ class CountingBackend final : public Backend {
  private:
   std::mutex mu_;
   std::vector<int> kv_heads_;
+  std::atomic<int> active_{0}, max_active_{0};
 };
 
 CountingBackend& counting() {
@@ -135,6 +152,50 @@ TEST(AppGridOnADevice, EachLayerOfTheGridIsScoredInOneCallPerSlotAndSeed) {
   EXPECT_EQ(partial, 0);
   EXPECT_EQ(s.grid_cells.computed(),
             computed + static_cast<uint64_t>(ci.num_layers * ci.kv_heads * 2));
+}
+
+// Each thread of a device's grid holds a whole layer: no more layers at once than
+// GridJob::layers_at_once (plan_grid: the capture's layer cache less the layer loaded ahead).
+TEST(AppGridOnADevice, NoMoreLayersAtOnceThanTheJobAllows) {
+  std::shared_ptr<CaptureFile> cap = CaptureFile::open(kSample);
+  const CaptureInfo& ci = cap->info();
+  GridJob job;
+  job.capture = cap;
+  job.backend = &select_backend("test-batch");
+  job.base.ratios = {0.25};
+  job.seeds = 1;
+  job.layers = ci.num_layers;
+  job.heads = ci.kv_heads;
+  job.threads = 4;
+  job.layers_at_once = 2;
+  job.priority = std::make_shared<GridPriority>();
+  GridJob::Slot& slot = job.slots[0];
+  slot.method = find_method("uniform");
+  slot.name = "uniform";
+  for (int l = 0; l < ci.num_layers; ++l)
+    for (int h = 0; h < ci.kv_heads; ++h) {
+      GridJob::Need n;
+      n.layer = l;
+      n.head = h;
+      n.key = std::to_string(l) + ":" + std::to_string(h);  // (GCC 12 warns on "L" + ...)
+      job.needs.push_back(n);
+    }
+  counting().take_calls();
+  counting().take_max_active();
+  counting().sleep_ms = 40;  // calls of layers computed at once overlap
+  JobContext ctx;
+  int cells = 0;
+  const std::shared_ptr<GridReport> g =
+      run_grid_job(job, ctx, [&](const GridJob::Need&, const HeadEval&, double) { ++cells; }, {});
+  counting().sleep_ms = 0;
+  EXPECT_EQ(cells, ci.num_layers * ci.kv_heads);
+  EXPECT_TRUE(g->complete());
+  auto [whole, partial] = whole_and_partial(counting().take_calls(), ci.kv_heads);
+  EXPECT_EQ(whole, ci.num_layers);
+  EXPECT_EQ(partial, 0);
+  const int at_once = counting().take_max_active();
+  EXPECT_GE(at_once, 1);
+  EXPECT_LE(at_once, job.layers_at_once) << "layers computed at once";
 }
 
 }  // namespace
