@@ -1,18 +1,16 @@
 // A layer's kv heads in one attention_errors call (issue 28 item 1; engine/protocol_batched.cpp,
-// docs/design.md "Backend ops"). A counting backend registered here as "test-batch", as a device
-// backend registers itself, says it parallelises inside one call and runs the CPU references
-// (cpu_attention_errors and the CPU backend's walk, t-SNE, k-center and scores) while it records
-// every attention_errors call. run_eval and the two-parameter sweep through it must make one call
-// per layer and (point, method, ratio, seed) holding every kv head of the layer (a per-head
-// protocol makes kv_heads times as many calls of one head each), and give exactly the CPU path's
-// report: every figure, note and error.
+// docs/design.md "Backend ops"). A counting backend ("test-batch", tests/counting_backend.h), as a
+// device backend registers itself, says it parallelises inside one call and runs the CPU
+// references (cpu_attention_errors and the CPU backend's walk, t-SNE, k-center and scores) while
+// it records every attention_errors call. run_eval and the two-parameter sweep through it must make
+// one call per layer and (point, method, ratio, seed) holding every kv head of the layer (a
+// per-head protocol makes kv_heads times as many calls of one head each), and give exactly the CPU
+// path's report: every figure, note and error.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,66 +21,15 @@
 #include "engine/method.h"
 #include "engine/protocol.h"
 #include "engine/sweep_grid.h"
+#include "tests/counting_backend.h"
 #include "tests/sample_captures.h"
 
 using namespace kvscope;
 
 namespace {
 
-struct ErrorCall {
-  int kv_heads = 0, q_heads = 0, n = 0;
-  size_t distinct_keys = 0;  // different kv heads' keys in the call
-};
-
-class CountingBackend final : public Backend {
- public:
-  std::string name() const override { return "test-batch (CPU references, counting)"; }
-  bool parallel_in_one_call() const override { return true; }
-  void walk_blocks(const WalkBatch& b) override { cpu_backend().walk_blocks(b); }
-  void attention_errors(const ErrorBatch& b) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      calls_.push_back({b.kv_heads, b.q_heads, b.n,
-                        std::set<const float*>(b.keys.begin(), b.keys.end()).size()});
-    }
-    for (const float* k : b.keys)
-      if (k == reject_keys.load()) throw std::invalid_argument("test-batch rejects these keys");
-    cpu_attention_errors(b);
-  }
-  double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    return cpu_backend().tsne_gradient(in, grad);
-  }
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return cpu_backend().kcenter(x, n, d, k, first);
-  }
-  void attention_scores(const ScoreBatch& b) override { cpu_backend().attention_scores(b); }
-
-  // A call holding these keys throws, as an op rejects a batch (input errors propagate).
-  std::atomic<const float*> reject_keys{nullptr};
-
-  std::vector<ErrorCall> take_calls() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<ErrorCall> out;
-    out.swap(calls_);
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<ErrorCall> calls_;
-};
-
-CountingBackend& counting() {
-  static CountingBackend backend;
-  return backend;
-}
-
-Backend* probe_counting(std::string* why) {
-  if (why) *why = "the counting test backend";
-  return &counting();
-}
-
-const bool kRegistered = register_backend("test-batch", probe_counting);
+using kvscope::testing::counting;
+using kvscope::testing::ErrorCall;
 
 // Keeps the first m middle tokens, and throws on kv head 1 at its second seed: an error must land
 // on its own item, as when each head is evaluated alone.
@@ -110,7 +57,7 @@ const Method* throwing_method() {
 }
 
 Backend& batch_backend() {
-  EXPECT_TRUE(kRegistered);
+  EXPECT_TRUE(kvscope::testing::kCountingRegistered);
   Backend& b = select_backend("test-batch");
   EXPECT_TRUE(b.parallel_in_one_call());
   counting().take_calls();

@@ -1,18 +1,14 @@
 // The app's grid on a backend that parallelises inside one call (issue 28 item 1; run_grid_job in
 // app/grid_cells.cpp): the pending cells of a layer (one slot, one seed run) are computed by one
 // run_eval over their heads, which scores them in one attention_errors call. A counting backend
-// registered here as "test-batch" runs the CPU references and records every call; the app runs
-// on it through settings.backend, as it would on "cuda".
+// ("test-batch", tests/counting_backend.h) runs the CPU references and records every call; the
+// app runs on it through settings.backend, as it would on "cuda".
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <chrono>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <string>
-#include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "app/app_state.h"
@@ -22,6 +18,7 @@
 #include "engine/capture.h"
 #include "engine/method.h"
 #include "engine/protocol.h"
+#include "tests/counting_backend.h"
 #include "tests/gui/app_pump.h"
 
 using namespace kvscope;
@@ -29,62 +26,7 @@ using namespace kvscope::app;
 
 namespace {
 
-class CountingBackend final : public Backend {
- public:
-  std::string name() const override { return "test-batch (CPU references, counting)"; }
-  bool parallel_in_one_call() const override { return true; }
-  void walk_blocks(const WalkBatch& b) override { cpu_backend().walk_blocks(b); }
-  void attention_errors(const ErrorBatch& b) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      kv_heads_.push_back(b.kv_heads);
-    }
-    const int now = ++active_;
-    for (int seen = max_active_.load();
-         now > seen && !max_active_.compare_exchange_weak(seen, now);) {
-    }
-    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms.load()));
-    cpu_attention_errors(b);
-    --active_;
-  }
-  double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    return cpu_backend().tsne_gradient(in, grad);
-  }
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return cpu_backend().kcenter(x, n, d, k, first);
-  }
-  void attention_scores(const ScoreBatch& b) override { cpu_backend().attention_scores(b); }
-
-  // How long each attention_errors call takes at least (to see calls overlap), and the most
-  // calls seen at once since the last take.
-  std::atomic<int> sleep_ms{0};
-  int take_max_active() { return max_active_.exchange(0); }
-
-  // The kv heads of each attention_errors call since the last take.
-  std::vector<int> take_calls() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<int> out;
-    out.swap(kv_heads_);
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<int> kv_heads_;
-  std::atomic<int> active_{0}, max_active_{0};
-};
-
-CountingBackend& counting() {
-  static CountingBackend backend;
-  return backend;
-}
-
-Backend* probe_counting(std::string* why) {
-  if (why) *why = "the counting test backend";
-  return &counting();
-}
-
-const bool kRegistered = register_backend("test-batch", probe_counting);
+using kvscope::testing::counting;
 
 const std::string kSample =
     std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
@@ -94,14 +36,15 @@ bool grid_fresh(const AppState& s) {
 }
 
 // Calls of every kv head of the layer, and calls of some heads only.
-std::pair<int, int> whole_and_partial(const std::vector<int>& calls, int kv_heads) {
+std::pair<int, int> whole_and_partial(const std::vector<kvscope::testing::ErrorCall>& calls,
+                                      int kv_heads) {
   int whole = 0, partial = 0;
-  for (int k : calls) (k == kv_heads ? whole : partial) += 1;
+  for (const auto& c : calls) (c.kv_heads == kv_heads ? whole : partial) += 1;
   return {whole, partial};
 }
 
 TEST(AppGridOnADevice, EachLayerOfTheGridIsScoredInOneCallPerSlotAndSeed) {
-  ASSERT_TRUE(kRegistered);
+  ASSERT_TRUE(kvscope::testing::kCountingRegistered);
   AppState s;
   s.settings.backend = "test-batch";
   s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"balancekv", {}}};
