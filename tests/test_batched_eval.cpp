@@ -257,7 +257,11 @@ TEST_P(BatchedEval, ShardsOneThreadAndTheAuthorsEstimatorAsPerHead) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SampleCaptures, BatchedEval,
-                         ::testing::ValuesIn(kvscope::testing::sample_capture_paths()));
+                         ::testing::ValuesIn(kvscope::testing::sample_capture_paths()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           const std::string name = p.param.substr(p.param.rfind('/') + 1);
+                           return name.substr(0, name.find('.'));  // stories260K_lily
+                         });
 
 TEST(BatchedEvalErrors, AMethodThatThrowsOnOneHeadFailsThatItemOnly) {
   auto cap = CaptureFile::open(kvscope::testing::sample_capture_paths()[0]);
