@@ -17,9 +17,11 @@
 #include "engine/backend.h"
 #include "kernels/attention_error.cuh"
 #include "kernels/attention_scores.cuh"
+#include "kernels/cache_scores.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/kcenter.cuh"
+#include "kernels/key_clusters.cuh"
 #include "kernels/tsne_grad.cuh"
 #include "kernels/walk.cuh"
 
@@ -61,6 +63,12 @@ class CudaBackend final : public Backend {
              cuda::attention_scores_smem_bytes(s.d, s.count, smem_optin_) == 0)
       no = "key width d=" + std::to_string(s.d) + " with " + std::to_string(s.count) +
            " query heads per group exceeds the CUDA kernels' tiles";
+    else if (s.op == Op::key_clusters && cuda::key_clusters_smem_bytes(s.d) == 0)
+      no = "key width d=" + std::to_string(s.d) +
+           " exceeds the CUDA clustering kernel's shared-memory key row";
+    else if (s.op == Op::cache_scores && cuda::cache_scores_smem_bytes(s.d, s.count) == 0)
+      no = "key width d=" + std::to_string(s.d) + " with " + std::to_string(s.count) +
+           " query heads per group exceeds the CUDA cache-score kernels' rows";
     if (no.empty()) return true;
     if (why) *why = no;
     return false;
@@ -111,6 +119,23 @@ class CudaBackend final : public Backend {
     });
   }
 
+  void key_clusters(const ClusterBatch& b) override {
+    guarded([&] {
+      const cuda::ClusterDeviceArgs a = cuda::upload_cluster_batch(b, cluster_ws_, stream_);
+      cuda::launch_key_clusters(a, stream_);
+      cuda::download_cluster_outputs(a, b, stream_);
+    });
+  }
+
+  void cache_scores(const CacheScoreBatch& b) override {
+    guarded([&] {
+      const cuda::CacheScoreDeviceArgs a =
+          cuda::upload_cache_score_batch(b, cache_score_ws_, stream_);
+      cuda::launch_cache_scores(a, stream_);
+      cuda::download_cache_scores(a, b, stream_);
+    });
+  }
+
  private:
   // Runs `gpu`; a CUDA failure or a shape found unsupported becomes a DeviceFailure (the engine's
   // FallbackBackend runs the CPU reference and reports it). One op at a time: the app's worker
@@ -150,6 +175,8 @@ class CudaBackend final : public Backend {
     tsne_ws_.release();
     kcenter_ws_.release();
     score_ws_.release();
+    cluster_ws_.release();
+    cache_score_ws_.release();
   }
 
   int device_;
@@ -163,6 +190,8 @@ class CudaBackend final : public Backend {
   cuda::TsneWorkspace tsne_ws_;
   cuda::KcenterWorkspace kcenter_ws_;
   cuda::ScoreWorkspace score_ws_;
+  cuda::ClusterWorkspace cluster_ws_;
+  cuda::CacheScoreWorkspace cache_score_ws_;
 };
 
 struct Probe {

@@ -444,6 +444,170 @@ TEST(CudaParity, ScoreRankingMethodsKeepTheCpuSetsOnDevice) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// SubGen's clustering on the device: the same clusters as the CPU reference for every radius of
+// every case (owners, sizes, capacity, early stop), identical. Distances that tie to rounding
+// with a radius or with each other could differ; none do in these cases.
+TEST(CudaParity, KeyClustersMatchCpu) {
+  REQUIRE_GPU(gpu);
+  int radii = 0, stopped = 0, several = 0;
+  for (const ClusterCase& c : cluster_cases()) {
+    if (!c.parity) continue;
+    SCOPED_TRACE(c.name);
+    ClusterCaseData data(c);
+    data.run(cpu_backend());
+    const std::vector<KeyClusters> cpu = data.out;
+    data.run(*gpu);
+    EXPECT_EQ(last_fallback(), "");
+    ASSERT_EQ(data.out.size(), cpu.size());
+    for (size_t r = 0; r < cpu.size(); ++r) {
+      SCOPED_TRACE("radius " + std::to_string(r));
+      EXPECT_EQ(data.out[r].owner, cpu[r].owner);
+      EXPECT_EQ(data.out[r].size, cpu[r].size);
+      EXPECT_EQ(data.out[r].capacity, cpu[r].capacity);
+      EXPECT_EQ(data.out[r].over, cpu[r].over);
+      ++radii;
+      stopped += cpu[r].over;
+      several += !cpu[r].over && cpu[r].size.size() > 1 && cpu[r].size.size() < size_t(c.n);
+    }
+  }
+  // The cases exercise early stops and real clusterings (several clusters, fewer than keys).
+  EXPECT_GT(stopped, 0);
+  EXPECT_GT(several, 0);
+  std::printf("key clusters: %d radii compared\n", radii);
+}
+
+TEST(CudaParity, KeyClustersWithoutRadiiAndBadBatchesLikeCpu) {
+  REQUIRE_GPU(gpu);
+  ClusterCaseData data(find_cluster_case("odd_d_limit"));
+  data.batch.deltas.clear();
+  data.run(*gpu);  // nothing to do
+  data.batch.deltas = {-1.0};
+  EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
+  EXPECT_THROW(data.run(*gpu), std::invalid_argument);
+  data.batch.deltas = {1.0};
+  data.batch.t = 0;
+  EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
+  EXPECT_THROW(data.run(*gpu), std::invalid_argument);
+}
+
+// BUZZ's streamed scores on the device: every key's accumulated score within 1e-9 relative of
+// the CPU reference's, and the segment really adds to them.
+TEST(CudaParity, CacheScoresMatchCpu) {
+  REQUIRE_GPU(gpu);
+  for (const CacheScoreCase& c : cache_score_cases()) {
+    if (!c.parity) continue;
+    SCOPED_TRACE(c.name);
+    CacheScoreCaseData data(c);
+    data.run(cpu_backend());
+    const std::vector<double> cpu = data.acc;
+    data.run(*gpu);
+    EXPECT_EQ(last_fallback(), "");
+    expect_close(data.acc, cpu, 1e-9, 1e-300, "accumulated scores");
+    int grown = 0;
+    for (int i : data.ids) grown += cpu[i] > data.acc_start[i];
+    EXPECT_EQ(grown, static_cast<int>(data.ids.size())) << "every key is seen by a row";
+  }
+}
+
+TEST(CudaParity, CacheScoresBadBatchesLikeCpu) {
+  REQUIRE_GPU(gpu);
+  CacheScoreCaseData data(find_cache_score_case("log_n_odd_d"));
+  std::swap(data.ids[3], data.ids[4]);  // not ascending
+  EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
+  EXPECT_THROW(data.run(*gpu), std::invalid_argument);
+  std::swap(data.ids[3], data.ids[4]);
+  data.batch.row_end = data.batch.n + 1;
+  EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
+  EXPECT_THROW(data.run(*gpu), std::invalid_argument);
+}
+
+// Counts the key-clustering and cache-score calls it forwards to `inner`.
+class StreamOpCounter final : public Backend {
+ public:
+  explicit StreamOpCounter(Backend& inner) : inner_(inner) {}
+  int calls = 0;
+  std::string name() const override { return inner_.name(); }
+  bool parallel_in_one_call() const override { return inner_.parallel_in_one_call(); }
+  void walk_blocks(const WalkBatch& b) override { inner_.walk_blocks(b); }
+  void attention_errors(const ErrorBatch& b) override { inner_.attention_errors(b); }
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    return inner_.tsne_gradient(in, grad);
+  }
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return inner_.kcenter(x, n, d, k, first);
+  }
+  void attention_scores(const ScoreBatch& b) override { inner_.attention_scores(b); }
+  void key_clusters(const ClusterBatch& b) override {
+    ++calls;
+    inner_.key_clusters(b);
+    if (!last_fallback().empty()) ADD_FAILURE() << last_fallback();
+  }
+  void cache_scores(const CacheScoreBatch& b) override {
+    ++calls;
+    inner_.cache_scores(b);
+    if (!last_fallback().empty()) ADD_FAILURE() << last_fallback();
+  }
+
+ private:
+  Backend& inner_;
+};
+
+// SubGen (its clustering, with the bisection's speculative levels on the device) and BUZZ (its
+// streamed scores: the default compressed-cache rule, log n, full-prefix with log n) routed
+// through the ops keep the CPU's sets on the real sample captures, every layer and kv head:
+// identical indices, weights, denominator samples and clusters; scores within 1e-9 relative.
+TEST(CudaParity, SubGenAndBuzzKeepTheCpuSetsOnDevice) {
+  REQUIRE_GPU(gpu);
+  const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
+  const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
+  struct Case {
+    const char* method;
+    ParamValues params;
+  };
+  const std::vector<Case> cases = {
+      {"subgen", {}},
+      {"subgen", {{"t", 4}, {"split", 0.3}}},
+      {"buzz", {}},
+      {"buzz", {{"window", 8}, {"threshold", 20}, {"top_up", 1}}},
+      {"buzz", {{"window", 8}, {"threshold", 20}, {"log_n", 1}}},
+      {"buzz", {{"accumulate", 1}, {"window", 8}, {"threshold", 20}, {"log_n", 1}}},
+  };
+  int runs = 0, identical = 0;
+  for (const char* file : {"stories260K_lily.safetensors", "kjv3M_beginning.safetensors"}) {
+    const auto capture = CaptureFile::open(root + "/sample_data/" + file);
+    const int layers = capture->info().num_layers;
+    const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
+    for (int layer = 0; layer < layers; ++layer) {
+      const auto data = capture->layer(layer);
+      for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
+        for (const Case& c : cases) {
+          SCOPED_TRACE(std::string(file) + " " + c.method + " layer " + std::to_string(layer) +
+                       " kv head " + std::to_string(kv));
+          const Method* m = find_method(c.method);
+          ASSERT_NE(m, nullptr);
+          MethodInput in = make_method_input(*data, layers, kv, w, c.params, 3);
+          in.backend = &cpu_backend();
+          const Selection cpu = m->select(in);
+          StreamOpCounter dev(*gpu);
+          in.backend = &dev;
+          const Selection sel = m->select(in);
+          EXPECT_GT(dev.calls, 0);
+          ++runs;
+          const bool same = sel.indices == cpu.indices && sel.weights == cpu.weights &&
+                            sel.den_indices == cpu.den_indices &&
+                            sel.den_weights == cpu.den_weights && sel.cluster == cpu.cluster;
+          identical += same;
+          EXPECT_TRUE(same) << "device: " << sel.note << "\ncpu: " << cpu.note;
+          expect_close(sel.middle_scores, cpu.middle_scores, 1e-9, 1e-300, "middle scores");
+        }
+      }
+    }
+  }
+  std::printf("subgen and buzz selections on the device: %d of %d identical to the CPU's\n",
+              identical, runs);
+}
+
+// ---------------------------------------------------------------------------------------------
 TEST(CudaParity, TsneGradientMatchesCpu) {
   REQUIRE_GPU(gpu);
   for (const TsneCase& t : tsne_cases()) {

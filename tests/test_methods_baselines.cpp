@@ -460,7 +460,9 @@ class StreamOpRecorder final : public Backend {
  public:
   int calls = 0;
   bool distort = false;
+  bool parallel = false;  // as a device: SubGen then sends several radii per call
   std::string name() const override { return "stream op recorder"; }
+  bool parallel_in_one_call() const override { return parallel; }
   void walk_blocks(const WalkBatch& b) override { cpu_walk_blocks(b); }
   void attention_errors(const ErrorBatch& b) override { cpu_attention_errors(b); }
   double tsne_gradient(const TsneGradInput& in, float* grad) override {
@@ -518,9 +520,10 @@ TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
     for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
       MethodInput in = make_method_input(*layer, layers, kv, w, c.params, 0);
       const Selection plain = m.select(in);
-      // Two recorders alive at once: SubGen remembers its radius search per backend.
-      StreamOpRecorder rec, distorting;
+      // Recorders alive at once: SubGen remembers its radius search per backend.
+      StreamOpRecorder rec, distorting, parallel;
       distorting.distort = true;
+      parallel.parallel = true;
       in.backend = &rec;
       const Selection routed = m.select(in);
       EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
@@ -529,6 +532,17 @@ TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
       EXPECT_EQ(routed.den_indices, plain.den_indices) << "kv head " << kv;
       EXPECT_EQ(routed.cluster, plain.cluster) << "kv head " << kv;
       EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+      // A parallel backend gets SubGen's bisection several levels per call (31 radii): the same
+      // search, so the same delta (in the note), clusters and selection.
+      in.backend = &parallel;
+      const Selection batched = m.select(in);
+      EXPECT_EQ(batched.note, plain.note) << "kv head " << kv;
+      EXPECT_EQ(batched.indices, plain.indices) << "kv head " << kv;
+      EXPECT_EQ(batched.cluster, plain.cluster) << "kv head " << kv;
+      EXPECT_EQ(batched.middle_scores, plain.middle_scores) << "kv head " << kv;
+      if (std::string(c.method) == "subgen") {
+        EXPECT_LT(parallel.calls, rec.calls) << "kv head " << kv << ": no radii batched";
+      }
       in.backend = &distorting;
       const Selection distorted = m.select(in);
       EXPECT_TRUE(distorted.indices != plain.indices || distorted.cluster != plain.cluster ||

@@ -420,6 +420,140 @@ struct ScoreCaseData {
   }
 };
 
+// ---- key clusters ----------------------------------------------------------------------------
+
+// SubGen's clustering: n keys of width d drawn around `centres` centres (spread 1, noise
+// `noise`), t samples per cluster, a capacity limit, and radii as fractions of the noise's
+// typical distance sqrt(2 d) * noise (0 puts every distinct key in its own cluster).
+struct ClusterCase {
+  const char* name;
+  int n, d, centres;
+  double noise;
+  int t;
+  long long limit;
+  std::vector<double> radii;  // x sqrt(2 d) * noise
+  uint32_t seed;
+  bool parity;
+};
+
+inline const std::vector<ClusterCase>& cluster_cases() {
+  static const std::vector<ClusterCase> cases = {
+      // Llama's d = 128 around 12 centres: radii below, at and above the noise's distances.
+      {"clumped_llama", 600, 128, 12, 0.2, 2, 400, {0, 0.5, 0.9, 1.0, 1.1, 2.0}, 11, true},
+      // Odd d, t = 3, a limit that stops some radii early.
+      {"odd_d_limit", 333, 13, 20, 0.5, 3, 60, {0.3, 0.8, 1.0, 1.3, 3.0}, 12, true},
+      // No structure (one centre): every radius keeps opening clusters; t = 1.
+      {"noise_only", 256, 32, 1, 1.0, 1, 255, {0, 0.7, 0.95, 1.05}, 13, true},
+  };
+  return cases;
+}
+inline const ClusterCase& find_cluster_case(const std::string& name) {
+  return op_cases::find_case(cluster_cases(), name);
+}
+
+// A cluster case's keys and its batch (outputs set by run()).
+struct ClusterCaseData {
+  std::vector<float> keys;
+  std::vector<KeyClusters> out;
+  ClusterBatch batch;
+
+  explicit ClusterCaseData(const ClusterCase& c) {
+    const std::vector<float> centres =
+        op_cases::normal(static_cast<size_t>(c.centres) * c.d, 1.0, c.seed);
+    keys = op_cases::normal(static_cast<size_t>(c.n) * c.d, c.noise, c.seed + 1);
+    std::mt19937 rng(c.seed + 2);
+    std::uniform_int_distribution<int> pick(0, c.centres - 1);
+    for (int i = 0; i < c.n; ++i) {
+      const int k = pick(rng);
+      for (int j = 0; j < c.d; ++j)
+        keys[static_cast<size_t>(i) * c.d + j] += centres[static_cast<size_t>(k) * c.d + j];
+    }
+    batch.keys = keys.data();
+    batch.n = c.n;
+    batch.d = c.d;
+    batch.t = c.t;
+    batch.limit = c.limit;
+    const double unit = std::sqrt(2.0 * c.d) * c.noise;
+    for (double r : c.radii) batch.deltas.push_back(r * unit);
+  }
+  void run(Backend& backend) {
+    out.assign(batch.deltas.size(), KeyClusters{});
+    batch.out = out.data();
+    backend.key_clusters(batch);
+  }
+};
+
+// ---- cache scores ----------------------------------------------------------------------------
+
+// BUZZ's streamed scores over one segment: rows [row_begin, row_end) over a cache of `cached`
+// positions drawn below row_begin (ascending) plus every position of the segment; group query
+// heads; log n or not. acc starts from positive values, as after earlier segments.
+struct CacheScoreCase {
+  const char* name;
+  int n, d, group, cached, row_begin, row_end;
+  bool log_n;
+  double key_sd;
+  uint32_t seed;
+  bool parity;
+};
+
+inline const std::vector<CacheScoreCase>& cache_score_cases() {
+  static const std::vector<CacheScoreCase> cases = {
+      // A BUZZ segment with Llama's d = 128 and a group of 4: 300 cached keys, 180 rows.
+      {"segment_llama", 700, 128, 4, 300, 480, 660, false, 1.0, 21, true},
+      // log n scores, odd d, group of 3, sharp rows.
+      {"log_n_odd_d", 400, 13, 3, 150, 250, 330, true, 3.0, 22, true},
+      // The first segment: rows from 0, no cached key; one query head.
+      {"from_row_0", 200, 64, 1, 0, 0, 200, false, 1.0, 23, true},
+      // One row (an eviction right after the previous one), group of 2.
+      {"one_row", 300, 32, 2, 120, 290, 291, true, 1.0, 24, true},
+  };
+  return cases;
+}
+inline const CacheScoreCase& find_cache_score_case(const std::string& name) {
+  return op_cases::find_case(cache_score_cases(), name);
+}
+
+struct CacheScoreCaseData {
+  std::vector<float> keys;
+  std::vector<std::vector<float>> queries;
+  std::vector<int> ids;
+  std::vector<double> acc, acc_start;
+  CacheScoreBatch batch;
+
+  explicit CacheScoreCaseData(const CacheScoreCase& c) {
+    const size_t nd = static_cast<size_t>(c.n) * c.d;
+    keys = op_cases::normal(nd, c.key_sd, c.seed);
+    for (int g = 0; g < c.group; ++g)
+      queries.push_back(op_cases::normal(nd, 1.2, c.seed + 100 + g));
+    std::vector<int> below(c.row_begin);
+    for (int i = 0; i < c.row_begin; ++i) below[i] = i;
+    std::mt19937 rng(c.seed + 7);
+    std::shuffle(below.begin(), below.end(), rng);
+    below.resize(std::min(c.cached, c.row_begin));
+    std::sort(below.begin(), below.end());
+    ids = below;
+    for (int i = c.row_begin; i < c.row_end; ++i) ids.push_back(i);
+    std::uniform_real_distribution<double> start(0.0, 2.0);
+    acc_start.assign(c.n, 0.0);
+    for (int i : ids) acc_start[i] = start(rng);
+    batch.keys = keys.data();
+    for (const auto& q : queries) batch.queries.push_back(q.data());
+    batch.n = c.n;
+    batch.d = c.d;
+    batch.key_ids = ids.data();
+    batch.num_keys = static_cast<int>(ids.size());
+    batch.row_begin = c.row_begin;
+    batch.row_end = c.row_end;
+    batch.log_n = c.log_n;
+  }
+  void run(Backend& backend) {
+    acc = acc_start;
+    batch.acc = acc.data();
+    backend.cache_scores(batch);
+  }
+};
+
 // ---- t-SNE gradient --------------------------------------------------------------------------
 
 struct TsneCase {

@@ -1,0 +1,166 @@
+// SubGen's key-clustering kernel; see key_clusters.cuh.
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "kernels/key_clusters.cuh"
+
+namespace kvscope::cuda {
+namespace {
+
+// (value, index) minimum with ties to the lower index.
+__device__ __forceinline__ bool nearer(double v, int i, double bv, int bi) {
+  return v < bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(kClusterThreads) key_clusters_kernel(ClusterDeviceArgs a) {
+  extern __shared__ double key_row[];  // [d]: the current key
+  __shared__ double sv[kClusterThreads];
+  __shared__ int si[kClusterThreads];
+  __shared__ int num;
+  __shared__ long long capacity;
+  __shared__ int stop;
+  const int r = blockIdx.x;
+  const double delta = a.deltas[r];
+  const double delta2 = delta * delta;
+  int* owner = a.owner + static_cast<size_t>(r) * a.n;
+  int* size = a.size + static_cast<size_t>(r) * a.max_clusters;
+  int* reps = a.reps + static_cast<size_t>(r) * a.max_clusters;
+  if (threadIdx.x == 0) {
+    num = 0;
+    capacity = 0;
+    stop = 0;
+  }
+  for (int i = threadIdx.x; i < a.n; i += blockDim.x) owner[i] = -1;
+  __syncthreads();
+  for (int i = 0; i < a.n; ++i) {
+    const float* key = a.keys + static_cast<size_t>(i) * a.d;
+    for (int c = threadIdx.x; c < a.d; c += blockDim.x) key_row[c] = static_cast<double>(key[c]);
+    __syncthreads();
+    const int count = num;
+    double best = INFINITY;
+    int arg = INT_MAX;
+    for (int c = threadIdx.x; c < count; c += blockDim.x) {
+      const float* rep = a.keys + static_cast<size_t>(reps[c]) * a.d;
+      double d2 = 0.0;
+      for (int j = 0; j < a.d; ++j) {
+        const double diff = static_cast<double>(rep[j]) - key_row[j];
+        d2 += diff * diff;
+      }
+      if (nearer(d2, c, best, arg)) {
+        best = d2;
+        arg = c;
+      }
+    }
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = arg;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+      if (threadIdx.x < w &&
+          nearer(sv[threadIdx.x + w], si[threadIdx.x + w], sv[threadIdx.x], si[threadIdx.x])) {
+        sv[threadIdx.x] = sv[threadIdx.x + w];
+        si[threadIdx.x] = si[threadIdx.x + w];
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      if (count > 0 && sv[0] <= delta2) {
+        const int c = si[0];
+        owner[i] = c;
+        if (size[c]++ < a.t) ++capacity;
+      } else {
+        reps[count] = i;
+        owner[i] = count;
+        size[count] = 1;
+        num = count + 1;
+        ++capacity;
+      }
+      if (capacity > a.limit) stop = 1;
+    }
+    __syncthreads();  // num, stop and key_row are read or rewritten next
+    if (stop) break;
+  }
+  if (threadIdx.x == 0) {
+    a.num[r] = num;
+    a.capacity[r] = capacity;
+    a.over[r] = stop;
+  }
+}
+
+}  // namespace
+
+size_t key_clusters_smem_bytes(int d) {
+  const size_t bytes = static_cast<size_t>(std::max(d, 1)) * sizeof(double);
+  return bytes <= 48 * 1024 ? bytes : 0;
+}
+
+ClusterDeviceArgs upload_cluster_batch(const ClusterBatch& b, ClusterWorkspace& ws,
+                                       cudaStream_t stream) {
+  check_cluster_batch(b);
+  if (b.cancel && b.cancel->load(std::memory_order_relaxed)) throw Cancelled();
+  ClusterDeviceArgs a;
+  if (b.deltas.empty()) return a;
+  if (key_clusters_smem_bytes(b.d) == 0)
+    throw Unsupported("key width d=" + std::to_string(b.d) +
+                      " exceeds the CUDA clustering kernel's shared-memory key row");
+  a.n = b.n;
+  a.d = b.d;
+  a.t = b.t;
+  a.limit = b.limit;
+  a.radii = static_cast<int>(b.deltas.size());
+  a.max_clusters = static_cast<int>(std::min<long long>(b.n, b.limit + 1));
+  const size_t radii = a.radii, n = b.n, clusters = std::max(a.max_clusters, 1);
+  const size_t count = n * b.d;
+  float* keys = ws.keys.reserve_as<float>(std::max<size_t>(count, 1));
+  if (count > 0)
+    KVS_CUDA_CHECK(
+        cudaMemcpyAsync(keys, b.keys, count * sizeof(float), cudaMemcpyHostToDevice, stream));
+  a.keys = keys;
+  double* deltas = ws.deltas.reserve_as<double>(radii);
+  KVS_CUDA_CHECK(cudaMemcpyAsync(deltas, b.deltas.data(), radii * sizeof(double),
+                                 cudaMemcpyHostToDevice, stream));
+  a.deltas = deltas;
+  a.owner = ws.owner.reserve_as<int>(std::max<size_t>(radii * n, 1));
+  a.size = ws.size.reserve_as<int>(radii * clusters);
+  a.reps = ws.reps.reserve_as<int>(radii * clusters);
+  a.capacity = ws.capacity.reserve_as<long long>(radii);
+  int* counts = ws.counts.reserve_as<int>(2 * radii);
+  a.num = counts;
+  a.over = counts + radii;
+  return a;
+}
+
+void launch_key_clusters(const ClusterDeviceArgs& a, cudaStream_t stream) {
+  if (a.radii == 0) return;
+  key_clusters_kernel<<<a.radii, kClusterThreads, key_clusters_smem_bytes(a.d), stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("key_clusters_kernel");
+}
+
+void download_cluster_outputs(const ClusterDeviceArgs& a, const ClusterBatch& b,
+                              cudaStream_t stream) {
+  if (a.radii == 0) return;
+  const size_t radii = a.radii, n = a.n, clusters = std::max(a.max_clusters, 1);
+  std::vector<int> owner(radii * n), size(radii * clusters), counts(2 * radii);
+  std::vector<long long> capacity(radii);
+  if (n > 0)
+    KVS_CUDA_CHECK(cudaMemcpyAsync(owner.data(), a.owner, owner.size() * sizeof(int),
+                                   cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(size.data(), a.size, size.size() * sizeof(int),
+                                 cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(counts.data(), a.num, counts.size() * sizeof(int),
+                                 cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(capacity.data(), a.capacity, radii * sizeof(long long),
+                                 cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (size_t r = 0; r < radii; ++r) {
+    KeyClusters& out = b.out[r];
+    out.owner.assign(owner.begin() + r * n, owner.begin() + (r + 1) * n);
+    out.size.assign(size.begin() + r * clusters, size.begin() + r * clusters + counts[r]);
+    out.capacity = capacity[r];
+    out.over = counts[radii + r] != 0;
+  }
+}
+
+}  // namespace kvscope::cuda
