@@ -10,6 +10,8 @@
 //   k-center: 32768 keys x 128 dims, 256 centres, both backends
 //   scores: the attention-score op of the score-ranking methods over a layer's 8 kv heads
 //           (groups of 4): H2O's every middle row at n = 8192, SnapKV's 32-row window at 32768
+//   clusters: one SubGen batch (31 radii) over a head's 8192 middle keys, both backends
+//   cache scores: one BUZZ segment (240 rows over 564 cached keys) at n = 8192, both backends
 // GPU timings are device-resident: inputs are uploaded once, each iteration replays only the
 // kernels and is timed with CUDA events (UseManualTime). Host<->device copies are not included;
 // the app pays them once per capture/layer. Without a device every GPU benchmark reports
@@ -285,6 +287,52 @@ void cpu_scores(benchmark::State& state, const ScoreCase* c) {
   }
 }
 
+// ---- key clusters and cache scores ------------------------------------------------------------
+
+void gpu_clusters(benchmark::State& state, const ClusterCase* c) {
+  run_gpu(state, [c] {
+    std::vector<std::unique_ptr<GpuOpTimer>> t;
+#ifdef KVSCOPE_HAVE_CUDA
+    ClusterCaseData data(*c);
+    t.push_back(cuda_cluster_timer(data.batch));
+#else
+    (void)c;
+#endif
+    return t;
+  });
+}
+
+void cpu_clusters(benchmark::State& state, const ClusterCase* c) {
+  ClusterCaseData data(*c);
+  for (auto _ : state) {
+    data.run(cpu_backend());
+    benchmark::DoNotOptimize(data.out.data());
+  }
+}
+
+void gpu_cache_scores(benchmark::State& state, const CacheScoreCase* c) {
+  run_gpu(state, [c] {
+    std::vector<std::unique_ptr<GpuOpTimer>> t;
+#ifdef KVSCOPE_HAVE_CUDA
+    CacheScoreCaseData data(*c);
+    data.acc = data.acc_start;
+    data.batch.acc = data.acc.data();
+    t.push_back(cuda_cache_score_timer(data.batch));
+#else
+    (void)c;
+#endif
+    return t;
+  });
+}
+
+void cpu_cache_scores_bench(benchmark::State& state, const CacheScoreCase* c) {
+  CacheScoreCaseData data(*c);
+  for (auto _ : state) {
+    data.run(cpu_backend());
+    benchmark::DoNotOptimize(data.acc.data());
+  }
+}
+
 // Every `bench` case of the table, on the GPU (device-resident, manual time) and, where the CPU
 // takes seconds rather than minutes (one head, 8192 points, the k-center case), on the CPU.
 void register_cases() {
@@ -356,6 +404,24 @@ void register_cases() {
         ->UseManualTime()
         ->Unit(kMillisecond);
     benchmark::RegisterBenchmark(("BM_CpuScores/" + n).c_str(), cpu_scores, &c)->Unit(kMillisecond);
+  }
+  for (const ClusterCase& c : cluster_cases()) {
+    if (!c.bench) continue;
+    const std::string n = c.name;
+    benchmark::RegisterBenchmark(("BM_GpuClusters/" + n).c_str(), gpu_clusters, &c)
+        ->UseManualTime()
+        ->Unit(kMillisecond);
+    benchmark::RegisterBenchmark(("BM_CpuClusters/" + n).c_str(), cpu_clusters, &c)
+        ->Unit(kMillisecond);
+  }
+  for (const CacheScoreCase& c : cache_score_cases()) {
+    if (!c.bench) continue;
+    const std::string n = c.name;
+    benchmark::RegisterBenchmark(("BM_GpuCacheScores/" + n).c_str(), gpu_cache_scores, &c)
+        ->UseManualTime()
+        ->Unit(kMillisecond);
+    benchmark::RegisterBenchmark(("BM_CpuCacheScores/" + n).c_str(), cpu_cache_scores_bench, &c)
+        ->Unit(kMillisecond);
   }
 }
 

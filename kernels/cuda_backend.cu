@@ -390,6 +390,39 @@ class ScoreTimer final : public GpuOpTimer {
   int smem_optin_ = 0;
 };
 
+class ClusterTimer final : public GpuOpTimer {
+ public:
+  explicit ClusterTimer(const ClusterBatch& b) {
+    args_ = cuda::upload_cluster_batch(b, ws_, timer_.stream());
+    KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_key_clusters(args_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::ClusterWorkspace ws_;
+  cuda::ClusterDeviceArgs args_;
+};
+
+// Replays the segment's two launches (the accumulated scores grow with each replay; the work
+// does not depend on them).
+class CacheScoreTimer final : public GpuOpTimer {
+ public:
+  explicit CacheScoreTimer(const CacheScoreBatch& b) {
+    args_ = cuda::upload_cache_score_batch(b, ws_, timer_.stream());
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_cache_scores(args_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::CacheScoreWorkspace ws_;
+  cuda::CacheScoreDeviceArgs args_;
+};
+
 // A host-to-device copy of `bytes` from pageable host memory (as the app's captures are): what
 // the device ops' timings leave out.
 class UploadTimer final : public GpuOpTimer {
@@ -459,6 +492,12 @@ std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int
 }
 std::unique_ptr<GpuOpTimer> cuda_score_timer(const ScoreBatch& batch) {
   return make_timer<ScoreTimer>(batch);
+}
+std::unique_ptr<GpuOpTimer> cuda_cluster_timer(const ClusterBatch& batch) {
+  return make_timer<ClusterTimer>(batch);
+}
+std::unique_ptr<GpuOpTimer> cuda_cache_score_timer(const CacheScoreBatch& batch) {
+  return make_timer<CacheScoreTimer>(batch);
 }
 
 }  // namespace kvscope

@@ -36,6 +36,8 @@ std::unique_ptr<GpuOpTimer> cuda_error_timer(const ErrorBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_tsne_timer(const TsneGradInput& in);
 std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int k, int first);
 std::unique_ptr<GpuOpTimer> cuda_score_timer(const ScoreBatch& batch);
+std::unique_ptr<GpuOpTimer> cuda_cluster_timer(const ClusterBatch& batch);
+std::unique_ptr<GpuOpTimer> cuda_cache_score_timer(const CacheScoreBatch& batch);
 // A host-to-device copy of `bytes` bytes from pageable memory (the upload the op timers leave out).
 std::unique_ptr<GpuOpTimer> cuda_upload_timer(const void* host, size_t bytes);
 

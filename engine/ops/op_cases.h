@@ -433,17 +433,32 @@ struct ClusterCase {
   long long limit;
   std::vector<double> radii;  // x sqrt(2 d) * noise
   uint32_t seed;
-  bool parity;
+  bool parity, bench;
 };
 
 inline const std::vector<ClusterCase>& cluster_cases() {
   static const std::vector<ClusterCase> cases = {
       // Llama's d = 128 around 12 centres: radii below, at and above the noise's distances.
-      {"clumped_llama", 600, 128, 12, 0.2, 2, 400, {0, 0.5, 0.9, 1.0, 1.1, 2.0}, 11, true},
+      {"clumped_llama", 600, 128, 12, 0.2, 2, 400, {0, 0.5, 0.9, 1.0, 1.1, 2.0}, 11, true, false},
       // Odd d, t = 3, a limit that stops some radii early.
-      {"odd_d_limit", 333, 13, 20, 0.5, 3, 60, {0.3, 0.8, 1.0, 1.3, 3.0}, 12, true},
+      {"odd_d_limit", 333, 13, 20, 0.5, 3, 60, {0.3, 0.8, 1.0, 1.3, 3.0}, 12, true, false},
       // No structure (one centre): every radius keeps opening clusters; t = 1.
-      {"noise_only", 256, 32, 1, 1.0, 1, 255, {0, 0.7, 0.95, 1.05}, 13, true},
+      {"noise_only", 256, 32, 1, 1.0, 1, 255, {0, 0.7, 0.95, 1.05}, 13, true, false},
+      // Benchmark: one SubGen batch on a Llama head's 8192 middle keys around 256 centres, a
+      // denominator share of 1024 (m = 2048 at split 0.5), 31 radii around the noise's distance.
+      {"subgen_batch_8k",
+       8192,
+       128,
+       256,
+       0.2,
+       2,
+       1024,
+       {0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.90,
+        0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.00, 1.01,
+        1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.09, 1.10},
+       14,
+       false,
+       true},
   };
   return cases;
 }
@@ -494,19 +509,22 @@ struct CacheScoreCase {
   bool log_n;
   double key_sd;
   uint32_t seed;
-  bool parity;
+  bool parity, bench;
 };
 
 inline const std::vector<CacheScoreCase>& cache_score_cases() {
   static const std::vector<CacheScoreCase> cases = {
       // A BUZZ segment with Llama's d = 128 and a group of 4: 300 cached keys, 180 rows.
-      {"segment_llama", 700, 128, 4, 300, 480, 660, false, 1.0, 21, true},
+      {"segment_llama", 700, 128, 4, 300, 480, 660, false, 1.0, 21, true, false},
       // log n scores, odd d, group of 3, sharp rows.
-      {"log_n_odd_d", 400, 13, 3, 150, 250, 330, true, 3.0, 22, true},
+      {"log_n_odd_d", 400, 13, 3, 150, 250, 330, true, 3.0, 22, true, false},
       // The first segment: rows from 0, no cached key; one query head.
-      {"from_row_0", 200, 64, 1, 0, 0, 200, false, 1.0, 23, true},
+      {"from_row_0", 200, 64, 1, 0, 0, 200, false, 1.0, 23, true, false},
       // One row (an eviction right after the previous one), group of 2.
-      {"one_row", 300, 32, 2, 120, 290, 291, true, 1.0, 24, true},
+      {"one_row", 300, 32, 2, 120, 290, 291, true, 1.0, 24, true, false},
+      // Benchmark: a segment of BUZZ's defaults at n = 8192 (k + T + w = 564 cached keys, the
+      // 240 rows between two evictions), Llama's d = 128, a group of 4.
+      {"segment_8k", 8192, 128, 4, 564, 7000, 7240, false, 1.0, 25, false, true},
   };
   return cases;
 }
