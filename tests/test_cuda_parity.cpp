@@ -18,6 +18,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.h"
@@ -32,6 +33,7 @@
 #ifdef KVSCOPE_HAVE_CUDA
 #include "kernels/cuda_backend.h"
 #endif
+#include "tests/forwarding_backend.h"
 
 using namespace kvscope;
 
@@ -362,30 +364,53 @@ TEST(CudaParity, AttentionScoresWithoutRowsAndBadBatchesLikeCpu) {
   EXPECT_THROW(data.run(*gpu), std::invalid_argument);
 }
 
-// Counts the attention-score calls it forwards to `inner` (to prove the methods reach the device).
-class ScoreCounter final : public Backend {
- public:
-  explicit ScoreCounter(Backend& inner) : inner_(inner) {}
-  int calls = 0;
-  std::string name() const override { return inner_.name(); }
-  bool parallel_in_one_call() const override { return inner_.parallel_in_one_call(); }
-  void walk_blocks(const WalkBatch& b) override { inner_.walk_blocks(b); }
-  void attention_errors(const ErrorBatch& b) override { inner_.attention_errors(b); }
-  double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    return inner_.tsne_gradient(in, grad);
-  }
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return inner_.kcenter(x, n, d, k, first);
-  }
-  void attention_scores(const ScoreBatch& b) override {
-    ++calls;
-    inner_.attention_scores(b);
-    if (!last_fallback().empty()) ADD_FAILURE() << last_fallback();
-  }
-
- private:
-  Backend& inner_;
+// A method case of the device parity tests below.
+struct MethodCase {
+  const char* method;
+  ParamValues params;
 };
+
+// Runs every case on every layer and kv head of the sample captures, on the CPU and through
+// `gpu` (wrapped to count the methods' ops: each run must reach the device, and none fall back),
+// and checks the device's selection with `check(device, cpu)`, which says whether the two are
+// identical. Returns {identical, runs}.
+template <typename Check>
+std::pair<int, int> select_on_cpu_and_device(Backend& gpu, const std::vector<MethodCase>& cases,
+                                             uint64_t seed, Check check) {
+  const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
+  const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
+  int runs = 0, identical = 0;
+  for (const char* file : {"stories260K_lily.safetensors", "kjv3M_beginning.safetensors"}) {
+    const auto capture = CaptureFile::open(root + "/sample_data/" + file);
+    const int layers = capture->info().num_layers;
+    const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
+    for (int layer = 0; layer < layers; ++layer) {
+      const auto data = capture->layer(layer);
+      for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
+        for (const MethodCase& c : cases) {
+          SCOPED_TRACE(std::string(file) + " " + c.method + " layer " + std::to_string(layer) +
+                       " kv head " + std::to_string(kv));
+          const Method* m = find_method(c.method);
+          if (!m) {
+            ADD_FAILURE() << "no method " << c.method;
+            continue;
+          }
+          MethodInput in = make_method_input(*data, layers, kv, w, c.params, seed);
+          in.backend = &cpu_backend();
+          const Selection cpu = m->select(in);
+          ::kvscope::testing::ForwardingBackend dev(gpu);
+          in.backend = &dev;
+          const Selection sel = m->select(in);
+          EXPECT_GT(dev.calls, 0);
+          EXPECT_EQ(last_fallback(), "");
+          ++runs;
+          identical += check(sel, cpu);
+        }
+      }
+    }
+  }
+  return {identical, runs};
+}
 
 // The score-ranking methods routed through the op (MethodInput::backend) keep the CPU's sets on
 // the real sample captures, every layer and kv head: identical indices and weights, scores
@@ -393,13 +418,7 @@ class ScoreCounter final : public Backend {
 // here.
 TEST(CudaParity, ScoreRankingMethodsKeepTheCpuSetsOnDevice) {
   REQUIRE_GPU(gpu);
-  const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
-  const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
-  struct Case {
-    const char* method;
-    ParamValues params;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<MethodCase> cases = {
       {"h2o", {}},
       {"snapkv", {}},
       {"snapkv", {{"pooling", 1}}},
@@ -411,34 +430,12 @@ TEST(CudaParity, ScoreRankingMethodsKeepTheCpuSetsOnDevice) {
       {"adakv(snapkv)", {}},
       {"chunkkv(h2o)", {}},
   };
-  int runs = 0, identical = 0;
-  for (const char* file : {"stories260K_lily.safetensors", "kjv3M_beginning.safetensors"}) {
-    const auto capture = CaptureFile::open(root + "/sample_data/" + file);
-    const int layers = capture->info().num_layers;
-    const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
-    for (int layer = 0; layer < layers; ++layer) {
-      const auto data = capture->layer(layer);
-      for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
-        for (const Case& c : cases) {
-          SCOPED_TRACE(std::string(file) + " " + c.method + " layer " + std::to_string(layer) +
-                       " kv head " + std::to_string(kv));
-          const Method* m = find_method(c.method);
-          ASSERT_NE(m, nullptr);
-          MethodInput in = make_method_input(*data, layers, kv, w, c.params, 0);
-          in.backend = &cpu_backend();
-          const Selection cpu = m->select(in);
-          ScoreCounter dev(*gpu);
-          in.backend = &dev;
-          const Selection sel = m->select(in);
-          EXPECT_GT(dev.calls, 0);
-          ++runs;
-          identical += sel.indices == cpu.indices && sel.weights == cpu.weights;
-          EXPECT_EQ(sel.indices, cpu.indices);
-          expect_close(sel.middle_scores, cpu.middle_scores, 1e-9, 1e-300, "middle scores");
-        }
-      }
-    }
-  }
+  const auto [identical, runs] =
+      select_on_cpu_and_device(*gpu, cases, 0, [](const Selection& sel, const Selection& cpu) {
+        EXPECT_EQ(sel.indices, cpu.indices);
+        expect_close(sel.middle_scores, cpu.middle_scores, 1e-9, 1e-300, "middle scores");
+        return sel.indices == cpu.indices && sel.weights == cpu.weights;
+      });
   std::printf("score-ranking selections on the device: %d of %d identical to the CPU's\n",
               identical, runs);
 }
@@ -521,50 +518,13 @@ TEST(CudaParity, CacheScoresBadBatchesLikeCpu) {
   EXPECT_THROW(data.run(*gpu), std::invalid_argument);
 }
 
-// Counts the key-clustering and cache-score calls it forwards to `inner`.
-class StreamOpCounter final : public Backend {
- public:
-  explicit StreamOpCounter(Backend& inner) : inner_(inner) {}
-  int calls = 0;
-  std::string name() const override { return inner_.name(); }
-  bool parallel_in_one_call() const override { return inner_.parallel_in_one_call(); }
-  void walk_blocks(const WalkBatch& b) override { inner_.walk_blocks(b); }
-  void attention_errors(const ErrorBatch& b) override { inner_.attention_errors(b); }
-  double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    return inner_.tsne_gradient(in, grad);
-  }
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return inner_.kcenter(x, n, d, k, first);
-  }
-  void attention_scores(const ScoreBatch& b) override { inner_.attention_scores(b); }
-  void key_clusters(const ClusterBatch& b) override {
-    ++calls;
-    inner_.key_clusters(b);
-    if (!last_fallback().empty()) ADD_FAILURE() << last_fallback();
-  }
-  void cache_scores(const CacheScoreBatch& b) override {
-    ++calls;
-    inner_.cache_scores(b);
-    if (!last_fallback().empty()) ADD_FAILURE() << last_fallback();
-  }
-
- private:
-  Backend& inner_;
-};
-
 // SubGen (its clustering, with the bisection's speculative levels on the device) and BUZZ (its
 // streamed scores: the default compressed-cache rule, log n, full-prefix with log n) routed
 // through the ops keep the CPU's sets on the real sample captures, every layer and kv head:
 // identical indices, weights, denominator samples and clusters; scores within 1e-9 relative.
 TEST(CudaParity, SubGenAndBuzzKeepTheCpuSetsOnDevice) {
   REQUIRE_GPU(gpu);
-  const char* root_env = std::getenv("KVSCOPE_SOURCE_DIR");
-  const std::string root = root_env && *root_env ? root_env : KVSCOPE_SOURCE_DIR;
-  struct Case {
-    const char* method;
-    ParamValues params;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<MethodCase> cases = {
       {"subgen", {}},
       {"subgen", {{"t", 4}, {"split", 0.3}}},
       {"buzz", {}},
@@ -572,37 +532,15 @@ TEST(CudaParity, SubGenAndBuzzKeepTheCpuSetsOnDevice) {
       {"buzz", {{"window", 8}, {"threshold", 20}, {"log_n", 1}}},
       {"buzz", {{"accumulate", 1}, {"window", 8}, {"threshold", 20}, {"log_n", 1}}},
   };
-  int runs = 0, identical = 0;
-  for (const char* file : {"stories260K_lily.safetensors", "kjv3M_beginning.safetensors"}) {
-    const auto capture = CaptureFile::open(root + "/sample_data/" + file);
-    const int layers = capture->info().num_layers;
-    const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
-    for (int layer = 0; layer < layers; ++layer) {
-      const auto data = capture->layer(layer);
-      for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
-        for (const Case& c : cases) {
-          SCOPED_TRACE(std::string(file) + " " + c.method + " layer " + std::to_string(layer) +
-                       " kv head " + std::to_string(kv));
-          const Method* m = find_method(c.method);
-          ASSERT_NE(m, nullptr);
-          MethodInput in = make_method_input(*data, layers, kv, w, c.params, 3);
-          in.backend = &cpu_backend();
-          const Selection cpu = m->select(in);
-          StreamOpCounter dev(*gpu);
-          in.backend = &dev;
-          const Selection sel = m->select(in);
-          EXPECT_GT(dev.calls, 0);
-          ++runs;
-          const bool same = sel.indices == cpu.indices && sel.weights == cpu.weights &&
-                            sel.den_indices == cpu.den_indices &&
-                            sel.den_weights == cpu.den_weights && sel.cluster == cpu.cluster;
-          identical += same;
-          EXPECT_TRUE(same) << "device: " << sel.note << "\ncpu: " << cpu.note;
-          expect_close(sel.middle_scores, cpu.middle_scores, 1e-9, 1e-300, "middle scores");
-        }
-      }
-    }
-  }
+  const auto [identical, runs] =
+      select_on_cpu_and_device(*gpu, cases, 3, [](const Selection& sel, const Selection& cpu) {
+        const bool same = sel.indices == cpu.indices && sel.weights == cpu.weights &&
+                          sel.den_indices == cpu.den_indices &&
+                          sel.den_weights == cpu.den_weights && sel.cluster == cpu.cluster;
+        EXPECT_TRUE(same) << "device: " << sel.note << "\ncpu: " << cpu.note;
+        expect_close(sel.middle_scores, cpu.middle_scores, 1e-9, 1e-300, "middle scores");
+        return same;
+      });
   std::printf("subgen and buzz selections on the device: %d of %d identical to the CPU's\n",
               identical, runs);
 }

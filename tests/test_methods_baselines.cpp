@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <random>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "engine/error.h"
 #include "engine/method.h"
 #include "engine/protocol.h"
+#include "tests/forwarding_backend.h"
 #include "tests/sample_captures.h"
 
 namespace kvscope {
@@ -380,22 +382,11 @@ TEST(Baselines, RunOnTheSampleCapture) {
 // A backend whose attention-score op is the CPU reference, counted, and (when `distort`) with each
 // output scaled by a factor that depends on the key, so that a method reading the op's figures
 // must rank differently. Its other ops are the CPU references.
-class ScoreRecorder final : public Backend {
+class ScoreRecorder final : public ::kvscope::testing::ForwardingBackend {
  public:
-  int calls = 0;
   bool distort = false;
-  std::string name() const override { return "score recorder"; }
-  void walk_blocks(const WalkBatch& b) override { cpu_walk_blocks(b); }
-  void attention_errors(const ErrorBatch& b) override { cpu_attention_errors(b); }
-  double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    return cpu_tsne_gradient(in, grad);
-  }
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return cpu_kcenter(x, n, d, k, first);
-  }
   void attention_scores(const ScoreBatch& b) override {
-    ++calls;
-    cpu_attention_scores(b);
+    ForwardingBackend::attention_scores(b);
     if (!distort) return;
     for (const ScoreHead& h : b.heads)
       for (int i = 0; i < b.row_end; ++i) {
@@ -403,6 +394,15 @@ class ScoreRecorder final : public Backend {
         if (h.stopped) h.stopped[i] *= 1 + (i * 104729) % 11;
       }
   }
+};
+
+// Layer 1 of the first sample capture with the window at ratio 1/4 (the routing tests' input).
+struct RoutingInput {
+  std::unique_ptr<CaptureFile> capture =
+      CaptureFile::open(::kvscope::testing::sample_capture_paths().front());
+  int layers = capture->info().num_layers;
+  std::shared_ptr<const LayerData> layer = capture->layer(1);
+  EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
 };
 
 // The score-ranking methods (and wrappers around them) compute their attention scores through
@@ -426,16 +426,12 @@ TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
       {"adakv(snapkv)", {}},
       {"chunkkv(h2o)", {}},
   };
-  const std::string path = ::kvscope::testing::sample_capture_paths().front();
-  auto capture = CaptureFile::open(path);
-  const int layers = capture->info().num_layers;
-  auto layer = capture->layer(1);
-  const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
+  const RoutingInput r;
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
     const Method& m = method(c.method);
-    for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
-      MethodInput in = make_method_input(*layer, layers, kv, w, c.params, 0);
+    for (int kv = 0; kv < r.capture->info().kv_heads; ++kv) {
+      MethodInput in = make_method_input(*r.layer, r.layers, kv, r.w, c.params, 0);
       const Selection plain = m.select(in);
       ScoreRecorder rec;
       in.backend = &rec;
@@ -456,25 +452,13 @@ TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
 // A backend whose key-clustering and cache-score ops are the CPU references, counted, and (when
 // `distort`) with their figures changed: the clusters relabelled in reverse order of creation,
 // each score addition scaled by a factor that depends on the key. Its other ops are the CPU's.
-class StreamOpRecorder final : public Backend {
+class StreamOpRecorder final : public ::kvscope::testing::ForwardingBackend {
  public:
-  int calls = 0;
   bool distort = false;
   bool parallel = false;  // as a device: SubGen then sends several radii per call
-  std::string name() const override { return "stream op recorder"; }
   bool parallel_in_one_call() const override { return parallel; }
-  void walk_blocks(const WalkBatch& b) override { cpu_walk_blocks(b); }
-  void attention_errors(const ErrorBatch& b) override { cpu_attention_errors(b); }
-  double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    return cpu_tsne_gradient(in, grad);
-  }
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return cpu_kcenter(x, n, d, k, first);
-  }
-  void attention_scores(const ScoreBatch& b) override { cpu_attention_scores(b); }
   void key_clusters(const ClusterBatch& b) override {
-    ++calls;
-    cpu_key_clusters(b);
+    ForwardingBackend::key_clusters(b);
     if (!distort) return;
     for (size_t r = 0; r < b.deltas.size(); ++r) {
       KeyClusters& c = b.out[r];
@@ -485,10 +469,9 @@ class StreamOpRecorder final : public Backend {
     }
   }
   void cache_scores(const CacheScoreBatch& b) override {
-    ++calls;
-    if (!distort) return cpu_cache_scores(b);
+    if (!distort) return ForwardingBackend::cache_scores(b);
     std::vector<double> before(b.acc, b.acc + b.n);
-    cpu_cache_scores(b);
+    ForwardingBackend::cache_scores(b);
     for (int j = 0; j < b.num_keys; ++j) {
       const int i = b.key_ids[j];
       b.acc[i] = before[i] + (b.acc[i] - before[i]) * (1 + (i * 7919) % 13);
@@ -509,16 +492,12 @@ TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
       {"buzz", {{"window", 8}, {"threshold", 20}}},
       {"buzz", {{"window", 8}, {"threshold", 20}, {"log_n", 1}, {"accumulate", 1}}},
   };
-  const std::string path = ::kvscope::testing::sample_capture_paths().front();
-  auto capture = CaptureFile::open(path);
-  const int layers = capture->info().num_layers;
-  auto layer = capture->layer(1);
-  const EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
+  const RoutingInput r;
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
     const Method& m = method(c.method);
-    for (int kv = 0; kv < capture->info().kv_heads; ++kv) {
-      MethodInput in = make_method_input(*layer, layers, kv, w, c.params, 0);
+    for (int kv = 0; kv < r.capture->info().kv_heads; ++kv) {
+      MethodInput in = make_method_input(*r.layer, r.layers, kv, r.w, c.params, 0);
       const Selection plain = m.select(in);
       // Recorders alive at once: SubGen remembers its radius search per backend.
       StreamOpRecorder rec, distorting, parallel;
