@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/method.h"
 
 namespace kvscope::testing {
 
@@ -43,5 +44,28 @@ class ForwardingBackend : public Backend {
  protected:
   Backend& inner_;
 };
+
+// A method and its parameters, as the routing and device parity tests run them.
+struct MethodCase {
+  const char* method;
+  ParamValues params;
+};
+
+// The score-ranking set-ups whose attention scores go through the attention-score op.
+inline const std::vector<MethodCase>& score_ranking_cases() {
+  static const std::vector<MethodCase> cases = {
+      {"h2o", {}},
+      {"snapkv", {}},
+      {"snapkv", {{"pooling", 1}}},
+      {"snapkv", {{"variant", 1}}},
+      {"pyramidkv", {}},
+      {"tova", {}},
+      {"tova", {{"variant", 1}}},
+      {"buzz", {{"accumulate", 1}, {"window", 8}, {"threshold", 20}, {"top_up", 1}}},
+      {"adakv(snapkv)", {}},
+      {"chunkkv(h2o)", {}},
+  };
+  return cases;
+}
 
 }  // namespace kvscope::testing

@@ -364,11 +364,7 @@ TEST(CudaParity, AttentionScoresWithoutRowsAndBadBatchesLikeCpu) {
   EXPECT_THROW(data.run(*gpu), std::invalid_argument);
 }
 
-// A method case of the device parity tests below.
-struct MethodCase {
-  const char* method;
-  ParamValues params;
-};
+using ::kvscope::testing::MethodCase;
 
 // Runs every case on every layer and kv head of the sample captures, on the CPU and through
 // `gpu` (wrapped to count the methods' ops: each run must reach the device, and none fall back),
@@ -418,18 +414,7 @@ std::pair<int, int> select_on_cpu_and_device(Backend& gpu, const std::vector<Met
 // here.
 TEST(CudaParity, ScoreRankingMethodsKeepTheCpuSetsOnDevice) {
   REQUIRE_GPU(gpu);
-  const std::vector<MethodCase> cases = {
-      {"h2o", {}},
-      {"snapkv", {}},
-      {"snapkv", {{"pooling", 1}}},
-      {"snapkv", {{"variant", 1}}},
-      {"pyramidkv", {}},
-      {"tova", {}},
-      {"tova", {{"variant", 1}}},
-      {"buzz", {{"accumulate", 1}, {"window", 8}, {"threshold", 20}, {"top_up", 1}}},
-      {"adakv(snapkv)", {}},
-      {"chunkkv(h2o)", {}},
-  };
+  const std::vector<MethodCase>& cases = ::kvscope::testing::score_ranking_cases();
   const auto [identical, runs] =
       select_on_cpu_and_device(*gpu, cases, 0, [](const Selection& sel, const Selection& cpu) {
         EXPECT_EQ(sel.indices, cpu.indices);

@@ -396,6 +396,8 @@ class ScoreRecorder final : public ::kvscope::testing::ForwardingBackend {
   }
 };
 
+using ::kvscope::testing::MethodCase;
+
 // Layer 1 of the first sample capture with the window at ratio 1/4 (the routing tests' input).
 struct RoutingInput {
   std::unique_ptr<CaptureFile> capture =
@@ -410,24 +412,9 @@ struct RoutingInput {
 // every selection is the one without a backend, bit for bit (scores included); with one that
 // changes the op's figures, the selections change (so the op's output is what they rank).
 TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
-  struct Case {
-    const char* method;
-    ParamValues params;
-  };
-  const std::vector<Case> cases = {
-      {"h2o", {}},
-      {"snapkv", {}},
-      {"snapkv", {{"pooling", 1}}},
-      {"snapkv", {{"variant", 1}}},
-      {"pyramidkv", {}},
-      {"tova", {}},
-      {"tova", {{"variant", 1}}},
-      {"buzz", {{"accumulate", 1}, {"window", 8}, {"threshold", 20}, {"top_up", 1}}},
-      {"adakv(snapkv)", {}},
-      {"chunkkv(h2o)", {}},
-  };
+  const std::vector<MethodCase>& cases = ::kvscope::testing::score_ranking_cases();
   const RoutingInput r;
-  for (const Case& c : cases) {
+  for (const MethodCase& c : cases) {
     SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
     const Method& m = method(c.method);
     for (int kv = 0; kv < r.capture->info().kv_heads; ++kv) {
@@ -483,17 +470,13 @@ class StreamOpRecorder final : public ::kvscope::testing::ForwardingBackend {
 // full-prefix with log n) run on MethodInput::backend's ops: forwarding to the CPU references
 // gives every selection bit for bit; changing the ops' figures changes the selections.
 TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
-  struct Case {
-    const char* method;
-    ParamValues params;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<MethodCase> cases = {
       {"subgen", {}},
       {"buzz", {{"window", 8}, {"threshold", 20}}},
       {"buzz", {{"window", 8}, {"threshold", 20}, {"log_n", 1}, {"accumulate", 1}}},
   };
   const RoutingInput r;
-  for (const Case& c : cases) {
+  for (const MethodCase& c : cases) {
     SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
     const Method& m = method(c.method);
     for (int kv = 0; kv < r.capture->info().kv_heads; ++kv) {

@@ -1,14 +1,20 @@
-// Runs the app's frame loop without a window (reconcile() every 2 ms, as the frame loop would)
-// until `done` holds; false after `seconds`. Shared by the app's unit tests.
+// Shared by the app's unit tests: the frame loop without a window, and the grid's cells checked
+// against eval's figures.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
 #include "app/app_state.h"
+#include "app/grid_cells.h"
+#include "engine/protocol.h"
 
 namespace kvscope::app::testing {
 
+// Runs reconcile() every 2 ms, as the frame loop would, until `done` holds; false after
+// `seconds`.
 template <typename Pred>
 bool pump_until(AppState& s, Pred done, int seconds = 20) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -17,6 +23,21 @@ bool pump_until(AppState& s, Pred done, int seconds = 20) {
     if (done()) return true;
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// Every head of `want` has a fresh cell of `slot` in `g` with eval's figures, bit for bit.
+inline void expect_grid_equals_eval(const GridReport& g, const EvalReport& want, int slot = 0) {
+  for (const HeadEval& w : want.results) {
+    const GridEntry* e = nullptr;
+    const HeadEval* h = g.find(slot, w.layer, w.kv_head, &e);
+    ASSERT_NE(h, nullptr) << "L" << w.layer << " H" << w.kv_head;
+    EXPECT_EQ(e->state, CellState::Fresh);
+    EXPECT_EQ(h->mean, w.mean) << "L" << w.layer << " H" << w.kv_head;
+    EXPECT_EQ(h->std, w.std) << "L" << w.layer << " H" << w.kv_head;
+    EXPECT_EQ(h->normalized_mean, w.normalized_mean);
+    EXPECT_EQ(h->mass_mean, w.mass_mean);
+    EXPECT_EQ(h->kept, w.kept);
   }
 }
 

@@ -73,17 +73,7 @@ TEST(AppGridOnADevice, EachLayerOfTheGridIsScoredInOneCallPerSlotAndSeed) {
   counting().take_calls();
   const GridReport* g = s.grid_report();
   ASSERT_NE(g, nullptr);
-  for (const HeadEval& w : want.results) {
-    const GridEntry* e = nullptr;
-    const HeadEval* h = g->find(0, w.layer, w.kv_head, &e);
-    ASSERT_NE(h, nullptr);
-    EXPECT_EQ(e->state, CellState::Fresh);
-    EXPECT_EQ(h->mean, w.mean) << "L" << w.layer << " H" << w.kv_head;
-    EXPECT_EQ(h->std, w.std) << "L" << w.layer << " H" << w.kv_head;
-    EXPECT_EQ(h->normalized_mean, w.normalized_mean);
-    EXPECT_EQ(h->mass_mean, w.mass_mean);
-    EXPECT_EQ(h->kept, w.kept);
-  }
+  kvscope::app::testing::expect_grid_equals_eval(*g, want);
 
   // A third seed: only the cells of the new seed run are missing, again a layer's heads per call.
   const uint64_t computed = s.grid_cells.computed();

@@ -318,6 +318,27 @@ namespace {
 // Settings changes by name, for the key tests below.
 using SettingChanges = std::vector<std::pair<const char*, std::function<void(Settings&)>>>;
 
+// What one run of method A reads (the focused run and every grid cell of A).
+SettingChanges method_a_run() {
+  return {
+      {"keep ratio", [](Settings& st) { st.keep_ratio = 0.125; }},
+      {"seed", [](Settings& st) { st.seed = 7; }},
+      {"A's parameter", [](Settings& st) { st.method[0].params["gamma"] = 2; }},
+      {"A's method", [](Settings& st) { st.method[0].name = "uniform"; }},
+      {"sink", [](Settings& st) { st.sink_override = 3; }},
+      {"eval", [](Settings& st) { st.eval_override = 5; }},
+      {"estimator", [](Settings& st) { st.estimator = Estimator::Authors; }},
+  };
+}
+// The focused head.
+const SettingChanges& focus() {
+  static const SettingChanges f = {
+      {"layer", [](Settings& st) { st.focus.layer = 1; }},
+      {"kv head", [](Settings& st) { st.focus.kv_head = 1; }},
+  };
+  return f;
+}
+
 // Each of `reads` changes the key `result` wants, each of `ignores` leaves it, and the base
 // settings give the same key again.
 void expect_key_reads(AppState& s, const std::string& result, const SettingChanges& reads,
@@ -358,17 +379,8 @@ TEST(Results, KeysChangeWithEverySettingTheJobReadsAndNothingElse) {
   const std::string focus0 = s.result(kFocusA).want;
   EXPECT_EQ(focus0.rfind("focus|{", 0), 0u) << focus0;
   // Each of these is read by the focused run, so each gives another key.
-  const SettingChanges reads = {
-      {"keep ratio", [](Settings& st) { st.keep_ratio = 0.125; }},
-      {"seed", [](Settings& st) { st.seed = 7; }},
-      {"parameter", [](Settings& st) { st.method[0].params["gamma"] = 2; }},
-      {"method", [](Settings& st) { st.method[0].name = "uniform"; }},
-      {"sink", [](Settings& st) { st.sink_override = 3; }},
-      {"eval", [](Settings& st) { st.eval_override = 5; }},
-      {"estimator", [](Settings& st) { st.estimator = Estimator::Authors; }},
-      {"layer", [](Settings& st) { st.focus.layer = 1; }},
-      {"kv head", [](Settings& st) { st.focus.kv_head = 1; }},
-  };
+  SettingChanges reads = method_a_run();
+  reads.insert(reads.end(), focus().begin(), focus().end());
   expect_key_reads(s, kFocusA, reads);
   const auto before = wants();
   s.settings.active_view = "geometry";
@@ -389,29 +401,19 @@ TEST(Results, TheGridKeyReadsWhatItsCellsReadAndNothingElse) {
   ASSERT_TRUE(pump(s, [&] { return fresh(s, kFocusA); }));
   const std::string grid0 = s.result(kGrid).want;
   EXPECT_EQ(grid0.rfind("grid|{", 0), 0u) << grid0;
-  const SettingChanges reads = {
-      {"keep ratio", [](Settings& st) { st.keep_ratio = 0.125; }},
-      {"seed", [](Settings& st) { st.seed = 7; }},
-      {"A's parameter", [](Settings& st) { st.method[0].params["gamma"] = 2; }},
-      {"A's method", [](Settings& st) { st.method[0].name = "uniform"; }},
-      {"B's method", [](Settings& st) { st.method[1].name = "snapkv"; }},
-      {"B's parameter", [](Settings& st) { st.method[1].params["x"] = 1; }},
-      {"B off", [](Settings& st) { st.ab_enabled = false; }},
-      {"sink", [](Settings& st) { st.sink_override = 3; }},
-      {"eval", [](Settings& st) { st.eval_override = 5; }},
-      {"estimator", [](Settings& st) { st.estimator = Estimator::Authors; }},
-      {"grid seeds", [](Settings& st) { st.grid_seeds = st.grid_seeds + 2; }},
-  };
-  const SettingChanges ignores = {
-      {"layer", [](Settings& st) { st.focus.layer = 1; }},
-      {"kv head", [](Settings& st) { st.focus.kv_head = 1; }},
-      {"query head", [](Settings& st) { st.selected_q_head = 1; }},
-      {"grid metric", [](Settings& st) { st.grid_metric = GridMetric::Entropy; }},
-      {"views shown",
-       [](Settings& st) {
-         st.panel_view = {"walk", "theory"};
-       }},
-  };
+  SettingChanges reads = method_a_run();
+  reads.insert(reads.end(),
+               {{"B's method", [](Settings& st) { st.method[1].name = "snapkv"; }},
+                {"B's parameter", [](Settings& st) { st.method[1].params["x"] = 1; }},
+                {"B off", [](Settings& st) { st.ab_enabled = false; }},
+                {"grid seeds", [](Settings& st) { st.grid_seeds = st.grid_seeds + 2; }}});
+  SettingChanges ignores = focus();
+  ignores.insert(ignores.end(),
+                 {{"query head", [](Settings& st) { st.selected_q_head = 1; }},
+                  {"grid metric", [](Settings& st) { st.grid_metric = GridMetric::Entropy; }},
+                  {"views shown", [](Settings& st) {
+                     st.panel_view = {"walk", "theory"};
+                   }}});
   expect_key_reads(s, kGrid, reads, ignores);
 }
 
@@ -494,17 +496,7 @@ TEST(AppFlow, TheGridRecomputesOnlyTheCellsAChangeOutdates) {
   spec.threads = 1;
   const EvalReport want = run_eval(*s.capture, spec);
   const GridReport* g = s.grid_report();
-  for (const HeadEval& w : want.results) {
-    const GridEntry* e = nullptr;
-    const HeadEval* h = g->find(0, w.layer, w.kv_head, &e);
-    ASSERT_NE(h, nullptr);
-    EXPECT_EQ(e->state, CellState::Fresh);
-    EXPECT_EQ(h->mean, w.mean) << "L" << w.layer << " H" << w.kv_head;
-    EXPECT_EQ(h->std, w.std) << "L" << w.layer << " H" << w.kv_head;
-    EXPECT_EQ(h->normalized_mean, w.normalized_mean);
-    EXPECT_EQ(h->mass_mean, w.mass_mean);
-    EXPECT_EQ(h->kept, w.kept);
-  }
+  kvscope::app::testing::expect_grid_equals_eval(*g, want);
 
   // Back to the default: every cell is in the store, nothing is computed.
   const uint64_t computed = s.grid_cells.computed();
