@@ -108,32 +108,37 @@ std::vector<double> observation_window_scores(const MethodInput& in, int window)
   return head_attention_scores(in, std::max(0, in.mid_end - window), in.mid_end, ScoreReduce::sum);
 }
 
-std::vector<double> avg_pool_same(const std::vector<double>& x, int kernel) {
+namespace {
+
+// PyTorch's 1-D pooling with stride 1 and padding kernel/2: out[i] folds `step` over x[t] for t
+// in [i - kernel/2, i + kernel/2] within x, from `init` (the padding adds nothing to a sum and
+// never wins a maximum).
+template <typename Step>
+std::vector<double> pool_same(const std::vector<double>& x, int kernel, double init, Step step) {
   if (kernel < 1 || kernel % 2 == 0)
     throw InputError("pooling kernel must be a positive odd number, got " + std::to_string(kernel));
   const int n = static_cast<int>(x.size());
   const int half = kernel / 2;
   std::vector<double> out(n, 0.0);
   for (int i = 0; i < n; ++i) {
-    double s = 0;
-    for (int t = std::max(0, i - half); t <= std::min(n - 1, i + half); ++t) s += x[t];
-    out[i] = s / kernel;
+    double acc = init;
+    for (int t = std::max(0, i - half); t <= std::min(n - 1, i + half); ++t) acc = step(acc, x[t]);
+    out[i] = acc;
   }
   return out;
 }
 
-std::vector<double> max_pool_same(const std::vector<double>& x, int kernel) {
-  if (kernel < 1 || kernel % 2 == 0)
-    throw InputError("pooling kernel must be a positive odd number, got " + std::to_string(kernel));
-  const int n = static_cast<int>(x.size());
-  const int half = kernel / 2;
-  std::vector<double> out(n, 0.0);
-  for (int i = 0; i < n; ++i) {
-    double m = -std::numeric_limits<double>::infinity();
-    for (int t = std::max(0, i - half); t <= std::min(n - 1, i + half); ++t) m = std::max(m, x[t]);
-    out[i] = m;
-  }
+}  // namespace
+
+std::vector<double> avg_pool_same(const std::vector<double>& x, int kernel) {
+  std::vector<double> out = pool_same(x, kernel, 0.0, [](double s, double v) { return s + v; });
+  for (double& v : out) v /= kernel;  // count_include_pad: always the whole kernel
   return out;
+}
+
+std::vector<double> max_pool_same(const std::vector<double>& x, int kernel) {
+  return pool_same(x, kernel, -std::numeric_limits<double>::infinity(),
+                   [](double m, double v) { return std::max(m, v); });
 }
 
 SnapKVWindow snapkv_window_params(const std::vector<ParamSpec>& specs, const ParamValues& values,

@@ -407,33 +407,41 @@ struct RoutingInput {
   EvalWindow w = EvalWindow::make(capture->info().num_tokens, 0.25);
 };
 
-// The score-ranking methods (and wrappers around them) compute their attention scores through
-// MethodInput::backend's attention-score op: with a backend that forwards to the CPU reference
-// every selection is the one without a backend, bit for bit (scores included); with one that
-// changes the op's figures, the selections change (so the op's output is what they rank).
-TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
-  const std::vector<MethodCase>& cases = ::kvscope::testing::score_ranking_cases();
+// Calls fn(method, input, kv) for every case on every kv head of the routing input.
+template <typename Fn>
+void for_each_routed_head(const std::vector<MethodCase>& cases, Fn fn) {
   const RoutingInput r;
   for (const MethodCase& c : cases) {
     SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
     const Method& m = method(c.method);
     for (int kv = 0; kv < r.capture->info().kv_heads; ++kv) {
       MethodInput in = make_method_input(*r.layer, r.layers, kv, r.w, c.params, 0);
-      const Selection plain = m.select(in);
-      ScoreRecorder rec;
-      in.backend = &rec;
-      const Selection routed = m.select(in);
-      EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
-      EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
-      EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
-      EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
-      rec.distort = true;
-      const Selection distorted = m.select(in);
-      EXPECT_TRUE(distorted.indices != plain.indices ||
-                  distorted.middle_scores != plain.middle_scores)
-          << "kv head " << kv << ": the op's figures did not reach the selection";
+      fn(m, in, kv);
     }
   }
+}
+
+// The score-ranking methods (and wrappers around them) compute their attention scores through
+// MethodInput::backend's attention-score op: with a backend that forwards to the CPU reference
+// every selection is the one without a backend, bit for bit (scores included); with one that
+// changes the op's figures, the selections change (so the op's output is what they rank).
+TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
+  for_each_routed_head(
+      ::kvscope::testing::score_ranking_cases(), [](const Method& m, MethodInput& in, int kv) {
+        const Selection plain = m.select(in);
+        ScoreRecorder rec;
+        in.backend = &rec;
+        const Selection routed = m.select(in);
+        EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
+        EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
+        EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+        EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+        rec.distort = true;
+        const Selection distorted = m.select(in);
+        EXPECT_TRUE(distorted.indices != plain.indices ||
+                    distorted.middle_scores != plain.middle_scores)
+            << "kv head " << kv << ": the op's figures did not reach the selection";
+      });
 }
 
 // A backend whose key-clustering and cache-score ops are the CPU references, counted, and (when
@@ -475,43 +483,37 @@ TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
       {"buzz", {{"window", 8}, {"threshold", 20}}},
       {"buzz", {{"window", 8}, {"threshold", 20}, {"log_n", 1}, {"accumulate", 1}}},
   };
-  const RoutingInput r;
-  for (const MethodCase& c : cases) {
-    SCOPED_TRACE(std::string(c.method) + (c.params.empty() ? "" : " (with parameters)"));
-    const Method& m = method(c.method);
-    for (int kv = 0; kv < r.capture->info().kv_heads; ++kv) {
-      MethodInput in = make_method_input(*r.layer, r.layers, kv, r.w, c.params, 0);
-      const Selection plain = m.select(in);
-      // Recorders alive at once: SubGen remembers its radius search per backend.
-      StreamOpRecorder rec, distorting, parallel;
-      distorting.distort = true;
-      parallel.parallel = true;
-      in.backend = &rec;
-      const Selection routed = m.select(in);
-      EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
-      EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
-      EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
-      EXPECT_EQ(routed.den_indices, plain.den_indices) << "kv head " << kv;
-      EXPECT_EQ(routed.cluster, plain.cluster) << "kv head " << kv;
-      EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
-      // A parallel backend gets SubGen's bisection several levels per call (31 radii): the same
-      // search, so the same delta (in the note), clusters and selection.
-      in.backend = &parallel;
-      const Selection batched = m.select(in);
-      EXPECT_EQ(batched.note, plain.note) << "kv head " << kv;
-      EXPECT_EQ(batched.indices, plain.indices) << "kv head " << kv;
-      EXPECT_EQ(batched.cluster, plain.cluster) << "kv head " << kv;
-      EXPECT_EQ(batched.middle_scores, plain.middle_scores) << "kv head " << kv;
-      if (std::string(c.method) == "subgen") {
-        EXPECT_LT(parallel.calls, rec.calls) << "kv head " << kv << ": no radii batched";
-      }
-      in.backend = &distorting;
-      const Selection distorted = m.select(in);
-      EXPECT_TRUE(distorted.indices != plain.indices || distorted.cluster != plain.cluster ||
-                  distorted.middle_scores != plain.middle_scores)
-          << "kv head " << kv << ": the op's figures did not reach the selection";
+  for_each_routed_head(cases, [](const Method& m, MethodInput& in, int kv) {
+    const Selection plain = m.select(in);
+    // Recorders alive at once: SubGen remembers its radius search per backend.
+    StreamOpRecorder rec, distorting, parallel;
+    distorting.distort = true;
+    parallel.parallel = true;
+    in.backend = &rec;
+    const Selection routed = m.select(in);
+    EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
+    EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
+    EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+    EXPECT_EQ(routed.den_indices, plain.den_indices) << "kv head " << kv;
+    EXPECT_EQ(routed.cluster, plain.cluster) << "kv head " << kv;
+    EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+    // A parallel backend gets SubGen's bisection several levels per call (31 radii): the same
+    // search, so the same delta (in the note), clusters and selection.
+    in.backend = &parallel;
+    const Selection batched = m.select(in);
+    EXPECT_EQ(batched.note, plain.note) << "kv head " << kv;
+    EXPECT_EQ(batched.indices, plain.indices) << "kv head " << kv;
+    EXPECT_EQ(batched.cluster, plain.cluster) << "kv head " << kv;
+    EXPECT_EQ(batched.middle_scores, plain.middle_scores) << "kv head " << kv;
+    if (m.name() == "subgen") {
+      EXPECT_LT(parallel.calls, rec.calls) << "kv head " << kv << ": no radii batched";
     }
-  }
+    in.backend = &distorting;
+    const Selection distorted = m.select(in);
+    EXPECT_TRUE(distorted.indices != plain.indices || distorted.cluster != plain.cluster ||
+                distorted.middle_scores != plain.middle_scores)
+        << "kv head " << kv << ": the op's figures did not reach the selection";
+  });
 }
 
 // The attention-score methods exist to keep the tokens attention goes to: on the real capture

@@ -7,6 +7,7 @@
 
 #include "engine/method.h"
 #include "engine/protocol.h"
+#include "tests/memory_capture.h"
 
 namespace kvscope {
 namespace {
@@ -14,12 +15,7 @@ namespace {
 LayerData random_layer(int n, int d, int kv_heads, int q_heads, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist;
-  auto rnd = [&](int r, int c) {
-    MatrixF m(r, c);
-    for (int i = 0; i < r; ++i)
-      for (int j = 0; j < c; ++j) m(i, j) = dist(rng);
-    return m;
-  };
+  auto rnd = [&](int r, int c) { return ::kvscope::testing::normal_matrix(rng, dist, r, c); };
   LayerData L;
   for (int h = 0; h < kv_heads; ++h) {
     L.keys.push_back(rnd(n, d));

@@ -10,37 +10,19 @@
 
 #include "engine/error.h"
 #include "engine/protocol.h"
+#include "tests/memory_capture.h"
 #include "tests/sample_captures.h"
 
 namespace kvscope {
 namespace {
 
-// A capture held in memory (no file): the protocol only needs CaptureFile's interface.
-class MemoryCapture final : public CaptureFile {
- public:
-  explicit MemoryCapture(CaptureData data) : data_(std::move(data)) {}
-  const CaptureInfo& info() const override { return data_.info; }
-  std::shared_ptr<const LayerData> layer(int L) override {
-    return std::shared_ptr<const LayerData>(&data_.layers.at(L), [](const LayerData*) {});
-  }
-  long long resident_bytes() const override { return 0; }
-  long long layers_loaded() const override { return 0; }
-  void set_max_cached_layers(int) override {}
-
- private:
-  CaptureData data_;
-};
+using ::kvscope::testing::MemoryCapture;
 
 MemoryCapture make_capture(int n, int layers, int kv_heads, int q_heads, bool queries,
                            uint32_t seed = 1) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist;
-  auto rnd = [&](int r, int c) {
-    MatrixF m(r, c);
-    for (int i = 0; i < r; ++i)
-      for (int j = 0; j < c; ++j) m(i, j) = dist(rng);
-    return m;
-  };
+  auto rnd = [&](int r, int c) { return ::kvscope::testing::normal_matrix(rng, dist, r, c); };
   CaptureData data;
   data.info.path = "memory";
   data.info.model = "random";

@@ -19,6 +19,7 @@
 #include "engine/reference_cache.h"
 #include "engine/scratch.h"
 #include "engine/simd.h"
+#include "tests/memory_capture.h"
 
 namespace kvscope {
 namespace {
@@ -467,20 +468,7 @@ TEST(ReferenceCache, ContentHashSeesEveryByte) {
 // ---------------------------------------------------------------------------------------------
 // Through the protocol
 
-class MemoryCapture final : public CaptureFile {
- public:
-  explicit MemoryCapture(CaptureData data) : data_(std::move(data)) {}
-  const CaptureInfo& info() const override { return data_.info; }
-  std::shared_ptr<const LayerData> layer(int L) override {
-    return std::shared_ptr<const LayerData>(&data_.layers.at(L), [](const LayerData*) {});
-  }
-  long long resident_bytes() const override { return 0; }
-  long long layers_loaded() const override { return 0; }
-  void set_max_cached_layers(int) override {}
-
- private:
-  CaptureData data_;
-};
+using ::kvscope::testing::MemoryCapture;
 
 MemoryCapture make_capture(int n, int layers, int kv_heads, int group, uint32_t seed) {
   CaptureData data;

@@ -420,13 +420,18 @@ TEST(Results, TheGridKeyReadsWhatItsCellsReadAndNothingElse) {
 // A cell is keyed by its own seed, and a method that ignores the seed (streaming) by none: moving
 // the first seed by one computes only method A's cells of the one seed that is new, and none of
 // B's.
-TEST(AppFlow, ANewSeedRecomputesOnlyTheCellsOfTheSeedThatIsNew) {
-  AppState s;
-  s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"streaming", {}}};
-  s.settings.grid_seeds = 2;
+// Methods A and B on the sample capture, until its grid of `seeds` seeds is in.
+void open_until_grid(AppState& s, const char* a, const char* b, int seeds) {
+  s.settings.method = {MethodChoice{a, {}}, MethodChoice{b, {}}};
+  s.settings.grid_seeds = seeds;
   s.request_open(kSample);
   ASSERT_TRUE(pump(
       s, [&] { return fresh(s, kGrid); }, 60));
+}
+
+TEST(AppFlow, ANewSeedRecomputesOnlyTheCellsOfTheSeedThatIsNew) {
+  AppState s;
+  ASSERT_NO_FATAL_FAILURE(open_until_grid(s, "balancekv", "streaming", 2));
   auto keys = [&](int slot) {
     std::set<std::string> out;
     for (const GridEntry& e : s.grid_report()->entries)
@@ -451,11 +456,7 @@ TEST(AppFlow, ANewSeedRecomputesOnlyTheCellsOfTheSeedThatIsNew) {
 
 TEST(AppFlow, TheGridRecomputesOnlyTheCellsAChangeOutdates) {
   AppState s;
-  s.settings.method = {MethodChoice{"balancekv", {}}, MethodChoice{"uniform", {}}};
-  s.settings.grid_seeds = 2;
-  s.request_open(kSample);
-  ASSERT_TRUE(pump(
-      s, [&] { return fresh(s, kGrid); }, 60));
+  ASSERT_NO_FATAL_FAILURE(open_until_grid(s, "balancekv", "uniform", 2));
   auto serials = [&](int slot) {
     std::map<std::string, uint64_t> out;
     const GridReport* g = s.grid_report();
