@@ -307,12 +307,11 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
     double* shift = r.shift.data() + r0;
     std::fill(shift, shift + rows, kMinusInf);
     kern.col_max(P, keys, rows, rows, shift);
-    kern.col_exp_sub(P, keys, rows, rows, shift);
     z.assign(rows, 0.0);
     p_sq.assign(rows, 0.0);
-    kern.col_sums(P, keys, rows, rows, nullptr, z.data(), p_sq.data());
-    kern.gemm_atb_acc(rows, dv_, keys, P, rows, vd.data(), dv_, nullptr, r.exact.row(r0).data(),
-                      dv_);
+    // exp(l - shift), its sums and its product with the values, in one pass over the logits.
+    kern.exp_atb_acc(rows, dv_, keys, P, rows, shift, nullptr, nullptr, z.data(), p_sq.data(),
+                     vd.data(), dv_, r.exact.row(r0).data(), dv_);
     for (int e = 0; e < rows; ++e) {
       r.norm[r0 + e] = z[e];
       r.softmax_norm[r0 + e] = std::sqrt(p_sq[e]) / z[e];
@@ -463,11 +462,9 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     den.assign(nr, 0.0);
     msum.assign(nr, 0.0);  // in units of exp(l - M')
     if (shared_terms) {
-      // Two passes over the block instead of five: the gather with its maxima, then the
-      // exponentials with both sums.
+      // Two passes over the block instead of five: the gather with its maxima, then (below)
+      // the exponentials with both sums and the numerator.
       gather_max(Wn.data(), r0, nr, m2.data());
-      kern.col_exp_sums(Wn.data(), C, nr, nr, m2.data(), k.num_inv_w.data(), msum.data(),
-                        den.data());
     } else {
       gather(Wn.data(), k.in_num, k.num_logw, r0, nr);
       kern.col_max(Wn.data(), C, nr, nr, m2.data());
@@ -480,7 +477,11 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
       kern.col_sums(Wd.data(), C, nr, nr, den_mass_coef.data(), msum.data(), nullptr);
     }
     num.setZero(nr, dv_);
-    kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, k.values.data(), dv_, nullptr, num.data(), dv_);
+    if (shared_terms)  // the exponentials, both sums and the numerator in one pass
+      kern.exp_atb_acc(nr, dv_, C, Wn.data(), nr, m2.data(), k.num_inv_w.data(), msum.data(),
+                       den.data(), nullptr, k.values.data(), dv_, num.data(), dv_);
+    else
+      kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, k.values.data(), dv_, nullptr, num.data(), dv_);
     for (int e = 0; e < nr; ++e) {
       const int row = r0 + e;
       // The fixed columns, from their own shift to the panel's (f <= 1).

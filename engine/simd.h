@@ -49,11 +49,14 @@ struct Kernels {
   // out[e] += sum_c coef[c] X[c][e] (coef null: 1); out_sq[e] += sum_c X[c][e]^2 when not null.
   void (*col_sums)(const double* X, int rows, int cols, int ld, const double* coef, double* out,
                    double* out_sq);
-  // col_exp_sub, then col_sums(X, ..., coef, out_coef, nullptr) and col_sums(X, ..., nullptr,
-  // out, nullptr), in one pass over X: the same values, bit for bit (each sum adds its terms in
-  // row order, as col_sums does).
-  void (*col_exp_sums)(double* X, int rows, int cols, int ld, const double* m, const double* coef,
-                       double* out_coef, double* out);
+  // C (M x N) += P^T B with P = exp(X - m) column by column (X: K x M, row stride ldx, left as it
+  // is; B: K x N), and over the same values sum[e] += sum_p P[p][e], sum_sq[e] += sum_p P[p][e]^2
+  // (when not null), wsum[e] += sum_p coef[p] P[p][e] (when coef is not null): bit for bit what
+  // col_exp_sub, then col_sums (each sum its own call), then gemm_atb_acc give, in one pass over X
+  // (the squares fused on every FMA table, where col_sums' may or may not be: GCC's choice).
+  void (*exp_atb_acc)(int M, int N, int K, const double* X, int ldx, const double* m,
+                      const double* coef, double* wsum, double* sum, double* sum_sq,
+                      const double* B, int ldb, double* C, int ldc);
   // The float32 walk's block Gram (engine/balance_walk.cpp); null in the tables without fused
   // multiply-adds (scalar, sse2). Rows i in [ibegin, iend) of G = X X^T for the `rows` rows of X
   // (`dim` features), given packed: G[i][j] = sum_c x_i[c] x_j[c] in float, one accumulator per

@@ -97,8 +97,8 @@ TEST(Simd, EveryTableMatchesScalar) {
           for (size_t i = 0; i < d0.size(); ++i)
             ASSERT_LE(std::abs(d0[i] - d1[i]), 1e-9 * K) << name << " gemm_atb_acc";
         }
-    for (int rows : {1, 9, 64})
-      for (int cols : {1, 3, 8, 61}) {
+    for (int rows : {1, 9, 64, 300})
+      for (int cols : {1, 3, 8, 61, 70}) {
         auto X = random_vector(static_cast<size_t>(rows) * cols, rng, 3.0);
         const auto coef = random_vector(rows, rng);
         std::vector<double> m0(cols, -INFINITY), m1 = m0;
@@ -114,17 +114,39 @@ TEST(Simd, EveryTableMatchesScalar) {
         k.col_sums(X0.data(), rows, cols, cols, coef.data(), s1.data(), q1.data());
         for (int e = 0; e < cols; ++e) ASSERT_NEAR(s0[e], s1[e], 1e-9 * (rows + 1)) << name;
         expect_close(q0, q1, name + " col_sums squares");
-        // The fused pass: the same values as exp, then the two sums, bit for bit (its own table).
-        {
-          auto Xa = X, Xb = X;
-          std::vector<double> w0(cols, 0.5), p0(cols, 0.25), w1 = w0, p1 = p0;
-          k.col_exp_sub(Xa.data(), rows, cols, cols, m0.data());
-          k.col_sums(Xa.data(), rows, cols, cols, coef.data(), w0.data(), nullptr);
-          k.col_sums(Xa.data(), rows, cols, cols, nullptr, p0.data(), nullptr);
-          k.col_exp_sums(Xb.data(), rows, cols, cols, m0.data(), coef.data(), w1.data(), p1.data());
-          EXPECT_EQ(Xa, Xb) << name << " col_exp_sums values";
-          EXPECT_EQ(w0, w1) << name << " col_exp_sums weighted sums";
-          EXPECT_EQ(p0, p1) << name << " col_exp_sums sums";
+        // exp_atb_acc: exp, the sums and the product with the values in one pass, bit for bit
+        // what the three separate kernels give (its own table), X left as it is; every variant of
+        // the sums, several packed depth chunks (rows 300), row blocks (cols 70) and a masked key.
+        for (const int N : {1, 13, 36}) {
+          auto Xm = X;
+          if (rows > 1) Xm[static_cast<size_t>(rows - 1) * cols] = -INFINITY;  // a masked key
+          const auto V = random_vector(static_cast<size_t>(rows) * N, rng);
+          for (const bool weighted : {false, true})
+            for (const bool squares : {false, true}) {
+              auto Xa = Xm;
+              std::vector<double> s0(cols, 0.5), q0(cols, 0.25), w0(cols, 0.125);
+              auto s1 = s0, q1 = q0, w1 = w0;
+              std::vector<double> C0 = random_vector(static_cast<size_t>(cols) * N, rng), C1 = C0;
+              k.col_exp_sub(Xa.data(), rows, cols, cols, m0.data());
+              if (weighted)
+                k.col_sums(Xa.data(), rows, cols, cols, coef.data(), w0.data(), nullptr);
+              k.col_sums(Xa.data(), rows, cols, cols, nullptr, s0.data(),
+                         squares ? q0.data() : nullptr);
+              k.gemm_atb_acc(cols, N, rows, Xa.data(), cols, V.data(), N, nullptr, C0.data(), N);
+              const auto Xb = Xm;
+              k.exp_atb_acc(cols, N, rows, Xb.data(), cols, m0.data(),
+                            weighted ? coef.data() : nullptr, w1.data(), s1.data(),
+                            squares ? q1.data() : nullptr, V.data(), N, C1.data(), N);
+              const std::string what = name + " exp_atb_acc N=" + std::to_string(N) +
+                                       (weighted ? " weighted" : "") + (squares ? " squares" : "");
+              EXPECT_EQ(Xb, Xm) << what << ": X changed";
+              EXPECT_EQ(C0, C1) << what << " product";
+              EXPECT_EQ(s0, s1) << what << " sums";
+              // The squares may differ in the last bit: col_sums' x * x + s2 is fused on some
+              // tables and not on others (GCC's choice), exp_atb_acc's on every FMA table.
+              expect_close(q0, q1, what + " squares");
+              EXPECT_EQ(w0, w1) << what << " weighted sums";
+            }
         }
         auto x0 = random_vector(cols, rng, 4.0), x1 = x0;
         double sq0 = 0, sq1 = 0;
