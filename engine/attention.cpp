@@ -55,10 +55,11 @@ struct ExactReference::Kept {
   std::vector<double> num_inv_w, den_inv_w;  // 1 / w, to turn a weighted term back into exp(l)
   // The value rows (C x d_v) of every scored column (the kept middle tokens, idx; the sinks and
   // the window are in ExactSide's fixed sums), gathered once per selection for all query heads
-  // and panels instead of in every product; the key rows (C x d) too when the logits of every
-  // key are not held.
+  // and panels instead of in every product, as they are and packed as the numerator's product
+  // reads them (engine/simd.h, pack_atb_b); the key rows (C x d) too, packed for the kept
+  // columns' logits (pack_abt_a), when the logits of every key are not held.
   int columns = 0;
-  scratch::Buffer values, keys;
+  scratch::Buffer values, values_packed, keys_packed;
 };
 
 void check_window(int n, int sink, int eval) {
@@ -148,6 +149,31 @@ ExactReference::ExactReference(const std::vector<const MatrixF*>& queries, const
           K.data(), V.data(), static_cast<int>(K.rows()), static_cast<int>(K.cols()),
           static_cast<int>(V.cols()), sink, eval) {}
 
+struct ExactReference::PackedKV {
+  scratch::Buffer keys;             // pack_abt_a of the keys (n x d)
+  scratch::Buffer values;           // pack_atb_b of the values (n x dv)
+  scratch::Buffer vd;               // the values in double, n x dv row-major
+  std::vector<double> v_sq_prefix;  // [i]: sum_{i' <= i} ||v_i'||^2
+};
+
+ExactReference::PackedKV ExactReference::pack_kv() const {
+  const simd::Kernels& kern = simd::kernels();
+  PackedKV kv;
+  kv.vd.reserve(static_cast<size_t>(n_) * dv_);
+  rows_to_double(V_, n_, dv_, kv.vd.data());
+  const Eigen::Map<const MatrixD> Vd(kv.vd.data(), n_, dv_);
+  kv.v_sq_prefix.resize(n_);
+  double acc = 0;
+  for (int i = 0; i < n_; ++i) kv.v_sq_prefix[i] = acc += Vd.row(i).squaredNorm();
+  kv.values.reserve(kern.packed_size(n_, dv_));
+  kern.pack_atb_b(kv.vd.data(), n_, dv_, dv_, kv.values.data());
+  scratch::Buffer kd(static_cast<size_t>(n_) * d_);
+  rows_to_double(K_, n_, d_, kd.data());
+  kv.keys.reserve(kern.packed_size(n_, d_));
+  kern.pack_abt_a(kd.data(), n_, d_, d_, kv.keys.data());
+  return kv;
+}
+
 ExactReference ExactReference::build(const std::vector<const float*>& queries, const float* K,
                                      const float* V, int n, int d, int dv, int sink, int eval,
                                      bool keep_logits, const std::atomic<bool>* cancel) {
@@ -209,16 +235,17 @@ void ExactReference::build_side(const std::vector<const float*>& queries, bool k
   side->sink = sink_;
   side->eval = eval_;
   side->heads.reserve(queries.size());
+  const PackedKV kv = pack_kv();
   for (const float* q : queries) {
     if (cancel && cancel->load()) throw Cancelled();
     const Eigen::Map<const MatrixF> Q(q, n_, d_);
     MatrixD qd = Q.bottomRows(eval_).cast<double>();
     if (keep_logits) {
       scratch::Buffer l(static_cast<size_t>(n_) * eval_);
-      side->heads.push_back(exact_rows(qd, n_ - eval_, l.data()));
+      side->heads.push_back(exact_rows(qd, n_ - eval_, l.data(), kv));
       logits_.push_back(std::move(l));
     } else {
-      side->heads.push_back(exact_rows(qd, n_ - eval_, nullptr));
+      side->heads.push_back(exact_rows(qd, n_ - eval_, nullptr, kv));
       q_.push_back(std::move(qd));
     }
   }
@@ -236,16 +263,15 @@ ExactReference::Rows ExactReference::rows(int h) const {
   return r;
 }
 
-ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double* logits) const {
+ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double* logits,
+                                           const PackedKV& kv) const {
   const simd::Kernels& kern = simd::kernels();
   ExactSide::Head r;
   const int R = static_cast<int>(q.rows());
   const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
-  // Keys and values in double (the kernels' type), from the pool.
-  scratch::Buffer kd(static_cast<size_t>(n_) * d_), vd(static_cast<size_t>(n_) * dv_);
-  rows_to_double(K_, n_, d_, kd.data());
-  rows_to_double(V_, n_, dv_, vd.data());
-  if (logits) kern.gemm_abt(n_, R, d_, scale, kd.data(), d_, q.data(), d_, logits, R);
+  const double* vd = kv.vd.data();
+  if (logits)
+    kern.gemm_abt_prepacked(n_, R, d_, scale, kv.keys.data(), n_, q.data(), d_, logits, R);
   r.exact.setZero(R, dv_);
   r.fixed_num.setZero(R, dv_);
   r.fixed_max.resize(R);
@@ -254,16 +280,6 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
   r.norm.resize(R);
   r.softmax_norm.resize(R);
   r.v_frob.resize(R);
-  // sum_{i<=j} ||v_i||^2 for the positions of these rows.
-  std::vector<double> v_sq_prefix(static_cast<size_t>(R));
-  {
-    const Eigen::Map<const MatrixD> Vd(vd.data(), n_, dv_);
-    double acc = 0;
-    for (int i = 0; i < first_j + R; ++i) {
-      acc += Vd.row(i).squaredNorm();
-      if (i >= first_j) v_sq_prefix[i - first_j] = acc;
-    }
-  }
   // Keys x panel rows: exp(l - max), 0 beyond each query's position.
   scratch::Buffer panel(static_cast<size_t>(first_j + R) * std::min(R, kPanelRows));
   // The fixed columns' logits (sinks, then the window up to the panel's last row) and tokens.
@@ -282,7 +298,8 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
         std::copy(logits + static_cast<long>(i) * R + r0,
                   logits + static_cast<long>(i) * R + r0 + rows, P + static_cast<long>(i) * rows);
     } else {
-      kern.gemm_abt(keys, rows, d_, scale, kd.data(), d_, q.row(r0).data(), d_, P, rows);
+      kern.gemm_abt_prepacked(keys, rows, d_, scale, kv.keys.data(), n_, q.row(r0).data(), d_, P,
+                              rows);
     }
     for (int i = first_j + r0 + 1; i < keys; ++i)  // causal mask: query e sees keys <= j(e)
       for (int e = 0; e < i - first_j - r0; ++e) P[static_cast<long>(i) * rows + e] = kMinusInf;
@@ -302,7 +319,7 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
     double* fsum = r.fixed_sum.data() + r0;
     std::fill(fsum, fsum + rows, 0.0);
     kern.col_sums(F, fixed_cols, rows, rows, nullptr, fsum, nullptr);
-    kern.gemm_atb_acc(rows, dv_, fixed_cols, F, rows, vd.data(), dv_, fixed_tok.data(),
+    kern.gemm_atb_acc(rows, dv_, fixed_cols, F, rows, vd, dv_, fixed_tok.data(),
                       r.fixed_num.row(r0).data(), dv_);
     double* shift = r.shift.data() + r0;
     std::fill(shift, shift + rows, kMinusInf);
@@ -310,12 +327,12 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
     z.assign(rows, 0.0);
     p_sq.assign(rows, 0.0);
     // exp(l - shift), its sums and its product with the values, in one pass over the logits.
-    kern.exp_atb_acc(rows, dv_, keys, P, rows, shift, nullptr, nullptr, z.data(), p_sq.data(),
-                     vd.data(), dv_, r.exact.row(r0).data(), dv_);
+    kern.exp_atb_acc(rows, dv_, keys, P, rows, shift, nullptr, nullptr, z.data(), p_sq.data(), vd,
+                     dv_, kv.values.data(), n_, r.exact.row(r0).data(), dv_);
     for (int e = 0; e < rows; ++e) {
       r.norm[r0 + e] = z[e];
       r.softmax_norm[r0 + e] = std::sqrt(p_sq[e]) / z[e];
-      r.v_frob[r0 + e] = std::sqrt(v_sq_prefix[r0 + e]);
+      r.v_frob[r0 + e] = std::sqrt(kv.v_sq_prefix[first_j + r0 + e]);
       r.exact.row(r0 + e) /= z[e];
     }
   }
@@ -374,15 +391,20 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
   // One column per kept middle token (the sinks and the window are in the exact side's fixed
   // sums).
   k.columns = static_cast<int>(all.size());
+  const simd::Kernels& kern = simd::kernels();
   k.values.reserve(static_cast<size_t>(k.columns) * dv_);
   for (int c = 0; c < k.columns; ++c)
     rows_to_double(V_ + static_cast<long>(all[c]) * dv_, 1, dv_,
                    k.values.data() + static_cast<long>(c) * dv_);
+  k.values_packed.reserve(kern.packed_size(k.columns, dv_));
+  kern.pack_atb_b(k.values.data(), k.columns, dv_, dv_, k.values_packed.data());
   if (logits_.empty()) {
-    k.keys.reserve(static_cast<size_t>(k.columns) * d_);
+    scratch::Buffer keys(static_cast<size_t>(k.columns) * d_);
     for (int c = 0; c < k.columns; ++c)
       rows_to_double(K_ + static_cast<long>(all[c]) * d_, 1, d_,
-                     k.keys.data() + static_cast<long>(c) * d_);
+                     keys.data() + static_cast<long>(c) * d_);
+    k.keys_packed.reserve(kern.packed_size(k.columns, d_));
+    kern.pack_abt_a(keys.data(), k.columns, d_, d_, k.keys_packed.data());
   }
   return k;
 }
@@ -415,7 +437,8 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
   if (!rows.logits && C > 0) {
     kept_logits.reserve(static_cast<size_t>(C) * R);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
-    kern.gemm_abt(C, R, d_, scale, k.keys.data(), d_, rows.q, d_, kept_logits.data(), R);
+    kern.gemm_abt_prepacked(C, R, d_, scale, k.keys_packed.data(), C, rows.q, d_,
+                            kept_logits.data(), R);
   }
   auto logit_row = [&](int c) {
     return rows.logits ? rows.logits + static_cast<long>(tok[c]) * R
@@ -479,7 +502,7 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     num.setZero(nr, dv_);
     if (shared_terms)  // the exponentials, both sums and the numerator in one pass
       kern.exp_atb_acc(nr, dv_, C, Wn.data(), nr, m2.data(), k.num_inv_w.data(), msum.data(),
-                       den.data(), nullptr, k.values.data(), dv_, num.data(), dv_);
+                       den.data(), nullptr, nullptr, 0, k.values_packed.data(), C, num.data(), dv_);
     else
       kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, k.values.data(), dv_, nullptr, num.data(), dv_);
     for (int e = 0; e < nr; ++e) {
@@ -540,11 +563,11 @@ VectorD ExactReference::approximation(const Selection& sel, const float* q, int 
   ExactSide::Head head;
   scratch::Buffer logits;
   if (logits_.empty()) {
-    head = exact_rows(qd, j, nullptr);
+    head = exact_rows(qd, j, nullptr, pack_kv());
     r.q = qd.data();
   } else {
     logits.reserve(static_cast<size_t>(n_));
-    head = exact_rows(qd, j, logits.data());
+    head = exact_rows(qd, j, logits.data(), pack_kv());
     r.logits = logits.data();
   }
   r.side = &head;

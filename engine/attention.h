@@ -133,9 +133,14 @@ class ExactReference {
   struct Kept;  // a validated selection, merged over numerator and denominator
   Kept prepare(const std::vector<int>& num_idx, const std::vector<double>& num_logw,
                const std::vector<int>& den_idx, const std::vector<double>& den_logw) const;
+  // The keys and the values as the exact side's products read them, converted to double and
+  // packed once for every query head and panel (engine/attention.cpp).
+  struct PackedKV;
+  PackedKV pack_kv() const;
   // The exact side of query rows q (R x d) at positions first_j ...; the logits of every key go to
   // `logits` (n x R) when not null, else they are computed panel by panel.
-  ExactSide::Head exact_rows(const MatrixD& q, int first_j, double* logits) const;
+  ExactSide::Head exact_rows(const MatrixD& q, int first_j, double* logits,
+                             const PackedKV& kv) const;
   void build_side(const std::vector<const float*>& queries, bool keep_logits,
                   const std::atomic<bool>* cancel);
   Rows rows(int h) const;

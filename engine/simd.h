@@ -54,9 +54,23 @@ struct Kernels {
   // (when not null), wsum[e] += sum_p coef[p] P[p][e] (when coef is not null): bit for bit what
   // col_exp_sub, then col_sums (each sum its own call), then gemm_atb_acc give, in one pass over X
   // (the squares fused on every FMA table, where col_sums' may or may not be: GCC's choice).
+  // B may come packed instead (b_packed from pack_atb_b over b_depth >= K rows; B unused).
   void (*exp_atb_acc)(int M, int N, int K, const double* X, int ldx, const double* m,
                       const double* coef, double* wsum, double* sum, double* sum_sq,
-                      const double* B, int ldb, double* C, int ldc);
+                      const double* B, int ldb, const double* b_packed, int b_depth, double* C,
+                      int ldc);
+  // Operands packed once for several products (the exact side packs a kv head's keys and values
+  // once for all its query heads and panels instead of once per product): the products read them
+  // as gemm_abt and exp_atb_acc read theirs, so the results are the same bit for bit.
+  // packed_size(rows, cols): the doubles either packed form of a rows x cols matrix needs.
+  size_t (*packed_size)(int rows, int cols);
+  // A (rows x depth, row stride lda), as gemm_abt's A: for gemm_abt_prepacked.
+  void (*pack_abt_a)(const double* A, int rows, int depth, int lda, double* dst);
+  // B (depth x cols, row stride ldb), as exp_atb_acc's B: its b_packed.
+  void (*pack_atb_b)(const double* B, int depth, int cols, int ldb, double* dst);
+  // gemm_abt with A packed by pack_abt_a from a_rows >= M rows (the first M are used).
+  void (*gemm_abt_prepacked)(int M, int N, int K, double alpha, const double* a_packed, int a_rows,
+                             const double* B, int ldb, double* C, int ldc);
   // The float32 walk's block Gram (engine/balance_walk.cpp); null in the tables without fused
   // multiply-adds (scalar, sse2). Rows i in [ibegin, iend) of G = X X^T for the `rows` rows of X
   // (`dim` features), given packed: G[i][j] = sum_c x_i[c] x_j[c] in float, one accumulator per

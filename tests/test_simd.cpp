@@ -85,6 +85,18 @@ TEST(Simd, EveryTableMatchesScalar) {
           // Dot products may cancel: compare against the scale of the terms.
           for (size_t i = 0; i < c0.size(); ++i)
             ASSERT_LE(std::abs(c0[i] - c1[i]), 1e-9 * 0.3 * K) << name << " gemm_abt";
+          // A packed once (here over 70 more rows, of which the product reads the first M):
+          // the same products bit for bit.
+          {
+            auto A_long = A;
+            const auto extra = random_vector(static_cast<size_t>(70) * K, rng);
+            A_long.insert(A_long.end(), extra.begin(), extra.end());
+            std::vector<double> A_packed(k.packed_size(M + 70, K));
+            k.pack_abt_a(A_long.data(), M + 70, K, K, A_packed.data());
+            std::vector<double> c2(c1.size());
+            k.gemm_abt_prepacked(M, N, K, 0.3, A_packed.data(), M + 70, B.data(), K, c2.data(), N);
+            ASSERT_EQ(c1, c2) << name << " gemm_abt_prepacked M=" << M << " N=" << N << " K=" << K;
+          }
 
           // C (M x N) += A^T B with A: K x M, B rows picked in reverse.
           const auto At = random_vector(static_cast<size_t>(K) * M, rng);
@@ -120,13 +132,19 @@ TEST(Simd, EveryTableMatchesScalar) {
         for (const int N : {1, 13, 36}) {
           auto Xm = X;
           if (rows > 1) Xm[static_cast<size_t>(rows - 1) * cols] = -INFINITY;  // a masked key
-          const auto V = random_vector(static_cast<size_t>(rows) * N, rng);
+          // The values, and the same values packed once over 131 more rows, of which the
+          // product reads the first `rows` (as the exact side reads a prefix of the keys).
+          const auto V = random_vector(static_cast<size_t>(rows + 131) * N, rng);
+          std::vector<double> V_packed(k.packed_size(rows + 131, N));
+          k.pack_atb_b(V.data(), rows + 131, N, N, V_packed.data());
           for (const bool weighted : {false, true})
             for (const bool squares : {false, true}) {
               auto Xa = Xm;
               std::vector<double> s0(cols, 0.5), q0(cols, 0.25), w0(cols, 0.125);
               auto s1 = s0, q1 = q0, w1 = w0;
+              const auto s0_start = s0, q0_start = q0, w0_start = w0;
               std::vector<double> C0 = random_vector(static_cast<size_t>(cols) * N, rng), C1 = C0;
+              const auto C0_start = C0;
               k.col_exp_sub(Xa.data(), rows, cols, cols, m0.data());
               if (weighted)
                 k.col_sums(Xa.data(), rows, cols, cols, coef.data(), w0.data(), nullptr);
@@ -136,7 +154,12 @@ TEST(Simd, EveryTableMatchesScalar) {
               const auto Xb = Xm;
               k.exp_atb_acc(cols, N, rows, Xb.data(), cols, m0.data(),
                             weighted ? coef.data() : nullptr, w1.data(), s1.data(),
-                            squares ? q1.data() : nullptr, V.data(), N, C1.data(), N);
+                            squares ? q1.data() : nullptr, V.data(), N, nullptr, 0, C1.data(), N);
+              auto C2 = C0_start, s2 = s0_start, q2 = q0_start, w2 = w0_start;
+              k.exp_atb_acc(cols, N, rows, Xb.data(), cols, m0.data(),
+                            weighted ? coef.data() : nullptr, w2.data(), s2.data(),
+                            squares ? q2.data() : nullptr, nullptr, 0, V_packed.data(), rows + 131,
+                            C2.data(), N);
               const std::string what = name + " exp_atb_acc N=" + std::to_string(N) +
                                        (weighted ? " weighted" : "") + (squares ? " squares" : "");
               EXPECT_EQ(Xb, Xm) << what << ": X changed";
@@ -146,6 +169,10 @@ TEST(Simd, EveryTableMatchesScalar) {
               // tables and not on others (GCC's choice), exp_atb_acc's on every FMA table.
               expect_close(q0, q1, what + " squares");
               EXPECT_EQ(w0, w1) << what << " weighted sums";
+              EXPECT_EQ(C1, C2) << what << " with the values packed once";
+              EXPECT_EQ(s1, s2) << what << " sums with the values packed once";
+              EXPECT_EQ(q1, q2) << what << " squares with the values packed once";
+              EXPECT_EQ(w1, w2) << what << " weighted sums with the values packed once";
             }
         }
         auto x0 = random_vector(cols, rng, 4.0), x1 = x0;
