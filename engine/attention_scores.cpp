@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/backend.h"
+#include "engine/capture.h"
 #include "engine/error.h"
 
 namespace kvscope {
@@ -71,6 +72,19 @@ Backend& method_backend(const MethodInput& in) {
   return in.backend ? *in.backend : cpu_backend();
 }
 
+uint64_t layer_id_of(const MethodInput& in, const std::vector<const MatrixF*>& arrays) {
+  const LayerData* layer = in.layer_data;
+  if (!layer || layer->id.value() == 0) return 0;
+  auto within = [](const std::vector<MatrixF>& list, const MatrixF* m) {
+    for (const MatrixF& x : list)
+      if (&x == m) return true;
+    return false;
+  };
+  for (const MatrixF* m : arrays)
+    if (!m || m->rows() != in.n || !(within(layer->keys, m) || within(layer->queries, m))) return 0;
+  return layer->id.value();
+}
+
 std::vector<double> head_attention_scores(const MethodInput& in, int row_begin, int row_end,
                                           ScoreReduce reduce, const int* stop_rows,
                                           std::vector<double>* stopped) {
@@ -92,6 +106,9 @@ std::vector<double> head_attention_scores(const MethodInput& in, int row_begin, 
     b.stop_rows = stop_rows;
   }
   b.heads.push_back(std::move(head));
+  std::vector<const MatrixF*> arrays = in.queries;
+  arrays.push_back(in.keys);
+  b.layer_id = layer_id_of(in, arrays);
   method_backend(in).attention_scores(b);
   return scores;
 }

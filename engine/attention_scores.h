@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ void check_method_input(const MethodInput& in, const std::string& method, bool n
 // The backend a method runs its ops on: in.backend, or the CPU reference (cpu_backend()) when
 // none is given. Both give the same figures up to rounding (tests/test_cuda_parity.cpp).
 Backend& method_backend(const MethodInput& in);
+
+// in.layer_data's id (LayerData::id, engine/capture.h) when every matrix of `arrays` is one of
+// that layer's key or query matrices of in.n rows, so a device backend may keep them resident
+// (ScoreBatch::layer_id); else 0 (upload at every call).
+uint64_t layer_id_of(const MethodInput& in, const std::vector<const MatrixF*>& arrays);
 
 // The attention-score op (engine/ops/attention_scores.h) for this head's keys and GQA group over
 // the query rows [row_begin, row_end), on method_backend(in), checking in.cancel: entry i is key

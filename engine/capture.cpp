@@ -6,6 +6,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -34,6 +35,13 @@ const char* dtype_name(DType t) {
       return "BF16";
   }
   return "?";
+}
+
+LayerId LayerId::fresh() {
+  static std::atomic<uint64_t> next{1};
+  LayerId id;
+  id.value_ = next.fetch_add(1, std::memory_order_relaxed);
+  return id;
 }
 
 std::vector<const MatrixF*> LayerData::group_queries(int kv) const {
@@ -546,6 +554,9 @@ class ArchiveCapture final : public CaptureFile {
   std::shared_ptr<LayerData> load(int L) const {
     auto data = std::make_shared<LayerData>();
     data->layer = L;
+    // A fresh id at every load: matrices recycled from an evicted layer (spare_) hold new
+    // contents, so they must never be named by the id of the layer that had them before.
+    data->id = LayerId::fresh();
     data->rope = info_.rope;
     data->refused.assign(info_.kv_heads, std::string());
     auto refuse = [&](int kv, const std::string& reason) {

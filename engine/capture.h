@@ -2,6 +2,7 @@
 // model. Format of record: safetensors (memory-mapped, layers read on demand); .npz is also read.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,9 +55,41 @@ struct CaptureInfo {
   int kv_head_of(int q_head) const { return q_head / group_size(); }
 };
 
+// Names one loaded layer's data for the device backends' resident copies (docs/design.md,
+// "Backend ops": layers resident on the device). CaptureFile::layer gives every load, a reload
+// of an evicted layer included, a number never given before in this process (LayerId::fresh), so
+// while a LayerData holding id x lives its matrices keep the contents they were loaded with, and
+// no other LayerData is x. 0 names nothing: a layer built or changed in memory, whose arrays a
+// device backend uploads at every call. A copy is new data that its owner may change, so it gets
+// 0; a move takes the id along (and leaves 0 behind).
+class LayerId {
+ public:
+  LayerId() = default;
+  static LayerId fresh();  // the next number of a process-wide atomic counter, from 1
+  LayerId(const LayerId&) noexcept {}
+  LayerId& operator=(const LayerId&) noexcept {
+    value_ = 0;
+    return *this;
+  }
+  LayerId(LayerId&& other) noexcept : value_(other.value_) { other.value_ = 0; }
+  LayerId& operator=(LayerId&& other) noexcept {
+    if (this != &other) {
+      value_ = other.value_;
+      other.value_ = 0;
+    }
+    return *this;
+  }
+  uint64_t value() const { return value_; }
+
+ private:
+  uint64_t value_ = 0;
+};
+
 // One layer, converted to float32. keys/values are indexed by kv head, queries by query head.
 struct LayerData {
   int layer = 0;
+  // Set by CaptureFile::layer: the data is that load's and does not change (see LayerId).
+  LayerId id;
   std::vector<MatrixF> keys;     // [kv_heads] n x d
   std::vector<MatrixF> values;   // [kv_heads] n x d_v
   std::vector<MatrixF> queries;  // [q_heads] n x d, empty when the capture has none

@@ -319,6 +319,9 @@ void add_error_head(ErrorBatch& b, const LayerData& layer, int kv_head, const Ev
     b.dv = static_cast<int>(V.cols());
     b.sink = w.sink;
     b.eval = w.eval;
+    b.layer_id = layer.id.value();
+  } else if (b.layer_id != layer.id.value()) {
+    b.layer_id = 0;  // heads of different layers: nothing names them all
   }
   ++b.kv_heads;
   b.q_heads += static_cast<int>(queries.size());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/attention_error.cuh"
+#include "kernels/resident_layers.cuh"
 
 namespace kvscope::cuda {
 namespace {
@@ -48,7 +49,7 @@ __device__ __forceinline__ Real rescale(Real old, Real now) {
 // head: a tree reduction over [0, n-E), then a sequential scan over the window (E is small).
 __global__ void v_sq_prefix_kernel(ErrorDeviceArgs a) {
   const int kvh = blockIdx.x;
-  const float* v = a.values + static_cast<size_t>(kvh) * a.n * a.dv;
+  const float* v = a.values[kvh];
   const int win = a.n - a.eval;
   __shared__ double partial[kErrThreads];
   double s = 0.0;
@@ -166,8 +167,9 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   // Logits as the CPU reference forms them: <q,k> / sqrt(d) (float: times 1/sqrt(d)).
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const double sqrt_d = sqrt(static_cast<double>(d));
-  const float* keys = a.keys + static_cast<size_t>(kvh) * a.n * d;
-  const float* values = a.values + static_cast<size_t>(kvh) * a.n * dv;
+  const float* keys = a.keys[kvh];
+  const float* values = a.values[kvh];
+  const float* queries = a.queries[qh];
   const float* lw_num = a.lw_num + static_cast<size_t>(kvh) * n_mid;
   const float* lw_den = a.lw_den + static_cast<size_t>(kvh) * n_mid;
 
@@ -177,10 +179,7 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   }
   for (int e = tid; e < kErrQueries * d; e += kErrThreads) {
     const int q = e / d;
-    Qs[e] =
-        q < nq
-            ? static_cast<Real>(a.queries[(static_cast<size_t>(qh) * a.eval + e0 + q) * d + e % d])
-            : Real(0);
+    Qs[e] = q < nq ? static_cast<Real>(queries[static_cast<size_t>(e0 + q) * d + e % d]) : Real(0);
   }
 
   double acc_x[kMaxOut], acc_n[kMaxOut];
@@ -405,7 +404,8 @@ void check_set(const std::vector<int>& idx, const std::vector<float>& logw, int 
 
 }  // namespace
 
-ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cudaStream_t stream) {
+ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
+                                   ResidentLayers* resident, cudaStream_t stream) {
   if (b.kv_heads <= 0 || b.q_heads <= 0 || b.q_heads % b.kv_heads != 0)
     throw std::invalid_argument("attention_errors: " + std::to_string(b.q_heads) +
                                 " query heads do not form groups over " +
@@ -453,22 +453,47 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cuda
   a.sink = b.sink;
   a.eval = b.eval;
   a.float_scores = b.float_scores;
-  float* keys = ws.keys.reserve_as<float>(kv * n * d);
-  float* values = ws.values.reserve_as<float>(kv * n * dv);
-  float* queries = ws.queries.reserve_as<float>(b.q_heads * E * d);
   float* lw_num = ws.lw_num.reserve_as<float>(std::max<size_t>(1, kv * n_mid));
   float* lw_den = ws.lw_den.reserve_as<float>(std::max<size_t>(1, kv * n_mid));
   double* v_sq = ws.v_sq.reserve_as<double>(kv * E);
   double* out = ws.out.reserve_as<double>(3 * b.q_heads * E);
-  for (size_t h = 0; h < kv; ++h) {
-    KVS_CUDA_CHECK(cudaMemcpyAsync(keys + h * n * d, b.keys[h], n * d * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-    KVS_CUDA_CHECK(cudaMemcpyAsync(values + h * n * dv, b.values[h], n * dv * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
+  // Per-head device pointers: [kv keys][kv values][q_heads queries].
+  const size_t q_heads = static_cast<size_t>(b.q_heads);
+  std::vector<const float*> table(2 * kv + q_heads);
+  const size_t key_bytes = n * d * sizeof(float), value_bytes = n * dv * sizeof(float);
+  const size_t query_bytes = E * d * sizeof(float);
+  if (resident && b.layer_id != 0 &&
+      resident->begin_call(kv * (key_bytes + value_bytes) + q_heads * query_bytes)) {
+    for (size_t h = 0; h < kv; ++h) {
+      table[h] = static_cast<const float*>(
+          resident->find_or_upload(b.layer_id, b.keys[h], key_bytes, stream));
+      table[kv + h] = static_cast<const float*>(
+          resident->find_or_upload(b.layer_id, b.values[h], value_bytes, stream));
+    }
+    for (size_t h = 0; h < q_heads; ++h)  // the evaluation rows only
+      table[2 * kv + h] = static_cast<const float*>(
+          resident->find_or_upload(b.layer_id, b.queries[h] + (n - E) * d, query_bytes, stream));
+  } else {
+    float* keys = ws.keys.reserve_as<float>(kv * n * d);
+    float* values = ws.values.reserve_as<float>(kv * n * dv);
+    float* queries = ws.queries.reserve_as<float>(q_heads * E * d);
+    for (size_t h = 0; h < kv; ++h) {
+      table[h] = keys + h * n * d;
+      table[kv + h] = values + h * n * dv;
+      KVS_CUDA_CHECK(
+          cudaMemcpyAsync(keys + h * n * d, b.keys[h], key_bytes, cudaMemcpyHostToDevice, stream));
+      KVS_CUDA_CHECK(cudaMemcpyAsync(values + h * n * dv, b.values[h], value_bytes,
+                                     cudaMemcpyHostToDevice, stream));
+    }
+    for (size_t h = 0; h < q_heads; ++h) {  // the evaluation rows only
+      table[2 * kv + h] = queries + h * E * d;
+      KVS_CUDA_CHECK(cudaMemcpyAsync(queries + h * E * d, b.queries[h] + (n - E) * d, query_bytes,
+                                     cudaMemcpyHostToDevice, stream));
+    }
   }
-  for (size_t h = 0; h < static_cast<size_t>(b.q_heads); ++h)  // the evaluation rows only
-    KVS_CUDA_CHECK(cudaMemcpyAsync(queries + h * E * d, b.queries[h] + (n - E) * d,
-                                   E * d * sizeof(float), cudaMemcpyHostToDevice, stream));
+  const float** tables = ws.tables.reserve_as<const float*>(table.size());
+  KVS_CUDA_CHECK(cudaMemcpyAsync(tables, table.data(), table.size() * sizeof(const float*),
+                                 cudaMemcpyHostToDevice, stream));
   if (n_mid > 0) {
     KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, num.data(), num.size() * sizeof(float),
                                    cudaMemcpyHostToDevice, stream));
@@ -477,9 +502,9 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cuda
   }
   // The host vectors die with this function: finish the copies first.
   KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  a.keys = keys;
-  a.values = values;
-  a.queries = queries;
+  a.keys = tables;
+  a.values = tables + kv;
+  a.queries = tables + 2 * kv;
   a.lw_num = lw_num;
   a.lw_den = lw_den;
   a.v_sq_prefix = v_sq;

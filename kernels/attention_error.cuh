@@ -27,11 +27,13 @@ constexpr int kErrMaxDv = 256;  // value dims the register accumulators are size
 
 struct ErrorDeviceArgs {
   int n = 0, d = 0, dv = 0, q_heads = 0, kv_heads = 0, sink = 0, eval = 0;
-  bool float_scores = false;       // see ErrorBatch::float_scores
-  const float* keys = nullptr;     // [kv_heads][n][d]
-  const float* values = nullptr;   // [kv_heads][n][dv]
-  const float* queries = nullptr;  // [q_heads][eval][d]: only the evaluation rows
-  const float* lw_num = nullptr;   // [kv_heads][n_mid], -inf where the token is not selected
+  bool float_scores = false;  // see ErrorBatch::float_scores
+  // Device pointer tables: each head's rows, in the call's workspace or resident
+  // (kernels/resident_layers.cuh).
+  const float* const* keys = nullptr;     // [kv_heads] -> n x d
+  const float* const* values = nullptr;   // [kv_heads] -> n x dv
+  const float* const* queries = nullptr;  // [q_heads] -> eval x d: only the evaluation rows
+  const float* lw_num = nullptr;          // [kv_heads][n_mid], -inf where the token is not selected
   const float* lw_den = nullptr;
   double* v_sq_prefix = nullptr;  // [kv_heads][eval]: sum_{i<=j} ||v_i||^2 (filled on device)
   double* relative = nullptr;     // [q_heads][eval]
@@ -41,8 +43,9 @@ struct ErrorDeviceArgs {
 
 // Device copies of one ErrorBatch, reused across calls.
 struct ErrorWorkspace {
-  DeviceBuffer keys, values, queries, lw_num, lw_den, v_sq, out;
+  DeviceBuffer keys, values, queries, lw_num, lw_den, v_sq, out, tables;
   void release() {
+    tables.release();
     keys.release();
     values.release();
     queries.release();
@@ -53,9 +56,14 @@ struct ErrorWorkspace {
   }
 };
 
+class ResidentLayers;
+
 // Checks `b` exactly as cpu_attention_errors does (same exception types and messages), uploads
 // it into `ws` and returns the device view. Selections become dense per-token log-weight rows.
-ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws, cudaStream_t stream);
+// With `resident` and a non-zero b.layer_id, keys, values and the evaluation query rows come
+// from (or go once into) the resident layer copies instead of being uploaded again.
+ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
+                                   ResidentLayers* resident, cudaStream_t stream);
 
 // Dynamic shared memory the main kernel needs for these shapes, or 0 when they are beyond what
 // this kernel supports (dv > kErrMaxDv, or more shared memory than the device allows).

@@ -3,9 +3,11 @@
 #include <climits>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "engine/error.h"
 #include "kernels/attention_scores.cuh"
+#include "kernels/resident_layers.cuh"
 
 namespace kvscope::cuda {
 namespace {
@@ -39,9 +41,9 @@ __global__ void __launch_bounds__(kScoreKeyTile) score_row_stats_kernel(ScoreDev
   const int kv = qh / a.group;
   const int r0 = blockIdx.x * kScoreRowTile;  // first row of the tile, counted from row_begin
   const int rn = min(kScoreRowTile, a.rows - r0);
-  const float* q = a.queries + (static_cast<size_t>(qh) * a.rows + r0) * a.d;
+  const float* q = a.queries[qh] + static_cast<size_t>(r0) * a.d;
   for (int e = threadIdx.x; e < rn * a.d; e += blockDim.x) qs[e] = q[e];
-  const float* keys = a.keys + static_cast<size_t>(kv) * a.row_end * a.d;
+  const float* keys = a.keys[kv];
   const int first_row = a.row_begin + r0;
   const int last_row = first_row + rn - 1;  // sees keys 0..last_row
   double m[kScoreRowTile], s[kScoreRowTile];
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(kScoreKeyTile) score_column_kernel(ScoreDevice
   const int i = k0 + static_cast<int>(threadIdx.x);
   const bool owns = static_cast<int>(threadIdx.x) < kn;
   const int stop = owns && a.stop_rows ? a.stop_rows[i] : INT_MAX;
-  if (start < c1) stage_keys(a.keys + static_cast<size_t>(kv) * a.row_end * a.d, k0, kn, a.d, ks);
+  if (start < c1) stage_keys(a.keys[kv], k0, kn, a.d, ks);
   const float* kr = ks + threadIdx.x * (a.d + 1);
   double sum = 0.0, stop_sum = 0.0;
   for (int j0 = start; j0 < c1; j0 += kScoreRowTile) {
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(kScoreKeyTile) score_column_kernel(ScoreDevice
     __syncthreads();  // the previous rows are consumed (and the key tile is staged)
     for (int g = 0; g < a.group; ++g) {
       const size_t qh = static_cast<size_t>(kv) * a.group + g;
-      const float* q = a.queries + (qh * a.rows + (j0 - a.row_begin)) * a.d;
+      const float* q = a.queries[qh] + static_cast<size_t>(j0 - a.row_begin) * a.d;
       for (int e = threadIdx.x; e < rn * a.d; e += blockDim.x)
         qs[g * kScoreRowTile * a.d + e] = q[e];
       for (int r = threadIdx.x; r < rn; r += blockDim.x) {
@@ -189,7 +191,8 @@ size_t attention_scores_smem_bytes(int d, int group, int device_smem_optin) {
   return bytes <= static_cast<size_t>(device_smem_optin) ? bytes : 0;
 }
 
-ScoreDeviceArgs upload_score_batch(const ScoreBatch& b, ScoreWorkspace& ws, cudaStream_t stream) {
+ScoreDeviceArgs upload_score_batch(const ScoreBatch& b, ScoreWorkspace& ws,
+                                   ResidentLayers* resident, cudaStream_t stream) {
   check_score_batch(b);
   if (b.cancel && b.cancel->load(std::memory_order_relaxed)) throw Cancelled();
   ScoreDeviceArgs a;
@@ -209,17 +212,39 @@ ScoreDeviceArgs upload_score_batch(const ScoreBatch& b, ScoreWorkspace& ws, cuda
   for (const ScoreHead& h : b.heads) any_stopped |= h.stopped != nullptr;
 
   const size_t d = b.d, end = b.row_end, rows = a.rows, heads = a.heads, group = a.group;
-  float* keys = ws.keys.reserve_as<float>(heads * end * d);
-  float* queries = ws.queries.reserve_as<float>(heads * group * rows * d);
-  for (size_t h = 0; h < heads; ++h) {
-    const ScoreHead& head = b.heads[h];
-    KVS_CUDA_CHECK(cudaMemcpyAsync(keys + h * end * d, head.keys, end * d * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-    for (size_t g = 0; g < group; ++g)  // the reduced rows only
-      KVS_CUDA_CHECK(cudaMemcpyAsync(queries + (h * group + g) * rows * d,
-                                     head.queries[g] + b.row_begin * d, rows * d * sizeof(float),
+  // Per-head device pointers: [heads keys][heads * group queries].
+  std::vector<const float*> table(heads + heads * group);
+  const size_t key_bytes = static_cast<size_t>(b.n) * d * sizeof(float);  // whole: shared
+  const size_t query_bytes = rows * d * sizeof(float);
+  if (resident && b.layer_id != 0 &&
+      resident->begin_call(heads * key_bytes + heads * group * query_bytes)) {
+    for (size_t h = 0; h < heads; ++h) {
+      const ScoreHead& head = b.heads[h];
+      table[h] = static_cast<const float*>(
+          resident->find_or_upload(b.layer_id, head.keys, key_bytes, stream));
+      for (size_t g = 0; g < group; ++g)  // the reduced rows only
+        table[heads + h * group + g] = static_cast<const float*>(resident->find_or_upload(
+            b.layer_id, head.queries[g] + b.row_begin * d, query_bytes, stream));
+    }
+  } else {
+    float* keys = ws.keys.reserve_as<float>(heads * end * d);
+    float* queries = ws.queries.reserve_as<float>(heads * group * rows * d);
+    for (size_t h = 0; h < heads; ++h) {
+      const ScoreHead& head = b.heads[h];
+      table[h] = keys + h * end * d;
+      KVS_CUDA_CHECK(cudaMemcpyAsync(keys + h * end * d, head.keys, end * d * sizeof(float),
                                      cudaMemcpyHostToDevice, stream));
+      for (size_t g = 0; g < group; ++g) {  // the reduced rows only
+        table[heads + h * group + g] = queries + (h * group + g) * rows * d;
+        KVS_CUDA_CHECK(cudaMemcpyAsync(queries + (h * group + g) * rows * d,
+                                       head.queries[g] + b.row_begin * d, query_bytes,
+                                       cudaMemcpyHostToDevice, stream));
+      }
+    }
   }
+  const float** tables = ws.tables.reserve_as<const float*>(table.size());
+  KVS_CUDA_CHECK(cudaMemcpyAsync(tables, table.data(), table.size() * sizeof(const float*),
+                                 cudaMemcpyHostToDevice, stream));
   if (any_stopped) {
     int* stop_rows = ws.stop_rows.reserve_as<int>(end);
     KVS_CUDA_CHECK(
@@ -230,8 +255,10 @@ ScoreDeviceArgs upload_score_batch(const ScoreBatch& b, ScoreWorkspace& ws, cuda
   const size_t parts = heads * a.chunks * end;
   double* part = ws.part.reserve_as<double>((any_stopped ? 2 : 1) * parts);
   double* out = ws.out.reserve_as<double>((any_stopped ? 2 : 1) * heads * end);
-  a.keys = keys;
-  a.queries = queries;
+  // The table dies with this function: finish the copies first.
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  a.keys = tables;
+  a.queries = tables + heads;
   a.row_max = stats;
   a.row_inv = stats + heads * group * rows;
   a.part = part;

@@ -39,22 +39,25 @@ struct ScoreDeviceArgs {
   int heads = 0, group = 0;
   bool mean_seen = false;  // ScoreReduce::mean_seen
   int chunks = 0, chunk_rows = 0;
-  double scale = 0;                // 1 / sqrt(d)
-  const float* keys = nullptr;     // [heads][row_end][d]
-  const float* queries = nullptr;  // [heads * group][rows][d]: rows row_begin.. only
-  const int* stop_rows = nullptr;  // [row_end], or null when no head asks for stopped sums
-  double* row_max = nullptr;       // [heads * group][rows]
-  double* row_inv = nullptr;       // [heads * group][rows]: 1 / (sum of exp * group)
-  double* part = nullptr;          // [heads][chunks][row_end]
-  double* part_stop = nullptr;     // [heads][chunks][row_end], or null
-  double* scores = nullptr;        // [heads][row_end]
-  double* stopped = nullptr;       // [heads][row_end], or null
+  double scale = 0;  // 1 / sqrt(d)
+  // Device pointer tables: each head's rows, in the call's workspace or resident
+  // (kernels/resident_layers.cuh).
+  const float* const* keys = nullptr;     // [heads] -> at least row_end x d
+  const float* const* queries = nullptr;  // [heads * group] -> rows x d: rows row_begin.. only
+  const int* stop_rows = nullptr;         // [row_end], or null when no head asks for stopped sums
+  double* row_max = nullptr;              // [heads * group][rows]
+  double* row_inv = nullptr;              // [heads * group][rows]: 1 / (sum of exp * group)
+  double* part = nullptr;                 // [heads][chunks][row_end]
+  double* part_stop = nullptr;            // [heads][chunks][row_end], or null
+  double* scores = nullptr;               // [heads][row_end]
+  double* stopped = nullptr;              // [heads][row_end], or null
 };
 
 // Device copies of one ScoreBatch, reused across calls.
 struct ScoreWorkspace {
-  DeviceBuffer keys, queries, stop_rows, stats, part, out;
+  DeviceBuffer keys, queries, stop_rows, stats, part, out, tables;
   void release() {
+    tables.release();
     keys.release();
     queries.release();
     stop_rows.release();
@@ -68,10 +71,15 @@ struct ScoreWorkspace {
 // heads, or 0 when that is beyond `device_smem_optin` (the backend then declines the shape).
 size_t attention_scores_smem_bytes(int d, int group, int device_smem_optin);
 
+class ResidentLayers;
+
 // Checks `b` as the CPU reference does (check_score_batch: std::invalid_argument), throws
 // Cancelled when b.cancel is set, uploads it into `ws` and returns the device view. A batch with
-// no rows (row_begin == row_end) uploads nothing and returns rows == 0.
-ScoreDeviceArgs upload_score_batch(const ScoreBatch& b, ScoreWorkspace& ws, cudaStream_t stream);
+// no rows (row_begin == row_end) uploads nothing and returns rows == 0. With `resident` and a
+// non-zero b.layer_id, each head's whole keys (shared with attention_errors' copies) and its
+// group's reduced query rows come from (or go once into) the resident layer copies.
+ScoreDeviceArgs upload_score_batch(const ScoreBatch& b, ScoreWorkspace& ws,
+                                   ResidentLayers* resident, cudaStream_t stream);
 
 // Runs the three launches (rows > 0).
 void launch_attention_scores(const ScoreDeviceArgs& a, int device_smem_optin, cudaStream_t stream);

@@ -22,6 +22,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/kcenter.cuh"
 #include "kernels/key_clusters.cuh"
+#include "kernels/resident_layers.cuh"
 #include "kernels/tsne_grad.cuh"
 #include "kernels/walk.cuh"
 
@@ -85,7 +86,7 @@ class CudaBackend final : public Backend {
 
   void attention_errors(const ErrorBatch& b) override {
     guarded([&] {
-      const cuda::ErrorDeviceArgs a = cuda::upload_error_batch(b, error_ws_, stream_);
+      const cuda::ErrorDeviceArgs a = cuda::upload_error_batch(b, error_ws_, &resident_, stream_);
       cuda::launch_attention_errors(a, smem_optin_, stream_);
       cuda::download_error_outputs(a, b, stream_);
     });
@@ -113,7 +114,7 @@ class CudaBackend final : public Backend {
 
   void attention_scores(const ScoreBatch& b) override {
     guarded([&] {
-      const cuda::ScoreDeviceArgs a = cuda::upload_score_batch(b, score_ws_, stream_);
+      const cuda::ScoreDeviceArgs a = cuda::upload_score_batch(b, score_ws_, &resident_, stream_);
       cuda::launch_attention_scores(a, smem_optin_, stream_);
       cuda::download_score_outputs(a, b, stream_);
     });
@@ -169,7 +170,29 @@ class CudaBackend final : public Backend {
     }
   }
 
+ public:
+  // The resident layer copies (kernels/resident_layers.cuh), under the same lock as the ops.
+  ResidentLayerStats resident_stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return resident_.stats();
+  }
+  void set_resident_budget(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    resident_.set_budget(bytes);
+  }
+  void reset_resident() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    resident_.release();
+    resident_.reset_stats();
+  }
+  void set_resident_staging_chunk(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    resident_.set_staging_chunk(bytes);
+  }
+
+ private:
   void release_buffers() {
+    resident_.release();
     walk_ws_.release();
     error_ws_.release();
     tsne_ws_.release();
@@ -192,6 +215,7 @@ class CudaBackend final : public Backend {
   cuda::ScoreWorkspace score_ws_;
   cuda::ClusterWorkspace cluster_ws_;
   cuda::CacheScoreWorkspace cache_score_ws_;
+  cuda::ResidentLayers resident_;
 };
 
 struct Probe {
@@ -325,7 +349,7 @@ class ErrorTimer final : public GpuOpTimer {
     cudaDeviceProp prop{};
     KVS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     smem_optin_ = static_cast<int>(prop.sharedMemPerBlockOptin);
-    args_ = cuda::upload_error_batch(b, ws_, timer_.stream());
+    args_ = cuda::upload_error_batch(b, ws_, nullptr, timer_.stream());
   }
   double run_ms() override {
     return timer_.time([&] { cuda::launch_attention_errors(args_, smem_optin_, timer_.stream()); });
@@ -376,7 +400,7 @@ class ScoreTimer final : public GpuOpTimer {
     cudaDeviceProp prop{};
     KVS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     smem_optin_ = static_cast<int>(prop.sharedMemPerBlockOptin);
-    args_ = cuda::upload_score_batch(b, ws_, timer_.stream());
+    args_ = cuda::upload_score_batch(b, ws_, nullptr, timer_.stream());
     KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
   }
   double run_ms() override {
@@ -473,6 +497,46 @@ const bool kRegistered = register_backend("cuda", cuda_backend_instance);
 
 void cuda_fail_next_allocation_for_testing() {
   cuda::g_fail_next_allocation = true;
+}
+
+ResidentLayerStats cuda_resident_stats() {
+  return probe().backend ? probe().backend->resident_stats() : ResidentLayerStats{};
+}
+void cuda_set_resident_budget(size_t bytes) {
+  if (probe().backend) probe().backend->set_resident_budget(bytes);
+}
+void cuda_reset_resident_for_testing() {
+  if (probe().backend) probe().backend->reset_resident();
+}
+void cuda_set_resident_staging_chunk_for_testing(size_t bytes) {
+  if (probe().backend) probe().backend->set_resident_staging_chunk(bytes);
+}
+bool cuda_set_emulated_device_memory_for_testing(size_t bytes) {
+#ifdef KVSCOPE_CUDA_EMULATED
+  std::lock_guard<std::mutex> lock(emu::g_mem_mutex);
+  emu::g_device_capacity = bytes ? bytes : size_t(80) << 30;
+  return true;
+#else
+  (void)bytes;
+  return false;
+#endif
+}
+size_t cuda_emulated_device_memory_used_for_testing() {
+#ifdef KVSCOPE_CUDA_EMULATED
+  std::lock_guard<std::mutex> lock(emu::g_mem_mutex);
+  return emu::g_device_used;
+#else
+  return 0;
+#endif
+}
+bool cuda_host_to_device_bytes_for_testing(uint64_t* bytes) {
+#ifdef KVSCOPE_CUDA_EMULATED
+  *bytes = emu::g_h2d_bytes.load();
+  return true;
+#else
+  (void)bytes;
+  return false;
+#endif
 }
 
 std::unique_ptr<GpuOpTimer> cuda_walk_timer(const WalkBatch& batch) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,37 @@ Backend* cuda_backend_instance(std::string* why);
 // (whether or not it needed to allocate), so tests can check that the engine's fallback still
 // returns the CPU result and reports why (last_fallback(), engine/backend.h).
 void cuda_fail_next_allocation_for_testing();
+
+// The CUDA backend's resident layer copies (kernels/resident_layers.cuh): what a batch with a
+// layer id (ErrorBatch::layer_id, ScoreBatch::layer_id) has cost and kept. For tests and reports.
+struct ResidentLayerStats {
+  uint64_t uploaded_bytes = 0;  // host-to-device bytes copied into resident entries
+  uint64_t uploads = 0;         // entries copied (first uses, and again after an eviction)
+  uint64_t hits = 0;            // entries served without a copy
+  uint64_t evictions = 0;       // entries dropped for the budget or out of memory
+  uint64_t mismatches = 0;      // hits refused because the host bytes had changed (a broken id)
+  uint64_t uncached_calls = 0;  // calls whose layer arrays alone exceed the budget
+  size_t resident_bytes = 0;    // device bytes held now
+  size_t budget_bytes = 0;      // the budget (0 until first used when it is the default)
+  int entries = 0;
+};
+// Zeros when no device answers.
+ResidentLayerStats cuda_resident_stats();
+// The resident budget in bytes; 0 restores the default (half of the device memory free at first
+// use). Entries beyond a smaller budget are evicted at once.
+void cuda_set_resident_budget(size_t bytes);
+// Test hooks: drops every resident copy and zeroes the counters; the size of the pinned staging
+// chunks (0: copy straight from pageable memory; default 8 MiB).
+void cuda_reset_resident_for_testing();
+void cuda_set_resident_staging_chunk_for_testing(size_t bytes);
+// Under the CPU emulation of CUDA (kernels/emu/), every host-to-device byte any kernel file has
+// copied since the start; false on a real device, where the runtime does not count them.
+bool cuda_host_to_device_bytes_for_testing(uint64_t* bytes);
+// Under the emulation: the device memory cudaMalloc may hand out (0: the default 80 GiB), so
+// tests can run it out; false on a real device (nothing is changed). And the bytes allocated now
+// (0 on a real device).
+bool cuda_set_emulated_device_memory_for_testing(size_t bytes);
+size_t cuda_emulated_device_memory_used_for_testing();
 
 // Device-resident timing for bench/bench_gpu.cpp: the constructor uploads the inputs once; each
 // run_ms() replays only the op's kernels and returns their time in milliseconds, measured with

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -21,6 +22,7 @@ namespace kvscope::testing {
 struct ErrorCall {
   int kv_heads = 0, q_heads = 0, n = 0;
   size_t distinct_keys = 0;  // different kv heads' keys in the call
+  uint64_t layer_id = 0;     // ErrorBatch::layer_id: the loaded layer named, 0 for none
 };
 
 class CountingBackend final : public Backend {
@@ -32,7 +34,7 @@ class CountingBackend final : public Backend {
     {
       std::lock_guard<std::mutex> lock(mu_);
       calls_.push_back({b.kv_heads, b.q_heads, b.n,
-                        std::set<const float*>(b.keys.begin(), b.keys.end()).size()});
+                        std::set<const float*>(b.keys.begin(), b.keys.end()).size(), b.layer_id});
     }
     for (const float* k : b.keys)
       if (k == reject_keys.load()) throw std::invalid_argument("test-batch rejects these keys");

@@ -61,13 +61,17 @@ class Tova final : public ScoreRankingMethod {
       b.row_begin = last;
       b.row_end = last + 1;
       b.cancel = in.cancel;
+      std::vector<const MatrixF*> arrays;
       for (size_t p = 0; p < parts.size(); ++p) {
         ScoreHead head;
         head.keys = parts[p].second->data();
         for (const MatrixF* q : parts[p].first) head.queries.push_back(q->data());
         head.scores = rows[p].data();
         b.heads.push_back(std::move(head));
+        arrays.insert(arrays.end(), parts[p].first.begin(), parts[p].first.end());
+        arrays.push_back(parts[p].second);
       }
+      b.layer_id = layer_id_of(in, arrays);
       method_backend(in).attention_scores(b);
       for (const std::vector<double>& p : rows)
         for (int i = in.mid_begin; i < in.mid_end; ++i)

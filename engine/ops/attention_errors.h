@@ -3,6 +3,7 @@
 // engine/attention.h's ExactReference). The CUDA kernel is kernels/attention_error.cu.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 namespace kvscope {
@@ -24,6 +25,11 @@ struct ErrorBatch {
   // GPU only: logits and per-tile sums in float instead of double (faster; the figures then
   // differ from the CPU reference by about 1e-6 relative). The CPU always computes in double.
   bool float_scores = false;
+  // Non-zero: keys, values and queries point into the matrices of the loaded layer with this
+  // LayerData::id (engine/capture.h), which do not change while the id lives, so a device
+  // backend may keep its copies of them across calls (kernels/resident_layers.cuh). 0: upload
+  // them at every call. The CPU ignores it.
+  uint64_t layer_id = 0;
 };
 
 // The CPU reference, in double precision whatever float_scores says. Throws

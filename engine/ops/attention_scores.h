@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 namespace kvscope {
@@ -44,6 +45,11 @@ struct ScoreBatch {
   // Checked between blocks of rows by the CPU reference (throws Cancelled), and before a device
   // launch.
   const std::atomic<bool>* cancel = nullptr;
+  // Non-zero: every head's keys and queries are whole n-row matrices of the loaded layer with
+  // this LayerData::id (engine/capture.h), unchanged while it lives, so a device backend may keep
+  // them resident across calls (kernels/resident_layers.cuh). 0: upload them at every call. The
+  // CPU ignores it.
+  uint64_t layer_id = 0;
 
   int group() const { return heads.empty() ? 0 : static_cast<int>(heads.front().queries.size()); }
 };

@@ -4,12 +4,14 @@
 // shuffles are barriers the scheduler releases when every live thread of the block / warp has
 // reached one (a barrier that never fills aborts with "barrier divergence"). Blocks run one after
 // another, so __shared__ is a function-local static. Device memory is host memory, poisoned with
-// 0xFF on allocation.
+// 0xFF on allocation; it is counted against an emulated capacity (emu::g_device_capacity, for
+// out-of-memory tests), and every host-to-device byte copied is counted (emu::g_h2d_bytes).
 
 #pragma once
 #include <ucontext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -19,6 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #define __global__
@@ -28,6 +32,16 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+// For code that asks whether it runs under this emulation (test hooks in kernels/cuda_backend.cu).
+#define KVSCOPE_CUDA_EMULATED 1
+
+namespace emu {
+inline std::atomic<unsigned long long> g_h2d_bytes{0};  // host-to-device bytes copied so far
+inline std::mutex g_mem_mutex;
+inline std::map<void*, size_t> g_allocs;  // live device allocations and their sizes
+inline size_t g_device_used = 0;
+inline size_t g_device_capacity = size_t(80) << 30;  // cudaMalloc beyond it: out of memory
+}  // namespace emu
 
 struct uint3e {
   unsigned x = 0, y = 0, z = 0;
@@ -50,6 +64,7 @@ enum : int { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidVal
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum { cudaStreamNonBlocking = 1 };
+enum { cudaEventDisableTiming = 2 };
 typedef void* cudaStream_t;
 typedef void* cudaEvent_t;
 struct cudaDeviceProp {
@@ -85,25 +100,59 @@ inline cudaError_t cudaDeviceSynchronize() {
   return cudaSuccess;
 }
 inline cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
+  const size_t rounded = (n + 255) / 256 * 256;
+  std::lock_guard<std::mutex> lock(emu::g_mem_mutex);
+  *p = nullptr;
+  if (emu::g_device_used + rounded > emu::g_device_capacity) return cudaErrorMemoryAllocation;
+  *p = std::aligned_alloc(256, rounded);
+  if (!*p) return cudaErrorMemoryAllocation;
   // Poison so uninitialised reads show up as garbage/NaN.
-  std::memset(*p, 0xFF, (n + 255) / 256 * 256);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  std::memset(*p, 0xFF, rounded);
+  emu::g_allocs[*p] = rounded;
+  emu::g_device_used += rounded;
+  return cudaSuccess;
 }
 template <typename T>
 cudaError_t cudaMalloc(T** p, size_t n) {
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
 inline cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(emu::g_mem_mutex);
+    auto it = emu::g_allocs.find(p);
+    if (it != emu::g_allocs.end()) {
+      emu::g_device_used -= it->second;
+      emu::g_allocs.erase(it);
+    }
+  }
   std::free(p);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  std::lock_guard<std::mutex> lock(emu::g_mem_mutex);
+  *total = emu::g_device_capacity;
+  *free_bytes =
+      emu::g_device_capacity > emu::g_device_used ? emu::g_device_capacity - emu::g_device_used : 0;
+  return cudaSuccess;
+}
+// Pinned host memory is plain host memory here (not counted as device memory).
+inline cudaError_t cudaMallocHost(void** p, size_t n) {
+  *p = std::malloc(n);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyHostToDevice) emu::g_h2d_bytes += n;
   std::memcpy(d, s, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind,
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind kind,
                                    cudaStream_t = nullptr) {
+  if (kind == cudaMemcpyHostToDevice) emu::g_h2d_bytes += n;
   std::memcpy(d, s, n);
   return cudaSuccess;
 }
@@ -118,6 +167,10 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t) {
   return cudaSuccess;
 }
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = nullptr;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = nullptr;
   return cudaSuccess;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs tests/test_cuda_parity.cpp against the REAL kernel sources executed by a CPU emulation of
+# Runs tests/test_cuda_parity.cpp and tests/test_cuda_resident.cpp against the REAL kernel sources executed by a CPU emulation of
 # CUDA's execution model (emulated_cuda_runtime.h, installed as cuda_runtime.h: every thread of a block is a fiber, __syncthreads
 # and warp shuffles are scheduler barriers, device memory is host memory). It checks the kernels'
 # logic, indexing, barriers and numerics where no GPU is available; it is not a substitute for a
@@ -28,7 +28,8 @@ for f in "$ROOT"/kernels/*.cu; do
   "$CXX" "${FLAGS[@]}" -c "$WORK/src/$base.cpp" -o "$WORK/src/$base.o"
   objs+=("$WORK/src/$base.o")
 done
+# The device tests: the op parity tests and the resident-layer tests, one binary.
 "$CXX" "${FLAGS[@]}" -DKVSCOPE_HAVE_CUDA=1 -DKVSCOPE_SOURCE_DIR="\"$ROOT\"" \
-  "$ROOT/tests/test_cuda_parity.cpp" "${objs[@]}" "$BUILD/libengine.a" -o "$WORK/emu_parity" \
-  -lgtest -lgtest_main -lpthread -lz
+  "$ROOT/tests/test_cuda_parity.cpp" "$ROOT/tests/test_cuda_resident.cpp" "${objs[@]}" \
+  "$BUILD/libengine.a" -o "$WORK/emu_parity" -lgtest -lgtest_main -lpthread -lz
 "$WORK/emu_parity" "$@"

@@ -1,0 +1,192 @@
+// The device layer cache; see resident_layers.cuh for the design.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kernels/resident_layers.cuh"
+
+namespace kvscope::cuda {
+
+ResidentLayers::~ResidentLayers() {
+  release();
+  for (cudaEvent_t& e : copied_)
+    if (e) {
+      cudaEventDestroy(e);
+      e = nullptr;
+    }
+}
+
+void ResidentLayers::set_budget(size_t bytes) {
+  set_budget_ = bytes;
+  budget_ = bytes;  // 0: measured again at the next use
+  ++call_;          // no call is running (the backend's lock): every entry may go
+  while (budget_ > 0 && resident_bytes_ > budget_ && evict_one()) {
+  }
+}
+
+void ResidentLayers::set_staging_chunk(size_t bytes) {
+  chunk_ = bytes;
+  for (void*& p : pinned_)
+    if (p) {
+      cudaFreeHost(p);
+      p = nullptr;
+    }
+  staging_failed_ = false;
+}
+
+size_t ResidentLayers::budget() {
+  if (budget_ == 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    KVS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    // What is resident already counts as available to the cache.
+    budget_ = std::max<size_t>((free_bytes + resident_bytes_) / 2, 1);
+  }
+  return budget_;
+}
+
+ResidentLayerStats ResidentLayers::stats() const {
+  ResidentLayerStats s = stats_;
+  s.resident_bytes = resident_bytes_;
+  s.budget_bytes = set_budget_ ? set_budget_ : budget_;
+  s.entries = static_cast<int>(lru_.size());
+  return s;
+}
+
+bool ResidentLayers::begin_call(size_t bytes) {
+  ++call_;
+  if (bytes > budget()) {
+    ++stats_.uncached_calls;
+    return false;
+  }
+  return true;
+}
+
+void ResidentLayers::erase(std::list<Entry>::iterator it) {
+  cudaFree(it->device);  // the stream is synchronised at the end of every call
+  resident_bytes_ -= it->bytes;
+  index_.erase(Key{it->layer, it->host, it->bytes});
+  lru_.erase(it);
+}
+
+bool ResidentLayers::evict_one() {
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    --it;
+    if (it->call == call_) continue;  // this call's kernels will read it
+    erase(it);
+    ++stats_.evictions;
+    return true;
+  }
+  return false;
+}
+
+void* ResidentLayers::allocate(size_t bytes) {
+  if (g_fail_next_allocation.exchange(false))
+    throw CudaFailure(cudaErrorMemoryAllocation,
+                      "cudaMalloc(" + std::to_string(bytes >> 20) +
+                          " MiB, resident layer) failed: cudaErrorMemoryAllocation (simulated for "
+                          "a test)");
+  for (;;) {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (err == cudaSuccess) return p;
+    (void)cudaGetLastError();
+    if (err != cudaErrorMemoryAllocation || !evict_one())
+      check_cuda(err,
+                 ("cudaMalloc(" + std::to_string(bytes >> 20) + " MiB, resident layer)").c_str(),
+                 __FILE__, __LINE__);
+  }
+}
+
+std::vector<unsigned char> ResidentLayers::guard_of(const void* host, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(host);
+  if (bytes <= 2 * kGuardBytes) return std::vector<unsigned char>(p, p + bytes);
+  std::vector<unsigned char> g(p, p + kGuardBytes);
+  g.insert(g.end(), p + bytes - kGuardBytes, p + bytes);
+  return g;
+}
+
+void ResidentLayers::upload(void* device, const void* host, size_t bytes, cudaStream_t stream) {
+  stats_.uploaded_bytes += bytes;
+  ++stats_.uploads;
+  if (chunk_ > 0 && !staging_failed_ && !pinned_[0]) {
+    bool ok = true;
+    for (int i = 0; i < 2 && ok; ++i) {
+      ok = cudaMallocHost(&pinned_[i], chunk_) == cudaSuccess;
+      if (ok && !copied_[i])
+        ok = cudaEventCreateWithFlags(&copied_[i], cudaEventDisableTiming) == cudaSuccess;
+    }
+    if (!ok) {  // no pinned memory: copy from pageable memory, as before
+      (void)cudaGetLastError();
+      for (void*& p : pinned_)
+        if (p) {
+          cudaFreeHost(p);
+          p = nullptr;
+        }
+      staging_failed_ = true;
+    }
+  }
+  if (!pinned_[0]) {
+    KVS_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream));
+    return;
+  }
+  const auto* src = static_cast<const unsigned char*>(host);
+  auto* dst = static_cast<unsigned char*>(device);
+  int buf = 0;
+  for (size_t off = 0; off < bytes; off += chunk_, buf ^= 1) {
+    const size_t len = std::min(chunk_, bytes - off);
+    // The copy that last read this buffer has finished (an event never recorded is complete).
+    KVS_CUDA_CHECK(cudaEventSynchronize(copied_[buf]));
+    std::memcpy(pinned_[buf], src + off, len);
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dst + off, pinned_[buf], len, cudaMemcpyHostToDevice, stream));
+    KVS_CUDA_CHECK(cudaEventRecord(copied_[buf], stream));
+  }
+}
+
+const void* ResidentLayers::find_or_upload(uint64_t layer, const void* host, size_t bytes,
+                                           cudaStream_t stream) {
+  const Key key{layer, host, bytes};
+  auto found = index_.find(key);
+  if (found != index_.end()) {
+    auto it = found->second;
+    if (it->guard == guard_of(host, bytes)) {
+      ++stats_.hits;
+      it->call = call_;
+      lru_.splice(lru_.begin(), lru_, it);
+      return it->device;
+    }
+    ++stats_.mismatches;  // the promise was broken: never serve it
+    erase(it);
+  }
+  while (resident_bytes_ + bytes > budget() && evict_one()) {
+  }
+  Entry e;
+  e.layer = layer;
+  e.host = host;
+  e.bytes = bytes;
+  e.call = call_;
+  e.device = allocate(bytes);
+  lru_.push_front(std::move(e));
+  index_[key] = lru_.begin();
+  resident_bytes_ += bytes;
+  try {
+    upload(lru_.front().device, host, bytes, stream);
+  } catch (...) {
+    erase(lru_.begin());
+    throw;
+  }
+  lru_.front().guard = guard_of(host, bytes);
+  return lru_.front().device;
+}
+
+void ResidentLayers::release() {
+  while (!lru_.empty()) erase(lru_.begin());
+  for (void*& p : pinned_)
+    if (p) {
+      cudaFreeHost(p);
+      p = nullptr;
+    }
+  staging_failed_ = false;
+  budget_ = set_budget_;
+}
+
+}  // namespace kvscope::cuda

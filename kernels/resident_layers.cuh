@@ -1,0 +1,100 @@
+// Layers resident on the device (issue 28 item 1; docs/design.md, "Backend ops", and
+// docs/performance.md, "Layers resident on the device"). A batch with a non-zero layer id
+// (ErrorBatch::layer_id, ScoreBatch::layer_id: LayerData::id, engine/capture.h) promises that its
+// layer arrays are that loaded layer's matrices and do not change while the id lives; ids are
+// never reused. So a range of host memory read under one id always holds the same bytes, and the
+// device copy made at its first use serves every later call: the grid's and the sweep's calls
+// over heads, methods, ratios, seeds and points pay a layer's host-to-device copy once.
+//
+// Entries are keyed by (layer id, host address, bytes): a head's keys, its values, the
+// evaluation rows of each query head, each a separate allocation (the kernels take per-head
+// pointer tables). They live in a least-recently-used list within a byte budget: by default half
+// of the device memory free when the cache is first used, settable (cuda_set_resident_budget,
+// kernels/cuda_backend.h). Entries used by the current call are never evicted during it. A call
+// whose layer arrays exceed the budget on their own is not cached: its caller uploads as before.
+// cudaMalloc running out of memory evicts the least recently used entries and retries; with
+// nothing left to evict it throws CudaFailure (out of memory), which the backend turns into a
+// DeviceFailure (the CPU runs that call).
+//
+// Copies go through two pinned staging buffers (double-buffered: the host fills one while the
+// other's DMA runs, ordered by events) instead of the driver's pageable path; a zero chunk size
+// or a failed pinned allocation copies straight from pageable memory. Whether that is faster on
+// a given machine is for a device run to measure: this has only run under the CPU emulation.
+//
+// Guard: each entry keeps the first and last bytes it was copied from; a hit whose host bytes
+// differ there (a caller that broke the promise) is copied again and counted
+// (ResidentLayerStats::mismatches), never served.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda_backend.h"
+#include "kernels/cuda_check.cuh"
+
+namespace kvscope::cuda {
+
+class ResidentLayers {
+ public:
+  ResidentLayers() = default;
+  ResidentLayers(const ResidentLayers&) = delete;
+  ResidentLayers& operator=(const ResidentLayers&) = delete;
+  ~ResidentLayers();
+
+  // Starts a call of `bytes` of layer arrays (duplicates counted each time). Returns false when
+  // they cannot be resident together within the budget: the caller uploads them as before.
+  // Entries found or uploaded from now until the next begin_call are kept for this call.
+  bool begin_call(size_t bytes);
+  // The device copy of `bytes` bytes at `host` read under `layer` (non-zero), copied on `stream`
+  // at its first use. Only after begin_call returned true for bytes including these.
+  const void* find_or_upload(uint64_t layer, const void* host, size_t bytes, cudaStream_t stream);
+  // Frees every device copy (after a device failure, or for a test) and the staging buffers.
+  void release();
+
+  // 0: the default (half of the free device memory at first use).
+  void set_budget(size_t bytes);
+  // 0 copies straight from pageable memory.
+  void set_staging_chunk(size_t bytes);
+  ResidentLayerStats stats() const;
+  void reset_stats() { stats_ = ResidentLayerStats{}; }
+
+ private:
+  static constexpr size_t kGuardBytes = 64;
+  struct Entry {
+    uint64_t layer = 0;
+    const void* host = nullptr;
+    size_t bytes = 0;
+    void* device = nullptr;
+    uint64_t call = 0;  // the call that used it last
+    std::vector<unsigned char> guard;
+  };
+  using Key = std::tuple<uint64_t, const void*, size_t>;
+
+  size_t budget();
+  void* allocate(size_t bytes);  // evicts and retries on out of memory
+  bool evict_one();              // the least recently used entry not used by this call
+  void erase(std::list<Entry>::iterator it);
+  void upload(void* device, const void* host, size_t bytes, cudaStream_t stream);
+  static std::vector<unsigned char> guard_of(const void* host, size_t bytes);
+
+  std::list<Entry> lru_;  // most recently used first
+  std::map<Key, std::list<Entry>::iterator> index_;
+  size_t resident_bytes_ = 0;
+  size_t budget_ = 0;      // 0 until known
+  size_t set_budget_ = 0;  // set_budget's, 0: the default
+  uint64_t call_ = 0;
+  ResidentLayerStats stats_;
+  // Staging.
+  size_t chunk_ = size_t(8) << 20;
+  bool staging_failed_ = false;
+  void* pinned_[2] = {nullptr, nullptr};
+  cudaEvent_t copied_[2] = {nullptr, nullptr};
+};
+
+}  // namespace kvscope::cuda
