@@ -496,11 +496,13 @@ class ArchiveCapture final : public CaptureFile {
       m = take_matrix(rows, cols);
       float* dst = m.data();
       const size_t head_offset = static_cast<size_t>(h) * head_bytes;
+      bool unusable = false;  // a NaN, Inf or huge value somewhere in the head
       if (t.dtype == DType::F32) {
         if (plain)
           plain->copy(file_offset + head_offset, head_bytes, dst);
         else
           std::memcpy(dst, bytes + head_offset, head_bytes);
+        unusable = any_unusable(dst, per_head);
       } else {
         // In pieces that stay in the core's cache between the copy and the conversion.
         constexpr size_t kPiece = size_t{1} << 15;  // values
@@ -528,9 +530,10 @@ class ArchiveCapture final : public CaptureFile {
               out_piece[i] = bf16_to_float(half);
             }
           }
+          unusable = unusable || any_unusable(out_piece, count);  // while the piece is in cache
         }
       }
-      if (any_unusable(dst, per_head)) {
+      if (unusable) {
         for (size_t i = 0; i < per_head; ++i) {
           const std::string at =
               " at token " + std::to_string(i / cols) + ", channel " + std::to_string(i % cols);

@@ -95,7 +95,7 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
     file->mapping_ = mapping;
     file->data_ = static_cast<const uint8_t*>(mapping);
   }
-  ::close(fd);  // the mapping keeps the file referenced
+  file->fd_ = fd;  // kept for pread() (copy)
   return file;
 }
 
@@ -118,6 +118,21 @@ void MappedFile::copy(size_t offset, size_t n, void* dst) const {
     std::memcpy(dst, data_ + offset, n);
     return;
   }
+  // Reads of at least a page: pread (a file that shrank returns fewer bytes: the same error).
+  if (fd_ >= 0 && n >= 4096) {
+    auto* out = static_cast<uint8_t*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        throw InputError(path_ + ": the file shrank or was rewritten while open (read at byte " +
+                         std::to_string(offset + done) + " failed: " +
+                         (got < 0 ? std::strerror(errno) : "end of file") + "); reopen it");
+      done += static_cast<size_t>(got);
+    }
+    return;
+  }
   if (!guarded_memcpy(dst, data_ + offset, n))
     throw InputError(path_ + ": the file shrank or was rewritten while open (read at byte " +
                      std::to_string(offset) + " failed: SIGBUS); reopen it");
@@ -134,6 +149,7 @@ std::vector<uint8_t> MappedFile::bytes(size_t offset, size_t n) const {
 
 MappedFile::~MappedFile() {
   if (mapping_) ::munmap(mapping_, size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MappedFile::release(size_t offset, size_t length) const {

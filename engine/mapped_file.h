@@ -33,7 +33,10 @@ class MappedFile {
   bool is_mapped() const { return mapping_ != nullptr; }
 
   // Copies [offset, offset + n) to `dst`. Throws InputError naming the file when the range is
-  // outside the file or the file shrank under the mapping (the SIGBUS is caught).
+  // outside the file or the file shrank under the mapping (the SIGBUS is caught). Large reads
+  // of a real file go through pread() on the file itself rather than the mapping: the same
+  // bytes from the page cache without faulting the pages into this process and releasing them
+  // again (a layer load spent a third of its time on that; docs/performance.md).
   void copy(size_t offset, size_t n, void* dst) const;
   std::vector<uint8_t> bytes(size_t offset, size_t n) const;
 
@@ -51,6 +54,7 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   void* mapping_ = nullptr;
+  int fd_ = -1;  // the file, open for pread() while mapped
   std::vector<uint8_t> owned_;
 };
 

@@ -440,6 +440,34 @@ TEST(HostileFiles, ACaptureTruncatedWhileMappedGivesAnErrorNotSigbus) {
   }
 }
 
+// MappedFile::copy reads small ranges through the mapping (a SIGBUS caught) and large ones with
+// pread (a short read): a file truncated under it gives the same error either way, and the
+// bytes before the cut still read.
+TEST(HostileFiles, AMappedFileTruncatedUnderItFailsCleanlyForSmallAndLargeReads) {
+  const fs::path path = temp_dir() / "mapped_shrinks.bin";
+  {
+    std::vector<uint8_t> bytes(65536);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7);
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+  }
+  auto file = MappedFile::open(path.string());
+  std::vector<uint8_t> out(32768);
+  file->copy(8192, 20000, out.data());  // large: pread
+  EXPECT_EQ(out[100], static_cast<uint8_t>((8192 + 100) * 7));
+  fs::resize_file(path, 4096);
+  for (const size_t n : {size_t{100}, size_t{20000}}) {
+    const std::string msg = error_of([&] { file->copy(8192, n, out.data()); });
+    EXPECT_NE(msg.find("shrank or was rewritten while open"), std::string::npos)
+        << n << " bytes: " << msg;
+  }
+  file->copy(0, 4096, out.data());  // what is left reads, through pread
+  EXPECT_EQ(out[4095], static_cast<uint8_t>(4095 * 7));
+  file->copy(10, 100, out.data());  // and through the mapping
+  EXPECT_EQ(out[0], static_cast<uint8_t>(10 * 7));
+}
+
 TEST(HostileFiles, MappedFileCopyChecksItsRange) {
   auto file = MappedFile::from_bytes({1, 2, 3}, "mem");
   uint8_t out[4] = {};
