@@ -327,8 +327,20 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
     z.assign(rows, 0.0);
     p_sq.assign(rows, 0.0);
     // exp(l - shift), its sums and its product with the values, in one pass over the logits.
-    kern.exp_atb_acc(rows, dv_, keys, P, rows, shift, nullptr, nullptr, z.data(), p_sq.data(), vd,
-                     dv_, kv.values.data(), n_, r.exact.row(r0).data(), dv_);
+    simd::ExpProduct e;
+    e.M = rows;
+    e.N = dv_;
+    e.K = keys;
+    e.X = P;
+    e.ldx = rows;
+    e.m = shift;
+    e.sum = z.data();
+    e.sum_sq = p_sq.data();
+    e.b_packed = kv.values.data();
+    e.b_depth = n_;
+    e.C = r.exact.row(r0).data();
+    e.ldc = dv_;
+    kern.exp_atb_acc(e);
     for (int e = 0; e < rows; ++e) {
       r.norm[r0 + e] = z[e];
       r.softmax_norm[r0 + e] = std::sqrt(p_sq[e]) / z[e];
@@ -449,7 +461,10 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
   if (approx) approx->resize(R, dv_);
   const int panel_rows = std::min(
       R, std::max(kPanelRows, static_cast<int>(kScorePanelValues / std::max<size_t>(C, 1))));
-  scratch::Buffer Wn(static_cast<size_t>(std::max(C, 1)) * panel_rows);
+  // The biased logits, gathered (not needed when the kept logits are computed here and every
+  // column serves both sums: the exponentials read those directly).
+  const bool gathered = rows.logits || !shared_terms;
+  scratch::Buffer Wn(gathered ? static_cast<size_t>(std::max(C, 1)) * panel_rows : 0);
   scratch::Buffer Wd(shared_terms ? 0 : static_cast<size_t>(std::max(C, 1)) * panel_rows);
   MatrixD num;  // panel rows x dv
   std::vector<double> m2, den, msum;
@@ -484,9 +499,20 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     m2.assign(ex.fixed_max.data() + r0, ex.fixed_max.data() + r0 + nr);
     den.assign(nr, 0.0);
     msum.assign(nr, 0.0);  // in units of exp(l - M')
-    if (shared_terms) {
-      // Two passes over the block instead of five: the gather with its maxima, then (below)
-      // the exponentials with both sums and the numerator.
+    if (shared_terms && !rows.logits) {
+      // Two passes over the kept columns' logits, none written: their maxima with the weights
+      // added, then (below) the exponentials with both sums and the numerator.
+      for (int c = 0; c < C; ++c) {
+        const double* l = kept_logits.data() + static_cast<long>(c) * R + r0;
+        const double lw = k.num_logw[c];
+        double* m = m2.data();
+        for (int e = 0; e < nr; ++e) {
+          const double w = l[e] + lw;
+          m[e] = w > m[e] ? w : m[e];
+        }
+      }
+    } else if (shared_terms) {
+      // The held logits' rows gathered with their maxima, then (below) as above.
       gather_max(Wn.data(), r0, nr, m2.data());
     } else {
       gather(Wn.data(), k.in_num, k.num_logw, r0, nr);
@@ -500,11 +526,31 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
       kern.col_sums(Wd.data(), C, nr, nr, den_mass_coef.data(), msum.data(), nullptr);
     }
     num.setZero(nr, dv_);
-    if (shared_terms)  // the exponentials, both sums and the numerator in one pass
-      kern.exp_atb_acc(nr, dv_, C, Wn.data(), nr, m2.data(), k.num_inv_w.data(), msum.data(),
-                       den.data(), nullptr, nullptr, 0, k.values_packed.data(), C, num.data(), dv_);
-    else
+    if (shared_terms) {  // the exponentials, both sums and the numerator in one pass
+      simd::ExpProduct e;
+      e.M = nr;
+      e.N = dv_;
+      e.K = C;
+      if (rows.logits) {
+        e.X = Wn.data();
+        e.ldx = nr;
+      } else {  // the kept logits, each row with its weight added as the gather would
+        e.X = kept_logits.data() + r0;
+        e.ldx = R;
+        e.bias = k.num_logw.data();
+      }
+      e.m = m2.data();
+      e.coef = k.num_inv_w.data();
+      e.wsum = msum.data();
+      e.sum = den.data();
+      e.b_packed = k.values_packed.data();
+      e.b_depth = C;
+      e.C = num.data();
+      e.ldc = dv_;
+      kern.exp_atb_acc(e);
+    } else {
       kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, k.values.data(), dv_, nullptr, num.data(), dv_);
+    }
     for (int e = 0; e < nr; ++e) {
       const int row = r0 + e;
       // The fixed columns, from their own shift to the panel's (f <= 1).

@@ -28,6 +28,26 @@ struct KnnPoints {
   const float* norms = nullptr;
 };
 
+// What exp_atb_acc computes: the softmax's exponentials of a block of logits, their column sums
+// and their product with the values (engine/attention.cpp), X read once and never written.
+struct ExpProduct {
+  int M = 0, N = 0, K = 0;
+  const double* X = nullptr;  // K x M, row stride ldx
+  int ldx = 0;
+  const double* bias = nullptr;  // [K]: added to row p of X (a kept token's log weight), or null
+  const double* m = nullptr;     // [M]: the shift of each column
+  const double* coef = nullptr;  // [K]: wsum[e] += sum_p coef[p] P[p][e] when not null
+  double* wsum = nullptr;
+  double* sum = nullptr;      // [M]: sum[e] += sum_p P[p][e]
+  double* sum_sq = nullptr;   // [M]: sum_sq[e] += sum_p P[p][e]^2 when not null
+  const double* B = nullptr;  // K x N, row stride ldb; or, when b_packed is set, B packed by
+  int ldb = 0;                // pack_atb_b over b_depth >= K rows (B unused)
+  const double* b_packed = nullptr;
+  int b_depth = 0;
+  double* C = nullptr;  // M x N, row stride ldc: C += P^T B
+  int ldc = 0;
+};
+
 struct Kernels {
   const char* name;
   // x[i] = exp(x[i]) (about 1 ulp; results below 2^-1022 are flushed to 0; -inf gives 0).
@@ -49,16 +69,11 @@ struct Kernels {
   // out[e] += sum_c coef[c] X[c][e] (coef null: 1); out_sq[e] += sum_c X[c][e]^2 when not null.
   void (*col_sums)(const double* X, int rows, int cols, int ld, const double* coef, double* out,
                    double* out_sq);
-  // C (M x N) += P^T B with P = exp(X - m) column by column (X: K x M, row stride ldx, left as it
-  // is; B: K x N), and over the same values sum[e] += sum_p P[p][e], sum_sq[e] += sum_p P[p][e]^2
-  // (when not null), wsum[e] += sum_p coef[p] P[p][e] (when coef is not null): bit for bit what
-  // col_exp_sub, then col_sums (each sum its own call), then gemm_atb_acc give, in one pass over X
-  // (the squares fused on every FMA table, where col_sums' may or may not be: GCC's choice).
-  // B may come packed instead (b_packed from pack_atb_b over b_depth >= K rows; B unused).
-  void (*exp_atb_acc)(int M, int N, int K, const double* X, int ldx, const double* m,
-                      const double* coef, double* wsum, double* sum, double* sum_sq,
-                      const double* B, int ldb, const double* b_packed, int b_depth, double* C,
-                      int ldc);
+  // C (M x N) += P^T B with P[p][e] = exp(X[p][e] + bias[p] - m[e]), and the sums of P: see
+  // ExpProduct. Bit for bit what adding the bias, col_exp_sub, col_sums (each sum its own call)
+  // and gemm_atb_acc give one after the other, in one pass over X (the squares fused on every FMA
+  // table, where col_sums' may or may not be: GCC's choice).
+  void (*exp_atb_acc)(const ExpProduct& e);
   // Operands packed once for several products (the exact side packs a kv head's keys and values
   // once for all its query heads and panels instead of once per product): the products read them
   // as gemm_abt and exp_atb_acc read theirs, so the results are the same bit for bit.

@@ -152,14 +152,53 @@ TEST(Simd, EveryTableMatchesScalar) {
                          squares ? q0.data() : nullptr);
               k.gemm_atb_acc(cols, N, rows, Xa.data(), cols, V.data(), N, nullptr, C0.data(), N);
               const auto Xb = Xm;
-              k.exp_atb_acc(cols, N, rows, Xb.data(), cols, m0.data(),
-                            weighted ? coef.data() : nullptr, w1.data(), s1.data(),
-                            squares ? q1.data() : nullptr, V.data(), N, nullptr, 0, C1.data(), N);
+              simd::ExpProduct e;
+              e.M = cols;
+              e.N = N;
+              e.K = rows;
+              e.X = Xb.data();
+              e.ldx = cols;
+              e.m = m0.data();
+              e.coef = weighted ? coef.data() : nullptr;
+              e.wsum = w1.data();
+              e.sum = s1.data();
+              e.sum_sq = squares ? q1.data() : nullptr;
+              e.B = V.data();
+              e.ldb = N;
+              e.C = C1.data();
+              e.ldc = N;
+              k.exp_atb_acc(e);
               auto C2 = C0_start, s2 = s0_start, q2 = q0_start, w2 = w0_start;
-              k.exp_atb_acc(cols, N, rows, Xb.data(), cols, m0.data(),
-                            weighted ? coef.data() : nullptr, w2.data(), s2.data(),
-                            squares ? q2.data() : nullptr, nullptr, 0, V_packed.data(), rows + 131,
-                            C2.data(), N);
+              simd::ExpProduct packed = e;  // the values packed once instead
+              packed.B = nullptr;
+              packed.b_packed = V_packed.data();
+              packed.b_depth = rows + 131;
+              packed.wsum = w2.data();
+              packed.sum = s2.data();
+              packed.sum_sq = squares ? q2.data() : nullptr;
+              packed.C = C2.data();
+              k.exp_atb_acc(packed);
+              // A bias added to each row of X, as scoring adds each kept token's log weight:
+              // the same as X with the bias added beforehand.
+              auto Xc = Xm;
+              const auto bias = random_vector(rows, rng);
+              for (int p = 0; p < rows; ++p)
+                for (int c = 0; c < cols; ++c) Xc[static_cast<size_t>(p) * cols + c] += bias[p];
+              auto C3 = C0_start, C4 = C0_start, s3 = s0_start, s4 = s0_start, q3 = q0_start,
+                   q4 = q0_start, w3 = w0_start, w4 = w0_start;
+              simd::ExpProduct added = e, biased = e;
+              added.X = Xc.data();
+              added.wsum = w3.data();
+              added.sum = s3.data();
+              added.sum_sq = squares ? q3.data() : nullptr;
+              added.C = C3.data();
+              k.exp_atb_acc(added);
+              biased.bias = bias.data();
+              biased.wsum = w4.data();
+              biased.sum = s4.data();
+              biased.sum_sq = squares ? q4.data() : nullptr;
+              biased.C = C4.data();
+              k.exp_atb_acc(biased);
               const std::string what = name + " exp_atb_acc N=" + std::to_string(N) +
                                        (weighted ? " weighted" : "") + (squares ? " squares" : "");
               EXPECT_EQ(Xb, Xm) << what << ": X changed";
@@ -173,6 +212,10 @@ TEST(Simd, EveryTableMatchesScalar) {
               EXPECT_EQ(s1, s2) << what << " sums with the values packed once";
               EXPECT_EQ(q1, q2) << what << " squares with the values packed once";
               EXPECT_EQ(w1, w2) << what << " weighted sums with the values packed once";
+              EXPECT_EQ(C3, C4) << what << " with a bias per row";
+              EXPECT_EQ(s3, s4) << what << " sums with a bias per row";
+              EXPECT_EQ(q3, q4) << what << " squares with a bias per row";
+              EXPECT_EQ(w3, w4) << what << " weighted sums with a bias per row";
             }
         }
         auto x0 = random_vector(cols, rng, 4.0), x1 = x0;
