@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   void attention_scores(const ScoreBatch& b) override { cpu_attention_scores(b); }
   void key_clusters(const ClusterBatch& b) override { cpu_key_clusters(b); }
   void cache_scores(const CacheScoreBatch& b) override { cpu_cache_scores(b); }
+  void expected_scores(const ExpectedScoreBatch& b) override { cpu_expected_scores(b); }
 };
 
 // One registered device backend: probed once, wrapped once.
@@ -93,6 +94,8 @@ const char* op_name(Op op) {
       return "key_clusters";
     case Op::cache_scores:
       return "cache_scores";
+    case Op::expected_scores:
+      return "expected_scores";
   }
   return "?";
 }
@@ -121,6 +124,11 @@ OpShape op_shape(const ClusterBatch& b) {
 
 OpShape op_shape(const CacheScoreBatch& b) {
   return {Op::cache_scores, b.n, b.d, b.num_keys, b.group(), false};
+}
+
+// rows: tokens scored; dv: the value width; count: the group.
+OpShape op_shape(const ExpectedScoreBatch& b) {
+  return {Op::expected_scores, b.count, b.d, b.dv, b.group(), false};
 }
 
 OpShape kcenter_shape(int n, int d, int k) {
@@ -209,6 +217,11 @@ void FallbackBackend::key_clusters(const ClusterBatch& b) {
 void FallbackBackend::cache_scores(const CacheScoreBatch& b) {
   run(
       op_shape(b), [&] { device_.cache_scores(b); }, [&] { cpu_cache_scores(b); });
+}
+
+void FallbackBackend::expected_scores(const ExpectedScoreBatch& b) {
+  run(
+      op_shape(b), [&] { device_.expected_scores(b); }, [&] { cpu_expected_scores(b); });
 }
 
 std::string last_fallback() {

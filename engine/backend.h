@@ -16,6 +16,7 @@
 #include "engine/ops/attention_errors.h"
 #include "engine/ops/attention_scores.h"
 #include "engine/ops/cache_scores.h"
+#include "engine/ops/expected_scores.h"
 #include "engine/ops/kcenter.h"
 #include "engine/ops/key_clusters.h"
 #include "engine/ops/tsne_gradient.h"
@@ -31,10 +32,11 @@ enum class Op {
   kcenter,
   attention_scores,
   key_clusters,
-  cache_scores
+  cache_scores,
+  expected_scores
 };
 // "walk_blocks", "attention_errors", "tsne_gradient", "kcenter", "attention_scores",
-// "key_clusters", "cache_scores"
+// "key_clusters", "cache_scores", "expected_scores"
 const char* op_name(Op op);
 
 // What supports() is told about one call: the op and its sizes.
@@ -46,7 +48,7 @@ struct OpShape {
   // value width (walk, attention); scores: kv heads of the batch; cache scores: keys of the cache
   int dv = 0;
   // walk: blocks; attention: query heads; scores, cache scores: group; t-SNE: 0; k-center: k;
-  // clusters: radii
+  // clusters: radii; expected scores: query heads per group
   int count = 0;
   bool float_scores = false;  // attention: ErrorBatch::float_scores
 };
@@ -56,6 +58,7 @@ OpShape op_shape(const TsneGradInput& in);
 OpShape op_shape(const ScoreBatch& b);
 OpShape op_shape(const ClusterBatch& b);
 OpShape op_shape(const CacheScoreBatch& b);
+OpShape op_shape(const ExpectedScoreBatch& b);
 OpShape kcenter_shape(int n, int d, int k);
 
 // A device backend's report that it could not run an op (out of device memory, a rejected launch,
@@ -95,6 +98,9 @@ class Backend {
   // BUZZ's streamed scores over one segment of its cache (engine/ops/cache_scores.h). Not pure,
   // as key_clusters.
   virtual void cache_scores(const CacheScoreBatch& batch) { cpu_cache_scores(batch); }
+  // Expected-attention's scores from its queries' statistics (engine/ops/expected_scores.h). Not
+  // pure, as key_clusters.
+  virtual void expected_scores(const ExpectedScoreBatch& batch) { cpu_expected_scores(batch); }
 };
 
 // The engine's CPU fallback around a device backend: before each op it asks the device whether it
@@ -118,6 +124,7 @@ class FallbackBackend final : public Backend {
   void attention_scores(const ScoreBatch& batch) override;
   void key_clusters(const ClusterBatch& batch) override;
   void cache_scores(const CacheScoreBatch& batch) override;
+  void expected_scores(const ExpectedScoreBatch& batch) override;
 
   // Why the most recent op ran on the CPU, or "" when it ran on the device.
   std::string last_fallback() const;

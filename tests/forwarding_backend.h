@@ -1,5 +1,6 @@
 // A Backend that forwards every op to another one (the CPU's by default), counting the calls of
-// the ops the methods run on MethodInput::backend (attention_scores, key_clusters, cache_scores):
+// the ops the methods run on MethodInput::backend (attention_scores, key_clusters, cache_scores,
+// expected_scores):
 // the routing tests (test_methods_baselines.cpp) derive from it to change one op's figures, and
 // the device parity tests (test_cuda_parity.cpp) wrap the device in it to see the methods reach
 // it. Header-only, for tests.
@@ -39,6 +40,10 @@ class ForwardingBackend : public Backend {
   void cache_scores(const CacheScoreBatch& b) override {
     ++calls;
     inner_.cache_scores(b);
+  }
+  void expected_scores(const ExpectedScoreBatch& b) override {
+    ++calls;
+    inner_.expected_scores(b);
   }
 
  protected:

@@ -516,6 +516,45 @@ TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
   });
 }
 
+// A backend whose expected-attention op is the CPU reference, counted, and (when `distort`) with
+// each score scaled by a factor that depends on the token.
+class ExpectedRecorder final : public ::kvscope::testing::ForwardingBackend {
+ public:
+  bool distort = false;
+  void expected_scores(const ExpectedScoreBatch& b) override {
+    ForwardingBackend::expected_scores(b);
+    if (!distort) return;
+    for (const ExpectedScoreHead& h : b.heads)
+      for (int j = 0; j < b.count; ++j) h.scores[j] *= 1 + (j * 7919) % 13;
+  }
+};
+
+// Expected-attention (and a wrapper around it) computes its scores through MethodInput::backend's
+// expected-attention op: forwarding to the CPU reference gives every selection bit for bit;
+// changing the op's figures changes the selections.
+TEST(Baselines, ExpectedAttentionScoresThroughTheMethodsBackend) {
+  const std::vector<MethodCase> cases = {
+      {"expected-attention", {}},
+      {"expected-attention", {{"use_covariance", 0}, {"use_vnorm", 0}}},
+      {"adakv(expected-attention)", {}},
+  };
+  for_each_routed_head(cases, [](const Method& m, MethodInput& in, int kv) {
+    const Selection plain = m.select(in);
+    ExpectedRecorder rec;
+    in.backend = &rec;
+    const Selection routed = m.select(in);
+    EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
+    EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
+    EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+    EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+    rec.distort = true;
+    const Selection distorted = m.select(in);
+    EXPECT_TRUE(distorted.indices != plain.indices ||
+                distorted.middle_scores != plain.middle_scores)
+        << "kv head " << kv << ": the op's figures did not reach the selection";
+  });
+}
+
 // The attention-score methods exist to keep the tokens attention goes to: on the real capture
 // their kept set covers more of the evaluation queries' exact attention mass than a uniform
 // sample of the same size, on every layer.

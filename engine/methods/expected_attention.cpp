@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "engine/attention_scores.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/method.h"
 
@@ -87,34 +88,34 @@ class ExpectedAttention final : public ScoreRankingMethod {
       R(a, a) = c, R(a, b) = -s, R(b, a) = s, R(b, b) = c;
     }
 
-    MatrixD K(count, d);
-    for (int t = sink; t < ctx; ++t) K.row(t - sink) = in.keys->row(t).cast<double>();
-    std::vector<double> mean_probs(count, 0.0);
+    // The queries before RoPE, then the op (engine/ops/expected_scores.h) on the method's
+    // backend: the statistics, the expected logits, their softmax averaged over the group and
+    // the value-norm scaling.
+    std::vector<MatrixD> unrotated;
+    unrotated.reserve(in.queries.size());
+    ExpectedScoreHead head;
     for (const MatrixF* Q : in.queries) {
       if (in.cancel && in.cancel->load()) throw Cancelled();
-      const MatrixD q = unrotate_rows(*Q, sink, ctx, in.rope, in.positions);
-      const Eigen::RowVectorXd mu = q.colwise().mean();
-      const Eigen::VectorXd mu_r = R * mu.transpose();
-      Eigen::VectorXd logits = K * mu_r / std::sqrt(static_cast<double>(d));
-      if (use_cov) {
-        const MatrixD centred = q.rowwise() - mu;
-        const MatrixD cov = (centred.transpose() * centred) / static_cast<double>(count);
-        const MatrixD cov_r = R * cov * R.transpose();
-        const MatrixD KC = K * cov_r;
-        logits += (KC.cwiseProduct(K)).rowwise().sum() / static_cast<double>(d) / 2.0;
-      }
-      const double top = logits.maxCoeff();
-      double sum = 0;
-      for (int j = 0; j < count; ++j) sum += std::exp(logits[j] - top);
-      for (int j = 0; j < count; ++j)
-        mean_probs[j] += std::exp(logits[j] - top) / sum / static_cast<double>(in.queries.size());
+      unrotated.push_back(unrotate_rows(*Q, sink, ctx, in.rope, in.positions));
+      head.queries.push_back(unrotated.back().data());
     }
+    std::vector<double> mean_probs(count);
+    head.keys = in.keys->row(sink).data();
+    head.values = in.values->row(sink).data();
+    head.scores = mean_probs.data();
+    ExpectedScoreBatch batch;
+    batch.count = count;
+    batch.d = d;
+    batch.dv = static_cast<int>(in.values->cols());
+    batch.rotation = R.data();
+    batch.use_covariance = use_cov;
+    batch.use_vnorm = use_vnorm;
+    batch.epsilon = eps;
+    batch.heads.push_back(std::move(head));
+    batch.cancel = in.cancel;
+    method_backend(in).expected_scores(batch);
     double best = -INFINITY;
-    for (int j = 0; j < count; ++j) {
-      if (use_vnorm)
-        mean_probs[j] = (mean_probs[j] + eps) * in.values->row(sink + j).cast<double>().norm();
-      best = std::max(best, mean_probs[j]);
-    }
+    for (int j = 0; j < count; ++j) best = std::max(best, mean_probs[j]);
     std::vector<double> scores(in.mid_end - in.mid_begin);
     for (int t = in.mid_begin; t < in.mid_end; ++t)
       scores[t - in.mid_begin] = t < sink ? best + 1 : mean_probs[t - sink];

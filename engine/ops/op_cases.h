@@ -572,6 +572,96 @@ struct CacheScoreCaseData {
   }
 };
 
+// ---- expected scores -------------------------------------------------------------------------
+
+// Expected-attention's scores: `heads` kv heads of `count` tokens, `group` query heads each (their
+// rows drawn around a per-channel mean, as real queries sit off the origin), the mean RoPE
+// rotation of the method (theta 10000, the half layout, `future` positions after the context).
+struct ExpectedCase {
+  const char* name;
+  int heads, group, count, d, dv, future;
+  bool use_covariance, use_vnorm;
+  double epsilon;
+  uint32_t seed;
+  bool parity, bench;
+};
+
+inline const std::vector<ExpectedCase>& expected_cases() {
+  static const std::vector<ExpectedCase> cases = {
+      // Llama's d = 128 and a group of 4, the press's defaults.
+      {"llama_group4", 1, 4, 700, 128, 128, 512, true, true, 0.0, 31, true, false},
+      // Two kv heads, odd widths (d = 13, dv = 9), a group of 3, epsilon.
+      {"two_heads_odd_d", 2, 3, 333, 13, 9, 64, true, true, 0.01, 32, true, false},
+      // Neither the covariance term nor the value norms.
+      {"mean_only", 1, 2, 200, 64, 64, 512, false, false, 0.0, 33, true, false},
+      // One token: a zero covariance, a softmax over one logit.
+      {"one_token", 1, 1, 1, 8, 8, 16, true, true, 0.0, 34, true, false},
+      // Benchmark: one kv head of an 8k Llama-3-shaped context (4 sinks), a group of 4.
+      {"head_8k", 1, 4, 8188, 128, 128, 512, true, true, 0.0, 35, false, true},
+  };
+  return cases;
+}
+inline const ExpectedCase& find_expected_case(const std::string& name) {
+  return op_cases::find_case(expected_cases(), name);
+}
+
+struct ExpectedCaseData {
+  std::vector<std::vector<float>> keys, values;
+  std::vector<std::vector<double>> queries;  // heads * group
+  std::vector<double> rotation;
+  std::vector<std::vector<double>> out;
+  ExpectedScoreBatch batch;
+
+  explicit ExpectedCaseData(const ExpectedCase& c) {
+    const size_t nd = static_cast<size_t>(c.count) * c.d;
+    uint32_t seed = c.seed;
+    for (int h = 0; h < c.heads; ++h) {
+      keys.push_back(op_cases::normal(nd, 1.0, seed++));
+      values.push_back(op_cases::normal(static_cast<size_t>(c.count) * c.dv, 1.0, seed++));
+      for (int g = 0; g < c.group; ++g) {
+        const std::vector<float> q = op_cases::normal(nd, 1.2, seed++);
+        std::vector<double> qd(nd);
+        for (size_t e = 0; e < nd; ++e) qd[e] = q[e] + 0.5 * std::sin(0.7 * (e % c.d) + g);
+        queries.push_back(std::move(qd));
+      }
+    }
+    // The method's rotation: mean over positions [count, count + future) of RoPE at each.
+    rotation.assign(static_cast<size_t>(c.d) * c.d, 0.0);
+    for (int i = 0; i < c.d / 2; ++i) {
+      const double freq = std::pow(10000.0, -2.0 * i / c.d);
+      double cs = 0, sn = 0;
+      for (int p = c.count; p < c.count + c.future; ++p) {
+        cs += std::cos(p * freq);
+        sn += std::sin(p * freq);
+      }
+      cs /= c.future, sn /= c.future;
+      const int a = i, b = i + c.d / 2;
+      rotation[a * c.d + a] = cs, rotation[a * c.d + b] = -sn;
+      rotation[b * c.d + a] = sn, rotation[b * c.d + b] = cs;
+    }
+    batch.count = c.count;
+    batch.d = c.d;
+    batch.dv = c.dv;
+    batch.rotation = rotation.data();
+    batch.use_covariance = c.use_covariance;
+    batch.use_vnorm = c.use_vnorm;
+    batch.epsilon = c.epsilon;
+    out.assign(c.heads, std::vector<double>(c.count));
+    for (int h = 0; h < c.heads; ++h) {
+      ExpectedScoreHead head;
+      head.keys = keys[h].data();
+      head.values = values[h].data();
+      for (int g = 0; g < c.group; ++g) head.queries.push_back(queries[h * c.group + g].data());
+      head.scores = out[h].data();
+      batch.heads.push_back(std::move(head));
+    }
+  }
+  void run(Backend& backend) {
+    for (auto& o : out) std::fill(o.begin(), o.end(), -1.0);
+    backend.expected_scores(batch);
+  }
+};
+
 // ---- t-SNE gradient --------------------------------------------------------------------------
 
 struct TsneCase {
