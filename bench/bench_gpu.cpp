@@ -181,17 +181,20 @@ void cpu_walk_two_rounds(benchmark::State& state, const WalkCase* c) {
 // ---- attention errors ----------------------------------------------------------------------
 
 // float_scores: false = double scores (the default, the CPU's figures to rounding), true = float.
-void gpu_errors(benchmark::State& state, const ErrorCase* c, bool float_scores) {
-  run_gpu(state, [c, float_scores] {
+// exact_kept: the approximate side alone (the exact side kept from an earlier call, as over a
+// resident layer); else both sides, as a first call.
+void gpu_errors(benchmark::State& state, const ErrorCase* c, bool float_scores, bool exact_kept) {
+  run_gpu(state, [c, float_scores, exact_kept] {
     std::vector<std::unique_ptr<GpuOpTimer>> t;
 #ifdef KVSCOPE_HAVE_CUDA
     ErrorCaseData data(*c);
     data.prepare_outputs();
     data.batch.float_scores = float_scores;
-    t.push_back(cuda_error_timer(data.batch));
+    t.push_back(cuda_error_timer(data.batch, exact_kept));
 #else
     (void)c;
     (void)float_scores;
+    (void)exact_kept;
 #endif
     return t;
   });
@@ -366,10 +369,14 @@ void register_cases() {
     for (bool fs : {false, true}) {
       if (c.q_heads == 1 && fs) continue;
       benchmark::RegisterBenchmark(("BM_GpuErrors/" + n + (fs ? "/float" : "/double")).c_str(),
-                                   gpu_errors, &c, fs)
+                                   gpu_errors, &c, fs, false)
           ->UseManualTime()
           ->Unit(kMillisecond);
     }
+    benchmark::RegisterBenchmark(("BM_GpuErrorsExactKept/" + n + "/double").c_str(), gpu_errors, &c,
+                                 false, true)
+        ->UseManualTime()
+        ->Unit(kMillisecond);
     if (c.q_heads > 1)
       benchmark::RegisterBenchmark(("BM_GpuUploadLayer/" + n).c_str(), gpu_upload_layer, &c)
           ->UseManualTime()

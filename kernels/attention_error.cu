@@ -111,15 +111,30 @@ struct ErrSmem {
   }
 };
 
+// The errors run as two kernels (issue 28: the exact side kept on the device):
+//   kExactSide: the exact attention of every evaluation query j over keys [0, j]: its output
+//     vector Attn_j, its largest logit mx_j, sx_j = sum_i exp(l_ji - mx_j) and
+//     sq_j = sum_i exp(l_ji - mx_j)^2, written to its query head's exact table
+//     ([eval][dv + 3] doubles: the vector, then mx, sx, sq). It does not depend on the selection,
+//     so for a named layer (ErrorBatch::layer_id) the backend keeps the tables resident per
+//     (layer, query head, window) and runs this kernel only for new data.
+//   kApproxSide: the estimator z_j over the candidates only (the sinks, the union of the
+//     numerator and denominator selections and the window, gathered by index), the kept mass
+//     against the stored mx_j and sx_j, and the three figures against the stored exact side.
+// Every call takes the same two steps (the exact tables made in this call or kept), so the
+// figures do not depend on what was resident.
 // Real: the type of the logits, the per-tile weights and sums and the running maxima. double
 // (the default) reproduces the CPU reference to rounding (its figures agree to about 1e-12);
 // float (ErrorBatch::float_scores) is faster, and its figures differ from the CPU's by about 1e-6
 // relative (more for error figures near zero). Output vectors and normalisers carried across
 // tiles are double in both.
-template <typename Real, int kMaxOut>  // kMaxOut: outputs (query, dim) per thread
+enum ErrMode { kExactSide = 0, kApproxSide = 1 };
+
+template <typename Real, int kMaxOut, int kMode>  // kMaxOut: outputs (query, dim) per thread
 __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDeviceArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr bool kFloat = sizeof(Real) == sizeof(float);
+  constexpr bool kExact = kMode == kExactSide;
   const ErrSmem L(a.d, a.dv, sizeof(Real));
   double* st_sx = reinterpret_cast<double*>(smem + L.state_d);  // exact normaliser
   double* st_sq = st_sx + kErrQueries;                          // sum of squared exact weights
@@ -132,8 +147,8 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   Real* st_an = st_ax + kErrQueries;
   Real* Qs = reinterpret_cast<Real*>(smem + L.q);
   Real* S = reinterpret_cast<Real*>(smem + L.s);
-  Real* Px = reinterpret_cast<Real*>(smem + L.px);  // [key][query]
-  Real* Pn = reinterpret_cast<Real*>(smem + L.pn);
+  Real* Px = reinterpret_cast<Real*>(smem + L.px);  // [key][query]: exact weights
+  Real* Pn = reinterpret_cast<Real*>(smem + L.pn);  // [key][query]: numerator weights
   float* Ks = reinterpret_cast<float*>(smem + L.k);
   float* Vs = reinterpret_cast<float*>(smem + L.v);
 
@@ -143,9 +158,9 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   const int e0 = blockIdx.x * kErrQueries;
   const int nq = min(kErrQueries, a.eval - e0);
   const int win = a.n - a.eval;
-  const int n_mid = win - a.sink;
   const int j_last = win + e0 + nq - 1;
   const int d = a.d, dv = a.dv, kpitch = L.kpitch;
+  const int ex_pitch = dv + 3;  // exact table row: the vector, mx, sx, sq
   // Output (query, dim) pairs of this thread. Column layout when kErrThreads is a multiple of dv
   // (dv = 16, 32, 64, 128, 256): thread t owns column c = t % dv for the `per` consecutive queries
   // q0 .. q0 + per - 1, so one V element feeds all of them. Otherwise pair r is
@@ -170,31 +185,47 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   const float* keys = a.keys[kvh];
   const float* values = a.values[kvh];
   const float* queries = a.queries[qh];
-  const float* lw_num = a.lw_num + static_cast<size_t>(kvh) * n_mid;
-  const float* lw_den = a.lw_den + static_cast<size_t>(kvh) * n_mid;
+  double* exact = a.exact[qh] + static_cast<size_t>(e0) * ex_pitch;  // this tile's rows
+  // The approximate side visits this kv head's candidates (ascending tokens) only.
+  const size_t cbase = static_cast<size_t>(kvh) * a.cand_stride;
+  const int* cand = kExact ? nullptr : a.cand + cbase;
+  const int count = kExact ? j_last + 1 : a.cand_count[kvh];
+  auto token = [&](int k) { return kExact ? k : cand[k]; };
 
   if (tid < kErrQueries) {
     st_sx[tid] = st_sq[tid] = st_sd[tid] = st_mass[tid] = 0.0;
     st_mx[tid] = st_mn[tid] = st_md[tid] = -INFINITY;
+    if (!kExact && tid < nq) {  // the exact side's final maximum and sums
+      st_mx[tid] = static_cast<Real>(exact[static_cast<size_t>(tid) * ex_pitch + dv]);
+      st_sx[tid] = exact[static_cast<size_t>(tid) * ex_pitch + dv + 1];
+      st_sq[tid] = exact[static_cast<size_t>(tid) * ex_pitch + dv + 2];
+    }
   }
   for (int e = tid; e < kErrQueries * d; e += kErrThreads) {
     const int q = e / d;
     Qs[e] = q < nq ? static_cast<Real>(queries[static_cast<size_t>(e0 + q) * d + e % d]) : Real(0);
   }
 
-  double acc_x[kMaxOut], acc_n[kMaxOut];
+  double acc[kMaxOut];  // the exact side's output vector, or the numerator's
 #pragma unroll
-  for (int r = 0; r < kMaxOut; ++r) acc_x[r] = acc_n[r] = 0.0;
+  for (int r = 0; r < kMaxOut; ++r) acc[r] = 0.0;
 
-  for (int k0 = 0; k0 <= j_last; k0 += kErrKeys) {
-    const int kt = min(kErrKeys, j_last + 1 - k0);
+  for (int k0 = 0; k0 < count; k0 += kErrKeys) {
+    const int kt = min(kErrKeys, count - k0);
     __syncthreads();  // the previous tile is consumed (and the set-up above is visible)
     for (int e = tid; e < kErrKeys * d; e += kErrThreads) {
       const int r = e / d, c = e % d;
-      Ks[r * kpitch + c] = r < kt ? keys[static_cast<size_t>(k0 + r) * d + c] : 0.0f;
+      Ks[r * kpitch + c] = r < kt ? keys[static_cast<size_t>(token(k0 + r)) * d + c] : 0.0f;
     }
-    for (int e = tid; e < kErrKeys * dv; e += kErrThreads)
-      Vs[e] = e < kt * dv ? values[static_cast<size_t>(k0) * dv + e] : 0.0f;
+    if constexpr (kExact) {
+      for (int e = tid; e < kErrKeys * dv; e += kErrThreads)
+        Vs[e] = e < kt * dv ? values[static_cast<size_t>(k0) * dv + e] : 0.0f;
+    } else {
+      for (int e = tid; e < kErrKeys * dv; e += kErrThreads) {
+        const int r = e / dv, c = e % dv;
+        Vs[e] = r < kt ? values[static_cast<size_t>(cand[k0 + r]) * dv + c] : 0.0f;
+      }
+    }
     __syncthreads();
 
     // Logits of every (query, key) pair of the tile; -inf where the key is after the query.
@@ -236,7 +267,7 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
         da /= sqrt_d;
         db /= sqrt_d;
       }
-      const int i = k0 + kk;
+      const int i = kk < kt ? token(k0 + kk) : 0;
       S[qa * kErrKeys + kk] = qa < nq && kk < kt && i <= win + e0 + qa ? da : Real(-INFINITY);
       S[qb * kErrKeys + kk] = qb < nq && kk < kt && i <= win + e0 + qb ? db : Real(-INFINITY);
     }
@@ -244,141 +275,156 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
 
     // Per query: the tile's weights against the running maxima, and the scalar sums.
     for (int q = warp; q < kErrQueries; q += kWarps) {
-      const int i = k0 + lane;
       const Real l = S[q * kErrKeys + lane];
       const bool valid = l > -INFINITY;
-      Real lwn = -INFINITY, lwd = -INFINITY;
-      bool kept = false;
-      if (valid) {
-        if (i < a.sink || i >= win) {  // sinks and window: weight 1 in both sums
-          lwn = lwd = 0;
-          kept = true;
-        } else {
-          lwn = lw_num[i - a.sink];
-          lwd = lw_den[i - a.sink];
-          kept = lwn > -INFINITY || lwd > -INFINITY;
+      if constexpr (kExact) {
+        const Real old_x = st_mx[q];
+        const Real mx = fmax(old_x, warp_max(l));
+        const Real px = valid ? exp_of(l - mx) : Real(0);
+        Px[lane * kErrQueries + q] = px;
+        const Real sum_x = warp_sum(px), sum_sq = warp_sum(px * px);
+        __syncwarp();
+        if (lane == 0) {
+          const Real ax = rescale(old_x, mx);
+          st_sx[q] = st_sx[q] * ax + sum_x;
+          st_sq[q] = st_sq[q] * (static_cast<double>(ax) * ax) + sum_sq;
+          st_mx[q] = mx;
+          st_ax[q] = ax;
         }
-      }
-      const Real ln = valid ? l + lwn : Real(-INFINITY);
-      const Real ld = valid ? l + lwd : Real(-INFINITY);
-      const Real old_x = st_mx[q], old_n = st_mn[q], old_d = st_md[q];
-      const Real mx = fmax(old_x, warp_max(l));
-      const Real mn = fmax(old_n, warp_max(ln));
-      const Real md = fmax(old_d, warp_max(ld));
-      const Real px = valid ? exp_of(l - mx) : Real(0);
-      const Real pn = ln > -INFINITY ? exp_of(ln - mn) : Real(0);
-      const Real pd = ld > -INFINITY ? exp_of(ld - md) : Real(0);
-      Px[lane * kErrQueries + q] = px;
-      Pn[lane * kErrQueries + q] = pn;
-      const Real sum_x = warp_sum(px), sum_sq = warp_sum(px * px), sum_d = warp_sum(pd);
-      const Real sum_kept = warp_sum(kept ? px : Real(0));
-      __syncwarp();
-      if (lane == 0) {
-        const Real ax = rescale(old_x, mx), an = rescale(old_n, mn), ad = rescale(old_d, md);
-        st_sx[q] = st_sx[q] * ax + sum_x;
-        st_sq[q] = st_sq[q] * (static_cast<double>(ax) * ax) + sum_sq;
-        st_sd[q] = st_sd[q] * ad + sum_d;
-        st_mass[q] = st_mass[q] * ax + sum_kept;
-        st_mx[q] = mx;
-        st_mn[q] = mn;
-        st_md[q] = md;
-        st_ax[q] = ax;
-        st_an[q] = an;
+      } else {
+        // Sinks and window: weight 1 in both sums; the middle's candidates: their log weights
+        // (-inf in the set that does not hold them). Every candidate is kept.
+        const int i = valid ? cand[k0 + lane] : 0;
+        Real lwn = -INFINITY, lwd = -INFINITY;
+        if (valid) {
+          if (i < a.sink || i >= win) {
+            lwn = lwd = 0;
+          } else {
+            lwn = a.cand_lwn[cbase + k0 + lane];
+            lwd = a.cand_lwd[cbase + k0 + lane];
+          }
+        }
+        const Real ln = valid ? l + lwn : Real(-INFINITY);
+        const Real ld = valid ? l + lwd : Real(-INFINITY);
+        const Real old_n = st_mn[q], old_d = st_md[q];
+        const Real mn = fmax(old_n, warp_max(ln));
+        const Real md = fmax(old_d, warp_max(ld));
+        const Real pn = ln > -INFINITY ? exp_of(ln - mn) : Real(0);
+        const Real pd = ld > -INFINITY ? exp_of(ld - md) : Real(0);
+        const Real pk = valid ? exp_of(l - st_mx[q]) : Real(0);  // against the exact maximum
+        Pn[lane * kErrQueries + q] = pn;
+        const Real sum_d = warp_sum(pd), sum_kept = warp_sum(pk);
+        __syncwarp();
+        if (lane == 0) {
+          const Real an = rescale(old_n, mn), ad = rescale(old_d, md);
+          st_sd[q] = st_sd[q] * ad + sum_d;
+          st_mass[q] += sum_kept;
+          st_mn[q] = mn;
+          st_md[q] = md;
+          st_an[q] = an;
+        }
       }
     }
     __syncthreads();
 
-    // Output vectors.
+    // Output vectors: the exact weights or the numerator's against the tile's values.
+    const Real* P = kExact ? Px : Pn;
+    const Real* resc = kExact ? st_ax : st_an;
     if (kFloat && column && per % 4 == 0) {
       // One V element and float4s of the weights of this thread's `per` queries per key.
-      float sx[kMaxOut], sn[kMaxOut];
+      float s[kMaxOut];
 #pragma unroll
-      for (int r = 0; r < kMaxOut; ++r) sx[r] = sn[r] = 0.0f;
+      for (int r = 0; r < kMaxOut; ++r) s[r] = 0.0f;
       for (int kk = 0; kk < kt; ++kk) {
         const float v = Vs[kk * dv + col_c];
-        const float4* px4 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(Px) +
-                                                            kk * kErrQueries + col_q0);
-        const float4* pn4 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(Pn) +
-                                                            kk * kErrQueries + col_q0);
+        const float4* p4 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(P) +
+                                                           kk * kErrQueries + col_q0);
 #pragma unroll
         for (int r4 = 0; r4 < kMaxOut / 4; ++r4) {
           if (4 * r4 < per) {
-            const float4 x = px4[r4], y = pn4[r4];
-            sx[4 * r4] = fmaf(x.x, v, sx[4 * r4]);
-            sx[4 * r4 + 1] = fmaf(x.y, v, sx[4 * r4 + 1]);
-            sx[4 * r4 + 2] = fmaf(x.z, v, sx[4 * r4 + 2]);
-            sx[4 * r4 + 3] = fmaf(x.w, v, sx[4 * r4 + 3]);
-            sn[4 * r4] = fmaf(y.x, v, sn[4 * r4]);
-            sn[4 * r4 + 1] = fmaf(y.y, v, sn[4 * r4 + 1]);
-            sn[4 * r4 + 2] = fmaf(y.z, v, sn[4 * r4 + 2]);
-            sn[4 * r4 + 3] = fmaf(y.w, v, sn[4 * r4 + 3]);
+            const float4 x = p4[r4];
+            s[4 * r4] = fmaf(x.x, v, s[4 * r4]);
+            s[4 * r4 + 1] = fmaf(x.y, v, s[4 * r4 + 1]);
+            s[4 * r4 + 2] = fmaf(x.z, v, s[4 * r4 + 2]);
+            s[4 * r4 + 3] = fmaf(x.w, v, s[4 * r4 + 3]);
           }
         }
       }
 #pragma unroll
       for (int r = 0; r < kMaxOut; ++r)
-        if (r < per) {
-          acc_x[r] = acc_x[r] * st_ax[col_q0 + r] + sx[r];
-          acc_n[r] = acc_n[r] * st_an[col_q0 + r] + sn[r];
-        }
+        if (r < per) acc[r] = acc[r] * resc[col_q0 + r] + s[r];
     } else {
 #pragma unroll
       for (int r = 0; r < kMaxOut; ++r) {
         int q, c;
         if (output(r, &q, &c)) {
-          Real sx = 0, sn = 0;
+          Real s = 0;
           for (int kk = 0; kk < kt; ++kk) {
             const Real v = Vs[kk * dv + c];
-            sx = fma(Px[kk * kErrQueries + q], v, sx);
-            sn = fma(Pn[kk * kErrQueries + q], v, sn);
+            s = fma(P[kk * kErrQueries + q], v, s);
           }
-          acc_x[r] = acc_x[r] * st_ax[q] + sx;
-          acc_n[r] = acc_n[r] * st_an[q] + sn;
+          acc[r] = acc[r] * resc[q] + s;
         }
       }
     }
   }
   __syncthreads();
 
-  // z_j = acc_n e^{mn} / (sd e^{md}); Attn_j = acc_x / sx. Squared differences per (query, dim)
-  // go to shared memory and are summed per query in a fixed order (deterministic).
-  double* fin_d2 = reinterpret_cast<double*>(smem + L.k);
-  double* fin_a2 = fin_d2 + kErrQueries * dv;
+  if constexpr (kExact) {
+    // Attn_j = acc / sx, and the maximum and sums the approximate side needs.
 #pragma unroll
-  for (int r = 0; r < kMaxOut; ++r) {
-    int q, c;
-    if (output(r, &q, &c)) {
-      const int o = q * dv + c;
-      double d2 = 0.0, a2 = 0.0;
-      if (q < nq) {
-        const double exact = acc_x[r] / st_sx[q];
-        const double approx = acc_n[r] * exp(static_cast<double>(st_mn[q]) - st_md[q]) / st_sd[q];
-        d2 = (approx - exact) * (approx - exact);
-        a2 = exact * exact;
+    for (int r = 0; r < kMaxOut; ++r) {
+      int q, c;
+      if (output(r, &q, &c) && q < nq)
+        exact[static_cast<size_t>(q) * ex_pitch + c] = acc[r] / st_sx[q];
+    }
+    if (tid < nq) {
+      exact[static_cast<size_t>(tid) * ex_pitch + dv] = static_cast<double>(st_mx[tid]);
+      exact[static_cast<size_t>(tid) * ex_pitch + dv + 1] = st_sx[tid];
+      exact[static_cast<size_t>(tid) * ex_pitch + dv + 2] = st_sq[tid];
+    }
+    return;
+  } else {
+    // z_j = acc e^{mn} / (sd e^{md}) against the stored Attn_j. Squared differences per (query,
+    // dim) go to shared memory and are summed per query in a fixed order (deterministic).
+    double* fin_d2 = reinterpret_cast<double*>(smem + L.k);
+    double* fin_a2 = fin_d2 + kErrQueries * dv;
+#pragma unroll
+    for (int r = 0; r < kMaxOut; ++r) {
+      int q, c;
+      if (output(r, &q, &c)) {
+        const int o = q * dv + c;
+        double d2 = 0.0, a2 = 0.0;
+        if (q < nq) {
+          const double ex = exact[static_cast<size_t>(q) * ex_pitch + c];
+          const double approx = acc[r] * exp(static_cast<double>(st_mn[q]) - st_md[q]) / st_sd[q];
+          d2 = (approx - ex) * (approx - ex);
+          a2 = ex * ex;
+        }
+        fin_d2[o] = d2;
+        fin_a2[o] = a2;
       }
-      fin_d2[o] = d2;
-      fin_a2[o] = a2;
     }
-  }
-  __syncthreads();
-  for (int q = warp; q < nq; q += kWarps) {
-    double d2 = 0.0, a2 = 0.0;
-    for (int c = lane; c < dv; c += 32) {
-      d2 += fin_d2[q * dv + c];
-      a2 += fin_a2[q * dv + c];
-    }
-    d2 = warp_sum(d2);
-    a2 = warp_sum(a2);
-    if (lane == 0) {
-      const int e = e0 + q;
-      const double diff = sqrt(d2), exact_norm = sqrt(a2);
-      const double softmax_norm = sqrt(st_sq[q]) / st_sx[q];
-      const double v_frob = sqrt(a.v_sq_prefix[static_cast<size_t>(kvh) * a.eval + e]);
-      const size_t out = static_cast<size_t>(qh) * a.eval + e;
-      // As the CPU reference: a zero scale reports the absolute difference.
-      a.relative[out] = exact_norm > 0 ? diff / exact_norm : diff;
-      a.normalized[out] = v_frob > 0 ? diff / (softmax_norm * v_frob) : diff;
-      a.mass[out] = st_mass[q] / st_sx[q];
+    __syncthreads();
+    for (int q = warp; q < nq; q += kWarps) {
+      double d2 = 0.0, a2 = 0.0;
+      for (int c = lane; c < dv; c += 32) {
+        d2 += fin_d2[q * dv + c];
+        a2 += fin_a2[q * dv + c];
+      }
+      d2 = warp_sum(d2);
+      a2 = warp_sum(a2);
+      if (lane == 0) {
+        const int e = e0 + q;
+        const double diff = sqrt(d2), exact_norm = sqrt(a2);
+        const double softmax_norm = sqrt(st_sq[q]) / st_sx[q];
+        const double v_frob = sqrt(a.v_sq_prefix[static_cast<size_t>(kvh) * a.eval + e]);
+        const size_t out = static_cast<size_t>(qh) * a.eval + e;
+        // As the CPU reference: a zero scale reports the absolute difference.
+        a.relative[out] = exact_norm > 0 ? diff / exact_norm : diff;
+        a.normalized[out] = v_frob > 0 ? diff / (softmax_norm * v_frob) : diff;
+        a.mass[out] = st_mass[q] / st_sx[q];
+      }
     }
   }
 }
@@ -431,17 +477,37 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
   const size_t n = b.n, d = b.d, dv = b.dv, E = b.eval;
   const int mid_begin = b.sink, mid_end = b.n - b.eval;
   const size_t n_mid = static_cast<size_t>(mid_end - mid_begin);
-  std::vector<float> num(kv * n_mid, -std::numeric_limits<float>::infinity());
-  std::vector<float> den(num);
+  // Each kv head's candidates for the approximate side, ascending: the sinks, the tokens of the
+  // middle either selection holds (with both log weights, -inf in the set without them), the
+  // window. The selections are checked as the CPU reference checks them.
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  std::vector<std::vector<int>> cand(kv);
+  std::vector<std::vector<float>> cand_num(kv), cand_den(kv);
+  size_t stride = 1;
   for (size_t h = 0; h < kv; ++h) {
-    std::vector<float> row(n_mid, -std::numeric_limits<float>::infinity());
+    std::vector<float> num(n_mid, kNone), den(n_mid, kNone);
     check_set(b.num_idx[h], b.num_logw[h], static_cast<int>(h), mid_begin, mid_end, "numerator",
-              row);
-    std::copy(row.begin(), row.end(), num.begin() + h * n_mid);
-    row.assign(n_mid, -std::numeric_limits<float>::infinity());
+              num);
     check_set(b.den_idx[h], b.den_logw[h], static_cast<int>(h), mid_begin, mid_end, "denominator",
-              row);
-    std::copy(row.begin(), row.end(), den.begin() + h * n_mid);
+              den);
+    auto add = [&](int token, float lwn, float lwd) {
+      cand[h].push_back(token);
+      cand_num[h].push_back(lwn);
+      cand_den[h].push_back(lwd);
+    };
+    for (int i = 0; i < mid_begin; ++i) add(i, 0, 0);
+    for (size_t t = 0; t < n_mid; ++t)
+      if (num[t] != kNone || den[t] != kNone) add(mid_begin + static_cast<int>(t), num[t], den[t]);
+    for (int i = mid_end; i < b.n; ++i) add(i, 0, 0);
+    stride = std::max(stride, cand[h].size());
+  }
+  std::vector<int> cand_flat(kv * stride, 0), cand_count(kv);
+  std::vector<float> lwn_flat(kv * stride, kNone), lwd_flat(kv * stride, kNone);
+  for (size_t h = 0; h < kv; ++h) {
+    cand_count[h] = static_cast<int>(cand[h].size());
+    std::copy(cand[h].begin(), cand[h].end(), cand_flat.begin() + h * stride);
+    std::copy(cand_num[h].begin(), cand_num[h].end(), lwn_flat.begin() + h * stride);
+    std::copy(cand_den[h].begin(), cand_den[h].end(), lwd_flat.begin() + h * stride);
   }
 
   ErrorDeviceArgs a;
@@ -453,26 +519,48 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
   a.sink = b.sink;
   a.eval = b.eval;
   a.float_scores = b.float_scores;
-  float* lw_num = ws.lw_num.reserve_as<float>(std::max<size_t>(1, kv * n_mid));
-  float* lw_den = ws.lw_den.reserve_as<float>(std::max<size_t>(1, kv * n_mid));
+  a.cand_stride = static_cast<int>(stride);
+  int* cand_dev = ws.cand.reserve_as<int>(kv * stride + kv);
+  float* lw_num = ws.lw_num.reserve_as<float>(kv * stride);
+  float* lw_den = ws.lw_den.reserve_as<float>(kv * stride);
   double* v_sq = ws.v_sq.reserve_as<double>(kv * E);
   double* out = ws.out.reserve_as<double>(3 * b.q_heads * E);
-  // Per-head device pointers: [kv keys][kv values][q_heads queries].
+  // Per-head device pointers: [kv keys][kv values][q_heads queries], then the query heads' exact
+  // tables.
   const size_t q_heads = static_cast<size_t>(b.q_heads);
   std::vector<const float*> table(2 * kv + q_heads);
+  std::vector<double*> exact(q_heads);
   const size_t key_bytes = n * d * sizeof(float), value_bytes = n * dv * sizeof(float);
   const size_t query_bytes = E * d * sizeof(float);
+  const size_t exact_bytes = E * (dv + 3) * sizeof(double);
+  a.compute_exact = true;
   if (resident && b.layer_id != 0 &&
-      resident->begin_call(kv * (key_bytes + value_bytes) + q_heads * query_bytes)) {
+      resident->begin_call(kv * (key_bytes + value_bytes) +
+                           q_heads * (query_bytes + (b.float_scores ? 0 : exact_bytes)))) {
+    std::vector<uint64_t> key_copy(kv), value_copy(kv);
     for (size_t h = 0; h < kv; ++h) {
       table[h] = static_cast<const float*>(
-          resident->find_or_upload(b.layer_id, b.keys[h], key_bytes, stream));
+          resident->find_or_upload(b.layer_id, b.keys[h], key_bytes, stream, &key_copy[h]));
       table[kv + h] = static_cast<const float*>(
-          resident->find_or_upload(b.layer_id, b.values[h], value_bytes, stream));
+          resident->find_or_upload(b.layer_id, b.values[h], value_bytes, stream, &value_copy[h]));
     }
-    for (size_t h = 0; h < q_heads; ++h)  // the evaluation rows only
+    const size_t group = q_heads / kv;
+    bool all_kept = !b.float_scores;
+    for (size_t h = 0; h < q_heads; ++h) {  // the evaluation rows only
+      const float* rows = b.queries[h] + (n - E) * d;
+      uint64_t query_copy = 0;
       table[2 * kv + h] = static_cast<const float*>(
-          resident->find_or_upload(b.layer_id, b.queries[h] + (n - E) * d, query_bytes, stream));
+          resident->find_or_upload(b.layer_id, rows, query_bytes, stream, &query_copy));
+      if (b.float_scores) continue;  // the float exact side is not kept
+      // The exact side of this query head over this window, kept while the copies it was
+      // computed from are.
+      bool fresh = false;
+      exact[h] = static_cast<double*>(resident->find_or_make_derived(
+          b.layer_id, rows, exact_bytes, {key_copy[h / group], value_copy[h / group], query_copy},
+          &fresh));
+      all_kept = all_kept && !fresh;
+    }
+    a.compute_exact = !all_kept;
   } else {
     float* keys = ws.keys.reserve_as<float>(kv * n * d);
     float* values = ws.values.reserve_as<float>(kv * n * dv);
@@ -491,22 +579,35 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
                                      cudaMemcpyHostToDevice, stream));
     }
   }
+  if (!exact[0] || b.float_scores) {  // the exact side in this call's workspace
+    double* ex = ws.exact.reserve_as<double>(q_heads * E * (dv + 3));
+    for (size_t h = 0; h < q_heads; ++h) exact[h] = ex + h * E * (dv + 3);
+    a.compute_exact = true;
+  }
   const float** tables = ws.tables.reserve_as<const float*>(table.size());
+  double** exact_tables = ws.exact_tables.reserve_as<double*>(q_heads);
   KVS_CUDA_CHECK(cudaMemcpyAsync(tables, table.data(), table.size() * sizeof(const float*),
                                  cudaMemcpyHostToDevice, stream));
-  if (n_mid > 0) {
-    KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, num.data(), num.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-    KVS_CUDA_CHECK(cudaMemcpyAsync(lw_den, den.data(), den.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-  }
+  KVS_CUDA_CHECK(cudaMemcpyAsync(exact_tables, exact.data(), q_heads * sizeof(double*),
+                                 cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(cand_dev, cand_flat.data(), cand_flat.size() * sizeof(int),
+                                 cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(cand_dev + kv * stride, cand_count.data(), kv * sizeof(int),
+                                 cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, lwn_flat.data(), lwn_flat.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_den, lwd_flat.data(), lwd_flat.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream));
   // The host vectors die with this function: finish the copies first.
   KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
   a.keys = tables;
   a.values = tables + kv;
   a.queries = tables + 2 * kv;
-  a.lw_num = lw_num;
-  a.lw_den = lw_den;
+  a.exact = exact_tables;
+  a.cand = cand_dev;
+  a.cand_count = cand_dev + kv * stride;
+  a.cand_lwn = lw_num;
+  a.cand_lwd = lw_den;
   a.v_sq_prefix = v_sq;
   a.relative = out;
   a.normalized = out + b.q_heads * E;
@@ -531,17 +632,29 @@ void launch_attention_errors(const ErrorDeviceArgs& a, int device_smem_optin, cu
   KVS_CUDA_CHECK_LAUNCH("v_sq_prefix_kernel");
   const dim3 grid((a.eval + kErrQueries - 1) / kErrQueries, a.q_heads);
   const int outputs_per_thread = (kErrQueries * a.dv + kErrThreads - 1) / kErrThreads;
-  void (*k)(ErrorDeviceArgs) = nullptr;
-  if (a.float_scores)
-    k = outputs_per_thread <= 8 ? attention_error_kernel<float, 8>
-                                : attention_error_kernel<float, 16>;
-  else
-    k = outputs_per_thread <= 8 ? attention_error_kernel<double, 8>
-                                : attention_error_kernel<double, 16>;
-  KVS_CUDA_CHECK(
-      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  k<<<grid, kErrThreads, smem, stream>>>(a);
-  KVS_CUDA_CHECK_LAUNCH("attention_error_kernel");
+  using Kernel = void (*)(ErrorDeviceArgs);
+  Kernel exact = nullptr, approx = nullptr;
+  if (a.float_scores) {
+    exact = outputs_per_thread <= 8 ? attention_error_kernel<float, 8, kExactSide>
+                                    : attention_error_kernel<float, 16, kExactSide>;
+    approx = outputs_per_thread <= 8 ? attention_error_kernel<float, 8, kApproxSide>
+                                     : attention_error_kernel<float, 16, kApproxSide>;
+  } else {
+    exact = outputs_per_thread <= 8 ? attention_error_kernel<double, 8, kExactSide>
+                                    : attention_error_kernel<double, 16, kExactSide>;
+    approx = outputs_per_thread <= 8 ? attention_error_kernel<double, 8, kApproxSide>
+                                     : attention_error_kernel<double, 16, kApproxSide>;
+  }
+  if (a.compute_exact) {
+    KVS_CUDA_CHECK(cudaFuncSetAttribute(exact, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    exact<<<grid, kErrThreads, smem, stream>>>(a);
+    KVS_CUDA_CHECK_LAUNCH("attention_error_kernel (exact side)");
+  }
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(approx, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  approx<<<grid, kErrThreads, smem, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("attention_error_kernel (approximate side)");
 }
 
 void download_error_outputs(const ErrorDeviceArgs& a, const ErrorBatch& b, cudaStream_t stream) {

@@ -5,10 +5,13 @@
 // numerator and denominator sets, log weights as logit biases), and the three figures
 // cpu_attention_errors reports: relative error, the paper's normalised error, kept mass.
 //
-// One thread block per (query head, tile of kErrQueries consecutive evaluation queries). Keys and
-// values stream through shared memory in tiles of kErrKeys; each query keeps three running
-// log-sum-exp states (exact, numerator, denominator: flash-attention style online rescaling), so
-// there is no limit on n and nothing overflows. Logits and per-tile sums are double (float with
+// Two kernels (attention_error.cu): the exact side of every evaluation query (kept on the device
+// for a named layer, so later calls skip it), then the approximate side over the candidates only
+// (sinks, selections, window, gathered by index) against it. Each: one thread block per (query
+// head, tile of kErrQueries consecutive evaluation queries); keys and values stream through
+// shared memory in tiles of kErrKeys; each query keeps running log-sum-exp states (the exact
+// one, or the numerator's and denominator's: flash-attention style online rescaling), so there
+// is no limit on n and nothing overflows. Logits and per-tile sums are double (float with
 // ErrorBatch::float_scores); everything carried across tiles (output vectors, normalisers,
 // masses) is double.
 #pragma once
@@ -33,8 +36,19 @@ struct ErrorDeviceArgs {
   const float* const* keys = nullptr;     // [kv_heads] -> n x d
   const float* const* values = nullptr;   // [kv_heads] -> n x dv
   const float* const* queries = nullptr;  // [q_heads] -> eval x d: only the evaluation rows
-  const float* lw_num = nullptr;          // [kv_heads][n_mid], -inf where the token is not selected
-  const float* lw_den = nullptr;
+  // The approximate side's candidates per kv head, ascending tokens: the sinks, the middle's
+  // tokens either selection holds, the window ([kv_heads][cand_stride], cand_count[kv] used),
+  // with their numerator and denominator log weights (-inf where that set does not hold them).
+  const int* cand = nullptr;
+  const int* cand_count = nullptr;  // [kv_heads]
+  const float* cand_lwn = nullptr;
+  const float* cand_lwd = nullptr;
+  int cand_stride = 0;
+  // [q_heads] -> [eval][dv + 3] doubles: Attn_j, then its maximum logit, normaliser and sum of
+  // squared weights. Written by the exact-side kernel when compute_exact, else kept from an
+  // earlier call (kernels/resident_layers.cuh).
+  double* const* exact = nullptr;
+  bool compute_exact = true;
   double* v_sq_prefix = nullptr;  // [kv_heads][eval]: sum_{i<=j} ||v_i||^2 (filled on device)
   double* relative = nullptr;     // [q_heads][eval]
   double* normalized = nullptr;
@@ -43,9 +57,12 @@ struct ErrorDeviceArgs {
 
 // Device copies of one ErrorBatch, reused across calls.
 struct ErrorWorkspace {
-  DeviceBuffer keys, values, queries, lw_num, lw_den, v_sq, out, tables;
+  DeviceBuffer keys, values, queries, lw_num, lw_den, cand, v_sq, out, tables, exact, exact_tables;
   void release() {
     tables.release();
+    cand.release();
+    exact.release();
+    exact_tables.release();
     keys.release();
     values.release();
     queries.release();

@@ -33,8 +33,12 @@ struct ResidentLayerStats {
   uint64_t evictions = 0;       // entries dropped for the budget or out of memory
   uint64_t mismatches = 0;      // hits refused because the host bytes had changed (a broken id)
   uint64_t uncached_calls = 0;  // calls whose layer arrays alone exceed the budget
-  size_t resident_bytes = 0;    // device bytes held now
-  size_t budget_bytes = 0;      // the budget (0 until first used when it is the default)
+  // The exact side of the errors per (layer, query head, window): computed (first use, or its
+  // copies changed) and found kept, query heads counted.
+  uint64_t exact_built = 0;
+  uint64_t exact_reused = 0;
+  size_t resident_bytes = 0;  // device bytes held now
+  size_t budget_bytes = 0;    // the budget (0 until first used when it is the default)
   int entries = 0;
 };
 // Zeros when no device answers.
@@ -64,7 +68,9 @@ class GpuOpTimer {
   virtual double run_ms() = 0;
 };
 std::unique_ptr<GpuOpTimer> cuda_walk_timer(const WalkBatch& batch);
-std::unique_ptr<GpuOpTimer> cuda_error_timer(const ErrorBatch& batch);
+// exact_kept: times the approximate side alone, the exact side computed once beforehand (a
+// later call over a resident layer); else both kernels, as a first call.
+std::unique_ptr<GpuOpTimer> cuda_error_timer(const ErrorBatch& batch, bool exact_kept = false);
 std::unique_ptr<GpuOpTimer> cuda_tsne_timer(const TsneGradInput& in);
 std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int k, int first);
 std::unique_ptr<GpuOpTimer> cuda_score_timer(const ScoreBatch& batch);

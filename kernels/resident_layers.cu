@@ -64,7 +64,7 @@ bool ResidentLayers::begin_call(size_t bytes) {
 void ResidentLayers::erase(std::list<Entry>::iterator it) {
   cudaFree(it->device);  // the stream is synchronised at the end of every call
   resident_bytes_ -= it->bytes;
-  index_.erase(Key{it->layer, it->host, it->bytes});
+  index_.erase(Key{it->layer, it->derived, it->host, it->bytes});
   lru_.erase(it);
 }
 
@@ -142,40 +142,79 @@ void ResidentLayers::upload(void* device, const void* host, size_t bytes, cudaSt
   }
 }
 
+std::list<ResidentLayers::Entry>::iterator ResidentLayers::insert(uint64_t layer, bool derived,
+                                                                  const void* host, size_t bytes) {
+  while (resident_bytes_ + bytes > budget() && evict_one()) {
+  }
+  Entry e;
+  e.layer = layer;
+  e.derived = derived;
+  e.host = host;
+  e.bytes = bytes;
+  e.call = call_;
+  e.device = allocate(bytes);
+  lru_.push_front(std::move(e));
+  index_[Key{layer, derived, host, bytes}] = lru_.begin();
+  resident_bytes_ += bytes;
+  return lru_.begin();
+}
+
 const void* ResidentLayers::find_or_upload(uint64_t layer, const void* host, size_t bytes,
-                                           cudaStream_t stream) {
-  const Key key{layer, host, bytes};
-  auto found = index_.find(key);
+                                           cudaStream_t stream, uint64_t* copy) {
+  auto found = index_.find(Key{layer, false, host, bytes});
   if (found != index_.end()) {
     auto it = found->second;
     if (it->guard == guard_of(host, bytes)) {
       ++stats_.hits;
       it->call = call_;
       lru_.splice(lru_.begin(), lru_, it);
+      if (copy) *copy = it->serial;
       return it->device;
     }
     ++stats_.mismatches;  // the promise was broken: never serve it
     erase(it);
   }
-  while (resident_bytes_ + bytes > budget() && evict_one()) {
-  }
-  Entry e;
-  e.layer = layer;
-  e.host = host;
-  e.bytes = bytes;
-  e.call = call_;
-  e.device = allocate(bytes);
-  lru_.push_front(std::move(e));
-  index_[key] = lru_.begin();
-  resident_bytes_ += bytes;
+  auto it = insert(layer, false, host, bytes);
   try {
-    upload(lru_.front().device, host, bytes, stream);
+    upload(it->device, host, bytes, stream);
   } catch (...) {
-    erase(lru_.begin());
+    erase(it);
     throw;
   }
-  lru_.front().guard = guard_of(host, bytes);
-  return lru_.front().device;
+  it->guard = guard_of(host, bytes);
+  it->serial = ++serial_;
+  if (copy) *copy = it->serial;
+  return it->device;
+}
+
+void* ResidentLayers::find_or_make_derived(uint64_t layer, const void* tag, size_t bytes,
+                                           const std::array<uint64_t, 3>& sources, bool* fresh) {
+  auto found = index_.find(Key{layer, true, tag, bytes});
+  std::list<Entry>::iterator it;
+  if (found != index_.end()) {
+    it = found->second;
+    it->call = call_;
+    lru_.splice(lru_.begin(), lru_, it);
+    if (it->ready && it->sources == sources) {
+      ++stats_.exact_reused;
+      *fresh = false;
+      return it->device;
+    }
+  } else {
+    it = insert(layer, true, tag, bytes);
+  }
+  it->ready = false;  // until this call has filled it
+  it->sources = sources;
+  ++stats_.exact_built;
+  *fresh = true;
+  return it->device;
+}
+
+void ResidentLayers::mark_ready() {
+  for (Entry& e : lru_) {
+    if (e.call != call_) break;  // this call's entries are at the front
+    if (e.derived) e.ready = true;
+  }
 }
 
 void ResidentLayers::release() {

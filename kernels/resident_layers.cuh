@@ -28,6 +28,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -52,8 +53,19 @@ class ResidentLayers {
   // Entries found or uploaded from now until the next begin_call are kept for this call.
   bool begin_call(size_t bytes);
   // The device copy of `bytes` bytes at `host` read under `layer` (non-zero), copied on `stream`
-  // at its first use. Only after begin_call returned true for bytes including these.
-  const void* find_or_upload(uint64_t layer, const void* host, size_t bytes, cudaStream_t stream);
+  // at its first use. Only after begin_call returned true for bytes including these. `copy`, if
+  // given, receives the copy's serial number (new at every copy, never reused).
+  const void* find_or_upload(uint64_t layer, const void* host, size_t bytes, cudaStream_t stream,
+                             uint64_t* copy = nullptr);
+  // A device array computed from resident copies (the exact side of the errors), named by
+  // (`layer`, `tag`, `bytes`) and valid while the copies with serials `sources` are the ones it
+  // was computed from. When it is not kept (or was computed from other copies), `*fresh` is set
+  // and the caller must fill it in this call; it is kept only once mark_ready() says the call
+  // succeeded. Counted in the budget and the LRU like the copies.
+  void* find_or_make_derived(uint64_t layer, const void* tag, size_t bytes,
+                             const std::array<uint64_t, 3>& sources, bool* fresh);
+  // The derived arrays made in this call are filled (their kernels are enqueued).
+  void mark_ready();
   // Frees every device copy (after a device failure, or for a test) and the staging buffers.
   void release();
 
@@ -68,17 +80,22 @@ class ResidentLayers {
   static constexpr size_t kGuardBytes = 64;
   struct Entry {
     uint64_t layer = 0;
+    bool derived = false;  // computed on the device, not copied
     const void* host = nullptr;
     size_t bytes = 0;
     void* device = nullptr;
-    uint64_t call = 0;  // the call that used it last
+    uint64_t call = 0;                  // the call that used it last
+    uint64_t serial = 0;                // copies: which copy this is
+    std::array<uint64_t, 3> sources{};  // derived: the copies it was computed from
+    bool ready = false;                 // derived: filled by a call that succeeded
     std::vector<unsigned char> guard;
   };
-  using Key = std::tuple<uint64_t, const void*, size_t>;
+  using Key = std::tuple<uint64_t, bool, const void*, size_t>;
 
   size_t budget();
   void* allocate(size_t bytes);  // evicts and retries on out of memory
-  bool evict_one();              // the least recently used entry not used by this call
+  std::list<Entry>::iterator insert(uint64_t layer, bool derived, const void* host, size_t bytes);
+  bool evict_one();  // the least recently used entry not used by this call
   void erase(std::list<Entry>::iterator it);
   void upload(void* device, const void* host, size_t bytes, cudaStream_t stream);
   static std::vector<unsigned char> guard_of(const void* host, size_t bytes);
@@ -89,6 +106,7 @@ class ResidentLayers {
   size_t budget_ = 0;      // 0 until known
   size_t set_budget_ = 0;  // set_budget's, 0: the default
   uint64_t call_ = 0;
+  uint64_t serial_ = 0;
   ResidentLayerStats stats_;
   // Staging.
   size_t chunk_ = size_t(8) << 20;

@@ -174,10 +174,17 @@ struct Shape {
            (static_cast<size_t>(kv) * n * (d + dv) + static_cast<size_t>(q) * eval * d);
   }
   size_t arrays() const { return static_cast<size_t>(2 * kv + q); }
-  // What a call copies besides the layer: its pointer tables and the selections' log weights.
+  // The exact side of the errors kept per query head: [eval][dv + 3] doubles.
+  size_t exact_bytes() const { return sizeof(double) * static_cast<size_t>(q) * eval * (dv + 3); }
+  // The approximate side's candidates per kv head (error_batch selects 30% of the middle).
+  size_t candidates() const {
+    return static_cast<size_t>(sink + (n - eval - sink) * 3 / 10 + eval);
+  }
+  // What a call copies besides the layer: its pointer tables (the arrays' and the exact
+  // sides'), the candidates with their count, and their two log weights.
   size_t call_bytes() const {
-    return arrays() * sizeof(const float*) +
-           2 * sizeof(float) * static_cast<size_t>(kv) * (n - eval - sink);
+    return (arrays() + q) * sizeof(void*) + kv * (candidates() + 1) * sizeof(int) +
+           2 * kv * candidates() * sizeof(float);
   }
 };
 
@@ -324,7 +331,9 @@ TEST_P(ResidentStaging, ALayerIsCopiedOnceAcrossCallsWithTheSameFigures) {
     EXPECT_EQ(st.uploaded_bytes, s.layer_bytes()) << "call " << k;
     EXPECT_EQ(st.uploads, s.arrays()) << "call " << k;
     EXPECT_EQ(st.hits, static_cast<uint64_t>(k) * s.arrays()) << "call " << k;
-    EXPECT_EQ(st.resident_bytes, s.layer_bytes());
+    EXPECT_EQ(st.resident_bytes, s.layer_bytes() + s.exact_bytes());
+    EXPECT_EQ(st.exact_built, static_cast<uint64_t>(s.q)) << "call " << k << ": computed once";
+    EXPECT_EQ(st.exact_reused, static_cast<uint64_t>(k * s.q)) << "call " << k;
     if (emulated())  // the runtime's own count: a later call copies only its selections
       EXPECT_EQ(copied, (k == 0 ? s.layer_bytes() : 0) + s.call_bytes()) << "call " << k;
     ErrorBatch unnamed = b;
@@ -379,6 +388,40 @@ TEST_F(ResidentLayers, ANewLayerIdIsCopiedAgainAndNeverServedStale) {
   const Figures changed = checked(*gpu, error_batch(s, reload, 5), "changed under its id");
   EXPECT_EQ(cuda_resident_stats().mismatches - after.mismatches, 2u);
   EXPECT_NE(changed.rel, new_figures.rel);
+  // Both kv heads' copies changed, so every query head's exact side was computed again.
+  EXPECT_EQ(cuda_resident_stats().exact_built - after.exact_built, static_cast<uint64_t>(s.q));
+}
+
+// The exact side of the errors is kept per (layer, query head, window): later calls over other
+// selections compute only the approximate side, and their figures are bit for bit those of a
+// call that computed the exact side afresh (after the cache was emptied) and within 1e-9 of the
+// CPU's. Another window (E) is another exact side.
+TEST_F(ResidentLayers, TheExactSideIsComputedOncePerLayerAndWindow) {
+  REQUIRE_GPU(gpu);
+  const Shape s;
+  const LayerData L = make_layer(s, 51);
+  std::vector<Figures> kept;
+  for (uint32_t k = 0; k < 3; ++k) kept.push_back(checked(*gpu, error_batch(s, L, 60 + k), "kept"));
+  ResidentLayerStats st = cuda_resident_stats();
+  EXPECT_EQ(st.exact_built, static_cast<uint64_t>(s.q));
+  EXPECT_EQ(st.exact_reused, static_cast<uint64_t>(2 * s.q));
+  for (uint32_t k = 0; k < 3; ++k) {
+    cuda_reset_resident_for_testing();
+    expect_same(run(*gpu, error_batch(s, L, 60 + k)), kept[k], "computed afresh");
+    EXPECT_EQ(cuda_resident_stats().exact_built, static_cast<uint64_t>(s.q));
+  }
+  Shape wider = s;
+  wider.eval = 24;
+  st = cuda_resident_stats();
+  checked(*gpu, error_batch(wider, L, 61), "another window");
+  EXPECT_EQ(cuda_resident_stats().exact_built - st.exact_built, static_cast<uint64_t>(s.q));
+  // Float scores keep no exact side (theirs is computed in each call).
+  ErrorBatch f = error_batch(s, L, 62);
+  f.float_scores = true;
+  st = cuda_resident_stats();
+  run(*gpu, f);
+  EXPECT_EQ(cuda_resident_stats().exact_built, st.exact_built);
+  EXPECT_EQ(cuda_resident_stats().exact_reused, st.exact_reused);
 }
 
 // (d): layers in turn within a budget of 2.5 layers: the least recently used arrays go, the
@@ -389,7 +432,8 @@ TEST_F(ResidentLayers, TheLeastRecentlyUsedLayersAreEvictedWithinTheBudget) {
   const Shape s;
   std::vector<LayerData> layers;
   for (uint32_t k = 0; k < 4; ++k) layers.push_back(make_layer(s, 20 + k));
-  const size_t budget = s.layer_bytes() * 5 / 2;
+  // What a layer keeps: its copies and the exact sides of its query heads.
+  const size_t budget = (s.layer_bytes() + s.exact_bytes()) * 5 / 2;
   cuda_set_resident_budget(budget);
   for (size_t k = 0; k < layers.size(); ++k) {
     checked(*gpu, error_batch(s, layers[k], 1), "layer " + std::to_string(k));
@@ -410,7 +454,8 @@ TEST_F(ResidentLayers, TheLeastRecentlyUsedLayersAreEvictedWithinTheBudget) {
       << "evicted: copied again";
   EXPECT_LE(cuda_resident_stats().resident_bytes, budget);
 
-  // A budget below one call: nothing of it is kept, the figures stand.
+  // A budget below one call: nothing of it is kept, the figures stand (the exact side computed
+  // in the call's workspace).
   cuda_set_resident_budget(s.layer_bytes() / 2);
   EXPECT_LE(cuda_resident_stats().resident_bytes, s.layer_bytes() / 2) << "evicted at once";
   st = cuda_resident_stats();

@@ -195,6 +195,8 @@ rows = [
     ("errors, 256 queries x 32 heads, n 32768 (double scores)", "BM_GpuErrors/layer_32k/double", None, 1.0),
     ("errors, same, n 8192, float scores", "BM_GpuErrors/layer_8k/float", None, 1.0),
     ("errors, same, n 32768, float scores", "BM_GpuErrors/layer_32k/float", None, 1.0),
+    ("errors, n 8192, exact side kept (resident layer, double)", "BM_GpuErrorsExactKept/layer_8k/double", None, 1.0),
+    ("errors, n 32768, exact side kept (resident layer, double)", "BM_GpuErrorsExactKept/layer_32k/double", None, 1.0),
     ("host-to-device copy of a layer's K and V, 8 kv heads x 8192", "BM_GpuUploadLayer/layer_8k", None, None),
     ("host-to-device copy of a layer's K and V, 8 kv heads x 32768", "BM_GpuUploadLayer/layer_32k", None, None),
     ("errors, 256 queries x 1 head, n 8192", "BM_GpuErrors/head_8k/double", "BM_CpuErrors/head_8k", None),
