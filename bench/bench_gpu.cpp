@@ -336,6 +336,27 @@ void cpu_cache_scores_bench(benchmark::State& state, const CacheScoreCase* c) {
   }
 }
 
+void gpu_expected(benchmark::State& state, const ExpectedCase* c) {
+  run_gpu(state, [c] {
+    std::vector<std::unique_ptr<GpuOpTimer>> t;
+#ifdef KVSCOPE_HAVE_CUDA
+    ExpectedCaseData data(*c);
+    t.push_back(cuda_expected_timer(data.batch));
+#else
+    (void)c;
+#endif
+    return t;
+  });
+}
+
+void cpu_expected(benchmark::State& state, const ExpectedCase* c) {
+  ExpectedCaseData data(*c);
+  for (auto _ : state) {
+    data.run(cpu_backend());
+    benchmark::DoNotOptimize(data.out.data());
+  }
+}
+
 // Every `bench` case of the table, on the GPU (device-resident, manual time) and, where the CPU
 // takes seconds rather than minutes (one head, 8192 points, the k-center case), on the CPU.
 void register_cases() {
@@ -428,6 +449,15 @@ void register_cases() {
         ->UseManualTime()
         ->Unit(kMillisecond);
     benchmark::RegisterBenchmark(("BM_CpuCacheScores/" + n).c_str(), cpu_cache_scores_bench, &c)
+        ->Unit(kMillisecond);
+  }
+  for (const ExpectedCase& c : expected_cases()) {
+    if (!c.bench) continue;
+    const std::string n = c.name;
+    benchmark::RegisterBenchmark(("BM_GpuExpected/" + n).c_str(), gpu_expected, &c)
+        ->UseManualTime()
+        ->Unit(kMillisecond);
+    benchmark::RegisterBenchmark(("BM_CpuExpected/" + n).c_str(), cpu_expected, &c)
         ->Unit(kMillisecond);
   }
 }

@@ -20,6 +20,7 @@
 #include "kernels/cache_scores.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.cuh"
+#include "kernels/expected_scores.cuh"
 #include "kernels/kcenter.cuh"
 #include "kernels/key_clusters.cuh"
 #include "kernels/resident_layers.cuh"
@@ -70,6 +71,9 @@ class CudaBackend final : public Backend {
     else if (s.op == Op::cache_scores && cuda::cache_scores_smem_bytes(s.d, s.count) == 0)
       no = "key width d=" + std::to_string(s.d) + " with " + std::to_string(s.count) +
            " query heads per group exceeds the CUDA cache-score kernels' rows";
+    else if (s.op == Op::expected_scores && cuda::expected_scores_smem_bytes(s.d) == 0)
+      no = "key width d=" + std::to_string(s.d) +
+           " exceeds the CUDA expected-attention kernel's tiles";
     if (no.empty()) return true;
     if (why) *why = no;
     return false;
@@ -138,6 +142,14 @@ class CudaBackend final : public Backend {
     });
   }
 
+  void expected_scores(const ExpectedScoreBatch& b) override {
+    guarded([&] {
+      const cuda::ExpectedDeviceArgs a = cuda::upload_expected_batch(b, expected_ws_, stream_);
+      cuda::launch_expected_scores(a, stream_);
+      cuda::download_expected_scores(a, b, stream_);
+    });
+  }
+
  private:
   // Runs `gpu`; a CUDA failure or a shape found unsupported becomes a DeviceFailure (the engine's
   // FallbackBackend runs the CPU reference and reports it). One op at a time: the app's worker
@@ -201,6 +213,7 @@ class CudaBackend final : public Backend {
     score_ws_.release();
     cluster_ws_.release();
     cache_score_ws_.release();
+    expected_ws_.release();
   }
 
   int device_;
@@ -216,6 +229,7 @@ class CudaBackend final : public Backend {
   cuda::ScoreWorkspace score_ws_;
   cuda::ClusterWorkspace cluster_ws_;
   cuda::CacheScoreWorkspace cache_score_ws_;
+  cuda::ExpectedWorkspace expected_ws_;
   cuda::ResidentLayers resident_;
 };
 
@@ -455,6 +469,23 @@ class CacheScoreTimer final : public GpuOpTimer {
   cuda::CacheScoreDeviceArgs args_;
 };
 
+// Replays expected-attention's launches over the uploaded batch.
+class ExpectedTimer final : public GpuOpTimer {
+ public:
+  explicit ExpectedTimer(const ExpectedScoreBatch& b) {
+    args_ = cuda::upload_expected_batch(b, ws_, timer_.stream());
+    KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_expected_scores(args_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::ExpectedWorkspace ws_;
+  cuda::ExpectedDeviceArgs args_;
+};
+
 // A host-to-device copy of `bytes` from pageable host memory (as the app's captures are): what
 // the device ops' timings leave out.
 class UploadTimer final : public GpuOpTimer {
@@ -570,6 +601,9 @@ std::unique_ptr<GpuOpTimer> cuda_cluster_timer(const ClusterBatch& batch) {
 }
 std::unique_ptr<GpuOpTimer> cuda_cache_score_timer(const CacheScoreBatch& batch) {
   return make_timer<CacheScoreTimer>(batch);
+}
+std::unique_ptr<GpuOpTimer> cuda_expected_timer(const ExpectedScoreBatch& batch) {
+  return make_timer<ExpectedTimer>(batch);
 }
 
 }  // namespace kvscope

@@ -76,6 +76,7 @@ std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int
 std::unique_ptr<GpuOpTimer> cuda_score_timer(const ScoreBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_cluster_timer(const ClusterBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_cache_score_timer(const CacheScoreBatch& batch);
+std::unique_ptr<GpuOpTimer> cuda_expected_timer(const ExpectedScoreBatch& batch);
 // A host-to-device copy of `bytes` bytes from pageable memory (the upload the op timers leave out).
 std::unique_ptr<GpuOpTimer> cuda_upload_timer(const void* host, size_t bytes);
 

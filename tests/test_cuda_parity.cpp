@@ -503,6 +503,63 @@ TEST(CudaParity, CacheScoresBadBatchesLikeCpu) {
   EXPECT_THROW(data.run(*gpu), std::invalid_argument);
 }
 
+// Expected-attention's scores on the device: every score within 1e-9 relative of the CPU
+// reference's. The device sums the logits' dot products, the covariance and the softmax's
+// denominator in other orders than Eigen (all in double): the logits differ by ~1e-15, which the
+// exponential carries over as a relative difference of the same size.
+TEST(CudaParity, ExpectedScoresMatchCpu) {
+  REQUIRE_GPU(gpu);
+  for (const ExpectedCase& c : expected_cases()) {
+    if (!c.parity) continue;
+    SCOPED_TRACE(c.name);
+    ExpectedCaseData data(c);
+    data.run(cpu_backend());
+    const std::vector<std::vector<double>> cpu = data.out;
+    data.run(*gpu);
+    EXPECT_EQ(last_fallback(), "");
+    double worst = 0;
+    for (int h = 0; h < c.heads; ++h) {
+      expect_close(data.out[h], cpu[h], 1e-9, 1e-300, "expected scores");
+      for (size_t j = 0; j < cpu[h].size(); ++j) {
+        EXPECT_GT(cpu[h][j], 0.0) << "every score is a positive probability";
+        worst = std::max(worst, std::abs(data.out[h][j] - cpu[h][j]) / std::abs(cpu[h][j]));
+      }
+    }
+    std::printf("expected scores %s: worst relative difference %.2g\n", c.name, worst);
+  }
+}
+
+TEST(CudaParity, ExpectedScoresBadBatchesLikeCpu) {
+  REQUIRE_GPU(gpu);
+  ExpectedCaseData data(find_expected_case("two_heads_odd_d"));
+  data.batch.heads[1].queries.pop_back();  // unequal groups
+  EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
+  EXPECT_THROW(data.run(*gpu), std::invalid_argument);
+  data.batch.heads[1].queries.push_back(data.queries.back().data());
+  data.batch.rotation = nullptr;
+  EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
+  EXPECT_THROW(data.run(*gpu), std::invalid_argument);
+}
+
+// Expected-attention routed through the op keeps the CPU's sets on the real sample captures,
+// every layer and kv head: identical indices and weights, scores within 1e-9 relative.
+TEST(CudaParity, ExpectedAttentionKeepsTheCpuSetsOnDevice) {
+  REQUIRE_GPU(gpu);
+  const std::vector<MethodCase> cases = {
+      {"expected-attention", {}},
+      {"expected-attention", {{"use_covariance", 0}, {"epsilon", 0.01}}},
+      {"adakv(expected-attention)", {}},
+  };
+  const auto [identical, runs] =
+      select_on_cpu_and_device(*gpu, cases, 0, [](const Selection& sel, const Selection& cpu) {
+        EXPECT_EQ(sel.indices, cpu.indices);
+        expect_close(sel.middle_scores, cpu.middle_scores, 1e-9, 1e-300, "middle scores");
+        return sel.indices == cpu.indices && sel.weights == cpu.weights;
+      });
+  std::printf("expected-attention selections on the device: %d of %d identical to the CPU's\n",
+              identical, runs);
+}
+
 // SubGen (its clustering, with the bisection's speculative levels on the device) and BUZZ (its
 // streamed scores: the default compressed-cache rule, log n, full-prefix with log n) routed
 // through the ops keep the CPU's sets on the real sample captures, every layer and kv head:

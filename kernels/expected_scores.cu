@@ -1,0 +1,280 @@
+// Expected-attention's kernels; see expected_scores.cuh.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "kernels/expected_scores.cuh"
+
+namespace kvscope::cuda {
+namespace {
+
+constexpr int kTile = 16;
+
+__device__ double expected_block_reduce(double v, bool take_max, double* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w)
+      scratch[threadIdx.x] = take_max ? fmax(scratch[threadIdx.x], scratch[threadIdx.x + w])
+                                      : scratch[threadIdx.x] + scratch[threadIdx.x + w];
+    __syncthreads();
+  }
+  const double out = scratch[0];
+  __syncthreads();  // scratch is reused by the next reduction
+  return out;
+}
+
+// 1. grid (ceil(d / threads), heads * group).
+__global__ void __launch_bounds__(kExpectedThreads) expected_mean_kernel(ExpectedDeviceArgs a) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, hq = blockIdx.y;
+  if (c >= a.d) return;
+  const double* q = a.queries + static_cast<size_t>(hq) * a.count * a.d;
+  double sum = 0.0;
+  for (int t = 0; t < a.count; ++t) sum += q[static_cast<size_t>(t) * a.d + c];
+  a.mu[static_cast<size_t>(hq) * a.d + c] = sum / static_cast<double>(a.count);
+}
+
+// 2. grid (ceil(d / threads), heads * group): mu_r = R mu.
+__global__ void __launch_bounds__(kExpectedThreads)
+    expected_rotate_mean_kernel(ExpectedDeviceArgs a) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x, hq = blockIdx.y;
+  if (r >= a.d) return;
+  const double* mu = a.mu + static_cast<size_t>(hq) * a.d;
+  double sum = 0.0;
+  for (int c = 0; c < a.d; ++c) sum += a.rotation[static_cast<size_t>(r) * a.d + c] * mu[c];
+  a.mu_r[static_cast<size_t>(hq) * a.d + r] = sum;
+}
+
+// 3. grid (ceil(d / 16)^2, heads * group), 256 threads: entry (row, col) of S, thread
+// (ty, tx) = (threadIdx.x / 16, threadIdx.x % 16) of the 16 x 16 tile blockIdx.x.
+__global__ void __launch_bounds__(kTile* kTile) expected_cov_kernel(ExpectedDeviceArgs a) {
+  __shared__ double qa[kTile][kTile + 1], qb[kTile][kTile + 1];  // [token][channel]
+  const int hq = blockIdx.y, tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int tiles = (a.d + kTile - 1) / kTile;
+  const int row0 = (blockIdx.x / tiles) * kTile, col0 = (blockIdx.x % tiles) * kTile;
+  const double* q = a.queries + static_cast<size_t>(hq) * a.count * a.d;
+  const double* mu = a.mu + static_cast<size_t>(hq) * a.d;
+  double acc = 0.0;
+  for (int t0 = 0; t0 < a.count; t0 += kTile) {
+    const int t = t0 + ty;
+    const int ca = row0 + tx, cb = col0 + tx;
+    qa[ty][tx] = t < a.count && ca < a.d ? q[static_cast<size_t>(t) * a.d + ca] - mu[ca] : 0.0;
+    qb[ty][tx] = t < a.count && cb < a.d ? q[static_cast<size_t>(t) * a.d + cb] - mu[cb] : 0.0;
+    __syncthreads();
+    for (int r = 0; r < kTile; ++r) acc += qa[r][ty] * qb[r][tx];
+    __syncthreads();
+  }
+  const int row = row0 + ty, col = col0 + tx;
+  if (row < a.d && col < a.d)
+    a.cov[(static_cast<size_t>(hq) * a.d + row) * a.d + col] = acc / static_cast<double>(a.count);
+}
+
+// 4-5. grid (ceil(d * d / threads), heads * group): C = A B (transpose_b: A B^T); a stride of 0
+// is the rotation, shared by every query head.
+__global__ void __launch_bounds__(kExpectedThreads)
+    expected_product_kernel(const double* A, size_t a_stride, const double* B, size_t b_stride,
+                            bool transpose_b, double* C, int d) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x, hq = blockIdx.y;
+  if (e >= d * d) return;
+  const int r = e / d, c = e % d;
+  const double* x = A + hq * a_stride + static_cast<size_t>(r) * d;
+  const double* y = B + hq * b_stride;
+  double sum = 0.0;
+  for (int k = 0; k < d; ++k)
+    sum += x[k] *
+           (transpose_b ? y[static_cast<size_t>(c) * d + k] : y[static_cast<size_t>(k) * d + c]);
+  C[hq * static_cast<size_t>(d) * d + e] = sum;
+}
+
+// 6. grid (ceil(count / 8), heads * group): the logits of 8 keys against one query head.
+__global__ void __launch_bounds__(kExpectedThreads) expected_logits_kernel(ExpectedDeviceArgs a) {
+  extern __shared__ double smem[];
+  double* ks = smem;                                                       // [8][d]
+  double* part = smem + static_cast<size_t>(kExpectedKeysPerBlock) * a.d;  // [2][8][threads]
+  const int hq = blockIdx.y, kv = hq / a.group;
+  const int j0 = blockIdx.x * kExpectedKeysPerBlock;
+  const float* keys = a.keys + static_cast<size_t>(kv) * a.count * a.d;
+  for (int e = threadIdx.x; e < kExpectedKeysPerBlock * a.d; e += blockDim.x) {
+    const int j = j0 + e / a.d;
+    ks[e] = j < a.count ? static_cast<double>(keys[static_cast<size_t>(j) * a.d + e % a.d]) : 0.0;
+  }
+  __syncthreads();
+  const double* mu_r = a.mu_r + static_cast<size_t>(hq) * a.d;
+  const double* cov_r = a.cov_r + static_cast<size_t>(hq) * a.d * a.d;
+  double lin[kExpectedKeysPerBlock], quad[kExpectedKeysPerBlock];
+  for (int kk = 0; kk < kExpectedKeysPerBlock; ++kk) lin[kk] = quad[kk] = 0.0;
+  for (int c = threadIdx.x; c < a.d; c += blockDim.x) {
+    const double m = mu_r[c];
+    for (int kk = 0; kk < kExpectedKeysPerBlock; ++kk) lin[kk] += ks[kk * a.d + c] * m;
+    if (a.use_covariance) {
+      // y_c = (k S')_c = sum_b k_b S'_bc: column c of S', read across the block's threads.
+      double y[kExpectedKeysPerBlock];
+      for (int kk = 0; kk < kExpectedKeysPerBlock; ++kk) y[kk] = 0.0;
+      for (int b = 0; b < a.d; ++b) {
+        const double s = cov_r[static_cast<size_t>(b) * a.d + c];
+        for (int kk = 0; kk < kExpectedKeysPerBlock; ++kk) y[kk] += ks[kk * a.d + b] * s;
+      }
+      for (int kk = 0; kk < kExpectedKeysPerBlock; ++kk) quad[kk] += y[kk] * ks[kk * a.d + c];
+    }
+  }
+  for (int kk = 0; kk < kExpectedKeysPerBlock; ++kk) {
+    part[kk * blockDim.x + threadIdx.x] = lin[kk];
+    part[(kExpectedKeysPerBlock + kk) * blockDim.x + threadIdx.x] = quad[kk];
+  }
+  __syncthreads();
+  if (threadIdx.x < kExpectedKeysPerBlock) {
+    const int kk = threadIdx.x, j = j0 + kk;
+    double l = 0.0, qf = 0.0;
+    for (int t = 0; t < static_cast<int>(blockDim.x); ++t) {
+      l += part[kk * blockDim.x + t];
+      qf += part[(kExpectedKeysPerBlock + kk) * blockDim.x + t];
+    }
+    double logit = l / sqrt(static_cast<double>(a.d));
+    if (a.use_covariance) logit += qf / static_cast<double>(a.d) / 2.0;
+    if (j < a.count) a.logits[static_cast<size_t>(hq) * a.count + j] = logit;
+  }
+}
+
+// 7. grid (heads * group).
+__global__ void __launch_bounds__(kExpectedThreads)
+    expected_softmax_stats_kernel(ExpectedDeviceArgs a) {
+  __shared__ double scratch[kExpectedThreads];
+  const int hq = blockIdx.x;
+  const double* l = a.logits + static_cast<size_t>(hq) * a.count;
+  double mx = -INFINITY;
+  for (int j = threadIdx.x; j < a.count; j += blockDim.x) mx = fmax(mx, l[j]);
+  mx = expected_block_reduce(mx, true, scratch);
+  double z = 0.0;
+  for (int j = threadIdx.x; j < a.count; j += blockDim.x) z += exp(l[j] - mx);
+  z = expected_block_reduce(z, false, scratch);
+  if (threadIdx.x == 0) {
+    a.stats[2 * hq] = mx;
+    a.stats[2 * hq + 1] = z;
+  }
+}
+
+// 8. grid (ceil(count / threads), heads).
+__global__ void __launch_bounds__(kExpectedThreads) expected_combine_kernel(ExpectedDeviceArgs a) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+  if (j >= a.count) return;
+  double p = 0.0;
+  for (int g = 0; g < a.group; ++g) {
+    const int hq = h * a.group + g;
+    p += exp(a.logits[static_cast<size_t>(hq) * a.count + j] - a.stats[2 * hq]) /
+         a.stats[2 * hq + 1] / static_cast<double>(a.group);
+  }
+  if (a.use_vnorm) {
+    const float* v = a.values + (static_cast<size_t>(h) * a.count + j) * a.dv;
+    double ss = 0.0;
+    for (int c = 0; c < a.dv; ++c) ss += static_cast<double>(v[c]) * static_cast<double>(v[c]);
+    p = (p + a.epsilon) * sqrt(ss);
+  }
+  a.out[static_cast<size_t>(h) * a.count + j] = p;
+}
+
+}  // namespace
+
+size_t expected_scores_smem_bytes(int d) {
+  const size_t bytes = (static_cast<size_t>(kExpectedKeysPerBlock) * std::max(d, 1) +
+                        2 * static_cast<size_t>(kExpectedKeysPerBlock) * kExpectedThreads) *
+                       sizeof(double);
+  return bytes <= 48 * 1024 ? bytes : 0;
+}
+
+ExpectedDeviceArgs upload_expected_batch(const ExpectedScoreBatch& b, ExpectedWorkspace& ws,
+                                         cudaStream_t stream) {
+  check_expected_score_batch(b);
+  if (b.cancel && b.cancel->load(std::memory_order_relaxed)) throw Cancelled();
+  if (expected_scores_smem_bytes(b.d) == 0)
+    throw Unsupported("key width d=" + std::to_string(b.d) +
+                      " exceeds the CUDA expected-attention kernel's tiles");
+  ExpectedDeviceArgs a;
+  a.heads = static_cast<int>(b.heads.size());
+  a.group = b.group();
+  a.count = b.count;
+  a.d = b.d;
+  a.dv = b.dv;
+  a.use_covariance = b.use_covariance;
+  a.use_vnorm = b.use_vnorm;
+  a.epsilon = b.epsilon;
+  const size_t heads = a.heads, hq = static_cast<size_t>(a.heads) * a.group, count = b.count,
+               d = b.d, dv = std::max(b.dv, 0);
+  float* dk = ws.keys.reserve_as<float>(heads * count * d);
+  float* dval = b.use_vnorm ? ws.values.reserve_as<float>(heads * count * dv) : nullptr;
+  double* dq = ws.queries.reserve_as<double>(hq * count * d);
+  double* drot = ws.rotation.reserve_as<double>(d * d);
+  double* work = ws.work.reserve_as<double>(hq * (2 * d + 3 * d * d + count + 2));
+  double* dout = ws.out.reserve_as<double>(heads * count);
+  for (size_t h = 0; h < heads; ++h) {
+    const ExpectedScoreHead& head = b.heads[h];
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dk + h * count * d, head.keys, count * d * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+    if (dval)
+      KVS_CUDA_CHECK(cudaMemcpyAsync(dval + h * count * dv, head.values, count * dv * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream));
+    for (size_t g = 0; g < static_cast<size_t>(a.group); ++g)
+      KVS_CUDA_CHECK(cudaMemcpyAsync(dq + (h * a.group + g) * count * d, head.queries[g],
+                                     count * d * sizeof(double), cudaMemcpyHostToDevice, stream));
+  }
+  KVS_CUDA_CHECK(
+      cudaMemcpyAsync(drot, b.rotation, d * d * sizeof(double), cudaMemcpyHostToDevice, stream));
+  a.keys = dk;
+  a.values = dval;
+  a.queries = dq;
+  a.rotation = drot;
+  a.mu = work;
+  a.mu_r = a.mu + hq * d;
+  a.cov = a.mu_r + hq * d;
+  a.tmp = a.cov + hq * d * d;
+  a.cov_r = a.tmp + hq * d * d;
+  a.logits = a.cov_r + hq * d * d;
+  a.stats = a.logits + hq * count;
+  a.out = dout;
+  return a;
+}
+
+void launch_expected_scores(const ExpectedDeviceArgs& a, cudaStream_t stream) {
+  const int hq = a.heads * a.group;
+  const dim3 cols((a.d + kExpectedThreads - 1) / kExpectedThreads, hq);
+  expected_mean_kernel<<<cols, kExpectedThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("expected_mean_kernel");
+  expected_rotate_mean_kernel<<<cols, kExpectedThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("expected_rotate_mean_kernel");
+  if (a.use_covariance) {
+    const int tiles = (a.d + kTile - 1) / kTile;
+    const dim3 tile_grid(tiles * tiles, hq);
+    expected_cov_kernel<<<tile_grid, kTile * kTile, 0, stream>>>(a);
+    KVS_CUDA_CHECK_LAUNCH("expected_cov_kernel");
+    const size_t dd = static_cast<size_t>(a.d) * a.d;
+    const dim3 entries(static_cast<unsigned>((dd + kExpectedThreads - 1) / kExpectedThreads), hq);
+    expected_product_kernel<<<entries, kExpectedThreads, 0, stream>>>(a.rotation, 0, a.cov, dd,
+                                                                      false, a.tmp, a.d);
+    KVS_CUDA_CHECK_LAUNCH("expected_product_kernel");
+    expected_product_kernel<<<entries, kExpectedThreads, 0, stream>>>(a.tmp, dd, a.rotation, 0,
+                                                                      true, a.cov_r, a.d);
+    KVS_CUDA_CHECK_LAUNCH("expected_product_kernel");
+  }
+  const dim3 key_blocks((a.count + kExpectedKeysPerBlock - 1) / kExpectedKeysPerBlock, hq);
+  expected_logits_kernel<<<key_blocks, kExpectedThreads, expected_scores_smem_bytes(a.d), stream>>>(
+      a);
+  KVS_CUDA_CHECK_LAUNCH("expected_logits_kernel");
+  expected_softmax_stats_kernel<<<hq, kExpectedThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("expected_softmax_stats_kernel");
+  const dim3 per_key((a.count + kExpectedThreads - 1) / kExpectedThreads, a.heads);
+  expected_combine_kernel<<<per_key, kExpectedThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("expected_combine_kernel");
+}
+
+void download_expected_scores(const ExpectedDeviceArgs& a, const ExpectedScoreBatch& b,
+                              cudaStream_t stream) {
+  std::vector<double> out(static_cast<size_t>(a.heads) * a.count);
+  KVS_CUDA_CHECK(cudaMemcpyAsync(out.data(), a.out, out.size() * sizeof(double),
+                                 cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (size_t h = 0; h < b.heads.size(); ++h)
+    std::copy_n(out.begin() + h * a.count, a.count, b.heads[h].scores);
+}
+
+}  // namespace kvscope::cuda
