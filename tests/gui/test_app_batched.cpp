@@ -2,7 +2,8 @@
 // app/grid_cells.cpp): the pending cells of a layer (one slot, one seed run) are computed by one
 // run_eval over their heads, which scores them in one attention_errors call. A counting backend
 // ("test-batch", tests/counting_backend.h) runs the CPU references and records every call; the
-// app runs on it through settings.backend, as it would on "cuda".
+// app runs on it through settings.backend, as it would on "cuda". Every call names the loaded
+// layer (ErrorBatch::layer_id), as the device's resident copies need.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -56,8 +57,11 @@ TEST(AppGridOnADevice, EachLayerOfTheGridIsScoredInOneCallPerSlotAndSeed) {
   ASSERT_EQ(s.backend(), &select_backend("test-batch"));
   const CaptureInfo& ci = s.capture->info();
   // The focused runs score one head each (run_head); every grid call holds a whole layer: both
-  // methods depend on the seed, so layers x 2 slots x 2 seeds calls.
-  auto [whole, partial] = whole_and_partial(counting().take_calls(), ci.kv_heads);
+  // methods depend on the seed, so layers x 2 slots x 2 seeds calls. Every call names the
+  // loaded layer it reads (ErrorBatch::layer_id), so a device keeps the layer resident.
+  const std::vector<kvscope::testing::ErrorCall> calls = counting().take_calls();
+  for (const auto& c : calls) EXPECT_NE(c.layer_id, 0u) << "a grid call must name its layer";
+  auto [whole, partial] = whole_and_partial(calls, ci.kv_heads);
   EXPECT_EQ(whole, ci.num_layers * 2 * 2);
   EXPECT_LE(partial, 2) << "only the two focused runs may score a head alone";
   EXPECT_EQ(s.grid_cells.computed(), static_cast<uint64_t>(ci.num_layers * ci.kv_heads * 2 * 2));
