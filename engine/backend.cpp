@@ -31,6 +31,7 @@ class CpuBackend final : public Backend {
   void key_clusters(const ClusterBatch& b) override { cpu_key_clusters(b); }
   void cache_scores(const CacheScoreBatch& b) override { cpu_cache_scores(b); }
   void expected_scores(const ExpectedScoreBatch& b) override { cpu_expected_scores(b); }
+  void chunk_scores(const ChunkScoreBatch& b) override { cpu_chunk_scores(b); }
 };
 
 // One registered device backend: probed once, wrapped once.
@@ -96,6 +97,8 @@ const char* op_name(Op op) {
       return "cache_scores";
     case Op::expected_scores:
       return "expected_scores";
+    case Op::chunk_scores:
+      return "chunk_scores";
   }
   return "?";
 }
@@ -129,6 +132,11 @@ OpShape op_shape(const CacheScoreBatch& b) {
 // rows: tokens scored; dv: the value width; count: the group.
 OpShape op_shape(const ExpectedScoreBatch& b) {
   return {Op::expected_scores, b.count, b.d, b.dv, b.group(), false};
+}
+
+// rows: tokens of the region; count: the group; dv: the chunk size.
+OpShape op_shape(const ChunkScoreBatch& b) {
+  return {Op::chunk_scores, b.len, b.d, b.chunk, b.group(), false};
 }
 
 OpShape kcenter_shape(int n, int d, int k) {
@@ -222,6 +230,11 @@ void FallbackBackend::cache_scores(const CacheScoreBatch& b) {
 void FallbackBackend::expected_scores(const ExpectedScoreBatch& b) {
   run(
       op_shape(b), [&] { device_.expected_scores(b); }, [&] { cpu_expected_scores(b); });
+}
+
+void FallbackBackend::chunk_scores(const ChunkScoreBatch& b) {
+  run(
+      op_shape(b), [&] { device_.chunk_scores(b); }, [&] { cpu_chunk_scores(b); });
 }
 
 std::string last_fallback() {

@@ -16,6 +16,7 @@
 #include "engine/ops/attention_errors.h"
 #include "engine/ops/attention_scores.h"
 #include "engine/ops/cache_scores.h"
+#include "engine/ops/chunk_scores.h"
 #include "engine/ops/expected_scores.h"
 #include "engine/ops/kcenter.h"
 #include "engine/ops/key_clusters.h"
@@ -33,10 +34,11 @@ enum class Op {
   attention_scores,
   key_clusters,
   cache_scores,
-  expected_scores
+  expected_scores,
+  chunk_scores
 };
 // "walk_blocks", "attention_errors", "tsne_gradient", "kcenter", "attention_scores",
-// "key_clusters", "cache_scores", "expected_scores"
+// "key_clusters", "cache_scores", "expected_scores", "chunk_scores"
 const char* op_name(Op op);
 
 // What supports() is told about one call: the op and its sizes.
@@ -45,10 +47,11 @@ struct OpShape {
   // walk: total rows; attention, scores, cache scores: tokens n; t-SNE, k-center, clusters: points
   int64_t rows = 0;
   int d = 0;  // key width (t-SNE: 2; k-center: features)
-  // value width (walk, attention); scores: kv heads of the batch; cache scores: keys of the cache
+  // value width (walk, attention, expected scores); scores: kv heads of the batch; cache scores:
+  // keys of the cache; chunk scores: the chunk size
   int dv = 0;
   // walk: blocks; attention: query heads; scores, cache scores: group; t-SNE: 0; k-center: k;
-  // clusters: radii; expected scores: query heads per group
+  // clusters: radii; expected scores, chunk scores: query heads per group
   int count = 0;
   bool float_scores = false;  // attention: ErrorBatch::float_scores
 };
@@ -59,6 +62,7 @@ OpShape op_shape(const ScoreBatch& b);
 OpShape op_shape(const ClusterBatch& b);
 OpShape op_shape(const CacheScoreBatch& b);
 OpShape op_shape(const ExpectedScoreBatch& b);
+OpShape op_shape(const ChunkScoreBatch& b);
 OpShape kcenter_shape(int n, int d, int k);
 
 // A device backend's report that it could not run an op (out of device memory, a rejected launch,
@@ -101,6 +105,9 @@ class Backend {
   // Expected-attention's scores from its queries' statistics (engine/ops/expected_scores.h). Not
   // pure, as key_clusters.
   virtual void expected_scores(const ExpectedScoreBatch& batch) { cpu_expected_scores(batch); }
+  // Compactor's chunked non-causal attention column sums (engine/ops/chunk_scores.h). Not pure,
+  // as key_clusters.
+  virtual void chunk_scores(const ChunkScoreBatch& batch) { cpu_chunk_scores(batch); }
 };
 
 // The engine's CPU fallback around a device backend: before each op it asks the device whether it
@@ -125,6 +132,7 @@ class FallbackBackend final : public Backend {
   void key_clusters(const ClusterBatch& batch) override;
   void cache_scores(const CacheScoreBatch& batch) override;
   void expected_scores(const ExpectedScoreBatch& batch) override;
+  void chunk_scores(const ChunkScoreBatch& batch) override;
 
   // Why the most recent op ran on the CPU, or "" when it ran on the device.
   std::string last_fallback() const;

@@ -1,6 +1,6 @@
 // A Backend that forwards every op to another one (the CPU's by default), counting the calls of
 // the ops the methods run on MethodInput::backend (attention_scores, key_clusters, cache_scores,
-// expected_scores):
+// expected_scores, chunk_scores):
 // the routing tests (test_methods_baselines.cpp) derive from it to change one op's figures, and
 // the device parity tests (test_cuda_parity.cpp) wrap the device in it to see the methods reach
 // it. Header-only, for tests.
@@ -44,6 +44,10 @@ class ForwardingBackend : public Backend {
   void expected_scores(const ExpectedScoreBatch& b) override {
     ++calls;
     inner_.expected_scores(b);
+  }
+  void chunk_scores(const ChunkScoreBatch& b) override {
+    ++calls;
+    inner_.chunk_scores(b);
   }
 
  protected:

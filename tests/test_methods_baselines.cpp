@@ -555,6 +555,49 @@ TEST(Baselines, ExpectedAttentionScoresThroughTheMethodsBackend) {
   });
 }
 
+// A backend whose chunked-attention op is the CPU reference, counted, and (when `distort`) with
+// each column sum scaled by a factor that depends on the token.
+class ChunkRecorder final : public ::kvscope::testing::ForwardingBackend {
+ public:
+  bool distort = false;
+  void chunk_scores(const ChunkScoreBatch& b) override {
+    ForwardingBackend::chunk_scores(b);
+    if (!distort) return;
+    for (const ChunkScoreHead& h : b.heads)
+      for (int j = 0; j < b.len; ++j) h.col[j] *= 1 + (j * 7919) % 13;
+  }
+};
+
+// Compactor computes its chunked attention through MethodInput::backend's chunked-attention op
+// (its memo keeps each backend's scores apart): forwarding to the CPU reference gives every
+// selection bit for bit; changing the op's figures changes them. The recorders live for the
+// whole test, so no two share an address (the memo's key).
+TEST(Baselines, CompactorScoresThroughTheMethodsBackend) {
+  const std::vector<MethodCase> cases = {
+      {"compactor", {}},
+      {"compactor", {{"chunk_size", 50}, {"sketch", 1}}},
+  };
+  ChunkRecorder rec, distorting;
+  distorting.distort = true;
+  for_each_routed_head(cases, [&](const Method& m, MethodInput& in, int kv) {
+    in.backend = &cpu_backend();
+    const Selection plain = m.select(in);
+    const int before = rec.calls;
+    in.backend = &rec;
+    const Selection routed = m.select(in);
+    // One call per layer and parameter set (the memo serves the other kv heads).
+    if (kv == 0) EXPECT_GT(rec.calls, before) << "the op was not called";
+    EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
+    EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+    EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+    in.backend = &distorting;
+    const Selection distorted = m.select(in);
+    EXPECT_TRUE(distorted.indices != plain.indices ||
+                distorted.middle_scores != plain.middle_scores)
+        << "kv head " << kv << ": the op's figures did not reach the selection";
+  });
+}
+
 // The attention-score methods exist to keep the tokens attention goes to: on the real capture
 // their kept set covers more of the evaluation queries' exact attention mass than a uniform
 // sample of the same size, on every layer.

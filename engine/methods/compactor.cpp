@@ -27,6 +27,7 @@
 // its randn made the identity). Every kv head of the layer is scored for the z-normalisation.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -35,6 +36,7 @@
 #include <mutex>
 
 #include "engine/attention_scores.h"
+#include "engine/backend.h"
 #include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/method.h"
@@ -121,6 +123,9 @@ uint64_t fingerprint(const LayerData& layer, int begin, int end) {
 struct MemoKey {
   int what, layer, begin, end, size;
   uint64_t seed;
+  // The backend that computed the chunked attention (0 for the leverage, always on the CPU): a
+  // device's figures differ from the CPU's by rounding, and each backend keeps its own.
+  uintptr_t backend;
   auto operator<=>(const MemoKey&) const = default;
 };
 std::shared_ptr<const LayerScores> memo(uint64_t fp, MemoKey key,
@@ -187,7 +192,7 @@ class Compactor final : public Method {
       const int k = static_cast<int>(p("sketch_dimension")),
                 chunk = static_cast<int>(p("chunk_size"));
       const uint64_t fp = fingerprint(layer, begin, end);
-      lev = memo(fp, {1, in.layer, begin, end, exact ? 0 : k, exact ? 0ull : in.seed}, [&] {
+      lev = memo(fp, {1, in.layer, begin, end, exact ? 0 : k, exact ? 0ull : in.seed, 0}, [&] {
         LayerScores v(heads);
         for (int h = 0; h < heads; ++h) {
           if (in.cancel && in.cancel->load()) throw Cancelled();
@@ -196,15 +201,13 @@ class Compactor final : public Method {
         z_normalise(v);
         return v;
       });
-      att = memo(fp, {2, in.layer, begin, end, chunk, 0}, [&] {
-        LayerScores v(heads);
-        for (int h = 0; h < heads; ++h) {
-          if (in.cancel && in.cancel->load()) throw Cancelled();
-          v[h] = attention(layer, h, begin, end, chunk);
-        }
-        z_normalise(v);
-        return v;
-      });
+      Backend& backend = method_backend(in);
+      att =
+          memo(fp, {2, in.layer, begin, end, chunk, 0, reinterpret_cast<uintptr_t>(&backend)}, [&] {
+            LayerScores v = attention(layer, begin, end, chunk, backend, in.cancel);
+            z_normalise(v);
+            return v;
+          });
     }
     double top = -std::numeric_limits<double>::infinity();
     std::vector<double> mine(std::max(len, 0));
@@ -251,45 +254,40 @@ class Compactor final : public Method {
     return out;
   }
 
-  // The press's non-causal chunked attention column sums over [begin, end), group-averaged,
-  // times |v|, average-pooled over 3 neighbours.
-  static std::vector<double> attention(const LayerData& layer, int kv, int begin, int end,
-                                       int chunk) {
-    const int len = end - begin;
-    const MatrixF& K = layer.keys[kv];
-    const std::vector<const MatrixF*> queries =
-        layer.queries.empty() ? std::vector<const MatrixF*>{&K} : layer.group_queries(kv);
-    std::vector<double> col(len, 0.0);
-    const int pad = (chunk - len % chunk) % chunk;
-    std::vector<double> logits;
-    for (const MatrixF* Q : queries) {
-      for (int c0 = 0; c0 < len; c0 += chunk) {
-        const int c1 = std::min(len, c0 + chunk), valid = c1 - c0;
-        const bool last = c1 == len && pad > 0;
-        const MatrixD q = Q->middleRows(begin + c0, valid).cast<double>();
-        const MatrixD k = K.middleRows(begin + c0, valid).cast<double>();
-        const MatrixD dots = q * k.transpose();
-        logits.resize(valid);
-        for (int i = 0; i < valid; ++i) {
-          double top = -std::numeric_limits<double>::infinity();
-          for (int j = 0; j < valid; ++j) top = std::max(top, logits[j] = dots(i, j));
-          if (last) top = std::max(top, -1e-9);
-          double sum = 0;
-          for (int j = 0; j < valid; ++j) sum += std::exp(logits[j] - top);
-          if (last) sum += pad * std::exp(-1e-9 - top);
-          for (int j = 0; j < valid; ++j) col[c0 + j] += std::exp(logits[j] - top) / sum;
-        }
-        if (last) {  // the padded query rows: logit 0 on real keys, -1e-9 on padded ones
-          const double share = 1.0 / (valid + pad * std::exp(-1e-9));
-          for (int j = 0; j < valid; ++j) col[c0 + j] += pad * share;
-        }
-      }
+  // The press's non-causal chunked attention column sums over [begin, end) (the chunked-attention
+  // op, engine/ops/chunk_scores.h, every kv head of the layer in one call on `backend`),
+  // group-averaged, times |v|, average-pooled over 3 neighbours; one vector per kv head.
+  static LayerScores attention(const LayerData& layer, int begin, int end, int chunk,
+                               Backend& backend, const std::atomic<bool>* cancel) {
+    const int len = end - begin, heads = static_cast<int>(layer.keys.size());
+    std::vector<std::vector<double>> col(heads, std::vector<double>(len));
+    std::vector<size_t> group(heads);
+    ChunkScoreBatch batch;
+    batch.len = len;
+    batch.d = static_cast<int>(layer.keys.front().cols());
+    batch.chunk = chunk;
+    batch.cancel = cancel;
+    for (int kv = 0; kv < heads; ++kv) {
+      const MatrixF& K = layer.keys[kv];
+      const std::vector<const MatrixF*> queries =
+          layer.queries.empty() ? std::vector<const MatrixF*>{&K} : layer.group_queries(kv);
+      ChunkScoreHead head;
+      head.keys = K.row(begin).data();
+      for (const MatrixF* Q : queries) head.queries.push_back(Q->row(begin).data());
+      head.col = col[kv].data();
+      group[kv] = queries.size();
+      batch.heads.push_back(std::move(head));
     }
-    std::vector<double> scaled(len);
-    for (int i = 0; i < len; ++i)
-      scaled[i] = col[i] / static_cast<double>(queries.size()) *
-                  layer.values[kv].row(begin + i).cast<double>().norm();
-    return avg_pool_same(scaled, 3);
+    backend.chunk_scores(batch);
+    LayerScores out(heads);
+    for (int kv = 0; kv < heads; ++kv) {
+      std::vector<double> scaled(len);
+      for (int i = 0; i < len; ++i)
+        scaled[i] = col[kv][i] / static_cast<double>(group[kv]) *
+                    layer.values[kv].row(begin + i).cast<double>().norm();
+      out[kv] = avg_pool_same(scaled, 3);
+    }
+    return out;
   }
 };
 

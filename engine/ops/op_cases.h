@@ -662,6 +662,66 @@ struct ExpectedCaseData {
   }
 };
 
+// ---- chunk scores ----------------------------------------------------------------------------
+
+// Compactor's chunked attention over a region of `len` tokens: `heads` kv heads, `group` query
+// heads each, chunks of `chunk` (the last one partial unless chunk divides len). Keys and queries
+// at scale `sd`: compactor's logits are unscaled, so sd sets how sharp the rows are.
+struct ChunkCase {
+  const char* name;
+  int heads, group, len, d, chunk;
+  double sd;
+  uint32_t seed;
+  bool parity, bench;
+};
+
+inline const std::vector<ChunkCase>& chunk_cases() {
+  static const std::vector<ChunkCase> cases = {
+      // Llama's d = 128, a group of 4, the press's chunk of 256 with a partial last chunk.
+      {"llama_partial", 1, 4, 700, 128, 256, 0.35, 41, true, false},
+      // Two kv heads, odd d = 13, a group of 3, chunks that divide the region (no padding).
+      {"two_heads_exact_chunks", 2, 3, 300, 13, 50, 1.0, 42, true, false},
+      // One chunk larger than the region: everything is the partial last chunk.
+      {"one_partial_chunk", 1, 2, 90, 32, 256, 0.5, 43, true, false},
+      // Benchmark: one kv head of an 8k Llama-3-shaped context's region, a group of 4.
+      {"head_8k", 1, 4, 8180, 128, 256, 0.35, 44, false, true},
+  };
+  return cases;
+}
+inline const ChunkCase& find_chunk_case(const std::string& name) {
+  return op_cases::find_case(chunk_cases(), name);
+}
+
+struct ChunkCaseData {
+  std::vector<std::vector<float>> keys, queries;  // queries: heads * group
+  std::vector<std::vector<double>> col;
+  ChunkScoreBatch batch;
+
+  explicit ChunkCaseData(const ChunkCase& c) {
+    const size_t nd = static_cast<size_t>(c.len) * c.d;
+    uint32_t seed = c.seed;
+    for (int h = 0; h < c.heads; ++h) {
+      keys.push_back(op_cases::normal(nd, c.sd, seed++));
+      for (int g = 0; g < c.group; ++g) queries.push_back(op_cases::normal(nd, c.sd, seed++));
+    }
+    batch.len = c.len;
+    batch.d = c.d;
+    batch.chunk = c.chunk;
+    col.assign(c.heads, std::vector<double>(c.len));
+    for (int h = 0; h < c.heads; ++h) {
+      ChunkScoreHead head;
+      head.keys = keys[h].data();
+      for (int g = 0; g < c.group; ++g) head.queries.push_back(queries[h * c.group + g].data());
+      head.col = col[h].data();
+      batch.heads.push_back(std::move(head));
+    }
+  }
+  void run(Backend& backend) {
+    for (auto& o : col) std::fill(o.begin(), o.end(), -1.0);
+    backend.chunk_scores(batch);
+  }
+};
+
 // ---- t-SNE gradient --------------------------------------------------------------------------
 
 struct TsneCase {
