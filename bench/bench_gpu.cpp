@@ -357,6 +357,27 @@ void cpu_expected(benchmark::State& state, const ExpectedCase* c) {
   }
 }
 
+void gpu_chunks(benchmark::State& state, const ChunkCase* c) {
+  run_gpu(state, [c] {
+    std::vector<std::unique_ptr<GpuOpTimer>> t;
+#ifdef KVSCOPE_HAVE_CUDA
+    ChunkCaseData data(*c);
+    t.push_back(cuda_chunk_timer(data.batch));
+#else
+    (void)c;
+#endif
+    return t;
+  });
+}
+
+void cpu_chunks(benchmark::State& state, const ChunkCase* c) {
+  ChunkCaseData data(*c);
+  for (auto _ : state) {
+    data.run(cpu_backend());
+    benchmark::DoNotOptimize(data.col.data());
+  }
+}
+
 // Every `bench` case of the table, on the GPU (device-resident, manual time) and, where the CPU
 // takes seconds rather than minutes (one head, 8192 points, the k-center case), on the CPU.
 void register_cases() {
@@ -459,6 +480,14 @@ void register_cases() {
         ->Unit(kMillisecond);
     benchmark::RegisterBenchmark(("BM_CpuExpected/" + n).c_str(), cpu_expected, &c)
         ->Unit(kMillisecond);
+  }
+  for (const ChunkCase& c : chunk_cases()) {
+    if (!c.bench) continue;
+    const std::string n = c.name;
+    benchmark::RegisterBenchmark(("BM_GpuChunks/" + n).c_str(), gpu_chunks, &c)
+        ->UseManualTime()
+        ->Unit(kMillisecond);
+    benchmark::RegisterBenchmark(("BM_CpuChunks/" + n).c_str(), cpu_chunks, &c)->Unit(kMillisecond);
   }
 }
 

@@ -18,6 +18,7 @@
 #include "kernels/attention_error.cuh"
 #include "kernels/attention_scores.cuh"
 #include "kernels/cache_scores.cuh"
+#include "kernels/chunk_scores.cuh"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/expected_scores.cuh"
@@ -74,6 +75,9 @@ class CudaBackend final : public Backend {
     else if (s.op == Op::expected_scores && cuda::expected_scores_smem_bytes(s.d) == 0)
       no = "key width d=" + std::to_string(s.d) +
            " exceeds the CUDA expected-attention kernel's tiles";
+    else if (s.op == Op::chunk_scores && cuda::chunk_scores_smem_bytes(s.d) == 0)
+      no = "key width d=" + std::to_string(s.d) +
+           " exceeds the CUDA chunked-attention kernel's shared-memory row";
     if (no.empty()) return true;
     if (why) *why = no;
     return false;
@@ -150,6 +154,14 @@ class CudaBackend final : public Backend {
     });
   }
 
+  void chunk_scores(const ChunkScoreBatch& b) override {
+    guarded([&] {
+      const cuda::ChunkDeviceArgs a = cuda::upload_chunk_batch(b, chunk_ws_, stream_);
+      cuda::launch_chunk_scores(a, stream_);
+      cuda::download_chunk_scores(a, b, stream_);
+    });
+  }
+
  private:
   // Runs `gpu`; a CUDA failure or a shape found unsupported becomes a DeviceFailure (the engine's
   // FallbackBackend runs the CPU reference and reports it). One op at a time: the app's worker
@@ -214,6 +226,7 @@ class CudaBackend final : public Backend {
     cluster_ws_.release();
     cache_score_ws_.release();
     expected_ws_.release();
+    chunk_ws_.release();
   }
 
   int device_;
@@ -230,6 +243,7 @@ class CudaBackend final : public Backend {
   cuda::ClusterWorkspace cluster_ws_;
   cuda::CacheScoreWorkspace cache_score_ws_;
   cuda::ExpectedWorkspace expected_ws_;
+  cuda::ChunkWorkspace chunk_ws_;
   cuda::ResidentLayers resident_;
 };
 
@@ -486,6 +500,23 @@ class ExpectedTimer final : public GpuOpTimer {
   cuda::ExpectedDeviceArgs args_;
 };
 
+// Replays compactor's chunked-attention launches over the uploaded batch.
+class ChunkTimer final : public GpuOpTimer {
+ public:
+  explicit ChunkTimer(const ChunkScoreBatch& b) {
+    args_ = cuda::upload_chunk_batch(b, ws_, timer_.stream());
+    KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
+  }
+  double run_ms() override {
+    return timer_.time([&] { cuda::launch_chunk_scores(args_, timer_.stream()); });
+  }
+
+ private:
+  EventTimer timer_;
+  cuda::ChunkWorkspace ws_;
+  cuda::ChunkDeviceArgs args_;
+};
+
 // A host-to-device copy of `bytes` from pageable host memory (as the app's captures are): what
 // the device ops' timings leave out.
 class UploadTimer final : public GpuOpTimer {
@@ -604,6 +635,9 @@ std::unique_ptr<GpuOpTimer> cuda_cache_score_timer(const CacheScoreBatch& batch)
 }
 std::unique_ptr<GpuOpTimer> cuda_expected_timer(const ExpectedScoreBatch& batch) {
   return make_timer<ExpectedTimer>(batch);
+}
+std::unique_ptr<GpuOpTimer> cuda_chunk_timer(const ChunkScoreBatch& batch) {
+  return make_timer<ChunkTimer>(batch);
 }
 
 }  // namespace kvscope

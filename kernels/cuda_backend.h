@@ -77,6 +77,7 @@ std::unique_ptr<GpuOpTimer> cuda_score_timer(const ScoreBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_cluster_timer(const ClusterBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_cache_score_timer(const CacheScoreBatch& batch);
 std::unique_ptr<GpuOpTimer> cuda_expected_timer(const ExpectedScoreBatch& batch);
+std::unique_ptr<GpuOpTimer> cuda_chunk_timer(const ChunkScoreBatch& batch);
 // A host-to-device copy of `bytes` bytes from pageable memory (the upload the op timers leave out).
 std::unique_ptr<GpuOpTimer> cuda_upload_timer(const void* host, size_t bytes);
 

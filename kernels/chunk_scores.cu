@@ -1,0 +1,146 @@
+// Compactor's chunked-attention kernels; see chunk_scores.cuh.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "kernels/chunk_scores.cuh"
+
+namespace kvscope::cuda {
+namespace {
+
+__device__ double chunk_block_reduce(double v, bool take_max, double* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w)
+      scratch[threadIdx.x] = take_max ? fmax(scratch[threadIdx.x], scratch[threadIdx.x + w])
+                                      : scratch[threadIdx.x] + scratch[threadIdx.x + w];
+    __syncthreads();
+  }
+  const double out = scratch[0];
+  __syncthreads();  // scratch is reused by the next reduction
+  return out;
+}
+
+__device__ __forceinline__ double chunk_dot(const double* q, const float* k, int d) {
+  double dot = 0.0;
+  for (int c = 0; c < d; ++c) dot += q[c] * static_cast<double>(k[c]);
+  return dot;
+}
+
+__device__ __forceinline__ double chunk_dot(const float* q, const float* k, int d) {
+  double dot = 0.0;
+  for (int c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * static_cast<double>(k[c]);
+  return dot;
+}
+
+// Launch 1: grid (len, heads * group).
+__global__ void __launch_bounds__(kChunkThreads) chunk_row_stats_kernel(ChunkDeviceArgs a) {
+  extern __shared__ double q_row[];  // [d]
+  __shared__ double scratch[kChunkThreads];
+  const int t = blockIdx.x, hq = blockIdx.y, kv = hq / a.group;
+  const float* q = a.queries + (static_cast<size_t>(hq) * a.len + t) * a.d;
+  for (int c = threadIdx.x; c < a.d; c += blockDim.x) q_row[c] = static_cast<double>(q[c]);
+  __syncthreads();
+  const int c0 = t / a.chunk * a.chunk, valid = min(a.len, c0 + a.chunk) - c0;
+  const bool last = c0 + valid == a.len && a.pad > 0;
+  const float* keys = a.keys + (static_cast<size_t>(kv) * a.len + c0) * a.d;
+  double mx = -INFINITY;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x)
+    mx = fmax(mx, chunk_dot(q_row, keys + static_cast<size_t>(j) * a.d, a.d));
+  mx = chunk_block_reduce(mx, true, scratch);
+  if (last) mx = fmax(mx, -1e-9);
+  double z = 0.0;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x)
+    z += exp(chunk_dot(q_row, keys + static_cast<size_t>(j) * a.d, a.d) - mx);
+  z = chunk_block_reduce(z, false, scratch);
+  if (threadIdx.x == 0) {
+    if (last) z += a.pad * exp(-1e-9 - mx);
+    a.row_top[static_cast<size_t>(hq) * a.len + t] = mx;
+    a.row_sum[static_cast<size_t>(hq) * a.len + t] = z;
+  }
+}
+
+// Launch 2: grid (ceil(len / threads), heads): one thread per key.
+__global__ void __launch_bounds__(kChunkThreads) chunk_columns_kernel(ChunkDeviceArgs a) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
+  if (j >= a.len) return;
+  const int c0 = j / a.chunk * a.chunk, valid = min(a.len, c0 + a.chunk) - c0;
+  const bool last = c0 + valid == a.len && a.pad > 0;
+  const float* k = a.keys + (static_cast<size_t>(h) * a.len + j) * a.d;
+  double acc = 0.0;
+  for (int g = 0; g < a.group; ++g) {
+    const size_t hq = static_cast<size_t>(h) * a.group + g;
+    const float* q = a.queries + hq * a.len * a.d;
+    for (int i = c0; i < c0 + valid; ++i)
+      acc += exp(chunk_dot(q + static_cast<size_t>(i) * a.d, k, a.d) - a.row_top[hq * a.len + i]) /
+             a.row_sum[hq * a.len + i];
+    if (last) acc += a.pad * (1.0 / (valid + a.pad * exp(-1e-9)));
+  }
+  a.col[static_cast<size_t>(h) * a.len + j] = acc;
+}
+
+}  // namespace
+
+size_t chunk_scores_smem_bytes(int d) {
+  const size_t bytes = static_cast<size_t>(std::max(d, 1)) * sizeof(double);
+  return bytes <= 48 * 1024 ? bytes : 0;
+}
+
+ChunkDeviceArgs upload_chunk_batch(const ChunkScoreBatch& b, ChunkWorkspace& ws,
+                                   cudaStream_t stream) {
+  check_chunk_score_batch(b);
+  if (b.cancel && b.cancel->load(std::memory_order_relaxed)) throw Cancelled();
+  if (chunk_scores_smem_bytes(b.d) == 0)
+    throw Unsupported("key width d=" + std::to_string(b.d) +
+                      " exceeds the CUDA chunked-attention kernel's shared-memory row");
+  ChunkDeviceArgs a;
+  a.heads = static_cast<int>(b.heads.size());
+  a.group = b.group();
+  a.len = b.len;
+  a.d = b.d;
+  a.chunk = b.chunk;
+  a.pad = (b.chunk - b.len % b.chunk) % b.chunk;
+  const size_t heads = a.heads, hq = heads * a.group, len = b.len, d = b.d;
+  float* dk = ws.keys.reserve_as<float>(heads * len * d);
+  float* dq = ws.queries.reserve_as<float>(hq * len * d);
+  double* dstats = ws.stats.reserve_as<double>(2 * hq * len);
+  double* dcol = ws.col.reserve_as<double>(heads * len);
+  for (size_t h = 0; h < heads; ++h) {
+    const ChunkScoreHead& head = b.heads[h];
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dk + h * len * d, head.keys, len * d * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+    for (size_t g = 0; g < static_cast<size_t>(a.group); ++g)
+      KVS_CUDA_CHECK(cudaMemcpyAsync(dq + (h * a.group + g) * len * d, head.queries[g],
+                                     len * d * sizeof(float), cudaMemcpyHostToDevice, stream));
+  }
+  a.keys = dk;
+  a.queries = dq;
+  a.row_top = dstats;
+  a.row_sum = dstats + hq * len;
+  a.col = dcol;
+  return a;
+}
+
+void launch_chunk_scores(const ChunkDeviceArgs& a, cudaStream_t stream) {
+  const dim3 rows(a.len, a.heads * a.group);
+  chunk_row_stats_kernel<<<rows, kChunkThreads, chunk_scores_smem_bytes(a.d), stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("chunk_row_stats_kernel");
+  const dim3 keys((a.len + kChunkThreads - 1) / kChunkThreads, a.heads);
+  chunk_columns_kernel<<<keys, kChunkThreads, 0, stream>>>(a);
+  KVS_CUDA_CHECK_LAUNCH("chunk_columns_kernel");
+}
+
+void download_chunk_scores(const ChunkDeviceArgs& a, const ChunkScoreBatch& b,
+                           cudaStream_t stream) {
+  std::vector<double> col(static_cast<size_t>(a.heads) * a.len);
+  KVS_CUDA_CHECK(cudaMemcpyAsync(col.data(), a.col, col.size() * sizeof(double),
+                                 cudaMemcpyDeviceToHost, stream));
+  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (size_t h = 0; h < b.heads.size(); ++h)
+    std::copy_n(col.begin() + h * a.len, a.len, b.heads[h].col);
+}
+
+}  // namespace kvscope::cuda
