@@ -172,26 +172,35 @@ class CudaBackend final : public Backend {
     if (!broken_.empty())
       throw DeviceFailure("the CUDA context is unusable since an earlier failure (" + broken_ +
                           ")");
-    try {
-      const cudaError_t set = cudaSetDevice(device_);  // the calling thread may be new
-      if (set != cudaSuccess) cuda::check_cuda(set, "cudaSetDevice", __FILE__, __LINE__);
-      return gpu();
-    } catch (const Unsupported& e) {
-      throw DeviceFailure(e.what());
-    } catch (const CudaFailure& e) {
-      if (e.out_of_memory()) {
-        release_buffers();
-        throw DeviceFailure(std::string("out of device memory (") + e.what() + ")");
+    for (bool retried = false;; retried = true) {
+      try {
+        const cudaError_t set = cudaSetDevice(device_);  // the calling thread may be new
+        if (set != cudaSuccess) cuda::check_cuda(set, "cudaSetDevice", __FILE__, __LINE__);
+        return gpu();
+      } catch (const Unsupported& e) {
+        throw DeviceFailure(e.what());
+      } catch (const CudaFailure& e) {
+        if (e.out_of_memory()) {
+          // Resident layers may hold the memory this op needs: the first time, they go (with
+          // every buffer) and the op runs again on the device; then the CPU runs it.
+          const bool had_resident = resident_.stats().entries > 0;
+          release_buffers();
+          if (!retried && had_resident) {
+            resident_.count_retry();
+            continue;
+          }
+          throw DeviceFailure(std::string("out of device memory (") + e.what() + ")");
+        }
+        // Launch configuration errors leave the context usable; execution errors (illegal
+        // address, launch failure) are sticky. Ask the device which it is.
+        const cudaError_t sync = cudaDeviceSynchronize();
+        (void)cudaGetLastError();
+        if (sync != cudaSuccess)
+          broken_ = e.what();
+        else
+          release_buffers();
+        throw DeviceFailure(e.what());
       }
-      // Launch configuration errors leave the context usable; execution errors (illegal
-      // address, launch failure) are sticky. Ask the device which it is.
-      const cudaError_t sync = cudaDeviceSynchronize();
-      (void)cudaGetLastError();
-      if (sync != cudaSuccess)
-        broken_ = e.what();
-      else
-        release_buffers();
-      throw DeviceFailure(e.what());
     }
   }
 

@@ -37,6 +37,9 @@ struct ResidentLayerStats {
   // copies changed) and found kept, query heads counted.
   uint64_t exact_built = 0;
   uint64_t exact_reused = 0;
+  // Ops that ran out of device memory with layers resident: every copy was dropped and the op
+  // ran again on the device (a second failure runs it on the CPU).
+  uint64_t out_of_memory_retries = 0;
   size_t resident_bytes = 0;  // device bytes held now
   size_t budget_bytes = 0;    // the budget (0 until first used when it is the default)
   int entries = 0;

@@ -75,6 +75,8 @@ class ResidentLayers {
   void set_staging_chunk(size_t bytes);
   ResidentLayerStats stats() const;
   void reset_stats() { stats_ = ResidentLayerStats{}; }
+  // The backend dropped every copy after running out of memory and ran the op again.
+  void count_retry() { ++stats_.out_of_memory_retries; }
 
  private:
   static constexpr size_t kGuardBytes = 64;

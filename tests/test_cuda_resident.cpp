@@ -542,16 +542,43 @@ TEST_F(ResidentLayers, OutOfDeviceMemoryEvictsAndRetriesOrRunsOnTheCpu) {
   EXPECT_GT(cuda_resident_stats().evictions, st.evictions);
   EXPECT_EQ(cuda_resident_stats().uploaded_bytes - st.uploaded_bytes, s.layer_bytes());
 
-  // No room for one layer even with everything evicted: the CPU runs the call, and says why.
+  // No room for one layer even with everything evicted and every buffer released (the backend
+  // retries once without them): the CPU runs the call, and says why.
   cuda_reset_resident_for_testing();
   cuda_set_resident_budget(size_t(1) << 40);
-  cuda_set_emulated_device_memory_for_testing(cuda_emulated_device_memory_used_for_testing() +
-                                              s.layer_bytes() / 2);
+  cuda_set_emulated_device_memory_for_testing(s.layer_bytes() / 2);
   const Figures fc = run(*gpu, error_batch(s, c, 1));
   EXPECT_NE(last_fallback().find("out of device memory"), std::string::npos) << last_fallback();
   expect_same(fc, run(cpu_backend(), error_batch(s, c, 1)), "the CPU's figures, exactly");
   cuda_set_emulated_device_memory_for_testing(0);
   checked(*gpu, error_batch(s, c, 1), "layer c once memory is back");
+}
+
+// Another op out of memory while layers are resident (the emulation's capacity): the backend
+// drops the resident copies and runs the op again on the device, once.
+TEST_F(ResidentLayers, AnOpOutOfMemoryDropsTheResidentLayersAndRunsOnTheDevice) {
+  REQUIRE_GPU(gpu);
+  if (!cuda_set_emulated_device_memory_for_testing(0))
+    GTEST_SKIP() << "the device memory can be limited only under the CPU emulation";
+  Shape large;
+  large.n = 512;
+  const LayerData resident = make_layer(large, 61);
+  cuda_set_resident_budget(size_t(1) << 40);
+  run(*gpu, error_batch(large, resident, 1));
+  ASSERT_GT(cuda_resident_stats().entries, 0);
+  // An unnamed batch needs larger workspaces than any call so far; the memory in use (mostly the
+  // resident layer) is all there is.
+  Shape other;
+  other.n = 400;
+  const LayerData unnamed_layer = make_layer(other, 62);
+  ErrorBatch unnamed = error_batch(other, unnamed_layer, 2);
+  unnamed.layer_id = 0;
+  cuda_set_emulated_device_memory_for_testing(cuda_emulated_device_memory_used_for_testing());
+  const Figures f = run(*gpu, unnamed);
+  EXPECT_EQ(last_fallback(), "") << "dropping the resident layer must make room";
+  EXPECT_EQ(cuda_resident_stats().out_of_memory_retries, 1u);
+  EXPECT_EQ(cuda_resident_stats().entries, 0);
+  expect_near_cpu(f, run(cpu_backend(), unnamed), "after the retry");
 }
 
 // The protocol end to end on a real capture: run_eval on the device copies each layer once for
