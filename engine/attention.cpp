@@ -327,20 +327,20 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
     z.assign(rows, 0.0);
     p_sq.assign(rows, 0.0);
     // exp(l - shift), its sums and its product with the values, in one pass over the logits.
-    simd::ExpProduct e;
-    e.M = rows;
-    e.N = dv_;
-    e.K = keys;
-    e.X = P;
-    e.ldx = rows;
-    e.m = shift;
-    e.sum = z.data();
-    e.sum_sq = p_sq.data();
-    e.b_packed = kv.values.data();
-    e.b_depth = n_;
-    e.C = r.exact.row(r0).data();
-    e.ldc = dv_;
-    kern.exp_atb_acc(e);
+    simd::ExpProduct softmax;
+    softmax.M = rows;
+    softmax.N = dv_;
+    softmax.K = keys;
+    softmax.X = P;
+    softmax.ldx = rows;
+    softmax.m = shift;
+    softmax.sum = z.data();
+    softmax.sum_sq = p_sq.data();
+    softmax.b_packed = kv.values.data();
+    softmax.b_depth = n_;
+    softmax.C = r.exact.row(r0).data();
+    softmax.ldc = dv_;
+    kern.exp_atb_acc(softmax);
     for (int e = 0; e < rows; ++e) {
       r.norm[r0 + e] = z[e];
       r.softmax_norm[r0 + e] = std::sqrt(p_sq[e]) / z[e];
