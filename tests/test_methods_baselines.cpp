@@ -421,27 +421,36 @@ void for_each_routed_head(const std::vector<MethodCase>& cases, Fn fn) {
   }
 }
 
+// What every routing test below checks: the selection made through a forwarding backend is the
+// one made without, bit for bit (scores included) ...
+void expect_same_selection(const Selection& routed, const Selection& plain, int kv) {
+  EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
+  EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+  EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+}
+// ... and one made with the op's figures distorted differs in what it keeps or how it scores.
+void expect_op_reached_selection(const Selection& distorted, const Selection& plain, int kv) {
+  EXPECT_TRUE(distorted.indices != plain.indices || distorted.cluster != plain.cluster ||
+              distorted.middle_scores != plain.middle_scores)
+      << "kv head " << kv << ": the op's figures did not reach the selection";
+}
+
 // The score-ranking methods (and wrappers around them) compute their attention scores through
 // MethodInput::backend's attention-score op: with a backend that forwards to the CPU reference
 // every selection is the one without a backend, bit for bit (scores included); with one that
 // changes the op's figures, the selections change (so the op's output is what they rank).
 TEST(Baselines, ScoreMethodsScoreThroughTheMethodsBackend) {
-  for_each_routed_head(
-      ::kvscope::testing::score_ranking_cases(), [](const Method& m, MethodInput& in, int kv) {
-        const Selection plain = m.select(in);
-        ScoreRecorder rec;
-        in.backend = &rec;
-        const Selection routed = m.select(in);
-        EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
-        EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
-        EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
-        EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
-        rec.distort = true;
-        const Selection distorted = m.select(in);
-        EXPECT_TRUE(distorted.indices != plain.indices ||
-                    distorted.middle_scores != plain.middle_scores)
-            << "kv head " << kv << ": the op's figures did not reach the selection";
-      });
+  for_each_routed_head(::kvscope::testing::score_ranking_cases(),
+                       [](const Method& m, MethodInput& in, int kv) {
+                         const Selection plain = m.select(in);
+                         ScoreRecorder rec;
+                         in.backend = &rec;
+                         const Selection routed = m.select(in);
+                         EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
+                         expect_same_selection(routed, plain, kv);
+                         rec.distort = true;
+                         expect_op_reached_selection(m.select(in), plain, kv);
+                       });
 }
 
 // A backend whose key-clustering and cache-score ops are the CPU references, counted, and (when
@@ -492,11 +501,9 @@ TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
     in.backend = &rec;
     const Selection routed = m.select(in);
     EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
-    EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
-    EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
+    expect_same_selection(routed, plain, kv);
     EXPECT_EQ(routed.den_indices, plain.den_indices) << "kv head " << kv;
     EXPECT_EQ(routed.cluster, plain.cluster) << "kv head " << kv;
-    EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
     // A parallel backend gets SubGen's bisection several levels per call (31 radii): the same
     // search, so the same delta (in the note), clusters and selection.
     in.backend = &parallel;
@@ -509,10 +516,7 @@ TEST(Baselines, SubGenAndBuzzRunTheirOpsOnTheMethodsBackend) {
       EXPECT_LT(parallel.calls, rec.calls) << "kv head " << kv << ": no radii batched";
     }
     in.backend = &distorting;
-    const Selection distorted = m.select(in);
-    EXPECT_TRUE(distorted.indices != plain.indices || distorted.cluster != plain.cluster ||
-                distorted.middle_scores != plain.middle_scores)
-        << "kv head " << kv << ": the op's figures did not reach the selection";
+    expect_op_reached_selection(m.select(in), plain, kv);
   });
 }
 
@@ -544,14 +548,9 @@ TEST(Baselines, ExpectedAttentionScoresThroughTheMethodsBackend) {
     in.backend = &rec;
     const Selection routed = m.select(in);
     EXPECT_GT(rec.calls, 0) << "kv head " << kv << ": the op was not called";
-    EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
-    EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
-    EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+    expect_same_selection(routed, plain, kv);
     rec.distort = true;
-    const Selection distorted = m.select(in);
-    EXPECT_TRUE(distorted.indices != plain.indices ||
-                distorted.middle_scores != plain.middle_scores)
-        << "kv head " << kv << ": the op's figures did not reach the selection";
+    expect_op_reached_selection(m.select(in), plain, kv);
   });
 }
 
@@ -586,15 +585,12 @@ TEST(Baselines, CompactorScoresThroughTheMethodsBackend) {
     in.backend = &rec;
     const Selection routed = m.select(in);
     // One call per layer and parameter set (the memo serves the other kv heads).
-    if (kv == 0) EXPECT_GT(rec.calls, before) << "the op was not called";
-    EXPECT_EQ(routed.indices, plain.indices) << "kv head " << kv;
-    EXPECT_EQ(routed.weights, plain.weights) << "kv head " << kv;
-    EXPECT_EQ(routed.middle_scores, plain.middle_scores) << "kv head " << kv;
+    if (kv == 0) {
+      EXPECT_GT(rec.calls, before) << "the op was not called";
+    }
+    expect_same_selection(routed, plain, kv);
     in.backend = &distorting;
-    const Selection distorted = m.select(in);
-    EXPECT_TRUE(distorted.indices != plain.indices ||
-                distorted.middle_scores != plain.middle_scores)
-        << "kv head " << kv << ": the op's figures did not reach the selection";
+    expect_op_reached_selection(m.select(in), plain, kv);
   });
 }
 
