@@ -250,6 +250,8 @@ int main(int argc, char** argv) {
     }
     auto t0 = std::chrono::steady_clock::now();
     auto last_change = t0;
+    auto last_input = t0;  // the last frame that saw input
+    auto last_frame_start = t0;
     uint64_t last_fingerprint = 0;
     std::string window_title_path;
     // Free memory is given back once the app has gone still after activity (app/memory_stats.h).
@@ -261,7 +263,21 @@ int main(int argc, char** argv) {
       bool animating = std::chrono::duration<double>(frame_start - last_change).count() < 0.25;
       const bool input_pending = g_input_frames > 0;
       if (g_input_frames > 0) --g_input_frames;
-      if (headless || busy || animating || input_pending) {
+      if (input_pending) last_input = frame_start;
+      const bool interacting =
+          std::chrono::duration<double>(frame_start - last_input).count() < 0.5;
+      if (busy && !interacting) {
+        // Only background work running (the grid filling, a sweep), nobody at the controls:
+        // about 10 frames a second show its progress and leave the cores to the work. Drawn at
+        // full rate, a software rasteriser (Xvfb, a VM without a GPU) took nearly all the CPU
+        // from the work's nice +19 threads (docs/app.md, "How the grid fills"). Input still
+        // draws at once.
+        active_since_trim = true;
+        const auto until = last_frame_start + std::chrono::milliseconds(100);
+        for (auto now = frame_start; now < until && g_input_frames == 0;
+             now = std::chrono::steady_clock::now())
+          glfwWaitEventsTimeout(std::chrono::duration<double>(until - now).count());
+      } else if (headless || busy || animating || input_pending) {
         active_since_trim = true;
         glfwPollEvents();
       } else {
@@ -273,7 +289,8 @@ int main(int argc, char** argv) {
         }
         glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
       }
-      const auto work_start = std::chrono::steady_clock::now();  // the frame's work from here
+      last_frame_start = std::chrono::steady_clock::now();
+      const auto work_start = last_frame_start;  // the frame's work from here
       state.worker.drain(state);
       if (state.capture_path != window_title_path) {
         window_title_path = state.capture_path;
