@@ -379,6 +379,12 @@ TEST(Baselines, RunOnTheSampleCapture) {
   }
 }
 
+// The distortion every recording backend below applies to its op's figures: a factor from 1 to
+// 13 that depends on the token, so a method reading the figures must rank differently.
+double distortion(int token) {
+  return 1 + (token * 7919) % 13;
+}
+
 // A backend whose attention-score op is the CPU reference, counted, and (when `distort`) with each
 // output scaled by a factor that depends on the key, so that a method reading the op's figures
 // must rank differently. Its other ops are the CPU references.
@@ -390,7 +396,7 @@ class ScoreRecorder final : public ::kvscope::testing::ForwardingBackend {
     if (!distort) return;
     for (const ScoreHead& h : b.heads)
       for (int i = 0; i < b.row_end; ++i) {
-        h.scores[i] *= 1 + (i * 7919) % 13;
+        h.scores[i] *= distortion(i);
         if (h.stopped) h.stopped[i] *= 1 + (i * 104729) % 11;
       }
   }
@@ -478,7 +484,7 @@ class StreamOpRecorder final : public ::kvscope::testing::ForwardingBackend {
     ForwardingBackend::cache_scores(b);
     for (int j = 0; j < b.num_keys; ++j) {
       const int i = b.key_ids[j];
-      b.acc[i] = before[i] + (b.acc[i] - before[i]) * (1 + (i * 7919) % 13);
+      b.acc[i] = before[i] + (b.acc[i] - before[i]) * distortion(i);
     }
   }
 };
@@ -529,7 +535,7 @@ class ExpectedRecorder final : public ::kvscope::testing::ForwardingBackend {
     ForwardingBackend::expected_scores(b);
     if (!distort) return;
     for (const ExpectedScoreHead& h : b.heads)
-      for (int j = 0; j < b.count; ++j) h.scores[j] *= 1 + (j * 7919) % 13;
+      for (int j = 0; j < b.count; ++j) h.scores[j] *= distortion(j);
   }
 };
 
@@ -563,7 +569,7 @@ class ChunkRecorder final : public ::kvscope::testing::ForwardingBackend {
     ForwardingBackend::chunk_scores(b);
     if (!distort) return;
     for (const ChunkScoreHead& h : b.heads)
-      for (int j = 0; j < b.len; ++j) h.col[j] *= 1 + (j * 7919) % 13;
+      for (int j = 0; j < b.len; ++j) h.col[j] *= distortion(j);
   }
 };
 
