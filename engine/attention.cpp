@@ -280,24 +280,26 @@ ExactSide::Head ExactReference::exact_rows(const MatrixD& q, int first_j, double
   r.norm.resize(R);
   r.softmax_norm.resize(R);
   r.v_frob.resize(R);
+  // Held logits are one panel of all R rows, read where they are (copying them into panels of
+  // kPanelRows cost more than the wider panel's passes: docs/performance.md, "The app's grid");
+  // otherwise panels of kPanelRows rows bound the work block. Each entry of every product and
+  // sum is accumulated over the keys in the same order either way, so the figures do not depend
+  // on the panel width (the masked keys a wider panel spans add exact zeros).
+  const int panel_rows = logits ? R : std::min(R, kPanelRows);
   // Keys x panel rows: exp(l - max), 0 beyond each query's position.
-  scratch::Buffer panel(static_cast<size_t>(first_j + R) * std::min(R, kPanelRows));
+  scratch::Buffer panel(logits ? 0 : static_cast<size_t>(first_j + R) * panel_rows);
   // The fixed columns' logits (sinks, then the window up to the panel's last row) and tokens.
   const int win_begin = n_ - eval_;
-  scratch::Buffer fixed(static_cast<size_t>(sink_ + first_j + R - win_begin) *
-                        std::min(R, kPanelRows));
+  scratch::Buffer fixed(static_cast<size_t>(sink_ + first_j + R - win_begin) * panel_rows);
   std::vector<int> fixed_tok;
   std::vector<double> z, p_sq;
-  for (int r0 = 0; r0 < R; r0 += kPanelRows) {
-    const int rows = std::min(kPanelRows, R - r0);
+  for (int r0 = 0; r0 < R; r0 += panel_rows) {
+    const int rows = std::min(panel_rows, R - r0);
     const int keys = first_j + r0 + rows;  // the panel's last query sees keys [0, keys)
-    panel.reserve(static_cast<size_t>(keys) * rows);
-    double* P = panel.data();
-    if (logits) {
-      for (int i = 0; i < keys; ++i)
-        std::copy(logits + static_cast<long>(i) * R + r0,
-                  logits + static_cast<long>(i) * R + r0 + rows, P + static_cast<long>(i) * rows);
-    } else {
+    double* P = logits;
+    if (!logits) {
+      panel.reserve(static_cast<size_t>(keys) * rows);
+      P = panel.data();
       kern.gemm_abt_prepacked(keys, rows, d_, scale, kv.keys.data(), n_, q.row(r0).data(), d_, P,
                               rows);
     }

@@ -138,7 +138,9 @@ class ExactReference {
   struct PackedKV;
   PackedKV pack_kv() const;
   // The exact side of query rows q (R x d) at positions first_j ...; the logits of every key go to
-  // `logits` (n x R) when not null, else they are computed panel by panel.
+  // `logits` (n x R) when not null (one panel, read in place: the window's keys past each query
+  // are left masked to -inf there, which scoring never reads), else they are computed panel by
+  // panel.
   ExactSide::Head exact_rows(const MatrixD& q, int first_j, double* logits,
                              const PackedKV& kv) const;
   void build_side(const std::vector<const float*>& queries, bool keep_logits,
