@@ -208,17 +208,21 @@ ExactReference::ExactReference(std::shared_ptr<const ExactSide> side,
   K_ = K;
   V_ = V;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
-  scratch::Buffer kd;  // the keys in double, once for all heads
+  const simd::Kernels& kern = simd::kernels();
+  scratch::Buffer keys_packed;  // the keys in double, packed once for all heads
   if (with_logits) {
-    kd.reserve(static_cast<size_t>(n_) * d_);
+    scratch::Buffer kd(static_cast<size_t>(n_) * d_);
     rows_to_double(K_, n_, d_, kd.data());
+    keys_packed.reserve(kern.packed_size(n_, d_));
+    kern.pack_abt_a(kd.data(), n_, d_, d_, keys_packed.data());
   }
   for (const float* q : queries) {
     const Eigen::Map<const MatrixF> Q(q, n_, d_);
     MatrixD qd = Q.bottomRows(eval_).cast<double>();
     if (with_logits) {
       scratch::Buffer l(static_cast<size_t>(n_) * eval_);
-      simd::kernels().gemm_abt(n_, eval_, d_, scale, kd.data(), d_, qd.data(), d_, l.data(), eval_);
+      kern.gemm_abt_prepacked(n_, eval_, d_, scale, keys_packed.data(), n_, qd.data(), d_, l.data(),
+                              eval_);
       logits_.push_back(std::move(l));
     } else {
       q_.push_back(std::move(qd));
