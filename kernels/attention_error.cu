@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/attention_error.cuh"
+#include "kernels/block_reduce.cuh"
 #include "kernels/resident_layers.cuh"
 
 namespace kvscope::cuda {
@@ -58,7 +59,6 @@ __global__ void v_sq_prefix_kernel(ErrorDeviceArgs a) {
       const double x = v[static_cast<size_t>(i) * a.dv + c];
       s += x * x;
     }
-  partial[threadIdx.x] = s;
   double* out = a.v_sq_prefix + static_cast<size_t>(kvh) * a.eval;
   for (int e = threadIdx.x; e < a.eval; e += blockDim.x) {
     double r = 0.0;
@@ -68,13 +68,10 @@ __global__ void v_sq_prefix_kernel(ErrorDeviceArgs a) {
     }
     out[e] = r;
   }
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
-    __syncthreads();
-  }
+  // The reduction's first barrier also orders the window's squares (out) before thread 0 reads.
+  const double total = block_reduce(s, false, partial);
   if (threadIdx.x == 0) {
-    double acc = partial[0];
+    double acc = total;
     for (int e = 0; e < a.eval; ++e) {
       acc += out[e];
       out[e] = acc;

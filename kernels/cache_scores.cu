@@ -5,24 +5,11 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/block_reduce.cuh"
 #include "kernels/cache_scores.cuh"
 
 namespace kvscope::cuda {
 namespace {
-
-__device__ double block_reduce(double v, bool take_max, double* scratch) {
-  scratch[threadIdx.x] = v;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w)
-      scratch[threadIdx.x] = take_max ? fmax(scratch[threadIdx.x], scratch[threadIdx.x + w])
-                                      : scratch[threadIdx.x] + scratch[threadIdx.x + w];
-    __syncthreads();
-  }
-  const double out = scratch[0];
-  __syncthreads();  // scratch is reused by the next reduction
-  return out;
-}
 
 __device__ __forceinline__ double logit(const double* q, const float* k, int d, double scale) {
   double dot = 0.0;
@@ -84,7 +71,7 @@ __global__ void __launch_bounds__(kCacheThreads) cache_accumulate_kernel(CacheSc
 
 size_t cache_scores_smem_bytes(int d, int group) {
   const size_t bytes = static_cast<size_t>(std::max(d, 1)) * std::max(group, 1) * sizeof(double);
-  return bytes <= 48 * 1024 ? bytes : 0;
+  return within_default_smem(bytes);
 }
 
 CacheScoreDeviceArgs upload_cache_score_batch(const CacheScoreBatch& b, CacheScoreWorkspace& ws,

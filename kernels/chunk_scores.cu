@@ -5,24 +5,12 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/block_reduce.cuh"
 #include "kernels/chunk_scores.cuh"
+#include "kernels/per_head_copies.cuh"
 
 namespace kvscope::cuda {
 namespace {
-
-__device__ double chunk_block_reduce(double v, bool take_max, double* scratch) {
-  scratch[threadIdx.x] = v;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w)
-      scratch[threadIdx.x] = take_max ? fmax(scratch[threadIdx.x], scratch[threadIdx.x + w])
-                                      : scratch[threadIdx.x] + scratch[threadIdx.x + w];
-    __syncthreads();
-  }
-  const double out = scratch[0];
-  __syncthreads();  // scratch is reused by the next reduction
-  return out;
-}
 
 __device__ __forceinline__ double chunk_dot(const double* q, const float* k, int d) {
   double dot = 0.0;
@@ -50,12 +38,12 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_row_stats_kernel(ChunkDev
   double mx = -INFINITY;
   for (int j = threadIdx.x; j < valid; j += blockDim.x)
     mx = fmax(mx, chunk_dot(q_row, keys + static_cast<size_t>(j) * a.d, a.d));
-  mx = chunk_block_reduce(mx, true, scratch);
+  mx = block_reduce(mx, true, scratch);
   if (last) mx = fmax(mx, -1e-9);
   double z = 0.0;
   for (int j = threadIdx.x; j < valid; j += blockDim.x)
     z += exp(chunk_dot(q_row, keys + static_cast<size_t>(j) * a.d, a.d) - mx);
-  z = chunk_block_reduce(z, false, scratch);
+  z = block_reduce(z, false, scratch);
   if (threadIdx.x == 0) {
     if (last) z += a.pad * exp(-1e-9 - mx);
     a.row_top[static_cast<size_t>(hq) * a.len + t] = mx;
@@ -86,7 +74,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_columns_kernel(ChunkDevic
 
 size_t chunk_scores_smem_bytes(int d) {
   const size_t bytes = static_cast<size_t>(std::max(d, 1)) * sizeof(double);
-  return bytes <= 48 * 1024 ? bytes : 0;
+  return within_default_smem(bytes);
 }
 
 ChunkDeviceArgs upload_chunk_batch(const ChunkScoreBatch& b, ChunkWorkspace& ws,
@@ -108,14 +96,8 @@ ChunkDeviceArgs upload_chunk_batch(const ChunkScoreBatch& b, ChunkWorkspace& ws,
   float* dq = ws.queries.reserve_as<float>(hq * len * d);
   double* dstats = ws.stats.reserve_as<double>(2 * hq * len);
   double* dcol = ws.col.reserve_as<double>(heads * len);
-  for (size_t h = 0; h < heads; ++h) {
-    const ChunkScoreHead& head = b.heads[h];
-    KVS_CUDA_CHECK(cudaMemcpyAsync(dk + h * len * d, head.keys, len * d * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-    for (size_t g = 0; g < static_cast<size_t>(a.group); ++g)
-      KVS_CUDA_CHECK(cudaMemcpyAsync(dq + (h * a.group + g) * len * d, head.queries[g],
-                                     len * d * sizeof(float), cudaMemcpyHostToDevice, stream));
-  }
+  upload_per_head(dk, b.heads, len * d, &ChunkScoreHead::keys, stream);
+  upload_group_queries(dq, b.heads, len * d, stream);
   a.keys = dk;
   a.queries = dq;
   a.row_top = dstats;
@@ -135,12 +117,7 @@ void launch_chunk_scores(const ChunkDeviceArgs& a, cudaStream_t stream) {
 
 void download_chunk_scores(const ChunkDeviceArgs& a, const ChunkScoreBatch& b,
                            cudaStream_t stream) {
-  std::vector<double> col(static_cast<size_t>(a.heads) * a.len);
-  KVS_CUDA_CHECK(cudaMemcpyAsync(col.data(), a.col, col.size() * sizeof(double),
-                                 cudaMemcpyDeviceToHost, stream));
-  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (size_t h = 0; h < b.heads.size(); ++h)
-    std::copy_n(col.begin() + h * a.len, a.len, b.heads[h].col);
+  download_per_head(a.col, b.heads, a.len, &ChunkScoreHead::col, stream);
 }
 
 }  // namespace kvscope::cuda

@@ -60,7 +60,8 @@ class CudaBackend final : public Backend {
         cuda::attention_error_smem_bytes(s.d, s.dv, smem_optin_, s.float_scores) == 0)
       no = "head dims d=" + std::to_string(s.d) + ", dv=" + std::to_string(s.dv) +
            " exceed the CUDA kernel's tiles";
-    else if (s.op == Op::kcenter && static_cast<size_t>(s.d) * sizeof(float) > 48 * 1024)
+    else if (s.op == Op::kcenter &&
+             cuda::within_default_smem(static_cast<size_t>(s.d) * sizeof(float)) == 0)
       no = std::to_string(s.d) + " features exceed the CUDA kernel's shared-memory centre row";
     else if (s.op == Op::attention_scores && s.d > 0 && s.count > 0 &&
              cuda::attention_scores_smem_bytes(s.d, s.count, smem_optin_) == 0)
@@ -241,7 +242,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_;
   std::string name_;
-  int smem_optin_ = 48 * 1024;
+  int smem_optin_ = static_cast<int>(cuda::kDefaultSmemBytes);
   std::mutex mutex_;
   std::string broken_;  // the failure that made the context unusable, when one did
   cuda::WalkWorkspace walk_ws_;

@@ -57,6 +57,15 @@ inline void check_launch(const char* kernel, const char* file, int line) {
 
 namespace kvscope::cuda {
 
+// The dynamic shared memory a block gets without opting in (cudaFuncSetAttribute).
+constexpr size_t kDefaultSmemBytes = 48 * 1024;
+
+// `bytes` when a block may have that much dynamic shared memory without opting in, else 0 (the
+// kernels' *_smem_bytes answers: the backend declines a shape whose answer is 0).
+inline size_t within_default_smem(size_t bytes) {
+  return bytes <= kDefaultSmemBytes ? bytes : 0;
+}
+
 // A grow-only device allocation reused across calls (the backend keeps one per operand so
 // repeated calls from the UI do not pay cudaMalloc each time).
 class DeviceBuffer {

@@ -5,26 +5,14 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/block_reduce.cuh"
 #include "kernels/expected_scores.cuh"
+#include "kernels/per_head_copies.cuh"
 
 namespace kvscope::cuda {
 namespace {
 
 constexpr int kTile = 16;
-
-__device__ double expected_block_reduce(double v, bool take_max, double* scratch) {
-  scratch[threadIdx.x] = v;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w)
-      scratch[threadIdx.x] = take_max ? fmax(scratch[threadIdx.x], scratch[threadIdx.x + w])
-                                      : scratch[threadIdx.x] + scratch[threadIdx.x + w];
-    __syncthreads();
-  }
-  const double out = scratch[0];
-  __syncthreads();  // scratch is reused by the next reduction
-  return out;
-}
 
 // 1. grid (ceil(d / threads), heads * group).
 __global__ void __launch_bounds__(kExpectedThreads) expected_mean_kernel(ExpectedDeviceArgs a) {
@@ -145,10 +133,10 @@ __global__ void __launch_bounds__(kExpectedThreads)
   const double* l = a.logits + static_cast<size_t>(hq) * a.count;
   double mx = -INFINITY;
   for (int j = threadIdx.x; j < a.count; j += blockDim.x) mx = fmax(mx, l[j]);
-  mx = expected_block_reduce(mx, true, scratch);
+  mx = block_reduce(mx, true, scratch);
   double z = 0.0;
   for (int j = threadIdx.x; j < a.count; j += blockDim.x) z += exp(l[j] - mx);
-  z = expected_block_reduce(z, false, scratch);
+  z = block_reduce(z, false, scratch);
   if (threadIdx.x == 0) {
     a.stats[2 * hq] = mx;
     a.stats[2 * hq + 1] = z;
@@ -180,7 +168,7 @@ size_t expected_scores_smem_bytes(int d) {
   const size_t bytes = (static_cast<size_t>(kExpectedKeysPerBlock) * std::max(d, 1) +
                         2 * static_cast<size_t>(kExpectedKeysPerBlock) * kExpectedThreads) *
                        sizeof(double);
-  return bytes <= 48 * 1024 ? bytes : 0;
+  return within_default_smem(bytes);
 }
 
 ExpectedDeviceArgs upload_expected_batch(const ExpectedScoreBatch& b, ExpectedWorkspace& ws,
@@ -207,17 +195,9 @@ ExpectedDeviceArgs upload_expected_batch(const ExpectedScoreBatch& b, ExpectedWo
   double* drot = ws.rotation.reserve_as<double>(d * d);
   double* work = ws.work.reserve_as<double>(hq * (2 * d + 3 * d * d + count + 2));
   double* dout = ws.out.reserve_as<double>(heads * count);
-  for (size_t h = 0; h < heads; ++h) {
-    const ExpectedScoreHead& head = b.heads[h];
-    KVS_CUDA_CHECK(cudaMemcpyAsync(dk + h * count * d, head.keys, count * d * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-    if (dval)
-      KVS_CUDA_CHECK(cudaMemcpyAsync(dval + h * count * dv, head.values, count * dv * sizeof(float),
-                                     cudaMemcpyHostToDevice, stream));
-    for (size_t g = 0; g < static_cast<size_t>(a.group); ++g)
-      KVS_CUDA_CHECK(cudaMemcpyAsync(dq + (h * a.group + g) * count * d, head.queries[g],
-                                     count * d * sizeof(double), cudaMemcpyHostToDevice, stream));
-  }
+  upload_per_head(dk, b.heads, count * d, &ExpectedScoreHead::keys, stream);
+  if (dval) upload_per_head(dval, b.heads, count * dv, &ExpectedScoreHead::values, stream);
+  upload_group_queries(dq, b.heads, count * d, stream);
   KVS_CUDA_CHECK(
       cudaMemcpyAsync(drot, b.rotation, d * d * sizeof(double), cudaMemcpyHostToDevice, stream));
   a.keys = dk;
@@ -269,12 +249,7 @@ void launch_expected_scores(const ExpectedDeviceArgs& a, cudaStream_t stream) {
 
 void download_expected_scores(const ExpectedDeviceArgs& a, const ExpectedScoreBatch& b,
                               cudaStream_t stream) {
-  std::vector<double> out(static_cast<size_t>(a.heads) * a.count);
-  KVS_CUDA_CHECK(cudaMemcpyAsync(out.data(), a.out, out.size() * sizeof(double),
-                                 cudaMemcpyDeviceToHost, stream));
-  KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (size_t h = 0; h < b.heads.size(); ++h)
-    std::copy_n(out.begin() + h * a.count, a.count, b.heads[h].scores);
+  download_per_head(a.out, b.heads, a.count, &ExpectedScoreHead::scores, stream);
 }
 
 }  // namespace kvscope::cuda

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/error.h"
+#include "kernels/block_reduce.cuh"
 #include "kernels/kcenter.cuh"
 
 namespace kvscope::cuda {
@@ -14,31 +15,13 @@ constexpr int kKcMaxBlocks = 1024;
 
 // (value, row) maximum with ties to the lower row.
 __device__ __forceinline__ bool better(double v, int i, double bv, int bi) {
-  return v > bv || (v == bv && i < bi);
-}
-
-// Block-wide argmax; every thread gets the result.
-__device__ void block_argmax(double v, int i, double* out_v, int* out_i) {
-  __shared__ double sv[kKcThreads];
-  __shared__ int si[kKcThreads];
-  sv[threadIdx.x] = v;
-  si[threadIdx.x] = i;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w &&
-        better(sv[threadIdx.x + w], si[threadIdx.x + w], sv[threadIdx.x], si[threadIdx.x])) {
-      sv[threadIdx.x] = sv[threadIdx.x + w];
-      si[threadIdx.x] = si[threadIdx.x + w];
-    }
-    __syncthreads();
-  }
-  *out_v = sv[0];
-  *out_i = si[0];
-  __syncthreads();  // sv/si may be reused by the caller's next reduction
+  return arg_before(v, i, bv, bi, true);
 }
 
 __global__ void __launch_bounds__(kKcThreads) kcenter_pick_kernel(KcenterDeviceArgs a, int pick) {
   extern __shared__ float centre_row[];
+  __shared__ double sv[kKcThreads];
+  __shared__ int si[kKcThreads];
   int centre = a.first;
   if (pick > 0) {
     const double* prev_v = a.block_best + ((pick - 1) & 1) * a.blocks;
@@ -51,7 +34,7 @@ __global__ void __launch_bounds__(kKcThreads) kcenter_pick_kernel(KcenterDeviceA
         i = prev_i[b];
       }
     double best_v;
-    block_argmax(v, i, &best_v, &centre);
+    block_arg_reduce(v, i, true, sv, si, &best_v, &centre);  // sv, si reused after the barrier
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) a.picks[pick] = centre;
   for (int c = threadIdx.x; c < a.d; c += blockDim.x)
@@ -78,7 +61,7 @@ __global__ void __launch_bounds__(kKcThreads) kcenter_pick_kernel(KcenterDeviceA
   }
   double bv;
   int bi;
-  block_argmax(best_v, best_i, &bv, &bi);
+  block_arg_reduce(best_v, best_i, true, sv, si, &bv, &bi);
   if (threadIdx.x == 0) {
     a.block_best[(pick & 1) * a.blocks + blockIdx.x] = bv;
     a.block_arg[(pick & 1) * a.blocks + blockIdx.x] = bi;
@@ -116,7 +99,7 @@ KcenterDeviceArgs upload_kcenter_input(const float* x, int n, int d, int k, int 
 
 void launch_kcenter(const KcenterDeviceArgs& a, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(a.d) * sizeof(float);
-  if (smem > 48 * 1024)
+  if (within_default_smem(smem) == 0)
     throw Unsupported("k-center: " + std::to_string(a.d) +
                       " features exceed the CUDA kernel's shared-memory centre row");
   for (int pick = 0; pick < a.k; ++pick) {

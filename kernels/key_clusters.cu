@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/block_reduce.cuh"
 #include "kernels/key_clusters.cuh"
 
 namespace kvscope::cuda {
@@ -12,7 +13,7 @@ namespace {
 
 // (value, index) minimum with ties to the lower index.
 __device__ __forceinline__ bool nearer(double v, int i, double bv, int bi) {
-  return v < bv || (v == bv && i < bi);
+  return arg_before(v, i, bv, bi, false);
 }
 
 __global__ void __launch_bounds__(kClusterThreads) key_clusters_kernel(ClusterDeviceArgs a) {
@@ -54,20 +55,11 @@ __global__ void __launch_bounds__(kClusterThreads) key_clusters_kernel(ClusterDe
         arg = c;
       }
     }
-    sv[threadIdx.x] = best;
-    si[threadIdx.x] = arg;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w &&
-          nearer(sv[threadIdx.x + w], si[threadIdx.x + w], sv[threadIdx.x], si[threadIdx.x])) {
-        sv[threadIdx.x] = sv[threadIdx.x + w];
-        si[threadIdx.x] = si[threadIdx.x + w];
-      }
-      __syncthreads();
-    }
+    double nearest;
+    int c;
+    block_arg_reduce(best, arg, false, sv, si, &nearest, &c);
     if (threadIdx.x == 0) {
-      if (count > 0 && sv[0] <= delta2) {
-        const int c = si[0];
+      if (count > 0 && nearest <= delta2) {
         owner[i] = c;
         if (size[c]++ < a.t) ++capacity;
       } else {
@@ -93,7 +85,7 @@ __global__ void __launch_bounds__(kClusterThreads) key_clusters_kernel(ClusterDe
 
 size_t key_clusters_smem_bytes(int d) {
   const size_t bytes = static_cast<size_t>(std::max(d, 1)) * sizeof(double);
-  return bytes <= 48 * 1024 ? bytes : 0;
+  return within_default_smem(bytes);
 }
 
 ClusterDeviceArgs upload_cluster_batch(const ClusterBatch& b, ClusterWorkspace& ws,
