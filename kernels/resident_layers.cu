@@ -97,12 +97,41 @@ void* ResidentLayers::allocate(size_t bytes) {
   }
 }
 
+namespace {
+
+// Calls f(offset, length) for each guard window of an array of `bytes` bytes: the whole array
+// when it is small, else `windows` windows of `len` bytes at evenly spaced offsets from 0 to
+// bytes - len.
+template <typename F>
+void for_each_guard_window(size_t bytes, size_t windows, size_t len, F&& f) {
+  if (bytes <= windows * len) {
+    f(size_t(0), bytes);
+    return;
+  }
+  for (size_t w = 0; w < windows; ++w) f((bytes - len) * w / (windows - 1), len);
+}
+
+}  // namespace
+
 std::vector<unsigned char> ResidentLayers::guard_of(const void* host, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(host);
-  if (bytes <= 2 * kGuardBytes) return std::vector<unsigned char>(p, p + bytes);
-  std::vector<unsigned char> g(p, p + kGuardBytes);
-  g.insert(g.end(), p + bytes - kGuardBytes, p + bytes);
+  std::vector<unsigned char> g;
+  g.reserve(std::min(bytes, kGuardWindows * kGuardBytes));
+  for_each_guard_window(bytes, kGuardWindows, kGuardBytes,
+                        [&](size_t off, size_t len) { g.insert(g.end(), p + off, p + off + len); });
   return g;
+}
+
+bool ResidentLayers::guard_matches(const std::vector<unsigned char>& guard, const void* host,
+                                   size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(host);
+  size_t at = 0;
+  bool same = true;
+  for_each_guard_window(bytes, kGuardWindows, kGuardBytes, [&](size_t off, size_t len) {
+    same = same && at + len <= guard.size() && std::memcmp(guard.data() + at, p + off, len) == 0;
+    at += len;
+  });
+  return same && at == guard.size();
 }
 
 void ResidentLayers::upload(void* device, const void* host, size_t bytes, cudaStream_t stream) {
@@ -164,7 +193,7 @@ const void* ResidentLayers::find_or_upload(uint64_t layer, const void* host, siz
   auto found = index_.find(Key{layer, false, host, bytes});
   if (found != index_.end()) {
     auto it = found->second;
-    if (it->guard == guard_of(host, bytes)) {
+    if (guard_matches(it->guard, host, bytes)) {
       ++stats_.hits;
       it->call = call_;
       lru_.splice(lru_.begin(), lru_, it);

@@ -21,9 +21,13 @@
 // or a failed pinned allocation copies straight from pageable memory. Whether that is faster on
 // a given machine is for a device run to measure: this has only run under the CPU emulation.
 //
-// Guard: each entry keeps the first and last bytes it was copied from; a hit whose host bytes
-// differ there (a caller that broke the promise) is copied again and counted
-// (ResidentLayerStats::mismatches), never served.
+// Guard: each entry keeps the bytes of kGuardWindows windows of kGuardBytes it was copied from,
+// spread evenly over the array (its first and last bytes, and 32 strided through the middle); a
+// hit whose host bytes differ there (a caller that broke the promise) is copied again and counted
+// (ResidentLayerStats::mismatches), never served. A change that spans more than 1/33 of an array
+// always meets a window; a smaller one may be missed (it is a sample, not a checksum). Arrays of
+// up to kGuardWindows x kGuardBytes bytes are kept whole. The check runs at every hit: 34
+// memcmp's of 64 bytes per array, about 2 KiB read (see docs/performance.md for its cost).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -80,6 +84,7 @@ class ResidentLayers {
 
  private:
   static constexpr size_t kGuardBytes = 64;
+  static constexpr size_t kGuardWindows = 34;
   struct Entry {
     uint64_t layer = 0;
     bool derived = false;  // computed on the device, not copied
@@ -100,7 +105,10 @@ class ResidentLayers {
   bool evict_one();  // the least recently used entry not used by this call
   void erase(std::list<Entry>::iterator it);
   void upload(void* device, const void* host, size_t bytes, cudaStream_t stream);
+  // The guard's windows of `bytes` at `host`, in order; guard_matches compares them in place.
   static std::vector<unsigned char> guard_of(const void* host, size_t bytes);
+  static bool guard_matches(const std::vector<unsigned char>& guard, const void* host,
+                            size_t bytes);
 
   std::list<Entry> lru_;  // most recently used first
   std::map<Key, std::list<Entry>::iterator> index_;

@@ -392,6 +392,35 @@ TEST_F(ResidentLayers, ANewLayerIdIsCopiedAgainAndNeverServedStale) {
   EXPECT_EQ(cuda_resident_stats().exact_built - after.exact_built, static_cast<uint64_t>(s.q));
 }
 
+// The guard samples each array through its middle as well as at its ends: a caller that rewrites
+// a run of rows in the middle of a named layer's arrays under the same id (first and last bytes
+// untouched) gets them copied again, never the stale copy. The run here is 1/16 of each array; a
+// run longer than 1/33 of an array always meets one of the guard's windows
+// (kernels/resident_layers.cuh).
+TEST_F(ResidentLayers, TheGuardSeesAChangeInTheMiddleOfAnArray) {
+  REQUIRE_GPU(gpu);
+  const Shape s;
+  LayerData L = make_layer(s, 71);
+  const Figures loaded = checked(*gpu, error_batch(s, L, 3), "as loaded");
+  const ResidentLayerStats before = cuda_resident_stats();
+  const int run = s.n / 16;
+  for (int r = s.n / 2 - run / 2; r < s.n / 2 + run / 2; ++r) {
+    L.keys[1].row(r) *= -1.5f;
+    L.values[0].row(r).array() += 0.25f;
+  }
+  const Figures changed = checked(*gpu, error_batch(s, L, 3), "changed in the middle");
+  const ResidentLayerStats after = cuda_resident_stats();
+  EXPECT_EQ(after.mismatches - before.mismatches, 2u);
+  EXPECT_EQ(after.uploaded_bytes - before.uploaded_bytes,
+            sizeof(float) * static_cast<size_t>(s.n) * (s.d + s.dv))
+      << "the two changed arrays, copied again";
+  EXPECT_NE(changed.rel, loaded.rel);
+  // Unchanged since: served from the new copies.
+  checked(*gpu, error_batch(s, L, 4), "again");
+  EXPECT_EQ(cuda_resident_stats().mismatches, after.mismatches);
+  EXPECT_EQ(cuda_resident_stats().uploaded_bytes, after.uploaded_bytes);
+}
+
 // The exact side of the errors is kept per (layer, query head, window): later calls over other
 // selections compute only the approximate side, and their figures are bit for bit those of a
 // call that computed the exact side afresh (after the cache was emptied) and within 1e-9 of the
