@@ -72,6 +72,13 @@ EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_over
 double CostModel::per_unit(const std::string& cost_class, double prior) const {
   auto it = per_unit_.find(cost_class);
   if (it != per_unit_.end()) return it->second;
+  // An evaluation's cost per unit against its method's focused run. A focused run is timed in
+  // wall seconds while A, B and the query comparison share the cores, and it computes its head's
+  // exact reference alone; an evaluation shares that work over the layer. Measured on the 2-core
+  // VM (issue 24: "about 3 min" shown, 48 s taken): 1.2e-9 s per unit focused against 1.2e-10 in
+  // the evaluation of a 4-layer llama3-8b-shaped 8192-token capture, 4e-9 against 1e-9 on the
+  // sample's sweep.
+  constexpr double kEvalPerFocusedUnit = 0.3;
   auto mean_of = [&](const char* prefix) {
     double sum = 0;
     int count = 0;
@@ -92,17 +99,19 @@ double CostModel::per_unit(const std::string& cost_class, double prior) const {
     auto head = per_unit_.find("head:" + cost_class.substr(5));
     if (evals > 0 && head != per_unit_.end()) return std::min(evals, head->second);
     if (evals > 0) return evals;
-    // Nothing evaluated yet: the focused runs' cost, scaled. A focused run is timed in wall
-    // seconds while A, B and the query comparison share the cores, and it computes its head's
-    // exact reference alone; an evaluation shares that work over the layer. Measured on the
-    // 2-core VM (issue 24: "about 3 min" shown, 48 s taken): 1.2e-9 s per unit focused against
-    // 1.2e-10 in the evaluation of a 4-layer llama3-8b-shaped 8192-token capture, 4e-9 against
-    // 1e-9 on the sample's sweep. The first evaluation's measurement replaces this.
-    constexpr double kEvalPerFocusedUnit = 0.3;
+    // Nothing evaluated yet: the focused runs' cost, scaled. The first evaluation's measurement
+    // replaces this.
     if (head != per_unit_.end()) return kEvalPerFocusedUnit * head->second;
     if (double m = mean_of("head:"); m > 0) return kEvalPerFocusedUnit * m;
   } else if (cost_class.rfind("head:", 0) == 0) {
     if (double m = mean_of("head:"); m > 0) return m;
+    // No focused run measured yet, but evaluations (the grid's cells start by themselves): the
+    // method's, else every method's, scaled up. On a fresh start the prior held the focused head
+    // of a 32768-token capture for a Run click (about 27 s estimated, about 1 s taken) while the
+    // grid computed that same head.
+    auto eval = per_unit_.find("eval:" + cost_class.substr(5));
+    if (eval != per_unit_.end()) return eval->second / kEvalPerFocusedUnit;
+    if (double e = mean_of("eval:"); e > 0) return e / kEvalPerFocusedUnit;
   }
   return prior > 0 ? prior : kPriorPerUnit;
 }

@@ -248,9 +248,12 @@ class TokensView final : public View {
       ImGui::SameLine();
       if (!s.run_error(k).empty())
         ImGui::TextColored(ImVec4(1, 0.45f, 0.45f, 1), "%s", s.run_error(k).c_str());
-      else if (!s.run(k))
-        ImGui::TextDisabled("running...");
-      else {
+      else if (!s.run(k)) {
+        // Running (progress, Cancel), or waiting for a Run click with its estimate.
+        if (!draw_result_status(s, k == 0 ? kFocusA : kFocusB,
+                                k == 0 ? "focused run A" : "focused run B"))
+          ImGui::TextDisabled("waiting...");
+      } else {
         const HeadRun& r = *s.run(k);
         const bool stale = s.result(k == 0 ? kFocusA : kFocusB).stale();
         // Pieces that wrap to the next line where the panel is too narrow (no sideways scroll).

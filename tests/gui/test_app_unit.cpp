@@ -678,6 +678,22 @@ TEST(Costs, UnmeasuredEvaluationsCostNoMoreThanTheMethodsFocusedRun) {
   EXPECT_GT(fresh_machine.per_unit("eval:streaming"), 0.1 * 2e-9);
 }
 
+// A focused run not yet measured, after evaluations were (the grid's cells start by themselves
+// on opening): the method's evaluation cost per unit, else every method's, scaled up to a focused
+// run's; the prior only when nothing was measured. (The prior held the focused head of a
+// 32768-token capture for a Run click, about 27 s estimated, while it takes about a second.)
+TEST(Costs, UnmeasuredFocusedRunsCostWhatTheEvaluationsMeasured) {
+  CostModel c;
+  EXPECT_DOUBLE_EQ(c.per_unit("head:balancekv", 0), kPriorPerUnit);
+  c.record("eval:balancekv", 1e9, 0.36);  // 3.6e-10 s per unit
+  EXPECT_NEAR(c.per_unit("head:balancekv"), 1.2e-9, 1e-20);
+  c.record("eval:uniform", 1e9, 0.06);
+  EXPECT_NEAR(c.per_unit("head:snapkv"), 0.21e-9 / 0.3, 1e-20);  // the evaluations' mean
+  EXPECT_FALSE(c.measured("head:balancekv"));
+  c.record("head:uniform", 1e9, 0.5);  // a focused run measured: it counts first
+  EXPECT_DOUBLE_EQ(c.per_unit("head:balancekv"), 5e-10);
+}
+
 TEST(Session, RoundTripsSettings) {
   AppState a;
   a.settings.method = {MethodChoice{"balancekv", {{"gamma", 0.5}}},
