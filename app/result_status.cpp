@@ -27,9 +27,22 @@ bool draw_result_status(AppState& s, const std::string& name, const char* what) 
     s.ui_items["cancel:" + name] = {ImGui::GetItemRectMin().x, ImGui::GetItemRectMin().y,
                                     ImGui::GetItemRectMax().x, ImGui::GetItemRectMax().y};
     ImGui::SameLine();
-    ImGui::ProgressBar(
-        total > 0 ? static_cast<float>(done) / static_cast<float>(total) : 0.0f,
-        ImVec2(std::max(1.0f, std::min(px(260), ImGui::GetContentRegionAvail().x)), 0), ov);
+    // As wide as its text (at least 260 px) where the panel has room; else the text is cut to
+    // what fits and the whole of it is the bar's tooltip.
+    const float avail = ImGui::GetContentRegionAvail().x;
+    const float text_w = ImGui::CalcTextSize(ov).x + 2 * ImGui::GetStyle().FramePadding.x;
+    const bool cut = text_w > avail;
+    char shown[160];
+    if (cut && total > 0)
+      std::snprintf(shown, sizeof shown, "%d/%d", done, total);
+    else if (cut)
+      std::snprintf(shown, sizeof shown, "running");
+    else
+      std::snprintf(shown, sizeof shown, "%s", ov);
+    ImGui::ProgressBar(total > 0 ? static_cast<float>(done) / static_cast<float>(total) : 0.0f,
+                       ImVec2(std::max(1.0f, std::min(std::max(px(260), text_w), avail)), 0),
+                       shown);
+    if (cut && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", ov);
   } else if (!r.held.empty() && r.held == r.want) {
     // The button first: the line may be wider than the panel.
     if (ImGui::SmallButton("Run")) s.run_now(name);
