@@ -4,6 +4,7 @@
 // calls them every frame in dependency order (AppState::planners below).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <thread>
 
 #include "app/app_state.h"
@@ -344,7 +345,9 @@ JobPlan AppState::plan_grid() const {
   }
   std::shared_ptr<const GridJob> job = grid_plan_job_;
   p.lane = Lane::Grid;
-  p.label = "grid: " + settings.method[0].name + " at " + std::to_string(settings.keep_ratio);
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%g", settings.keep_ratio);
+  p.label = "grid: " + settings.method[0].name + " at " + ratio;
   p.progressive = true;
   // The estimate: the missing cells only, each at its method's measured cost.
   const double per_cell = head_units(ci, window());
@@ -440,14 +443,26 @@ JobPlan AppState::plan_sweep() const {
   p.derive("sweep", std::move(in), h, &run_sweep);
   p.lane = Lane::Analysis;
   p.label = "error sweep";
-  const double layers = r.focused_layer_only ? 1.0 : ci.num_layers;
-  const double units_per_run = head_units(ci, window()) * layers * ci.kv_heads;
-  // Mixed methods: the estimate sums each method's runs times its measured cost per unit
-  // (expressed in units of the general prior, as the plan has one class only).
-  double seconds = 0;
-  for (const Method* m : methods)
-    seconds += units_per_run * runs_per_head(m, r.ratios.size(), r.seeds) *
-               costs.per_unit("eval:" + m->name());
+  const double heads = (r.focused_layer_only ? 1.0 : ci.num_layers) * ci.kv_heads;
+  // Each head's exact side is computed once for the whole sweep (the reference cache), each run
+  // adds its selection and the scoring of its kept tokens: head_units' exact part once, then per
+  // run n * d * (ratio * E * G + 64) at the sweep's mean ratio. (Costing every run as a whole
+  // head run estimated the 32-layer 32768-token capture's default sweep at 10 h.) Mixed methods:
+  // each method's runs at its measured cost per unit, the exact sides at their mean, expressed
+  // in units of the general prior, as the plan has one class only.
+  const EvalWindow w = window();
+  const double nd = static_cast<double>(ci.num_tokens) * ci.head_dim;
+  const double exact_units = nd * w.eval * ci.group_size() * heads;
+  double mean_ratio = 0;
+  for (double ratio : r.ratios) mean_ratio += ratio / static_cast<double>(r.ratios.size());
+  const double units_per_run = nd * (mean_ratio * w.eval * ci.group_size() + 64.0) * heads;
+  double seconds = 0, per_unit_sum = 0;
+  for (const Method* m : methods) {
+    const double per_unit = costs.per_unit("eval:" + m->name());
+    seconds += units_per_run * runs_per_head(m, r.ratios.size(), r.seeds) * per_unit;
+    per_unit_sum += per_unit;
+  }
+  seconds += exact_units * per_unit_sum / static_cast<double>(methods.size());
   p.cost_class = "";
   p.units = seconds / kPriorPerUnit;
   p.threads = h.threads;

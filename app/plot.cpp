@@ -36,6 +36,19 @@ std::string format_tick(double v) {
   return buf;
 }
 
+// A power of two on a log2 axis (token counts, budgets): 16384 as "16k" (binary k and M, as token
+// counts are written), below 1024 as format_tick.
+std::string pow2_tick(double v) {
+  char buf[32];
+  if (v >= 1048576)
+    std::snprintf(buf, sizeof buf, "%gM", v / 1048576);
+  else if (v >= 1024)
+    std::snprintf(buf, sizeof buf, "%gk", v / 1024);
+  else
+    return format_tick(v);
+  return buf;
+}
+
 // "Nice" linear ticks (1, 2, 5 x 10^k steps), about `target` of them.
 std::vector<double> linear_ticks(double lo, double hi, int target) {
   std::vector<double> t;
@@ -274,17 +287,26 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     for (double v : log10_labels(x_.min, x_.max, per_decade, 4.5 * font))
       xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : format_tick(v));
   } else {
-    double base = 2.0;
-    int a = static_cast<int>(std::ceil(tx(x_.min, x_) - 1e-9));
-    int b = static_cast<int>(std::floor(tx(x_.max, x_) + 1e-9));
+    const int a = static_cast<int>(std::ceil(tx(x_.min, x_) - 1e-9));
+    const int b = static_cast<int>(std::floor(tx(x_.max, x_) + 1e-9));
     for (int k = a; k <= b; ++k) {
-      double v = std::pow(base, k);
-      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : format_tick(v));
+      const double v = std::exp2(k);
+      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : pow2_tick(v));
     }
+    // Every power has its grid line; where the labels would run into each other only every
+    // second (fourth, ...) one is written.
+    float widest = 0;
+    for (const auto& t : xt) widest = std::max(widest, ImGui::CalcTextSize(t.second.c_str()).x);
+    const float spacing = b > a ? (sx(std::exp2(b)) - sx(std::exp2(a))) / (b - a) : 1e9f;
+    int every = 1;
+    while (every < b - a + 1 && spacing * every < widest + 4 * unit) every *= 2;
+    for (size_t i = 0; i < xt.size(); ++i)
+      if (static_cast<int>(xt.size() - 1 - i) % every != 0) xt[i].second.clear();
   }
   for (auto& [v, s] : xt) {
     float px = sx(v);
     dl_->AddLine(ImVec2(px, p0_.y), ImVec2(px, p1_.y), kColGrid);
+    if (s.empty()) continue;
     ImVec2 ts = ImGui::CalcTextSize(s.c_str());
     dl_->AddText(ImVec2(px - ts.x / 2, p1_.y + 3), kColAxisText, s.c_str());
   }

@@ -20,6 +20,13 @@ const char* GeometryView::help() const {
          "outline those tokens in the Tokens view.";
 }
 
+namespace {
+// Held for a Run click (its estimate over the limit) or cancelled: nothing is computing it.
+bool waits_for_run(const Result& r) {
+  return (!r.held.empty() && r.held == r.want) || (!r.cancelled.empty() && r.cancelled == r.want);
+}
+}  // namespace
+
 bool GeometryView::ready(const AppState& s) const {
   if (!s.capture || !s.focus_layer() || s.focus_refused()) return true;
   for (ProjectionSource src : sources()) {
@@ -78,8 +85,9 @@ void GeometryView::draw(AppState& s) {
       ImGui::Dummy(canvas_size);
       ImGui::GetWindowDrawList()->AddText(
           ImVec2(ImGui::GetItemRectMin().x + 10, ImGui::GetItemRectMin().y + 10), kColAxisText,
-          error_of(s, srcs[i]).empty() ? "Computing the map ..."
-                                       : "No map (see the message above).");
+          !error_of(s, srcs[i]).empty()    ? "No map (see the message above)."
+          : waits_for_run(s.result(rname)) ? "The map waits for Run (above)."
+                                           : "Computing the map ...");
       if (frame) draw_canvas(s, *frame, canvas_size, /*stale=*/true);
     } else {
       draw_canvas(s, *frame, canvas_size, false);
@@ -329,8 +337,10 @@ void GeometryView::draw_status(const AppState& s, ProjectionSource src) {
     return;
   }
   if (!f || f->key != s.result(projection_result(src)).want) {
-    ImGui::TextDisabled("layer %d, kv head %d, %s: computing ...", s.settings.focus.layer,
-                        s.settings.focus.kv_head, projection_source_name(src));
+    ImGui::TextDisabled(
+        "layer %d, kv head %d, %s: %s", s.settings.focus.layer, s.settings.focus.kv_head,
+        projection_source_name(src),
+        waits_for_run(s.result(projection_result(src))) ? "not computed yet" : "computing ...");
     return;
   }
   char line[512];

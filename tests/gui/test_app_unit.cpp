@@ -628,6 +628,35 @@ TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
   EXPECT_GT(s.result(kFocusA).seconds, 0.0);
 }
 
+// A sweep's estimate costs each head's exact side once (the reference cache shares it between
+// every method, ratio and seed) and each run its selection and scoring: three seeds of BalanceKV
+// cost less than three times one seed. (Costing every run as a whole head run estimated the
+// default sweep of a 32-layer 32768-token capture at 10 h.)
+TEST(Costs, ASweepCostsTheExactSidesOnce) {
+  AppState s;
+  s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"streaming", {}}};
+  s.settings.sweep.methods = {"balancekv"};
+  s.settings.sweep.ratios = {0.25};
+  s.request_open(synth_capture(8192));
+  // The costs settle first (the focused runs measured, the grid stopped), so that the three
+  // estimates use the same cost per unit.
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kFocusA) && fresh(s, kFocusB); }, 60))
+      << s.load_error;
+  s.cancel_job(kGrid);
+  ASSERT_TRUE(pump(s, [&] { return !s.result(kGrid).busy(); }));
+  auto estimate = [&](int seeds) {
+    s.settings.sweep.seeds = seeds;
+    s.reconcile();
+    return s.result(kSweep).estimate_s;
+  };
+  const double one = estimate(1), three = estimate(3), five = estimate(5);
+  ASSERT_GT(one, 0.0);
+  EXPECT_LT(three, 2.0 * one);
+  EXPECT_NEAR(five - three, three - one, 1e-9 * five);  // each seed's runs cost the same
+  s.cancel_job(kSweep);
+}
+
 // The Geometry view's t-SNE estimate: a map above the FFT threshold (10000 points) has its own
 // cost class with its own prior (0.5 us per point and iteration, a third of Barnes-Hut's), so a
 // measured Barnes-Hut map does not set it; both are held for a Run click above 3 s.
