@@ -132,7 +132,8 @@ class CudaBackend final : public Backend {
 
   void key_clusters(const ClusterBatch& b) override {
     guarded([&] {
-      const cuda::ClusterDeviceArgs a = cuda::upload_cluster_batch(b, cluster_ws_, stream_);
+      const cuda::ClusterDeviceArgs a =
+          cuda::upload_cluster_batch(b, cluster_ws_, &resident_, stream_);
       cuda::launch_key_clusters(a, stream_);
       cuda::download_cluster_outputs(a, b, stream_);
     });
@@ -463,7 +464,7 @@ class ScoreTimer final : public GpuOpTimer {
 class ClusterTimer final : public GpuOpTimer {
  public:
   explicit ClusterTimer(const ClusterBatch& b) {
-    args_ = cuda::upload_cluster_batch(b, ws_, timer_.stream());
+    args_ = cuda::upload_cluster_batch(b, ws_, nullptr, timer_.stream());
     KVS_CUDA_CHECK(cudaStreamSynchronize(timer_.stream()));
   }
   double run_ms() override {

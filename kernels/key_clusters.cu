@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/key_clusters.cuh"
+#include "kernels/resident_layers.cuh"
 
 namespace kvscope::cuda {
 namespace {
@@ -89,7 +90,7 @@ size_t key_clusters_smem_bytes(int d) {
 }
 
 ClusterDeviceArgs upload_cluster_batch(const ClusterBatch& b, ClusterWorkspace& ws,
-                                       cudaStream_t stream) {
+                                       ResidentLayers* resident, cudaStream_t stream) {
   check_cluster_batch(b);
   if (b.cancel && b.cancel->load(std::memory_order_relaxed)) throw Cancelled();
   ClusterDeviceArgs a;
@@ -104,12 +105,16 @@ ClusterDeviceArgs upload_cluster_batch(const ClusterBatch& b, ClusterWorkspace& 
   a.radii = static_cast<int>(b.deltas.size());
   a.max_clusters = static_cast<int>(std::min<long long>(b.n, b.limit + 1));
   const size_t radii = a.radii, n = b.n, clusters = std::max(a.max_clusters, 1);
-  const size_t count = n * b.d;
-  float* keys = ws.keys.reserve_as<float>(std::max<size_t>(count, 1));
-  if (count > 0)
-    KVS_CUDA_CHECK(
-        cudaMemcpyAsync(keys, b.keys, count * sizeof(float), cudaMemcpyHostToDevice, stream));
-  a.keys = keys;
+  const size_t count = n * b.d, key_bytes = count * sizeof(float);
+  if (resident && b.layer_id != 0 && count > 0 && resident->begin_call(key_bytes)) {
+    a.keys =
+        static_cast<const float*>(resident->find_or_upload(b.layer_id, b.keys, key_bytes, stream));
+  } else {
+    float* keys = ws.keys.reserve_as<float>(std::max<size_t>(count, 1));
+    if (count > 0)
+      KVS_CUDA_CHECK(cudaMemcpyAsync(keys, b.keys, key_bytes, cudaMemcpyHostToDevice, stream));
+    a.keys = keys;
+  }
   double* deltas = ws.deltas.reserve_as<double>(radii);
   KVS_CUDA_CHECK(cudaMemcpyAsync(deltas, b.deltas.data(), radii * sizeof(double),
                                  cudaMemcpyHostToDevice, stream));

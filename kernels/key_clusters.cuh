@@ -49,10 +49,14 @@ struct ClusterWorkspace {
 // 48 KiB a block gets without opting in (the backend then declines the shape).
 size_t key_clusters_smem_bytes(int d);
 
+class ResidentLayers;
+
 // Checks `b` as the CPU reference does (check_cluster_batch: std::invalid_argument), throws
 // Cancelled when b.cancel is set, and uploads. Returns radii == 0 when there is nothing to run.
+// With `resident` and a batch naming its layer (b.layer_id), the keys are that layer's resident
+// copy (copied at their first use); otherwise they are uploaded into the workspace.
 ClusterDeviceArgs upload_cluster_batch(const ClusterBatch& b, ClusterWorkspace& ws,
-                                       cudaStream_t stream);
+                                       ResidentLayers* resident, cudaStream_t stream);
 
 void launch_key_clusters(const ClusterDeviceArgs& a, cudaStream_t stream);
 

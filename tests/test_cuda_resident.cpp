@@ -154,6 +154,39 @@ TEST(LayerIds, ScoreRankingMethodsNameTheLayerWhenTheyScoreItsOwnMatrices) {
   EXPECT_EQ(backend.ids[0], layer->id.value());
 }
 
+// Records the layer id of every key-clustering batch SubGen sends, running the CPU's.
+class ClusterIds final : public kvscope::testing::ForwardingBackend {
+ public:
+  std::vector<uint64_t> ids;
+  void key_clusters(const ClusterBatch& b) override {
+    ids.push_back(b.layer_id);
+    ForwardingBackend::key_clusters(b);
+  }
+};
+
+TEST(LayerIds, SubGenNamesTheLayerWhenItClustersItsOwnKeys) {
+  auto cap = CaptureFile::open(lily());
+  const std::shared_ptr<const LayerData> layer = cap->layer(1);
+  const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.25, -1, -1);
+  const Method* m = find_method("subgen");
+  ASSERT_NE(m, nullptr);
+  ClusterIds backend;
+  // t = 5: a search no other test runs (SubGen remembers its searches per thread).
+  MethodInput in =
+      make_method_input(*layer, cap->info().num_layers, 1, w, ParamValues{{"t", 5}}, 0);
+  in.backend = &backend;
+  m->select(in);
+  ASSERT_FALSE(backend.ids.empty());
+  for (uint64_t id : backend.ids) EXPECT_EQ(id, layer->id.value());
+  // Keys that are not the layer's matrices (a copy): nothing is named.
+  const MatrixF keys = *in.keys;
+  in.keys = &keys;
+  backend.ids.clear();
+  m->select(in);
+  ASSERT_FALSE(backend.ids.empty());
+  for (uint64_t id : backend.ids) EXPECT_EQ(id, 0u);
+}
+
 #ifdef KVSCOPE_HAVE_CUDA
 
 Backend* gpu_or_null(std::string* why) {
@@ -548,6 +581,77 @@ TEST_F(ResidentLayers, AttentionScoresShareTheResidentKeysAndCopyTheirRowsOnce) 
             << "head " << h << " key " << i;
     }
   }
+}
+
+// SubGen's key clustering on a named layer: the middle's keys cross to the device once over
+// several batches of radii (as its bisection sends them), a later batch copies only its radii,
+// and the clusterings are exactly those of the same batch uploaded (id 0) and of the CPU
+// reference. Another head's keys are another copy.
+ClusterBatch cluster_batch(const Shape& s, const LayerData& L, int head, std::vector<double> deltas,
+                           std::vector<KeyClusters>& out) {
+  ClusterBatch b;
+  b.keys = L.keys[head].data() + static_cast<size_t>(s.sink) * s.d;  // the middle's rows
+  b.n = s.n - s.sink - s.eval;
+  b.d = s.d;
+  b.t = 2;
+  b.limit = b.n / 2;  // the smallest radii stop early
+  b.deltas = std::move(deltas);
+  out.assign(b.deltas.size(), KeyClusters{});
+  b.out = out.data();
+  b.layer_id = L.id.value();
+  return b;
+}
+
+void expect_same_clusters(const std::vector<KeyClusters>& got, const std::vector<KeyClusters>& want,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r < want.size(); ++r) {
+    EXPECT_EQ(got[r].owner, want[r].owner) << what << ", radius " << r;
+    EXPECT_EQ(got[r].size, want[r].size) << what << ", radius " << r;
+    EXPECT_EQ(got[r].capacity, want[r].capacity) << what << ", radius " << r;
+    EXPECT_EQ(got[r].over, want[r].over) << what << ", radius " << r;
+  }
+}
+
+TEST_F(ResidentLayers, KeyClustersCopyTheMiddlesKeysOnceAcrossBatches) {
+  REQUIRE_GPU(gpu);
+  const Shape s;
+  const LayerData L = make_layer(s, 81);
+  const size_t key_bytes = sizeof(float) * static_cast<size_t>(s.n - s.sink - s.eval) * s.d;
+  bool some_over = false, some_whole = false;
+  for (int k = 0; k < 4; ++k) {
+    const std::string what = "batch " + std::to_string(k);
+    const std::vector<double> deltas = {1.5 + k, 3.0 + k, 4.5 + k};  // keys ~ N(0, 1), d = 16
+    const size_t radii_bytes = deltas.size() * sizeof(double);
+    std::vector<KeyClusters> resident, uploaded, cpu;
+    const ResidentLayerStats before = cuda_resident_stats();
+    const uint64_t h2d_before = h2d_bytes();
+    gpu->key_clusters(cluster_batch(s, L, 1, deltas, resident));
+    EXPECT_EQ(last_fallback(), "") << what;
+    const ResidentLayerStats after = cuda_resident_stats();
+    EXPECT_EQ(after.uploaded_bytes - before.uploaded_bytes, k == 0 ? key_bytes : 0) << what;
+    EXPECT_EQ(after.hits - before.hits, k == 0 ? 0u : 1u) << what;
+    if (emulated())  // the runtime's own count: a later batch copies its radii only
+      EXPECT_EQ(h2d_bytes() - h2d_before, (k == 0 ? key_bytes : 0) + radii_bytes) << what;
+    ClusterBatch unnamed = cluster_batch(s, L, 1, deltas, uploaded);
+    unnamed.layer_id = 0;
+    const uint64_t h2d_unnamed = h2d_bytes();
+    gpu->key_clusters(unnamed);
+    if (emulated())
+      EXPECT_EQ(h2d_bytes() - h2d_unnamed, key_bytes + radii_bytes) << what << ": uploaded whole";
+    cpu_backend().key_clusters(cluster_batch(s, L, 1, deltas, cpu));
+    expect_same_clusters(resident, uploaded, what + ": resident against uploaded");
+    expect_same_clusters(resident, cpu, what + ": against the CPU");
+    for (const KeyClusters& c : cpu) (c.over ? some_over : some_whole) = true;
+  }
+  EXPECT_TRUE(some_over && some_whole) << "the radii should both stop early and run whole";
+  const ResidentLayerStats before = cuda_resident_stats();
+  std::vector<KeyClusters> other, cpu;
+  gpu->key_clusters(cluster_batch(s, L, 0, {3.0}, other));
+  cpu_backend().key_clusters(cluster_batch(s, L, 0, {3.0}, cpu));
+  expect_same_clusters(other, cpu, "head 0");
+  EXPECT_EQ(cuda_resident_stats().uploaded_bytes - before.uploaded_bytes, key_bytes);
+  EXPECT_EQ(cuda_resident_stats().mismatches, 0u);
 }
 
 // Out of device memory (the emulation's capacity; skipped on a real device, where it cannot be

@@ -67,6 +67,7 @@ std::vector<Clustering> cluster_keys(const MethodInput& in, int t, long long lim
   std::vector<Clustering> out(b.deltas.size());
   b.out = out.data();
   b.cancel = in.cancel;
+  b.layer_id = layer_id_of(in, {in.keys});
   method_backend(in).key_clusters(b);
   return out;
 }

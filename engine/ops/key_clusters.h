@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 namespace kvscope {
@@ -34,6 +35,11 @@ struct ClusterBatch {
   KeyClusters* out = nullptr;  // [deltas.size()]
   // Checked between radii by the CPU reference (throws Cancelled), and before a device launch.
   const std::atomic<bool>* cancel = nullptr;
+  // Non-zero: `keys` are rows of a key matrix of the loaded layer with this LayerData::id
+  // (engine/capture.h), unchanged while it lives, so a device backend may keep them resident
+  // across calls (kernels/resident_layers.cuh: SubGen's bisection sends several batches over the
+  // same keys). 0: upload them at every call. The CPU ignores it.
+  uint64_t layer_id = 0;
 };
 
 // Throws std::invalid_argument when the batch is inconsistent (no keys or outputs, negative
