@@ -7,9 +7,15 @@
 #include "engine/error.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/cache_scores.cuh"
+#include "kernels/resident_layers.cuh"
 
 namespace kvscope::cuda {
 namespace {
+
+// Key j's row.
+__device__ __forceinline__ const float* key_row(const CacheScoreDeviceArgs& a, int j) {
+  return a.key_rows + static_cast<size_t>(a.keys_by_pos ? a.key_pos[j] : j) * a.d;
+}
 
 __device__ __forceinline__ double logit(const double* q, const float* k, int d, double scale) {
   double dot = 0.0;
@@ -22,18 +28,18 @@ __global__ void __launch_bounds__(kCacheThreads) cache_row_stats_kernel(CacheSco
   extern __shared__ double q_row[];  // [d]
   __shared__ double scratch[kCacheThreads];
   const int row = blockIdx.x, h = blockIdx.y;
-  const float* q = a.queries + (static_cast<size_t>(h) * a.rows + row) * a.d;
+  const float* q = a.queries[h] + static_cast<size_t>(row) * a.d;
   for (int c = threadIdx.x; c < a.d; c += blockDim.x) q_row[c] = static_cast<double>(q[c]);
   __syncthreads();
   const int seen = a.row_seen[row];
   const double scale = a.row_scale[row];
   double mx = -INFINITY;
   for (int j = threadIdx.x; j < seen; j += blockDim.x)
-    mx = fmax(mx, logit(q_row, a.key_rows + static_cast<size_t>(j) * a.d, a.d, scale));
+    mx = fmax(mx, logit(q_row, key_row(a, j), a.d, scale));
   mx = block_reduce(mx, true, scratch);
   double z = 0.0;
   for (int j = threadIdx.x; j < seen; j += blockDim.x)
-    z += exp(logit(q_row, a.key_rows + static_cast<size_t>(j) * a.d, a.d, scale) - mx);
+    z += exp(logit(q_row, key_row(a, j), a.d, scale) - mx);
   z = block_reduce(z, false, scratch);
   if (threadIdx.x == 0) {
     a.row_max[static_cast<size_t>(h) * a.rows + row] = mx;
@@ -48,12 +54,12 @@ __global__ void __launch_bounds__(kCacheThreads) cache_accumulate_kernel(CacheSc
   const bool mine = j < a.keys;
   const int pos = mine ? a.key_pos[j] : 0;
   double acc = mine ? a.acc[j] : 0.0;
-  const float* k = a.key_rows + static_cast<size_t>(mine ? j : 0) * a.d;
+  const float* k = key_row(a, mine ? j : 0);
   for (int row = 0; row < a.rows; ++row) {
     __syncthreads();  // the previous row's queries are no longer read
     for (int e = threadIdx.x; e < a.group * a.d; e += blockDim.x) {
       const int h = e / a.d, c = e % a.d;
-      q_rows[e] = static_cast<double>(a.queries[(static_cast<size_t>(h) * a.rows + row) * a.d + c]);
+      q_rows[e] = static_cast<double>(a.queries[h][static_cast<size_t>(row) * a.d + c]);
     }
     __syncthreads();
     if (!mine || pos > a.row_begin + row) continue;  // causal: the row does not see the key
@@ -75,7 +81,7 @@ size_t cache_scores_smem_bytes(int d, int group) {
 }
 
 CacheScoreDeviceArgs upload_cache_score_batch(const CacheScoreBatch& b, CacheScoreWorkspace& ws,
-                                              cudaStream_t stream) {
+                                              ResidentLayers* resident, cudaStream_t stream) {
   check_cache_score_batch(b);
   if (b.cancel && b.cancel->load(std::memory_order_relaxed)) throw Cancelled();
   CacheScoreDeviceArgs a;
@@ -89,14 +95,39 @@ CacheScoreDeviceArgs upload_cache_score_batch(const CacheScoreBatch& b, CacheSco
   a.row_begin = b.row_begin;
   a.rows = b.row_end - b.row_begin;
   const size_t d = b.d, keys = a.keys, rows = a.rows, group = a.group;
-  // The cache's keys and scores, gathered; each row's visible keys and scale, as the CPU
-  // reference computes them.
-  std::vector<float> key_rows(keys * d);
-  std::vector<double> acc(keys);
-  for (size_t j = 0; j < keys; ++j) {
-    std::copy_n(b.keys + static_cast<size_t>(b.key_ids[j]) * d, d, key_rows.begin() + j * d);
-    acc[j] = b.acc[b.key_ids[j]];
+  // The keys and the group's queries: a named layer's first n rows stay resident (the segments
+  // of a head, and later runs, share them); else the cache's keys are gathered and the segment's
+  // query rows copied.
+  const size_t layer_bytes = static_cast<size_t>(b.n) * d * sizeof(float);
+  std::vector<const float*> table(group);
+  std::vector<float> key_rows;
+  if (resident && b.layer_id != 0 && resident->begin_call((1 + group) * layer_bytes)) {
+    a.key_rows = static_cast<const float*>(
+        resident->find_or_upload(b.layer_id, b.keys, layer_bytes, stream));
+    a.keys_by_pos = true;
+    for (size_t h = 0; h < group; ++h)
+      table[h] = static_cast<const float*>(
+                     resident->find_or_upload(b.layer_id, b.queries[h], layer_bytes, stream)) +
+                 static_cast<size_t>(b.row_begin) * d;
+  } else {
+    key_rows.resize(keys * d);
+    for (size_t j = 0; j < keys; ++j)
+      std::copy_n(b.keys + static_cast<size_t>(b.key_ids[j]) * d, d, key_rows.begin() + j * d);
+    float* dk = ws.keys.reserve_as<float>(keys * d);
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dk, key_rows.data(), keys * d * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+    a.key_rows = dk;
+    float* dq = ws.queries.reserve_as<float>(group * rows * d);
+    for (size_t h = 0; h < group; ++h) {
+      table[h] = dq + h * rows * d;
+      KVS_CUDA_CHECK(cudaMemcpyAsync(dq + h * rows * d, b.queries[h] + b.row_begin * d,
+                                     rows * d * sizeof(float), cudaMemcpyHostToDevice, stream));
+    }
   }
+  // The cache's scores, gathered; each row's visible keys and scale, as the CPU reference
+  // computes them.
+  std::vector<double> acc(keys);
+  for (size_t j = 0; j < keys; ++j) acc[j] = b.acc[b.key_ids[j]];
   std::vector<int> seen(rows);
   std::vector<double> scale(rows);
   const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(b.d));
@@ -107,19 +138,15 @@ CacheScoreDeviceArgs upload_cache_score_batch(const CacheScoreBatch& b, CacheSco
     seen[r] = s;
     scale[r] = inv_sqrt_d * (b.log_n ? std::log(static_cast<double>(s)) / std::log(512.0) : 1.0);
   }
-  float* dk = ws.keys.reserve_as<float>(keys * d);
   int* dpos = ws.pos.reserve_as<int>(keys);
-  float* dq = ws.queries.reserve_as<float>(group * rows * d);
+  const float** dtable = ws.table.reserve_as<const float*>(group);
   int* drows = ws.rows.reserve_as<int>(rows);
   double* dstats = ws.stats.reserve_as<double>(3 * group * rows + rows);
   double* dacc = ws.acc.reserve_as<double>(keys);
-  KVS_CUDA_CHECK(cudaMemcpyAsync(dk, key_rows.data(), keys * d * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream));
   KVS_CUDA_CHECK(
       cudaMemcpyAsync(dpos, b.key_ids, keys * sizeof(int), cudaMemcpyHostToDevice, stream));
-  for (size_t h = 0; h < group; ++h)
-    KVS_CUDA_CHECK(cudaMemcpyAsync(dq + h * rows * d, b.queries[h] + b.row_begin * d,
-                                   rows * d * sizeof(float), cudaMemcpyHostToDevice, stream));
+  KVS_CUDA_CHECK(cudaMemcpyAsync(dtable, table.data(), group * sizeof(const float*),
+                                 cudaMemcpyHostToDevice, stream));
   KVS_CUDA_CHECK(
       cudaMemcpyAsync(drows, seen.data(), rows * sizeof(int), cudaMemcpyHostToDevice, stream));
   KVS_CUDA_CHECK(
@@ -128,9 +155,8 @@ CacheScoreDeviceArgs upload_cache_score_batch(const CacheScoreBatch& b, CacheSco
       cudaMemcpyAsync(dacc, acc.data(), keys * sizeof(double), cudaMemcpyHostToDevice, stream));
   // The host vectors go out of scope: wait for the copies.
   KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  a.key_rows = dk;
   a.key_pos = dpos;
-  a.queries = dq;
+  a.queries = dtable;
   a.row_seen = drows;
   a.row_scale = dstats;
   a.row_max = dstats + rows;

@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
   void cache_scores(const CacheScoreBatch& b) override {
     guarded([&] {
       const cuda::CacheScoreDeviceArgs a =
-          cuda::upload_cache_score_batch(b, cache_score_ws_, stream_);
+          cuda::upload_cache_score_batch(b, cache_score_ws_, &resident_, stream_);
       cuda::launch_cache_scores(a, stream_);
       cuda::download_cache_scores(a, b, stream_);
     });
@@ -482,7 +482,7 @@ class ClusterTimer final : public GpuOpTimer {
 class CacheScoreTimer final : public GpuOpTimer {
  public:
   explicit CacheScoreTimer(const CacheScoreBatch& b) {
-    args_ = cuda::upload_cache_score_batch(b, ws_, timer_.stream());
+    args_ = cuda::upload_cache_score_batch(b, ws_, nullptr, timer_.stream());
   }
   double run_ms() override {
     return timer_.time([&] { cuda::launch_cache_scores(args_, timer_.stream()); });

@@ -187,6 +187,37 @@ TEST(LayerIds, SubGenNamesTheLayerWhenItClustersItsOwnKeys) {
   for (uint64_t id : backend.ids) EXPECT_EQ(id, 0u);
 }
 
+// Records the layer id of every cache-score batch BUZZ sends, running the CPU's.
+class CacheScoreIds final : public kvscope::testing::ForwardingBackend {
+ public:
+  std::vector<uint64_t> ids;
+  void cache_scores(const CacheScoreBatch& b) override {
+    ids.push_back(b.layer_id);
+    ForwardingBackend::cache_scores(b);
+  }
+};
+
+TEST(LayerIds, BuzzNamesTheLayerWhenItScoresItsOwnMatrices) {
+  auto cap = CaptureFile::open(lily());
+  const std::shared_ptr<const LayerData> layer = cap->layer(1);
+  const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.25, -1, -1);
+  const Method* m = find_method("buzz");
+  ASSERT_NE(m, nullptr);
+  CacheScoreIds backend;
+  MethodInput in = make_method_input(*layer, cap->info().num_layers, 1, w, ParamValues{}, 0);
+  in.backend = &backend;
+  m->select(in);
+  ASSERT_FALSE(backend.ids.empty());
+  for (uint64_t id : backend.ids) EXPECT_EQ(id, layer->id.value());
+  // Keys that are not the layer's matrices (a copy): nothing is named.
+  const MatrixF keys = *in.keys;
+  in.keys = &keys;
+  backend.ids.clear();
+  m->select(in);
+  ASSERT_FALSE(backend.ids.empty());
+  for (uint64_t id : backend.ids) EXPECT_EQ(id, 0u);
+}
+
 #ifdef KVSCOPE_HAVE_CUDA
 
 Backend* gpu_or_null(std::string* why) {
@@ -652,6 +683,102 @@ TEST_F(ResidentLayers, KeyClustersCopyTheMiddlesKeysOnceAcrossBatches) {
   expect_same_clusters(other, cpu, "head 0");
   EXPECT_EQ(cuda_resident_stats().uploaded_bytes - before.uploaded_bytes, key_bytes);
   EXPECT_EQ(cuda_resident_stats().mismatches, 0u);
+}
+
+// BUZZ's cache scores on a named layer: the keys' and the group's queries' first n rows cross to
+// the device once for every segment of a stream; a segment then copies only its key positions,
+// its rows' counts and scales, the cache's scores and the group's pointer table. The accumulated
+// scores are bit for bit those of the same segments uploaded (id 0: the cache's keys gathered,
+// the segment's query rows copied) and within 1e-9 of the CPU reference.
+TEST_F(ResidentLayers, CacheScoresReadTheResidentKeysAndQueriesAcrossSegments) {
+  REQUIRE_GPU(gpu);
+  const Shape s;
+  const LayerData L = make_layer(s, 91);
+  const int group = s.q / s.kv, head = 1, n = s.n - s.eval;
+  auto batch = [&](std::vector<double>& acc, const std::vector<int>& ids, int begin, int end) {
+    CacheScoreBatch b;
+    b.keys = L.keys[head].data();
+    for (int g = 0; g < group; ++g) b.queries.push_back(L.queries[head * group + g].data());
+    b.n = n;
+    b.d = s.d;
+    b.key_ids = ids.data();
+    b.num_keys = static_cast<int>(ids.size());
+    b.row_begin = begin;
+    b.row_end = end;
+    b.log_n = true;
+    b.acc = acc.data();
+    b.layer_id = L.id.value();
+    return b;
+  };
+  const size_t layer_bytes = sizeof(float) * static_cast<size_t>(n) * s.d * (1 + group);
+  std::vector<double> resident(n, 0.0), uploaded(n, 0.0), cpu(n, 0.0);
+  int segments = 0;
+  for (int begin = 16; begin < n; begin += 16, ++segments) {
+    // The cache: every third position before the segment, then the segment's own rows.
+    const int end = std::min(n, begin + 16);
+    std::vector<int> ids;
+    for (int i = 0; i < begin; i += 3) ids.push_back(i);
+    for (int i = begin; i < end; ++i) ids.push_back(i);
+    const std::string what = "segment " + std::to_string(segments);
+    const ResidentLayerStats before = cuda_resident_stats();
+    const uint64_t h2d_before = h2d_bytes();
+    gpu->cache_scores(batch(resident, ids, begin, end));
+    EXPECT_EQ(last_fallback(), "") << what;
+    EXPECT_EQ(cuda_resident_stats().uploaded_bytes - before.uploaded_bytes,
+              segments == 0 ? layer_bytes : 0)
+        << what;
+    const size_t rows = static_cast<size_t>(end - begin);
+    const size_t per_call = ids.size() * (sizeof(int) + sizeof(double)) +
+                            rows * (sizeof(int) + sizeof(double)) + group * sizeof(void*);
+    if (emulated())
+      EXPECT_EQ(h2d_bytes() - h2d_before, (segments == 0 ? layer_bytes : 0) + per_call) << what;
+    CacheScoreBatch unnamed = batch(uploaded, ids, begin, end);
+    unnamed.layer_id = 0;
+    gpu->cache_scores(unnamed);
+    cpu_backend().cache_scores(batch(cpu, ids, begin, end));
+  }
+  EXPECT_GE(segments, 5);
+  EXPECT_EQ(resident, uploaded);
+  for (int i = 0; i < n; ++i)
+    EXPECT_NEAR(resident[i], cpu[i], 1e-9 * std::max(1e-12, std::abs(cpu[i]))) << "key " << i;
+  EXPECT_EQ(cuda_resident_stats().mismatches, 0u);
+}
+
+// The two methods end to end on a loaded layer of stories260K_lily (so their batches name it):
+// on the device, with the layer's keys and queries resident, SubGen and BUZZ keep the CPU's
+// selections exactly (indices, weights, denominator samples, clusters); BUZZ with another seed
+// streams again over the copies already there.
+TEST_F(ResidentLayers, SubGenAndBuzzOnALoadedLayerKeepTheCpuSetsAndReuseTheCopies) {
+  REQUIRE_GPU(gpu);
+  auto cap = CaptureFile::open(lily());
+  const std::shared_ptr<const LayerData> layer = cap->layer(1);
+  const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.25, -1, -1);
+  for (const char* name : {"subgen", "buzz"}) {
+    SCOPED_TRACE(name);
+    const Method* m = find_method(name);
+    ASSERT_NE(m, nullptr);
+    MethodInput in = make_method_input(*layer, cap->info().num_layers, 1, w, ParamValues{}, 0);
+    const ResidentLayerStats before = cuda_resident_stats();
+    in.backend = gpu;
+    const Selection device = m->select(in);
+    EXPECT_EQ(last_fallback(), "");
+    EXPECT_GT(cuda_resident_stats().uploaded_bytes, before.uploaded_bytes) << "resident copies";
+    in.backend = &cpu_backend();
+    const Selection cpu = m->select(in);
+    EXPECT_EQ(device.indices, cpu.indices);
+    EXPECT_EQ(device.weights, cpu.weights);
+    EXPECT_EQ(device.den_indices, cpu.den_indices);
+    EXPECT_EQ(device.den_weights, cpu.den_weights);
+    EXPECT_EQ(device.cluster, cpu.cluster);
+  }
+  const ResidentLayerStats before = cuda_resident_stats();
+  MethodInput in = make_method_input(*layer, cap->info().num_layers, 1, w, ParamValues{}, 1);
+  in.backend = gpu;
+  const Selection again = find_method("buzz")->select(in);
+  in.backend = &cpu_backend();
+  EXPECT_EQ(again.indices, find_method("buzz")->select(in).indices);
+  EXPECT_EQ(cuda_resident_stats().uploaded_bytes, before.uploaded_bytes) << "nothing copied again";
+  EXPECT_GT(cuda_resident_stats().hits, before.hits);
 }
 
 // Out of device memory (the emulation's capacity; skipped on a real device, where it cannot be

@@ -273,6 +273,9 @@ class Buzz final : public Method {
       b.log_n = log_n;
       b.acc = acc.data();
       b.cancel = in.cancel;
+      std::vector<const MatrixF*> arrays = in.queries;
+      arrays.push_back(in.keys);
+      b.layer_id = layer_id_of(in, arrays);
       std::vector<int> ids;
       for (int t = in.mid_begin; t < in.mid_end;) {
         int last = t;  // the segment's last row

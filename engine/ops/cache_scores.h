@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 namespace kvscope {
@@ -32,6 +33,11 @@ struct CacheScoreBatch {
   double* acc = nullptr;           // [n] accumulated scores by position: added to
   // Checked by the CPU reference every 64 rows (throws Cancelled), and before a device launch.
   const std::atomic<bool>* cancel = nullptr;
+  // Non-zero: `keys` and every query array are key and query matrices of the loaded layer with
+  // this LayerData::id (engine/capture.h), unchanged while it lives, so a device backend may keep
+  // their first n rows resident across the segments and runs (kernels/resident_layers.cuh). 0:
+  // upload the segment's rows at every call. The CPU ignores it.
+  uint64_t layer_id = 0;
 
   int group() const { return static_cast<int>(queries.size()); }
 };
