@@ -111,111 +111,77 @@ TEST(LayerIds, TheProtocolNamesTheLoadedLayerInEveryErrorBatch) {
   for (const auto& c : unnamed) EXPECT_EQ(c.layer_id, 0u);
 }
 
-// Records the layer id of every attention-score batch the methods send, running the CPU's.
-class ScoreIds final : public kvscope::testing::ForwardingBackend {
+// Records the layer id of every batch the methods send to the ops that carry one, running the
+// CPU's.
+class BatchIds final : public kvscope::testing::ForwardingBackend {
  public:
-  std::vector<uint64_t> ids;
+  std::vector<uint64_t> scores, clusters, cache;
   void attention_scores(const ScoreBatch& b) override {
-    ids.push_back(b.layer_id);
+    scores.push_back(b.layer_id);
     ForwardingBackend::attention_scores(b);
+  }
+  void key_clusters(const ClusterBatch& b) override {
+    clusters.push_back(b.layer_id);
+    ForwardingBackend::key_clusters(b);
+  }
+  void cache_scores(const CacheScoreBatch& b) override {
+    cache.push_back(b.layer_id);
+    ForwardingBackend::cache_scores(b);
+  }
+  void clear() {
+    scores.clear();
+    clusters.clear();
+    cache.clear();
   }
 };
 
-TEST(LayerIds, ScoreRankingMethodsNameTheLayerWhenTheyScoreItsOwnMatrices) {
+// `method` on kv head 1 of a loaded layer of lily, through `backend`: every batch of the op whose
+// ids `op` records names the layer; on a copy of the keys (not the layer's matrices), none does.
+void expect_method_names_its_layer(const char* method, const ParamValues& params,
+                                   std::vector<uint64_t> BatchIds::*op) {
+  SCOPED_TRACE(method);
   auto cap = CaptureFile::open(lily());
   const std::shared_ptr<const LayerData> layer = cap->layer(1);
   const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.25, -1, -1);
-  ScoreIds backend;
-  for (const char* name : {"h2o", "snapkv", "tova"}) {
-    SCOPED_TRACE(name);
-    const Method* m = find_method(name);
-    ASSERT_NE(m, nullptr);
-    MethodInput in = make_method_input(*layer, cap->info().num_layers, 1, w, ParamValues{}, 0);
-    in.backend = &backend;
-    backend.ids.clear();
-    m->select(in);
-    ASSERT_FALSE(backend.ids.empty());
-    for (uint64_t id : backend.ids) EXPECT_EQ(id, layer->id.value());
-    // Keys that are not the layer's matrices (a copy): nothing is named.
-    const MatrixF keys = *in.keys;
-    in.keys = &keys;
-    backend.ids.clear();
-    m->select(in);
-    ASSERT_FALSE(backend.ids.empty());
-    for (uint64_t id : backend.ids) EXPECT_EQ(id, 0u);
-  }
+  const Method* m = find_method(method);
+  ASSERT_NE(m, nullptr);
+  BatchIds backend;
+  MethodInput in = make_method_input(*layer, cap->info().num_layers, 1, w, params, 0);
+  in.backend = &backend;
+  m->select(in);
+  ASSERT_FALSE((backend.*op).empty());
+  for (uint64_t id : backend.*op) EXPECT_EQ(id, layer->id.value());
+  const MatrixF keys = *in.keys;
+  in.keys = &keys;
+  backend.clear();
+  m->select(in);
+  ASSERT_FALSE((backend.*op).empty());
+  for (uint64_t id : backend.*op) EXPECT_EQ(id, 0u);
+}
+
+TEST(LayerIds, ScoreRankingMethodsNameTheLayerWhenTheyScoreItsOwnMatrices) {
+  for (const char* name : {"h2o", "snapkv", "tova"})
+    expect_method_names_its_layer(name, {}, &BatchIds::scores);
   // TOVA's kvpress variant scores every kv head of the layer in one batch.
+  auto cap = CaptureFile::open(lily());
+  const std::shared_ptr<const LayerData> layer = cap->layer(1);
+  const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.25, -1, -1);
+  BatchIds backend;
   MethodInput in =
       make_method_input(*layer, cap->info().num_layers, 0, w, ParamValues{{"variant", 1}}, 0);
   in.backend = &backend;
-  backend.ids.clear();
   find_method("tova")->select(in);
-  ASSERT_EQ(backend.ids.size(), 1u);
-  EXPECT_EQ(backend.ids[0], layer->id.value());
+  ASSERT_EQ(backend.scores.size(), 1u);
+  EXPECT_EQ(backend.scores[0], layer->id.value());
 }
-
-// Records the layer id of every key-clustering batch SubGen sends, running the CPU's.
-class ClusterIds final : public kvscope::testing::ForwardingBackend {
- public:
-  std::vector<uint64_t> ids;
-  void key_clusters(const ClusterBatch& b) override {
-    ids.push_back(b.layer_id);
-    ForwardingBackend::key_clusters(b);
-  }
-};
 
 TEST(LayerIds, SubGenNamesTheLayerWhenItClustersItsOwnKeys) {
-  auto cap = CaptureFile::open(lily());
-  const std::shared_ptr<const LayerData> layer = cap->layer(1);
-  const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.25, -1, -1);
-  const Method* m = find_method("subgen");
-  ASSERT_NE(m, nullptr);
-  ClusterIds backend;
   // t = 5: a search no other test runs (SubGen remembers its searches per thread).
-  MethodInput in =
-      make_method_input(*layer, cap->info().num_layers, 1, w, ParamValues{{"t", 5}}, 0);
-  in.backend = &backend;
-  m->select(in);
-  ASSERT_FALSE(backend.ids.empty());
-  for (uint64_t id : backend.ids) EXPECT_EQ(id, layer->id.value());
-  // Keys that are not the layer's matrices (a copy): nothing is named.
-  const MatrixF keys = *in.keys;
-  in.keys = &keys;
-  backend.ids.clear();
-  m->select(in);
-  ASSERT_FALSE(backend.ids.empty());
-  for (uint64_t id : backend.ids) EXPECT_EQ(id, 0u);
+  expect_method_names_its_layer("subgen", {{"t", 5}}, &BatchIds::clusters);
 }
 
-// Records the layer id of every cache-score batch BUZZ sends, running the CPU's.
-class CacheScoreIds final : public kvscope::testing::ForwardingBackend {
- public:
-  std::vector<uint64_t> ids;
-  void cache_scores(const CacheScoreBatch& b) override {
-    ids.push_back(b.layer_id);
-    ForwardingBackend::cache_scores(b);
-  }
-};
-
 TEST(LayerIds, BuzzNamesTheLayerWhenItScoresItsOwnMatrices) {
-  auto cap = CaptureFile::open(lily());
-  const std::shared_ptr<const LayerData> layer = cap->layer(1);
-  const EvalWindow w = EvalWindow::make(cap->info().num_tokens, 0.25, -1, -1);
-  const Method* m = find_method("buzz");
-  ASSERT_NE(m, nullptr);
-  CacheScoreIds backend;
-  MethodInput in = make_method_input(*layer, cap->info().num_layers, 1, w, ParamValues{}, 0);
-  in.backend = &backend;
-  m->select(in);
-  ASSERT_FALSE(backend.ids.empty());
-  for (uint64_t id : backend.ids) EXPECT_EQ(id, layer->id.value());
-  // Keys that are not the layer's matrices (a copy): nothing is named.
-  const MatrixF keys = *in.keys;
-  in.keys = &keys;
-  backend.ids.clear();
-  m->select(in);
-  ASSERT_FALSE(backend.ids.empty());
-  for (uint64_t id : backend.ids) EXPECT_EQ(id, 0u);
+  expect_method_names_its_layer("buzz", {}, &BatchIds::cache);
 }
 
 #ifdef KVSCOPE_HAVE_CUDA
