@@ -12,7 +12,10 @@
 // references are read from and written to the disk tier as the app does
 // (engine/reference_cache.h; KVSCOPE_CACHE_DIR picks the folder): a second run is a reopening.
 //
-//   bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk]
+// --backend cuda runs the grid's compute on the device, as the app does with Backend: CUDA
+// (tools/gpu_device_check.sh times it there).
+//
+//   bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk] [--backend cpu|cuda|auto]
 //
 // A plain timing program, not a Google Benchmark.
 #include <sys/resource.h>
@@ -81,14 +84,18 @@ bool until_grid(AppState& s, const char* what, double limit_s = 1800) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk]\n");
+    std::fprintf(stderr, "usage: bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk] "
+                 "[--backend cpu|cuda|auto]\n");
     return 2;
   }
   std::string method = "balancekv";
+  std::string backend = "cpu";
   bool ab = false;
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--method") && i + 1 < argc)
       method = argv[++i];
+    else if (!std::strcmp(argv[i], "--backend") && i + 1 < argc)
+      backend = argv[++i];
     else if (!std::strcmp(argv[i], "--ab"))
       ab = true;
     else if (!std::strcmp(argv[i], "--disk"))
@@ -99,6 +106,7 @@ int main(int argc, char** argv) {
   s.settings.method = {MethodChoice{method, {}}, MethodChoice{"uniform", {}}};
   s.settings.ab_enabled = ab;
   s.settings.keep_ratio = 0.25;
+  s.settings.backend = backend;
   const auto t0 = Clock::now();
   s.request_open(argv[1]);
   while (!s.capture && s.load_error.empty()) {
@@ -111,9 +119,15 @@ int main(int argc, char** argv) {
   }
   const CaptureInfo& ci = s.capture->info();
   std::printf(
-      "capture %d layers x %d kv heads, %d tokens; grid seeds %d; method A %s%s; %u cores\n",
+      "capture %d layers x %d kv heads, %d tokens; grid seeds %d; method A %s%s; %u cores; "
+      "backend %s (%s)\n",
       ci.num_layers, ci.kv_heads, ci.num_tokens, s.grid_seeds(), method.c_str(),
-      ab ? ", B uniform" : "", std::thread::hardware_concurrency());
+      ab ? ", B uniform" : "", std::thread::hardware_concurrency(), s.backend_active.c_str(),
+      s.backend_note.c_str());
+  if (s.settings.backend != backend) {
+    std::fprintf(stderr, "backend %s refused: %s\n", backend.c_str(), s.backend_note.c_str());
+    return 1;
+  }
   std::printf("open     %7.2f s\n", since(t0));
   if (!until_grid(s, "first")) return 1;
   s.settings.method[0].params["gamma"] = 2;

@@ -15,11 +15,15 @@ find $B -type f \( -perm -u+x -o -name "*.cmake" \) ! -path "*/CMakeFiles/*" ! -
   mkdir -p ".carry/stage/$(dirname $f)"; cp "$f" ".carry/stage/$f"
 done
 find .carry/stage -type f -perm -u+x -exec sh -c 'file "$1" | grep -q ELF && strip --strip-debug "$1"' _ {} \;
-# Shared libraries a bare GPU machine lacks (Google Benchmark); tools/gpu_device_run.sh puts
-# build-gpu/carried-lib on LD_LIBRARY_PATH.
+# Shared libraries a bare GPU machine lacks (Google Benchmark, stb, zlib: every library an
+# executable links besides the C and C++ runtimes); tools/gpu_device_run.sh and
+# tools/gpu_device_check.sh put build-gpu/carried-lib on LD_LIBRARY_PATH.
 mkdir -p .carry/stage/$B/carried-lib
-for exe in $B/bench/bench_gpu; do
-  ldd "$exe" | awk '/libbenchmark/ {print $3}' | xargs -r -I{} cp -L {} .carry/stage/$B/carried-lib/
+find .carry/stage -type f -perm -u+x | while read -r exe; do
+  file "$exe" | grep -q ELF || continue
+  ldd "$exe" | awk '$3 ~ /^\// {print $3}' |
+    grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so' |
+    xargs -r -I{} cp -L {} .carry/stage/$B/carried-lib/
 done
 # BEFORE=path/to/an/earlier/kvscope-cli: carried as $B/kvscope-cli.before, which the device run
 # times alternately with this build's (same machine, same minutes).
