@@ -32,9 +32,9 @@ namespace {
 using protocol_detail::fmt_double;
 using protocol_detail::join;
 
-std::vector<float> log_weights(const std::vector<double>& w) {
-  std::vector<float> out(w.size());
-  for (size_t i = 0; i < w.size(); ++i) out[i] = static_cast<float>(std::log(w[i]));
+std::vector<double> log_weights(const std::vector<double>& w) {
+  std::vector<double> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) out[i] = std::log(w[i]);
   return out;
 }
 

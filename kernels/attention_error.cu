@@ -297,8 +297,8 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
           if (i < a.sink || i >= win) {
             lwn = lwd = 0;
           } else {
-            lwn = a.cand_lwn[cbase + k0 + lane];
-            lwd = a.cand_lwd[cbase + k0 + lane];
+            lwn = static_cast<Real>(a.cand_lwn[cbase + k0 + lane]);
+            lwd = static_cast<Real>(a.cand_lwd[cbase + k0 + lane]);
           }
         }
         const Real ln = valid ? l + lwn : Real(-INFINITY);
@@ -426,8 +426,8 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   }
 }
 
-void check_set(const std::vector<int>& idx, const std::vector<float>& logw, int kvh, int mid_begin,
-               int mid_end, const char* which, std::vector<float>& dense) {
+void check_set(const std::vector<int>& idx, const std::vector<double>& logw, int kvh,
+               int mid_begin, int mid_end, const char* which, std::vector<double>& dense) {
   if (idx.size() != logw.size())
     throw std::invalid_argument("attention_errors: kv head " + std::to_string(kvh) +
                                 ": indices and log weights differ in length");
@@ -437,8 +437,8 @@ void check_set(const std::vector<int>& idx, const std::vector<float>& logw, int 
       throw std::out_of_range(std::string(which) + " selection index " + std::to_string(i) +
                               " is outside the middle [" + std::to_string(mid_begin) + ", " +
                               std::to_string(mid_end) + ")");
-    float& slot = dense[static_cast<size_t>(i - mid_begin)];
-    if (slot != -std::numeric_limits<float>::infinity())
+    double& slot = dense[static_cast<size_t>(i - mid_begin)];
+    if (slot != -std::numeric_limits<double>::infinity())
       throw std::invalid_argument(std::string(which) + " selection holds token " +
                                   std::to_string(i) + " twice");
     slot = logw[t];
@@ -477,17 +477,17 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
   // Each kv head's candidates for the approximate side, ascending: the sinks, the tokens of the
   // middle either selection holds (with both log weights, -inf in the set without them), the
   // window. The selections are checked as the CPU reference checks them.
-  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
   std::vector<std::vector<int>> cand(kv);
-  std::vector<std::vector<float>> cand_num(kv), cand_den(kv);
+  std::vector<std::vector<double>> cand_num(kv), cand_den(kv);
   size_t stride = 1;
   for (size_t h = 0; h < kv; ++h) {
-    std::vector<float> num(n_mid, kNone), den(n_mid, kNone);
+    std::vector<double> num(n_mid, kNone), den(n_mid, kNone);
     check_set(b.num_idx[h], b.num_logw[h], static_cast<int>(h), mid_begin, mid_end, "numerator",
               num);
     check_set(b.den_idx[h], b.den_logw[h], static_cast<int>(h), mid_begin, mid_end, "denominator",
               den);
-    auto add = [&](int token, float lwn, float lwd) {
+    auto add = [&](int token, double lwn, double lwd) {
       cand[h].push_back(token);
       cand_num[h].push_back(lwn);
       cand_den[h].push_back(lwd);
@@ -499,7 +499,7 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
     stride = std::max(stride, cand[h].size());
   }
   std::vector<int> cand_flat(kv * stride, 0), cand_count(kv);
-  std::vector<float> lwn_flat(kv * stride, kNone), lwd_flat(kv * stride, kNone);
+  std::vector<double> lwn_flat(kv * stride, kNone), lwd_flat(kv * stride, kNone);
   for (size_t h = 0; h < kv; ++h) {
     cand_count[h] = static_cast<int>(cand[h].size());
     std::copy(cand[h].begin(), cand[h].end(), cand_flat.begin() + h * stride);
@@ -518,8 +518,8 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
   a.float_scores = b.float_scores;
   a.cand_stride = static_cast<int>(stride);
   int* cand_dev = ws.cand.reserve_as<int>(kv * stride + kv);
-  float* lw_num = ws.lw_num.reserve_as<float>(kv * stride);
-  float* lw_den = ws.lw_den.reserve_as<float>(kv * stride);
+  double* lw_num = ws.lw_num.reserve_as<double>(kv * stride);
+  double* lw_den = ws.lw_den.reserve_as<double>(kv * stride);
   double* v_sq = ws.v_sq.reserve_as<double>(kv * E);
   double* out = ws.out.reserve_as<double>(3 * b.q_heads * E);
   // Per-head device pointers: [kv keys][kv values][q_heads queries], then the query heads' exact
@@ -591,9 +591,9 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
                                  cudaMemcpyHostToDevice, stream));
   KVS_CUDA_CHECK(cudaMemcpyAsync(cand_dev + kv * stride, cand_count.data(), kv * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
-  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, lwn_flat.data(), lwn_flat.size() * sizeof(float),
+  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, lwn_flat.data(), lwn_flat.size() * sizeof(double),
                                  cudaMemcpyHostToDevice, stream));
-  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_den, lwd_flat.data(), lwd_flat.size() * sizeof(float),
+  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_den, lwd_flat.data(), lwd_flat.size() * sizeof(double),
                                  cudaMemcpyHostToDevice, stream));
   // The host vectors die with this function: finish the copies first.
   KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -614,7 +614,8 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
 
 size_t attention_error_smem_bytes(int d, int dv, int device_smem_optin, bool float_scores) {
   if (dv > kErrMaxDv || d <= 0 || dv <= 0) return 0;
-  const size_t bytes = ErrSmem(d, dv, float_scores ? sizeof(float) : sizeof(double)).total;
+  const size_t bytes =
+      padded_smem(ErrSmem(d, dv, float_scores ? sizeof(float) : sizeof(double)).total);
   return bytes <= static_cast<size_t>(device_smem_optin) ? bytes : 0;
 }
 

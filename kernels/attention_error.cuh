@@ -41,8 +41,8 @@ struct ErrorDeviceArgs {
   // with their numerator and denominator log weights (-inf where that set does not hold them).
   const int* cand = nullptr;
   const int* cand_count = nullptr;  // [kv_heads]
-  const float* cand_lwn = nullptr;
-  const float* cand_lwd = nullptr;
+  const double* cand_lwn = nullptr;
+  const double* cand_lwd = nullptr;
   int cand_stride = 0;
   // [q_heads] -> [eval][dv + 3] doubles: Attn_j, then its maximum logit, normaliser and sum of
   // squared weights. Written by the exact-side kernel when compute_exact, else kept from an

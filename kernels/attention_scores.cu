@@ -187,7 +187,7 @@ size_t column_smem(int d, int group) {
 
 size_t attention_scores_smem_bytes(int d, int group, int device_smem_optin) {
   if (d <= 0 || group <= 0) return 0;
-  const size_t bytes = std::max(row_stats_smem(d), column_smem(d, group));
+  const size_t bytes = padded_smem(std::max(row_stats_smem(d), column_smem(d, group)));
   return bytes <= static_cast<size_t>(device_smem_optin) ? bytes : 0;
 }
 

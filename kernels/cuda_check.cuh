@@ -60,10 +60,20 @@ namespace kvscope::cuda {
 // The dynamic shared memory a block gets without opting in (cudaFuncSetAttribute).
 constexpr size_t kDefaultSmemBytes = 48 * 1024;
 
-// `bytes` when a block may have that much dynamic shared memory without opting in, else 0 (the
-// kernels' *_smem_bytes answers: the backend declines a shape whose answer is 0).
+// Dynamic shared memory is asked for in whole 32-byte units: ptxas may read a row's last element
+// together with the next one as one vector load (the key-clustering kernel's 13-double key row
+// was read 16 bytes at element 12, seen by compute-sanitizer memcheck on an H200; the value past
+// the end is never used). The padding keeps that read inside the block's allocation.
+constexpr size_t kSmemVectorBytes = 32;
+inline size_t padded_smem(size_t bytes) {
+  return (bytes + kSmemVectorBytes - 1) / kSmemVectorBytes * kSmemVectorBytes;
+}
+
+// `bytes` (padded) when a block may have that much dynamic shared memory without opting in, else
+// 0 (the kernels' *_smem_bytes answers: the backend declines a shape whose answer is 0).
 inline size_t within_default_smem(size_t bytes) {
-  return bytes <= kDefaultSmemBytes ? bytes : 0;
+  const size_t padded = padded_smem(bytes);
+  return padded <= kDefaultSmemBytes ? padded : 0;
 }
 
 // A grow-only device allocation reused across calls (the backend keeps one per operand so

@@ -98,8 +98,8 @@ KcenterDeviceArgs upload_kcenter_input(const float* x, int n, int d, int k, int 
 }
 
 void launch_kcenter(const KcenterDeviceArgs& a, cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(a.d) * sizeof(float);
-  if (within_default_smem(smem) == 0)
+  const size_t smem = within_default_smem(static_cast<size_t>(a.d) * sizeof(float));
+  if (smem == 0)
     throw Unsupported("k-center: " + std::to_string(a.d) +
                       " features exceed the CUDA kernel's shared-memory centre row");
   for (int pick = 0; pick < a.k; ++pick) {

@@ -284,8 +284,8 @@ TEST(Attention, CpuAttentionErrorsMatchesPerHeadEvaluation) {
     b.values.push_back(V[h].data());
     const Selection& s = sels[h];
     auto logw = [](const std::vector<double>& ws) {
-      std::vector<float> out;
-      for (double x : ws) out.push_back(static_cast<float>(std::log(x)));
+      std::vector<double> out;
+      for (double x : ws) out.push_back(std::log(x));
       return out;
     };
     b.num_idx.push_back(s.indices);
@@ -300,12 +300,8 @@ TEST(Attention, CpuAttentionErrorsMatchesPerHeadEvaluation) {
 
   for (int h = 0; h < qh; ++h) {
     const int kv = h / (qh / kvh);
-    // The op takes float log weights: compare with the weights it actually saw.
-    Selection seen = sels[kv];
-    for (double& x : seen.weights)
-      x = std::exp(static_cast<double>(static_cast<float>(std::log(x))));
-    for (double& x : seen.den_weights)
-      x = std::exp(static_cast<double>(static_cast<float>(std::log(x))));
+    // The op takes the double log weights of the selection itself: the same figures.
+    const Selection& seen = sels[kv];
     const std::vector<QueryError> ref = evaluate_query_head(Q[h], K[kv], V[kv], w, seen);
     for (int e = 0; e < w.eval; ++e) {
       const Reference bf = brute_force(Q[h], K[kv], V[kv], n - w.eval + e, w.sink, w.eval, seen);

@@ -153,16 +153,18 @@ EvalReport head_only(const EvalReport& r, int h) {
   return out;
 }
 
-// What the op's log weights in float cost against the CPU path's double weights (about 1e-8
-// relative on the sample captures; the GPU's parity bound is 1e-6).
-constexpr double kFloatLogWeights = 1e-6;
+// The op against the CPU path (the exact-reference cache scoring a Selection's double weights):
+// the same log weights in double, so only the order of sums differs. The op's log weights were
+// float until an H200 run showed eval --backend cuda ~1e-7 off on the weighted methods (uniform,
+// SubGen, BalanceKV); at 1e-6 this test had let that through.
+constexpr double kOpAgainstCpuPath = 1e-12;
 
 // `got` (every kv head, through the backend) against the same spec on each kv head alone through
 // the backend, one head per call, as the protocol scored before (bit for bit), and against the
 // CPU path (the exact-reference cache, double weights).
 void expect_per_head_and_cpu_figures(CaptureFile& cap, const EvalSpec& spec, Backend& backend,
                                      const EvalReport& got, const EvalReport& cpu) {
-  expect_same_report(got, cpu, kFloatLogWeights);
+  expect_same_report(got, cpu, kOpAgainstCpuPath);
   EXPECT_EQ(got.failures(), cpu.failures());
   for (int h = 0; h < cap.info().kv_heads; ++h) {
     EvalSpec alone = spec;
@@ -253,7 +255,7 @@ TEST_P(BatchedEval, ShardsOneThreadAndTheAuthorsEstimatorAsPerHead) {
     EXPECT_GE(c.kv_heads, 1);
     EXPECT_EQ(c.distinct_keys, static_cast<size_t>(c.kv_heads));
   }
-  expect_same_report(shard, run_eval(*cap, spec), kFloatLogWeights);
+  expect_same_report(shard, run_eval(*cap, spec), kOpAgainstCpuPath);
 }
 
 INSTANTIATE_TEST_SUITE_P(SampleCaptures, BatchedEval,
@@ -366,7 +368,7 @@ TEST(BatchedSweep, TheGridScoresEachLayerPerCellInOneCallAndMatchesTheCpu) {
             ASSERT_EQ(got.heads[k], std::make_pair(l, h));
             EXPECT_EQ(got.head_mean[r][i][j][k], one.head_mean[r][i][j][static_cast<size_t>(l)])
                 << "L" << l << " H" << h;
-            expect_close(got.head_mean[r][i][j][k], cpu.head_mean[r][i][j][k], kFloatLogWeights,
+            expect_close(got.head_mean[r][i][j][k], cpu.head_mean[r][i][j][k], kOpAgainstCpuPath,
                          "cpu L" + std::to_string(l) + " H" + std::to_string(h));
           }
         }
@@ -374,9 +376,9 @@ TEST(BatchedSweep, TheGridScoresEachLayerPerCellInOneCallAndMatchesTheCpu) {
   for (size_t r = 0; r < spec.ratios.size(); ++r)
     for (size_t i = 0; i < 2; ++i)
       for (size_t j = 0; j < 2; ++j) {
-        expect_close(got.mean[r][i][j], cpu.mean[r][i][j], kFloatLogWeights, "grid mean");
+        expect_close(got.mean[r][i][j], cpu.mean[r][i][j], kOpAgainstCpuPath, "grid mean");
         EXPECT_NEAR(got.seed_std[r][i][j], cpu.seed_std[r][i][j],
-                    kFloatLogWeights * std::abs(cpu.mean[r][i][j]));
+                    kOpAgainstCpuPath * std::abs(cpu.mean[r][i][j]));
       }
   EXPECT_EQ(got.failures, cpu.failures);
 }

@@ -260,8 +260,8 @@ ErrorBatch error_batch(const Shape& s, const LayerData& L, uint32_t sel) {
     for (int t = s.sink; t < s.n - s.eval; ++t) middle.push_back(t);
     std::shuffle(middle.begin(), middle.end(), rng);
     middle.resize(middle.size() * 3 / 10);
-    std::vector<float> w(middle.size());
-    for (float& x : w) x = lw(rng);
+    std::vector<double> w(middle.size());
+    for (double& x : w) x = lw(rng);
     b.num_idx.push_back(middle);
     b.num_logw.push_back(w);
     b.den_idx.push_back(middle);

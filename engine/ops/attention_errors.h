@@ -17,7 +17,9 @@ struct ErrorBatch {
   std::vector<const float*> keys, values;              // [kv_heads] n x d / n x dv
   std::vector<const float*> queries;                   // [q_heads] n x d
   std::vector<std::vector<int>> num_idx, den_idx;      // [kv_heads]
-  std::vector<std::vector<float>> num_logw, den_logw;  // [kv_heads]
+  // Log weights in double: the CPU path scores a Selection's double weights, and a log weight
+  // rounded to float moves a figure by ~1e-7 relative (seen on an H200, docs/performance.md).
+  std::vector<std::vector<double>> num_logw, den_logw;  // [kv_heads]
   // Outputs [q_heads * eval], row-major by query head.
   double* relative = nullptr;
   double* normalized = nullptr;

@@ -27,9 +27,8 @@ void cpu_attention_errors(const ErrorBatch& b) {
     const std::vector<const float*> queries(b.queries.begin() + kvh * group,
                                             b.queries.begin() + (kvh + 1) * group);
     const ExactReference ref(queries, b.keys[kvh], b.values[kvh], b.n, b.d, b.dv, b.sink, b.eval);
-    const std::vector<double> num_logw(b.num_logw[kvh].begin(), b.num_logw[kvh].end());
-    const std::vector<double> den_logw(b.den_logw[kvh].begin(), b.den_logw[kvh].end());
-    const auto errs = ref.evaluate_log(b.num_idx[kvh], num_logw, b.den_idx[kvh], den_logw);
+    const auto errs =
+        ref.evaluate_log(b.num_idx[kvh], b.num_logw[kvh], b.den_idx[kvh], b.den_logw[kvh]);
     for (int g = 0; g < group; ++g) {
       for (int e = 0; e < b.eval; ++e) {
         const size_t o = static_cast<size_t>(kvh * group + g) * b.eval + e;

@@ -252,14 +252,14 @@ struct ErrorCaseData {
       const int m = static_cast<int>(std::lround(c.keep * middle.size()));
       std::vector<int> idx(middle.begin(), middle.begin() + m);
       std::uniform_real_distribution<float> lw(0.2f, 1.2f);
-      std::vector<float> logw(m);
-      for (float& x : logw) x = lw(rng);
+      std::vector<double> logw(m);
+      for (double& x : logw) x = lw(rng);
       batch.num_idx.push_back(idx);
       batch.num_logw.push_back(logw);
       if (c.separate && h % 2 == 1) {  // a different denominator set on odd heads
         std::shuffle(middle.begin(), middle.end(), rng);
         std::vector<int> didx(middle.begin(), middle.begin() + m / 2);
-        std::vector<float> dlogw(didx.size(), std::log(2.0f / static_cast<float>(c.keep)));
+        std::vector<double> dlogw(didx.size(), std::log(2.0f / static_cast<float>(c.keep)));
         batch.den_idx.push_back(didx);
         batch.den_logw.push_back(dlogw);
       } else {
@@ -287,7 +287,7 @@ struct ErrorCaseData {
       std::vector<int> idx;
       for (int i = c.sink; i < n - c.eval; i += 2) idx.push_back(i);
       batch.num_idx.push_back(idx);
-      batch.num_logw.push_back(std::vector<float>(idx.size(), std::log(2.0f)));
+      batch.num_logw.push_back(std::vector<double>(idx.size(), std::log(2.0)));
       batch.den_idx.push_back(idx);
       batch.den_logw.push_back(batch.num_logw.back());
     }
