@@ -75,6 +75,11 @@ __global__ void __launch_bounds__(kCacheThreads) cache_accumulate_kernel(CacheSc
 
 }  // namespace
 
+// Launch 1's query row (launch 2's rows of the group are larger: the batch check uses those).
+size_t cache_row_stats_smem_bytes(int d) {
+  return within_default_smem(static_cast<size_t>(std::max(d, 1)) * sizeof(double));
+}
+
 size_t cache_scores_smem_bytes(int d, int group) {
   const size_t bytes = static_cast<size_t>(std::max(d, 1)) * std::max(group, 1) * sizeof(double);
   return within_default_smem(bytes);
@@ -168,7 +173,8 @@ CacheScoreDeviceArgs upload_cache_score_batch(const CacheScoreBatch& b, CacheSco
 void launch_cache_scores(const CacheScoreDeviceArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   const dim3 stats_grid(a.rows, a.group);
-  cache_row_stats_kernel<<<stats_grid, kCacheThreads, a.d * sizeof(double), stream>>>(a);
+  cache_row_stats_kernel<<<stats_grid, kCacheThreads, cache_row_stats_smem_bytes(a.d), stream>>>(
+      a);
   KVS_CUDA_CHECK_LAUNCH("cache_row_stats_kernel");
   const int blocks = (a.keys + kCacheThreads - 1) / kCacheThreads;
   const size_t smem = cache_scores_smem_bytes(a.d, a.group);

@@ -364,15 +364,17 @@ TEST_P(ResidentStaging, ALayerIsCopiedOnceAcrossCallsWithTheSameFigures) {
     EXPECT_EQ(st.resident_bytes, s.layer_bytes() + s.exact_bytes());
     EXPECT_EQ(st.exact_built, static_cast<uint64_t>(s.q)) << "call " << k << ": computed once";
     EXPECT_EQ(st.exact_reused, static_cast<uint64_t>(k * s.q)) << "call " << k;
-    if (emulated())  // the runtime's own count: a later call copies only its selections
+    if (emulated()) {  // the runtime's own count: a later call copies only its selections
       EXPECT_EQ(copied, (k == 0 ? s.layer_bytes() : 0) + s.call_bytes()) << "call " << k;
+    }
     ErrorBatch unnamed = b;
     unnamed.layer_id = 0;
     const uint64_t before_unnamed = h2d_bytes();
     expect_same(f, run(*gpu, unnamed), "call " + std::to_string(k) + ": resident against uploaded");
-    if (emulated())
+    if (emulated()) {
       EXPECT_EQ(h2d_bytes() - before_unnamed, s.layer_bytes() + s.call_bytes())
           << "a batch without an id is uploaded whole";
+    }
     expect_near_cpu(f, run(cpu_backend(), b), "call " + std::to_string(k));
   }
   EXPECT_EQ(cuda_resident_stats().uploaded_bytes, s.layer_bytes()) << "unnamed calls stay out";
@@ -500,7 +502,9 @@ TEST_F(ResidentLayers, TheLeastRecentlyUsedLayersAreEvictedWithinTheBudget) {
     EXPECT_LE(st.resident_bytes, budget) << "layer " << k;
     EXPECT_EQ(st.uploaded_bytes, (k + 1) * s.layer_bytes()) << "layer " << k;
     EXPECT_EQ(st.budget_bytes, budget);
-    if (k < 2) EXPECT_EQ(st.evictions, 0u) << "layer " << k;
+    if (k < 2) {
+      EXPECT_EQ(st.evictions, 0u) << "layer " << k;
+    }
   }
   EXPECT_GT(cuda_resident_stats().evictions, 0u);
   ResidentLayerStats st = cuda_resident_stats();
@@ -564,8 +568,9 @@ TEST_F(ResidentLayers, AttentionScoresShareTheResidentKeysAndCopyTheirRowsOnce) 
     EXPECT_EQ(st.uploaded_bytes - after_errors.uploaded_bytes, rows_bytes)
         << "call " << k << ": the keys were resident, the rows copied once";
     EXPECT_EQ(st.hits - after_errors.hits, static_cast<uint64_t>(s.kv + k * (s.kv + s.q)));
-    if (emulated() && k > 0)
+    if (emulated() && k > 0) {
       EXPECT_LT(h2d_bytes() - before, 1024u) << "a later call copies its pointer table only";
+    }
     ScoreBatch unnamed = score_batch(s, L, 10, s.n - 20, uploaded);
     unnamed.layer_id = 0;
     gpu->attention_scores(unnamed);
@@ -628,14 +633,16 @@ TEST_F(ResidentLayers, KeyClustersCopyTheMiddlesKeysOnceAcrossBatches) {
     const ResidentLayerStats after = cuda_resident_stats();
     EXPECT_EQ(after.uploaded_bytes - before.uploaded_bytes, k == 0 ? key_bytes : 0) << what;
     EXPECT_EQ(after.hits - before.hits, k == 0 ? 0u : 1u) << what;
-    if (emulated())  // the runtime's own count: a later batch copies its radii only
+    if (emulated()) {  // the runtime's own count: a later batch copies its radii only
       EXPECT_EQ(h2d_bytes() - h2d_before, (k == 0 ? key_bytes : 0) + radii_bytes) << what;
+    }
     ClusterBatch unnamed = cluster_batch(s, L, 1, deltas, uploaded);
     unnamed.layer_id = 0;
     const uint64_t h2d_unnamed = h2d_bytes();
     gpu->key_clusters(unnamed);
-    if (emulated())
+    if (emulated()) {
       EXPECT_EQ(h2d_bytes() - h2d_unnamed, key_bytes + radii_bytes) << what << ": uploaded whole";
+    }
     cpu_backend().key_clusters(cluster_batch(s, L, 1, deltas, cpu));
     expect_same_clusters(resident, uploaded, what + ": resident against uploaded");
     expect_same_clusters(resident, cpu, what + ": against the CPU");
@@ -696,8 +703,9 @@ TEST_F(ResidentLayers, CacheScoresReadTheResidentKeysAndQueriesAcrossSegments) {
     const size_t rows = static_cast<size_t>(end - begin);
     const size_t per_call = ids.size() * (sizeof(int) + sizeof(double)) +
                             rows * (sizeof(int) + sizeof(double)) + group * sizeof(void*);
-    if (emulated())
+    if (emulated()) {
       EXPECT_EQ(h2d_bytes() - h2d_before, (segments == 0 ? layer_bytes : 0) + per_call) << what;
+    }
     CacheScoreBatch unnamed = batch(uploaded, ids, begin, end);
     unnamed.layer_id = 0;
     gpu->cache_scores(unnamed);
@@ -853,8 +861,9 @@ TEST_F(ResidentLayers, RunEvalCopiesEachLayerOnceAndGivesTheUploadedFigures) {
   const uint64_t h2d_before = h2d_bytes();
   const EvalReport second = run_eval(*cap, spec, {}, nullptr, gpu);
   EXPECT_EQ(cuda_resident_stats().uploaded_bytes, st.uploaded_bytes) << "the same loads";
-  if (emulated())
+  if (emulated()) {
     EXPECT_LT(h2d_bytes() - h2d_before, layer_bytes) << "only selections and tables crossed";
+  }
   for (size_t i = 0; i < got.results.size(); ++i)
     EXPECT_EQ(second.results[i].per_seed, got.results[i].per_seed) << i;
 
