@@ -586,6 +586,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   report.info = info;
   EvalSpec& spec = report.spec;
   spec = spec_in;
+  const ReferenceCacheStats cache_before = ReferenceCache::global().stats();
 
   // Validate everything before any work starts, naming the flag.
   if (spec.methods.empty()) throw SettingError("methods", "--methods", "no method given");
@@ -776,6 +777,13 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
     begin = end;
   }
   if (cancel && cancel->load()) throw Cancelled();
+  // A stored exact reference that failed its checksum was rebuilt (the figures are the cold
+  // ones); say so, since it means the cache folder's disk changed files under it.
+  const ReferenceCacheStats cache_after = ReferenceCache::global().stats();
+  if (const long long bad = cache_after.disk_rejected - cache_before.disk_rejected; bad > 0)
+    report.notes.push_back(std::to_string(bad) +
+                           " stored exact reference(s) did not verify and were computed again "
+                           "(last: " + cache_after.last_rejected + ")");
   return report;
 }
 

@@ -147,6 +147,8 @@ ReferenceCacheStats ReferenceCache::stats() const {
   s.evictions = evictions_;
   s.disk_hits = disk_hits_;
   s.disk_writes = disk_writes_;
+  s.disk_rejected = disk_rejected_;
+  s.last_rejected = last_rejected_;
   s.disk_dir = disk_dir_;
   return s;
 }
@@ -161,7 +163,7 @@ namespace fs = std::filesystem;
 // found under a colliding name is never taken for another key's.
 std::string key_text(const ReferenceKey& k) {
   std::ostringstream o;
-  o << "kvscope-reference/2 content=" << k.content << " layer=" << k.layer << " kv=" << k.kv_head
+  o << "kvscope-reference/3 content=" << k.content << " layer=" << k.layer << " kv=" << k.kv_head
     << " n=" << k.n << " d=" << k.d << " dv=" << k.dv << " sink=" << k.sink << " eval=" << k.eval
     << " qh=" << k.query_heads << " proxy=" << k.proxy_queries << " kernels=" << k.kernels;
   return o.str();
@@ -175,18 +177,35 @@ std::string key_file(const std::string& dir, const ReferenceKey& k) {
   return (fs::path(dir) / name).string();
 }
 
+// Blocks are read and written through the file's running checksum (content_hash chained from
+// one block to the next, seeded with the shapes' hash).
 template <class M>
-bool read_block(std::istream& in, M& m, long rows, long cols) {
+bool read_block(std::istream& in, M& m, long rows, long cols, uint64_t& sum) {
   m.resize(rows, cols);
-  in.read(reinterpret_cast<char*>(m.data()),
-          static_cast<std::streamsize>(sizeof(double) * rows * cols));
+  const size_t bytes = sizeof(double) * static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  in.read(reinterpret_cast<char*>(m.data()), static_cast<std::streamsize>(bytes));
+  sum = content_hash(m.data(), bytes, sum);
   return static_cast<bool>(in);
 }
 
 template <class M>
-void write_block(std::ostream& out, const M& m) {
-  out.write(reinterpret_cast<const char*>(m.data()),
-            static_cast<std::streamsize>(sizeof(double) * m.size()));
+void write_block(std::ostream& out, const M& m, uint64_t& sum) {
+  const size_t bytes = sizeof(double) * static_cast<size_t>(m.size());
+  out.write(reinterpret_cast<const char*>(m.data()), static_cast<std::streamsize>(bytes));
+  sum = content_hash(m.data(), bytes, sum);
+}
+
+// Every table of one query head, in file order.
+template <class Head, class Fn>
+void each_table(Head& h, Fn&& fn) {
+  fn(h.exact, true);
+  fn(h.shift, false);
+  fn(h.norm, false);
+  fn(h.softmax_norm, false);
+  fn(h.v_frob, false);
+  fn(h.fixed_num, true);
+  fn(h.fixed_max, false);
+  fn(h.fixed_sum, false);
 }
 
 // Oldest files out until the folder's .kvref files fit `budget`.
@@ -249,25 +268,36 @@ std::shared_ptr<const ExactSide> ReferenceCache::read_disk(const ReferenceKey& k
   in.read(got.data(), static_cast<std::streamsize>(got.size()));
   auto side = std::make_shared<ExactSide>();
   int32_t dims[6] = {};
-  bool ok = in && got == want && in.read(reinterpret_cast<char*>(dims), sizeof dims);
-  ok = ok && dims[0] == key.n && dims[1] == key.d && dims[2] == key.dv && dims[3] == key.sink &&
-       dims[4] == key.eval && dims[5] == key.query_heads;
-  if (ok) {
+  const char* why = nullptr;
+  if (!in || got != want || !in.read(reinterpret_cast<char*>(dims), sizeof dims))
+    why = "it holds another key";
+  else if (dims[0] != key.n || dims[1] != key.d || dims[2] != key.dv || dims[3] != key.sink ||
+           dims[4] != key.eval || dims[5] != key.query_heads)
+    why = "its shapes are not the key's";
+  if (!why) {
     side->n = key.n, side->d = key.d, side->dv = key.dv, side->sink = key.sink;
     side->eval = key.eval;
     side->heads.resize(static_cast<size_t>(key.query_heads));
+    uint64_t sum = content_hash(dims, sizeof dims);
+    bool ok = true;
     for (ExactSide::Head& h : side->heads)
-      ok = ok && read_block(in, h.exact, key.eval, key.dv) &&
-           read_block(in, h.shift, key.eval, 1) && read_block(in, h.norm, key.eval, 1) &&
-           read_block(in, h.softmax_norm, key.eval, 1) && read_block(in, h.v_frob, key.eval, 1) &&
-           read_block(in, h.fixed_num, key.eval, key.dv) &&
-           read_block(in, h.fixed_max, key.eval, 1) && read_block(in, h.fixed_sum, key.eval, 1);
-    ok = ok && in.peek() == std::char_traits<char>::eof();
+      each_table(h, [&](auto& m, bool wide) {
+        ok = ok && read_block(in, m, key.eval, wide ? key.dv : 1, sum);
+      });
+    uint64_t stored = 0;
+    ok = ok && in.read(reinterpret_cast<char*>(&stored), sizeof stored);
+    if (!ok || in.peek() != std::char_traits<char>::eof())
+      why = "it is truncated or longer than its shapes";
+    else if (stored != sum)
+      why = "its checksum does not match (the file changed on disk)";
   }
-  if (!ok) {  // another key's, truncated or of another shape: not ours to keep
+  if (why) {  // not ours to keep: removed, and the reference is built again
     in.close();
     std::error_code ec;
     fs::remove(path, ec);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++disk_rejected_;
+    last_rejected_ = path + ": " + why;
     return nullptr;
   }
   std::error_code ec;
@@ -296,16 +326,10 @@ void ReferenceCache::write_disk(const ReferenceKey& key, const ExactSide& side) 
     const int32_t dims[6] = {side.n,    side.d,    side.dv,
                              side.sink, side.eval, static_cast<int32_t>(side.heads.size())};
     out.write(reinterpret_cast<const char*>(dims), sizeof dims);
-    for (const ExactSide::Head& h : side.heads) {
-      write_block(out, h.exact);
-      write_block(out, h.shift);
-      write_block(out, h.norm);
-      write_block(out, h.softmax_norm);
-      write_block(out, h.v_frob);
-      write_block(out, h.fixed_num);
-      write_block(out, h.fixed_max);
-      write_block(out, h.fixed_sum);
-    }
+    uint64_t sum = content_hash(dims, sizeof dims);
+    for (const ExactSide::Head& h : side.heads)
+      each_table(h, [&](const auto& m, bool) { write_block(out, m, sum); });
+    out.write(reinterpret_cast<const char*>(&sum), sizeof sum);
     if (!out) {
       out.close();
       std::error_code ec;

@@ -58,6 +58,10 @@ struct ReferenceCacheStats {
   // The disk tier (set_disk): entries read back from disk instead of built, written, and the
   // folder in use ("" when off).
   long long disk_hits = 0, disk_writes = 0;
+  // Files found under a key's name and thrown away: another key's, truncated, of another shape,
+  // or failing their checksum (a flipped bit on disk); each is then built again.
+  long long disk_rejected = 0;
+  std::string last_rejected;  // the last such file and why
   std::string disk_dir;
 };
 
@@ -78,9 +82,11 @@ class ReferenceCache {
   // The disk tier: a miss first looks in `dir` for the entry (one file per key, named by a hash
   // of the whole key and holding the key itself, so reopening a capture finds its references
   // instead of computing them again) and a build is written there (atomically: a temporary
-  // file renamed). The folder is kept under `budget_bytes`, oldest files out. A file that does
-  // not hold the key or its shapes is ignored and removed; a folder that cannot be written only
-  // stops the writes. "" turns the tier off (the default).
+  // file renamed). The folder is kept under `budget_bytes`, oldest files out. Every file ends
+  // with a checksum of everything after its key (content_hash, XXH64, over the shapes and the
+  // tables), checked on every read: a file that does not hold the key or its shapes, or does not
+  // verify, is removed and counted (stats().disk_rejected) and the reference built again. A
+  // folder that cannot be written only stops the writes. "" turns the tier off (the default).
   void set_disk(const std::string& dir, size_t budget_bytes);
   // The folder the app and the CLI use: $KVSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/kvscope, else
   // ~/.cache/kvscope, with /reference appended; "" when KVSCOPE_CACHE_DIR is "off" or no home is
@@ -116,7 +122,8 @@ class ReferenceCache {
   long long hits_ = 0, misses_ = 0, waits_ = 0, evictions_ = 0;
   std::string disk_dir_;
   size_t disk_budget_ = 0;
-  long long disk_hits_ = 0, disk_writes_ = 0;
+  long long disk_hits_ = 0, disk_writes_ = 0, disk_rejected_ = 0;
+  std::string last_rejected_;
 };
 
 // The exact reference of kv head `kv` of `layer` over sink s and eval E, through `cache` (the

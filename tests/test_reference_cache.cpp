@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <thread>
@@ -246,6 +247,68 @@ TEST(ReferenceCache, DiskTierReadsBackIdenticallyAndSurvivesDamage) {
     for (const auto& e : fs::directory_iterator(dir)) left += e.path().extension() == ".kvref";
     EXPECT_EQ(left, 0u);
   }
+  fs::remove_all(dir);
+}
+
+// A stored file whose bytes changed on disk (a failing disk, a torn write) is never served: one
+// bit flipped anywhere after the key (shapes, any table, the checksum itself) makes the next read
+// discard the file, say so in the stats, and build the reference again with the cold figures.
+TEST(ReferenceCache, AFlippedBitInAStoredFileIsDiscardedAndTheFiguresComputedCold) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("kvscope_refbits_" + std::to_string(::getpid()) + "_" +
+       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  const LayerData L = make_layer(3, 200, 8, 8, 1, 2, 21);
+  const Selection sel = random_selection(200, 4, 24, 50, true, 5);
+  const Errors cold = fresh_errors(L, 0, 4, 24, sel);
+  {
+    ReferenceCache writer(size_t{1} << 30);
+    writer.set_disk(dir.string(), size_t{1} << 30);
+    cached_reference(L, 0, 4, 24, false, nullptr, &writer);
+    ASSERT_EQ(writer.stats().disk_writes, 1);
+  }
+  fs::path file;
+  for (const auto& e : fs::directory_iterator(dir)) file = e.path();
+  const uintmax_t size = fs::file_size(file);
+  std::string pristine(size, '\0');
+  {
+    std::ifstream in(file, std::ios::binary);
+    in.read(pristine.data(), static_cast<std::streamsize>(size));
+  }
+  // The key text is followed by the shapes (n, d, dv, sink, eval, query heads as int32): the
+  // offsets below are past the key: the shapes, a first and a middle table byte, the last table
+  // byte, the checksum's first byte.
+  const int32_t dims[6] = {200, 8, 8, 4, 24, 2};
+  const size_t after_key =
+      pristine.find(std::string(reinterpret_cast<const char*>(dims), sizeof dims));
+  ASSERT_NE(after_key, std::string::npos);
+  for (size_t at :
+       {after_key, after_key + 24, (after_key + size) / 2, size_t(size - 9), size_t(size - 8)}) {
+    for (int bit : {0, 6}) {
+      std::string damaged = pristine;
+      damaged[at] = static_cast<char>(damaged[at] ^ (1 << bit));
+      {
+        std::ofstream out(file, std::ios::binary | std::ios::trunc);
+        out.write(damaged.data(), static_cast<std::streamsize>(damaged.size()));
+      }
+      ReferenceCache reader(size_t{1} << 30);
+      reader.set_disk(dir.string(), size_t{1} << 30);
+      const std::string what = "byte " + std::to_string(at) + " bit " + std::to_string(bit);
+      expect_identical(cached_reference(L, 0, 4, 24, false, nullptr, &reader)->evaluate(sel), cold);
+      const ReferenceCacheStats st = reader.stats();
+      EXPECT_EQ(st.disk_hits, 0) << what;
+      EXPECT_EQ(st.disk_rejected, 1) << what;
+      EXPECT_NE(st.last_rejected.find(file.filename().string()), std::string::npos) << what;
+      EXPECT_EQ(st.disk_writes, 1) << what << ": built again and written back";
+    }
+  }
+  // The file written back verifies: the next reader takes it.
+  ReferenceCache again(size_t{1} << 30);
+  again.set_disk(dir.string(), size_t{1} << 30);
+  expect_identical(cached_reference(L, 0, 4, 24, false, nullptr, &again)->evaluate(sel), cold);
+  EXPECT_EQ(again.stats().disk_hits, 1);
+  EXPECT_EQ(again.stats().disk_rejected, 0);
   fs::remove_all(dir);
 }
 
