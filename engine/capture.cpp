@@ -65,7 +65,7 @@ namespace {
 
 using nlohmann::json;
 
-enum class TensorKind { Key, Value, Query };
+enum class TensorKind { Key, Value, Query, OutputProjection };
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -73,7 +73,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// "layers.{L}.{key,value,query}" -> (L, kind); other names are not capture tensors.
+// "layers.{L}.{key,value,query,wo}" -> (L, kind); other names are not capture tensors.
 bool parse_tensor_name(const std::string& name, int* layer, TensorKind* kind) {
   static const std::string prefix = "layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
@@ -91,6 +91,8 @@ bool parse_tensor_name(const std::string& name, int* layer, TensorKind* kind) {
     *kind = TensorKind::Value;
   else if (rest == "query")
     *kind = TensorKind::Query;
+  else if (rest == "wo")
+    *kind = TensorKind::OutputProjection;
   else
     return false;
   return true;
@@ -204,7 +206,7 @@ bool any_unusable(const float* values, size_t count) {
 }
 
 struct LayerTensors {
-  int key = -1, value = -1, query = -1;  // indices into archive tensors()
+  int key = -1, value = -1, query = -1, wo = -1;  // indices into archive tensors()
 };
 
 class ArchiveCapture final : public CaptureFile {
@@ -331,6 +333,26 @@ class ArchiveCapture final : public CaptureFile {
 
   // Checks a tensor's shape is [heads, n, dim]; n < 0 means "learn it from this tensor".
   // `dim_source` says where the expected dim comes from, for the message.
+  // layers.L.wo: [q_heads, value_dim, hidden], the same hidden in every layer.
+  void check_output_projection(int index) {
+    const TensorDesc& t = archive_->tensors()[index];
+    const std::string where = tensor_where(index) + ": shape " + shape_string(t.shape);
+    if (t.shape.size() != 3)
+      throw InputError(where + " has rank " + std::to_string(t.shape.size()) +
+                       ", expected 3 [q_heads, value_dim, hidden]");
+    if (t.shape[0] != info_.q_heads || t.shape[1] != info_.value_dim)
+      throw InputError(where + " is not [q_heads = " + std::to_string(info_.q_heads) +
+                       ", value_dim = " + std::to_string(info_.value_dim) + ", hidden]");
+    if (t.shape[2] <= 0 || t.shape[2] > kMaxCaptureHeadDim)
+      throw InputError(where + " has hidden size " + std::to_string(t.shape[2]) +
+                       ", expected 1 to " + std::to_string(kMaxCaptureHeadDim));
+    if (info_.hidden_dim == 0)
+      info_.hidden_dim = static_cast<int>(t.shape[2]);
+    else if (t.shape[2] != info_.hidden_dim)
+      throw InputError(where + " has hidden size " + std::to_string(t.shape[2]) +
+                       " but layers.0.wo has " + std::to_string(info_.hidden_dim));
+  }
+
   void check_shape(int index, int heads, const char* heads_key, int* n, int* dim,
                    const char* dim_what, const char* dim_source) const {
     const TensorDesc& t = archive_->tensors()[index];
@@ -429,7 +451,7 @@ class ArchiveCapture final : public CaptureFile {
                        " but the file holds only " + std::to_string(a.tensors().size()) +
                        " tensors (missing layers?)");
     layers_.assign(info_.num_layers, LayerTensors{});
-    bool any_query = false;
+    bool any_query = false, any_wo = false;
     for (size_t i = 0; i < a.tensors().size(); ++i) {
       int L = 0;
       TensorKind kind{};
@@ -439,9 +461,11 @@ class ArchiveCapture final : public CaptureFile {
                          " but metadata num_layers = " + std::to_string(info_.num_layers));
       int& slot = kind == TensorKind::Key     ? layers_[L].key
                   : kind == TensorKind::Value ? layers_[L].value
-                                              : layers_[L].query;
+                  : kind == TensorKind::Query ? layers_[L].query
+                                              : layers_[L].wo;
       slot = static_cast<int>(i);
       any_query |= kind == TensorKind::Query;
+      any_wo |= kind == TensorKind::OutputProjection;
     }
     for (int L = 0; L < info_.num_layers; ++L) {
       const std::string missing = info_.path + ": missing tensor layers." + std::to_string(L) + ".";
@@ -450,8 +474,11 @@ class ArchiveCapture final : public CaptureFile {
       if (layers_[L].value < 0) throw InputError(missing + "value" + why);
       if (any_query && layers_[L].query < 0)
         throw InputError(missing + "query (other layers have queries; all or none must)");
+      if (any_wo && layers_[L].wo < 0)
+        throw InputError(missing + "wo (other layers have an output projection; all or none must)");
     }
     info_.has_queries = any_query;
+    info_.has_output_projection = any_wo;
 
     int n = -1, d = info_.head_dim, dv = -1;
     for (int L = 0; L < info_.num_layers; ++L) {
@@ -467,6 +494,8 @@ class ArchiveCapture final : public CaptureFile {
     if (dv <= 0) throw InputError(tensor_where(layers_[0].value) + ": value dim is 0");
     info_.num_tokens = n;
     info_.value_dim = dv;
+    if (any_wo)
+      for (int L = 0; L < info_.num_layers; ++L) check_output_projection(layers_[L].wo);
     if (static_cast<int>(info_.tokens.size()) != n)
       throw InputError(meta.where() + " entry \"tokens\" has " +
                        std::to_string(info_.tokens.size()) +
@@ -586,6 +615,14 @@ class ArchiveCapture final : public CaptureFile {
                                           " has " + bad[h] + "; kv head " +
                                           std::to_string(info_.kv_head_of(h)) + " refused");
     }
+    if (t.wo >= 0) {
+      convert(t.wo, &data->output_projection, &bad);
+      for (int h = 0; h < info_.q_heads; ++h)
+        if (!bad[h].empty())
+          refuse(info_.kv_head_of(h), tensor_where(t.wo) + ": query head " + std::to_string(h) +
+                                          " has " + bad[h] + "; kv head " +
+                                          std::to_string(info_.kv_head_of(h)) + " refused");
+    }
     return data;
   }
 
@@ -648,6 +685,8 @@ class StreamingCaptureWriter final : public CaptureWriter {
     if (info_.q_heads % info_.kv_heads != 0)
       throw InputError(where + "q_heads = " + std::to_string(info_.q_heads) +
                        " is not a multiple of kv_heads = " + std::to_string(info_.kv_heads));
+    if (info_.has_output_projection && info_.hidden_dim <= 0)
+      throw InputError(where + "an output projection needs hidden_dim > 0");
     if (static_cast<int>(info_.tokens.size()) != info_.num_tokens)
       throw InputError(where + std::to_string(info_.tokens.size()) + " token strings for " +
                        std::to_string(info_.num_tokens) + " tokens");
@@ -659,6 +698,8 @@ class StreamingCaptureWriter final : public CaptureWriter {
       plan.push_back({prefix + "value", dtype, {info_.kv_heads, n, info_.value_dim}});
       if (info_.has_queries)
         plan.push_back({prefix + "query", dtype, {info_.q_heads, n, info_.head_dim}});
+      if (info_.has_output_projection)
+        plan.push_back({prefix + "wo", dtype, {info_.q_heads, info_.value_dim, info_.hidden_dim}});
     }
     const auto metadata = capture_metadata(info_);
     out_ = is_npz_path(path) ? create_npz_writer(path, metadata, plan)
@@ -673,10 +714,14 @@ class StreamingCaptureWriter final : public CaptureWriter {
     check(layer.keys, info_.kv_heads, info_.head_dim, "key", where);
     check(layer.values, info_.kv_heads, info_.value_dim, "value", where);
     if (info_.has_queries) check(layer.queries, info_.q_heads, info_.head_dim, "query", where);
+    if (info_.has_output_projection)
+      check(layer.output_projection, info_.q_heads, info_.hidden_dim, "wo", where, info_.value_dim);
     for (const MatrixF& m : layer.keys) append_converted(*out_, m, dtype_, buffer_);
     for (const MatrixF& m : layer.values) append_converted(*out_, m, dtype_, buffer_);
     if (info_.has_queries)
       for (const MatrixF& m : layer.queries) append_converted(*out_, m, dtype_, buffer_);
+    if (info_.has_output_projection)
+      for (const MatrixF& m : layer.output_projection) append_converted(*out_, m, dtype_, buffer_);
     ++next_layer_;
   }
 
@@ -688,17 +733,19 @@ class StreamingCaptureWriter final : public CaptureWriter {
   }
 
  private:
+  // Each head rows x cols; rows = the tokens unless given (the output projection's rows are
+  // the value channels).
   void check(const std::vector<MatrixF>& heads, int count, int cols, const char* what,
-             const std::string& where) const {
+             const std::string& where, int rows = -1) const {
+    if (rows < 0) rows = info_.num_tokens;
     if (static_cast<int>(heads.size()) != count)
       throw InputError(where + std::to_string(heads.size()) + " " + what + " heads, expected " +
                        std::to_string(count));
     for (size_t h = 0; h < heads.size(); ++h)
-      if (heads[h].rows() != info_.num_tokens || heads[h].cols() != cols)
+      if (heads[h].rows() != rows || heads[h].cols() != cols)
         throw InputError(where + what + " head " + std::to_string(h) + " is " +
                          std::to_string(heads[h].rows()) + " x " + std::to_string(heads[h].cols()) +
-                         ", expected " + std::to_string(info_.num_tokens) + " x " +
-                         std::to_string(cols));
+                         ", expected " + std::to_string(rows) + " x " + std::to_string(cols));
   }
 
   std::string path_;
@@ -766,6 +813,9 @@ void write_capture(const std::string& path, const CaptureData& data, DType dtype
   info.value_dim = static_cast<int>(first.values[0].cols());
   info.num_tokens = static_cast<int>(first.keys[0].rows());
   info.has_queries = !first.queries.empty();
+  info.has_output_projection = !first.output_projection.empty();
+  info.hidden_dim =
+      info.has_output_projection ? static_cast<int>(first.output_projection[0].cols()) : 0;
   if (info.has_queries)
     info.q_heads = static_cast<int>(first.queries.size());
   else if (info.q_heads <= 0)

@@ -43,6 +43,10 @@ struct CaptureInfo {
   int num_tokens = 0;
   DType dtype = DType::F32;
   bool has_queries = false;
+  // Each layer's output projection (`layers.L.wo`, optional: all layers or none), what CriticalKV
+  // weighs values by; hidden_dim is the model's width (its output side).
+  bool has_output_projection = false;
+  int hidden_dim = 0;
   bool synthetic = false;  // metadata "synthetic" == "true": always labelled in the UI
   std::vector<std::string> tokens;
   std::map<std::string, std::string> metadata;  // every __metadata__ entry as stored
@@ -93,6 +97,10 @@ struct LayerData {
   std::vector<MatrixF> keys;     // [kv_heads] n x d
   std::vector<MatrixF> values;   // [kv_heads] n x d_v
   std::vector<MatrixF> queries;  // [q_heads] n x d, empty when the capture has none
+  // [q_heads] d_v x hidden: query head h's slice of the output projection, transposed (row c
+  // is what value channel c of head h adds to the layer's output); empty when the capture has
+  // none. y = sum_h W_O[h]^T o_h, o_h the head's attention output.
+  std::vector<MatrixF> output_projection;
   // Per kv head: empty when usable, else why it is refused (e.g. NaN in layers.3.key head 1).
   std::vector<std::string> refused;
   RopeInfo rope;  // the capture's (CaptureInfo::rope)

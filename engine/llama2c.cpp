@@ -734,6 +734,8 @@ CaptureData make_capture(const Transformer& model, const Generation& generation,
   info.num_tokens = n;
   info.dtype = DType::F32;
   info.has_queries = true;
+  info.has_output_projection = true;
+  info.hidden_dim = c.dim;
   info.synthetic = false;
   info.tokens = generation.text;
   info.metadata["format"] = info.format;
@@ -765,10 +767,23 @@ CaptureData make_capture(const Transformer& model, const Generation& generation,
     }
     for (int h = 0; h < c.n_heads; ++h) {
       layer.queries.push_back(model.queries(l).block(0, h * hs, n, hs));
+      layer.output_projection.push_back(model.output_projection(l, h));
     }
     layer.refused.assign(c.n_kv_heads, std::string());
   }
   return data;
+}
+
+MatrixF Transformer::output_projection(int layer, int head) const {
+  // run.c's wo is dim x (n_heads * head_size), row-major: out[i] = sum_j wo[i][j] x[j].
+  const Config& c = config_;
+  const int hs = c.head_size(), q_dim = c.n_heads * hs;
+  const float* wo = layers_.at(static_cast<size_t>(layer)).wo;
+  MatrixF m(hs, c.dim);
+  for (int ch = 0; ch < hs; ++ch)
+    for (int i = 0; i < c.dim; ++i)
+      m(ch, i) = wo[static_cast<size_t>(i) * q_dim + static_cast<size_t>(head) * hs + ch];
+  return m;
 }
 
 std::string model_name_from_path(const std::string& path) {

@@ -100,6 +100,10 @@ class Transformer {
   // Each head's attention output softmax(q k^T / sqrt(d)) v (before the output projection),
   // columns = query head * head_size + i. Kept so tests can check captures against the model.
   const MatrixF& head_outputs(int layer) const { return head_output_record_[layer]; }
+  // Query head h's slice of the layer's output projection, transposed: head_size x dim, row c
+  // is what channel c of the head's output adds to the residual stream (the capture's
+  // layers.L.wo, docs/capture-format.md).
+  MatrixF output_projection(int layer, int head) const;
 
  private:
   struct LayerWeights {

@@ -189,10 +189,10 @@ std::string method_unavailable(const Method& method, const CaptureInfo& info,
     why.push_back("needs RoPE's theta and layout to undo the rotation, and " +
                   (info.rope.missing.empty() ? std::string("this capture does not say them")
                                              : info.rope.missing));
-  if (method.needs_output_projection(params))
+  if (method.needs_output_projection(params) && !info.has_output_projection)
     why.push_back(
-        "needs each query head's output projection W_O, which captures do not carry (its "
-        "projection setting 'identity' takes W_O = I, an approximation)");
+        "needs each query head's output projection W_O (layers.L.wo), and this capture does not "
+        "carry it (its projection setting 'identity' takes W_O = I, an approximation)");
   return join(why, "; ");
 }
 
@@ -783,7 +783,8 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   if (const long long bad = cache_after.disk_rejected - cache_before.disk_rejected; bad > 0)
     report.notes.push_back(std::to_string(bad) +
                            " stored exact reference(s) did not verify and were computed again "
-                           "(last: " + cache_after.last_rejected + ")");
+                           "(last: " +
+                           cache_after.last_rejected + ")");
   return report;
 }
 

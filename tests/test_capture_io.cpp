@@ -20,6 +20,7 @@
 #include "engine/mapped_file.h"
 #include "engine/protocol.h"
 #include "engine/random.h"
+#include "engine/safetensors.h"
 #include "engine/tensor_archive.h"
 #include "tests/cli_runner.h"
 
@@ -55,8 +56,8 @@ float test_value(int layer, int kind, int head, int row, int col) {
   return static_cast<float>(4.0 * u - 2.0);
 }
 
-CaptureData make_capture(int layers, int q_heads, int kv_heads, int n, int d, int dv,
-                         bool queries) {
+CaptureData make_capture(int layers, int q_heads, int kv_heads, int n, int d, int dv, bool queries,
+                         int hidden = 0) {
   CaptureData c;
   c.info.model = "unit-test-model";
   c.info.prompt = "a prompt";
@@ -77,6 +78,12 @@ CaptureData make_capture(int layers, int q_heads, int kv_heads, int n, int d, in
     fill(0, kv_heads, d, ld.keys);
     fill(1, kv_heads, dv, ld.values);
     if (queries) fill(2, q_heads, d, ld.queries);
+    for (int h = 0; h < q_heads && hidden > 0; ++h) {  // the output projection: dv x hidden
+      MatrixF m(dv, hidden);
+      for (int r = 0; r < dv; ++r)
+        for (int col = 0; col < hidden; ++col) m(r, col) = test_value(L, 3, h, r, col);
+      ld.output_projection.push_back(m);
+    }
     c.layers.push_back(std::move(ld));
   }
   return c;
@@ -92,6 +99,7 @@ void expect_same_layer(const LayerData& want, const LayerData& got, DType t) {
   ASSERT_EQ(want.keys.size(), got.keys.size());
   ASSERT_EQ(want.values.size(), got.values.size());
   ASSERT_EQ(want.queries.size(), got.queries.size());
+  ASSERT_EQ(want.output_projection.size(), got.output_projection.size());
   auto same = [&](const std::vector<MatrixF>& a, const std::vector<MatrixF>& b) {
     for (size_t h = 0; h < a.size(); ++h) {
       ASSERT_EQ(a[h].rows(), b[h].rows());
@@ -103,6 +111,7 @@ void expect_same_layer(const LayerData& want, const LayerData& got, DType t) {
   same(want.keys, got.keys);
   same(want.values, got.values);
   same(want.queries, got.queries);
+  same(want.output_projection, got.output_projection);
 }
 
 struct RoundTripCase {
@@ -114,7 +123,7 @@ class CaptureRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
 
 TEST_P(CaptureRoundTrip, WritesAndReadsBackEveryTensorAndField) {
   const RoundTripCase param = GetParam();
-  CaptureData data = make_capture(3, 4, 2, 11, 8, 6, true);
+  CaptureData data = make_capture(3, 4, 2, 11, 8, 6, true, 10);
   const fs::path path =
       temp_dir() / (std::string("rt_") + dtype_name(param.dtype) + param.extension);
   write_capture(path.string(), data, param.dtype);
@@ -135,6 +144,8 @@ TEST_P(CaptureRoundTrip, WritesAndReadsBackEveryTensorAndField) {
   EXPECT_EQ(info.num_tokens, 11);
   EXPECT_EQ(info.dtype, param.dtype);
   EXPECT_TRUE(info.has_queries);
+  EXPECT_TRUE(info.has_output_projection);
+  EXPECT_EQ(info.hidden_dim, 10);
   EXPECT_FALSE(info.synthetic);
   EXPECT_EQ(info.tokens, data.info.tokens);
   EXPECT_EQ(info.metadata.at("rope"), "applied");
@@ -161,6 +172,60 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, CaptureRoundTrip,
                            return std::string(info.param.extension + 1) + "_" +
                                   dtype_name(info.param.dtype);
                          });
+
+// layers.L.wo is optional, all layers or none, [q_heads, value_dim, hidden] with one hidden:
+// anything else is refused on opening, naming the tensor.
+TEST(CaptureIo, TheOutputProjectionIsCheckedOnOpening) {
+  const fs::path plain = temp_dir() / "no_wo.safetensors";
+  write_capture(plain.string(), make_capture(2, 4, 2, 9, 8, 6, true));
+  EXPECT_FALSE(CaptureFile::open(plain.string())->info().has_output_projection);
+  EXPECT_TRUE(CaptureFile::open(plain.string())->layer(1)->output_projection.empty());
+
+  // Rewrites layer `L`'s wo tensor as `shape` (or drops it), other tensors as they are.
+  auto rewritten = [&](int L, std::vector<int64_t> shape, const std::string& name) {
+    const fs::path good = temp_dir() / "wo_good.safetensors";
+    write_capture(good.string(), make_capture(2, 4, 2, 9, 8, 6, true, 5));
+    auto src = CaptureFile::open(good.string());
+    std::vector<TensorPlan> plan;
+    CaptureInfo info = src->info();
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      plan.push_back({p + "key", DType::F32, {2, 9, 8}});
+      plan.push_back({p + "value", DType::F32, {2, 9, 6}});
+      plan.push_back({p + "query", DType::F32, {4, 9, 8}});
+      if (l != L)
+        plan.push_back({p + "wo", DType::F32, {4, 6, 5}});
+      else if (!shape.empty())
+        plan.push_back({p + "wo", DType::F32, shape});
+    }
+    const fs::path out = temp_dir() / (name + ".safetensors");
+    auto w = create_safetensors_writer(out.string(), capture_metadata(info), plan);
+    for (const TensorPlan& t : plan) {
+      size_t count = 1;
+      for (int64_t x : t.shape) count *= static_cast<size_t>(x);
+      const std::vector<float> zeros(count, 0.25f);
+      w->append(zeros.data(), count * sizeof(float));
+    }
+    w->finish();
+    return out.string();
+  };
+  auto open_error = [](const std::string& path) -> std::string {
+    try {
+      CaptureFile::open(path);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_TRUE(CaptureFile::open(rewritten(-1, {}, "wo_all"))->info().has_output_projection);
+  EXPECT_EQ(CaptureFile::open(rewritten(-1, {}, "wo_all"))->info().hidden_dim, 5);
+  EXPECT_NE(open_error(rewritten(1, {}, "wo_missing")).find("missing tensor layers.1.wo"),
+            std::string::npos);
+  EXPECT_NE(open_error(rewritten(1, {4, 6, 7}, "wo_hidden")).find("layers.0.wo has 5"),
+            std::string::npos);
+  EXPECT_NE(open_error(rewritten(0, {4, 5, 5}, "wo_dv")).find("value_dim = 6"), std::string::npos);
+  EXPECT_NE(open_error(rewritten(0, {24, 5}, "wo_rank")).find("rank 2"), std::string::npos);
+}
 
 TEST(CaptureIo, CapturesWithoutQueriesOpen) {
   CaptureData data = make_capture(2, 4, 2, 5, 4, 4, false);

@@ -96,21 +96,30 @@ TEST(KvpressWrappers, ChunkKVKeepsTheSameWholeChunksOnEveryHead) {
   EXPECT_LE(partial, 1);
 }
 
+// The press (projection = wo) reads the capture's W_O (lily carries layers.L.wo) and refuses a
+// layer without it, naming W_O; identity is the approximation, said in the note.
 TEST(KvpressWrappers, CriticalKVNeedsWOrAnExplicitApproximation) {
   auto file = lily();
   const auto layer = file->layer(0);
+  ASSERT_TRUE(file->info().has_output_projection);
   const Method* m = find_method("criticalkv(expected-attention)");
   const EvalWindow w = EvalWindow::make(480, 0.25);
+  const Selection press = m->select(make_method_input(*layer, 5, 0, w, ParamValues{}, 0));
+  EXPECT_EQ(static_cast<int>(press.indices.size()), w.budget);
+  EXPECT_EQ(press.note.find("approximation"), std::string::npos) << press.note;
+  LayerData without = *layer;
+  without.output_projection.clear();
   try {
-    m->select(make_method_input(*layer, 5, 0, w, ParamValues{}, 0));
+    m->select(make_method_input(without, 5, 0, w, ParamValues{}, 0));
     FAIL() << "no error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("W_O"), std::string::npos) << e.what();
   }
   const Selection s =
-      m->select(make_method_input(*layer, 5, 0, w, ParamValues{{"projection", 1}}, 0));
+      m->select(make_method_input(without, 5, 0, w, ParamValues{{"projection", 1}}, 0));
   EXPECT_EQ(static_cast<int>(s.indices.size()), w.budget);
   EXPECT_NE(s.note.find("approximation"), std::string::npos);
+  EXPECT_NE(s.indices, press.indices) << "W_O changes which tokens stage two keeps";
   // Stage one: the inner method's top floor(m / 2) are all kept.
   const MethodInput in = make_method_input(*layer, 5, 0, w, ParamValues{}, 0);
   const Ranking inner = find_method("expected-attention")->rank(in);

@@ -376,10 +376,21 @@ def main(argv=None):
         q_heads, kv_heads, head_dim = model_dims(model.config)
         st_dtype = DTYPES[args.dtype][0]
         tensors = []
+        modules = attention_modules(model)
+        source_layers = layers if layers is not None else list(range(len(records)))
         for i, rec in enumerate(records):
             tensors.append(TorchTensor("layers.%d.key" % i, rec["key"], st_dtype))
             tensors.append(TorchTensor("layers.%d.query" % i, rec["query"], st_dtype))
             tensors.append(TorchTensor("layers.%d.value" % i, rec["value"], st_dtype))
+            # Each query head's slice of the output projection, transposed (docs/capture-format.md,
+            # layers.L.wo), as kvpress's CriticalKVPress.vwl1norm views o_proj.weight.
+            o_proj = getattr(modules[source_layers[i]], "o_proj", None)
+            if o_proj is not None:
+                wo = o_proj.weight.detach().transpose(0, 1).reshape(q_heads, head_dim, -1)
+                tensors.append(TorchTensor("layers.%d.wo" % i, wo.to("cpu", torch.float32), st_dtype))
+        has_wo = sum(t.name.endswith(".wo") for t in tensors)
+        if has_wo not in (0, len(records)):
+            raise CaptureError("--model: only %d of %d layers have an o_proj" % (has_wo, len(records)))
         id_list = ids[0].tolist()
         extra = {"hf_model_type": str(getattr(model.config, "model_type", "")),
                  "torch_dtype": args.model_dtype}

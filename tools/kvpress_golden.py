@@ -341,17 +341,24 @@ def main():
                         case["ratios"].append({"ratio": ratio, "budget": len(kept),
                                                "kept": bitmask(kept, ctx - s20), "ambiguous": ""})
                 cases.extend(cases_here)
-            # CriticalKV (criticalkv_press.py) around expected-attention, with W_O = I (KVScope
-            # captures carry no W_O; KVScope's projection = identity): the press is given the
-            # middle's scores and values, and the ratio whose int((1 - ratio) n_mid / 2) is m / 2.
-            module.config.hidden_size = G * d
-            module.o_proj = types.SimpleNamespace(weight=torch.eye(G * d))
-            for inner in ["expected-attention"]:
+            # CriticalKV (criticalkv_press.py) around expected-attention, with W_O = I (KVScope's
+            # projection = identity) and, where the capture carries it (layers.L.wo,
+            # docs/capture-format.md), with the model's W_O (projection = wo): the press is given
+            # the middle's scores and values, and the ratio whose int((1 - ratio) n_mid / 2) is m / 2.
+            projections = [("W_O=I", 1, torch.eye(G * d, dtype=torch.float64))]
+            wo_name = "layers.%d.wo" % layer
+            if wo_name in t:  # [q_heads, d_v, hidden]: o_proj.weight is its [hidden, q_heads * d_v]
+                wo = torch.tensor(t[wo_name])
+                projections.append(("W_O", 0, wo.reshape(G * d, wo.shape[2]).transpose(0, 1)))
+            for (label, projection, weight), inner in [(p, i) for p in projections for i in ["expected-attention"]]:
+                module.config.hidden_size = weight.shape[0]
+                module.o_proj = types.SimpleNamespace(weight=weight)
                 mid_scores = layer_scores[inner][:, :, s:ctx]
                 case_heads = range(min(H, SYNTH_HEADS) if synthetic else H)
-                cases_here = [{"capture": capture_name, "press": "criticalkv+" + inner + " W_O=I",
-                               "method": "criticalkv(%s)" % inner, "params": {"projection": 1}, "layer": layer,
-                               "kv_head": h, "n": n, "sink": s, "eval": e, "ratios": []} for h in case_heads]
+                cases_here = [{"capture": capture_name, "press": "criticalkv+" + inner + " " + label,
+                               "method": "criticalkv(%s)" % inner, "params": {"projection": projection},
+                               "layer": layer, "kv_head": h, "n": n, "sink": s, "eval": e, "ratios": []}
+                              for h in case_heads]
                 for ratio in RATIOS:
                     m = budget(ratio, ctx - s)
                     fixed = Fixed(compression_ratio=1 - (m + 0.5) / (ctx - s))

@@ -8,14 +8,16 @@
 // Mapping to the protocol (docs/methods.md, "kvpress presses"): stage one takes
 // floor(first_stage_ratio * m) of the middle, stage two the remaining m - that. Because stage
 // one's size follows the budget, the kept set is not a prefix of one ordering: select() runs per
-// budget. KVScope captures do not carry W_O, so `projection` = `wo` (the press) refuses every
-// capture today, naming what is missing; `projection` = `identity` takes W_O = I (|v|_1), an
-// approximation of the press, said so in every selection's note.
+// budget. `projection` = `wo` (the press) takes W_O from the capture (`layers.L.wo`,
+// docs/capture-format.md) and refuses a capture without it, naming what is missing;
+// `projection` = `identity` takes W_O = I (|v|_1), an approximation of the press, said so in
+// every selection's note.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "engine/attention_scores.h"
+#include "engine/capture.h"
 #include "engine/error.h"
 #include "engine/methods/wrapper_util.h"
 
@@ -25,16 +27,15 @@ namespace {
 class CriticalKV final : public WrapperBase {
  public:
   explicit CriticalKV(const Method& inner)
-      : WrapperBase(
-            "criticalkv", inner,
-            {param_spec("epsilon", ParamSpec::Type::Float, 0, 1, 1e-4,
-                        "added to the inner score before the |W_O v|_1 scaling"),
-             param_spec("first_stage_ratio", ParamSpec::Type::Float, 0, 1, 0.5,
-                        "fraction of the budget kept by the inner score alone"),
-             param_spec("projection", ParamSpec::Type::Choice, 0, 1, 0,
-                        "W_O of the capture (the press; captures do not carry it yet) or the "
-                        "identity (|v|_1: an approximation)",
-                        {"wo", "identity"})}) {}
+      : WrapperBase("criticalkv", inner,
+                    {param_spec("epsilon", ParamSpec::Type::Float, 0, 1, 1e-4,
+                                "added to the inner score before the |W_O v|_1 scaling"),
+                     param_spec("first_stage_ratio", ParamSpec::Type::Float, 0, 1, 0.5,
+                                "fraction of the budget kept by the inner score alone"),
+                     param_spec("projection", ParamSpec::Type::Choice, 0, 1, 0,
+                                "W_O of the capture (the press: needs layers.L.wo) or the identity "
+                                "(|v|_1: an approximation)",
+                                {"wo", "identity"})}) {}
   std::string summary() const override {
     return "kvpress CriticalKV around " + inner_.name() +
            ": half the budget by its score, the rest by score x |W_O v|_1 (needs W_O)";
@@ -52,22 +53,51 @@ class CriticalKV final : public WrapperBase {
     const double eps = own_param(in, "epsilon");
     const double first = own_param(in, "first_stage_ratio");
     const bool identity = own_param(in, "projection") >= 0.5;
-    if (!identity)
-      throw InputError(name() +
-                       ": needs the output projection W_O of every query head, and KVScope "
-                       "captures do not carry it (the parameter " +
-                       name() + ".projection = identity takes W_O = I, an approximation)");
+    const std::vector<double> norms = identity ? value_l1_norms(in) : projected_l1_norms(in);
     const Ranking r = inner_.rank(inner_input(in));
     const std::vector<double>& s = scores_of(r);
     const int m = in.budget, n_mid = static_cast<int>(s.size());
     const int stage1 = std::min(m, static_cast<int>(std::floor(first * m)));
     std::vector<double> scores(n_mid);
-    for (int i = 0; i < n_mid; ++i)
-      scores[i] = (s[i] + eps) * in.values->row(in.mid_begin + i).cast<double>().lpNorm<1>();
+    for (int i = 0; i < n_mid; ++i) scores[i] = (s[i] + eps) * norms[i];
     for (int i = 0; i < stage1; ++i) scores[r.order[i]] = std::numeric_limits<double>::max();
     Selection sel = prefix_selection(in, rank_by_scores(scores, r.hover), m);
-    sel.note = name() + ": W_O taken as the identity (|v|_1), an approximation of the press";
+    if (identity)
+      sel.note = name() + ": W_O taken as the identity (|v|_1), an approximation of the press";
     return sel;
+  }
+
+ private:
+  // |v_i|_1 of each middle token: W_O = I.
+  static std::vector<double> value_l1_norms(const MethodInput& in) {
+    std::vector<double> out(static_cast<size_t>(in.mid_end - in.mid_begin));
+    for (int i = in.mid_begin; i < in.mid_end; ++i)
+      out[static_cast<size_t>(i - in.mid_begin)] = in.values->row(i).cast<double>().lpNorm<1>();
+    return out;
+  }
+
+  // The press's vwl1norm: |v_i W_O[h]|_1 over the model's hidden units, for each query head h of
+  // the kv head's group, averaged over the group.
+  std::vector<double> projected_l1_norms(const MethodInput& in) const {
+    const LayerData* layer = in.layer_data;
+    if (!layer || layer->output_projection.empty())
+      throw InputError(name() +
+                       ": needs the output projection W_O of every query head (the capture's "
+                       "layers.L.wo), and this capture does not carry it (the parameter " +
+                       name() + ".projection = identity takes W_O = I, an approximation)");
+    const int kv_heads = static_cast<int>(layer->keys.size());
+    const int group = static_cast<int>(layer->output_projection.size()) / kv_heads;
+    const Eigen::MatrixXd v =
+        in.values->middleRows(in.mid_begin, in.mid_end - in.mid_begin).cast<double>();
+    std::vector<double> out(static_cast<size_t>(v.rows()), 0.0);
+    for (int g = 0; g < group; ++g) {
+      const MatrixF& wo = layer->output_projection[static_cast<size_t>(in.kv_head * group + g)];
+      const Eigen::MatrixXd projected = v * wo.cast<double>();
+      for (Eigen::Index i = 0; i < projected.rows(); ++i)
+        out[static_cast<size_t>(i)] += projected.row(i).lpNorm<1>();
+    }
+    for (double& x : out) x /= group;
+    return out;
   }
 };
 
