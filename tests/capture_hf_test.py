@@ -196,9 +196,12 @@ def check_capture(cli, workdir, arch, device, model, model_dir, tokenizer, promp
     ids = AutoTokenizer.from_pretrained(model_dir)(prompt, return_tensors="pt", add_special_tokens=True)["input_ids"]
     n = ids.shape[1]
     check(n >= 8, "%s: the prompt gives %d tokens, too few for the checks" % (arch, n))
-    attn_out = {}
+    attn_out, proj_out = {}, {}
     handles = [layer.self_attn.o_proj.register_forward_pre_hook(
         (lambda L: lambda module, args: attn_out.__setitem__(L, args[0][0].detach().double()))(L))
+        for L, layer in enumerate(model.model.layers)]
+    handles += [layer.self_attn.o_proj.register_forward_hook(
+        (lambda L: lambda module, args, output: proj_out.__setitem__(L, output[0].detach().double()))(L))
         for L, layer in enumerate(model.model.layers)]
     with torch.no_grad():
         model(input_ids=ids, use_cache=False)
@@ -213,6 +216,7 @@ def check_capture(cli, workdir, arch, device, model, model_dir, tokenizer, promp
     d, group = 16, 2
     worst = 0.0
     wrong_mapping = 0.0
+    worst_wo, wrong_wo = 0.0, 0.0
     for L in range(2):
         def t(name, heads):
             shape, vals = tensors["layers.%d.%s" % (L, name)]
@@ -232,8 +236,24 @@ def check_capture(cli, workdir, arch, device, model, model_dir, tokenizer, promp
                     worst = max(worst, err)
                 else:
                     wrong_mapping = max(wrong_mapping, err)
+        # The output projection (layers.L.wo, [q_heads, d, hidden]): the heads' attention outputs
+        # through it give o_proj's output; the heads in another order do not.
+        shape, vals = tensors["layers.%d.wo" % L]
+        hidden = model.config.hidden_size
+        check(shape == [4, d, hidden], "%s: layers.%d.wo shape %s" % (arch, L, shape))
+        wo = torch.tensor(vals, dtype=torch.float64).reshape(4, d, hidden)
+        heads = attn_out[L].reshape(n, 4, d)
+        through = sum(heads[:, h] @ wo[h] for h in range(4))
+        swapped = sum(heads[:, h] @ wo[(h + 1) % 4] for h in range(4))
+        scale = proj_out[L].abs().clamp(min=1.0)
+        worst_wo = max(worst_wo, ((through - proj_out[L]).abs() / scale).max().item())
+        wrong_wo = max(wrong_wo, ((swapped - proj_out[L]).abs() / scale).max().item())
     # On a GPU, the capture's float32 products may use TF32 or another summation order.
     tolerance = 1e-4 if device == "cpu" else 2e-3
+    check(worst_wo < 1e-5, "%s/%s: layers.L.wo gives o_proj's output: worst relative error %.3g"
+          % (arch, device, worst_wo))
+    check(wrong_wo > 1e-3, "%s/%s: the W_O check has teeth: heads in another order should not match (%.3g)"
+          % (arch, device, wrong_wo))
     check(worst < tolerance, "%s/%s: captured q/k/v reproduce attention outputs: worst relative error %.3g"
           % (arch, device, worst))
     check(wrong_mapping > 1e-3, "%s/%s: the check has teeth: the wrong GQA mapping should not match (%.3g)"

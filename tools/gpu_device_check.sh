@@ -11,8 +11,9 @@
 #
 # Steps (results in $OUT, or $GPU_REPORT, as summary.txt and report.tgz):
 #   1. at once, side by side: every CUDA parity test (test_cuda_parity in 4 shards, every golden
-#      case) and the resident-layer tests (test_cuda_resident); compute-sanitizer memcheck and
-#      racecheck on the op tests; the CPU side of the evals below (a 4-layer 8192-token synthetic
+#      case) and the resident-layer tests (test_cuda_resident); compute-sanitizer memcheck,
+#      racecheck, initcheck and synccheck on the op tests; tests/capture_hf_test.py (tiny Hugging
+#      Face models captured on the CPU and the GPU); the CPU side of the evals below (a 4-layer 8192-token synthetic
 #      capture is written there: 400 MB do not travel);
 #   2. eval --backend cuda on the three samples and the synthetic capture, compared with the CPU's
 #      JSON: every integer equal (kept counts, budgets), every float within 1e-9 relative or
@@ -83,7 +84,7 @@ for b in $B/tests/test_cuda_parity $B/tests/test_cuda_resident $B/bench/bench_gp
 done
 
 # ---- 1. tests, sanitizers and the CPU evals side by side
-say "1. parity tests (4 shards + resident), compute-sanitizer memcheck + racecheck, CPU evals"
+say "1. parity tests (4 shards + resident), compute-sanitizer (4 tools), the HF capture test, CPU evals"
 OPS='CudaParity.*MatchCpu*:CudaParity.*BadBatches*:CudaParity.*Reject*:CudaParity.AttentionErrorOfFullSelectionIsZero'
 pids=()
 for i in 0 1 2 3; do
@@ -94,7 +95,7 @@ done
 timeout $(lim 200) $B/tests/test_cuda_resident >"$R/resident.log" 2>&1 &
 pids+=($!)
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-for tool in memcheck racecheck; do
+for tool in memcheck racecheck initcheck synccheck; do
   timeout $(lim 200) "$SAN" --tool $tool --error-exitcode 3 $B/tests/test_cuda_parity --gtest_filter="$OPS" \
     >"$R/sanitizer_$tool.log" 2>&1 &
   pids+=($!)
@@ -114,12 +115,17 @@ json_of() { if [ "$1" = synth_4x8k ]; then echo "$WORK/eval_$1_$2.json"; else ec
       --json "$(json_of synth_4x8k cpu)" >/dev/null 2>"$R/eval_synth_4x8k_cpu.err"
 ) &
 cpu_evals=$!
-names=(parity_0 parity_1 parity_2 parity_3 resident sanitizer_memcheck sanitizer_racecheck)
+# The Hugging Face capture tool on the device's torch and transformers: tiny Llama and Qwen2 on
+# the CPU and the GPU, q/k/v and W_O against the models' own outputs.
+timeout $(lim 200) python3 tests/capture_hf_test.py --cli "$CLI" >"$R/capture_hf.log" 2>&1 &
+pids+=($!)
+names=(parity_0 parity_1 parity_2 parity_3 resident sanitizer_memcheck sanitizer_racecheck
+  sanitizer_initcheck sanitizer_synccheck capture_hf)
 for k in "${!pids[@]}"; do
   wait "${pids[$k]}"
   rc=$?
   log="$R/${names[$k]}.log"
-  summary=$(grep -E "^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|ERROR SUMMARY|RACECHECK SUMMARY|golden cases on the device" "$log" | tr -s ' \n' ' ')
+  summary=$(grep -E "^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|ERROR SUMMARY|RACECHECK SUMMARY|golden cases on the device|^model test|^FAIL" "$log" | tr -s ' \n' ' ')
   if [ $rc -eq 0 ]; then say "${names[$k]}: ok: $summary"; else fail "${names[$k]} (exit $rc, 124 = its time limit): $summary"; fi
   grep -E "^\[  FAILED  \] [A-Za-z]" "$log" | sort -u | tee -a "$SUMMARY"
   # On a device every test must run: a skip there means the device was not usable.
