@@ -375,7 +375,9 @@ TEST(RunEval, MethodTheCaptureCannotRunIsRefusedWithTheReasonNotFailed) {
   for (const HeadEval& he : rep.results) {
     EXPECT_EQ(he.refused, he.method == "expected-attention") << he.method;
     EXPECT_EQ(he.error, "") << he.method;
-    if (he.refused) EXPECT_EQ(he.note, "expected-attention " + why);
+    if (he.refused) {
+      EXPECT_EQ(he.note, "expected-attention " + why);
+    }
   }
 }
 
