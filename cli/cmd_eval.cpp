@@ -181,6 +181,16 @@ void run_eval_command(const EvalOptions& o) {
   spec.methods = parse_method_list(o.methods);
   spec.harm = true;  // harm kept vs dropped per head and method (engine/token_harm.h)
   for (const std::string& p : o.params) parse_param(p, spec);
+  // `all` is the methods this capture can run; those it cannot are left out and named in a note.
+  // A method asked for by name (in --methods or through --param) that it cannot run is a bad
+  // request: exit 1 naming the method and what the capture lacks.
+  if (o.methods != "all")
+    require_runnable(spec.methods, capture->info(), spec.params, "methods", "--methods");
+  for (const auto& [name, values] : spec.params)
+    require_runnable({find_method(name)}, capture->info(), spec.params, name + ".*",
+                     "--param " + name + ".*");
+  std::vector<std::string> left_out;
+  spec.methods = runnable_methods(spec.methods, capture->info(), spec.params, left_out);
   if (!o.shard.empty()) {
     const auto [index, count] = parse_shard(o.shard, kMaxShards);
     spec.shard_index = index;
@@ -188,7 +198,8 @@ void run_eval_command(const EvalOptions& o) {
   }
   Backend& backend = select_backend(o.common.backend);
   std::printf("backend  %s\n", backend.name().c_str());
-  const EvalReport report = run_eval(*capture, spec, progress_printer(), nullptr, &backend);
+  EvalReport report = run_eval(*capture, spec, progress_printer(), nullptr, &backend);
+  if (!left_out.empty()) report.notes.insert(report.notes.begin(), methods_left_out_note(left_out));
   print_report(report);
   if (!o.common.json_out.empty())
     write_json_file(o.common.json_out, report.to_json(), "--json", {o.common.path});
@@ -239,6 +250,14 @@ void run_grid2_command(const SweepOptions& o, const Method& m) {
   }
   auto capture = CaptureFile::open(o.common.path);
   const EvalSpec spec = base_spec(o.common, capture->info());
+  // The method is asked for by name: a cell it cannot run on this capture is a bad request.
+  for (double r : g.rows.values)
+    for (double c : g.cols.values) {
+      ParamValues cell = g.fixed;
+      cell[g.rows.name] = r;
+      cell[g.cols.name] = c;
+      require_runnable({&m}, capture->info(), {{m.name(), cell}}, "method", "--method");
+    }
   Backend& backend = select_backend(o.common.backend);
   const Grid2Result res = run_grid2(*capture, spec, g, {}, nullptr, &backend);
   std::printf("method   %s\nseeds    %d\nrows     %s\ncolumns  %s\n", m.name().c_str(), spec.seeds,
@@ -323,6 +342,9 @@ void run_sweep_command(const SweepOptions& o) {
       }
     points = std::move(next);
   }
+  // The method is asked for by name: a point it cannot run on this capture is a bad request.
+  for (const ParamValues& p : points)
+    require_runnable({m}, capture->info(), {{m->name(), p}}, "method", "--method");
 
   nlohmann::json out;
   out["format"] = "kvscope-sweep/1";

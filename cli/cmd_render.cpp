@@ -7,7 +7,10 @@
 #include "cli/commands.h"
 #include "cli/output_file.h"
 #include "engine/backend.h"
+#include "engine/capture.h"
 #include "engine/error.h"
+#include "engine/method.h"
+#include "engine/protocol.h"
 
 #ifdef KVSCOPE_HAVE_UI
 #include "app/headless.h"
@@ -44,6 +47,17 @@ void add_render_command(CLI::App& app) {
     // The PNG is written by the app's code; the path is checked here first (never an input, a
     // link, a FIFO or a device).
     check_output(opt->out, {opt->capture, opt->session}, "--out");
+    // A method named by flag that this capture cannot run is a bad request, as in eval (the view
+    // would only show it greyed out).
+    if (!opt->method.empty() || !opt->method_b.empty()) {
+      const CaptureInfo info = CaptureFile::open(opt->capture)->info();
+      auto require = [&](const std::string& name, const char* setting, const char* flag) {
+        if (const Method* m = name.empty() ? nullptr : find_method(name))
+          require_runnable({m}, info, {}, setting, flag);
+      };
+      require(opt->method, "method A", "--method");
+      require(opt->method_b, "method B", "--method-b");
+    }
     int rc = app::render_view_software(*opt);
     if (rc != 0) throw InputError("render: the view was not ready before --timeout");
   });

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 #include "cli/validate.h"
 #include "engine/capture.h"
 #include "engine/error.h"
+#include "engine/protocol.h"
 #include "engine/theory.h"
 
 namespace kvscope::cli {
@@ -277,13 +279,30 @@ void run_theory_command(const TheoryOptions& o) {
     if (ps == specs.end()) validate_method_params(*m, {{name, 0.0}});
     it->params[name] = parse_param_value(*ps, p.substr(eq + 1), flag);
   }
+  // As in eval: `all` is the methods this capture can run, those left out named in a note; a
+  // method asked for by name that the capture cannot run is a bad request (exit 1).
+  std::vector<std::string> left_out;
+  {
+    std::vector<const Method*> chosen;
+    std::map<std::string, ParamValues> params;
+    for (const TheoryMethod& t : spec.methods) {
+      chosen.push_back(find_method(t.name));
+      params[t.name] = t.params;
+    }
+    if (o.methods != "all") require_runnable(chosen, info, params, "methods", "--methods");
+    chosen = runnable_methods(chosen, info, params, left_out);
+    std::erase_if(spec.methods, [&](const TheoryMethod& t) {
+      return std::find(chosen.begin(), chosen.end(), find_method(t.name)) == chosen.end();
+    });
+  }
   TheoryProgress progress;
   if (isatty(2))
     progress = [](int done, int total) {
       std::fprintf(stderr, "\r%d/%d work items", done, total);
       if (done == total) std::fprintf(stderr, "\r%*s\r", 30, "");
     };
-  const TheoryResult r = run_theory(*capture, spec, progress);
+  TheoryResult r = run_theory(*capture, spec, progress);
+  if (!left_out.empty()) r.notes.insert(r.notes.begin(), methods_left_out_note(left_out));
 
   std::printf("theory: %s (%s)%s, %s\n", printable(o.file).c_str(), printable(info.model).c_str(),
               info.synthetic ? " [SYNTHETIC]" : "", r.scope.c_str());

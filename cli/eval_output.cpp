@@ -163,12 +163,12 @@ void print_report(const EvalReport& rep) {
         "estimator authors: numerator weight w, denominator weight 2^T on every kept "
         "token\n");
   for (const std::string& note : rep.notes) std::printf("note     %s\n", printable(note).c_str());
-  // Heads the capture refuses (NaN/Inf or values too large for float), once each.
+  // Heads the capture refuses (NaN/Inf or values too large for float), once each. A method the
+  // capture cannot run ("<method> needs ...") is named once in the report's notes already.
   {
     std::vector<std::string> refused_heads;
     for (const HeadEval& he : rep.results)
-      if (he.refused && !he.note.empty() &&
-          he.note.find(" needs queries and the capture has none") == std::string::npos &&
+      if (he.refused && !he.note.empty() && he.note.rfind(he.method + " needs ", 0) != 0 &&
           std::find(refused_heads.begin(), refused_heads.end(), he.note) == refused_heads.end())
         refused_heads.push_back(he.note);
     for (size_t i = 0; i < refused_heads.size() && i < 8; ++i)
@@ -291,6 +291,12 @@ void print_report(const EvalReport& rep) {
   for (const std::string& f : rep.failures())
     std::fprintf(stderr, "kvscope-cli: %s\n", printable(f).c_str());
   std::fflush(stdout);
+}
+
+std::string methods_left_out_note(const std::vector<std::string>& left_out) {
+  std::string note = "left out of --methods all (this capture cannot run them): ";
+  for (size_t i = 0; i < left_out.size(); ++i) note += (i > 0 ? "; " : "") + left_out[i];
+  return note;
 }
 
 void fail_on_method_errors(const EvalReport& report) {

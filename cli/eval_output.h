@@ -29,7 +29,14 @@ void write_csv_file(const std::string& path, const EvalReport& report, const std
 // A JSON file under limits (size, nesting depth, value count, no duplicate keys).
 nlohmann::json read_json_file(const std::string& path);
 
-// A method's failures make the command fail (exit 2) after its outputs are written.
+// The note naming the methods `--methods all` left out because the capture cannot run them
+// (runnable_methods' `left_out`, engine/protocol.h): printed with the report's notes and written
+// in its JSON.
+std::string methods_left_out_note(const std::vector<std::string>& left_out);
+
+// A method's failures make the command fail (exit 2) after its outputs are written: with the
+// methods a capture cannot run left out or refused before any work, a method that throws is a
+// defect in KVScope.
 void fail_on_method_errors(const EvalReport& report);
 
 }  // namespace kvscope::cli

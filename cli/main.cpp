@@ -8,6 +8,11 @@
 #include "engine/error.h"
 #include "engine/reference_cache.h"
 
+// Exit status, the same for every subcommand (README.md, docs/evaluation.md): 0 done; 1 bad
+// input or a bad setting, the file, flag or method named (a malformed or unreadable file, a flag
+// that does not parse or is out of range, a method the capture cannot run, output that cannot be
+// written, not enough memory for what was asked); 2 a defect in KVScope (an unexpected exception,
+// or a method that failed on some heads after the others' figures were written); 130 cancelled.
 int main(int argc, char** argv) {
   // References of captures seen before are read back from the user's cache folder instead of
   // computed again (docs/performance.md, "Exact reference cache"; KVSCOPE_CACHE_DIR=off: never).
@@ -31,7 +36,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     kvscope::cli::check_stdout();  // exit 0 only when the printed output arrived
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (or the help, status 0) and gives its own codes (104 for a value
+    // that does not convert, 106 for a missing argument, ...): every one of them is a bad flag.
+    return app.exit(e) == 0 ? 0 : 1;
   } catch (const kvscope::SettingError& e) {
     // The engine names the setting in words (for the app); here it is the flag.
     std::fprintf(stderr, "kvscope-cli: error: %s\n", printable(e.cli_message(), true).c_str());
@@ -49,6 +56,9 @@ int main(int argc, char** argv) {
     return 130;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvscope-cli: internal error: %s\n", printable(e.what(), true).c_str());
+    return 2;
+  } catch (...) {
+    std::fprintf(stderr, "kvscope-cli: internal error: an exception of unknown type\n");
     return 2;
   }
   return 0;

@@ -89,6 +89,13 @@ std::vector<double> head_attention_scores(const MethodInput& in, int row_begin, 
                                           ScoreReduce reduce, const int* stop_rows,
                                           std::vector<double>* stopped) {
   std::vector<double> scores(std::max(0, row_end), 0.0);
+  // Without query rows every sum is 0, which is what the op would return; the op is not asked,
+  // since a capture with nothing before its evaluation window (n = E, no sinks) would hand it
+  // no keys and no output at all.
+  if (row_begin >= row_end) {
+    if (stopped) stopped->assign(scores.size(), 0.0);
+    return scores;
+  }
   ScoreBatch b;
   b.n = in.n;
   b.d = static_cast<int>(in.keys->cols());

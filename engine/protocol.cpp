@@ -196,6 +196,35 @@ std::string method_unavailable(const Method& method, const CaptureInfo& info,
   return join(why, "; ");
 }
 
+std::vector<const Method*> runnable_methods(const std::vector<const Method*>& methods,
+                                            const CaptureInfo& info,
+                                            const std::map<std::string, ParamValues>& params,
+                                            std::vector<std::string>& left_out) {
+  std::vector<const Method*> out;
+  for (const Method* m : methods) {
+    const auto p = params.find(m->name());
+    const std::string why =
+        method_unavailable(*m, info, p == params.end() ? ParamValues{} : p->second);
+    if (why.empty())
+      out.push_back(m);
+    else
+      left_out.push_back(m->name() + " (" + why + ")");
+  }
+  return out;
+}
+
+void require_runnable(const std::vector<const Method*>& methods, const CaptureInfo& info,
+                      const std::map<std::string, ParamValues>& params, const std::string& setting,
+                      const std::string& flag) {
+  for (const Method* m : methods) {
+    const auto p = params.find(m->name());
+    const std::string why =
+        method_unavailable(*m, info, p == params.end() ? ParamValues{} : p->second);
+    if (!why.empty())
+      throw SettingError(setting, flag, m->name() + " cannot run on this capture: it " + why);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Estimators
 
@@ -370,6 +399,17 @@ bool budget_free(const Method& method, Estimator estimator) {
          estimator == Estimator::Weighted;
 }
 
+bool nothing_to_compress(const EvalWindow& w) {
+  return w.budget >= w.n_mid;
+}
+
+Selection whole_middle(const EvalWindow& w) {
+  Selection sel;
+  for (int t = w.mid_begin; t < w.mid_end; ++t) sel.indices.push_back(t);
+  sel.weights.assign(sel.indices.size(), 1.0);
+  return sel;
+}
+
 Selection group_selection(const LayerData& layer, int num_layers, int kv_head,
                           const MethodSettings& s, const EvalWindow& w, uint64_t seed,
                           Backend* backend, const std::atomic<bool>* cancel, SharedWork& shared) {
@@ -378,7 +418,9 @@ Selection group_selection(const LayerData& layer, int num_layers, int kv_head,
   in.cancel = cancel;
   in.backend = backend;
   Selection sel;
-  if (method.ranks_by_score()) {
+  if (nothing_to_compress(w)) {
+    sel = whole_middle(w);
+  } else if (method.ranks_by_score()) {
     if (!shared.ranking) shared.ranking = method.rank(in);
     sel = method.ranked_selection(in, *shared.ranking);
   } else {
@@ -390,17 +432,30 @@ Selection group_selection(const LayerData& layer, int num_layers, int kv_head,
   return sel;
 }
 
+std::vector<std::string> method_refusals(const EvalSpec& spec, const CaptureInfo& info) {
+  const size_t points = std::max<size_t>(1, spec.points.size());
+  std::vector<std::string> out(points * spec.methods.size());
+  for (size_t pt = 0; pt < points; ++pt)
+    for (size_t m = 0; m < spec.methods.size(); ++m) {
+      const Method& method = *spec.methods[m];
+      const std::string why =
+          method_unavailable(method, info, item_params(spec, method, static_cast<int>(pt)));
+      if (!why.empty()) out[pt * spec.methods.size() + m] = method.name() + " " + why;
+    }
+  return out;
+}
+
 bool start_item(const LayerData& layer, const EvalSpec& spec, const WorkItem& it,
-                bool method_refused, HeadEval& he, MethodSettings& settings) {
+                const std::string& refusal, HeadEval& he, MethodSettings& settings) {
   const Method* method = spec.methods[it.method];
   he.method = method->name();
   he.ratio = spec.ratios[it.ratio];
   he.layer = spec.layers[it.layer];
   he.kv_head = spec.heads[it.head];
   he.point = it.point;
-  if (method_refused) {
+  if (!refusal.empty()) {
     he.refused = true;
-    he.note = method->name() + " needs queries and the capture has none";
+    he.note = refusal;
     return false;
   }
   if (he.kv_head < static_cast<int>(layer.refused.size()) && !layer.refused[he.kv_head].empty()) {
@@ -472,7 +527,8 @@ HeadRun run_head(const LayerData& layer, int num_layers, int kv_head, const Meth
   in.want_trace = want_trace;
   in.cancel = cancel;
   in.backend = backend;
-  Selection sel = s.method->select(in);
+  Selection sel = protocol_detail::nothing_to_compress(w) ? protocol_detail::whole_middle(w)
+                                                          : s.method->select(in);
   check_selection(sel, w.mid_begin, w.mid_end, w.budget, *s.method);
   if (s.estimator == Estimator::Authors) apply_authors_estimator(sel, s.keep_ratio);
   if (cancel && cancel->load()) throw Cancelled();
@@ -518,7 +574,7 @@ HeadRun group_run(const LayerData& layer, int num_layers, int kv_head, const Met
 // that run counts for every seed (the figures are those of R identical runs, summed in the same
 // order as before); a score-ranking method ranks once for all ratios.
 void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec,
-                    const WorkItem* items, size_t count, bool method_refused,
+                    const WorkItem* items, size_t count, const std::string& refusal,
                     const std::atomic<bool>* cancel, Backend* backend,
                     const ExactReference* reference, const TokenHarm* harm, HeadEval* out,
                     const std::function<void()>& item_done) {
@@ -527,7 +583,7 @@ void evaluate_group(const LayerData& layer, int num_layers, const EvalSpec& spec
     const Method* method = spec.methods[items[g].method];
     HeadEval& he = out[g];
     MethodSettings settings;
-    if (protocol_detail::start_item(layer, spec, items[g], method_refused, he, settings)) {
+    if (protocol_detail::start_item(layer, spec, items[g], refusal, he, settings)) {
       protocol_detail::SeedSums sums;
       std::optional<HeadRun> seed_free_run;  // the one run of a seed-independent method
       for (int r = 0; r < spec.seeds; ++r) {
@@ -627,18 +683,18 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   report.window_example = EvalWindow::make(info.num_tokens, spec.ratios[0], spec.sink, spec.eval);
 
   report.proxy_queries = !info.has_queries;
-  std::vector<char> method_refused(spec.methods.size(), 0);
-  if (report.proxy_queries) {
-    std::vector<std::string> refused;
-    for (size_t m = 0; m < spec.methods.size(); ++m)
-      if (spec.methods[m]->needs_queries()) {
-        method_refused[m] = 1;
-        refused.push_back(spec.methods[m]->name());
-      }
+  if (report.proxy_queries)
     report.notes.push_back(
         "the capture has no queries: errors use the keys as proxy queries (q_j = k_j)");
-    if (!refused.empty())
-      report.notes.push_back("refused (they need queries, the capture has none): " + join(refused));
+  // Methods this capture cannot run (method_unavailable: one definition with the app's greyed-out
+  // methods and the CLI's choice of methods) are refused item by item, saying why, not run.
+  const std::vector<std::string> refusals = protocol_detail::method_refusals(spec, info);
+  {
+    std::vector<std::string> refused;
+    for (const std::string& why : refusals)
+      if (!why.empty() && std::find(refused.begin(), refused.end(), why) == refused.end())
+        refused.push_back(why);
+    if (!refused.empty()) report.notes.push_back("refused: " + join(refused, "; "));
   }
 
   // This shard's items: i, i+N, i+2N, ... of the canonical list.
@@ -702,7 +758,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
     auto wants_harm = [&](const WorkGroup& g) {
       const WorkItem& it = mine[g.first];
       const int kv = spec.heads[it.head];
-      return !harms.empty() && !method_refused[it.method] &&
+      return !harms.empty() && protocol_detail::item_refusal(refusals, spec, it).empty() &&
              !(kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty());
     };
     for (const WorkGroup& g : groups)
@@ -724,7 +780,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       // ratio, seed) over all its kv heads (engine/protocol_batched.cpp); the harms go with the
       // layer.
       protocol_detail::evaluate_layer_batched(
-          *layer, info.num_layers, spec, mine, groups, method_refused, threads, cancel, *backend,
+          *layer, info.num_layers, spec, mine, groups, refusals, threads, cancel, *backend,
           [&](size_t k) { return harm_of(groups[k]); }, report.results.data(), item_done);
       begin = end;
       continue;
@@ -732,7 +788,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
     auto uses_reference = [&](const WorkGroup& g) {
       const WorkItem& it = mine[g.first];
       const int kv = spec.heads[it.head];
-      return cpu_scoring && !method_refused[it.method] &&
+      return cpu_scoring && protocol_detail::item_refusal(refusals, spec, it).empty() &&
              !(kv < static_cast<int>(layer->refused.size()) && !layer->refused[kv].empty());
     };
     // Held logits of every key pay when the selections a head scores keep more columns in all
@@ -769,8 +825,8 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       const TokenHarm* harm = harm_of(g);
       HeadHarm* hslot = harm ? &harms[first.head] : nullptr;
       evaluate_group(*layer, info.num_layers, spec, &mine[g.first], g.count,
-                     method_refused[first.method], cancel, backend, ref, harm,
-                     &report.results[g.first], item_done);
+                     protocol_detail::item_refusal(refusals, spec, first), cancel, backend, ref,
+                     harm, &report.results[g.first], item_done);
       if (hslot && --hslot->users == 0) hslot->harm.reset();
       if (slot && --slot->users == 0) slot->ref.reset();
     });

@@ -198,10 +198,28 @@ struct EvalReport {
 // Why `method` with `params` cannot run on a capture described by `info` ("" when it can): it
 // needs queries and the capture has none, it needs RoPE's theta and layout and the capture does
 // not say them (CaptureInfo::rope.missing), or it needs the output projection W_O, which captures
-// do not carry. The app greys such methods out with this reason; run_eval and run_head still
-// refuse them (the method's own error) when asked anyway.
+// do not carry. What a method needs is its own self-description (Method::needs_queries,
+// needs_rope, needs_output_projection); this is the one place it is checked against a capture:
+// the app greys such methods out with this reason, run_eval refuses their work items with it
+// (HeadEval::refused, a report note), and the CLI leaves them out of `all` or refuses them by
+// name (runnable_methods, require_runnable).
 std::string method_unavailable(const Method& method, const CaptureInfo& info,
                                const ParamValues& params = {});
+
+// The methods of `methods` that can run on a capture described by `info`, each with its
+// parameters in `params` (method_unavailable). Each one left out is appended to `left_out` as
+// "<name> (<why>)".
+std::vector<const Method*> runnable_methods(const std::vector<const Method*>& methods,
+                                            const CaptureInfo& info,
+                                            const std::map<std::string, ParamValues>& params,
+                                            std::vector<std::string>& left_out);
+
+// Throws SettingError for setting `setting` (flag `flag`) naming the first method of `methods`
+// that cannot run on a capture described by `info` with its parameters in `params`, and why: a
+// method asked for by name is an error in the request, not something to leave out quietly.
+void require_runnable(const std::vector<const Method*>& methods, const CaptureInfo& info,
+                      const std::map<std::string, ParamValues>& params, const std::string& setting,
+                      const std::string& flag);
 
 // validate_method_params (the parameters of a method): engine/method.h.
 

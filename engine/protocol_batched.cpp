@@ -43,7 +43,7 @@ void throw_if_cancelled(const std::atomic<bool>* cancel) {
 void evaluate_layer_batched(const LayerData& layer, int num_layers, const EvalSpec& spec,
                             const std::vector<WorkItem>& items,
                             const std::vector<WorkGroup>& groups,
-                            const std::vector<char>& method_refused, int threads,
+                            const std::vector<std::string>& refusals, int threads,
                             const std::atomic<bool>* cancel, Backend& backend,
                             const std::function<const TokenHarm*(size_t group)>& harm_of,
                             HeadEval* results, const std::function<void()>& item_done) {
@@ -57,7 +57,7 @@ void evaluate_layer_batched(const LayerData& layer, int num_layers, const EvalSp
   for (const WorkGroup& g : groups)
     for (size_t i = g.first; i < g.first + g.count; ++i) {
       ItemState& st = at(i);
-      st.active = start_item(layer, spec, items[i], method_refused[items[i].method] != 0,
+      st.active = start_item(layer, spec, items[i], item_refusal(refusals, spec, items[i]),
                              results[i], st.settings);
       if (!st.active) done();
     }

@@ -89,11 +89,29 @@ Selection group_selection(const LayerData& layer, int num_layers, int kv_head,
                           const MethodSettings& s, const EvalWindow& w, uint64_t seed,
                           Backend* backend, const std::atomic<bool>* cancel, SharedWork& shared);
 
+// Why each (point, method) of `spec` cannot run on a capture described by `info`: one entry per
+// pair, point-major, "<method> <method_unavailable's reason>", or "" where it can run.
+std::vector<std::string> method_refusals(const EvalSpec& spec, const CaptureInfo& info);
+// The entry of method_refusals for item `it`.
+inline const std::string& item_refusal(const std::vector<std::string>& refusals,
+                                       const EvalSpec& spec, const WorkItem& it) {
+  return refusals[static_cast<size_t>(it.point) * spec.methods.size() +
+                  static_cast<size_t>(it.method)];
+}
+
+// Whether the budget keeps the whole middle (or there is none). Then every method has one
+// answer whatever it would score, the whole middle at weight 1 (whole_middle), exact's figures,
+// and it is not asked: a method may need more than such a capture holds to score at all (a
+// minimum context, scores to compare). adakv, whose heads' budgets are not each bounded by m,
+// still has m >= the middle on every head.
+bool nothing_to_compress(const EvalWindow& w);
+Selection whole_middle(const EvalWindow& w);
+
 // Names `he` after item `it` (method, ratio, layer, kv head, point). Returns false when the item
-// is refused (the method needs queries, or the head is refused): `he` then says why. Else fills
-// the settings the item runs with.
+// is refused (`refusal`, the item's entry of method_refusals, is not empty, or the head is
+// refused): `he` then says why. Else fills the settings the item runs with.
 bool start_item(const LayerData& layer, const EvalSpec& spec, const WorkItem& it,
-                bool method_refused, HeadEval& he, MethodSettings& settings);
+                const std::string& refusal, HeadEval& he, MethodSettings& settings);
 
 // A HeadEval's sums over seeds while its runs come in.
 struct SeedSums {
@@ -129,7 +147,7 @@ void finish_head_run(HeadRun& run, int layer, int kv_head);
 void evaluate_layer_batched(const LayerData& layer, int num_layers, const EvalSpec& spec,
                             const std::vector<WorkItem>& items,
                             const std::vector<WorkGroup>& groups,
-                            const std::vector<char>& method_refused, int threads,
+                            const std::vector<std::string>& refusals, int threads,
                             const std::atomic<bool>* cancel, Backend& backend,
                             const std::function<const TokenHarm*(size_t group)>& harm_of,
                             HeadEval* results, const std::function<void()>& item_done);

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include "engine/capture.h"
 #include "engine/method.h"
+#include "engine/protocol.h"
 #include "tests/cli_runner.h"
 
 namespace kvscope {
@@ -281,6 +283,104 @@ TEST_F(CliEval, BadFlagsGiveOneClearError) {
   const CliRun missing = run_cli("eval " + (dir_ / "absent.safetensors").string());
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find("absent.safetensors"), std::string::npos);
+}
+
+// A capture that lacks an input a method needs (here RoPE's rope_theta and rope_layout, as in any
+// capture made by another tool or an older KVScope) is not a defect: `all` (the default) runs the
+// methods it can and names those it leaves out, with why, in a note (exit 0); a method asked for
+// by name that it cannot run is a bad request (exit 1, the method and the missing input named).
+TEST_F(CliEval, CaptureWithoutRopeRunsWhatItCanAndRefusesWhatIsNamed) {
+  const CaptureInfo info = CaptureFile::open(capture_)->info();
+  ASSERT_FALSE(info.rope.known()) << "the test capture must lack RoPE metadata";
+  std::vector<std::string> runnable, left_out;
+  for (const Method* m : all_methods())
+    (method_unavailable(*m, info).empty() ? runnable : left_out).push_back(m->name());
+  ASSERT_NE(std::find(left_out.begin(), left_out.end(), "expected-attention"), left_out.end());
+  ASSERT_FALSE(runnable.empty());
+
+  for (const std::string methods : {"", " --methods all"}) {
+    const fs::path json = dir_ / "all.json";
+    fs::remove(json);
+    const CliRun r = run_cli("eval " + capture_ + methods +
+                             " --ratios 0.5 --seeds 1 --layers 0 --json " + json.string());
+    ASSERT_EQ(r.code, 0) << methods << "\n" << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("left out of --methods all (this capture cannot run them)"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("rope_theta"), std::string::npos) << r.output;
+    const nlohmann::json j = read_json(json);
+    EXPECT_TRUE(j["failures"].empty()) << j["failures"].dump();
+    std::string notes;
+    for (const auto& n : j["notes"]) notes += n.get<std::string>() + "\n";
+    std::vector<std::string> in_summary;
+    for (const auto& s : j["summary"]) in_summary.push_back(s["method"].get<std::string>());
+    for (const std::string& name : left_out) {
+      EXPECT_NE(notes.find(name + " (needs "), std::string::npos) << name << "\n" << notes;
+      EXPECT_EQ(std::find(in_summary.begin(), in_summary.end(), name), in_summary.end()) << name;
+    }
+    for (const std::string& name : runnable)
+      EXPECT_NE(std::find(in_summary.begin(), in_summary.end(), name), in_summary.end()) << name;
+  }
+
+  const fs::path json = dir_ / "named.json";
+  const std::string quoted_ada = "'adakv(expected-attention)'";
+  struct Case {
+    std::string args, method;
+  };
+  const std::vector<Case> named = {
+      {"eval " + capture_ + " --methods uniform,expected-attention", "expected-attention"},
+      {"eval " + capture_ + " --methods compactor", "compactor"},
+      {"eval " + capture_ + " --methods " + quoted_ada, "adakv(expected-attention)"},
+      {"eval " + capture_ + " --param expected-attention.n_sink=2", "expected-attention"},
+      {"sweep " + capture_ + " --method expected-attention --param n_sink=2,4",
+       "expected-attention"},
+      {"theory " + capture_ + " --methods uniform,expected-attention --no-discrepancy",
+       "expected-attention"},
+  };
+  for (const Case& c : named) {
+    fs::remove(json);
+    const CliRun r = run_cli(c.args + " --seeds 1 --json " + json.string());
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find("kvscope-cli: error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(c.method + " cannot run on this capture"), std::string::npos)
+        << c.args << "\n"
+        << r.output;
+    EXPECT_NE(r.output.find("\"rope_theta\" and \"rope_layout\""), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(json)) << c.args;
+  }
+}
+
+// One exit status per outcome for every subcommand: a flag that does not parse, an unknown flag,
+// a missing argument or file are bad input (1), never CLI11's own codes (104, 106, 109, ...).
+TEST_F(CliEval, EverySubcommandExitsOneOnBadInput) {
+  const std::string out = (dir_ / "out.safetensors").string();
+  const std::vector<std::string> cases = {
+      "",
+      "nosuch",
+      "eval " + capture_ + " --seeds abc",
+      "eval " + capture_ + " --nosuch-flag",
+      "eval " + capture_ + " --param uniform",
+      "eval",
+      "sweep " + capture_ + " --method uniform --seeds 1.5",
+      "merge",
+      "info " + (dir_ / "absent.safetensors").string(),
+      "info " + capture_ + " --tokens many",
+      "synth --tokens abc --out " + out,
+      "bench --n abc",
+      "embed " + capture_ + " --layer x --head 0 --out " + (dir_ / "e.csv").string(),
+      "theory " + capture_ + " --seeds abc",
+      "render " + capture_ + " --ratio abc --out " + (dir_ / "r.png").string(),
+      "generate --steps abc",
+      "capture --nosuch-flag",
+  };
+  for (const std::string& c : cases) {
+    const CliRun r = run_cli(c);
+    EXPECT_EQ(r.code, 1) << "kvscope-cli " << c << "\n" << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << c << "\n" << r.output;
+  }
+  EXPECT_EQ(run_cli("--help").code, 0);
+  EXPECT_EQ(run_cli("eval --help").code, 0);
 }
 
 TEST_F(CliEval, SweepPrintsErrorPerGridValue) {

@@ -355,6 +355,32 @@ TEST(RunEval, NoQueriesRefusesQueryAwareMethodsOnceAndUsesKeysAsProxy) {
   }
 }
 
+// A capture without RoPE metadata lacks what expected-attention needs: its items are refused with
+// method_unavailable's reason (the one the app greys it out with), once in the notes, not failed.
+TEST(RunEval, MethodTheCaptureCannotRunIsRefusedWithTheReasonNotFailed) {
+  MemoryCapture cap = make_capture(128, 1, 2, 4, true);
+  ASSERT_FALSE(cap.info().rope.known());
+  const Method* ea = find_method("expected-attention");
+  ASSERT_NE(ea, nullptr);
+  const std::string why = method_unavailable(*ea, cap.info());
+  ASSERT_NE(why.find("RoPE"), std::string::npos) << why;
+  EvalSpec spec = simple_spec(1);
+  spec.methods.push_back(ea);
+  const EvalReport rep = run_eval(cap, spec);
+  EXPECT_TRUE(rep.failures().empty());
+  int mentions = 0;
+  for (const std::string& note : rep.notes)
+    if (note.find("expected-attention needs RoPE") != std::string::npos) ++mentions;
+  EXPECT_EQ(mentions, 1);
+  for (const HeadEval& he : rep.results) {
+    EXPECT_EQ(he.refused, he.method == "expected-attention") << he.method;
+    EXPECT_EQ(he.error, "") << he.method;
+    if (he.refused) {
+      EXPECT_EQ(he.note, "expected-attention " + why);
+    }
+  }
+}
+
 TEST(RunEval, ThrowingMethodIsReportedAsError) {
   MemoryCapture cap = make_capture(128, 1, 2, 2, true);
   static Throwing throwing;

@@ -272,7 +272,7 @@ def generate_cases(case, r, models):
         case("generate " + " ".join(flags), g + flags, pattern=pat)
     case("generate --steps beyond a 64-bit integer", base[:-3] + ["--quiet", "--prompt", prompt, "--steps",
          "99999999999999999999999"],
-         rc={1, 104, 105}, pattern=r"--steps")
+         rc={1}, pattern=r"--steps")
 
     # prompts: too short for a window, longer than the context (no hang: the BPE merges were
     # O(n^2)), not UTF-8, terminal escapes
@@ -648,7 +648,7 @@ def main():
                        (["--shard", "0/99999999999"], r"--shard '0/99999999999': expected i/N"),
                        (["--shard", "1"], r"--shard '1': expected i/N")):
         case("eval " + " ".join(flags), ["eval", "ok.safetensors", "--methods", "uniform"] + flags,
-             rc={1, 105, 106, 109}, pattern=pat)
+             rc={1}, pattern=pat)
     for flags, pat in ((["--repeat", "0"], r"--repeat 0: must be between 1 and 10000"),
                        (["--d", "0"], r"--d 0: must be between 1 and 65536"),
                        (["--heads", "-3"], r"--heads -3: must be between 1 and 4096"),
@@ -657,7 +657,7 @@ def main():
     case("embed --iterations -1", ["embed", "ok.safetensors", "--layer", "0", "--head", "0",
          "--out", "e2.csv", "--iterations", "-1"], pattern=r"--iterations -1: must be between 0")
     case("embed --perplexity nan", ["embed", "ok.safetensors", "--layer", "0", "--head", "0",
-         "--out", "e2.csv", "--perplexity", "nan"], rc={1, 104, 105}, pattern=r"perplexity")
+         "--out", "e2.csv", "--perplexity", "nan"], rc={1}, pattern=r"perplexity")
     case("synth --layers -1", ["synth", "--tokens", "64", "--layers", "-1", "--out", "s.safetensors"],
          pattern=r"--layers -1: must be between 1 and 4096")
 
