@@ -7,7 +7,8 @@
 # KVSCOPE_BUILD_DIR picks the build folder (default build; built first). KVSCOPE_LOAD_TESTS, a
 # CTest -R pattern, runs those tests instead of the label gui (e.g. gui_real_input|gui_oracle).
 # gui_soak runs with the rest when KVSCOPE_SANITIZED_APP names the sanitized app (it skips
-# otherwise). Logs go to BUILD/under-load/. Exit status 0 when every run and every walk passed.
+# otherwise). KVSCOPE_LOAD_NO_BUILD=1 skips the bootstrap build. Logs go to BUILD/under-load/.
+# Exit status 0 when every run and every walk passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-10}

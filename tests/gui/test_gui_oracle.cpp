@@ -59,11 +59,18 @@ class Oracle : public NumbersOracle {
     st = reveal(st, combo);
     click(st, combo);
     st = with_item(combo + ":uniform");
-    // The methods the list shows (a real user can only pick what is on screen).
+    // The methods the list shows enabled (a real user can only pick what is on screen; a method
+    // the capture cannot run is shown disabled, marked by an extra item "<entry>:unavailable").
     std::vector<std::string> shown;
-    for (const auto& [name, r] : st["ui_items"].items())
-      if (name.rfind(combo + ":", 0) == 0 && name.find("exact") == std::string::npos)
-        shown.push_back(name.substr(combo.size() + 1));
+    const std::string unavailable = ":unavailable";
+    for (const auto& [name, r] : st["ui_items"].items()) {
+      if (name.rfind(combo + ":", 0) != 0 || name.find("exact") != std::string::npos) continue;
+      if (name.size() > unavailable.size() &&
+          name.compare(name.size() - unavailable.size(), unavailable.size(), unavailable) == 0)
+        continue;
+      if (st["ui_items"].contains(name + unavailable)) continue;
+      shown.push_back(name.substr(combo.size() + 1));
+    }
     if (shown.empty()) {
       ADD_FAILURE() << "step " << step_ << ": the " << combo << " list showed no method";
       return st;
