@@ -820,8 +820,11 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
           requested_[pi].clear();  // shown by show_view: settings.active_view is already set
           shown = v.name();
         } else if (requested_[pi].empty()) {
-          // A tab the user picked is the active (exported) view.
-          if (shown != v.name()) s_.settings.active_view = v.name();
+          // A tab the user picked is the active (exported) view: a newly selected tab, and a
+          // click on the tab already shown (each panel shows one, and the active view may be
+          // the other panel's).
+          if (shown != v.name() || ImGui::IsItemClicked(ImGuiMouseButton_Left))
+            s_.settings.active_view = v.name();
           shown = v.name();
         }  // else: another tab is being brought up; the settings already name it
         // At a projector's scale a view's toolbars and plots can be wider than its panel: the

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ pkg-config libglfw3-dev libimgui-dev libeigen3-dev nlohmann-json3-dev
   libstb-dev libcli11-dev libnanoflann-dev libgtest-dev libbenchmark-dev zlib1g-dev xvfb xauth fonts-dejavu-core
-  xdotool)
+  xdotool x11-utils)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

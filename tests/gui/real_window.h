@@ -4,10 +4,11 @@
 // view's numbers and the app's state (settings, results with their status, the screen rectangles
 // of the widgets a test clicks) as JSON, F10 a PNG of the active view.
 //
-// Built for a loaded 2-core CI machine: nothing waits a fixed time for the app; every wait polls
-// the app's state (F9) with a generous limit, and a failure names the step and shows what the
-// app reported last. Widgets are found from the rectangles the app records, not from fixed
-// coordinates. Each click is made once: a lost click is a bug of the app, not of the machine.
+// Built for a loaded 2-core CI machine: nothing waits a fixed time for the app; the start waits
+// for the window to be viewable and the app to answer F9, every later wait polls the app's state
+// (F9) with a generous limit, and a failure names the step and shows what the app reported
+// last. Widgets are found from the rectangles the app records, not from fixed coordinates.
+// Each click is made once: a lost click is a bug of the app, not of the machine.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -115,12 +116,75 @@ class RealWindow : public ::testing::Test {
       _exit(127);
     }
     ASSERT_GT(pid_, 0);
-    std::string id = sh("timeout 60 xdotool search --sync --name KVScope | head -1");
-    ASSERT_FALSE(id.empty()) << "no KVScope window appeared in 60 s";
-    window_ = std::stol(id);
+    window_ = wait_viewable_window();
+    ASSERT_GT(window_, 0);
     xdo("windowmove " + std::to_string(window_) + " 0 0");
-    xdo("windowfocus " + std::to_string(window_));
+    ASSERT_TRUE(focus_window());
     move_to(700, 450);
+    // The app's own ready state: it answers F9, so its frame loop runs and takes the keys.
+    // state() fails the test, naming the step, when it does not within its limit.
+    ASSERT_TRUE(state().contains("session"));
+  }
+
+  // The app's window once X shows it. GLFW names the window before it maps it (it makes the GL
+  // context in between, slowly under a sanitizer or on a busy machine): a window found by its
+  // name alone may not be mapped yet, and X refuses the input focus to a window that is not
+  // viewable (BadMatch in X_SetInputFocus). --onlyvisible lists only windows whose map state is
+  // IsViewable; --pid keeps to this app's window (GLFW sets _NET_WM_PID). Polled rather than
+  // `search --sync`, so that an app that exits is noticed at once. 0 (and a failure) when none
+  // is shown within kWaitS.
+  long wait_viewable_window() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string cmd =
+        "xdotool search --all --onlyvisible --pid " + std::to_string(pid_) + " --name KVScope";
+    std::string out;
+    for (;;) {
+      if (app_exited()) {
+        ADD_FAILURE() << "step " << step_ << ": the app exited before its window was shown";
+        return 0;
+      }
+      int rc = 0;
+      out = sh(cmd, &rc);
+      char* end = nullptr;
+      const long id = std::strtol(out.c_str(), &end, 10);
+      if (rc == 0 && end != out.c_str() && id > 0) return id;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > kWaitS) {
+        ADD_FAILURE() << "step " << step_ << ": the app's window was not viewable within " << kWaitS
+                      << " s (" << cmd << ": rc " << rc << ", \"" << out << "\"); its windows:\n"
+                      << sh("xdotool search --pid " + std::to_string(pid_) +
+                            " --name KVScope | xargs -r -n1 xwininfo -id | grep -E "
+                            "'Window id|Map State'");
+        return 0;
+      }
+      pause_ms(100);
+    }
+  }
+
+  // Gives the window the keyboard focus (without a window manager nothing keeps it there). The
+  // window is viewable once launch() has found it, so X grants the focus at once; a refusal
+  // all the same is retried for a bounded time, then fails the test with xdotool's message and
+  // the window's map state. False on a failure.
+  bool focus_window() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string id = std::to_string(window_);
+    for (;;) {
+      int rc = 0;
+      const std::string out = sh("xdotool windowfocus " + id, &rc);
+      if (rc == 0) return true;
+      if (app_exited()) {
+        ADD_FAILURE() << "step " << step_ << ": the app has exited (xdotool windowfocus: " << out
+                      << ")";
+        return false;
+      }
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > kWaitS) {
+        ADD_FAILURE() << "step " << step_ << ": the window " << id
+                      << " did not take the input focus within " << kWaitS
+                      << " s: xdotool windowfocus " << id << ": " << out
+                      << sh("xwininfo -id " + id + " | grep 'Map State'");
+        return false;
+      }
+      pause_ms(100);
+    }
   }
 
   void TearDown() override {
@@ -178,7 +242,7 @@ class RealWindow : public ::testing::Test {
   void key(const std::string& k) {
     // Keys go to the window with the input focus: without a window manager nothing keeps it
     // there, so it is set before every key.
-    sh("xdotool windowfocus " + std::to_string(window_));
+    if (!focus_window()) return;
     xdo("key " + k);
     pause_ms(120);
   }

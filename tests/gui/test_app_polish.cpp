@@ -198,6 +198,40 @@ TEST(Help, TableViewsAndDocuments) {
   EXPECT_TRUE(app_md);
 }
 
+// The active view (the one F10 and File > Export write, and the state export names) is the view
+// whose tab the user clicked last. Each panel shows a tab of its own, so the active view can be
+// the other panel's: a click on a tab already shown must make it the active view all the same.
+TEST(Tabs, TheTabClickedLastIsTheActiveViewEvenWhenItWasAlreadyShown) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    frame(s, ui);
+    frame(s, ui);
+    ASSERT_EQ(s.settings.panel_view[0], "capture");
+    click(s, ui, "tab:geometry");  // not shown yet: it is brought up and becomes active
+    frame(s, ui);
+    EXPECT_EQ(s.settings.panel_view[1], "geometry");
+    EXPECT_EQ(s.settings.active_view, "geometry");
+    click(s, ui, "tab:capture");  // shown on the left all along
+    frame(s, ui);
+    EXPECT_EQ(s.settings.panel_view[0], "capture");
+    EXPECT_EQ(s.settings.active_view, "capture") << "a click on the shown left tab was ignored";
+    click(s, ui, "tab:geometry");  // shown on the right all along
+    frame(s, ui);
+    EXPECT_EQ(s.settings.active_view, "geometry") << "a click on the shown main tab was ignored";
+    click(s, ui, "tab:method");  // the left panel's other tab
+    frame(s, ui);
+    EXPECT_EQ(s.settings.panel_view[0], "method");
+    EXPECT_EQ(s.settings.active_view, "method");
+    // Only a click does it: the pointer resting on another shown tab changes nothing.
+    const ImVec2 over = centre(s, "tab:geometry");
+    for (int f = 0; f < 3; ++f) frame(s, ui, {}, false, over, false);
+    EXPECT_EQ(s.settings.active_view, "method");
+  }
+  ImGui::DestroyContext();
+}
+
 // Item 8: Escape closes an open menu (ImGui 1.86 does so only with keyboard navigation on), and
 // still closes the Open dialog.
 TEST(Escape, ClosesMenusAndTheOpenDialog) {

@@ -59,11 +59,18 @@ class Oracle : public NumbersOracle {
     st = reveal(st, combo);
     click(st, combo);
     st = with_item(combo + ":uniform");
-    // The methods the list shows (a real user can only pick what is on screen).
+    // The methods the list shows enabled (a real user can only pick what is on screen; a method
+    // the capture cannot run is shown disabled, marked by an extra item "<entry>:unavailable").
     std::vector<std::string> shown;
-    for (const auto& [name, r] : st["ui_items"].items())
-      if (name.rfind(combo + ":", 0) == 0 && name.find("exact") == std::string::npos)
-        shown.push_back(name.substr(combo.size() + 1));
+    const std::string unavailable = ":unavailable";
+    for (const auto& [name, r] : st["ui_items"].items()) {
+      if (name.rfind(combo + ":", 0) != 0 || name.find("exact") != std::string::npos) continue;
+      if (name.size() > unavailable.size() &&
+          name.compare(name.size() - unavailable.size(), unavailable.size(), unavailable) == 0)
+        continue;
+      if (st["ui_items"].contains(name + unavailable)) continue;
+      shown.push_back(name.substr(combo.size() + 1));
+    }
     if (shown.empty()) {
       ADD_FAILURE() << "step " << step_ << ": the " << combo << " list showed no method";
       return st;
@@ -71,9 +78,17 @@ class Oracle : public NumbersOracle {
     const std::string m = shown[std::uniform_int_distribution<size_t>(0, shown.size() - 1)(rng_)];
     step(std::to_string(steps_) + ": method " + slot + " := " + m);
     click(st, combo + ":" + m);
+    // "<method>:approximate" is the entry that runs <method> with W_O = I (its projection
+    // parameter at identity): the slot's method is <method>; eval gets the parameters the app
+    // reports, so check_numbers covers them.
+    const std::string approximate = ":approximate";
+    std::string method = m;
+    if (m.size() > approximate.size() &&
+        m.compare(m.size() - approximate.size(), approximate.size(), approximate) == 0)
+      method = m.substr(0, m.size() - approximate.size());
     const std::string field = std::string("method_") + (slot[0] == 'A' ? "a" : "b");
-    return wait_for([&](const json& s) { return s["session"][field] == m; }, kWaitS,
-                    "method " + std::string(slot) + " to be " + m);
+    return wait_for([&](const json& s) { return s["session"][field] == method; }, kWaitS,
+                    "method " + std::string(slot) + " to be " + method);
   }
 
   json drag_ratio(json st) {

@@ -477,7 +477,10 @@ class Soak : public NumbersOracle {
       json st = calm();
       if (!st.contains("session")) return;
       key("ctrl+e");
-      pause_ms(300);
+      // Return must reach the dialog, not the view under it: wait for the app to show it.
+      st = wait_for([](const json& s) { return s["dialog_open"].get<bool>(); }, kWaitS,
+                    "the Save as dialog after Ctrl+E");
+      if (!st.contains("session") || !st["dialog_open"].get<bool>()) return;
       key("Return");
       event("export", "Ctrl+E, Return (PNG through the Save as dialog)");
     }
