@@ -191,11 +191,19 @@ TEST(Help, TableViewsAndDocuments) {
   for (const auto& v : make_views())
     EXPECT_GT(std::string(v->help()).size(), 60u) << v->name() << " has no help paragraph";
   bool app_md = false;
+  std::set<std::string> listed;
   for (const HelpDoc& d : help_docs()) {
     EXPECT_FALSE(help_doc_file(d).empty()) << d.path << " is not in the repository";
+    EXPECT_FALSE(d.what.empty()) << d.path << " has no title";
     app_md |= std::string(d.path) == "docs/app.md";
+    listed.insert(d.path);
   }
   EXPECT_TRUE(app_md);
+  // Every document of the docs folder is listed (docs/theory.md was left out of a typed list).
+  for (const auto& e : fs::directory_iterator(fs::path(KVSCOPE_SOURCE_DIR) / "docs"))
+    if (e.path().extension() == ".md")
+      EXPECT_EQ(listed.count("docs/" + e.path().filename().string()), 1u) << e.path();
+  EXPECT_EQ(listed.count("docs/theory.md"), 1u);
 }
 
 // Item 8: Escape closes an open menu (ImGui 1.86 does so only with keyboard navigation on), and
