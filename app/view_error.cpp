@@ -349,8 +349,7 @@ void ErrorView::draw_sweep(AppState& s) {
       for (const Series& sr : series)
         for (size_t t = 0; t < sr.x.size(); ++t)
           if (std::fabs(sr.x[t] - r) < 1e-12) {
-            const ImVec4 col =
-                ImGui::ColorConvertU32ToFloat4(colours(sr.method));
+            const ImVec4 col = ImGui::ColorConvertU32ToFloat4(colours(sr.method));
             if (sweep_y_ == 1)
               ImGui::TextColored(col, "%-16s harm kept %.4g, dropped %.4g (%.0f%%)",
                                  sr.method.c_str(), sr.sd[t], sr.hi[t], 100 * sr.y[t]);

@@ -18,8 +18,8 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
-#include "app/method_list.h"
 #include "app/colormap.h"
+#include "app/method_list.h"
 #include "app/new_capture_dialog.h"
 #include "app/plot.h"
 #include "app/view.h"

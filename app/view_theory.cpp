@@ -17,8 +17,8 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
-#include "app/method_list.h"
 #include "app/colormap.h"
+#include "app/method_list.h"
 #include "app/plot.h"
 #include "app/result_status.h"
 #include "app/view.h"

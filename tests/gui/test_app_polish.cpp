@@ -15,6 +15,7 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
+#include "app/grid_values.h"
 #include "app/recent_files.h"
 #include "app/soft_render.h"
 #include "app/view.h"
@@ -463,6 +464,58 @@ TEST(ErrorView, OpeningItChangesNoSettingAndAsksForTheDefaultSweep) {
       EXPECT_NE(std::find(asked.begin(), asked.end(), m), asked.end()) << m;
     EXPECT_NE(std::find(asked.begin(), asked.end(), s.method_name(0)), asked.end());
     EXPECT_NE(s.result(kSweep).want, "") << "the default sweep is not planned";
+  }
+  ImGui::DestroyContext();
+}
+
+namespace {
+
+// Characters typed into the focused text field this frame.
+void type_text(AppState& s, AppUi& ui, const std::string& text) {
+  for (char c : text) ImGui::GetIO().AddInputCharacter(static_cast<unsigned>(c));
+  frame(s, ui);
+}
+
+}  // namespace
+
+// A value typed into a method parameter (Ctrl+click on its slider, "0.05", Enter) is the double
+// 0.05 the CLI parses, in the settings, the session and the grid's caption: the field is a
+// double, never rounded through a float (0.05000000074505806).
+TEST(Settings, ATypedParameterStaysExactly) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    constexpr int kEnter = 257;  // GLFW_KEY_ENTER, the app's key index
+    ImGui::GetIO().KeyMap[ImGuiKey_Enter] = kEnter;
+    AppState s;
+    AppUi ui(s);
+    ui.show_view("method");
+    s.request_open(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors");
+    for (int i = 0; i < 3000 && !(s.capture && s.ui_items.count("param:A:gamma")); ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_EQ(s.settings.method[0].name, "balancekv");
+    ASSERT_EQ(s.ui_items.count("param:A:gamma"), 1u) << "the gamma slider was not drawn";
+    const auto r = s.ui_items.at("param:A:gamma");
+    const ImVec2 at(r[0] + 10, (r[1] + r[3]) / 2);
+    frame(s, ui, {}, true, at, false);
+    frame(s, ui, {}, true, at, true);
+    frame(s, ui, {}, true, at, false);
+    frame(s, ui, {}, false, at, false);
+    ASSERT_TRUE(ImGui::GetIO().WantTextInput) << "Ctrl+click did not open the text field";
+    type_text(s, ui, "0.05");
+    frame(s, ui, {kEnter}, false, at, false);
+    frame(s, ui, {}, false, at, false);
+    ASSERT_EQ(s.settings.method[0].params.count("gamma"), 1u);
+    EXPECT_EQ(s.settings.method[0].params.at("gamma"), 0.05);
+    EXPECT_EQ(s.to_session()["params_a"]["gamma"].get<double>(), 0.05);
+    for (int i = 0; i < 3000 && !s.grid_report(); ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(s.grid_report());
+    const std::string caption = grid_json(s)["caption"];
+    EXPECT_NE(caption.find("gamma 0.05"), std::string::npos) << caption;
   }
   ImGui::DestroyContext();
 }

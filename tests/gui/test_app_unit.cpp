@@ -32,6 +32,7 @@
 #include "app/method_list.h"
 #include "app/overlap_grid.h"
 #include "app/plot.h"
+#include "app/recent_files.h"
 #include "app/result_status.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
@@ -1850,8 +1851,7 @@ TEST(Settings, ParametersStayDoublesAndTheTheoryViewEqualsTheCli) {
             }
           } else if (c.is_array()) {
             ASSERT_TRUE(v.is_array() && v.size() == c.size()) << at;
-            for (size_t i = 0; i < c.size(); ++i)
-              walk(c[i], v[i], at + "/" + std::to_string(i));
+            for (size_t i = 0; i < c.size(); ++i) walk(c[i], v[i], at + "/" + std::to_string(i));
           } else if (c.is_number()) {
             ++numbers;
             if (!v.is_number() || v.get<double>() != c.get<double>()) {
@@ -1865,4 +1865,25 @@ TEST(Settings, ParametersStayDoublesAndTheTheoryViewEqualsTheCli) {
     fs::remove(out);
   }
   ImGui::DestroyContext();
+}
+
+// A start without a file reopens the capture opened last (not a session, not a file since
+// removed); with none, main() falls back to the sample.
+TEST(RecentFilesTest, TheLastCaptureStillThereIsReopened) {
+  const fs::path dir = fs::temp_directory_path() / "kvscope_unit_last_capture";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path a = dir / "a.safetensors", b = dir / "b.safetensors", gone = dir / "gone.npz";
+  std::ofstream(a) << "a";
+  std::ofstream(b) << "b";
+  RecentFiles recent(dir / "recent.json");
+  EXPECT_EQ(recent.last_capture(), "");
+  recent.add(a.string(), "capture");
+  recent.add(b.string(), "capture");
+  recent.add((dir / "s.json").string(), "session");
+  recent.add(gone.string(), "capture");
+  RecentFiles again(dir / "recent.json");
+  ASSERT_EQ(again.load(), "");
+  EXPECT_EQ(again.last_capture(), fs::absolute(b).string());
+  fs::remove_all(dir);
 }
