@@ -201,9 +201,11 @@ TEST(Help, TableViewsAndDocuments) {
   }
   EXPECT_TRUE(app_md);
   // Every document of the docs folder is listed (docs/theory.md was left out of a typed list).
-  for (const auto& e : fs::directory_iterator(fs::path(KVSCOPE_SOURCE_DIR) / "docs"))
-    if (e.path().extension() == ".md")
+  for (const auto& e : fs::directory_iterator(fs::path(KVSCOPE_SOURCE_DIR) / "docs")) {
+    if (e.path().extension() == ".md") {
       EXPECT_EQ(listed.count("docs/" + e.path().filename().string()), 1u) << e.path();
+    }
+  }
   EXPECT_EQ(listed.count("docs/theory.md"), 1u);
 }
 
@@ -490,10 +492,14 @@ TEST(Settings, ATypedParameterStaysExactly) {
     AppUi ui(s);
     ui.show_view("method");
     s.request_open(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors");
-    for (int i = 0; i < 3000 && !(s.capture && s.ui_items.count("param:A:gamma")); ++i) {
+    // Until the focused runs are in: their figures above the parameters move them down.
+    for (int i = 0; i < 5000 && !(s.capture && s.result(kFocusA).fresh() &&
+                                  s.result(kFocusB).fresh() && s.ui_items.count("param:A:gamma"));
+         ++i) {
       frame(s, ui);
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
+    frame(s, ui);
     ASSERT_EQ(s.settings.method[0].name, "balancekv");
     ASSERT_EQ(s.ui_items.count("param:A:gamma"), 1u) << "the gamma slider was not drawn";
     const auto r = s.ui_items.at("param:A:gamma");
@@ -502,7 +508,14 @@ TEST(Settings, ATypedParameterStaysExactly) {
     frame(s, ui, {}, true, at, true);
     frame(s, ui, {}, true, at, false);
     frame(s, ui, {}, false, at, false);
-    ASSERT_TRUE(ImGui::GetIO().WantTextInput) << "Ctrl+click did not open the text field";
+    ASSERT_TRUE(ImGui::GetIO().WantTextInput)
+        << "Ctrl+click did not open the text field at " << at.x << "," << at.y << " rect " << r[0]
+        << "," << r[1] << "," << r[2] << "," << r[3] << " active "
+        << ImGui::GetCurrentContext()->ActiveId << " hovered "
+        << ImGui::GetCurrentContext()->HoveredIdPreviousFrame << " window "
+        << (ImGui::GetCurrentContext()->HoveredWindow
+                ? ImGui::GetCurrentContext()->HoveredWindow->Name
+                : "none");
     type_text(s, ui, "0.05");
     frame(s, ui, {kEnter}, false, at, false);
     frame(s, ui, {}, false, at, false);
