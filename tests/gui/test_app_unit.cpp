@@ -271,8 +271,14 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
   s.settings.method[0] = MethodChoice{"balancekv", {{specs[0].name, specs[0].min}}};
   s.reconcile();
   // The sweep runs A's method? No: its key changes only through methods it runs (streaming is
-  // B's now, with default parameters), so it stays fresh; the grid is stale until rerun.
-  EXPECT_TRUE(s.result(kGrid).stale());
+  // B's now, with default parameters), so it stays fresh; the grid is not fresh until rerun, and
+  // at once none of its cells reads as fresh (both slots changed method: every cell is missing,
+  // none of the earlier methods' values shown as the new ones').
+  EXPECT_FALSE(s.result(kGrid).fresh());
+  ASSERT_NE(s.grid_report(), nullptr);
+  for (const GridEntry& e : s.grid_report()->entries)
+    EXPECT_NE(e.state, CellState::Fresh) << "slot " << e.slot;
+  EXPECT_FALSE(s.grid_report()->complete());
   ASSERT_TRUE(pump(s, [&] { return fresh(s, kGrid) && fresh(s, kFocusA) && fresh(s, kFocusB); }));
   EXPECT_EQ(s.result(kGrid).error, "");
   // Method A's cells are balancekv's (the grid holds B's too, app/grid_cells.h).
