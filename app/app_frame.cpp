@@ -83,19 +83,32 @@ const std::vector<Shortcut>& shortcuts() {
 }
 
 const std::vector<HelpDoc>& help_docs() {
-  static const std::vector<HelpDoc> docs = {
-      {"README.md", "what KVScope is, building, the CLI"},
-      {"docs/app.md", "this app: views, exports, sessions, shortcuts, the state model"},
-      {"docs/methods.md", "the compression methods and their parameters"},
-      {"docs/evaluation.md", "the evaluation protocol: sinks, window, budget, error"},
-      {"docs/balancekv.md", "BalanceKV and the self-balancing walk"},
-      {"docs/geometry.md", "the Geometry view's maps"},
-      {"docs/generate.md", "the Output view: what compression does to the text"},
-      {"docs/capturing.md", "making captures (File > New capture, kvscope-cli capture)"},
-      {"docs/capture-format.md", "the capture files and the reader's limits"},
-      {"docs/performance.md", "speed, SIMD kernels and the CUDA backend"},
-      {"docs/testing.md", "the test suites"},
-  };
+  static const std::vector<HelpDoc> docs = [] {
+    std::vector<HelpDoc> out;
+#ifdef KVSCOPE_SOURCE_DIR
+    const fs::path root(KVSCOPE_SOURCE_DIR);
+    // A document's title: its first "# " line.
+    auto title = [&](const std::string& rel) {
+      std::ifstream in(root / rel);
+      std::string line;
+      while (std::getline(in, line))
+        if (line.rfind("# ", 0) == 0) return line.substr(2);
+      return std::string();
+    };
+    std::error_code ec;
+    if (fs::exists(root / "README.md", ec)) out.push_back({"README.md", title("README.md")});
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(root / "docs", ec))
+      if (e.is_regular_file() && e.path().extension() == ".md")
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    // docs/app.md (this app) first, the others by name.
+    std::stable_partition(names.begin(), names.end(),
+                          [](const std::string& n) { return n == "app.md"; });
+    for (const std::string& n : names) out.push_back({"docs/" + n, title("docs/" + n)});
+#endif
+    return out;
+  }();
   return docs;
 }
 
@@ -625,14 +638,18 @@ void AppUi::note_frame_time(double ms, double app_ms) {
   ++frames_;
 }
 
-void AppUi::draw() {
-  // One state model: finished jobs are applied, then every result's key is compared with the
-  // settings (the views' own plans included) before anything is drawn.
+void AppUi::reconcile() {
   s_.reconcile([this](const AppState& s, std::vector<NamedPlan>& plans) {
     for (const auto& v : views_)  // a view's own results are wanted while it is shown
       if (v->name() == s.settings.panel_view[0] || v->name() == s.settings.panel_view[1])
         v->plan(s, plans);
   });
+}
+
+void AppUi::draw() {
+  // One state model: finished jobs are applied, then every result's key is compared with the
+  // settings (the views' own plans included) before anything is drawn.
+  reconcile();
   s_.hovered_token = -1;
   s_.ui_items.clear();  // only what this frame draws
   const ImGuiViewport* vp = ImGui::GetMainViewport();
@@ -651,9 +668,11 @@ void AppUi::draw() {
     ImGui::PushStyleColor(ImGuiCol_ChildBg, ImVec4(0.35f, 0.08f, 0.08f, 1.0f));
     float h = ImGui::GetTextLineHeightWithSpacing() * 2 + 8;
     ImGui::BeginChild("##loaderror", ImVec2(0, h), true);
-    ImGui::TextWrapped("Could not open: %s", s_.load_error.c_str());
-    ImGui::SameLine();
+    // The button first: after wrapped text it would sit past the right edge, cut to "Di".
     if (ImGui::SmallButton("Dismiss")) s_.load_error.clear();
+    record_item(s_, "button:dismiss load error");
+    ImGui::SameLine();
+    ImGui::TextWrapped("Could not open: %s", s_.load_error.c_str());
     ImGui::EndChild();
     ImGui::PopStyleColor();
   }
@@ -662,8 +681,10 @@ void AppUi::draw() {
     ImGui::PushStyleColor(ImGuiCol_ChildBg, ImVec4(0.30f, 0.24f, 0.06f, 1.0f));
     float h = ImGui::GetTextLineHeightWithSpacing() * (std::min<size_t>(s_.notes.size(), 4) + 1);
     ImGui::BeginChild("##notes", ImVec2(0, h), true);
-    for (const std::string& n : s_.notes) ImGui::TextWrapped("note: %s", n.c_str());
+    // The button first, where wrapped notes cannot push it out of the box.
     if (ImGui::SmallButton("Dismiss notes")) s_.notes.clear();
+    record_item(s_, "button:dismiss notes");
+    for (const std::string& n : s_.notes) ImGui::TextWrapped("note: %s", n.c_str());
     ImGui::EndChild();
     ImGui::PopStyleColor();
   }
@@ -690,6 +711,9 @@ void AppUi::draw() {
   tick_autosave();
   if (export_json_pending_) {
     export_json_pending_ = false;
+    // A view may have changed a setting while this frame drew: the export must already mark
+    // what that change outdates, so the results learn their new keys first.
+    reconcile();
     try {
       export_all_json(export_dir);
       s_.status_message = "exported JSON to " + export_dir;

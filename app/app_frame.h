@@ -89,10 +89,12 @@ struct Shortcut {
 };
 const std::vector<Shortcut>& shortcuts();
 
-// The repository's documents the Help window points to (paths relative to the repository).
+// The repository's documents the Help window points to (paths relative to the repository):
+// README.md and every docs/*.md of this build's source tree, each described by its title (its
+// first "# " line), read from the folder so a new document is listed without naming it here.
 struct HelpDoc {
-  const char* path;  // "docs/app.md"
-  const char* what;
+  std::string path;  // "docs/app.md"
+  std::string what;
 };
 const std::vector<HelpDoc>& help_docs();
 // The document's absolute path in this build's source tree ("" when it is not there).
@@ -208,6 +210,8 @@ class AppUi {
   void draw_status_bar();
   void draw_dialogs();
   void handle_keys();
+  // AppState::reconcile with the plans of the views shown.
+  void reconcile();
   void close_popups_and_menus();
   void draw_help();
   void draw_recent_menu();

@@ -387,10 +387,10 @@ void AppUi::draw_help() {
       static const std::string xdg = find_xdg_open();
       ImGui::TextDisabled("Paths are relative to the KVScope repository.");
       for (const HelpDoc& d : help_docs()) {
-        ImGui::PushID(d.path);
+        ImGui::PushID(d.path.c_str());
         const std::string file = help_doc_file(d);
         if (ImGui::SmallButton("copy path")) {
-          ImGui::SetClipboardText(file.empty() ? d.path : file.c_str());
+          ImGui::SetClipboardText(file.empty() ? d.path.c_str() : file.c_str());
           s_.status_message = std::string("copied ") + (file.empty() ? d.path : file);
         }
         if (!xdg.empty() && !file.empty()) {
@@ -400,9 +400,9 @@ void AppUi::draw_help() {
                 open_with_xdg(xdg, file) ? "opened " + file : "xdg-open could not start";
         }
         ImGui::SameLine();
-        ImGui::Text("%s", d.path);
+        ImGui::Text("%s", d.path.c_str());
         ImGui::SameLine();
-        ImGui::TextDisabled("%s", d.what);
+        ImGui::TextDisabled("%s", d.what.c_str());
         ImGui::PopID();
       }
     }

@@ -359,6 +359,14 @@ JobPlan AppState::plan_grid() const {
   p.units = seconds / kPriorPerUnit;
   p.threads = job->threads;
   p.auto_limit_s = 1e30;
+  p.in_hand = [job]() -> std::shared_ptr<const void> {
+    if (!job->slots[0].method) return nullptr;
+    std::vector<std::shared_ptr<const GridCell>> cells;
+    cells.reserve(job->needs.size());
+    for (const GridJob::Need& n : job->needs) cells.push_back(n.have);
+    std::shared_ptr<const GridReport> g = assemble_grid(*job, cells);
+    return g;
+  };
   const std::string name = settings.method[0].name;
   p.returns<GridReport>(
       [job, name, per_cell](

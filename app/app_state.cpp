@@ -502,6 +502,17 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
       if (!p.cost_class.empty() && !costs.measured(p.cost_class))
         r.estimate_text += " (not yet measured on this machine)";
     }
+    // The key changed: what is already computed for it replaces the earlier settings' value now,
+    // in the same frame, so nothing of theirs reads as fresh until the job's first frame.
+    if (r.key != p.key && p.in_hand && p.waiting.empty()) {
+      if (std::shared_ptr<const void> v = p.in_hand()) {
+        r.value = std::move(v);
+        r.type = p.value_type;
+        r.key = p.key;
+        r.error.clear();
+        r.partial = true;
+      }
+    }
     if (r.key == p.key && !r.partial) continue;  // fresh
     if (r.running == p.key) continue;            // on its way
     if (!r.running.empty()) {                    // outdated job

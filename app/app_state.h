@@ -202,6 +202,12 @@ struct JobPlan {
   using PartialFn = std::function<void(std::shared_ptr<const void>)>;
   std::function<std::shared_ptr<const void>(JobContext&, const PartialFn&)> compute;
   const std::type_info* value_type = nullptr;
+  // What can be shown for `key` before its job has run, built on the UI thread from what is
+  // already computed (of value_type; the grid: the cells in the store, every other cell the
+  // earlier settings' value marked stale). reconcile() installs it, as a partial value, in the
+  // frame the key changes: a value of earlier settings is never shown as this key's, not even
+  // until the job posts its first frame. Empty: the old value stays, stale() says so.
+  std::function<std::shared_ptr<const void>()> in_hand;
 
   // compute = fn, a callable (JobContext&, const PartialFn&) -> shared_ptr<const T>.
   template <class T, class Fn>

@@ -29,26 +29,31 @@ inline constexpr ImU32 kColAxisText = IM_COL32(190, 194, 200, 255);
 // Slot colours of the A/B comparison.
 inline constexpr ImU32 kColSlot[2] = {IM_COL32(76, 190, 110, 255), IM_COL32(200, 110, 230, 255)};
 
-// A fixed colour per method name, so a method keeps its colour across plots.
-inline ImU32 method_colour(int index) {
-  static constexpr ImU32 palette[] = {
-      IM_COL32(230, 230, 230, 255),  // exact
-      IM_COL32(120, 160, 255, 255),  // uniform
-      IM_COL32(255, 160, 60, 255),   // streaming
-      IM_COL32(230, 90, 90, 255),    // h2o
-      IM_COL32(80, 200, 200, 255),   // snapkv
-      IM_COL32(150, 200, 80, 255),   // pyramidkv
-      IM_COL32(200, 130, 90, 255),   // tova
-      IM_COL32(160, 160, 160, 255),  // knorm
-      IM_COL32(240, 110, 200, 255),  // subgen
-      IM_COL32(190, 120, 240, 255),  // subgen-kcenter
-      IM_COL32(255, 220, 80, 255),   // buzz
-      IM_COL32(70, 220, 120, 255),   // balancekv
-      IM_COL32(40, 150, 90, 255),    // balancekv-stream
-  };
-  constexpr int n = sizeof(palette) / sizeof(palette[0]);
-  return palette[((index % n) + n) % n];
-}
+// The palette methods are drawn in (app/method_list.h, MethodColours, hands them out): one colour
+// per method of the registry in its order, each apart from every other on the dark background.
+inline constexpr ImU32 kMethodPalette[] = {
+    IM_COL32(230, 230, 230, 255),  // light grey
+    IM_COL32(100, 150, 255, 255),  // blue
+    IM_COL32(255, 150, 40, 255),   // orange
+    IM_COL32(235, 70, 70, 255),    // red
+    IM_COL32(60, 205, 205, 255),   // cyan
+    IM_COL32(160, 210, 70, 255),   // lime
+    IM_COL32(170, 110, 70, 255),   // brown
+    IM_COL32(140, 140, 140, 255),  // grey
+    IM_COL32(255, 140, 190, 255),  // pink
+    IM_COL32(120, 100, 200, 255),  // indigo
+    IM_COL32(210, 210, 90, 255),   // khaki
+    IM_COL32(0, 140, 200, 255),    // ocean
+    IM_COL32(200, 60, 140, 255),   // magenta
+    IM_COL32(240, 110, 240, 255),  // orchid
+    IM_COL32(190, 130, 255, 255),  // lavender
+    IM_COL32(255, 225, 60, 255),   // yellow
+    IM_COL32(70, 220, 120, 255),   // green
+    IM_COL32(30, 140, 80, 255),    // dark green
+    IM_COL32(130, 230, 230, 255),  // light cyan
+    IM_COL32(180, 255, 180, 255),  // mint
+};
+inline constexpr int kMethodPaletteSize = sizeof(kMethodPalette) / sizeof(kMethodPalette[0]);
 
 inline ImU32 lerp_colour(ImU32 a, ImU32 b, float t) {
   t = std::clamp(t, 0.0f, 1.0f);

@@ -19,6 +19,7 @@
 #include "app/headless.h"
 #include "app/input_queue.h"
 #include "app/memory_stats.h"
+#include "app/recent_files.h"
 #include "app/screenshot.h"
 #include "app/soft_render.h"
 #include "app/view.h"
@@ -178,6 +179,13 @@ int main(int argc, char** argv) {
   // The remembered scale applies to interactive sessions; screenshots are reproducible (1x
   // unless --ui-scale says otherwise).
   opt.ui_scale = ui_scale > 0 ? ui_scale : headless ? 1.0f : load_ui_scale_pref();
+  // No file named: the capture opened last (File > Open recent's first capture), so a clean quit
+  // and a restart come back to it; the bundled sample when there is none. Screenshots stay
+  // reproducible: always the sample.
+  if (opt.capture.empty() && opt.session.empty() && !headless) {
+    kvscope::app::RecentFiles recent;
+    if (recent.load().empty()) opt.capture = recent.last_capture();
+  }
   if (opt.capture.empty() && opt.session.empty()) opt.capture = default_capture_path(argv[0]);
   try {
     validate_options(opt);

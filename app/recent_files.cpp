@@ -84,4 +84,11 @@ std::string RecentFiles::add(const std::string& path, const std::string& kind) {
   return "";
 }
 
+std::string RecentFiles::last_capture() const {
+  std::error_code ec;
+  for (const RecentEntry& e : entries_)
+    if (e.kind == "capture" && std::filesystem::is_regular_file(e.path, ec)) return e.path;
+  return {};
+}
+
 }  // namespace kvscope::app

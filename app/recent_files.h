@@ -34,6 +34,9 @@ class RecentFiles {
   // written (the list in memory is updated anyway).
   std::string add(const std::string& path, const std::string& kind);
   const std::vector<RecentEntry>& entries() const { return entries_; }
+  // The capture opened last that is still there ("" when none): what a start without a file
+  // reopens after a clean quit.
+  std::string last_capture() const;
   const std::filesystem::path& file() const { return file_; }
 
  private:

@@ -194,7 +194,7 @@ void ErrorView::draw_sweep(AppState& s) {
   SweepRequest req = asked;
   if (ImGui::Button("methods...")) ImGui::OpenPopup("##methods");
   if (ImGui::BeginPopup("##methods")) {
-    for (const Method* m : all_methods()) {
+    for (const Method* m : app_methods()) {
       bool on = std::find(req.methods.begin(), req.methods.end(), m->name()) != req.methods.end();
       if (method_checkbox(s, *m, &on, "sweep:method:" + m->name())) {
         if (on)
@@ -320,13 +320,16 @@ void ErrorView::draw_sweep(AppState& s) {
   // Legends name the parameters the sweep ran with (its own record, not the settings now).
   const std::map<std::string, ParamValues> sweep_params =
       s.sweep() ? s.sweep()->spec.params : std::map<std::string, ParamValues>{};
+  std::vector<std::string> drawn;
+  for (const Series& sr : series) drawn.push_back(sr.method);
+  const MethodColours colours(drawn);
   for (const Series& sr : series) {
     if (sweep_y_ == 1) break;  // no spread band for the harm
-    ImU32 c = method_colour(method_index(sr.method));
+    ImU32 c = colours(sr.method);
     plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
   }
   for (const Series& sr : series) {
-    ImU32 c = method_colour(method_index(sr.method));
+    ImU32 c = colours(sr.method);
     if (stale) c = with_alpha(c, 0.4f);
     plot.line(sr.x, sr.y, c, 2.0f);
     plot.markers(sr.x, sr.y, c, 3.5f);
@@ -346,8 +349,7 @@ void ErrorView::draw_sweep(AppState& s) {
       for (const Series& sr : series)
         for (size_t t = 0; t < sr.x.size(); ++t)
           if (std::fabs(sr.x[t] - r) < 1e-12) {
-            const ImVec4 col =
-                ImGui::ColorConvertU32ToFloat4(method_colour(method_index(sr.method)));
+            const ImVec4 col = ImGui::ColorConvertU32ToFloat4(colours(sr.method));
             if (sweep_y_ == 1)
               ImGui::TextColored(col, "%-16s harm kept %.4g, dropped %.4g (%.0f%%)",
                                  sr.method.c_str(), sr.sd[t], sr.hi[t], 100 * sr.y[t]);

@@ -33,13 +33,6 @@ inline nlohmann::json finite_or_null(double v) {
   return std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
 }
 
-inline int method_index(const std::string& name) {
-  const auto& all = all_methods();
-  for (size_t i = 0; i < all.size(); ++i)
-    if (all[i]->name() == name) return static_cast<int>(i);
-  return -1;
-}
-
 // Mean over the group's query heads of the relative error at each evaluation position.
 inline void per_position(const HeadRun& r, std::vector<double>* x, std::vector<double>* y) {
   x->clear();

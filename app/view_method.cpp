@@ -38,17 +38,22 @@ bool method_combo(AppState& s, const char* label, std::string& name, ParamValues
   const bool open = ImGui::BeginCombo(label, name.c_str(), ImGuiComboFlags_HeightLargest);
   record_item(s, std::string("combo:") + label);
   if (open) {
-    // Every method `--methods all` runs, and criticalkv(expected-attention), which all leaves
-    // out because it needs W_O: here it is listed greyed with the reason, beside its W_O = I
-    // entry (method_list.h).
-    std::vector<const Method*> all = all_methods();
-    if (const Method* crit = find_method("criticalkv(expected-attention)");
-        crit && std::find(all.begin(), all.end(), crit) == all.end())
-      all.push_back(crit);
+    // Every method and wrapper the registry has (app_methods); one the capture cannot run is
+    // greyed with the reason (criticalkv needs W_O), and a method that needs W_O is also offered
+    // with W_O = I beside it.
+    const std::vector<const Method*> all = app_methods();
+    std::vector<std::string> names;
+    for (const Method* m : all) names.push_back(m->name());
+    const MethodColours colours(names);
+    std::string family;  // the wrapper of the entries listed last ("" for plain methods)
     for (size_t i = 0; i < all.size(); ++i) {
       const Method* m = all[i];
+      const size_t paren = m->name().find('(');
+      const std::string wrapper = paren == std::string::npos ? "" : m->name().substr(0, paren);
+      if (i > 0 && wrapper != family && !wrapper.empty()) ImGui::Separator();
+      family = wrapper;
       ImGui::PushID(static_cast<int>(i));
-      legend_swatch(method_colour(static_cast<int>(i)), "");
+      legend_swatch(colours(m->name()), "");
       ImGui::SameLine();
       // Greyed, with the reason on hover, when the capture cannot run it (app/method_list.h).
       if (method_selectable(s, *m, m->name() == name,
@@ -58,7 +63,7 @@ bool method_combo(AppState& s, const char* label, std::string& name, ParamValues
       }
       // A method that needs W_O is also offered with W_O = I (criticalkv's projection=identity).
       if (const std::optional<ParamValues> alt = without_output_projection(*m)) {
-        legend_swatch(method_colour(static_cast<int>(i)), "");
+        legend_swatch(colours(m->name()), "");
         ImGui::SameLine();
         const std::string approx = m->name() + " (W_O = I, approximate)";
         if (ImGui::Selectable(approx.c_str(), false)) {
@@ -96,11 +101,12 @@ bool param_widget(AppState& s, const std::string& item, const ParamSpec& p, Para
       break;
     }
     case ParamSpec::Type::Float: {
-      float fv = static_cast<float>(v);
-      if (ImGui::SliderFloat(p.name.c_str(), &fv, static_cast<float>(p.min),
-                             static_cast<float>(p.max), "%.4g",
-                             p.log_scale ? ImGuiSliderFlags_Logarithmic : 0)) {
-        v = fv;
+      // A double slider: a value typed with Ctrl+click (0.05) is kept exactly as the CLI parses
+      // it, never rounded through a float.
+      double dv = v;
+      if (ImGui::SliderScalar(p.name.c_str(), ImGuiDataType_Double, &dv, &p.min, &p.max, "%.4g",
+                              p.log_scale ? ImGuiSliderFlags_Logarithmic : 0)) {
+        v = dv;
         changed = true;
       }
       break;
@@ -258,11 +264,12 @@ class MethodView final : public View {
                             w.sink, st.budget_tokens, w.eval, w.sink + st.budget_tokens + w.eval);
       }
     } else {
-      float kr = static_cast<float>(st.keep_ratio);
+      double kr = st.keep_ratio;
+      const double kr_min = 1.0 / 64, kr_max = 1.0;
       ImGui::SetNextItemWidth(fit_width(220, "keep ratio"));
-      if (ImGui::SliderFloat("keep ratio", &kr, 1.0f / 64, 1.0f, "%.4f",
-                             ImGuiSliderFlags_Logarithmic))
-        st.keep_ratio = std::clamp(static_cast<double>(kr), 1.0 / 64, 1.0);
+      if (ImGui::SliderScalar("keep ratio", ImGuiDataType_Double, &kr, &kr_min, &kr_max, "%.4f",
+                              ImGuiSliderFlags_Logarithmic))
+        st.keep_ratio = std::clamp(kr, kr_min, kr_max);
       record_item(s, "slider:keep ratio");
       help_marker(
           "Fraction of the middle [s, n-E) a method keeps: m = round(ratio * n_mid). "

@@ -19,6 +19,7 @@
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
+#include "app/method_list.h"
 #include "app/new_capture_dialog.h"
 #include "app/plot.h"
 #include "app/view.h"
@@ -355,13 +356,13 @@ class OutputView final : public View {
       if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
     };
     ImGui::TextUnformatted("methods:");
-    for (const Method* m : all_methods()) {
+    for (const Method* m : app_methods()) {
       // Generation compresses one head at a time: methods that need the whole layer at once
       // (adakv, chunkkv, compactor) are refused there, so they are not offered.
       if (m->name() == "exact" || m->needs_layer()) continue;
       flow(m->name().c_str());
       bool on = std::find(methods_.begin(), methods_.end(), m->name()) != methods_.end();
-      if (ImGui::Checkbox(m->name().c_str(), &on)) {
+      if (method_checkbox(s, *m, &on, "output:method:" + m->name())) {
         if (on)
           methods_.push_back(m->name());
         else
@@ -479,8 +480,11 @@ class OutputView final : public View {
     std::vector<double> steps(rep.spec.steps);
     for (int t = 0; t < rep.spec.steps; ++t) steps[t] = t;
     std::vector<Plot::LegendEntry> legend;
+    std::vector<std::string> drawn;
+    for (const GenerateRun* r : runs) drawn.push_back(r->method);
+    const MethodColours colours(drawn);
     for (size_t k = 0; k < runs.size(); ++k) {
-      const ImU32 col = method_colour(method_index(runs[k]->method));
+      const ImU32 col = colours(runs[k]->method);
       const bool focus = runs[k] == &rep.runs[selected_];
       plot.line(steps, runs[k]->kl, focus ? col : with_alpha(col, 0.55f), focus ? 2.5f : 1.2f);
       legend.push_back({runs[k]->method, col});
@@ -494,13 +498,6 @@ class OutputView final : public View {
       for (const GenerateRun* r : runs) ImGui::Text("%s: KL %.4f", r->method.c_str(), r->kl[i]);
       ImGui::EndTooltip();
     }
-  }
-
-  static int method_index(const std::string& name) {
-    const auto& all = all_methods();
-    for (size_t i = 0; i < all.size(); ++i)
-      if (all[i]->name() == name) return static_cast<int>(i);
-    return 0;
   }
 
   // Tokens laid out as wrapped text; `diverges(i)` marks token i with a red background.

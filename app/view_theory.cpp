@@ -18,6 +18,7 @@
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/colormap.h"
+#include "app/method_list.h"
 #include "app/plot.h"
 #include "app/result_status.h"
 #include "app/view.h"
@@ -32,13 +33,6 @@ constexpr ImU32 kColRandom = IM_COL32(215, 215, 225, 255);
 constexpr ImU32 kColAuthors = IM_COL32(255, 150, 80, 255);
 constexpr ImU32 kColSoft = IM_COL32(90, 200, 255, 255);
 constexpr ImU32 kColGuide = IM_COL32(150, 150, 160, 200);
-
-int method_slot(const std::string& name) {
-  const std::vector<const Method*>& all = all_methods();
-  for (size_t i = 0; i < all.size(); ++i)
-    if (all[i]->name() == name) return static_cast<int>(i);
-  return 0;
-}
 
 std::string slope_text(const PowerFit& f, bool negate) {
   if (!f.ok) return "no fit";
@@ -64,7 +58,8 @@ struct ViewChoices {
   int disc_seeds = 8;
   int sizes = 0;      // DiscSizes
   int max_n_log = 9;  // 2^9 = 512
-  float unsat_temp = 0.02f, unsat_gamma = 0.1f;
+  // Doubles end to end: a typed 0.05 reaches the walk as the CLI's --unsat-gamma 0.05 does.
+  double unsat_temp = 0.02, unsat_gamma = 0.1;
   bool operator==(const ViewChoices&) const = default;
 };
 
@@ -81,7 +76,7 @@ struct TheoryInput {
   uint64_t capture = 0;
   int scope = 0, layer = -1, kv_head = -1;
   int sizes = 0, max_n = 0, disc_seeds = 0;
-  float unsat_temp = 0, unsat_gamma = 0;
+  double unsat_temp = 0, unsat_gamma = 0;
   int seeds = 0;
   uint64_t base_seed = 0;
   int sink = -1, eval = -1;
@@ -260,16 +255,16 @@ class TheoryView final : public View {
     auto get_int = [&](const char* k, int& v, int lo, int hi) {
       if (j.contains(k) && j[k].is_number_integer()) v = std::clamp(j[k].get<int>(), lo, hi);
     };
-    auto get_float = [&](const char* k, float& v, float lo, float hi) {
-      if (j.contains(k) && j[k].is_number()) v = std::clamp(j[k].get<float>(), lo, hi);
+    auto get_double = [&](const char* k, double& v, double lo, double hi) {
+      if (j.contains(k) && j[k].is_number()) v = std::clamp(j[k].get<double>(), lo, hi);
     };
     get_int("scope", c_.scope, 0, 1);
     get_int("seeds", c_.seeds, 1, 20);
     get_int("disc_seeds", c_.disc_seeds, 1, 32);
     get_int("sizes", c_.sizes, 0, 1);
     get_int("max_n_log", c_.max_n_log, 5, 12);
-    get_float("unsat_temp", c_.unsat_temp, 0.0f, 10.0f);
-    get_float("unsat_gamma", c_.unsat_gamma, 0.0f, 100.0f);
+    get_double("unsat_temp", c_.unsat_temp, 0.0, 10.0);
+    get_double("unsat_gamma", c_.unsat_gamma, 0.0, 100.0);
     get_int("measure", disc_measure_, 0, 1);
     get_int("error_measure", err_measure_, 0, 2);
     if (j.contains("methods") && j["methods"].is_array()) {
@@ -290,15 +285,14 @@ class TheoryView final : public View {
     if (ImGui::Button("methods...")) ImGui::OpenPopup("##theory_methods");
     record_item(s, "theory:methods");
     if (ImGui::BeginPopup("##theory_methods")) {
-      for (const Method* m : all_methods()) {
+      for (const Method* m : app_methods()) {
         bool on = std::find(c_.methods.begin(), c_.methods.end(), m->name()) != c_.methods.end();
-        if (ImGui::Checkbox(m->name().c_str(), &on)) {
+        if (method_checkbox(s, *m, &on, "theory:method:" + m->name())) {
           if (on)
             c_.methods.push_back(m->name());
           else
             c_.methods.erase(std::find(c_.methods.begin(), c_.methods.end(), m->name()));
         }
-        record_item(s, "theory:method:" + m->name());
       }
       ImGui::EndPopup();
     }
@@ -334,16 +328,16 @@ class TheoryView final : public View {
     record_item(s, "theory:walk seeds");
     toolbar_next(labelled_width(px(80), "unsaturated temp"));
     ImGui::SetNextItemWidth(px(80));
-    float t = c_.unsat_temp;
-    if (ImGui::InputFloat("unsaturated temp", &t, 0, 0, "%.3g",
-                          ImGuiInputTextFlags_EnterReturnsTrue))
-      c_.unsat_temp = std::clamp(t, 0.0f, 10.0f);
+    double t = c_.unsat_temp;
+    if (ImGui::InputDouble("unsaturated temp", &t, 0, 0, "%.6g",
+                           ImGuiInputTextFlags_EnterReturnsTrue))
+      c_.unsat_temp = std::clamp(t, 0.0, 10.0);
     record_item(s, "theory:unsat temp");
     toolbar_next(labelled_width(px(80), "gamma"));
     ImGui::SetNextItemWidth(px(80));
-    float g = c_.unsat_gamma;
-    if (ImGui::InputFloat("gamma", &g, 0, 0, "%.3g", ImGuiInputTextFlags_EnterReturnsTrue))
-      c_.unsat_gamma = std::clamp(g, 0.0f, 100.0f);
+    double g = c_.unsat_gamma;
+    if (ImGui::InputDouble("gamma", &g, 0, 0, "%.6g", ImGuiInputTextFlags_EnterReturnsTrue))
+      c_.unsat_gamma = std::clamp(g, 0.0, 100.0);
     record_item(s, "theory:unsat gamma");
   }
 
@@ -479,10 +473,13 @@ class TheoryView final : public View {
       }
       legend.push_back({"reference m^-1/2 (short dashes), m^-1 (long)", kColGuide});
     }
+    std::vector<std::string> drawn;
+    for (const ErrorScaling& e : r.errors) drawn.push_back(e.method);
+    const MethodColours colours(drawn);
     for (const ErrorScaling& e : r.errors) {
       const ScalingCurve* c = e.find(measure);
       if (!c) continue;
-      const ImU32 col = method_colour(method_slot(e.method));
+      const ImU32 col = colours(e.method);
       plot.band(c->x, c->lo, c->hi, with_alpha(col, 0.15f));
       plot.line(c->x, c->mean, stale ? with_alpha(col, 0.4f) : col, 2.0f);
       plot.markers(c->x, c->mean, col, 3.0f);

@@ -204,6 +204,19 @@ uint64_t checked_header_length(const uint8_t prefix[8], size_t size, const std::
                      " bytes, too short for a safetensors header (truncated file?)");
   uint64_t header_length;
   std::memcpy(&header_length, prefix, 8);
+  // A safetensors file begins with a little-endian length, whose high bytes are zero; eight
+  // bytes of text (a text file, a CSV, a JSON file) give a length of exabytes that says nothing.
+  bool text = true;
+  for (int i = 0; i < 8; ++i)
+    text = text && ((prefix[i] >= 0x20 && prefix[i] < 0x7f) || prefix[i] == '\n' ||
+                    prefix[i] == '\r' || prefix[i] == '\t');
+  if (text && header_length > size - 8) {
+    std::string start(reinterpret_cast<const char*>(prefix), 8);
+    for (char& c : start)
+      if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    throw InputError(file + ": not a safetensors file: it begins with the text \"" + start +
+                     "\", where a safetensors file begins with an 8-byte header length");
+  }
   if (header_length > size - 8)
     throw InputError(file + ": safetensors header length " + std::to_string(header_length) +
                      " exceeds the file (" + std::to_string(size) +

@@ -69,6 +69,7 @@ const MalformedCase kCases[] = {
     {"too_short.safetensors", {"3 bytes", "too short"}},
     {"truncated.safetensors", {"tensor layers.1.query", "out of range", "truncated"}},
     {"header_too_long.safetensors", {"header length 1099511627776", "exceeds the file"}},
+    {"text_file.safetensors", {"not a safetensors file", "\"Once upo\""}},
     {"invalid_json.safetensors", {"header is not valid JSON"}},
     {"header_not_object.safetensors", {"header is not a JSON object"}},
     {"offsets_out_of_range.safetensors",

@@ -15,6 +15,7 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
+#include "app/grid_values.h"
 #include "app/recent_files.h"
 #include "app/soft_render.h"
 #include "app/view.h"
@@ -191,11 +192,21 @@ TEST(Help, TableViewsAndDocuments) {
   for (const auto& v : make_views())
     EXPECT_GT(std::string(v->help()).size(), 60u) << v->name() << " has no help paragraph";
   bool app_md = false;
+  std::set<std::string> listed;
   for (const HelpDoc& d : help_docs()) {
     EXPECT_FALSE(help_doc_file(d).empty()) << d.path << " is not in the repository";
+    EXPECT_FALSE(d.what.empty()) << d.path << " has no title";
     app_md |= std::string(d.path) == "docs/app.md";
+    listed.insert(d.path);
   }
   EXPECT_TRUE(app_md);
+  // Every document of the docs folder is listed (docs/theory.md was left out of a typed list).
+  for (const auto& e : fs::directory_iterator(fs::path(KVSCOPE_SOURCE_DIR) / "docs")) {
+    if (e.path().extension() == ".md") {
+      EXPECT_EQ(listed.count("docs/" + e.path().filename().string()), 1u) << e.path();
+    }
+  }
+  EXPECT_EQ(listed.count("docs/theory.md"), 1u);
 }
 
 // The active view (the one F10 and File > Export write, and the state export names) is the view
@@ -489,6 +500,69 @@ TEST(ErrorView, OpeningItChangesNoSettingAndAsksForTheDefaultSweep) {
       EXPECT_NE(std::find(asked.begin(), asked.end(), m), asked.end()) << m;
     EXPECT_NE(std::find(asked.begin(), asked.end(), s.method_name(0)), asked.end());
     EXPECT_NE(s.result(kSweep).want, "") << "the default sweep is not planned";
+  }
+  ImGui::DestroyContext();
+}
+
+namespace {
+
+// Characters typed into the focused text field this frame.
+void type_text(AppState& s, AppUi& ui, const std::string& text) {
+  for (char c : text) ImGui::GetIO().AddInputCharacter(static_cast<unsigned>(c));
+  frame(s, ui);
+}
+
+}  // namespace
+
+// A value typed into a method parameter (Ctrl+click on its slider, "0.05", Enter) is the double
+// 0.05 the CLI parses, in the settings, the session and the grid's caption: the field is a
+// double, never rounded through a float (0.05000000074505806).
+TEST(Settings, ATypedParameterStaysExactly) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    constexpr int kEnter = 257;  // GLFW_KEY_ENTER, the app's key index
+    ImGui::GetIO().KeyMap[ImGuiKey_Enter] = kEnter;
+    AppState s;
+    AppUi ui(s);
+    ui.show_view("method");
+    s.request_open(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors");
+    // Until the focused runs are in: their figures above the parameters move them down.
+    for (int i = 0; i < 5000 && !(s.capture && s.result(kFocusA).fresh() &&
+                                  s.result(kFocusB).fresh() && s.ui_items.count("param:A:gamma"));
+         ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    frame(s, ui);
+    ASSERT_EQ(s.settings.method[0].name, "balancekv");
+    ASSERT_EQ(s.ui_items.count("param:A:gamma"), 1u) << "the gamma slider was not drawn";
+    const auto r = s.ui_items.at("param:A:gamma");
+    const ImVec2 at(r[0] + 10, (r[1] + r[3]) / 2);
+    frame(s, ui, {}, true, at, false);
+    frame(s, ui, {}, true, at, true);
+    frame(s, ui, {}, true, at, false);
+    frame(s, ui, {}, false, at, false);
+    ASSERT_TRUE(ImGui::GetIO().WantTextInput)
+        << "Ctrl+click did not open the text field at " << at.x << "," << at.y << " rect " << r[0]
+        << "," << r[1] << "," << r[2] << "," << r[3] << " active "
+        << ImGui::GetCurrentContext()->ActiveId << " hovered "
+        << ImGui::GetCurrentContext()->HoveredIdPreviousFrame << " window "
+        << (ImGui::GetCurrentContext()->HoveredWindow
+                ? ImGui::GetCurrentContext()->HoveredWindow->Name
+                : "none");
+    type_text(s, ui, "0.05");
+    frame(s, ui, {kEnter}, false, at, false);
+    frame(s, ui, {}, false, at, false);
+    ASSERT_EQ(s.settings.method[0].params.count("gamma"), 1u);
+    EXPECT_EQ(s.settings.method[0].params.at("gamma"), 0.05);
+    EXPECT_EQ(s.to_session()["params_a"]["gamma"].get<double>(), 0.05);
+    for (int i = 0; i < 3000 && !s.grid_report(); ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(s.grid_report());
+    const std::string caption = grid_json(s)["caption"];
+    EXPECT_NE(caption.find("gamma 0.05"), std::string::npos) << caption;
   }
   ImGui::DestroyContext();
 }

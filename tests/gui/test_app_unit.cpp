@@ -12,8 +12,10 @@
 #include <atomic>
 #include <cfloat>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -21,13 +23,16 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
+#include "app/colormap.h"
 #include "app/export.h"
 #include "app/file_browser.h"
+#include "app/grid_values.h"
 #include "app/headless.h"
 #include "app/input_queue.h"
 #include "app/method_list.h"
 #include "app/overlap_grid.h"
 #include "app/plot.h"
+#include "app/recent_files.h"
 #include "app/result_status.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
@@ -266,8 +271,14 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
   s.settings.method[0] = MethodChoice{"balancekv", {{specs[0].name, specs[0].min}}};
   s.reconcile();
   // The sweep runs A's method? No: its key changes only through methods it runs (streaming is
-  // B's now, with default parameters), so it stays fresh; the grid is stale until rerun.
-  EXPECT_TRUE(s.result(kGrid).stale());
+  // B's now, with default parameters), so it stays fresh; the grid is not fresh until rerun, and
+  // at once none of its cells reads as fresh (both slots changed method: every cell is missing,
+  // none of the earlier methods' values shown as the new ones').
+  EXPECT_FALSE(s.result(kGrid).fresh());
+  ASSERT_NE(s.grid_report(), nullptr);
+  for (const GridEntry& e : s.grid_report()->entries)
+    EXPECT_NE(e.state, CellState::Fresh) << "slot " << e.slot;
+  EXPECT_FALSE(s.grid_report()->complete());
   ASSERT_TRUE(pump(s, [&] { return fresh(s, kGrid) && fresh(s, kFocusA) && fresh(s, kFocusB); }));
   EXPECT_EQ(s.result(kGrid).error, "");
   // Method A's cells are balancekv's (the grid holds B's too, app/grid_cells.h).
@@ -521,6 +532,37 @@ TEST(AppFlow, TheGridRecomputesOnlyTheCellsAChangeOutdates) {
   EXPECT_TRUE(s.result(kGrid).busy());
   ASSERT_TRUE(pump(
       s, [&] { return fresh(s, kGrid); }, 60));
+}
+
+// A change outdates the grid's cells in the frame it is made: right after the reconcile that sees
+// the new gamma, and before any job has posted, the grid (and its export) is not complete, every
+// cell of method A is stale and the caption names the new gamma; method B's cells stay fresh.
+TEST(AppFlow, AChangeMarksTheGridStaleInTheSameFrame) {
+  AppState s;
+  ASSERT_NO_FATAL_FAILURE(open_until_grid(s, "balancekv", "uniform", 1));
+  nlohmann::json before = grid_json(s);
+  ASSERT_TRUE(before["complete"].get<bool>());
+  for (const auto& c : before["error_grid"]) ASSERT_EQ(c["state"], "fresh");
+
+  s.settings.method[0].params["gamma"] = 2;
+  s.reconcile();
+  const nlohmann::json after = grid_json(s);
+  EXPECT_FALSE(after["complete"].get<bool>()) << after["caption"];
+  EXPECT_FALSE(s.result(kGrid).fresh());
+  EXPECT_EQ(after["cells_done"], before["cells_done"].get<int>() / 2);  // B's cells only
+  ASSERT_EQ(after["error_grid"].size(), before["error_grid"].size());
+  for (const auto& c : after["error_grid"]) EXPECT_EQ(c["state"], "stale") << c.dump();
+  for (const auto& c : after["error_grid_b"]) EXPECT_EQ(c["state"], "fresh") << c.dump();
+  const std::string caption = after["caption"];
+  EXPECT_NE(caption.find("gamma 2"), std::string::npos) << caption;
+  EXPECT_NE(caption.find("so far"), std::string::npos) << caption;
+
+  // Then the job fills it in as before.
+  ASSERT_TRUE(pump(
+      s, [&] { return fresh(s, kGrid); }, 60));
+  const nlohmann::json done = grid_json(s);
+  EXPECT_TRUE(done["complete"].get<bool>());
+  for (const auto& c : done["error_grid"]) EXPECT_EQ(c["state"], "fresh");
 }
 
 // Issue 24, defect 1: a click on a grid cell of another layer must run the focused methods on
@@ -1703,4 +1745,151 @@ TEST(Registry, DocsNameEveryView) {
   std::vector<std::string> views = view_names();
   views.erase(std::remove(views.begin(), views.end(), "test-toy"), views.end());  // this file's
   EXPECT_EQ(listed, views) << "docs/app.md: " << doc.substr(b, e - b);
+}
+
+// Every method and wrapper the registry knows is in the list the method combos, the sweep and
+// the Output and Theory views offer (app_methods), each once: all_methods() and every wrapper
+// around every score-ranking method, chunkkv(...) and criticalkv(...) included.
+TEST(MethodLists, EveryRegisteredMethodAndWrapperIsOffered) {
+  const std::vector<const Method*> offered = app_methods();
+  std::set<std::string> names;
+  for (const Method* m : offered) EXPECT_TRUE(names.insert(m->name()).second) << m->name();
+  for (const Method* m : all_methods()) EXPECT_EQ(names.count(m->name()), 1u) << m->name();
+  size_t wrapped = 0;
+  for (const std::string& w : wrapper_names())
+    for (const Method* inner : all_methods()) {
+      const Method* m = find_method(w + "(" + inner->name() + ")");
+      if (!m) continue;
+      EXPECT_EQ(names.count(m->name()), 1u) << m->name() << " cannot be chosen";
+      ++wrapped;
+    }
+  EXPECT_GT(wrapped, 2 * wrapper_names().size());
+  for (const char* must : {"chunkkv(snapkv)", "chunkkv(knorm)", "criticalkv(snapkv)",
+                           "criticalkv(expected-attention)", "adakv(snapkv)"})
+    EXPECT_EQ(names.count(must), 1u) << must;
+}
+
+// Methods drawn together never share a colour: the whole list at once (the combo), the defaults
+// (uniform and subgen-kcenter were drawn alike), and the palette's colours stay well apart.
+TEST(MethodLists, NoTwoMethodsDrawnTogetherShareAColour) {
+  std::vector<std::string> all;
+  for (const Method* m : app_methods()) all.push_back(m->name());
+  auto distinct = [](const std::vector<std::string>& drawn) {
+    const MethodColours colours(drawn);
+    std::map<ImU32, std::string> seen;
+    for (const std::string& n : drawn) {
+      const auto [it, fresh] = seen.emplace(colours(n), n);
+      EXPECT_TRUE(fresh || it->second == n) << n << " and " << it->second << " share a colour";
+    }
+  };
+  distinct(all);
+  distinct(default_methods().sweep);
+  distinct(default_methods().theory);
+  distinct(default_methods().output);
+  distinct({"uniform", "subgen-kcenter", "balancekv", "chunkkv(snapkv)", "criticalkv(knorm)"});
+  // A method keeps its colour when nothing before it claims it.
+  EXPECT_EQ(MethodColours({"uniform"})("uniform"), MethodColours(all)("uniform"));
+  for (int a = 0; a < kMethodPaletteSize; ++a)
+    for (int b = a + 1; b < kMethodPaletteSize; ++b) {
+      auto ch = [](ImU32 c, int shift) { return static_cast<int>((c >> shift) & 0xFF); };
+      const ImU32 x = kMethodPalette[a], y = kMethodPalette[b];
+      const int dr = ch(x, IM_COL32_R_SHIFT) - ch(y, IM_COL32_R_SHIFT),
+                dg = ch(x, IM_COL32_G_SHIFT) - ch(y, IM_COL32_G_SHIFT),
+                db = ch(x, IM_COL32_B_SHIFT) - ch(y, IM_COL32_B_SHIFT);
+      EXPECT_GT(dr * dr + dg * dg + db * db, 40 * 40) << "palette colours " << a << " and " << b;
+    }
+}
+
+// Settings are doubles end to end: a parameter of 0.05 stays 0.05 in the settings, the session
+// and the export, and the Theory view's unsaturated walk at gamma 0.05 gives exactly the numbers
+// kvscope-cli theory gives for --unsat-gamma 0.05 (through float, 104 of 1080 numbers differed).
+TEST(Settings, ParametersStayDoublesAndTheTheoryViewEqualsTheCli) {
+  [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
+  {
+    AppState s;
+    s.settings.method[0] = MethodChoice{"balancekv", {{"gamma", 0.05}}};
+    s.request_open(kSample);
+    AppUi ui(s);
+    View* theory = ui.find_view("theory");
+    ASSERT_NE(theory, nullptr);
+    theory->load_state({{"unsat_gamma", 0.05}, {"unsat_temp", 0.02}});
+    ui.show_view("theory");
+    s.settings.active_view = "theory";
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+      ImGui::NewFrame();
+      ui.draw();
+      ImGui::Render();
+      const Result& r = s.result("theory");
+      if (!r.held.empty() && r.held == r.want) s.run_now("theory");
+      if (r.fresh() || !r.error.empty()) break;
+      ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(300));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(s.result("theory").error.empty()) << s.result("theory").error;
+    EXPECT_EQ(s.settings.method[0].params.at("gamma"), 0.05);
+    EXPECT_EQ(s.to_session()["params_a"]["gamma"].get<double>(), 0.05);
+    nlohmann::json view = theory->export_json(s);
+    ASSERT_TRUE(view.is_object());
+    EXPECT_EQ(view["view"]["unsat_gamma"].get<double>(), 0.05);
+    EXPECT_EQ(view["stale"], false);
+
+    const fs::path out = fs::temp_directory_path() / "kvscope_unit_theory_cli.json";
+    const std::string cmd = std::string("\"") + KVSCOPE_CLI + "\" theory \"" + kSample +
+                            "\" --layers 0 --heads 0 --methods balancekv,uniform,subgen" +
+                            " --param balancekv.gamma=0.05 --unsat-gamma 0.05 --unsat-temp 0.02" +
+                            " --json \"" + out.string() + "\" > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(out);
+    const nlohmann::json cli = nlohmann::json::parse(in);
+    // Every number the CLI writes, at the same place in the view's export, equal to the bit.
+    size_t numbers = 0, differ = 0;
+    std::function<void(const nlohmann::json&, const nlohmann::json&, const std::string&)> walk =
+        [&](const nlohmann::json& c, const nlohmann::json& v, const std::string& at) {
+          if (c.is_object()) {
+            for (auto it = c.begin(); it != c.end(); ++it) {
+              if (!v.is_object() || !v.contains(it.key())) {
+                ADD_FAILURE() << at << "/" << it.key() << " missing from the view's export";
+                continue;
+              }
+              walk(it.value(), v[it.key()], at + "/" + it.key());
+            }
+          } else if (c.is_array()) {
+            ASSERT_TRUE(v.is_array() && v.size() == c.size()) << at;
+            for (size_t i = 0; i < c.size(); ++i) walk(c[i], v[i], at + "/" + std::to_string(i));
+          } else if (c.is_number()) {
+            ++numbers;
+            if (!v.is_number() || v.get<double>() != c.get<double>()) {
+              if (++differ <= 5) ADD_FAILURE() << at << ": app " << v << ", cli " << c;
+            }
+          }
+        };
+    walk(cli, view, "");
+    EXPECT_GT(numbers, 500u);
+    EXPECT_EQ(differ, 0u) << "of " << numbers << " numbers";
+    fs::remove(out);
+  }
+  ImGui::DestroyContext();
+}
+
+// A start without a file reopens the capture opened last (not a session, not a file since
+// removed); with none, main() falls back to the sample.
+TEST(RecentFilesTest, TheLastCaptureStillThereIsReopened) {
+  const fs::path dir = fs::temp_directory_path() / "kvscope_unit_last_capture";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path a = dir / "a.safetensors", b = dir / "b.safetensors", gone = dir / "gone.npz";
+  std::ofstream(a) << "a";
+  std::ofstream(b) << "b";
+  RecentFiles recent(dir / "recent.json");
+  EXPECT_EQ(recent.last_capture(), "");
+  recent.add(a.string(), "capture");
+  recent.add(b.string(), "capture");
+  recent.add((dir / "s.json").string(), "session");
+  recent.add(gone.string(), "capture");
+  RecentFiles again(dir / "recent.json");
+  ASSERT_EQ(again.load(), "");
+  EXPECT_EQ(again.last_capture(), fs::absolute(b).string());
+  fs::remove_all(dir);
 }

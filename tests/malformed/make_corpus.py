@@ -149,6 +149,9 @@ def main():
     blob = bytearray(open(os.path.join(HERE, "header_too_long.safetensors"), "rb").read())
     blob[0:8] = struct.pack("<Q", 1 << 40)
     open(os.path.join(HERE, "header_too_long.safetensors"), "wb").write(bytes(blob))
+    # A text file opened as a capture: its first 8 bytes read as a length of exabytes.
+    with open(os.path.join(HERE, "text_file.safetensors"), "wb") as f:
+        f.write(b"Once upon a time, there was a little girl named Lily.\n")
     safetensors("invalid_json.safetensors", raw_header=b'{"layers.0.key": {"dtype": "F32",')
     safetensors("header_not_object.safetensors", raw_header=b"[1, 2, 3]")
 
