@@ -125,8 +125,10 @@ std::vector<const Method*>& all_list() {
   static std::vector<const Method*> view = [] {
     std::vector<const Method*> v;
     for (const auto& m : base_methods()) v.push_back(m.get());
-    // The wrapped methods `--methods all` runs (criticalkv needs W_O, which captures lack).
-    for (const char* name : {"adakv(snapkv)", "adakv(expected-attention)"})
+    // The wrapped methods `--methods all` runs (criticalkv only on captures that carry W_O: the
+    // CLI leaves out what a capture cannot run, engine/protocol.h runnable_methods).
+    for (const char* name :
+         {"adakv(snapkv)", "adakv(expected-attention)", "criticalkv(expected-attention)"})
       v.push_back(find_wrapped(name));
     return v;
   }();
