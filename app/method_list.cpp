@@ -16,7 +16,7 @@ std::vector<const Method*> app_methods() {
   for (const std::string& wrapper : wrapper_names())
     for (const Method* inner : all_methods()) {
       // A wrapper takes one of the engine's own score-ranking methods (never a wrapped one).
-      if (!inner->ranks_by_score() || inner->name().find('(') != std::string::npos) continue;
+      if (!inner->ranks_with_scores() || inner->name().find('(') != std::string::npos) continue;
       const Method* m = find_method(wrapper + "(" + inner->name() + ")");
       if (m && std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
     }

@@ -130,6 +130,9 @@ class Method {
   // For them the protocol calls rank() once per head and ranked_selection() for every ratio;
   // select(in) must be ranked_selection(in, rank(in)) (each of them implements it so).
   virtual bool ranks_by_score() const { return false; }
+  // Whether rank() also fills Ranking::scores, which the wrappers (adakv, chunkkv, criticalkv)
+  // compare across heads or rescale: streaming ranks by position alone and cannot be wrapped.
+  virtual bool ranks_with_scores() const { return ranks_by_score(); }
   // Whether one head's selection depends on the other kv heads of the layer (kvpress's adakv
   // and chunkkv wrappers): such a method reads MethodInput::layer_data and refuses without it.
   // The protocol still runs it head by head; it scores the other heads itself.

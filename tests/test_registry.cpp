@@ -151,3 +151,22 @@ TEST(Registry, DocsListEveryRegisteredMethod) {
   // The check can fail: a name the registry does not hold has no row.
   EXPECT_FALSE(row("test-oldest"));
 }
+
+// A wrapper takes a method whose ranking carries scores; one that ranks by position alone
+// (streaming) is refused by name as a setting (exit 1), never accepted to fail at every item.
+TEST(Registry, AWrapperRefusesAnInnerMethodWithoutScores) {
+  for (const std::string wrapper : {"adakv", "chunkkv", "criticalkv"}) {
+    const std::string name = wrapper + "(streaming)";
+    EXPECT_EQ(find_method(name), nullptr) << name;
+    try {
+      parse_method_list(name);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const SettingError& e) {
+      EXPECT_NE(std::string(e.what()).find("does not rank by scores"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_NE(find_method(wrapper + "(snapkv)"), nullptr) << wrapper;
+  }
+  for (const Method* m : all_methods())
+    if (m->ranks_with_scores()) EXPECT_TRUE(m->ranks_by_score()) << m->name();
+}

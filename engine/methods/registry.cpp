@@ -86,16 +86,16 @@ const Method* find_wrapped(const std::string& name, std::string* why = nullptr) 
   if (!inner) {
     std::string known;
     for (const auto& m : base_methods())
-      if (m->ranks_by_score()) known += (known.empty() ? "" : ", ") + m->name();
+      if (m->ranks_with_scores()) known += (known.empty() ? "" : ", ") + m->name();
     if (why)
       *why = name + ": unknown inner method '" + inner_name +
              "' (a wrapper takes a score-ranking method: " + known + ")";
     return nullptr;
   }
-  if (!inner->ranks_by_score()) {
+  if (!inner->ranks_with_scores()) {
     if (why)
-      *why =
-          name + ": " + inner_name + " does not rank by score, so " + wrapper + " cannot wrap it";
+      *why = name + ": " + inner_name + " does not rank by scores, so " + wrapper +
+             " cannot wrap it";
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(wrapped_mutex);

@@ -17,6 +17,7 @@ class Streaming final : public ScoreRankingMethod {
     return "StreamingLLM: the m most recent middle tokens, weight 1";
   }
   bool depends_on_seed() const override { return false; }
+  bool ranks_with_scores() const override { return false; }
   // Ranked by position, most recent first: the top m are [mid_end - m, mid_end).
   Ranking rank(const MethodInput& in) const override {
     const int n_mid = in.mid_end - in.mid_begin;
