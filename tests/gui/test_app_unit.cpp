@@ -48,11 +48,9 @@ using namespace kvscope::app;
 namespace {
 
 // Drains until `done` holds or `seconds` pass. Like the app's frame loop, every iteration runs
-// reconcile() (which applies finished jobs and starts what the settings need). The limit is
-// far above what a job needs on an idle machine (a few seconds) so that a busy 2-core machine
-// does not fail it, and below CTest's 120 s for the whole test.
+// reconcile() (which applies finished jobs and starts what the settings need).
 template <typename Pred>
-bool pump(AppState& s, Pred done, int seconds = 60) {
+bool pump(AppState& s, Pred done, int seconds = 20) {
   return kvscope::app::testing::pump_until(s, done, seconds);
 }
 
