@@ -50,7 +50,7 @@ for ((r = 1; r <= runs; ++r)); do
   log="$logs/ctest_run_$r.log"
   if (cd "$build" && ctest "${select[@]}" -j 2 --output-on-failure --timeout 900) >"$log" 2>&1; then
     runs_passed=$((runs_passed + 1))
-    echo "under-load: GUI tests run $r passed ($(grep -o '[0-9]* tests passed.*' "$log" || true))"
+    echo "under-load: GUI tests run $r passed ($(grep -o '[0-9]*% tests passed.*' "$log" || true))"
   else
     echo "under-load: GUI tests run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | tr -s ' ' |
       tr '\n' ';') log $log"
