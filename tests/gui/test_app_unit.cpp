@@ -293,7 +293,14 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
   s.reconcile();
   EXPECT_TRUE(s.result(kSweep).stale());
   EXPECT_NE(s.sweep(), nullptr);  // still shown, marked stale
-  ASSERT_TRUE(pump(s, [&] { return fresh(s, kSweep); }));
+  // On a loaded machine the sweep's cost, estimated from the runs measured so far, can pass the
+  // background limit and hold it for a Run click (1 run in 5 under load): click it as a user
+  // would; what this test checks is that the stale curves are replaced.
+  ASSERT_TRUE(pump(s, [&] {
+    const Result& r = s.result(kSweep);
+    if (!r.held.empty() && r.held == r.want) s.run_now(kSweep);
+    return fresh(s, kSweep);
+  }));
   EXPECT_EQ(s.result(kSweep).error, "");
   EXPECT_EQ(s.sweep()->spec.base_seed, 3u);
 }
