@@ -1617,7 +1617,8 @@ TEST(Budgets, TokenBudgetKeepsExactlyThatManyAndPersists) {
 }
 
 // Item 3: a capture without RoPE metadata opens, and the methods that need it are listed
-// unavailable with the reason (app/method_list.h); criticalkv needs W_O on every capture.
+// unavailable with the reason (app/method_list.h); criticalkv needs W_O (layers.L.wo), which
+// the sample carries and this copy drops.
 TEST(Budgets, MethodsTheCaptureCannotRunSayWhy) {
   const fs::path p = fs::temp_directory_path() / "kvscope_app_unit_norope.safetensors";
   {
@@ -1627,8 +1628,17 @@ TEST(Budgets, MethodsTheCaptureCannotRunSayWhy) {
     d.info.metadata.erase("rope_theta");
     d.info.metadata.erase("rope_layout");
     d.info.metadata.erase("llama2c_config");  // nothing to derive RoPE from
-    for (int l = 0; l < d.info.num_layers; ++l) d.layers.push_back(*src->layer(l));
+    for (int l = 0; l < d.info.num_layers; ++l) {
+      d.layers.push_back(*src->layer(l));
+      d.layers.back().output_projection.clear();
+    }
     write_capture(p.string(), d);
+  }
+  {
+    AppState with_wo;
+    with_wo.request_open(kSample);
+    ASSERT_TRUE(pump(with_wo, [&] { return with_wo.info() != nullptr; })) << with_wo.load_error;
+    EXPECT_EQ(method_unavailable_here(with_wo, *find_method("criticalkv(expected-attention)")), "");
   }
   AppState s;
   s.request_open(p.string());
