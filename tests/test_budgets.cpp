@@ -223,6 +223,9 @@ TEST(Budgets, MethodsACaptureCannotRunSayWhy) {
   // criticalkv's press needs W_O; its projection=identity does without.
   EXPECT_NE(method_unavailable(crit, info).find("W_O"), std::string::npos);
   EXPECT_EQ(method_unavailable(crit, info, {{"projection", 1}}), "");
+  CaptureInfo with_wo = info;  // a capture that carries layers.L.wo runs the press
+  with_wo.has_output_projection = true;
+  EXPECT_EQ(method_unavailable(crit, with_wo), "");
 
   CaptureInfo no_rope = info;
   no_rope.rope = RopeInfo();
@@ -243,17 +246,12 @@ TEST(Budgets, MethodsACaptureCannotRunSayWhy) {
             std::string::npos);
   EXPECT_EQ(method_unavailable(knorm, keys_only), "");
 
-  // The sample captures carry RoPE (docs/capture-format.md): nothing but criticalkv's W_O is
-  // unavailable on them.
+  // The sample captures carry RoPE and W_O (docs/capture-format.md): every method runs on them.
   for (const std::string& path : kvscope::testing::sample_capture_paths()) {
     auto cap = CaptureFile::open(path);
-    for (const Method* m : all_methods()) {
-      const std::string why = method_unavailable(*m, cap->info());
-      if (m->name().rfind("criticalkv(", 0) == 0)
-        EXPECT_NE(why.find("W_O"), std::string::npos) << path;
-      else
-        EXPECT_EQ(why, "") << path << " " << m->name();
-    }
+    EXPECT_TRUE(cap->info().has_output_projection) << path;
+    for (const Method* m : all_methods())
+      EXPECT_EQ(method_unavailable(*m, cap->info()), "") << path << " " << m->name();
   }
 }
 
