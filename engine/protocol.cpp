@@ -196,15 +196,24 @@ std::string method_unavailable(const Method& method, const CaptureInfo& info,
   return join(why, "; ");
 }
 
+namespace {
+
+// method_unavailable with the method's parameters from `params` (its defaults when absent).
+std::string unavailable_with(const Method& m, const CaptureInfo& info,
+                             const std::map<std::string, ParamValues>& params) {
+  const auto p = params.find(m.name());
+  return method_unavailable(m, info, p == params.end() ? ParamValues{} : p->second);
+}
+
+}  // namespace
+
 std::vector<const Method*> runnable_methods(const std::vector<const Method*>& methods,
                                             const CaptureInfo& info,
                                             const std::map<std::string, ParamValues>& params,
                                             std::vector<std::string>& left_out) {
   std::vector<const Method*> out;
   for (const Method* m : methods) {
-    const auto p = params.find(m->name());
-    const std::string why =
-        method_unavailable(*m, info, p == params.end() ? ParamValues{} : p->second);
+    const std::string why = unavailable_with(*m, info, params);
     if (why.empty())
       out.push_back(m);
     else
@@ -217,9 +226,7 @@ void require_runnable(const std::vector<const Method*>& methods, const CaptureIn
                       const std::map<std::string, ParamValues>& params, const std::string& setting,
                       const std::string& flag) {
   for (const Method* m : methods) {
-    const auto p = params.find(m->name());
-    const std::string why =
-        method_unavailable(*m, info, p == params.end() ? ParamValues{} : p->second);
+    const std::string why = unavailable_with(*m, info, params);
     if (!why.empty())
       throw SettingError(setting, flag, m->name() + " cannot run on this capture: it " + why);
   }
