@@ -90,11 +90,18 @@ class CriticalKV final : public WrapperBase {
     const Eigen::MatrixXd v =
         in.values->middleRows(in.mid_begin, in.mid_end - in.mid_begin).cast<double>();
     std::vector<double> out(static_cast<size_t>(v.rows()), 0.0);
+    // In blocks of rows: a whole head's projection at 8192 tokens and a 4096-wide model would be
+    // a 256 MiB temporary.
+    constexpr Eigen::Index kRows = 256;
     for (int g = 0; g < group; ++g) {
-      const MatrixF& wo = layer->output_projection[static_cast<size_t>(in.kv_head * group + g)];
-      const Eigen::MatrixXd projected = v * wo.cast<double>();
-      for (Eigen::Index i = 0; i < projected.rows(); ++i)
-        out[static_cast<size_t>(i)] += projected.row(i).lpNorm<1>();
+      const Eigen::MatrixXd wo =
+          layer->output_projection[static_cast<size_t>(in.kv_head * group + g)].cast<double>();
+      for (Eigen::Index r0 = 0; r0 < v.rows(); r0 += kRows) {
+        const Eigen::Index rows = std::min(kRows, v.rows() - r0);
+        const Eigen::MatrixXd projected = v.middleRows(r0, rows) * wo;
+        for (Eigen::Index i = 0; i < rows; ++i)
+          out[static_cast<size_t>(r0 + i)] += projected.row(i).lpNorm<1>();
+      }
     }
     for (double& x : out) x /= group;
     return out;
