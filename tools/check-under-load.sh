@@ -63,7 +63,7 @@ for ((w = 1; w <= seeds; ++w)); do
   seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
   log="$logs/oracle_seed_$seed.log"
   if KVSCOPE_ORACLE_SEED=$seed KVSCOPE_ORACLE_STEPS=$steps \
-    xvfb-run -a -s "-screen 0 1600x1000x24" "$build/app/test_gui_oracle" >"$log" 2>&1; then
+    tools/with-xvfb.sh "$build/app/test_gui_oracle" >"$log" 2>&1; then
     walks_passed=$((walks_passed + 1))
     echo "under-load: oracle seed $seed passed ($steps steps)"
   else

@@ -21,7 +21,7 @@ walks=0 failed=0
 while ((SECONDS < end)); do
   echo "gui-oracle: walk with seed $seed, $steps steps"
   if KVSCOPE_ORACLE_SEED=$seed KVSCOPE_ORACLE_STEPS=$steps \
-    xvfb-run -a -s "-screen 0 1600x1000x24" "$build/app/test_gui_oracle" \
+    tools/with-xvfb.sh "$build/app/test_gui_oracle" \
     >"$build/gui_test_out/oracle_seed_$seed.log" 2>&1; then
     echo "gui-oracle: seed $seed passed ($(grep -o '[0-9]* eval runs compared' \
       "$build/gui_test_out/oracle_seed_$seed.log"))"

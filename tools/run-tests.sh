@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up (packages, build) and runs the whole test suite through CTest. GUI tests run under
-# xvfb-run; CUDA tests skip with a message where no device is present.
+# tools/with-xvfb.sh; CUDA tests skip with a message where no device is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/bootstrap.sh

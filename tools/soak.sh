@@ -31,7 +31,7 @@ echo "soak: $minutes min, seed $seed, app $sanitized/app/kvscope; report in $rep
 rc=0
 KVSCOPE_SANITIZED_APP="$PWD/$sanitized/app/kvscope" KVSCOPE_SOAK_SECONDS=$((minutes * 60)) \
   KVSCOPE_SOAK_SEED=$seed KVSCOPE_SOAK_REPORT="$report" \
-  xvfb-run -a -s "-screen 0 1600x1000x24" "$build/app/test_gui_soak" >"$report/soak.log" 2>&1 || rc=$?
+  tools/with-xvfb.sh "$build/app/test_gui_soak" >"$report/soak.log" 2>&1 || rc=$?
 if [ -f "$report/soak_report.txt" ]; then
   cat "$report/soak_report.txt"
 else

@@ -86,7 +86,7 @@ inline std::string summary(const json& st) {
 class RealWindow : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::getenv("DISPLAY")) GTEST_SKIP() << "no X display (run under xvfb-run)";
+    if (!std::getenv("DISPLAY")) GTEST_SKIP() << "no X display (run under tools/with-xvfb.sh)";
     int rc = 0;
     sh("command -v xdotool", &rc);
     if (rc != 0) GTEST_SKIP() << "xdotool is not installed (tools/bootstrap.sh installs it)";

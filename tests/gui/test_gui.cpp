@@ -1,4 +1,4 @@
-// GUI test: scripted sessions of the real app under Xvfb (skipped with a message when xvfb-run
+// GUI test: scripted sessions of the real app under Xvfb (skipped with a message when Xvfb
 // is missing) and of kvscope-cli render (software rasteriser, needs no display). Each opens the
 // bundled stories260K capture, shows one view, writes a PNG, and the PNG is checked for content:
 // not blank, enough distinct colours, and for the Capture view one heatmap cell per (layer, kv
@@ -71,7 +71,7 @@ RunResult run(const std::string& cmd) {
 }
 
 bool have_xvfb() {
-  return run("command -v xvfb-run").rc == 0;
+  return run("command -v Xvfb").rc == 0;
 }
 
 // Fraction of pixels that differ clearly from the most common colour (the background).
@@ -218,12 +218,14 @@ TEST(SoftwareRender, UnknownViewIsAnError) {
 class AppUnderXvfb : public ::testing::TestWithParam<std::string> {};
 
 std::string app_cmd(const std::string& args) {
-  return std::string("xvfb-run -a -s \"-screen 0 1600x1000x24\" \"") + KVSCOPE_APP + "\" " + args;
+  // An Xvfb server of its own per run: xvfb-run -a races for a display number under ctest -j.
+  return std::string("\"") + KVSCOPE_SOURCE_DIR + "/tools/with-xvfb.sh\" \"" + KVSCOPE_APP +
+         "\" " + args;
 }
 
 TEST_P(AppUnderXvfb, ViewShowsContent) {
   if (!have_xvfb()) {
-    GTEST_SKIP() << "xvfb-run not found: the windowed app test needs Xvfb";
+    GTEST_SKIP() << "Xvfb not found: the windowed app test needs it";
   }
   const std::string view = GetParam();
   const fs::path png = out_dir() / ("app_" + view + ".png");
@@ -244,7 +246,7 @@ INSTANTIATE_TEST_SUITE_P(Views, AppUnderXvfb, ::testing::ValuesIn(kViews));
 // capture (its grid is still there).
 TEST(AppUnderXvfbSession, BadFileKeepsCurrentCapture) {
   if (!have_xvfb()) {
-    GTEST_SKIP() << "xvfb-run not found: the windowed app test needs Xvfb";
+    GTEST_SKIP() << "Xvfb not found: the windowed app test needs it";
   }
   const fs::path bad = out_dir() / "not_a_capture.safetensors";
   {

@@ -34,7 +34,7 @@ class Progressive : public RealWindow {
   }
 
   void SetUp() override {
-    if (!std::getenv("DISPLAY")) GTEST_SKIP() << "no X display (run under xvfb-run)";
+    if (!std::getenv("DISPLAY")) GTEST_SKIP() << "no X display (run under tools/with-xvfb.sh)";
     synth_ = fs::path(KVSCOPE_GUI_OUT) / "progressive_llama3_shaped.safetensors";
     fs::create_directories(synth_.parent_path());
     int rc = 0;

@@ -1107,7 +1107,7 @@ TEST_F(Soak, SanitizedAppSurvivesRandomRealInput) {
 // Run by hand only (DISABLED_: CTest runs the binary whole, and a skipped test in it would mark
 // gui_soak itself skipped; KVSCOPE_SOAK_CYCLES=N, 0 skips; KVSCOPE_SANITIZED_APP may name the
 // Release app):
-//   KVSCOPE_SOAK_CYCLES=8 xvfb-run -a -s "-screen 0 1600x1000x24" BUILD/app/test_gui_soak
+//   KVSCOPE_SOAK_CYCLES=8 tools/with-xvfb.sh BUILD/app/test_gui_soak
 //     --gtest_also_run_disabled_tests --gtest_filter=Soak.DISABLED_RepeatedCyclesKeepNoMemory
 TEST_F(Soak, DISABLED_RepeatedCyclesKeepNoMemory) {
   const int cycles = static_cast<int>(env_double("KVSCOPE_SOAK_CYCLES", 0));
