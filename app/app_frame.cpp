@@ -20,11 +20,11 @@
 #include "app/new_capture_dialog.h"
 #include "app/recent_files.h"
 #include "app/result_status.h"
-#include "app/view.h"
-#include "engine/error.h"
-#include "engine/json_fields.h"
-#include "engine/json_limits.h"
-#include "engine/reference_cache.h"
+#include "app/views/view.h"
+#include "engine/core/error.h"
+#include "engine/eval/reference_cache.h"
+#include "engine/io/json_fields.h"
+#include "engine/io/json_limits.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -42,9 +42,6 @@ constexpr int GLFW_KEY_F9_CODE = 298;
 constexpr int GLFW_KEY_F10_CODE = 299;
 constexpr int GLFW_KEY_KP_SUBTRACT_CODE = 333;
 constexpr int GLFW_KEY_KP_ADD_CODE = 334;
-
-float g_ui_scale = 1.0f;
-float g_figure_top = -1.0f;  // set by mark_figure_top() while a view draws
 
 }  // namespace
 
@@ -134,6 +131,7 @@ std::vector<std::unique_ptr<View>> make_views() {
   v.push_back(make_output_view());
   v.push_back(make_teaching_view());
   v.push_back(make_theory_view());
+  v.push_back(make_set_view());
   for (const ViewFactory& make : registered_views()) v.push_back(make());  // register_view
   return v;
 }
@@ -152,7 +150,7 @@ std::string view_names_text() {
 
 void setup_style_and_fonts(float ui_scale) {
   ui_scale = std::clamp(ui_scale, kMinUiScale, kMaxUiScale);
-  g_ui_scale = ui_scale;
+  set_ui_scale(ui_scale);
   ImGuiIO& io = ImGui::GetIO();
   io.IniFilename = nullptr;  // layout is fixed; sessions hold what persists
   ImGuiStyle& st = ImGui::GetStyle();
@@ -189,55 +187,6 @@ void setup_style_and_fonts(float ui_scale) {
   cfg.SizePixels = std::round(13.0f * ui_scale);
   io.Fonts->AddFontDefault(&cfg);  // ImGui's built-in ProggyClean
   io.Fonts->Build();
-}
-
-float dialog_button_width(const char* widest) {
-  return std::max(px(72), button_width(widest));
-}
-
-void fit_next_dialog_to_display() {
-  // ImGui centres a modal only the first time it ever opens: opened again after a resize it
-  // came back where the larger window had its centre, partly off the display.
-  const ImGuiViewport* vp = ImGui::GetMainViewport();
-  ImGui::SetNextWindowPos(vp->GetCenter(), ImGuiCond_Appearing, ImVec2(0.5f, 0.5f));
-  ImGui::SetNextWindowSizeConstraints(ImVec2(0, 0), vp->Size);
-}
-
-void keep_dialog_on_screen() {
-  const ImGuiViewport* vp = ImGui::GetMainViewport();
-  const ImVec2 p = ImGui::GetWindowPos(), sz = ImGui::GetWindowSize();
-  const ImVec2 q(std::clamp(p.x, vp->Pos.x, std::max(vp->Pos.x, vp->Pos.x + vp->Size.x - sz.x)),
-                 std::clamp(p.y, vp->Pos.y, std::max(vp->Pos.y, vp->Pos.y + vp->Size.y - sz.y)));
-  if (q.x != p.x || q.y != p.y) ImGui::SetWindowPos(q);
-}
-
-float px(float at_scale_1) {
-  return at_scale_1 * g_ui_scale;
-}
-
-void toolbar_next(float item_width) {
-  const ImGuiStyle& st = ImGui::GetStyle();
-  const float last_x2 = ImGui::GetItemRectMax().x;
-  const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
-  if (last_x2 + st.ItemSpacing.x + item_width <= right) ImGui::SameLine();
-}
-
-float button_width(const char* label) {
-  return ImGui::CalcTextSize(label, nullptr, true).x + ImGui::GetStyle().FramePadding.x * 2;
-}
-
-float labelled_width(float w, const char* label) {
-  const float text = ImGui::CalcTextSize(label, nullptr, true).x;
-  return w + (text > 0 ? ImGui::GetStyle().ItemInnerSpacing.x + text : 0);
-}
-
-float fit_width(float at_scale_1, const char* label) {
-  const float room = ImGui::GetContentRegionAvail().x - labelled_width(0, label) - px(4);
-  return std::max(px(60), std::min(px(at_scale_1), room));
-}
-
-void mark_figure_top() {
-  g_figure_top = ImGui::GetCursorScreenPos().y;
 }
 
 namespace {
@@ -650,6 +599,11 @@ void AppUi::draw() {
   // One state model: finished jobs are applied, then every result's key is compared with the
   // settings (the views' own plans included) before anything is drawn.
   reconcile();
+  // A capture set asked for (AppState::set_request): the Set view takes it when it draws.
+  if (!s_.set_request.empty() && s_.settings.panel_view[1] != "set") {
+    show_view("set");
+    s_.settings.active_view = "set";
+  }
   s_.hovered_token = -1;
   s_.ui_items.clear();  // only what this frame draws
   const ImGuiViewport* vp = ImGui::GetMainViewport();
@@ -856,11 +810,12 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
         ImGui::BeginChild("##view", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
         // Exports cover the view's own area (no tab bar); from its figure top when it has one.
         const ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
-        g_figure_top = -1;
+        clear_figure_top();
         v.draw(s_);
         areas_[i] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
         rects_[i] = areas_[i];
-        if (g_figure_top > wp.y && g_figure_top < wp.y + ws.y) rects_[i].y0 = g_figure_top;
+        const float top = figure_top();
+        if (top > wp.y && top < wp.y + ws.y) rects_[i].y0 = top;
         ImGui::EndChild();
         ++drawn_frames_[i];
         ImGui::EndTabItem();

@@ -21,10 +21,10 @@
 #include "app/new_capture_dialog.h"
 #include "app/recent_files.h"
 #include "app/result_status.h"
-#include "app/view.h"
-#include "engine/error.h"
-#include "engine/json_fields.h"
-#include "engine/reference_cache.h"
+#include "app/views/view.h"
+#include "engine/core/error.h"
+#include "engine/eval/reference_cache.h"
+#include "engine/io/json_fields.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -83,6 +83,11 @@ void AppUi::draw_menu() {
   if (file_menu) {
     open_capture |= ImGui::MenuItem("Open capture...", "Ctrl+O");
     record_item(s_, "menu:Open capture");
+    const bool open_set = ImGui::MenuItem("Open set...");
+    record_item(s_, "menu:Open set");
+    if (open_set)
+      browser_.open("Open set (manifest.jsonl)", "", {".jsonl"},
+                    [this](const std::string& p) { s_.request_open(p); });
     const bool new_capture = ImGui::MenuItem("New capture...");
     record_item(s_, "menu:New capture");
     if (new_capture) open_new_capture_dialog();
@@ -173,7 +178,8 @@ void AppUi::draw_menu() {
 void AppUi::draw_status_bar() {
   ImGui::Separator();
   if (const CaptureInfo* ci = s_.info()) {
-    // The engine's exact reference cache (engine/reference_cache.h): what it holds of its budget.
+    // The engine's exact reference cache (engine/eval/reference_cache.h): what it holds of its
+    // budget.
     const ReferenceCacheStats rc = ReferenceCache::global().stats();
     ImGui::Text("%s | L%d H%d | resident %s | reference cache %s / %s | backend %s",
                 ci->model.c_str(), s_.settings.focus.layer, s_.settings.focus.kv_head,

@@ -8,9 +8,10 @@
 #include <thread>
 
 #include "app/app_state.h"
-#include "engine/attention.h"
-#include "engine/backend.h"
-#include "engine/error.h"
+#include "app/views/view_jobs.h"
+#include "engine/attention/exact_attention.h"
+#include "engine/core/error.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::app {
 
@@ -91,22 +92,11 @@ struct FocusHandles {
   std::string refused;                     // why the loaded head is refused ("" = it is not)
 };
 
-MethodSettings method_settings_of(const EvalCommon& c, const std::string& method,
-                                  const ParamValues& params, double keep_ratio) {
-  MethodSettings ms;
-  ms.method = find_method(method);
-  if (!ms.method) throw InputError("unknown method '" + method + "'");
-  ms.keep_ratio = keep_ratio;
-  ms.params = params;
-  ms.sink = c.sink;
-  ms.eval = c.eval;
-  ms.estimator = parse_estimator(c.estimator);
-  return ms;
-}
-
 std::shared_ptr<const HeadRun> run_focus(const FocusInput& in, const FocusHandles& h,
                                          JobContext& ctx, const JobPlan::PartialFn&) {
-  const MethodSettings ms = method_settings_of(in.common, in.method, in.params, in.keep_ratio);
+  const MethodSettings ms =
+      method_settings_of({in.method, in.params, in.keep_ratio, in.common.sink, in.common.eval},
+                         parse_estimator(in.common.estimator));
   if (!h.refused.empty()) throw InputError("head refused: " + h.refused);
   return std::make_shared<HeadRun>(run_head(*h.layer, in.num_layers, in.kv_head, ms, in.seed, true,
                                             h.backend, ctx.cancel_flag()));
@@ -137,7 +127,7 @@ std::shared_ptr<const EvalReport> run_sweep(const SweepInput& in, const EvalHand
     if (const Method* m = find_method(name)) spec.methods.push_back(m);
   spec.params = in.params;
   spec.ratios = in.ratios;
-  spec.harm = true;  // the Error view's harm kept vs dropped (engine/token_harm.h)
+  spec.harm = true;  // the Error view's harm kept vs dropped (engine/eval/token_harm.h)
   spec.seeds = in.seeds;
   spec.base_seed = in.base_seed;
   spec.sink = in.common.sink;
@@ -159,7 +149,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EntropyInput, capture, n, eval)
 std::shared_ptr<const EntropyGrid> run_entropy(const EntropyInput& in, const CaptureHandle& h,
                                                JobContext& ctx, const JobPlan::PartialFn&) {
   const CaptureInfo& ci = h.capture->info();
-  EvalWindow w;  // mean_attention_entropy reads n and eval (engine/attention_stats.h)
+  EvalWindow w;  // mean_attention_entropy reads n and eval (engine/eval/attention_stats.h)
   w.n = in.n;
   w.eval = in.eval;
   auto eg = std::make_shared<EntropyGrid>();

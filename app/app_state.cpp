@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <thread>
 
-#include "engine/attention.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/printable.h"
+#include "engine/attention/exact_attention.h"
+#include "engine/core/error.h"
+#include "engine/core/printable.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -75,7 +75,7 @@ double CostModel::per_unit(const std::string& cost_class, double prior) const {
   // An evaluation's cost per unit against its method's focused run. A focused run is timed in
   // wall seconds while A, B and the query comparison share the cores, and it computes its head's
   // exact reference alone; an evaluation shares that work over the layer. Measured on the 2-core
-  // VM (issue 24: "about 3 min" shown, 48 s taken): 1.2e-9 s per unit focused against 1.2e-10 in
+  // VM ("about 3 min" was shown for 48 s taken): 1.2e-9 s per unit focused against 1.2e-10 in
   // the evaluation of a 4-layer llama3-8b-shaped 8192-token capture, 4e-9 against 1e-9 on the
   // sample's sweep.
   constexpr double kEvalPerFocusedUnit = 0.3;
@@ -166,9 +166,8 @@ MethodSettings AppState::method_settings(int slot) const {
   return ms;
 }
 
-int AppState::grid_seeds() const {
+int AppState::grid_seeds_for(int n) const {
   if (settings.grid_seeds > 0) return settings.grid_seeds;
-  const int n = num_tokens();
   return n <= 1024 ? 3 : n <= 4096 ? 2 : 1;
 }
 
@@ -465,7 +464,7 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
   // Each plan's key is published as its result's `want` before the next planner runs: a planner
   // that reads an earlier result (focus_layer(), run(0), fresh()) then knows whether that result
   // belongs to the current settings. Planning every result first and publishing after let the
-  // focused run of a new head take the previous head's layer (issue 24, defect 1).
+  // focused run of a new head take the previous head's layer.
   std::vector<NamedPlan> all;
   for (const auto& [name, planner] : planners()) {
     all.emplace_back(name, (this->*planner)());

@@ -37,10 +37,10 @@
 #include "app/new_capture.h"
 #include "app/open_capture.h"
 #include "app/worker.h"
-#include "engine/attention_stats.h"
-#include "engine/capture.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/eval/attention_stats.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
 
 namespace kvscope::app {
 
@@ -53,7 +53,7 @@ struct Focus {
 // What the grid cells of the Capture view and the Error heatmap are coloured by.
 enum class GridMetric { Error = 0, Entropy = 1 };
 
-// Attention entropy of every (layer, kv head) (engine/attention_stats.h), NaN when refused.
+// Attention entropy of every (layer, kv head) (engine/eval/attention_stats.h), NaN when refused.
 struct EntropyGrid {
   int layers = 0, heads = 0;
   std::vector<double> values;  // [layer * heads + head]
@@ -114,7 +114,7 @@ struct Settings {
   int seed = 0;
   int sink_override = -1, eval_override = -1;  // -1: protocol default
   Estimator estimator = Estimator::Weighted;   // the authors' estimator is a protocol option
-  std::string backend = "cpu";                 // one of backend_choices() (engine/backend.h)
+  std::string backend = "cpu";                 // one of backend_choices() (engine/ops/backend.h)
   int grid_seeds = 0;                          // seeds of the background grid; 0: by capture size
   GridMetric grid_metric = GridMetric::Error;
   SweepRequest sweep;       // empty methods: the default (AppState::sweep_request)
@@ -133,8 +133,8 @@ inline constexpr const char* kGrid = "grid";
 inline constexpr const char* kSweep = "sweep";
 inline constexpr const char* kEntropy = "entropy";
 inline constexpr const char* kQuery = "query";
-// The Error view's name (ErrorView::name(), app/view_error_view.h): while it is shown in a panel,
-// AppState::sweep_request asks for the default sweep.
+// The Error view's name (ErrorView::name(), app/views/view_error_view.h): while it is shown in a
+// panel, AppState::sweep_request asks for the default sweep.
 inline constexpr const char* kErrorView = "error";
 
 // One derived result and the state of the job that computes it.
@@ -291,6 +291,9 @@ struct AppState {
   bool open_pending = false;
   std::string open_next;
   std::vector<std::string> notes;  // settings adjusted to fit the capture (shown until dismissed)
+  // A capture set asked for (File > Open set, a manifest or folder on the command line or
+  // dropped on the window): the Set view takes it (app/views/view_set.cpp) and shows itself.
+  std::string set_request;
   // Capture files the app wrote itself (File > New capture) in the temporary folder. They are
   // deleted when another capture opens and when the AppState ends (the app quits); a file the
   // user saved is never in here.
@@ -371,7 +374,9 @@ struct AppState {
   // open; see fit_window). `note` says what was clamped.
   EvalWindow window(std::string* note = nullptr) const;
   // Seeds of the background grid: settings.grid_seeds, or by capture size when 0.
-  int grid_seeds() const;
+  int grid_seeds() const { return grid_seeds_for(num_tokens()); }
+  // The same rule for captures of `num_tokens` tokens (a set's longest, in the Set view).
+  int grid_seeds_for(int num_tokens) const;
   // The query position the Error view uses (selected_query or method A's worst one).
   int effective_query() const;
   // Token text for display (newlines and tabs escaped), "" when out of range.
@@ -383,7 +388,8 @@ struct AppState {
   // ---- actions (UI thread)
   // Asks for a capture to be opened (app/open_capture.cpp): a new request, which reconcile()
   // opens in the background; the open one stays when it fails. A session's open keeps the
-  // selected query (a plain open resets it). Asking again replaces a pending request.
+  // selected query (a plain open resets it). Asking again replaces a pending request. A capture
+  // set (a folder or a .jsonl manifest) goes to the Set view instead (set_request).
   void request_open(const std::string& path, bool from_session = false);
   // Opens `path` once the pending request has ended (at once when none is pending).
   void request_open_after(const std::string& path);
@@ -448,7 +454,7 @@ struct AppState {
 
 // The evaluation window for n tokens, clamped to fit (s + E <= n, E >= 1) when the protocol's
 // window or the overrides do not; `note` says what changed. Throws only for n <= 0.
-// (EvalWindow::fit of engine/protocol.h; keep_ratio outside (0, 1] is clamped first.)
+// (EvalWindow::fit of engine/eval/protocol.h; keep_ratio outside (0, 1] is clamped first.)
 EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_override,
                       std::string* note = nullptr);
 

@@ -9,8 +9,8 @@
 #include <ctime>
 
 #include "app/recent_files.h"
-#include "engine/error.h"
-#include "engine/json_limits.h"
+#include "engine/core/error.h"
+#include "engine/io/json_limits.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;

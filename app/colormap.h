@@ -26,6 +26,10 @@ inline constexpr ImU32 kColPlotBg = IM_COL32(24, 26, 30, 255);
 inline constexpr ImU32 kColGrid = IM_COL32(60, 64, 72, 255);
 inline constexpr ImU32 kColAxisText = IM_COL32(190, 194, 200, 255);
 
+// Text colours: an error or refusal said in a view, and a warning (a synthetic capture).
+inline const ImVec4 kTextError(1.0f, 0.5f, 0.4f, 1.0f);
+inline const ImVec4 kTextWarning(1.0f, 0.55f, 0.3f, 1.0f);
+
 // Slot colours of the A/B comparison.
 inline constexpr ImU32 kColSlot[2] = {IM_COL32(76, 190, 110, 255), IM_COL32(200, 110, 230, 255)};
 

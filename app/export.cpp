@@ -12,8 +12,8 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "app/view.h"
-#include "engine/error.h"
+#include "app/views/view.h"
+#include "engine/core/error.h"
 
 namespace kvscope::app {
 

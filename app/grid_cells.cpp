@@ -9,10 +9,10 @@
 #include <tuple>
 
 #include "app/worker.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/seed_stats.h"
-#include "engine/thread_pool.h"
+#include "engine/core/error.h"
+#include "engine/core/thread_pool.h"
+#include "engine/eval/seed_stats.h"
+#include "engine/ops/backend.h"
 
 #ifdef __linux__
 #include <sys/resource.h>

@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
 
 namespace kvscope::app {
 

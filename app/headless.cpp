@@ -10,9 +10,9 @@
 #include "app/app_state.h"
 #include "app/export.h"
 #include "app/soft_render.h"
-#include "app/view.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "app/views/view.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
 
 namespace kvscope::app {
 

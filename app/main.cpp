@@ -22,12 +22,12 @@
 #include "app/recent_files.h"
 #include "app/screenshot.h"
 #include "app/soft_render.h"
-#include "app/view.h"
+#include "app/views/view.h"
 #include "backends/imgui_impl_glfw.h"
 #include "backends/imgui_impl_opengl3.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/reference_cache.h"
+#include "engine/core/error.h"
+#include "engine/eval/reference_cache.h"
+#include "engine/ops/backend.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // Method lists of the app (the Method view's combos, the Error view's sweep, the Output view):
 // a method the open capture cannot run is listed greyed, with the reason in its tooltip
-// (method_unavailable, engine/protocol.h), instead of being refused when it runs.
+// (method_unavailable, engine/eval/protocol.h), instead of being refused when it runs.
 #pragma once
 
 #include <imgui.h>

@@ -10,8 +10,8 @@
 #include <filesystem>
 
 #include "app/app_state.h"
-#include "engine/capture.h"
-#include "engine/llama2c.h"
+#include "engine/io/capture.h"
+#include "engine/model/llama2c.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;

@@ -12,8 +12,8 @@
 #include "app/app_frame.h"
 #include "app/app_state.h"
 #include "app/result_status.h"
-#include "engine/error.h"
-#include "engine/llama2c.h"
+#include "engine/core/error.h"
+#include "engine/model/llama2c.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;

@@ -5,7 +5,8 @@
 #include <filesystem>
 
 #include "app/app_state.h"
-#include "engine/capture.h"
+#include "engine/eval/capture_set.h"
+#include "engine/io/capture.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -30,6 +31,10 @@ std::string open_key(const OpenRequest& request) {
 }
 
 void AppState::request_open(const std::string& path, bool from_session) {
+  if (is_capture_set_path(path)) {
+    set_request = path;  // the frame shows the Set view, which opens the set (view_set.cpp)
+    return;
+  }
   OpenRequest request;
   request.serial = open_request.serial + 1;
   request.path = path;

@@ -3,10 +3,10 @@
 #include <cmath>
 #include <cstdio>
 
-#include "app/view_jobs.h"
-#include "engine/error.h"
-#include "engine/selection_check.h"
-#include "engine/selection_overlap.h"
+#include "app/views/view_jobs.h"
+#include "engine/core/error.h"
+#include "engine/eval/selection_check.h"
+#include "engine/eval/selection_overlap.h"
 
 namespace kvscope::app {
 

@@ -1,7 +1,7 @@
-// The grid's A/B overlap (issue 26 item 6; the Error view's heatmap source "A/B overlap"): for
+// The grid's A/B overlap (the Error view's heatmap source "A/B overlap"): for
 // every (layer, kv head), how far methods A and B keep the same middle tokens at the current
 // settings (keep ratio or token budget, seed, parameters): the Jaccard index |A n B| / |A u B|
-// of their kept sets (engine/selection_overlap.h), with |A|, |B| and |A n B| per cell.
+// of their kept sets (engine/eval/selection_overlap.h), with |A|, |B| and |A n B| per cell.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -194,7 +194,7 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   if (size.x <= 0) size.x = avail.x + size.x;
   if (size.y <= 0) size.y = avail.y + size.y;
   // Never smaller than a readable plot at the current UI scale: a panel too small for it
-  // scrolls instead of squeezing the plot to a sliver (issue 24, 2x on a projector).
+  // scrolls instead of squeezing the plot to a sliver (2x on a projector).
   const ImVec2 least = min_plot_size();
   size.x = std::max(size.x, least.x);
   size.y = std::max(size.y, least.y);
@@ -432,11 +432,12 @@ void Plot::band(const std::vector<double>& x, const std::vector<double>& lo,
     if (!std::isfinite(lo[i]) || !std::isfinite(hi[i]) || !std::isfinite(lo[i + 1]) ||
         !std::isfinite(hi[i + 1]))
       continue;
-    // Two triangles per segment (the band need not be convex overall).
-    ImVec2 a = to_screen(x[i], safe(lo[i])), b = to_screen(x[i], safe(hi[i]));
-    ImVec2 c = to_screen(x[i + 1], safe(hi[i + 1])), d = to_screen(x[i + 1], safe(lo[i + 1]));
-    dl_->AddTriangleFilled(a, b, c, col);
-    dl_->AddTriangleFilled(a, c, d, col);
+    // One convex quad per segment (the band need not be convex overall): two triangles would
+    // draw their anti-aliased shared edge as a diagonal line across a translucent band.
+    const ImVec2 quad[4] = {to_screen(x[i], safe(lo[i])), to_screen(x[i], safe(hi[i])),
+                            to_screen(x[i + 1], safe(hi[i + 1])),
+                            to_screen(x[i + 1], safe(lo[i + 1]))};
+    dl_->AddConvexPolyFilled(quad, 4, col);
   }
   dl_->PopClipRect();
 }

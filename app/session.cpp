@@ -5,9 +5,9 @@
 #include <string>
 
 #include "app/app_state.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/json_fields.h"
+#include "engine/core/error.h"
+#include "engine/io/json_fields.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::app {
 namespace fs = std::filesystem;
@@ -71,7 +71,7 @@ double keep_ratio(const JsonField& f) {
 }  // namespace
 
 Settings AppState::parse_session(const nlohmann::json& j, std::string* capture_out) const {
-  // Every field is read through JsonField (engine/json_fields.h): a wrong type or value throws
+  // Every field is read through JsonField (engine/io/json_fields.h): a wrong type or value throws
   // InputError naming the field's path, before anything is changed.
   const JsonField doc(j, "session");
   if (!j.is_object() || !j.contains("kvscope_session"))

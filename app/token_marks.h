@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "app/colormap.h"
-#include "engine/protocol.h"
-#include "engine/token_harm.h"
+#include "engine/eval/protocol.h"
+#include "engine/eval/token_harm.h"
 
 namespace kvscope::app {
 
@@ -51,7 +51,7 @@ struct OverviewBin {
 std::vector<OverviewBin> overview_bins(int n, int columns, const TokenMarks* a, const TokenMarks* b,
                                        const TokenHarm* harm);
 
-// The harm colour (issue 26 item 6): magma on a log scale over [lo, hi]; harm <= lo is darkest.
+// The harm colour: magma on a log scale over [lo, hi]; harm <= lo is darkest.
 ImU32 harm_colour(double harm, double lo, double hi);
 // The log scale's ends for a TokenHarm: its largest positive harm and 1e-4 of it (or the
 // smallest positive one when that is larger). Both 0 when no token has positive harm.

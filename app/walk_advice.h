@@ -1,13 +1,13 @@
 // What the Walk view offers against a saturated walk (p_i clipped to 0 or 1, so the signs are
 // forced): the parameter sets it can compare side by side, and which one to suggest. A suggestion
 // must change the settings: after "use temp 0.1, block 256" a head that is still saturated gets
-// the next remedy, not the same advice again (issue 24).
+// the next remedy, not the same advice again.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "engine/method.h"
+#include "engine/methods/method.h"
 
 namespace kvscope::app {
 

@@ -3,23 +3,9 @@
 #include <exception>
 
 #include "app/app_state.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace kvscope::app {
-
-const char* lane_name(Lane lane) {
-  switch (lane) {
-    case Lane::Focus:
-      return "focus";
-    case Lane::Grid:
-      return "grid";
-    case Lane::Analysis:
-      return "analysis";
-    case Lane::Geometry:
-      return "geometry";
-  }
-  return "?";
-}
 
 void JobContext::check_cancel() const {
   if (cancelled()) throw Cancelled();
@@ -157,7 +143,6 @@ void Worker::lane_loop(int lane_index) {
       std::lock_guard<std::mutex> lock(mutex_);
       lane.running.reset();
     }
-    finished_.fetch_add(1);
     if (wake_) wake_();
   }
 }

@@ -29,7 +29,6 @@ enum class Lane : int {
   Geometry = 3,  // projections (PCA, t-SNE), walk replays
 };
 constexpr int kNumLanes = 4;
-const char* lane_name(Lane lane);
 
 // Runs on the UI thread with the app state; the only way a job changes what is shown.
 using ApplyFn = std::function<void(AppState&)>;
@@ -91,8 +90,6 @@ class Worker {
   int drain(AppState& state);
   // Called (from a worker thread) whenever something was posted, e.g. glfwPostEmptyEvent.
   void set_wakeup(std::function<void()> wake) { wake_ = std::move(wake); }
-  // Incremented every time a job finishes (ok, failed or cancelled).
-  uint64_t finished_count() const { return finished_.load(); }
 
  private:
   friend class JobContext;
@@ -104,8 +101,8 @@ class Worker {
   };
   // A lane is a scheduler, not a parallel loop: one long-lived thread that runs its queue's jobs
   // one after another and must stay free to take the next one while the other lanes are busy, so
-  // it is a thread of its own rather than a task of engine/thread_pool.h (whose parallel_for and
-  // parallel_chunks the jobs themselves use for their inner loops).
+  // it is a thread of its own rather than a task of engine/core/thread_pool.h (whose parallel_for
+  // and parallel_chunks the jobs themselves use for their inner loops).
   struct LaneState {
     std::deque<Job> queue;
     std::shared_ptr<Job> running;
@@ -121,7 +118,6 @@ class Worker {
   std::mutex apply_mutex_;
   std::vector<ApplyFn> applies_;
   std::atomic<size_t> pending_{0};
-  std::atomic<uint64_t> finished_{0};
   std::function<void()> wake_;
 };
 

@@ -10,7 +10,7 @@
 //   back      gamma back to 4 at ratio 0.25: nothing is computed (cells in the store).
 // Method B is off unless --ab (then B's cells follow A's in each step). With --disk the exact
 // references are read from and written to the disk tier as the app does
-// (engine/reference_cache.h; KVSCOPE_CACHE_DIR picks the folder): a second run is a reopening.
+// (engine/eval/reference_cache.h; KVSCOPE_CACHE_DIR picks the folder): a second run is a reopening.
 //
 // --backend cuda runs the grid's compute on the device, as the app does with Backend: CUDA
 // (tools/gpu_device_check.sh times it there).
@@ -27,7 +27,7 @@
 #include <thread>
 
 #include "app/app_state.h"
-#include "engine/reference_cache.h"
+#include "engine/eval/reference_cache.h"
 
 namespace {
 
@@ -84,7 +84,8 @@ bool until_grid(AppState& s, const char* what, double limit_s = 1800) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk] "
+    std::fprintf(stderr,
+                 "usage: bench_app_grid CAPTURE [--method balancekv] [--ab] [--disk] "
                  "[--backend cpu|cuda|auto]\n");
     return 2;
   }

@@ -16,9 +16,9 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/synth.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/model/synth.h"
 
 namespace {
 

@@ -11,10 +11,10 @@
 #include <memory>
 #include <string>
 
-#include "engine/generate.h"
-#include "engine/llama2c.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
+#include "engine/methods/method.h"
+#include "engine/model/generate.h"
+#include "engine/model/llama2c.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // GPU benchmarks for the CUDA backend (docs/performance.md targets), with the CPU reference on
 // the same inputs where that runs in reasonable time, so the GPU/CPU ratio can be read off. The
-// inputs are the cases of engine/ops/op_cases.h marked `bench` (the table the parity tests use):
+// inputs are the cases of tests/op_cases.h marked `bench` (the table the parity tests use):
 //   walk:   one layer, 32 heads x 32768 tokens, d = dv = 128, B = 128, two rounds (< 2 ms on H100)
 //           and one head of 32768 tokens on both backends (ratio)
 //   errors: 256 evaluation queries over all 32 query heads (8 kv heads) of a layer (< 1 ms), at
@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/ops/op_cases.h"
+#include "engine/ops/backend.h"
+#include "tests/op_cases.h"
 
 #ifdef KVSCOPE_HAVE_CUDA
 #include "kernels/cuda_backend.h"

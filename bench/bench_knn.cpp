@@ -1,6 +1,6 @@
-// Exact kNN (engine/knn.h) as t-SNE's setup runs it: k = 91 (3 x perplexity 30 + 1) of n keys in
-// d = 128, centred. The keys are clustered and drift along the sequence the way a capture's do
-// (neighbouring tokens have near keys). One benchmark per tile kernel: "portable" (Eigen float
+// Exact kNN (engine/geometry/knn.h) as t-SNE's setup runs it: k = 91 (3 x perplexity 30 + 1) of n
+// keys in d = 128, centred. The keys are clustered and drift along the sequence the way a capture's
+// do (neighbouring tokens have near keys). One benchmark per tile kernel: "portable" (Eigen float
 // GEMM into a buffer, then a scan; the SSE2 table) and "avx2" (the fused register-block kernel).
 // Counters: gflops = the upper triangle's 2 n^2 d / 2 flops per second of wall time.
 #include <benchmark/benchmark.h>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/knn.h"
-#include "engine/simd.h"
+#include "engine/core/simd.h"
+#include "engine/geometry/knn.h"
 
 using namespace kvscope;
 

@@ -1,6 +1,6 @@
 // The kvpress ports' selection on one head (issue 26): n = 8192 tokens, d = 128, one kv head read
-// by a GQA group of 4 query heads (a synthetic Llama-3-shaped layer, engine/synth.h), budget at
-// ratio 1/4, against what evaluating uniform on that head costs (run_head: its selection and the
+// by a GQA group of 4 query heads (a synthetic Llama-3-shaped layer, engine/model/synth.h), budget
+// at ratio 1/4, against what evaluating uniform on that head costs (run_head: its selection and the
 // errors of the E = 256 evaluation queries of the group, exact side included).
 // docs/methods.md divides each method's CPU time by BM_UniformEval's.
 //   build-*/bench/bench_kvpress --benchmark_min_time=1
@@ -9,9 +9,9 @@
 #include <memory>
 #include <string>
 
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/synth.h"
+#include "engine/eval/protocol.h"
+#include "engine/methods/method.h"
+#include "engine/model/synth.h"
 
 using namespace kvscope;
 

@@ -24,10 +24,10 @@
 #include <cstring>
 #include <string>
 
-#include "engine/capture.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/reference_cache.h"
+#include "engine/eval/protocol.h"
+#include "engine/eval/reference_cache.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
 
 namespace {
 

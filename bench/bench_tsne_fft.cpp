@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/tsne_fft.h"
+#include "engine/ops/tsne_gradient_fft.h"
 
 using namespace kvscope;
 

@@ -18,8 +18,8 @@
 #include <fstream>
 #include <string>
 
-#include "engine/capture.h"
-#include "engine/tsne.h"
+#include "engine/geometry/tsne.h"
+#include "engine/io/capture.h"
 
 namespace {
 

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/balance_walk.h"
-#include "engine/cpu_ops.h"
-#include "engine/simd.h"
+#include "engine/core/simd.h"
+#include "engine/methods/balancekv/balance_walk.h"
+#include "engine/ops/backend.h"
+#include "engine/ops/cpu_ops.h"
 
 using namespace kvscope;
 
@@ -133,8 +133,8 @@ void BM_WalkOpOneBlockInCache(benchmark::State& state) {
 }
 
 // One 128-row block's float32 Gram (d = 128) alone, rows in cache, with the walk_gram_f32 of the
-// SIMD table named by the benchmark (engine/simd.h): the AVX2 / AVX-512 comparison on a CPU with
-// both. Counter: 8-lane-equivalent FMAs per second (lower triangle only, as the walk needs).
+// SIMD table named by the benchmark (engine/core/simd.h): the AVX2 / AVX-512 comparison on a CPU
+// with both. Counter: 8-lane-equivalent FMAs per second (lower triangle only, as the walk needs).
 void BM_WalkGramF32(benchmark::State& state, const std::string& table) {
   const simd::Kernels& t = simd::table(table);
   const int rows = 128, dim = 128, ld = 128;

@@ -3,7 +3,7 @@
 of a compressed selection, in torch float32 (its BLAS: oneDNN / OpenBLAS), on one layer of a
 capture.
 
-What it computes per kv head, as engine/attention.cpp does (docs/evaluation.md):
+What it computes per kv head, as engine/attention/exact_attention.cpp does (docs/evaluation.md):
   - the window: s = min(256, n/32) sinks, E = min(256, n/8) evaluation queries, middle [s, n-E);
   - the exact side: logits of the E evaluation queries of every query head of the GQA group
     against all keys (causal), softmax, outputs, and the norms Eq. (2) needs;

@@ -23,7 +23,7 @@ Modes:
                    uniforms from torch's generator; prints one JSON object (milliseconds, median
                    over --reps).
   --check-golden   run the port on ../shared/golden/*.json fed KVScope's Philox uniforms
-                   (counter_uniform(seed, 1, layer, kv_head, round, block, step), engine/random.h)
+                   (counter_uniform(seed, 1, layer, kv_head, round, block, step), engine/core/random.h)
                    and report how many cases give the authors' indices and weights exactly.
 """
 import argparse
@@ -84,7 +84,7 @@ def balancekv_walk(key, value, gamma, temp, beta, rounds, block, uniforms):
     return order, weight
 
 
-# ---- KVScope's Philox4x32-10 uniforms (engine/random.h), vectorised with numpy.
+# ---- KVScope's Philox4x32-10 uniforms (engine/core/random.h), vectorised with numpy.
 
 def counter_uniforms(seed, purpose, layer, head, rnd, blocks, steps):
     """counter_uniform(seed, purpose, layer, head, rnd, block, step) for every block < blocks and

@@ -14,9 +14,9 @@
 #include "cli/commands.h"
 #include "cli/seed_flag.h"
 #include "cli/validate.h"
-#include "engine/backend.h"
-#include "engine/balance_walk.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/methods/balancekv/balance_walk.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::cli {
 namespace {

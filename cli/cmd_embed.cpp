@@ -10,10 +10,10 @@
 #include "cli/commands.h"
 #include "cli/output_file.h"
 #include "cli/validate.h"
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/projection_cache.h"
+#include "engine/core/error.h"
+#include "engine/geometry/projection_cache.h"
+#include "engine/io/capture.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::cli {
 namespace {

@@ -3,7 +3,7 @@
 // (--shard i/N) for job arrays, merged exactly by `kvscope-cli merge`. kvscope-cli sweep: the same
 // protocol over a grid of one method's parameters (for tuning);
 // --grid2 A=... B=... prints it as one table per ratio (rows A, columns B) with the best and the
-// default cell marked (engine/sweep_grid.h).
+// default cell marked (engine/eval/sweep_grid.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,11 +19,14 @@
 #include "cli/output_file.h"
 #include "cli/seed_flag.h"
 #include "cli/validate.h"
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/protocol.h"
-#include "engine/sweep_grid.h"
+#include "engine/core/error.h"
+#include "engine/eval/capture_set.h"
+#include "engine/eval/holdout.h"
+#include "engine/eval/protocol.h"
+#include "engine/eval/set_eval.h"
+#include "engine/eval/sweep_grid.h"
+#include "engine/io/capture.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::cli {
 namespace {
@@ -52,6 +55,7 @@ struct EvalOptions {
   std::vector<std::string> params;
   std::string shard;
   std::string csv_out;
+  std::string summary_csv_out;  // sets: the aggregate rows
 };
 
 struct SweepOptions {
@@ -61,6 +65,10 @@ struct SweepOptions {
   std::vector<std::string> grid2;  // exactly two name=v1,v2,... (rows, columns)
   std::string csv_out;
   bool per_head_csv = false;
+  // Sets: tune on some prompts, judge on the others (docs/evaluation.md, "Held-out tuning").
+  double holdout = 0;
+  unsigned long long split_seed = 0;
+  bool per_layer = false;
 };
 
 void add_common(CLI::App* sub, CommonOptions& o) {
@@ -172,14 +180,106 @@ ProgressFn progress_printer() {
   };
 }
 
+// The whole-capture rows of a complete set report: mean over prompts, its 95% interval, wins.
+void print_set_summary(const SetEvalReport& rep) {
+  std::printf(
+      "\nacross %zu prompts: mean relative error over prompts [95%% Student-t interval], "
+      "wins (prompts where the method is best), mean rank\n",
+      rep.entries.size());
+  for (const SetRow& r : rep.summary()) {
+    if (r.layer != kAllLayers) continue;
+    char interval[64];
+    if (std::isnan(r.ci_low))
+      std::snprintf(interval, sizeof interval, "[one prompt]");
+    else
+      std::snprintf(interval, sizeof interval, "[%.4f, %.4f]", r.ci_low, r.ci_high);
+    std::printf("%-28s %-8s %.4f %-18s wins %d/%d  rank %.2f\n", r.method.c_str(), r.label.c_str(),
+                r.mean, interval, r.wins, r.prompts, r.mean_rank);
+  }
+  const std::vector<PromptLoss> worst = rep.worst_prompts();
+  if (!worst.empty()) std::printf("\nprompts where a method loses most to the best:\n");
+  for (const PromptLoss& l : worst)
+    std::printf("%-28s %-8s %s: +%.4f over %s\n", l.method.c_str(), l.label.c_str(),
+                printable(rep.entries[l.capture].label).c_str(), l.loss, l.best.c_str());
+}
+
+// eval SET: every capture of a manifest or folder, and the aggregate across prompts.
+void run_set_eval_command(const EvalOptions& o) {
+  const std::vector<std::string> inputs{o.common.path};
+  if (!o.common.json_out.empty()) check_output(o.common.json_out, inputs, "--json");
+  if (!o.csv_out.empty()) check_output(o.csv_out, inputs, "--csv");
+  if (!o.summary_csv_out.empty()) check_output(o.summary_csv_out, inputs, "--summary-csv");
+  const CaptureSet set = open_capture_set(o.common.path);
+  std::printf("set      %s: %zu captures of %s (%d layers, %d query / %d kv heads, d=%d)\n",
+              printable(set.source).c_str(), set.entries.size(),
+              set.shape.model.empty() ? "a model not recorded" : printable(set.shape.model).c_str(),
+              set.shape.num_layers, set.shape.q_heads, set.shape.kv_heads, set.shape.head_dim);
+  EvalSpec spec = base_spec(o.common, set.shape);
+  // Budgets must fit every capture's middle (run_eval turns them into each capture's ratios).
+  if (!spec.budgets.empty())
+    for (const CaptureSetEntry& e : set.entries) {
+      try {
+        ratios_for_budgets(spec.budgets, e.num_tokens, spec.sink, spec.eval);
+      } catch (const SettingError& err) {
+        throw SettingError("budget", "--budget", e.path + ": " + err.detail());
+      }
+    }
+  spec.methods = parse_method_list(o.methods);
+  spec.harm = true;
+  for (const std::string& p : o.params) parse_param(p, spec);
+  if (o.methods != "all")
+    require_runnable(spec.methods, set.shape, spec.params, "methods", "--methods");
+  std::vector<std::string> left_out;
+  spec.methods = runnable_methods(spec.methods, set.shape, spec.params, left_out);
+  if (!o.shard.empty()) {
+    const auto [index, count] = parse_shard(o.shard, kMaxShards);
+    spec.shard_index = index;
+    spec.shard_count = count;
+  }
+  Backend& backend = select_backend(o.common.backend);
+  std::printf("backend  %s\n", backend.name().c_str());
+  const ProgressFn progress = isatty(2) ? ProgressFn([](int done, int total) {
+    std::fprintf(stderr, "\r%.1f%% of the set", 100.0 * done / total);
+    if (done == total) std::fprintf(stderr, "\r%*s\r", 30, "");
+  })
+                                        : ProgressFn();
+  SetEvalReport rep = run_set_eval(set, spec, progress, nullptr, &backend);
+  if (!left_out.empty())
+    for (EvalReport& r : rep.captures)
+      r.notes.insert(r.notes.begin(), methods_left_out_note(left_out));
+  for (size_t c = 0; c < rep.captures.size(); ++c)
+    std::printf("capture  %zu/%zu %s: %d tokens, %zu results\n", c + 1, rep.captures.size(),
+                printable(rep.entries[c].path).c_str(), rep.entries[c].num_tokens,
+                rep.captures[c].results.size());
+  if (rep.shard_count > 1)
+    std::printf(
+        "shard    %d/%d: combine every shard's --json with `kvscope-cli merge` for the "
+        "figures across prompts\n",
+        rep.shard_index, rep.shard_count);
+  else
+    print_set_summary(rep);
+  if (!o.common.json_out.empty())
+    write_json_file(o.common.json_out, rep.to_json(), "--json", inputs);
+  if (!o.csv_out.empty()) write_output(o.csv_out, rep.captures_csv(), "--csv", inputs);
+  if (!o.summary_csv_out.empty()) {
+    if (rep.shard_count > 1)
+      throw InputError("--summary-csv: a shard has no figures across prompts; merge the shards");
+    write_output(o.summary_csv_out, rep.summary_csv(), "--summary-csv", inputs);
+  }
+  for (const EvalReport& r : rep.captures) fail_on_method_errors(r);
+}
+
 void run_eval_command(const EvalOptions& o) {
+  if (is_capture_set_path(o.common.path)) return run_set_eval_command(o);
+  if (!o.summary_csv_out.empty())
+    throw InputError("--summary-csv: only for a capture set (a manifest .jsonl or a folder)");
   // Output paths are checked before the work (never the capture itself, a link or a FIFO).
   if (!o.common.json_out.empty()) check_output(o.common.json_out, {o.common.path}, "--json");
   if (!o.csv_out.empty()) check_output(o.csv_out, {o.common.path}, "--csv");
   auto capture = CaptureFile::open(o.common.path);
   EvalSpec spec = base_spec(o.common, capture->info());
   spec.methods = parse_method_list(o.methods);
-  spec.harm = true;  // harm kept vs dropped per head and method (engine/token_harm.h)
+  spec.harm = true;  // harm kept vs dropped per head and method (engine/eval/token_harm.h)
   for (const std::string& p : o.params) parse_param(p, spec);
   // `all` is the methods this capture can run; those it cannot are left out and named in a note.
   // A method asked for by name (in --methods or through --param) that it cannot run is a bad
@@ -303,6 +403,137 @@ void run_grid2_command(const SweepOptions& o, const Method& m) {
     throw std::runtime_error(m.name() + " failed at some grid points (see the lines above)");
 }
 
+// The Cartesian product of a sweep's grid, last parameter fastest (at most 10000 points).
+std::vector<ParamValues> grid_points(
+    const std::vector<std::pair<std::string, std::vector<double>>>& grid) {
+  size_t count = 1;
+  for (const auto& [name, values] : grid) {
+    count *= values.size();
+    if (count > 10000)
+      throw InputError(
+          "--param: the grid has more than 10000 points (the product of the value "
+          "counts); sweep fewer values");
+  }
+  std::vector<ParamValues> points(1);
+  for (const auto& [name, values] : grid) {
+    std::vector<ParamValues> next;
+    for (const ParamValues& p : points)
+      for (double v : values) {
+        ParamValues q = p;
+        q[name] = v;
+        next.push_back(q);
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+std::string point_label(const ParamValues& point) {
+  std::string label;
+  for (const auto& [name, v] : point) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s=%g", name.c_str(), v);
+    label += (label.empty() ? "" : " ") + std::string(buf);
+  }
+  return label;
+}
+
+std::string figure_text(const PromptFigure& f) {
+  if (std::isnan(f.mean)) return "-";
+  char buf[96];
+  if (std::isnan(f.ci_low))
+    std::snprintf(buf, sizeof buf, "%.4f (%d)", f.mean, f.prompts);
+  else
+    std::snprintf(buf, sizeof buf, "%.4f [%.4f, %.4f] (%d)", f.mean, f.ci_low, f.ci_high,
+                  f.prompts);
+  return buf;
+}
+
+// sweep SET: every point on every capture; with --holdout, the best point on the tuning prompts
+// judged on the held-out ones beside the method's defaults.
+void run_set_sweep_command(const SweepOptions& o, const Method& m,
+                           const std::vector<std::pair<std::string, std::vector<double>>>& grid) {
+  if (!o.common.json_out.empty()) check_output(o.common.json_out, {o.common.path}, "--json");
+  const CaptureSet set = open_capture_set(o.common.path);
+  const PromptSplit split =
+      split_prompts(static_cast<int>(set.entries.size()), o.holdout, o.split_seed);
+  EvalSpec spec = base_spec(o.common, set.shape);
+  spec.methods = {&m};
+  std::vector<ParamValues> points = grid_points(grid);
+  for (const ParamValues& p : points)
+    require_runnable({&m}, set.shape, {{m.name(), p}}, "method", "--method");
+  // The defaults of the swept parameters, as a point of their own when the grid lacks it.
+  ParamValues defaults;
+  for (const auto& [name, values] : grid) defaults[name] = param_value(m.params(), {}, name);
+  int default_point =
+      static_cast<int>(std::find(points.begin(), points.end(), defaults) - points.begin());
+  if (default_point == static_cast<int>(points.size())) points.push_back(defaults);
+  spec.points = points;
+  Backend& backend = select_backend(o.common.backend);
+  std::printf("set      %s: %zu captures; method %s, %zu points (the defaults included)\n",
+              printable(set.source).c_str(), set.entries.size(), m.name().c_str(), points.size());
+  std::vector<std::vector<EvalReport>> reports;
+  std::vector<std::string> failures;
+  for (size_t c = 0; c < set.entries.size(); ++c) {
+    std::fprintf(stderr, "capture %zu/%zu %s\n", c + 1, set.entries.size(),
+                 printable(set.entries[c].path).c_str());
+    auto capture = CaptureFile::open(set.entries[c].resolved);
+    reports.push_back(
+        run_eval(*capture, spec, progress_printer(), nullptr, &backend).split_points());
+    for (const EvalReport& r : reports.back())
+      for (const std::string& f : r.failures()) failures.push_back(set.entries[c].path + ": " + f);
+  }
+  const HoldoutReport holdout = holdout_tuning(reports, points, default_point, split, o.per_layer);
+  const auto names = [&](const std::vector<int>& idx) {
+    std::string s;
+    for (int i : idx) s += (s.empty() ? "" : ", ") + set.entries[i].label;
+    return s.empty() ? std::string("none") : s;
+  };
+  std::printf("tuning   %zu prompts: %s\n", split.tuning.size(), names(split.tuning).c_str());
+  if (!split.held_out.empty())
+    std::printf("held out %zu prompts (--holdout %g, --split-seed %llu): %s\n",
+                split.held_out.size(), o.holdout, o.split_seed, names(split.held_out).c_str());
+  std::printf(
+      "\nmean relative error over the tuning prompts [95%% Student-t interval] (prompts)\n");
+  for (size_t p = 0; p < points.size(); ++p) {
+    std::printf("%-28s", (point_label(points[p]) +
+                          (static_cast<int>(p) == default_point ? " (default)" : ""))
+                             .c_str());
+    for (const PromptFigure& f : holdout.tuning_by_point[p])
+      std::printf("  %-34s", figure_text(f).c_str());
+    std::printf("\n");
+  }
+  for (const HoldoutRow& r : holdout.rows) {
+    if (r.best_point < 0) continue;
+    const std::string where =
+        r.layer == kAllLayers ? std::string("all layers") : "layer " + std::to_string(r.layer);
+    std::printf("\n%s, %s: best on the tuning prompts %s: tuned on %s", r.label.c_str(),
+                where.c_str(), point_label(points[r.best_point]).c_str(),
+                figure_text(r.best_tuning).c_str());
+    if (!split.held_out.empty())
+      std::printf("\n    held out: tuned %s, default %s, gain %+.4f",
+                  figure_text(r.best_held_out).c_str(), figure_text(r.default_held_out).c_str(),
+                  r.held_out_gain());
+  }
+  std::printf("\n");
+  if (!o.common.json_out.empty()) {
+    nlohmann::json out = holdout.to_json();
+    out["format"] = "kvscope-set-sweep/1";
+    out["set"] = set.source;
+    out["method"] = m.name();
+    out["holdout"] = o.holdout;
+    out["split_seed"] = o.split_seed;
+    out["entries"] = nlohmann::json::array();
+    for (const CaptureSetEntry& e : set.entries)
+      out["entries"].push_back({{"path", e.path}, {"label", e.label}});
+    out["failures"] = failures;
+    write_json_file(o.common.json_out, out, "--json", {o.common.path});
+  }
+  for (const std::string& f : failures) std::fprintf(stderr, "kvscope-cli: %s\n", f.c_str());
+  if (!failures.empty())
+    throw std::runtime_error(m.name() + " failed at some grid points (see the lines above)");
+}
+
 void run_sweep_command(const SweepOptions& o) {
   const Method* m = find_method(o.method);
   if (!m) {
@@ -316,32 +547,17 @@ void run_sweep_command(const SweepOptions& o) {
   std::vector<std::pair<std::string, std::vector<double>>> grid;
   for (const std::string& p : o.params) grid.push_back(parse_grid(p, *m));
 
+  if (is_capture_set_path(o.common.path)) return run_set_sweep_command(o, *m, grid);
+  if (o.holdout != 0 || o.per_layer)
+    throw InputError(
+        "--holdout/--per-layer: only for a capture set (a manifest .jsonl or a folder)");
   if (!o.common.json_out.empty()) check_output(o.common.json_out, {o.common.path}, "--json");
   auto capture = CaptureFile::open(o.common.path);
   EvalSpec spec = base_spec(o.common, capture->info());
   spec.methods = {m};
   Backend& backend = select_backend(o.common.backend);
 
-  size_t grid_points = 1;
-  for (const auto& [name, values] : grid) {
-    grid_points *= values.size();
-    if (grid_points > 10000)
-      throw InputError(
-          "--param: the grid has more than 10000 points (the product of the value "
-          "counts); sweep fewer values");
-  }
-  // Cartesian product of the grid, last parameter fastest.
-  std::vector<ParamValues> points(1);
-  for (const auto& [name, values] : grid) {
-    std::vector<ParamValues> next;
-    for (const ParamValues& p : points)
-      for (double v : values) {
-        ParamValues q = p;
-        q[name] = v;
-        next.push_back(q);
-      }
-    points = std::move(next);
-  }
+  const std::vector<ParamValues> points = grid_points(grid);
   // The method is asked for by name: a point it cannot run on this capture is a bad request.
   for (const ParamValues& p : points)
     require_runnable({m}, capture->info(), {{m->name(), p}}, "method", "--method");
@@ -375,14 +591,9 @@ void run_sweep_command(const SweepOptions& o) {
       out["spec"] = rep.to_json()["spec"];
       header = true;
     }
-    std::string label;
+    const std::string label = point_label(point);
     nlohmann::json pj = nlohmann::json::object();
-    for (const auto& [name, v] : point) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%s=%g", name.c_str(), v);
-      label += (label.empty() ? "" : " ") + std::string(buf);
-      pj[name] = v;
-    }
+    for (const auto& [name, v] : point) pj[name] = v;
     std::printf("%-28s", label.c_str());
     const std::vector<EvalSummary> sum = rep.summary();
     nlohmann::json sj = nlohmann::json::array();
@@ -424,11 +635,21 @@ void add_eval_command(CLI::App& app) {
   auto* ev = app.add_subcommand(
       "eval", "attention-approximation error of compression methods (docs/evaluation.md)");
   add_common(ev, eo->common);
+  ev->get_option("file")->description(
+      "capture (.safetensors or .npz), or a capture set: a manifest .jsonl or a folder of "
+      "*.safetensors (docs/evaluation.md, \"Capture sets\")");
   ev->add_option("--methods", eo->methods, "comma-separated methods, or all")
       ->capture_default_str();
   ev->add_option("--param", eo->params, "method.name=value (repeatable)");
-  ev->add_option("--shard", eo->shard, "i/N: run work items i, i+N, ... (merge with `merge`)");
-  ev->add_option("--csv", eo->csv_out, "write one row per (method, ratio, layer, kv head)");
+  ev->add_option("--shard", eo->shard,
+                 "i/N: run work items i, i+N, ... (merge with `merge`); auto: the index and count "
+                 "of a Slurm array task or Kubernetes indexed job");
+  ev->add_option("--csv", eo->csv_out,
+                 "write one row per (method, ratio, layer, kv head); for a set, per capture too "
+                 "(column `capture` first)");
+  ev->add_option("--summary-csv", eo->summary_csv_out,
+                 "sets: write the rows across prompts (method, ratio, layer, kv_head, mean, "
+                 "ci_low, ci_high, prompts, wins)");
   ev->callback([eo] { run_eval_command(*eo); });
 
   auto so = std::make_shared<SweepOptions>();
@@ -446,6 +667,14 @@ void add_eval_command(CLI::App& app) {
                  "--grid2: one row per (ratio, row value, column value) with mean, seed_std");
   sw->add_flag("--per-head", so->per_head_csv,
                "--grid2 --csv: one row per (ratio, cell, layer, kv head) instead");
+  sw->add_option("--holdout", so->holdout,
+                 "sets: the share of prompts held out (e.g. 0.3): the best point is chosen on the "
+                 "others and reported on these beside the defaults")
+      ->check(CLI::Range(0.0, 0.99));
+  sw->add_option("--split-seed", so->split_seed, "sets: the seed of the tuning / held-out split")
+      ->check(seed_validator());
+  sw->add_flag("--per-layer", so->per_layer,
+               "sets: also choose the best point per layer, with its held-out gain per layer");
   sw->callback([so] { run_sweep_command(*so); });
 }
 

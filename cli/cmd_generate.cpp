@@ -18,10 +18,10 @@
 #include "cli/commands.h"
 #include "cli/output_file.h"
 #include "cli/validate.h"
-#include "engine/error.h"
-#include "engine/generate.h"
-#include "engine/llama2c.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/model/generate.h"
+#include "engine/model/llama2c.h"
 
 namespace kvscope::cli {
 

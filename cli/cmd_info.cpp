@@ -6,8 +6,8 @@
 
 #include "cli/commands.h"
 #include "cli/validate.h"
-#include "engine/capture.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
 
 namespace kvscope::cli {
 namespace {

@@ -6,15 +6,15 @@
 
 #include "cli/commands.h"
 #include "cli/output_file.h"
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/ops/backend.h"
 
 #ifdef KVSCOPE_HAVE_UI
 #include "app/headless.h"
-#include "app/view.h"
+#include "app/views/view.h"
 #endif
 
 namespace kvscope::cli {

@@ -10,9 +10,9 @@
 #include "cli/output_file.h"
 #include "cli/seed_flag.h"
 #include "cli/validate.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/synth.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/model/synth.h"
 
 namespace kvscope::cli {
 namespace {

@@ -17,10 +17,10 @@
 #include "cli/eval_output.h"
 #include "cli/output_file.h"
 #include "cli/validate.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/protocol.h"
-#include "engine/theory.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/teaching/theory.h"
 
 namespace kvscope::cli {
 namespace {
@@ -251,9 +251,7 @@ void run_theory_command(const TheoryOptions& o) {
   spec.max_n = o.max_n;
   spec.disc_seeds = o.disc_seeds;
   spec.max_queries = o.queries;
-  spec.walks = default_disc_walks();
-  spec.walks[1].params.temp = o.unsat_temp;
-  spec.walks[1].params.gamma = o.unsat_gamma;
+  spec.walks = disc_walks(o.unsat_temp, o.unsat_gamma);
   spec.seeds = o.seeds;
   spec.base_seed = o.seed;
   spec.sink = o.sink;

@@ -10,8 +10,8 @@
 
 #include "cli/output_file.h"
 #include "cli/validate.h"
-#include "engine/error.h"
-#include "engine/json_limits.h"
+#include "engine/core/error.h"
+#include "engine/io/json_limits.h"
 
 namespace kvscope::cli {
 namespace {
@@ -111,18 +111,7 @@ void write_json_file(const std::string& path, const nlohmann::json& j, const std
 
 void write_csv_file(const std::string& path, const EvalReport& report, const std::string& flag,
                     const std::vector<std::string>& inputs) {
-  std::ostringstream out;
-  out << "method,ratio,layer,kv_head,mean,std,normalized_mean,mass_mean,refused,error\n";
-  out.precision(17);
-  for (const HeadEval& he : report.results) {
-    std::string err = he.error.empty() ? he.note : he.error;
-    for (char& c : err)
-      if (c == '"') c = '\'';
-    out << he.method << ',' << he.ratio << ',' << he.layer << ',' << he.kv_head << ',' << he.mean
-        << ',' << he.std << ',' << he.normalized_mean << ',' << he.mass_mean << ','
-        << (he.refused ? 1 : 0) << ",\"" << (he.error.empty() ? "" : err) << "\"\n";
-  }
-  write_output(path, out.str(), flag, inputs);
+  write_output(path, EvalReport::csv_header() + report.csv_rows(), flag, inputs);
 }
 
 nlohmann::json read_json_file(const std::string& path) {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
 
 namespace kvscope::cli {
 
@@ -30,8 +30,8 @@ void write_csv_file(const std::string& path, const EvalReport& report, const std
 nlohmann::json read_json_file(const std::string& path);
 
 // The note naming the methods `--methods all` left out because the capture cannot run them
-// (runnable_methods' `left_out`, engine/protocol.h): printed with the report's notes and written
-// in its JSON.
+// (runnable_methods' `left_out`, engine/eval/protocol.h): printed with the report's notes and
+// written in its JSON.
 std::string methods_left_out_note(const std::vector<std::string>& left_out);
 
 // A method's failures make the command fail (exit 2) after its outputs are written: with the

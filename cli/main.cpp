@@ -5,8 +5,8 @@
 #include "cli/commands.h"
 #include "cli/output_file.h"
 #include "cli/validate.h"
-#include "engine/error.h"
-#include "engine/reference_cache.h"
+#include "engine/core/error.h"
+#include "engine/eval/reference_cache.h"
 
 // Exit status, the same for every subcommand (README.md, docs/evaluation.md): 0 done; 1 bad
 // input or a bad setting, the file, flag or method named (a malformed or unreadable file, a flag

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "cli/validate.h"
-#include "engine/error.h"
-#include "engine/tensor_archive.h"
+#include "engine/core/error.h"
+#include "engine/io/tensor_archive.h"
 
 namespace kvscope::cli {
 

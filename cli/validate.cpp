@@ -6,11 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 namespace kvscope::cli {
 
@@ -108,6 +109,7 @@ std::vector<int> parse_bounded_index_list(const std::string& text, const std::st
 }
 
 std::pair<int, int> parse_shard(const std::string& text, int max_count) {
+  if (text == "auto") return shard_from_environment(max_count);
   const std::string shown = printable(text);
   const std::string usage = "--shard '" + shown +
                             "': expected i/N with 0 <= i < N <= " + std::to_string(max_count) +
@@ -119,6 +121,45 @@ std::pair<int, int> parse_shard(const std::string& text, int max_count) {
   if (i < 0 || n < 0) throw InputError(usage);
   if (n < 1 || n > max_count || i >= n) throw InputError(usage);
   return {static_cast<int>(i), static_cast<int>(n)};
+}
+
+std::pair<int, int> shard_from_environment(int max_count) {
+  const auto env = [](const char* name) -> long long {
+    const char* v = std::getenv(name);
+    return v && *v ? to_index(v) : -2;  // -2: not set; to_index gives -1 for a non-number
+  };
+  const auto check = [&](long long i, long long n, const std::string& from) {
+    if (i < 0 || n < 1 || n > max_count || i >= n)
+      throw InputError("--shard auto: " + from + " do not name a shard (index " +
+                       std::to_string(i) + " of " + std::to_string(n) + "; expected 0 <= index < " +
+                       "count <= " + std::to_string(max_count) + ")");
+    return std::pair<int, int>{static_cast<int>(i), static_cast<int>(n)};
+  };
+  // Slurm job arrays: the task's id, counted from the array's first id (--array=1-8 starts at 1).
+  if (const long long id = env("SLURM_ARRAY_TASK_ID"); id != -2) {
+    const long long first = env("SLURM_ARRAY_TASK_MIN"), count = env("SLURM_ARRAY_TASK_COUNT");
+    if (first == -2 || count == -2)
+      throw InputError(
+          "--shard auto: SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_MIN or "
+          "SLURM_ARRAY_TASK_COUNT is not (Slurm sets all three for an array task)");
+    return check(id - first, count, "SLURM_ARRAY_TASK_ID, _MIN and _COUNT");
+  }
+  // Kubernetes indexed jobs set the index; the count is the job's completions, which the pod
+  // does not see unless the job passes it (docs/evaluation.md: KVSCOPE_SHARD_COUNT).
+  if (const long long index = env("JOB_COMPLETION_INDEX"); index != -2) {
+    const long long count = env("KVSCOPE_SHARD_COUNT");
+    if (count == -2)
+      throw InputError(
+          "--shard auto: JOB_COMPLETION_INDEX is set but KVSCOPE_SHARD_COUNT is not "
+          "(set it to the indexed job's completions)");
+    return check(index, count, "JOB_COMPLETION_INDEX and KVSCOPE_SHARD_COUNT");
+  }
+  if (const long long index = env("KVSCOPE_SHARD_INDEX"); index != -2)
+    return check(index, env("KVSCOPE_SHARD_COUNT"), "KVSCOPE_SHARD_INDEX and KVSCOPE_SHARD_COUNT");
+  throw InputError(
+      "--shard auto: no array index in the environment (Slurm's "
+      "SLURM_ARRAY_TASK_ID, Kubernetes' JOB_COMPLETION_INDEX, or "
+      "KVSCOPE_SHARD_INDEX with KVSCOPE_SHARD_COUNT)");
 }
 
 uint64_t available_memory_bytes(std::string* source) {

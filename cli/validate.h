@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/printable.h"  // printable(): text from files made safe to print
+#include "engine/core/printable.h"  // printable(): text from files made safe to print
 
 namespace kvscope::cli {
 
@@ -33,6 +33,11 @@ std::vector<int> parse_budget_list(const std::string& text, bool ratios_given, l
 
 // "i/N" with 0 <= i < N <= max_count; the message quotes the text and the limits.
 std::pair<int, int> parse_shard(const std::string& text, int max_count);
+// --shard auto: the shard of an array job from its environment: Slurm (SLURM_ARRAY_TASK_ID minus
+// SLURM_ARRAY_TASK_MIN, of SLURM_ARRAY_TASK_COUNT), a Kubernetes indexed job
+// (JOB_COMPLETION_INDEX of KVSCOPE_SHARD_COUNT), or KVSCOPE_SHARD_INDEX of KVSCOPE_SHARD_COUNT.
+// Throws InputError naming the variables when none is set or they name no shard.
+std::pair<int, int> shard_from_environment(int max_count);
 
 // Bytes this process may still allocate: MemAvailable from /proc/meminfo, lowered to the
 // address-space limit (ulimit -v) when one is set. `source` says which one bounded it.

@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
-#include "engine/error.h"
-#include "engine/json_limits.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/json_limits.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvscope;

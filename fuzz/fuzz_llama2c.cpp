@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/error.h"
-#include "engine/llama2c.h"
+#include "engine/core/error.h"
+#include "engine/model/llama2c.h"
 #include "tests/llama2c_reference.h"
 
 namespace {

@@ -4,11 +4,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/mapped_file.h"
-#include "engine/npz.h"
-#include "engine/tensor_archive.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/io/mapped_file.h"
+#include "engine/io/npz.h"
+#include "engine/io/tensor_archive.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvscope;

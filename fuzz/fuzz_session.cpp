@@ -16,9 +16,9 @@
 
 #include "app/app_frame.h"
 #include "app/app_state.h"
-#include "app/view.h"
-#include "engine/error.h"
-#include "engine/json_limits.h"
+#include "app/views/view.h"
+#include "engine/core/error.h"
+#include "engine/io/json_limits.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvscope;

@@ -108,7 +108,7 @@ struct ErrSmem {
   }
 };
 
-// The errors run as two kernels (issue 28: the exact side kept on the device):
+// The errors run as two kernels, the exact side kept on the device:
 //   kExactSide: the exact attention of every evaluation query j over keys [0, j]: its output
 //     vector Attn_j, its largest logit mx_j, sx_j = sum_i exp(l_ji - mx_j) and
 //     sq_j = sum_i exp(l_ji - mx_j)^2, written to its query head's exact table
@@ -426,8 +426,8 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
   }
 }
 
-void check_set(const std::vector<int>& idx, const std::vector<double>& logw, int kvh,
-               int mid_begin, int mid_end, const char* which, std::vector<double>& dense) {
+void check_set(const std::vector<int>& idx, const std::vector<double>& logw, int kvh, int mid_begin,
+               int mid_end, const char* which, std::vector<double>& dense) {
   if (idx.size() != logw.size())
     throw std::invalid_argument("attention_errors: kv head " + std::to_string(kvh) +
                                 ": indices and log weights differ in length");

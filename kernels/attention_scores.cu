@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "kernels/attention_scores.cuh"
 #include "kernels/resident_layers.cuh"
 

@@ -24,7 +24,7 @@
 
 #include <cstddef>
 
-#include "engine/backend.h"
+#include "engine/ops/backend.h"
 #include "kernels/cuda_check.cuh"
 
 namespace kvscope::cuda {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/cache_scores.cuh"
 #include "kernels/resident_layers.cuh"
@@ -173,8 +173,7 @@ CacheScoreDeviceArgs upload_cache_score_batch(const CacheScoreBatch& b, CacheSco
 void launch_cache_scores(const CacheScoreDeviceArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
   const dim3 stats_grid(a.rows, a.group);
-  cache_row_stats_kernel<<<stats_grid, kCacheThreads, cache_row_stats_smem_bytes(a.d), stream>>>(
-      a);
+  cache_row_stats_kernel<<<stats_grid, kCacheThreads, cache_row_stats_smem_bytes(a.d), stream>>>(a);
   KVS_CUDA_CHECK_LAUNCH("cache_row_stats_kernel");
   const int blocks = (a.keys + kCacheThreads - 1) / kCacheThreads;
   const size_t smem = cache_scores_smem_bytes(a.d, a.group);

@@ -1,6 +1,6 @@
 // The CUDA backend: device probe, device memory (grow-only buffers per op), op dispatch, and its
-// entry in the engine's backend registry (register_backend, engine/backend.h). Every CUDA failure
-// (out of memory, a rejected launch, an execution error, a shape found unsupported while
+// entry in the engine's backend registry (register_backend, engine/ops/backend.h). Every CUDA
+// failure (out of memory, a rejected launch, an execution error, a shape found unsupported while
 // uploading) becomes a DeviceFailure with a clear message; the engine's FallbackBackend then runs
 // that call on the CPU reference and records why. An error that leaves the CUDA context unusable
 // makes every later call fail the same way. Input errors (the same checks the CPU reference makes)
@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/backend.h"
+#include "engine/ops/backend.h"
 #include "kernels/attention_error.cuh"
 #include "kernels/attention_scores.cuh"
 #include "kernels/cache_scores.cuh"

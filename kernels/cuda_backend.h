@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 
@@ -16,12 +16,12 @@ namespace kvscope {
 // returns it wrapped in a FallbackBackend), or nullptr when no device answers (`why` says why: no
 // driver, no device, a device this build has no kernels for, or KVSCOPE_DISABLE_CUDA set). When it
 // is returned, `why` names the device. The device is probed once per process. It is the probe the
-// kernels register as "cuda" (register_backend, engine/backend.h).
+// kernels register as "cuda" (register_backend, engine/ops/backend.h).
 Backend* cuda_backend_instance(std::string* why);
 
 // Test hook: the next op's first device-buffer request fails as if the device were out of memory
 // (whether or not it needed to allocate), so tests can check that the engine's fallback still
-// returns the CPU result and reports why (last_fallback(), engine/backend.h).
+// returns the CPU result and reports why (last_fallback(), engine/ops/backend.h).
 void cuda_fail_next_allocation_for_testing();
 
 // The CUDA backend's resident layer copies (kernels/resident_layers.cuh): what a batch with a

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/expected_scores.cuh"
 #include "kernels/per_head_copies.cuh"

@@ -3,7 +3,7 @@
 #include <climits>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/kcenter.cuh"
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/key_clusters.cuh"
 #include "kernels/resident_layers.cuh"

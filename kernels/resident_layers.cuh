@@ -1,7 +1,7 @@
-// Layers resident on the device (issue 28 item 1; docs/design.md, "Backend ops", and
+// Layers resident on the device (docs/design.md, "Backend ops", and
 // docs/performance.md, "Layers resident on the device"). A batch with a non-zero layer id
-// (ErrorBatch::layer_id, ScoreBatch::layer_id: LayerData::id, engine/capture.h) promises that its
-// layer arrays are that loaded layer's matrices and do not change while the id lives; ids are
+// (ErrorBatch::layer_id, ScoreBatch::layer_id: LayerData::id, engine/io/capture.h) promises that
+// its layer arrays are that loaded layer's matrices and do not change while the id lives; ids are
 // never reused. So a range of host memory read under one id always holds the same bytes, and the
 // device copy made at its first use serves every later call: the grid's and the sweep's calls
 // over heads, methods, ratios, seeds and points pay a layer's host-to-device copy once.

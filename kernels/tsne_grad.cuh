@@ -14,7 +14,7 @@
 
 #include <cuda_runtime.h>
 
-#include "engine/backend.h"
+#include "engine/ops/backend.h"
 #include "kernels/cuda_check.cuh"
 
 namespace kvscope::cuda {

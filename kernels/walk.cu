@@ -77,11 +77,11 @@ __device__ __forceinline__ bool finite_f32(float x) {
 
 // Builds the block's kernel matrix in `tri` from the keys' Gram tile in `acc`, then walks it.
 // kF32: the authors' float32 semantics (WalkBatch::float32, mirrors walk_block_f32 in
-// engine/balance_walk.cpp): K in float with IEEE overflow, diagonal included, rows with a
-// non-finite K_tj for j >= t flagged in `tail_bad` (their p is NaN), sums in float, never a
-// fallback. Otherwise KVScope's double walk: exponent and product in double, stored as float,
-// strict lower triangle only; an exponent above kWalkMaxFloatExp (or not finite) sends the whole
-// block to walk_exact_kernel (returns without walking).
+// engine/methods/balancekv/balance_walk.cpp): K in float with IEEE overflow, diagonal included,
+// rows with a non-finite K_tj for j >= t flagged in `tail_bad` (their p is NaN), sums in float,
+// never a fallback. Otherwise KVScope's double walk: exponent and product in double, stored as
+// float, strict lower triangle only; an exponent above kWalkMaxFloatExp (or not finite) sends the
+// whole block to walk_exact_kernel (returns without walking).
 template <bool kF32>
 __device__ void walk_fast_block(const WalkDeviceArgs& a, int b, int off, int rows, int tid,
                                 bool active, int tr, int tc, float acc[kTile][kTile], double u,

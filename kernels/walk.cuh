@@ -24,8 +24,8 @@
 
 #include <cstdint>
 
-#include "engine/backend.h"
-#include "engine/random.h"
+#include "engine/core/random.h"
+#include "engine/ops/backend.h"
 #include "kernels/cuda_check.cuh"
 
 namespace kvscope::cuda {
@@ -34,8 +34,9 @@ constexpr int kWalkFastRows = 128;
 constexpr int kWalkThreads = 160;  // 136 lower-triangle 8x8 tiles of a 128x128 matrix, >= 128 rows
 constexpr double kWalkMaxFloatExp = 80.0;  // exp(80) * |<v,v>| stays far below FLT_MAX
 
-// The sign rule shared with the CPU reference (engine/balance_walk.cpp): the first element of a
-// block is +1; after that sigma_i = +1 iff u_i < clip(p_i, 0, 1), u_i the step's Philox uniform.
+// The sign rule shared with the CPU reference (engine/methods/balancekv/balance_walk.cpp): the
+// first element of a block is +1; after that sigma_i = +1 iff u_i < clip(p_i, 0, 1), u_i the step's
+// Philox uniform.
 KVS_HD int walk_sign(int step, double p, double u) {
   if (step == 0) return 1;
   const double clipped = p < 0.0 ? 0.0 : (p > 1.0 ? 1.0 : p);

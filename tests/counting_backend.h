@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::testing {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/method.h"
+#include "engine/methods/method.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope::testing {
 

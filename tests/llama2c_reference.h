@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/llama2c.h"
+#include "engine/model/llama2c.h"
 
 namespace kvscope::llama2c::reference {
 

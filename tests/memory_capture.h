@@ -6,7 +6,7 @@
 #include <random>
 #include <utility>
 
-#include "engine/capture.h"
+#include "engine/io/capture.h"
 
 namespace kvscope::testing {
 

@@ -3,7 +3,7 @@
 // changes no result (every lane is computed alone), so the tile shapes, panel offsets and edges
 // of the wide table are checked bit for bit wherever the tests run. (Instruction selection for
 // AVX-512 itself is the compiler's; the real table runs where the CPU has it.)
-#include "engine/simd.h"
+#include "engine/core/simd.h"
 
 namespace kvscope::simd::detail {
 extern const Kernels avx512_width_on_avx2_table;  // external linkage for tests/test_simd.cpp
@@ -13,4 +13,4 @@ extern const Kernels avx512_width_on_avx2_table;  // external linkage for tests/
 #define KVSCOPE_SIMD_TABLE avx512_width_on_avx2_table
 #define KVSCOPE_SIMD_NAME "avx512-width-on-avx2"
 #define KVSCOPE_SIMD_WIDTH_ONLY 1
-#include "engine/simd/kernels.inc"
+#include "engine/core/simd/kernels.inc"

@@ -7,10 +7,10 @@
 #include <numeric>
 #include <random>
 
-#include "engine/attention.h"
-#include "engine/capture.h"
-#include "engine/cpu_ops.h"
-#include "engine/protocol.h"
+#include "engine/attention/exact_attention.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/ops/cpu_ops.h"
 #include "tests/sample_captures.h"
 
 namespace kvscope {

@@ -1,4 +1,4 @@
-// The backend registry and the engine's CPU fallback (engine/backend.h, docs/design.md "Backend
+// The backend registry and the engine's CPU fallback (engine/ops/backend.h, docs/design.md "Backend
 // ops"): a fake device backend registered here, as kernels/cuda_backend.cu registers CUDA, that
 // supports only some shapes and fails on others. select_backend() must hand it out wrapped in the
 // FallbackBackend, which runs the device where it can, runs the CPU reference (the same figures
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/ops/op_cases.h"
+#include "engine/core/error.h"
+#include "engine/ops/backend.h"
+#include "tests/op_cases.h"
 
 using namespace kvscope;
 

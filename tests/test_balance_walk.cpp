@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/balance_walk.h"
-#include "engine/cpu_ops.h"
-#include "engine/random.h"
-#include "engine/simd.h"
+#include "engine/core/random.h"
+#include "engine/core/simd.h"
+#include "engine/methods/balancekv/balance_walk.h"
+#include "engine/ops/cpu_ops.h"
+#include "engine/ops/walk_blocks.h"
 
 using namespace kvscope;
 
@@ -505,8 +506,9 @@ TEST(BlockTrace, KernelNormQueryDiscrepancyAndPcaPath) {
 // pinned here by hashes of selections, signs and p, on block lengths and widths that reach every
 // edge of the tiles (rows not a multiple of 4 or 6, widths not a multiple of 8, a block shorter
 // than B, an overflowing kernel entry, several jobs in one call, top-ups). The hashes are of the
-// Gram in feature order with fused multiply-adds (engine/simd.h walk_gram_f32, the CUDA kernel's
-// order); the earlier 8-lane order gave the same selections and a different p in the last bits.
+// Gram in feature order with fused multiply-adds (engine/core/simd.h walk_gram_f32, the CUDA
+// kernel's order); the earlier 8-lane order gave the same selections and a different p in the last
+// bits.
 namespace {
 
 struct Fnv {

@@ -10,12 +10,12 @@
 #include <random>
 #include <set>
 
-#include "engine/backend.h"
-#include "engine/balance_walk.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/balancekv/balance_walk.h"
+#include "engine/methods/method.h"
+#include "engine/ops/backend.h"
 #include "tests/sample_captures.h"
 
 using namespace kvscope;

@@ -17,11 +17,11 @@
 #include <sstream>
 #include <string>
 
-#include "engine/backend.h"
-#include "engine/balance_walk.h"
-#include "engine/capture.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/balancekv/balance_walk.h"
+#include "engine/methods/method.h"
+#include "engine/ops/backend.h"
 
 using namespace kvscope;
 namespace fs = std::filesystem;

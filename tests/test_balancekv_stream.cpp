@@ -8,11 +8,11 @@
 #include <random>
 #include <set>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/softmax_balance.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/balancekv/softmax_balance.h"
+#include "engine/methods/method.h"
 #include "tests/sample_captures.h"
 
 using namespace kvscope;

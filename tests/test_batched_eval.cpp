@@ -1,11 +1,11 @@
-// A layer's kv heads in one attention_errors call (issue 28 item 1; engine/protocol_batched.cpp,
-// docs/design.md "Backend ops"). A counting backend ("test-batch", tests/counting_backend.h), as a
-// device backend registers itself, says it parallelises inside one call and runs the CPU
-// references (cpu_attention_errors and the CPU backend's walk, t-SNE, k-center and scores) while
-// it records every attention_errors call. run_eval and the two-parameter sweep through it must make
-// one call per layer and (point, method, ratio, seed) holding every kv head of the layer (a
-// per-head protocol makes kv_heads times as many calls of one head each), and give exactly the CPU
-// path's report: every figure, note and error.
+// A layer's kv heads in one attention_errors call (issue 28 item 1;
+// engine/eval/protocol_batched.cpp, docs/design.md "Backend ops"). A counting backend
+// ("test-batch", tests/counting_backend.h), as a device backend registers itself, says it
+// parallelises inside one call and runs the CPU references (cpu_attention_errors and the CPU
+// backend's walk, t-SNE, k-center and scores) while it records every attention_errors call.
+// run_eval and the two-parameter sweep through it must make one call per layer and (point, method,
+// ratio, seed) holding every kv head of the layer (a per-head protocol makes kv_heads times as many
+// calls of one head each), and give exactly the CPU path's report: every figure, note and error.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/sweep_grid.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/eval/sweep_grid.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/ops/backend.h"
 #include "tests/counting_backend.h"
 #include "tests/sample_captures.h"
 

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/generate.h"
-#include "engine/llama2c.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/model/generate.h"
+#include "engine/model/llama2c.h"
 #include "sample_captures.h"
 #include "tests/cli_runner.h"
 

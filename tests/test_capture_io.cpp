@@ -14,14 +14,14 @@
 #include <limits>
 #include <thread>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/half.h"
-#include "engine/mapped_file.h"
-#include "engine/protocol.h"
-#include "engine/random.h"
-#include "engine/safetensors.h"
-#include "engine/tensor_archive.h"
+#include "engine/core/error.h"
+#include "engine/core/half.h"
+#include "engine/core/random.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/io/mapped_file.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/tensor_archive.h"
 #include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;
@@ -277,7 +277,7 @@ TEST(CaptureIo, LayerCacheIsBoundedAndLru) {
   EXPECT_THROW(cap->layer(-1), InputError);
 }
 
-// An evicted layer nobody holds lends its matrices to the next load (engine/capture.cpp,
+// An evicted layer nobody holds lends its matrices to the next load (engine/io/capture.cpp,
 // ArchiveCapture::evict): every load still holds exactly its own layer's values, and a layer the
 // caller still holds is never recycled under it.
 TEST(CaptureIo, RecycledLayersHoldTheirOwnValuesAndHeldLayersAreUntouched) {

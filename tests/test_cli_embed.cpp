@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/pca.h"
+#include "engine/geometry/pca.h"
+#include "engine/io/capture.h"
 #include "tests/cli_runner.h"
 
 namespace kvscope {

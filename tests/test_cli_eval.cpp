@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
 #include "tests/cli_runner.h"
 
 namespace kvscope {

@@ -3,7 +3,7 @@
 // float rounding of p_i, attention errors within 1e-4 relative, the t-SNE gradient closely,
 // k-center picks exactly on well-separated data, attention scores within 1e-9 relative and the
 // score-ranking methods' kept sets identical. The inputs are the named cases of
-// engine/ops/op_cases.h (the table bench/bench_gpu.cpp times too): the error and t-SNE tests run
+// tests/op_cases.h (the table bench/bench_gpu.cpp times too): the error and t-SNE tests run
 // every case marked `parity`; the walk and k-center tests name theirs ("standard", "separated").
 // Every device test skips with a message when no CUDA device is present; the probe's "no device"
 // path itself is tested everywhere.
@@ -21,14 +21,14 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/cpu_ops.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/ops/op_cases.h"
-#include "engine/protocol.h"
-#include "engine/random.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/ops/backend.h"
+#include "engine/ops/cpu_ops.h"
+#include "tests/op_cases.h"
 
 #ifdef KVSCOPE_HAVE_CUDA
 #include "kernels/cuda_backend.h"

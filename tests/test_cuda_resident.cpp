@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/method.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
 #include "engine/ops/attention_scores.h"
-#include "engine/protocol.h"
+#include "engine/ops/backend.h"
 #include "tests/counting_backend.h"
 #include "tests/forwarding_backend.h"
 #include "tests/memory_capture.h"

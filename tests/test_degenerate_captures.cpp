@@ -1,8 +1,8 @@
 // Every method the registry knows, on captures with next to nothing in them: one token, two
 // tokens with no sinks and an evaluation window of one (nothing to compress), identical keys,
 // zero values, identical tokens. Each method either gives figures there or is refused with the
-// reason method_unavailable gives (engine/protocol.h); none may throw. Where the answer does not
-// depend on the method every method's figures must be exact's: with nothing to compress all of
+// reason method_unavailable gives (engine/eval/protocol.h); none may throw. Where the answer does
+// not depend on the method every method's figures must be exact's: with nothing to compress all of
 // them (errors and mass), with zero values the errors (the mass still depends on which tokens
 // are kept). The methods are read from the registry (all_methods()), so a method
 // registered later is covered without touching this file.
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
+#include "engine/methods/method.h"
 #include "tests/memory_capture.h"
 
 namespace kvscope {

@@ -1,5 +1,5 @@
-// Compressed-cache generation (engine/generate.h, docs/generate.md) on the two bundled llama2.c
-// models: exactness at ratio 1, the exact continuation against `capture`'s greedy text,
+// Compressed-cache generation (engine/model/generate.h, docs/generate.md) on the two bundled
+// llama2.c models: exactness at ratio 1, the exact continuation against `capture`'s greedy text,
 // perplexity against a direct computation, the compressed attention against a double-precision
 // reference, and BalanceKV's agreement against uniform's.
 #include <gtest/gtest.h>
@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/generate.h"
-#include "engine/llama2c.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/methods/method.h"
+#include "engine/model/generate.h"
+#include "engine/model/llama2c.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;

@@ -1,7 +1,7 @@
 // Why a method loses, outside the Tokens view (issue 26 item 6): eval's harm kept vs harm
-// dropped per head and method (EvalSpec::harm, engine/token_harm.h) equal the token_harm sums
-// over each selection; the A/B overlap of kept sets (engine/selection_overlap.h) equals a direct
-// set computation.
+// dropped per head and method (EvalSpec::harm, engine/eval/token_harm.h) equal the token_harm sums
+// over each selection; the A/B overlap of kept sets (engine/eval/selection_overlap.h) equals a
+// direct set computation.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/selection_overlap.h"
-#include "engine/token_harm.h"
+#include "engine/eval/protocol.h"
+#include "engine/eval/selection_overlap.h"
+#include "engine/eval/token_harm.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
 #include "sample_captures.h"
 
 namespace fs = std::filesystem;

@@ -1,16 +1,17 @@
-// Greedy k-center (engine/kcenter.h): farthest-first picks, the 2-approximation of the covering
-// radius against brute force on tiny inputs, the Voronoi assignment, and subgen-kcenter on top.
+// Greedy k-center (engine/geometry/kcenter.h): farthest-first picks, the 2-approximation of the
+// covering radius against brute force on tiny inputs, the Voronoi assignment, and subgen-kcenter on
+// top.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <random>
 
-#include "engine/backend.h"
-#include "engine/cpu_ops.h"
-#include "engine/error.h"
-#include "engine/kcenter.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/geometry/kcenter.h"
+#include "engine/methods/method.h"
+#include "engine/ops/backend.h"
+#include "engine/ops/cpu_ops.h"
 
 namespace kvscope {
 namespace {

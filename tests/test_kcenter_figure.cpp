@@ -1,13 +1,13 @@
-// SubGen's Figure 1 numbers (engine/kcenter.h): the k-center centres the Geometry view marks and
-// the clusters found at a radius as the prefix grows, through the backend.
+// SubGen's Figure 1 numbers (engine/geometry/kcenter.h): the k-center centres the Geometry view
+// marks and the clusters found at a radius as the prefix grows, through the backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/kcenter.h"
+#include "engine/core/error.h"
+#include "engine/geometry/kcenter.h"
+#include "engine/ops/backend.h"
 
 using namespace kvscope;
 

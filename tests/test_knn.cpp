@@ -1,6 +1,6 @@
-// engine/knn.h: the exact k nearest neighbours against a plain double-precision ranking of all
-// pairs, on every tile kernel this CPU runs (the AVX2 register-block kernel and the portable
-// Eigen one, picked through engine/simd.h's table).
+// engine/geometry/knn.h: the exact k nearest neighbours against a plain double-precision ranking of
+// all pairs, on every tile kernel this CPU runs (the AVX2 register-block kernel and the portable
+// Eigen one, picked through engine/core/simd.h's table).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/knn.h"
-#include "engine/random.h"
-#include "engine/simd.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/core/simd.h"
+#include "engine/geometry/knn.h"
 
 using namespace kvscope;
 
@@ -172,8 +172,8 @@ TEST(Knn, IntegerPointsGiveTheExactRankingWithTiesToTheLowerIndex) {
 }
 
 // From n = 4096 on, each point's threshold starts at an estimate of its k-th distance from a
-// strided sample of the points (engine/knn.cpp: sample t is row t * n / m, m = ceil(6 n / k)),
-// and a point left with fewer than k candidates within it is recomputed against all others.
+// strided sample of the points (engine/geometry/knn.cpp: sample t is row t * n / m, m = ceil(6 n /
+// k)), and a point left with fewer than k candidates within it is recomputed against all others.
 // Row 7 is copied onto sample rows 1..14, so its estimate (the 14th smallest sample distance) is
 // 0 and only its 14 copies are within it: it takes the recomputation. Integer coordinates keep
 // every distance exact, so the ranking must be exactly the reference one.

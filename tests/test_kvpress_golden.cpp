@@ -17,11 +17,11 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/synth.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/model/synth.h"
 
 namespace kvscope {
 namespace {
@@ -153,7 +153,7 @@ TEST(KvpressGolden, PortsKeepWhatThePressesKeep) {
                 compared_only.count(press) ? " (KVScope's rule differs on purpose)" : "");
 }
 
-// Rotating back the keys of a synthetic capture gives the keys it rotated (engine/rope.h).
+// Rotating back the keys of a synthetic capture gives the keys it rotated (engine/core/rope.h).
 TEST(KvpressRope, UnrotateUndoesTheCapturesRope) {
   SynthSpec spec = synth_preset("small");
   spec.num_tokens = 300;

@@ -9,10 +9,10 @@
 #include <set>
 #include <string>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
 
 namespace kvscope {
 namespace {

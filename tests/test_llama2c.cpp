@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/llama2c.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/model/llama2c.h"
 #include "tests/llama2c_reference.h"
 
 namespace fs = std::filesystem;

@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/mapped_file.h"
-#include "engine/npz.h"
-#include "engine/safetensors.h"
-#include "engine/tensor_archive.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/io/mapped_file.h"
+#include "engine/io/npz.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/tensor_archive.h"
 #include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;

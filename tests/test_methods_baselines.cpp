@@ -11,13 +11,13 @@
 #include <random>
 #include <set>
 
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/cpu_ops.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
+#include "engine/ops/backend.h"
+#include "engine/ops/cpu_ops.h"
 #include "tests/forwarding_backend.h"
 #include "tests/sample_captures.h"
 
@@ -189,6 +189,26 @@ TEST(Baselines, NonFiniteInputIsAnInputError) {
     Head h = random_head(100, 8, 8, 2, 15);
     h.keys(50, 3) = std::numeric_limits<float>::quiet_NaN();
     EXPECT_THROW(method(name).select(h.input(10)), InputError) << name;
+    Head g = random_head(100, 8, 8, 2, 15);
+    g.values(20, 1) = std::numeric_limits<float>::infinity();
+    EXPECT_THROW(method(name).select(g.input(10)), InputError) << name;
+  }
+}
+
+// Every method that reads the head runs the one input check (check_method_input,
+// engine/methods/method.h): BalanceKV's walk and its streaming variant refuse a NaN key and an
+// infinite value like the baselines, instead of walking on them.
+TEST(Baselines, BalanceKvRefusesNonFiniteInputLikeEveryMethod) {
+  for (const std::string name : {"balancekv", "balancekv-stream"}) {
+    Head h = random_head(100, 8, 8, 2, 15);
+    h.keys(50, 3) = std::numeric_limits<float>::quiet_NaN();
+    try {
+      method(name).select(h.input(10));
+      ADD_FAILURE() << name << " accepted a NaN key";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("keys contain NaN or Inf"), std::string::npos)
+          << name << ": " << e.what();
+    }
     Head g = random_head(100, 8, 8, 2, 15);
     g.values(20, 1) = std::numeric_limits<float>::infinity();
     EXPECT_THROW(method(name).select(g.input(10)), InputError) << name;

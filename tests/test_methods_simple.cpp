@@ -5,8 +5,8 @@
 #include <random>
 #include <set>
 
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
+#include "engine/methods/method.h"
 #include "tests/memory_capture.h"
 
 namespace kvscope {

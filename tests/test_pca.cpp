@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "engine/error.h"
-#include "engine/pca.h"
-#include "engine/random.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/geometry/pca.h"
 
 namespace kvscope {
 namespace {

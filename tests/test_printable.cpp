@@ -1,10 +1,10 @@
-// engine/printable.h, the one text escaper (the CLI's messages, the app's token labels and
+// engine/core/printable.h, the one text escaper (the CLI's messages, the app's token labels and
 // generated text): control characters and bytes that are not UTF-8 are escaped, UTF-8 is kept.
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "engine/printable.h"
+#include "engine/core/printable.h"
 
 namespace kvscope {
 namespace {

@@ -8,8 +8,8 @@
 #include <random>
 #include <stdexcept>
 
-#include "engine/error.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
 #include "tests/memory_capture.h"
 #include "tests/sample_captures.h"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <set>
 
-#include "engine/random.h"
+#include "engine/core/random.h"
 
 using namespace kvscope;
 

@@ -1,7 +1,7 @@
-// The exact reference cache (engine/reference_cache.h) and the compact form of ExactReference
-// (engine/attention.h): scoring from the cached side gives the fresh reference's figures bit for
-// bit, hits and evictions change nothing, two threads never build one key twice, cancellation
-// stops waits, and every field the exact side depends on is in the key.
+// The exact reference cache (engine/eval/reference_cache.h) and the compact form of ExactReference
+// (engine/attention/exact_attention.h): scoring from the cached side gives the fresh reference's
+// figures bit for bit, hits and evictions change nothing, two threads never build one key twice,
+// cancellation stops waits, and every field the exact side depends on is in the key.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,13 +13,13 @@
 #include <random>
 #include <thread>
 
-#include "engine/attention.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/reference_cache.h"
-#include "engine/scratch.h"
-#include "engine/simd.h"
+#include "engine/attention/exact_attention.h"
+#include "engine/core/error.h"
+#include "engine/core/scratch.h"
+#include "engine/core/simd.h"
+#include "engine/eval/protocol.h"
+#include "engine/eval/reference_cache.h"
+#include "engine/methods/method.h"
 #include "tests/memory_capture.h"
 
 namespace kvscope {

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/attention_scores.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/eval/protocol.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 #include "sample_captures.h"
 
 using namespace kvscope;
@@ -167,6 +167,9 @@ TEST(Registry, AWrapperRefusesAnInnerMethodWithoutScores) {
     }
     EXPECT_NE(find_method(wrapper + "(snapkv)"), nullptr) << wrapper;
   }
-  for (const Method* m : all_methods())
-    if (m->ranks_with_scores()) EXPECT_TRUE(m->ranks_by_score()) << m->name();
+  for (const Method* m : all_methods()) {
+    if (m->ranks_with_scores()) {
+      EXPECT_TRUE(m->ranks_by_score()) << m->name();
+    }
+  }
 }

@@ -1,12 +1,12 @@
-// The protocol's selection rules (engine/selection_check.h), shared by eval and generate: each rule
-// a method can break is refused with a message naming the method and what is wrong.
+// The protocol's selection rules (engine/eval/selection_check.h), shared by eval and generate: each
+// rule a method can break is refused with a message naming the method and what is wrong.
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <stdexcept>
 #include <string>
 
-#include "engine/selection_check.h"
+#include "engine/eval/selection_check.h"
 
 using namespace kvscope;
 

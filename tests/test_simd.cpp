@@ -1,5 +1,5 @@
-// The run-time dispatched SIMD kernels (engine/simd.h): every table this CPU runs agrees with the
-// portable scalar one to 1e-9 relative, kernel by kernel and through the exact reference and
+// The run-time dispatched SIMD kernels (engine/core/simd.h): every table this CPU runs agrees with
+// the portable scalar one to 1e-9 relative, kernel by kernel and through the exact reference and
 // scoring that use them; exp matches libm to a few ulp.
 #include <gtest/gtest.h>
 
@@ -13,10 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/attention.h"
-#include "engine/balance_walk.h"
-#include "engine/protocol.h"
-#include "engine/simd.h"
+#include "engine/attention/exact_attention.h"
+#include "engine/core/simd.h"
+#include "engine/eval/protocol.h"
+#include "engine/methods/balancekv/balance_walk.h"
+#include "engine/ops/walk_blocks.h"
 
 namespace kvscope {
 #if defined(KVSCOPE_TEST_WIDE_ON_AVX2)
@@ -293,7 +294,7 @@ float fused_dot(const float* a, const float* b, int dim) {
   return acc;
 }
 
-// The packed layout engine/simd.h documents, written plainly.
+// The packed layout engine/core/simd.h documents, written plainly.
 std::vector<float> pack_rows(const std::vector<float>& x, int rows, int dim) {
   const int ld = (rows + 15) / 16 * 16;
   std::vector<float> p(static_cast<size_t>(ld) * dim);
@@ -306,7 +307,7 @@ std::vector<float> pack_rows(const std::vector<float>& x, int rows, int dim) {
 }
 
 bool cpu_has_avx2_fma() {
-  return simd::cpu_supports("avx2");  // AVX2 with FMA (engine/simd.h)
+  return simd::cpu_supports("avx2");  // AVX2 with FMA (engine/core/simd.h)
 }
 
 TEST(Simd, WalkGramIsTheFusedFeatureOrderSumOnEveryFmaTable) {
@@ -378,7 +379,7 @@ TEST(Simd, WalkGramOfTheCpuWalkIsTheFusedSumWhereTheTableHasIt) {
                   1e-5f * (1 + std::abs(gp[static_cast<size_t>(i) * ldg + j])));
 }
 
-// The intrinsics entries (engine/simd/intrinsics_*.cpp) are set exactly in the FMA tables, all
+// The intrinsics entries (engine/core/simd/intrinsics_*.cpp) are set exactly in the FMA tables, all
 // together: their callers take a null entry for "run the portable code".
 TEST(Simd, IntrinsicsEntriesAreSetExactlyInTheFmaTables) {
   for (const std::string& name : simd::available()) {
@@ -498,8 +499,8 @@ TEST(Simd, IntrinsicsMatchTheirPlainLoops) {
 }
 
 // The kNN kernels: every distance the tile kernel offers is the one knn_distances recomputes,
-// bit for bit (engine/knn.cpp relies on it for points whose sampled estimate was too tight),
-// and both are |a - b|^2 to float rounding.
+// bit for bit (engine/geometry/knn.cpp relies on it for points whose sampled estimate was too
+// tight), and both are |a - b|^2 to float rounding.
 TEST(Simd, KnnRecomputationIsTheTileKernelsDistance) {
   const simd::Kernels& t = simd::kernels();
   if (!t.knn_scan_tile) GTEST_SKIP() << "the table in use has no kNN kernels";

@@ -6,8 +6,8 @@
 #include <random>
 #include <set>
 
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
 
 namespace kvscope {
 namespace {

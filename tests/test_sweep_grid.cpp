@@ -1,4 +1,4 @@
-// Two parameters at once (engine/sweep_grid.h) and `kvscope-cli sweep --grid2`: every cell is
+// Two parameters at once (engine/eval/sweep_grid.h) and `kvscope-cli sweep --grid2`: every cell is
 // exactly the protocol's result for its parameters, the best cell is the smallest mean, the
 // default cell is found, bad grids are InputErrors naming the flag, and the CLI writes the table,
 // JSON and CSV.
@@ -10,10 +10,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/sweep_grid.h"
+#include "engine/core/error.h"
+#include "engine/eval/sweep_grid.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
 #include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;

@@ -13,9 +13,9 @@
 #include <fstream>
 #include <iterator>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/synth.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/model/synth.h"
 #include "tests/cli_runner.h"
 
 namespace fs = std::filesystem;

@@ -1,15 +1,15 @@
-// The Teaching view's second half (engine/teaching_modes.h): the exp kernel's truncated Taylor
-// features, the numerator and denominator walks, the random-signs race and merge-and-reduce
+// The Teaching view's second half (engine/teaching/teaching_modes.h): the exp kernel's truncated
+// Taylor features, the numerator and denominator walks, the random-signs race and merge-and-reduce
 // against balancekv-stream's own selection.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/softmax_balance.h"
-#include "engine/teaching_modes.h"
+#include "engine/core/error.h"
+#include "engine/methods/balancekv/softmax_balance.h"
+#include "engine/methods/method.h"
+#include "engine/teaching/teaching_modes.h"
 
 using namespace kvscope;
 

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <random>
 
-#include "engine/error.h"
-#include "engine/random.h"
-#include "engine/teaching_walk.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/teaching/teaching_walk.h"
 
 using namespace kvscope;
 

@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/theory.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/teaching/theory.h"
 #include "sample_captures.h"
 
 using namespace kvscope;

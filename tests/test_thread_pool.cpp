@@ -1,5 +1,5 @@
-// engine/thread_pool.h, the engine's one threading primitive: parallel_chunks (short regions on
-// persistent workers) and parallel_for (long tasks, one index at a time).
+// engine/core/thread_pool.h, the engine's one threading primitive: parallel_chunks (short regions
+// on persistent workers) and parallel_for (long tasks, one index at a time).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/thread_pool.h"
+#include "engine/core/thread_pool.h"
 
 namespace kvscope {
 namespace {

@@ -1,4 +1,4 @@
-// Per-token harm (engine/token_harm.h) against brute force: each middle token is actually
+// Per-token harm (engine/eval/token_harm.h) against brute force: each middle token is actually
 // evicted, the outputs recomputed without it (in long double, independently of the engine, and
 // through ExactReference's approximation of a selection holding every other middle token), and
 // the relative output change averaged over the evaluation queries and query heads.
@@ -9,10 +9,10 @@
 #include <random>
 #include <vector>
 
-#include "engine/attention.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/token_harm.h"
+#include "engine/attention/exact_attention.h"
+#include "engine/core/error.h"
+#include "engine/eval/token_harm.h"
+#include "engine/io/capture.h"
 #include "sample_captures.h"
 
 using namespace kvscope;

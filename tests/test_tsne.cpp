@@ -15,15 +15,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cpu_ops.h"
-#include "engine/error.h"
-#include "engine/knn.h"
-#include "engine/projection_cache.h"
-#include "engine/random.h"
-#include "engine/simd.h"
-#include "engine/tsne.h"
-#include "engine/tsne_fft.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/core/simd.h"
+#include "engine/geometry/knn.h"
+#include "engine/geometry/projection_cache.h"
+#include "engine/geometry/tsne.h"
+#include "engine/ops/backend.h"
+#include "engine/ops/cpu_ops.h"
+#include "engine/ops/tsne_gradient_fft.h"
 
 namespace kvscope {
 namespace {
@@ -293,7 +293,7 @@ TEST(Tsne, BruteForceNeighboursMatchTheTree) {
   EXPECT_LT(diff, 1e-3 * total);
 }
 
-// The tiled brute-force kNN (engine/knn.h) against a plain double-precision ranking of all
+// The tiled brute-force kNN (engine/geometry/knn.h) against a plain double-precision ranking of all
 // pairs: 1300 points (three 512-row blocks, a partial one), some duplicated rows.
 TEST(Tsne, BruteForceNeighboursAreTheExactOnes) {
   std::vector<int> labels;

@@ -16,7 +16,7 @@ only those (plus the module's DIM_TO_SLICE tables) with torch and their helper m
 it with /usr/bin/python3).
 
 What it runs, for every kv head of every capture (default: sample_data/*.safetensors) and keep
-ratio 1/2, 1/4, 1/8, under KVScope's protocol (engine/protocol.cpp: s = min(256, n/32) sinks,
+ratio 1/2, 1/4, 1/8, under KVScope's protocol (engine/eval/protocol.cpp: s = min(256, n/32) sinks,
 E = min(256, n/8) evaluation queries, budget m = round(ratio * n_mid)):
 
 1. Their class is fed one token per step, as their eval_long_ppl.py does: tokens 0 .. n-E-1 in

@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import struct
 import sys
 
@@ -318,13 +319,142 @@ def parse_layers(text):
         raise CaptureError("--layers %r: expected comma-separated layer numbers, e.g. 0,1,5" % text)
 
 
+def capture_prompt(model, tokenizer, prompt, args, layers, out, shown=None):
+    """Runs the model on one prompt and writes its capture to `out` (named `shown` in messages)."""
+    import torch
+    import transformers
+
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=not args.no_bos)["input_ids"]
+    if args.max_tokens is not None:
+        ids = ids[:, : args.max_tokens]
+    n = ids.shape[1]
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit and n > limit:
+        print("warning: %d tokens exceed the model's max_position_embeddings %d" % (n, limit), file=sys.stderr)
+    print("capturing %s: %d tokens, %d layers" % (args.model, n, model.config.num_hidden_layers), file=sys.stderr)
+
+    records = capture_model(model, ids, layers)
+    q_heads, kv_heads, head_dim = model_dims(model.config)
+    st_dtype = DTYPES[args.dtype][0]
+    tensors = []
+    modules = attention_modules(model)
+    source_layers = layers if layers is not None else list(range(len(records)))
+    for i, rec in enumerate(records):
+        tensors.append(TorchTensor("layers.%d.key" % i, rec["key"], st_dtype))
+        tensors.append(TorchTensor("layers.%d.query" % i, rec["query"], st_dtype))
+        tensors.append(TorchTensor("layers.%d.value" % i, rec["value"], st_dtype))
+        # Each query head's slice of the output projection, transposed (docs/capture-format.md,
+        # layers.L.wo), as kvpress's CriticalKVPress.vwl1norm views o_proj.weight.
+        o_proj = getattr(modules[source_layers[i]], "o_proj", None)
+        if o_proj is not None:
+            wo = o_proj.weight.detach().transpose(0, 1).reshape(q_heads, head_dim, -1)
+            tensors.append(TorchTensor("layers.%d.wo" % i, wo.to("cpu", torch.float32), st_dtype))
+    has_wo = sum(t.name.endswith(".wo") for t in tensors)
+    if has_wo not in (0, len(records)):
+        raise CaptureError("--model: only %d of %d layers have an o_proj" % (has_wo, len(records)))
+    id_list = ids[0].tolist()
+    extra = {"hf_model_type": str(getattr(model.config, "model_type", "")),
+             "torch_dtype": args.model_dtype}
+    if layers is not None:
+        extra["source_layers"] = ",".join(str(L) for L in layers)
+    # RoPE for methods that undo it (docs/capture-format.md): Llama / Qwen2 / Mistral rotate
+    # channel halves (rotate_half). Scaled RoPE (Llama 3.1, YaRN) is left unstated, and those
+    # methods then refuse the capture.
+    theta = getattr(model.config, "rope_theta", None)
+    scaling = getattr(model.config, "rope_scaling", None)
+    if theta and (not scaling or scaling.get("rope_type", scaling.get("type")) == "default"):
+        extra["rope_theta"] = repr(float(theta))
+        extra["rope_layout"] = "half"
+    metadata = capture_metadata(
+        model=args.model, num_layers=len(records), q_heads=q_heads, kv_heads=kv_heads,
+        head_dim=head_dim, tokens=token_strings(tokenizer, id_list), prompt=prompt,
+        source="tools/capture_hf.py (transformers %s, torch %s)" % (transformers.__version__, torch.__version__),
+        extra=extra)
+    write_safetensors(out, tensors, metadata)
+    print("wrote %s: %d layers x %d tokens, %d query heads, %d kv heads, head dim %d, %s"
+          % (shown or out, len(records), n, q_heads, kv_heads, head_dim, st_dtype), file=sys.stderr)
+
+
+def read_prompts(path):
+    """--prompts FILE.jsonl: one {"prompt": ..., "label": ...} per line (label optional)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().split("\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CaptureError("--prompts %s: %s" % (path, e))
+    out = []
+    for number, line in enumerate(text, 1):
+        if not line.strip():
+            continue
+        where = "--prompts %s line %d" % (path, number)
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise CaptureError("%s: not JSON (%s)" % (where, e))
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise CaptureError('%s: expected {"prompt": "...", "label": "..."} with a prompt' % where)
+        if "label" in obj and not isinstance(obj["label"], str):
+            raise CaptureError('%s: "label" is not a string' % where)
+        out.append((obj["prompt"], obj.get("label", ""), number))
+    if not out:
+        raise CaptureError("--prompts %s: no prompt in the file" % path)
+    return out
+
+
+def capture_file_name(index, count, label):
+    """007-genesis-1.safetensors, as kvscope-cli capture --prompts names its files."""
+    slug = ""
+    for ch in label:
+        if (ch.isascii() and ch.isalnum()) or ch in "-_":
+            slug += ch.lower()
+        elif slug and not slug.endswith("-"):
+            slug += "-"
+        if len(slug) >= 40:
+            break
+    slug = slug.rstrip("-")
+    number = str(index).zfill(max(3, len(str(count))))
+    return number + ("-" + slug if slug else "") + ".safetensors"
+
+
+def capture_set(model, tokenizer, args, layers):
+    """One capture per prompt into --out-dir and its manifest.jsonl (docs/capturing.md): written in
+    a folder of their own first, moved next to the manifest only when every prompt is captured."""
+    prompts = read_prompts(args.prompts)
+    entries = []
+    for i, (prompt, label, _) in enumerate(prompts):
+        entries.append({"path": capture_file_name(i, len(prompts), label),
+                        "label": label or "prompt %d" % i, "prompt": prompt})
+    for e in entries:
+        if os.path.exists(os.path.join(args.out_dir, e["path"])):
+            raise CaptureError("--out-dir %s: %s is already there" % (args.out_dir, e["path"]))
+    partial = os.path.join(args.out_dir, ".kvscope-capture-partial-%d" % os.getpid())
+    os.makedirs(partial, exist_ok=True)
+    try:
+        for i, (prompt, _, line) in enumerate(prompts):
+            print("prompt %d/%d (%s line %d)" % (i + 1, len(prompts), args.prompts, line), file=sys.stderr)
+            capture_prompt(model, tokenizer, prompt, args, layers, os.path.join(partial, entries[i]["path"]),
+                           shown=os.path.join(args.out_dir, entries[i]["path"]))
+        with open(os.path.join(partial, "manifest.jsonl"), "w", encoding="utf-8") as f:
+            for e in entries:
+                f.write(json.dumps(e, ensure_ascii=False) + "\n")
+        for e in entries:
+            os.rename(os.path.join(partial, e["path"]), os.path.join(args.out_dir, e["path"]))
+        os.rename(os.path.join(partial, "manifest.jsonl"), os.path.join(args.out_dir, "manifest.jsonl"))
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    print("wrote %s: %d captures" % (os.path.join(args.out_dir, "manifest.jsonl"), len(entries)), file=sys.stderr)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="transformers model name or local path")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
-    parser.add_argument("--out", required=True, help="output .safetensors")
+    source.add_argument("--prompts", help="a capture set instead: FILE.jsonl with one "
+                        '{"prompt": ..., "label": ...} per line, one capture each into --out-dir')
+    parser.add_argument("--out", help="output .safetensors (one prompt)")
+    parser.add_argument("--out-dir", help="with --prompts: the folder for the captures and manifest.jsonl")
     parser.add_argument("--layers", help="comma-separated layers to capture (default: all); "
                         "stored as layers.0, layers.1, ... in this order")
     parser.add_argument("--dtype", default="f32", choices=sorted(DTYPES), help="tensor dtype in the file")
@@ -336,7 +466,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
-        if not args.out.endswith(".safetensors"):
+        if args.prompts:
+            if args.out or not args.out_dir:
+                raise CaptureError("--prompts: give --out-dir DIR (not --out) for the captures")
+            if os.path.exists(os.path.join(args.out_dir, "manifest.jsonl")):
+                raise CaptureError("--out-dir %s: already holds a manifest.jsonl (choose a new folder)" % args.out_dir)
+            read_prompts(args.prompts)  # a bad file is refused before the model loads
+        elif not args.out or args.out_dir:
+            raise CaptureError("--out FILE.safetensors for one prompt (--out-dir only with --prompts)")
+        elif not args.out.endswith(".safetensors"):
             raise CaptureError("--out %s: must end in .safetensors" % args.out)
         if args.max_tokens is not None and args.max_tokens < 1:
             raise CaptureError("--max-tokens must be >= 1")
@@ -349,7 +487,7 @@ def main(argv=None):
                 raise CaptureError("--prompt-file %s: %s" % (args.prompt_file, e))
         else:
             prompt = args.prompt
-        if not prompt:
+        if not args.prompts and not prompt:
             raise CaptureError("--prompt: the prompt is empty")
         try:
             import torch
@@ -363,55 +501,10 @@ def main(argv=None):
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=getattr(torch, args.model_dtype))
         model.eval().to(args.device)
-        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=not args.no_bos)["input_ids"]
-        if args.max_tokens is not None:
-            ids = ids[:, : args.max_tokens]
-        n = ids.shape[1]
-        limit = getattr(model.config, "max_position_embeddings", None)
-        if limit and n > limit:
-            print("warning: %d tokens exceed the model's max_position_embeddings %d" % (n, limit), file=sys.stderr)
-        print("capturing %s: %d tokens, %d layers" % (args.model, n, model.config.num_hidden_layers), file=sys.stderr)
-
-        records = capture_model(model, ids, layers)
-        q_heads, kv_heads, head_dim = model_dims(model.config)
-        st_dtype = DTYPES[args.dtype][0]
-        tensors = []
-        modules = attention_modules(model)
-        source_layers = layers if layers is not None else list(range(len(records)))
-        for i, rec in enumerate(records):
-            tensors.append(TorchTensor("layers.%d.key" % i, rec["key"], st_dtype))
-            tensors.append(TorchTensor("layers.%d.query" % i, rec["query"], st_dtype))
-            tensors.append(TorchTensor("layers.%d.value" % i, rec["value"], st_dtype))
-            # Each query head's slice of the output projection, transposed (docs/capture-format.md,
-            # layers.L.wo), as kvpress's CriticalKVPress.vwl1norm views o_proj.weight.
-            o_proj = getattr(modules[source_layers[i]], "o_proj", None)
-            if o_proj is not None:
-                wo = o_proj.weight.detach().transpose(0, 1).reshape(q_heads, head_dim, -1)
-                tensors.append(TorchTensor("layers.%d.wo" % i, wo.to("cpu", torch.float32), st_dtype))
-        has_wo = sum(t.name.endswith(".wo") for t in tensors)
-        if has_wo not in (0, len(records)):
-            raise CaptureError("--model: only %d of %d layers have an o_proj" % (has_wo, len(records)))
-        id_list = ids[0].tolist()
-        extra = {"hf_model_type": str(getattr(model.config, "model_type", "")),
-                 "torch_dtype": args.model_dtype}
-        if layers is not None:
-            extra["source_layers"] = ",".join(str(L) for L in layers)
-        # RoPE for methods that undo it (docs/capture-format.md): Llama / Qwen2 / Mistral rotate
-        # channel halves (rotate_half). Scaled RoPE (Llama 3.1, YaRN) is left unstated, and those
-        # methods then refuse the capture.
-        theta = getattr(model.config, "rope_theta", None)
-        scaling = getattr(model.config, "rope_scaling", None)
-        if theta and (not scaling or scaling.get("rope_type", scaling.get("type")) == "default"):
-            extra["rope_theta"] = repr(float(theta))
-            extra["rope_layout"] = "half"
-        metadata = capture_metadata(
-            model=args.model, num_layers=len(records), q_heads=q_heads, kv_heads=kv_heads,
-            head_dim=head_dim, tokens=token_strings(tokenizer, id_list), prompt=prompt,
-            source="tools/capture_hf.py (transformers %s, torch %s)" % (transformers.__version__, torch.__version__),
-            extra=extra)
-        write_safetensors(args.out, tensors, metadata)
-        print("wrote %s: %d layers x %d tokens, %d query heads, %d kv heads, head dim %d, %s"
-              % (args.out, len(records), n, q_heads, kv_heads, head_dim, st_dtype), file=sys.stderr)
+        if args.prompts:
+            capture_set(model, tokenizer, args, layers)
+        else:
+            capture_prompt(model, tokenizer, prompt, args, layers, args.out)
         return 0
     except CaptureError as e:
         print("capture_hf.py: error: %s" % e, file=sys.stderr)

@@ -62,7 +62,7 @@ def read_safetensors(path):
 
 
 def rope_of(meta):
-    """The capture's RoPE, by engine/capture.cpp's rule (read_rope)."""
+    """The capture's RoPE, by engine/io/capture.cpp's rule (read_rope)."""
     if "rope_theta" in meta or "rope_layout" in meta:
         return float(meta["rope_theta"]), meta["rope_layout"]
     if "llama2c_config" in meta:

@@ -10,7 +10,7 @@ sanitized=${KVSCOPE_SANITIZED_BUILD_DIR:-build-sanitized-app}
 tools/build-sanitized-app.sh "$sanitized"
 export KVSCOPE_SANITIZED_APP="$PWD/$sanitized/app/kvscope"
 cd "${KVSCOPE_BUILD_DIR:-build}"
-# The CLI and the app keep exact references on disk (engine/reference_cache.h): the suite uses a
+# The CLI and the app keep exact references on disk (engine/eval/reference_cache.h): the suite uses a
 # folder of its own, emptied first, so it never reads or fills the user's cache.
 export KVSCOPE_CACHE_DIR="$PWD/test-cache"
 rm -rf "$KVSCOPE_CACHE_DIR"

@@ -64,10 +64,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {

@@ -14,8 +14,8 @@
 // chunk).
 #include <algorithm>
 
-#include "engine/attention_scores.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/methods/scoring.h"
 #include "engine/methods/wrapper_util.h"
 
 namespace kvscope {

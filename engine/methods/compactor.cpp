@@ -19,7 +19,7 @@
 //
 // Mapping to the protocol (docs/methods.md, "kvpress presses"): the context is [0, n-E); the
 // queries are the captured ones (after RoPE, as the press rotates them), the keys for the
-// leverage are the captured keys rotated back to before RoPE (engine/rope.h; a capture without
+// leverage are the captured keys rotated back to before RoPE (engine/core/rope.h; a capture without
 // rope_theta / rope_layout is refused); the compression ratio is 1 - (s + m) / (n - E), so the
 // ranking depends on the budget, and the sketch on the seed (KVScope's Philox stream, not
 // torch's): select() runs per (ratio, seed). `sketch` = `exact` takes Phi = I (k = d), the
@@ -35,13 +35,12 @@
 #include <memory>
 #include <mutex>
 
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/protocol.h"
-#include "engine/random.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {

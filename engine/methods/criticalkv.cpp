@@ -16,9 +16,9 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/attention_scores.h"
-#include "engine/capture.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/methods/scoring.h"
 #include "engine/methods/wrapper_util.h"
 
 namespace kvscope {

@@ -11,9 +11,9 @@
 // offered: the exact norms are what it approximates.
 #include <cmath>
 
-#include "engine/attention_scores.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 namespace {

@@ -1,7 +1,7 @@
 // exact (docs/methods.md): keeps every middle token at weight 1. It is the reference point of
 // every error table: its approximation equals exact attention, so its error is zero.
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
 
 namespace kvscope {
 namespace {

@@ -11,7 +11,7 @@
 //
 // Mapping to the protocol (docs/methods.md, "kvpress presses"): the press's prefill is the prefix
 // [0, n-E), so the statistics use the captured queries of [n_sink, n-E) rotated back to before
-// RoPE (the capture stores them after RoPE; engine/rope.h, with the capture's rope_theta and
+// RoPE (the capture stores them after RoPE; engine/core/rope.h, with the capture's rope_theta and
 // rope_layout: a capture without them is refused), the future positions are [n-E, n-E+512), and
 // the top m of the middle are kept, weight 1. Everything is double; the RoPE angles are computed
 // in double (Hugging Face's rotary embedding computes them in float32). Only unscaled RoPE
@@ -19,10 +19,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {

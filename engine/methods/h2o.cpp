@@ -10,8 +10,8 @@
 // window; here the protocol's sinks and evaluation window play those parts and the selection is
 // made once, over the whole middle (a one-shot simplification, as in the SnapKV/PyramidKV
 // re-implementations of H2O).
-#include "engine/attention_scores.h"
-#include "engine/method.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 namespace {

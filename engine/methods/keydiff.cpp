@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/attention_scores.h"
-#include "engine/method.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 namespace {

@@ -4,8 +4,8 @@
 // is the key norm itself (lower = kept first).
 #include <cmath>
 
-#include "engine/attention_scores.h"
-#include "engine/method.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 namespace {

@@ -19,8 +19,8 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/attention_scores.h"
-#include "engine/method.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 namespace {

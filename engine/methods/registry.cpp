@@ -5,9 +5,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/attention_scores.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 
@@ -94,8 +94,8 @@ const Method* find_wrapped(const std::string& name, std::string* why = nullptr) 
   }
   if (!inner->ranks_with_scores()) {
     if (why)
-      *why = name + ": " + inner_name + " does not rank by scores, so " + wrapper +
-             " cannot wrap it";
+      *why =
+          name + ": " + inner_name + " does not rank by scores, so " + wrapper + " cannot wrap it";
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(wrapped_mutex);
@@ -126,7 +126,7 @@ std::vector<const Method*>& all_list() {
     std::vector<const Method*> v;
     for (const auto& m : base_methods()) v.push_back(m.get());
     // The wrapped methods `--methods all` runs (criticalkv only on captures that carry W_O: the
-    // CLI leaves out what a capture cannot run, engine/protocol.h runnable_methods).
+    // CLI leaves out what a capture cannot run, engine/eval/protocol.h runnable_methods).
     for (const char* name :
          {"adakv(snapkv)", "adakv(expected-attention)", "criticalkv(expected-attention)"})
       v.push_back(find_wrapped(name));

@@ -15,9 +15,9 @@
 // pooling runs over the keys before the window (docs/methods.md, "kvpress presses").
 #include <algorithm>
 
-#include "engine/attention_scores.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 namespace {

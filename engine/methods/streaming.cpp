@@ -3,9 +3,9 @@
 // [mid_end - m, mid_end), each at weight 1 (no reweighting: dropped tokens simply vanish).
 #include <algorithm>
 
-#include "engine/attention_scores.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 namespace {

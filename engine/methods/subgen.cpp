@@ -42,11 +42,11 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/random.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {

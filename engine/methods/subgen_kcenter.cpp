@@ -2,8 +2,8 @@
 // (section 3.2): "we apply the greedy k-center clustering algorithm once to compress the entire
 // KV caches", keeping the most recent tokens plus k centres selected from the remaining tokens.
 // Here the protocol's sinks and evaluation window play the recent part, and greedy k-center
-// (Gonzalez; engine/kcenter.h) on the middle's keys picks m centres, starting from the first
-// middle token.
+// (Gonzalez; engine/geometry/kcenter.h) on the middle's keys picks m centres, starting from the
+// first middle token.
 //
 // Weights. The paper keeps the centres as ordinary cache entries -- attention over the reduced
 // cache with no reweighting -- so the default weight is 1 (weighting = "paper"). The option
@@ -14,11 +14,11 @@
 // Runs on MethodInput::backend's kcenter when one is given (the CUDA kernel), else on the CPU.
 #include <algorithm>
 
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/kcenter.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/geometry/kcenter.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {

@@ -12,11 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/method.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {

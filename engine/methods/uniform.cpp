@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <numeric>
 
-#include "engine/error.h"
-#include "engine/method.h"
-#include "engine/random.h"
+#include "engine/core/error.h"
+#include "engine/core/random.h"
+#include "engine/methods/method.h"
 
 namespace kvscope {
 namespace {

@@ -1,9 +1,9 @@
 #include "engine/methods/wrapper_util.h"
 
-#include "engine/attention_scores.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/protocol.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/methods/method.h"
+#include "engine/methods/scoring.h"
 
 namespace kvscope {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/method.h"
+#include "engine/methods/method.h"
 
 namespace kvscope {
 

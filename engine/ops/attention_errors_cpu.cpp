@@ -1,12 +1,12 @@
 // The CPU reference of the attention-error op (engine/ops/attention_errors.h): every kv head's
-// ExactReference (engine/attention.h) scores its numerator and denominator selections for the
-// query heads of its GQA group. The CUDA kernel (kernels/attention_error.cu) is tested against it
-// (tests/test_cuda_parity.cpp).
+// ExactReference (engine/attention/exact_attention.h) scores its numerator and denominator
+// selections for the query heads of its GQA group. The CUDA kernel (kernels/attention_error.cu) is
+// tested against it (tests/test_cuda_parity.cpp).
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "engine/attention.h"
+#include "engine/attention/exact_attention.h"
 #include "engine/ops/attention_errors.h"
 
 namespace kvscope {

@@ -1,6 +1,6 @@
-// The attention-score op (Backend::attention_scores, engine/backend.h): the shared hot part of the
-// score-ranking methods (h2o, snapkv and its kvpress variant, pyramidkv, tova and its kvpress
-// variant, buzz with accumulate = full-prefix; engine/attention_scores.h's h2o_scores and
+// The attention-score op (Backend::attention_scores, engine/ops/backend.h): the shared hot part of
+// the score-ranking methods (h2o, snapkv and its kvpress variant, pyramidkv, tova and its kvpress
+// variant, buzz with accumulate = full-prefix; engine/methods/scoring.h's h2o_scores and
 // observation_window_scores). Its batch type and its CPU reference, cpu_attention_scores
 // (engine/ops/attention_scores_cpu.cpp). The CUDA kernels are kernels/attention_scores.cu.
 //
@@ -46,9 +46,9 @@ struct ScoreBatch {
   // launch.
   const std::atomic<bool>* cancel = nullptr;
   // Non-zero: every head's keys and queries are whole n-row matrices of the loaded layer with
-  // this LayerData::id (engine/capture.h), unchanged while it lives, so a device backend may keep
-  // them resident across calls (kernels/resident_layers.cuh). 0: upload them at every call. The
-  // CPU ignores it.
+  // this LayerData::id (engine/io/capture.h), unchanged while it lives, so a device backend may
+  // keep them resident across calls (kernels/resident_layers.cuh). 0: upload them at every call.
+  // The CPU ignores it.
   uint64_t layer_id = 0;
 
   int group() const { return heads.empty() ? 0 : static_cast<int>(heads.front().queries.size()); }
@@ -60,7 +60,7 @@ struct ScoreBatch {
 void check_score_batch(const ScoreBatch& batch);
 
 // The CPU reference: the causal rows in blocks of 64 by a double-precision matrix product
-// (engine/simd.h's gemm_abt and exp_shift_sum), summed per key in increasing row order.
+// (engine/core/simd.h's gemm_abt and exp_shift_sum), summed per key in increasing row order.
 void cpu_attention_scores(const ScoreBatch& batch);
 
 }  // namespace kvscope

@@ -2,7 +2,7 @@
 // group-averaged softmax rows in double precision, computed in blocks of 64 rows by one matrix
 // product per query head, and reduced per key in increasing row order. These are the figures the
 // score-ranking methods had before the op existed (the code moved here from
-// engine/attention_scores.cpp unchanged); the CUDA kernels (kernels/attention_scores.cu) are tested
+// engine/methods/scoring.cpp unchanged); the CUDA kernels (kernels/attention_scores.cu) are tested
 // against it (tests/test_cuda_parity.cpp).
 #include <algorithm>
 #include <cmath>
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/core/simd.h"
+#include "engine/core/tensor.h"
 #include "engine/ops/attention_scores.h"
-#include "engine/simd.h"
-#include "engine/tensor.h"
 
 namespace kvscope {
 namespace {

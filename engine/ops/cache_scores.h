@@ -1,4 +1,4 @@
-// The cache-score op (Backend::cache_scores, engine/backend.h): BUZZ's streamed scores
+// The cache-score op (Backend::cache_scores, engine/ops/backend.h): BUZZ's streamed scores
 // (engine/methods/buzz.cpp), the hot part of its default rule (accumulate = compressed-cache, each
 // query's softmax over the cache as it stands) and of full-prefix with log n. Its batch type and
 // its CPU reference, cpu_cache_scores (engine/ops/cache_scores_cpu.cpp). The CUDA kernels are
@@ -34,8 +34,8 @@ struct CacheScoreBatch {
   // Checked by the CPU reference every 64 rows (throws Cancelled), and before a device launch.
   const std::atomic<bool>* cancel = nullptr;
   // Non-zero: `keys` and every query array are key and query matrices of the loaded layer with
-  // this LayerData::id (engine/capture.h), unchanged while it lives, so a device backend may keep
-  // their first n rows resident across the segments and runs (kernels/resident_layers.cuh). 0:
+  // this LayerData::id (engine/io/capture.h), unchanged while it lives, so a device backend may
+  // keep their first n rows resident across the segments and runs (kernels/resident_layers.cuh). 0:
   // upload the segment's rows at every call. The CPU ignores it.
   uint64_t layer_id = 0;
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/ops/cache_scores.h"
 
 namespace kvscope {

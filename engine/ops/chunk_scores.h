@@ -1,4 +1,4 @@
-// The chunked-attention op (Backend::chunk_scores, engine/backend.h): the hot part of compactor
+// The chunked-attention op (Backend::chunk_scores, engine/ops/backend.h): the hot part of compactor
 // (engine/methods/compactor.cpp, kvpress's CompactorPress and its non-causal attention press).
 // Its batch type and its CPU reference, cpu_chunk_scores (engine/ops/chunk_scores_cpu.cpp). The
 // CUDA kernels are kernels/chunk_scores.cu.

@@ -1,4 +1,4 @@
-// The expected-attention op (Backend::expected_scores, engine/backend.h): the hot part of
+// The expected-attention op (Backend::expected_scores, engine/ops/backend.h): the hot part of
 // expected-attention (engine/methods/expected_attention.cpp, kvpress's ExpectedAttentionPress).
 // Its batch type and its CPU reference, cpu_expected_scores (engine/ops/expected_scores_cpu.cpp).
 // The CUDA kernels are kernels/expected_scores.cu.

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/core/tensor.h"
 #include "engine/ops/expected_scores.h"
-#include "engine/tensor.h"
 
 namespace kvscope {
 

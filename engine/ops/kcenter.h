@@ -1,7 +1,7 @@
-// The k-center op (Backend::kcenter, engine/backend.h): its CPU reference, cpu_kcenter
+// The k-center op (Backend::kcenter, engine/ops/backend.h): its CPU reference, cpu_kcenter
 // (engine/ops/kcenter_cpu.cpp). The input is plain arguments (x: n x d row-major floats, k
-// centres from row `first`). The CUDA kernel is kernels/kcenter.cu; engine/kcenter.h builds the
-// covering radii and the SubGen figure on top of the op.
+// centres from row `first`). The CUDA kernel is kernels/kcenter.cu; engine/geometry/kcenter.h
+// builds the covering radii and the SubGen figure on top of the op.
 #pragma once
 
 #include <vector>

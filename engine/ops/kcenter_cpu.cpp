@@ -1,12 +1,12 @@
 // The CPU reference of the k-center op (engine/ops/kcenter.h): Gonzalez's greedy picks in double
-// precision. engine/kcenter.h's greedy_kcenter is this op on a MatrixF; the CUDA kernel
+// precision. engine/geometry/kcenter.h's greedy_kcenter is this op on a MatrixF; the CUDA kernel
 // (kernels/kcenter.cu) is tested against it (tests/test_cuda_parity.cpp).
 #include <Eigen/Core>
 #include <algorithm>
 #include <string>
 #include <vector>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "engine/ops/kcenter.h"
 
 namespace kvscope {

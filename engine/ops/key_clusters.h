@@ -1,5 +1,5 @@
-// The key-clustering op (Backend::key_clusters, engine/backend.h): SubGen's online clustering of
-// the middle's keys (engine/methods/subgen.cpp, UpdateSoftmaxNormalizer of the paper's Algorithm
+// The key-clustering op (Backend::key_clusters, engine/ops/backend.h): SubGen's online clustering
+// of the middle's keys (engine/methods/subgen.cpp, UpdateSoftmaxNormalizer of the paper's Algorithm
 // 1), the hot part of its radius search. Its batch type and its CPU reference, cpu_key_clusters
 // (engine/ops/key_clusters_cpu.cpp). The CUDA kernel is kernels/key_clusters.cu.
 //
@@ -36,7 +36,7 @@ struct ClusterBatch {
   // Checked between radii by the CPU reference (throws Cancelled), and before a device launch.
   const std::atomic<bool>* cancel = nullptr;
   // Non-zero: `keys` are rows of a key matrix of the loaded layer with this LayerData::id
-  // (engine/capture.h), unchanged while it lives, so a device backend may keep them resident
+  // (engine/io/capture.h), unchanged while it lives, so a device backend may keep them resident
   // across calls (kernels/resident_layers.cuh: SubGen's bisection sends several batches over the
   // same keys). 0: upload them at every call. The CPU ignores it.
   uint64_t layer_id = 0;

@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
+#include "engine/core/tensor.h"
 #include "engine/ops/key_clusters.h"
-#include "engine/tensor.h"
 
 namespace kvscope {
 namespace {

@@ -1,7 +1,7 @@
-// The t-SNE gradient op (Backend::tsne_gradient, engine/backend.h): its input type and its CPU
+// The t-SNE gradient op (Backend::tsne_gradient, engine/ops/backend.h): its input type and its CPU
 // reference, cpu_tsne_gradient (engine/ops/tsne_gradient_cpu.cpp: exact, Barnes-Hut, and the
-// FFT-interpolated variant fft_tsne_gradient of engine/tsne_fft.h). The CUDA kernel is
-// kernels/tsne_grad.cu. The optimisation around it is engine/tsne.h's TsneRun.
+// FFT-interpolated variant fft_tsne_gradient of engine/ops/tsne_gradient_fft.h). The CUDA kernel is
+// kernels/tsne_grad.cu. The optimisation around it is engine/geometry/tsne.h's TsneRun.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,8 @@ struct TsneGradInput {
 // Barnes-Hut estimate of Z when theta > 0), or NaN when !in.want_kl; 0 for n <= 0.
 double cpu_tsne_gradient(const TsneGradInput& in, float* grad);
 // The t-SNE attraction and KL rows (and TsneRun's gradient step) use the SIMD table's AVX2 kernels
-// where the table in use has them (engine/simd.h); false forces the portable scalar path (tests
-// compare the two). Returns the previous setting.
+// where the table in use has them (engine/core/simd.h); false forces the portable scalar path
+// (tests compare the two). Returns the previous setting.
 bool set_cpu_tsne_simd(bool enabled);
 // Whether those AVX2 paths run now: the SIMD table in use has them (avx2, avx512) and
 // set_cpu_tsne_simd has not turned them off.

@@ -1,9 +1,9 @@
 // The CPU reference of the t-SNE gradient op (engine/ops/tsne_gradient.h): exact O(n^2) or
 // Barnes-Hut repulsion, the FFT-interpolated variant (fft_tsne_gradient; the repulsion itself is
-// engine/tsne_fft.cpp), and the attraction and KL rows they share (the SIMD table's where it has
-// them, engine/simd.h).
-// TsneRun (engine/tsne.cpp) calls it through the backend; the CUDA kernel (kernels/tsne_grad.cu)
-// is tested against it (tests/test_cuda_parity.cpp). Moved here from engine/tsne.cpp unchanged.
+// engine/ops/tsne_gradient_fft.cpp), and the attraction and KL rows they share (the SIMD table's
+// where it has them, engine/core/simd.h). TsneRun (engine/geometry/tsne.cpp) calls it through the
+// backend; the CUDA kernel (kernels/tsne_grad.cu) is tested against it
+// (tests/test_cuda_parity.cpp). Moved here from engine/geometry/tsne.cpp unchanged.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -16,11 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/simd.h"
+#include "engine/core/thread_pool.h"
+#include "engine/ops/tsne_box.h"
 #include "engine/ops/tsne_gradient.h"
-#include "engine/simd.h"
-#include "engine/thread_pool.h"
-#include "engine/tsne_fft.h"
-#include "engine/tsne_util.h"
+#include "engine/ops/tsne_gradient_fft.h"
 
 namespace kvscope {
 namespace {
@@ -313,8 +313,8 @@ inline void kl_row_portable(const TsneGradInput& in, int i, double& kl, double& 
 
 std::atomic<bool> g_tsne_simd{true};
 
-// The SIMD table's rows (engine/simd.h tsne_row_terms: AVX2, 8 neighbours per step, also in the
-// avx512 table) when it has them and set_cpu_tsne_simd has not turned them off; null otherwise.
+// The SIMD table's rows (engine/core/simd.h tsne_row_terms: AVX2, 8 neighbours per step, also in
+// the avx512 table) when it has them and set_cpu_tsne_simd has not turned them off; null otherwise.
 // Asked once per gradient, not per row.
 decltype(simd::Kernels::tsne_row_terms) simd_row_terms() {
   if (!g_tsne_simd.load(std::memory_order_relaxed)) return nullptr;

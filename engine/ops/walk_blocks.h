@@ -1,6 +1,6 @@
-// The walk op (Backend::walk_blocks, engine/backend.h): its batch type and its CPU reference,
+// The walk op (Backend::walk_blocks, engine/ops/backend.h): its batch type and its CPU reference,
 // cpu_walk_blocks (engine/ops/walk_blocks_cpu.cpp). The CUDA kernel is kernels/walk.cu; both are
-// compared on the cases of engine/ops/op_cases.h (tests/test_cuda_parity.cpp).
+// compared on the cases of tests/op_cases.h (tests/test_cuda_parity.cpp).
 #pragma once
 
 #include <cstdint>
@@ -41,5 +41,16 @@ struct WalkBatch {
 // The CPU reference: every block walked in turn on the calling thread. Throws
 // std::invalid_argument for a missing array or d, dv <= 0.
 void cpu_walk_blocks(const WalkBatch& batch);
+
+// The CPU walk op computes its block Gram matrices with the SIMD table's kernels
+// (engine/core/simd.h: AVX2/AVX-512) when the table in use has them. Passing false forces the
+// portable (Eigen) path, for tests that compare the two; returns the previous setting.
+bool set_cpu_walk_simd(bool enabled);
+
+// The float32 walk's block Gram as the CPU walk op computes it: g[i * ldg + j] = <x_i, x_j> for
+// j <= i < rows (x row-major, `dim` wide; ldg >= rows), summed in float in feature order, with
+// fused multiply-adds where the SIMD table in use has walk_gram_f32 (engine/core/simd.h: AVX2 and
+// AVX-512, the order of the CUDA kernel), separate multiplies and adds otherwise. For tests.
+void cpu_walk_gram_f32(const float* x, int rows, int dim, float* g, int ldg);
 
 }  // namespace kvscope

@@ -1,7 +1,7 @@
 // The CPU reference of the walk op (Backend::walk_blocks, engine/ops/walk_blocks.h): one
 // self-balancing walk per block of a WalkBatch, in float32 (the authors' semantics) or double. The
-// rounds, halving and weights around it are engine/balance_walk.cpp's; the CUDA kernel
-// (kernels/walk.cu) is tested against this file (tests/test_cuda_parity.cpp).
+// rounds, halving and weights around it are engine/methods/balancekv/balance_walk.cpp's; the CUDA
+// kernel (kernels/walk.cu) is tested against this file (tests/test_cuda_parity.cpp).
 #include "engine/ops/walk_blocks_cpu.h"
 
 #include <Eigen/Core>
@@ -12,10 +12,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/balance_walk.h"
+#include "engine/core/random.h"
+#include "engine/core/simd.h"
+#include "engine/core/tensor.h"
 #include "engine/ops/walk_blocks.h"
-#include "engine/random.h"
-#include "engine/simd.h"
 
 namespace kvscope {
 
@@ -27,7 +27,7 @@ namespace kvscope {
 // double; only the accumulation rounds), then run the sequential walk on them. Cost per block of
 // L rows: L^2 (d + dv) / 2 multiply-adds for the Grams, L^2 / 2 exponentials and L^2 / 2
 // multiply-adds for the walk. The Grams dominate, so where the SIMD table in use has a
-// hand-blocked Gram (engine/simd.h walk_gram_f64: AVX2+FMA, AVX-512) it computes them (same
+// hand-blocked Gram (engine/core/simd.h walk_gram_f64: AVX2+FMA, AVX-512) it computes them (same
 // double arithmetic, fused multiply-adds; results agree with the portable path to ~1e-16
 // relative). Buffers are thread-local so repeated calls (live slider moves) do not allocate.
 
@@ -45,7 +45,7 @@ class BlockGram {
   // Loads `len` float rows of width `dim`.
   void load(const float* rows, int len, int dim) {
     len_ = len;
-    // The SIMD table's Gram (engine/simd.h walk_gram_f64), where it has one.
+    // The SIMD table's Gram (engine/core/simd.h walk_gram_f64), where it has one.
     const simd::Kernels& k = simd::kernels();
     gram_ = g_walk_simd.load(std::memory_order_relaxed) ? k.walk_gram_f64 : nullptr;
     if (gram_) {
@@ -117,7 +117,7 @@ class RowPrefetch {
   long total() const { return total_; }
   // Issues the next `lines` prefetches (fewer at the end).
   void issue(long lines) { upto(issued_ + lines); }
-  // The Gram kernel's per-tile hook (engine/simd.h walk_gram_f32): the next per_tile lines.
+  // The Gram kernel's per-tile hook (engine/core/simd.h walk_gram_f32): the next per_tile lines.
   void set_per_tile(int lines) { per_tile_ = lines; }
   static void after_tile(void* self) {
     auto* p = static_cast<RowPrefetch*>(self);
@@ -160,7 +160,7 @@ class RowPrefetch {
 // is NaN) makes p_i NaN and the sign -1. `tail_bad[i]` records exactly that. The sign loop is a
 // float dot product of row i's lower part with the signs so far.
 
-// The block's Gram matrices come from the SIMD table's walk_gram_f32 (engine/simd.h): those of
+// The block's Gram matrices come from the SIMD table's walk_gram_f32 (engine/core/simd.h): those of
 // CUDA's gram_tile (kernels/walk.cu) bit for bit, each entry summed by one fused multiply-add per
 // feature in order. (torch's sgemm sums in its own order; the golden cases do not depend on
 // which.) That order is also the fast one on a CPU: the kernel is an outer product, 8 or 16

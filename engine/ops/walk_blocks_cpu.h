@@ -1,6 +1,6 @@
-// Internal to the walk: the prefetch hint that engine/balance_walk.cpp's rounds give the CPU walk
-// op (engine/ops/walk_blocks_cpu.cpp) about the block they will walk next. Only a hint: no result
-// depends on it.
+// Internal to the walk: the prefetch hint that engine/methods/balancekv/balance_walk.cpp's rounds
+// give the CPU walk op (engine/ops/walk_blocks_cpu.cpp) about the block they will walk next. Only a
+// hint: no result depends on it.
 #pragma once
 
 namespace kvscope::walk_prefetch {

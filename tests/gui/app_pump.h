@@ -9,7 +9,7 @@
 
 #include "app/app_state.h"
 #include "app/grid_cells.h"
-#include "engine/protocol.h"
+#include "engine/eval/protocol.h"
 
 namespace kvscope::app::testing {
 

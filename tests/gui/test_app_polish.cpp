@@ -18,8 +18,8 @@
 #include "app/grid_values.h"
 #include "app/recent_files.h"
 #include "app/soft_render.h"
-#include "app/view.h"
-#include "engine/synth.h"
+#include "app/views/view.h"
+#include "engine/model/synth.h"
 #include "tests/gui/app_pump.h"
 
 namespace fs = std::filesystem;

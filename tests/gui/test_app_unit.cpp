@@ -36,14 +36,14 @@
 #include "app/result_status.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
-#include "app/view.h"
+#include "app/views/view.h"
 #include "app/walk_advice.h"
 #include "app/worker.h"
-#include "engine/attention.h"
-#include "engine/attention_scores.h"
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/synth.h"
+#include "engine/attention/exact_attention.h"
+#include "engine/core/error.h"
+#include "engine/methods/scoring.h"
+#include "engine/model/synth.h"
+#include "engine/ops/backend.h"
 #include "tests/gui/app_pump.h"
 
 namespace fs = std::filesystem;
@@ -821,7 +821,8 @@ TEST(Session, BadSessionsNameTheFieldAndChangeNothing) {
             std::string::npos);
   EXPECT_NE(message({{"kvscope_session", 1}, {"focus", {{"layer", -1}}}}).find("focus.layer"),
             std::string::npos);
-  // A backend that is not one of backend_choices() (engine/backend.h): the field and the choices.
+  // A backend that is not one of backend_choices() (engine/ops/backend.h): the field and the
+  // choices.
   const std::string backend = message({{"kvscope_session", 1}, {"backend", "tpu"}});
   EXPECT_NE(backend.find("\"backend\""), std::string::npos) << backend;
   EXPECT_NE(backend.find(backend_choices_text()), std::string::npos) << backend;

@@ -15,10 +15,10 @@
 #include "app/export.h"
 #include "app/new_capture_dialog.h"
 #include "app/soft_render.h"
-#include "app/view.h"
-#include "engine/capture.h"
-#include "engine/error.h"
-#include "engine/llama2c.h"
+#include "app/views/view.h"
+#include "engine/core/error.h"
+#include "engine/io/capture.h"
+#include "engine/model/llama2c.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;

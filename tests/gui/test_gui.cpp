@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "app/view.h"
+#include "app/views/view.h"
 
 namespace fs = std::filesystem;
 
@@ -26,6 +26,11 @@ const std::string kSample =
     std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
 // stories260K: 5 layers x 4 kv heads.
 constexpr int kSampleCells = 5 * 4;
+// What each view is shown on: the sample capture, and for the Set view the sample set.
+std::string input_for(const std::string& view) {
+  if (view == "set") return std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_set.jsonl";
+  return kSample;
+}
 
 struct Image {
   int w = 0, h = 0;
@@ -172,7 +177,7 @@ void expect_content(const Image& im, const std::string& what) {
   EXPECT_GT(distinct_colours(im), 40) << what << ": too few colours for a drawn view";
 }
 
-// Every view the app has: the registry's list (app/view.h), never typed again here.
+// Every view the app has: the registry's list (app/views/view.h), never typed again here.
 const std::vector<std::string> kViews = kvscope::app::view_names();
 
 class SoftwareRender : public ::testing::TestWithParam<std::string> {};
@@ -181,8 +186,8 @@ TEST_P(SoftwareRender, ViewShowsContent) {
   const std::string view = GetParam();
   const fs::path png = out_dir() / ("render_" + view + ".png");
   fs::remove(png);
-  RunResult r = run(std::string("\"") + KVSCOPE_CLI + "\" render \"" + kSample + "\" --view " +
-                    view + " --out \"" + png.string() + "\" --timeout 240");
+  RunResult r = run(std::string("\"") + KVSCOPE_CLI + "\" render \"" + input_for(view) +
+                    "\" --view " + view + " --out \"" + png.string() + "\" --timeout 240");
   ASSERT_EQ(r.rc, 0) << r.output;
   Image im = load_png(png.string());
   expect_content(im, png.string());
@@ -219,8 +224,8 @@ class AppUnderXvfb : public ::testing::TestWithParam<std::string> {};
 
 std::string app_cmd(const std::string& args) {
   // An Xvfb server of its own per run: xvfb-run -a races for a display number under ctest -j.
-  return std::string("\"") + KVSCOPE_SOURCE_DIR + "/tools/with-xvfb.sh\" \"" + KVSCOPE_APP +
-         "\" " + args;
+  return std::string("\"") + KVSCOPE_SOURCE_DIR + "/tools/with-xvfb.sh\" \"" + KVSCOPE_APP + "\" " +
+         args;
 }
 
 TEST_P(AppUnderXvfb, ViewShowsContent) {
@@ -230,8 +235,8 @@ TEST_P(AppUnderXvfb, ViewShowsContent) {
   const std::string view = GetParam();
   const fs::path png = out_dir() / ("app_" + view + ".png");
   fs::remove(png);
-  RunResult r = run(app_cmd("\"" + kSample + "\" --view " + view + " --screenshot \"" +
-                            png.string() + "\" --timeout 240"));
+  RunResult r = run(app_cmd(std::string("\"") + input_for(view) + "\" --view " + view +
+                            " --screenshot \"" + png.string() + "\" --timeout 240"));
   ASSERT_EQ(r.rc, 0) << r.output;
   Image im = load_png(png.string());
   expect_content(im, png.string());

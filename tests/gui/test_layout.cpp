@@ -27,8 +27,8 @@
 #include "app/layout_check.h"
 #include "app/new_capture_dialog.h"
 #include "app/soft_render.h"
-#include "app/view.h"
-#include "engine/error.h"
+#include "app/views/view.h"
+#include "engine/core/error.h"
 
 namespace fs = std::filesystem;
 using namespace kvscope;

@@ -116,8 +116,9 @@ TEST(Open, ABadFileKeepsTheOpenCaptureAndGivesOneMessageNamingIt) {
     const std::string error = s.load_error;
     EXPECT_NE(error.find(fs::path(path).filename().string()), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
-    if (path == bad.string())  // text, not a length of exabytes
+    if (path == bad.string()) {  // text, not a length of exabytes
       EXPECT_NE(error.find("not a safetensors file"), std::string::npos) << error;
+    }
     EXPECT_EQ(s.capture, good);
     EXPECT_EQ(s.capture_path, kLily);
     EXPECT_EQ(s.capture_id, 1u);

@@ -1,8 +1,9 @@
 // Issue 25 item 3: the views' own jobs derive their keys from their inputs (JobPlan::derive,
-// app/view_jobs.h) as the app's do (Results.KeysChangeWithEverySettingTheJobReadsAndNothingElse
-// in test_app_unit.cpp). For every view plan, each setting or view choice its job reads changes
-// its key, and every other one leaves the key as it is (a forgotten field would show a stale
-// result as fresh; an extra one would recompute for nothing).
+// app/views/view_jobs.h) as the app's do
+// (Results.KeysChangeWithEverySettingTheJobReadsAndNothingElse in test_app_unit.cpp). For every
+// view plan, each setting or view choice its job reads changes its key, and every other one leaves
+// the key as it is (a forgotten field would show a stale result as fresh; an extra one would
+// recompute for nothing).
 #include <gtest/gtest.h>
 #include <imgui.h>
 
@@ -18,7 +19,7 @@
 #include "app/app_state.h"
 #include "app/overlap_grid.h"
 #include "app/soft_render.h"
-#include "app/view.h"
+#include "app/views/view.h"
 
 using namespace kvscope;
 using namespace kvscope::app;

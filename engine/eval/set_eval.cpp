@@ -1,0 +1,374 @@
+// Evidence across prompts (engine/eval/set_eval.h, docs/evaluation.md "Capture sets").
+#include "engine/eval/set_eval.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include "engine/core/error.h"
+#include "engine/eval/seed_stats.h"
+
+namespace kvscope {
+namespace {
+
+// The continued fraction of the regularised incomplete beta function (modified Lentz).
+double beta_fraction(double a, double b, double x) {
+  constexpr double kTiny = 1e-300;
+  double c = 1, d = 1 - (a + b) * x / (a + 1);
+  if (std::fabs(d) < kTiny) d = kTiny;
+  d = 1 / d;
+  double h = d;
+  for (int m = 1; m <= 10000; ++m) {
+    const double m2 = 2.0 * m;
+    double aa = m * (b - m) * x / ((a + m2 - 1) * (a + m2));
+    d = 1 + aa * d;
+    if (std::fabs(d) < kTiny) d = kTiny;
+    c = 1 + aa / c;
+    if (std::fabs(c) < kTiny) c = kTiny;
+    d = 1 / d;
+    h *= d * c;
+    aa = -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1));
+    d = 1 + aa * d;
+    if (std::fabs(d) < kTiny) d = kTiny;
+    c = 1 + aa / c;
+    if (std::fabs(c) < kTiny) c = kTiny;
+    d = 1 / d;
+    const double step = d * c;
+    h *= step;
+    if (std::fabs(step - 1) < 1e-16) break;
+  }
+  return h;
+}
+
+// I_x(a, b).
+double incomplete_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
+                                a * std::log(x) + b * std::log1p(-x));
+  if (x < (a + 1) / (a + b + 2)) return front * beta_fraction(a, b, x) / a;
+  return 1 - front * beta_fraction(b, a, 1 - x) / b;
+}
+
+// P(T <= t) for Student's t with df degrees of freedom, t >= 0.
+double student_t_cdf(double t, int df) {
+  const double v = df;
+  return 1 - 0.5 * incomplete_beta(v / 2, 0.5, v / (v + t * t));
+}
+
+// Quoted CSV field: paths and labels may hold commas; a double quote is doubled.
+std::string csv_field(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+// The figure of each (method, column, layer, kv head) of one complete capture report: the head's
+// mean relative error; and the whole capture's (kAllLayers): EvalReport::summary's mean.
+using FigureKey = std::tuple<std::string, int, int, int>;
+
+std::map<FigureKey, double> figures_of(const EvalReport& rep) {
+  std::map<FigureKey, double> out;
+  std::map<double, int> column_of;
+  for (size_t r = 0; r < rep.spec.ratios.size(); ++r) column_of[rep.spec.ratios[r]] = int(r);
+  for (const HeadEval& he : rep.results)
+    if (!he.refused && he.error.empty())
+      out[{he.method, column_of.at(he.ratio), he.layer, he.kv_head}] = he.mean;
+  for (const EvalSummary& s : rep.summary())
+    if (s.heads > 0) out[{s.method, column_of.at(s.ratio), kAllLayers, kAllLayers}] = s.mean;
+  return out;
+}
+
+void require_complete(const SetEvalReport& rep, const char* what) {
+  if (rep.shard_count > 1)
+    throw InputError(std::string(what) + ": the report is shard " +
+                     std::to_string(rep.shard_index) + " of " + std::to_string(rep.shard_count) +
+                     "; merge every shard first (kvscope-cli merge)");
+}
+
+}  // namespace
+
+std::string set_column_label(const EvalSpec& spec, int column) {
+  std::string label = spec.budgets.empty() ? "" : "B";  // "B256": a budget of 256 middle tokens
+  if (!spec.budgets.empty()) return label.append(std::to_string(spec.budgets[column]));
+  // The shortest form that reads back as the same double ("0.1", not "0.10000000000000001").
+  for (int digits = 15;; ++digits) {
+    std::ostringstream os;
+    os.precision(digits);
+    os << spec.ratios[column];
+    if (digits == 17 || std::stod(os.str()) == spec.ratios[column]) return os.str();
+  }
+}
+
+double student_t_975(int df) {
+  if (df < 1) throw std::invalid_argument("student_t_975: df must be at least 1");
+  double lo = 0, hi = 1;
+  while (student_t_cdf(hi, df) < 0.975) hi *= 2;
+  for (int i = 0; i < 200 && hi - lo > 1e-14 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (student_t_cdf(mid, df) < 0.975 ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+std::vector<SetRow> SetEvalReport::summary() const {
+  require_complete(*this, "the set's summary");
+  if (captures.empty()) return {};
+  const EvalSpec& spec = captures[0].spec;
+  std::vector<std::map<FigureKey, double>> figures;
+  for (const EvalReport& rep : captures) figures.push_back(figures_of(rep));
+  // Every key any capture has, whole-capture rows first.
+  std::vector<FigureKey> keys;
+  for (const auto& f : figures)
+    for (const auto& [key, v] : f) keys.push_back(key);
+  std::sort(keys.begin(), keys.end(), [&](const FigureKey& a, const FigureKey& b) {
+    const auto rank = [&](const FigureKey& k) {
+      const int m = static_cast<int>(
+          std::find_if(spec.methods.begin(), spec.methods.end(),
+                       [&](const Method* x) { return x->name() == std::get<0>(k); }) -
+          spec.methods.begin());
+      return std::make_tuple(std::get<2>(k) != kAllLayers, std::get<2>(k), std::get<3>(k), m,
+                             std::get<1>(k));
+    };
+    return rank(a) < rank(b);
+  });
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<SetRow> rows;
+  for (const FigureKey& key : keys) {
+    const auto& [method, column, layer, head] = key;
+    SetRow row;
+    row.method = method;
+    row.column = column;
+    row.label = set_column_label(spec, column);
+    row.layer = layer;
+    row.kv_head = head;
+    std::vector<double> values;
+    double rank_sum = 0;
+    for (const auto& f : figures) {
+      const auto it = f.find(key);
+      if (it == f.end()) continue;
+      values.push_back(it->second);
+      // The other methods' figures on this prompt at this column, layer and head.
+      int better = 0;
+      bool best = true;
+      for (const Method* other : spec.methods) {
+        const auto o = f.find({other->name(), column, layer, head});
+        if (o == f.end() || other->name() == method) continue;
+        if (o->second < it->second) better += 1, best = false;
+      }
+      row.wins += best ? 1 : 0;
+      rank_sum += 1 + better;
+    }
+    row.prompts = static_cast<int>(values.size());
+    if (values.empty()) continue;
+    const auto [mean, sd] = mean_std(values);
+    row.mean = mean;
+    row.mean_rank = rank_sum / row.prompts;
+    if (row.prompts > 1) {
+      const double half = student_t_975(row.prompts - 1) * sd / std::sqrt(double(row.prompts));
+      row.ci_low = mean - half;
+      row.ci_high = mean + half;
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::vector<PromptLoss> SetEvalReport::worst_prompts(int per_method) const {
+  require_complete(*this, "the set's worst prompts");
+  if (captures.empty()) return {};
+  const EvalSpec& spec = captures[0].spec;
+  std::vector<PromptLoss> out;
+  for (const Method* m : spec.methods)
+    for (int column = 0; column < static_cast<int>(spec.ratios.size()); ++column) {
+      std::vector<PromptLoss> losses;
+      for (size_t c = 0; c < captures.size(); ++c) {
+        const std::map<FigureKey, double> f = figures_of(captures[c]);
+        const auto mine = f.find({m->name(), column, kAllLayers, kAllLayers});
+        if (mine == f.end()) continue;
+        PromptLoss loss{m->name(),           column,    set_column_label(spec, column),
+                        static_cast<int>(c), m->name(), 0};
+        double best = mine->second;
+        for (const Method* other : spec.methods) {
+          const auto o = f.find({other->name(), column, kAllLayers, kAllLayers});
+          if (o != f.end() && o->second < best) best = o->second, loss.best = other->name();
+        }
+        loss.loss = mine->second - best;
+        losses.push_back(loss);
+      }
+      std::stable_sort(losses.begin(), losses.end(),
+                       [](const PromptLoss& a, const PromptLoss& b) { return a.loss > b.loss; });
+      for (int i = 0; i < per_method && i < static_cast<int>(losses.size()); ++i)
+        if (losses[i].loss > 0) out.push_back(losses[i]);
+    }
+  return out;
+}
+
+std::string SetEvalReport::captures_csv() const {
+  std::ostringstream out;
+  out << "capture," << EvalReport::csv_header();
+  for (size_t c = 0; c < captures.size(); ++c) {
+    std::istringstream rows(captures[c].csv_rows());
+    for (std::string line; std::getline(rows, line);)
+      out << csv_field(entries[c].path) << ',' << line << '\n';
+  }
+  return out.str();
+}
+
+std::string SetEvalReport::summary_csv() const {
+  std::ostringstream out;
+  out.precision(17);
+  out << "method,ratio,layer,kv_head,mean,ci_low,ci_high,prompts,wins\n";
+  for (const SetRow& r : summary()) {
+    const auto where = [](int v) {
+      return v == kAllLayers ? std::string("all") : std::to_string(v);
+    };
+    out << r.method << ',' << r.label << ',' << where(r.layer) << ',' << where(r.kv_head) << ','
+        << r.mean << ',';
+    if (std::isnan(r.ci_low))
+      out << ",,";
+    else
+      out << r.ci_low << ',' << r.ci_high << ',';
+    out << r.prompts << ',' << r.wins << '\n';
+  }
+  return out.str();
+}
+
+nlohmann::json SetEvalReport::to_json() const {
+  nlohmann::json j;
+  j["format"] = "kvscope-set-report/1";
+  j["set"] = source;
+  j["shard_index"] = shard_index;
+  j["shard_count"] = shard_count;
+  j["entries"] = nlohmann::json::array();
+  for (const CaptureSetEntry& e : entries)
+    j["entries"].push_back({{"path", e.path},
+                            {"resolved", e.resolved},
+                            {"label", e.label},
+                            {"prompt", e.prompt},
+                            {"num_tokens", e.num_tokens}});
+  j["captures"] = nlohmann::json::array();
+  for (const EvalReport& rep : captures) j["captures"].push_back(rep.to_json());
+  if (shard_count == 1) {
+    const auto num = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
+    j["summary"] = nlohmann::json::array();
+    for (const SetRow& r : summary())
+      j["summary"].push_back(
+          {{"method", r.method},
+           {"column", r.column},
+           {"ratio", r.label},
+           {"layer", r.layer == kAllLayers ? nlohmann::json("all") : nlohmann::json(r.layer)},
+           {"kv_head", r.kv_head == kAllLayers ? nlohmann::json("all") : nlohmann::json(r.kv_head)},
+           {"mean", r.mean},
+           {"ci_low", num(r.ci_low)},
+           {"ci_high", num(r.ci_high)},
+           {"interval", "95% Student t across prompts"},
+           {"prompts", r.prompts},
+           {"wins", r.wins},
+           {"mean_rank", r.mean_rank}});
+    j["worst_prompts"] = nlohmann::json::array();
+    for (const PromptLoss& l : worst_prompts())
+      j["worst_prompts"].push_back({{"method", l.method},
+                                    {"column", l.column},
+                                    {"ratio", l.label},
+                                    {"capture", entries[l.capture].path},
+                                    {"label", entries[l.capture].label},
+                                    {"best", l.best},
+                                    {"loss", l.loss}});
+  }
+  return j;
+}
+
+SetEvalReport SetEvalReport::from_json(const nlohmann::json& j) {
+  const auto fail = [](const std::string& why) { throw InputError("set report: " + why); };
+  if (!j.is_object() || j.value("format", "") != "kvscope-set-report/1")
+    fail("format is not kvscope-set-report/1");
+  SetEvalReport rep;
+  try {
+    rep.source = j.at("set").get<std::string>();
+    rep.shard_index = j.at("shard_index").get<int>();
+    rep.shard_count = j.at("shard_count").get<int>();
+    for (const nlohmann::json& e : j.at("entries")) {
+      CaptureSetEntry entry;
+      entry.path = e.at("path").get<std::string>();
+      entry.resolved = e.at("resolved").get<std::string>();
+      entry.label = e.at("label").get<std::string>();
+      entry.prompt = e.at("prompt").get<std::string>();
+      entry.num_tokens = e.at("num_tokens").get<int>();
+      rep.entries.push_back(std::move(entry));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(e.what());
+  }
+  if (rep.shard_count < 1 || rep.shard_count > kMaxShards || rep.shard_index < 0 ||
+      rep.shard_index >= rep.shard_count)
+    fail("shard " + std::to_string(rep.shard_index) + " of " + std::to_string(rep.shard_count) +
+         " is not a shard");
+  const nlohmann::json& caps = j.at("captures");
+  if (!caps.is_array() || caps.size() != rep.entries.size())
+    fail("holds " + std::to_string(caps.is_array() ? caps.size() : 0) + " capture reports for " +
+         std::to_string(rep.entries.size()) + " entries");
+  for (size_t c = 0; c < caps.size(); ++c) {
+    try {
+      rep.captures.push_back(EvalReport::from_json(caps[c]));
+    } catch (const InputError& e) {
+      fail("capture " + rep.entries[c].path + ": " + e.what());
+    }
+  }
+  return rep;
+}
+
+SetEvalReport run_set_eval(const CaptureSet& set, const EvalSpec& spec,
+                           const SetEvalProgress& progress, const std::atomic<bool>* cancel,
+                           Backend* backend) {
+  SetEvalReport rep;
+  rep.source = set.source;
+  rep.entries = set.entries;
+  rep.shard_index = spec.shard_index;
+  rep.shard_count = spec.shard_count;
+  const int n = static_cast<int>(set.entries.size());
+  for (int c = 0; c < n; ++c) {
+    // One capture open at a time: its layers leave memory before the next is opened.
+    std::unique_ptr<CaptureFile> capture = CaptureFile::open(set.entries[c].resolved);
+    const ProgressFn each = [&](int done, int total) {
+      if (progress && total > 0) progress(c * 1000 + done * 1000 / total, n * 1000);
+    };
+    rep.captures.push_back(run_eval(*capture, spec, each, cancel, backend));
+    // The report names the file as the set lists it, so reports of one set compare across
+    // machines and folders.
+    rep.captures.back().capture_path = set.entries[c].path;
+  }
+  return rep;
+}
+
+SetEvalReport merge_set_reports(const std::vector<SetEvalReport>& parts) {
+  if (parts.empty()) throw InputError("merge: no set reports given");
+  const SetEvalReport& first = parts[0];
+  for (const SetEvalReport& p : parts) {
+    if (p.source != first.source || p.entries.size() != first.entries.size())
+      throw InputError("merge: the reports are of different sets (" + first.source + ", " +
+                       p.source + ")");
+    for (size_t c = 0; c < p.entries.size(); ++c)
+      if (p.entries[c].path != first.entries[c].path)
+        throw InputError("merge: entry " + std::to_string(c + 1) + " is " + p.entries[c].path +
+                         " in one report and " + first.entries[c].path + " in another");
+  }
+  SetEvalReport out;
+  out.source = first.source;
+  out.entries = first.entries;
+  for (size_t c = 0; c < first.entries.size(); ++c) {
+    std::vector<EvalReport> shards;
+    for (const SetEvalReport& p : parts) shards.push_back(p.captures[c]);
+    try {
+      out.captures.push_back(merge_reports(shards));
+    } catch (const InputError& e) {
+      throw InputError("merge: capture " + first.entries[c].path + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace kvscope

@@ -1,5 +1,0 @@
-// The engine's SIMD kernels for scalar (see engine/simd/kernels.inc and engine/simd.h).
-#define KVSCOPE_SIMD_BYTES 8
-#define KVSCOPE_SIMD_TABLE scalar_table
-#define KVSCOPE_SIMD_NAME "scalar"
-#include "engine/simd/kernels.inc"
