@@ -180,6 +180,28 @@ ProgressFn progress_printer() {
   };
 }
 
+// eval's methods, parameters and shard into `spec`, for a capture described by `info` (a set's
+// shape): `all` is the methods the capture can run, those it cannot are returned ("<name>
+// (<why>)") for a note; a method asked for by name (in --methods or through --param) that it
+// cannot run is a bad request: SettingError naming the method and what the capture lacks.
+std::vector<std::string> choose_methods(const EvalOptions& o, const CaptureInfo& info,
+                                        EvalSpec& spec) {
+  spec.methods = parse_method_list(o.methods);
+  spec.harm = true;  // harm kept vs dropped per head and method (engine/eval/token_harm.h)
+  for (const std::string& p : o.params) parse_param(p, spec);
+  if (o.methods != "all") require_runnable(spec.methods, info, spec.params, "methods", "--methods");
+  for (const auto& [name, values] : spec.params)
+    require_runnable({find_method(name)}, info, spec.params, name + ".*", "--param " + name + ".*");
+  std::vector<std::string> left_out;
+  spec.methods = runnable_methods(spec.methods, info, spec.params, left_out);
+  if (!o.shard.empty()) {
+    const auto [index, count] = parse_shard(o.shard, kMaxShards);
+    spec.shard_index = index;
+    spec.shard_count = count;
+  }
+  return left_out;
+}
+
 // The whole-capture rows of a complete set report: mean over prompts, its 95% interval, wins.
 void print_set_summary(const SetEvalReport& rep) {
   std::printf(
@@ -224,18 +246,7 @@ void run_set_eval_command(const EvalOptions& o) {
         throw SettingError("budget", "--budget", e.path + ": " + err.detail());
       }
     }
-  spec.methods = parse_method_list(o.methods);
-  spec.harm = true;
-  for (const std::string& p : o.params) parse_param(p, spec);
-  if (o.methods != "all")
-    require_runnable(spec.methods, set.shape, spec.params, "methods", "--methods");
-  std::vector<std::string> left_out;
-  spec.methods = runnable_methods(spec.methods, set.shape, spec.params, left_out);
-  if (!o.shard.empty()) {
-    const auto [index, count] = parse_shard(o.shard, kMaxShards);
-    spec.shard_index = index;
-    spec.shard_count = count;
-  }
+  const std::vector<std::string> left_out = choose_methods(o, set.shape, spec);
   Backend& backend = select_backend(o.common.backend);
   std::printf("backend  %s\n", backend.name().c_str());
   const ProgressFn progress = isatty(2) ? ProgressFn([](int done, int total) {
@@ -278,24 +289,7 @@ void run_eval_command(const EvalOptions& o) {
   if (!o.csv_out.empty()) check_output(o.csv_out, {o.common.path}, "--csv");
   auto capture = CaptureFile::open(o.common.path);
   EvalSpec spec = base_spec(o.common, capture->info());
-  spec.methods = parse_method_list(o.methods);
-  spec.harm = true;  // harm kept vs dropped per head and method (engine/eval/token_harm.h)
-  for (const std::string& p : o.params) parse_param(p, spec);
-  // `all` is the methods this capture can run; those it cannot are left out and named in a note.
-  // A method asked for by name (in --methods or through --param) that it cannot run is a bad
-  // request: exit 1 naming the method and what the capture lacks.
-  if (o.methods != "all")
-    require_runnable(spec.methods, capture->info(), spec.params, "methods", "--methods");
-  for (const auto& [name, values] : spec.params)
-    require_runnable({find_method(name)}, capture->info(), spec.params, name + ".*",
-                     "--param " + name + ".*");
-  std::vector<std::string> left_out;
-  spec.methods = runnable_methods(spec.methods, capture->info(), spec.params, left_out);
-  if (!o.shard.empty()) {
-    const auto [index, count] = parse_shard(o.shard, kMaxShards);
-    spec.shard_index = index;
-    spec.shard_count = count;
-  }
+  const std::vector<std::string> left_out = choose_methods(o, capture->info(), spec);
   Backend& backend = select_backend(o.common.backend);
   std::printf("backend  %s\n", backend.name().c_str());
   EvalReport report = run_eval(*capture, spec, progress_printer(), nullptr, &backend);

@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/random.h"
+#include "engine/core/student_t.h"
 #include "engine/eval/seed_stats.h"
 
 namespace kvscope {
@@ -42,7 +43,8 @@ PromptFigure over_prompts(const std::vector<std::vector<EvalReport>>& reports,
   const auto [mean, sd] = mean_std(values);
   f.mean = mean;
   if (f.prompts > 1) {
-    const double half = student_t_975(f.prompts - 1) * sd / std::sqrt(double(f.prompts));
+    const double half =
+        student_t_quantile(0.975, f.prompts - 1) * sd / std::sqrt(double(f.prompts));
     f.ci_low = mean - half;
     f.ci_high = mean + half;
   }

@@ -9,55 +9,11 @@
 #include <tuple>
 
 #include "engine/core/error.h"
+#include "engine/core/student_t.h"
 #include "engine/eval/seed_stats.h"
 
 namespace kvscope {
 namespace {
-
-// The continued fraction of the regularised incomplete beta function (modified Lentz).
-double beta_fraction(double a, double b, double x) {
-  constexpr double kTiny = 1e-300;
-  double c = 1, d = 1 - (a + b) * x / (a + 1);
-  if (std::fabs(d) < kTiny) d = kTiny;
-  d = 1 / d;
-  double h = d;
-  for (int m = 1; m <= 10000; ++m) {
-    const double m2 = 2.0 * m;
-    double aa = m * (b - m) * x / ((a + m2 - 1) * (a + m2));
-    d = 1 + aa * d;
-    if (std::fabs(d) < kTiny) d = kTiny;
-    c = 1 + aa / c;
-    if (std::fabs(c) < kTiny) c = kTiny;
-    d = 1 / d;
-    h *= d * c;
-    aa = -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1));
-    d = 1 + aa * d;
-    if (std::fabs(d) < kTiny) d = kTiny;
-    c = 1 + aa / c;
-    if (std::fabs(c) < kTiny) c = kTiny;
-    d = 1 / d;
-    const double step = d * c;
-    h *= step;
-    if (std::fabs(step - 1) < 1e-16) break;
-  }
-  return h;
-}
-
-// I_x(a, b).
-double incomplete_beta(double a, double b, double x) {
-  if (x <= 0) return 0;
-  if (x >= 1) return 1;
-  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
-                                a * std::log(x) + b * std::log1p(-x));
-  if (x < (a + 1) / (a + b + 2)) return front * beta_fraction(a, b, x) / a;
-  return 1 - front * beta_fraction(b, a, 1 - x) / b;
-}
-
-// P(T <= t) for Student's t with df degrees of freedom, t >= 0.
-double student_t_cdf(double t, int df) {
-  const double v = df;
-  return 1 - 0.5 * incomplete_beta(v / 2, 0.5, v / (v + t * t));
-}
 
 // Quoted CSV field: paths and labels may hold commas; a double quote is doubled.
 std::string csv_field(const std::string& s) {
@@ -101,17 +57,6 @@ std::string set_column_label(const EvalSpec& spec, int column) {
     os << spec.ratios[column];
     if (digits == 17 || std::stod(os.str()) == spec.ratios[column]) return os.str();
   }
-}
-
-double student_t_975(int df) {
-  if (df < 1) throw std::invalid_argument("student_t_975: df must be at least 1");
-  double lo = 0, hi = 1;
-  while (student_t_cdf(hi, df) < 0.975) hi *= 2;
-  for (int i = 0; i < 200 && hi - lo > 1e-14 * hi; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    (student_t_cdf(mid, df) < 0.975 ? lo : hi) = mid;
-  }
-  return 0.5 * (lo + hi);
 }
 
 std::vector<SetRow> SetEvalReport::summary() const {
@@ -168,7 +113,8 @@ std::vector<SetRow> SetEvalReport::summary() const {
     row.mean = mean;
     row.mean_rank = rank_sum / row.prompts;
     if (row.prompts > 1) {
-      const double half = student_t_975(row.prompts - 1) * sd / std::sqrt(double(row.prompts));
+      const double half =
+          student_t_quantile(0.975, row.prompts - 1) * sd / std::sqrt(double(row.prompts));
       row.ci_low = mean - half;
       row.ci_high = mean + half;
     }

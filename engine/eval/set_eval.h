@@ -68,9 +68,6 @@ struct SetEvalReport {
 // ("0.5"), or "B256" for a budget of 256 middle tokens.
 std::string set_column_label(const EvalSpec& spec, int column);
 
-// The two-sided 95% Student-t quantile t_{0.975, df} (df >= 1), to 1e-12.
-double student_t_975(int df);
-
 using SetEvalProgress = std::function<void(int done, int total)>;
 
 // Runs `spec` (its shard_index / shard_count split each capture's work items) on every capture of

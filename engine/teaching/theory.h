@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/student_t.h"
 #include "engine/core/tensor.h"
 #include "engine/eval/protocol.h"
 #include "engine/io/capture.h"
@@ -36,10 +37,7 @@ struct PowerFit {
 };
 PowerFit fit_power_law(const std::vector<double>& x, const std::vector<double>& y,
                        double level = 0.95);
-// The p-quantile of Student's t with `dof` >= 1 degrees of freedom (bisection on the CDF written
-// with the regularised incomplete beta function).
-double student_t_quantile(double p, int dof);
-double student_t_cdf(double t, int dof);
+// student_t_quantile and student_t_cdf: engine/core/student_t.h.
 
 // ---- Operator norm (SubGen Eq. 3). ||V_j||_op for the causal prefixes V_j = rows 0..j of V, for
 // j = first .. last (inclusive): the square root of the largest eigenvalue of the prefix Gram
