@@ -11,6 +11,9 @@ const std::vector<WalkComparison>& walk_comparisons() {
       {"temp 0.1, block 256 (notebook)", "temp 0.1, block 256", {{"temp", 0.1}, {"block", 256}}},
       {"gamma 0 (uniform signs)", "gamma 0", {{"gamma", 0}}},
       {"temp 1, gamma 4 (defaults)", "temp 1, gamma 4", {{"temp", 1}, {"gamma", 4}}},
+      {"temp 0.02, gamma 0.1 (unsaturated)",
+       "temp 0.02, gamma 0.1",
+       {{"temp", 0.02}, {"gamma", 0.1}}},
   };
   return c;
 }
@@ -33,14 +36,30 @@ bool walk_overrides_change(const Method& m, const ParamValues& current,
   return false;
 }
 
-int saturation_remedy(const Method& m, const ParamValues& current) {
-  bool has_temp = false;
-  for (const ParamSpec& p : m.params()) has_temp = has_temp || p.name == "temp";
-  if (!has_temp) return -1;
+std::vector<int> saturation_remedies(const Method& m, const ParamValues& current) {
+  bool has_temp = false, has_gamma = false;
+  for (const ParamSpec& p : m.params()) {
+    has_temp = has_temp || p.name == "temp";
+    has_gamma = has_gamma || p.name == "gamma";
+  }
+  if (!has_temp) return {};
   const auto& c = walk_comparisons();
-  for (int i : {2, 1, 3})
-    if (walk_overrides_change(m, current, c[static_cast<size_t>(i)].overrides)) return i;
-  return -1;
+  std::vector<int> out;
+  for (int i : {2, 1, 5}) {
+    const ParamValues& o = c[static_cast<size_t>(i)].overrides;
+    const ParamValues next = with_walk_overrides(m, current, o);
+    const bool balances = !has_gamma || param_value(m.params(), next, "gamma") > 0;
+    if (balances && walk_overrides_change(m, current, o)) out.push_back(i);
+  }
+  return out;
+}
+
+int best_remedy(const WalkAdvice& advice, double current_error) {
+  int best = -1;
+  double lowest = current_error;
+  for (const RemedyEffect& e : advice.effects)
+    if (std::isfinite(e.error) && e.error < lowest) lowest = e.error, best = e.comparison;
+  return best;
 }
 
 }  // namespace kvscope::app

@@ -124,6 +124,26 @@ nlohmann::json WalkView::export_json(const AppState& s) const {
                      {"steps", sat.steps},
                      {"share", sat.share()},
                      {"whole_walk_share", saturation_of(*shown_trace(s)).share()}};
+  const Result& ar = s.result(kWalkAdvice);
+  if (const WalkAdvice* a = ar.fresh() ? ar.get<WalkAdvice>() : nullptr) {
+    nlohmann::json effects = nlohmann::json::array();
+    for (const RemedyEffect& e : a->effects)
+      effects.push_back(
+          {{"remedy", walk_comparisons()[static_cast<size_t>(e.comparison)].short_label},
+           {"params",
+            with_walk_overrides(*s.method(0), s.method_settings(0).params,
+                                walk_comparisons()[static_cast<size_t>(e.comparison)].overrides)},
+           {"error", e.error},
+           {"saturation", e.saturation}});
+    const HeadRun* run = s.result(kFocusA).fresh() ? s.run(0) : nullptr;
+    const int best = run ? best_remedy(*a, run->mean_relative) : -1;
+    j["advice"] = {
+        {"error_now", run ? nlohmann::json(run->mean_relative) : nlohmann::json()},
+        {"effects", effects},
+        {"offered", best > 0
+                        ? nlohmann::json(walk_comparisons()[static_cast<size_t>(best)].short_label)
+                        : nlohmann::json()}};
+  }
   j["halving_cut"] = b->halving_cut;
   j["tokens"] = b->tokens;
   j["p"] = b->p;
@@ -225,6 +245,7 @@ MethodSettings WalkView::with_overrides(const AppState& s, const ParamValues& ov
 }
 
 void WalkView::plan(const AppState& s, std::vector<NamedPlan>& out) const {
+  out.emplace_back(kWalkAdvice, plan_advice(s));
   out.emplace_back(kWalkQuery, plan_trace(s, query_ >= 0, {}));
   out.emplace_back(
       kWalkCompare,
@@ -261,7 +282,59 @@ std::shared_ptr<const WalkTrace> run_trace(const TraceInput& in, const LayerRef&
   return tr;
 }
 
+// What the advice reads: a trace's input and the remedies to try (walk_comparisons() indices).
+struct AdviceInput {
+  TraceInput trace;
+  std::vector<int> remedies;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(AdviceInput, trace, remedies)
+
+// Each remedy on the focused head, as the focused run of method A with its overrides: the error
+// the view would show after "use ...", and the walk's saturation then.
+std::shared_ptr<const WalkAdvice> run_advice(const AdviceInput& in, const LayerRef& h,
+                                             JobContext& ctx, const JobPlan::PartialFn&) {
+  const MethodSettings base =
+      method_settings_of(in.trace.run, parse_estimator(in.trace.common.estimator));
+  auto advice = std::make_shared<WalkAdvice>();
+  for (size_t i = 0; i < in.remedies.size(); ++i) {
+    MethodSettings ms = base;
+    ms.params =
+        with_walk_overrides(*ms.method, ms.params,
+                            walk_comparisons().at(static_cast<size_t>(in.remedies[i])).overrides);
+    const HeadRun r = run_head(*h.layer, in.trace.num_layers, in.trace.kv_head, ms, in.trace.seed,
+                               false, h.backend, ctx.cancel_flag());
+    advice->effects.push_back({in.remedies[i], r.mean_relative, r.selection.saturation});
+    ctx.progress(static_cast<int>(i + 1), static_cast<int>(in.remedies.size()));
+  }
+  return advice;
+}
+
 }  // namespace
+
+JobPlan WalkView::plan_advice(const AppState& s) const {
+  JobPlan p;
+  // Wanted while the block shown is saturated, as the advice line says (draw_saturation).
+  const WalkBlockTrace* b = exported_block(s);
+  const Method* m = s.method(0);
+  if (!b || !m || query_ >= 0 || saturation_of(*b).share() <= 0.5) return p;
+  const MethodSettings ms = s.method_settings(0);
+  const std::vector<int> remedies = saturation_remedies(*m, ms.params);
+  if (remedies.empty()) return p;
+  const Focus f = s.settings.focus;
+  const CaptureInfo& ci = *s.info();
+  AdviceInput in{{s.eval_common(), f.layer, f.kv_head, ci.num_layers,
+                  method_run_input(m->name(), ms), static_cast<uint64_t>(s.settings.seed), -1},
+                 remedies};
+  p.derive("walk.advice", std::move(in), LayerRef{s.focus_layer(), s.backend()}, &run_advice);
+  const EvalWindow w0 = s.window();
+  p.lane = Lane::Geometry;
+  p.label = "remedies for the saturated walk";
+  p.cost_class = "head:" + m->name();
+  p.units = static_cast<double>(remedies.size()) * ci.num_tokens * ci.head_dim *
+            (static_cast<double>(w0.eval) * ci.group_size() + 64.0);
+  p.auto_limit_s = 20.0;
+  return p;
+}
 
 JobPlan WalkView::plan_trace(const AppState& s, bool needed, const ParamValues& overrides) const {
   JobPlan p;
@@ -382,27 +455,57 @@ void WalkView::draw_saturation(AppState& s, const WalkTrace& t, const WalkBlockT
                 100 * blk.share(), blk.steps, 100 * all.share());
   const bool high = blk.share() > 0.5;
   const Method* m = s.method(0);
-  // A remedy is offered only when it changes the settings: advice already taken, or "compare
-  // side by side" of two identical settings, helps nobody.
-  const int remedy = high && m ? saturation_remedy(*m, s.method_settings(0).params) : -1;
-  const char* remedy_name =
-      remedy > 0 ? walk_comparisons()[static_cast<size_t>(remedy)].short_label : "";
-  std::string advice = "Most signs are drawn at random with a bias: the walk balances.";
-  if (high)
-    advice = std::string(
-                 "Those signs are forced: the walk is deterministic there and does no random "
-                 "balancing (one or two huge kernel entries decide). ") +
-             (remedy > 0 ? std::string("Try ") + remedy_name +
-                               " to bring p_i back into (0, 1); compare it side by side first."
-                         : std::string("None of this view's remedies (temp 0.1 with block 256, "
-                                       "temp 0.1, gamma 0) changes these settings: this "
-                                       "head's kernel entries are extreme at any of them."));
+  // A remedy is offered only once its effect on this head's error is computed (walk.advice),
+  // and only when it lowers it; it always changes the settings and keeps the walk balancing.
+  const Result& res = s.result(kWalkAdvice);
+  const WalkAdvice* advice = res.fresh() ? res.get<WalkAdvice>() : nullptr;
+  const HeadRun* run = s.result(kFocusA).fresh() ? s.run(0) : nullptr;  // the error now
+  const double now = run ? run->mean_relative : NAN;
+  const int remedy = high && advice && run ? best_remedy(*advice, now) : -1;
+  const auto label_of = [](int i) {
+    return walk_comparisons()[static_cast<size_t>(i)].short_label;
+  };
+  std::string advice_text = "Most signs are drawn at random with a bias: the walk balances.";
+  if (high) {
+    advice_text =
+        "Those signs are forced: the walk is deterministic there and does no random balancing "
+        "(one or two huge kernel entries decide). ";
+    if (!m || saturation_remedies(*m, s.method_settings(0).params).empty()) {
+      advice_text +=
+          "None of this view's remedies (temp 0.1 with block 256, temp 0.1, temp "
+          "0.02 with gamma 0.1) changes these settings.";
+    } else if (!advice) {
+      advice_text += "Computing what each remedy does to this head's error...";
+    } else {
+      std::string tried;
+      for (const RemedyEffect& e : advice->effects) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%s%s: %.4f", tried.empty() ? "" : ", ",
+                      label_of(e.comparison), e.error);
+        tried += buf;
+      }
+      char now_text[32], to_text[32];
+      std::snprintf(now_text, sizeof now_text, "%.4f", now);
+      if (remedy > 0) {
+        double to = NAN;
+        for (const RemedyEffect& e : advice->effects)
+          if (e.comparison == remedy) to = e.error;
+        std::snprintf(to_text, sizeof to_text, "%.4f", to);
+        advice_text += std::string("Try ") + label_of(remedy) + ": this head's error goes from " +
+                       now_text + " to " + to_text + " (computed on this head: " + tried + ").";
+      } else {
+        advice_text += std::string("No remedy lowers this head's error (now ") + now_text + "; " +
+                       tried + "): the saturation is what this head's keys give.";
+      }
+    }
+  }
   ImGui::PushStyleColor(ImGuiCol_Text,
                         high ? ImVec4(1.0f, 0.78f, 0.35f, 1) : ImVec4(0.75f, 0.77f, 0.8f, 1));
-  ImGui::TextWrapped("%s %s", line, advice.c_str());
+  ImGui::TextWrapped("%s %s", line, advice_text.c_str());
   ImGui::PopStyleColor();
+  if (high && !advice) draw_result_status(s, kWalkAdvice, "the remedies' effect");
   if (remedy > 0) {
-    const std::string use = std::string("use ") + remedy_name;
+    const std::string use = std::string("use ") + label_of(remedy);
     toolbar_next(button_width(use.c_str()));
     if (ImGui::Button(use.c_str())) {
       // A settings edit: reconcile() re-runs method A (and everything keyed on its params).
@@ -410,6 +513,7 @@ void WalkView::draw_saturation(AppState& s, const WalkTrace& t, const WalkBlockT
       pv = with_walk_overrides(*m, pv, walk_comparisons()[static_cast<size_t>(remedy)].overrides);
       if (compare_ == remedy) compare_ = 0;  // it would compare the settings with themselves
     }
+    record_item(s, "walk:use remedy");
     if (compare_ != remedy) {
       toolbar_next(button_width("compare side by side"));
       if (ImGui::Button("compare side by side")) compare_ = remedy;

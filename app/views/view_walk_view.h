@@ -184,6 +184,10 @@ class WalkView final : public View {
   // they depend on, planned here every frame and run by AppState::reconcile().
   static constexpr const char* kWalkQuery = "walk.query";
   static constexpr const char* kWalkCompare = "walk.compare";
+  // What each remedy for a saturated walk does to the focused head's error (app/walk_advice.h),
+  // computed before the view offers one.
+  static constexpr const char* kWalkAdvice = "walk.advice";
+  JobPlan plan_advice(const AppState& s) const;
 
   struct OwnTrace {
     std::shared_ptr<const WalkTrace> trace;

@@ -19,6 +19,7 @@
 #include "app/recent_files.h"
 #include "app/soft_render.h"
 #include "app/views/view.h"
+#include "app/walk_advice.h"
 #include "engine/model/synth.h"
 #include "tests/gui/app_pump.h"
 
@@ -563,6 +564,78 @@ TEST(Settings, ATypedParameterStaysExactly) {
     ASSERT_TRUE(s.grid_report());
     const std::string caption = grid_json(s)["caption"];
     EXPECT_NE(caption.find("gamma 0.05"), std::string::npos) << caption;
+  }
+  ImGui::DestroyContext();
+}
+
+// On kjv3M L0 H0 (saturated at the defaults) the Walk view offers a remedy only once its effect
+// on the head's error is computed, and that effect is run_head's under the remedy's parameters.
+TEST(WalkAdvice, TheOfferedRemedyLowersTheErrorComputedBeforeItIsOffered) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    s.settings.method[0] = MethodChoice{"balancekv", {}};
+    s.request_open(std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/kjv3M_beginning.safetensors");
+    ui.show_view("walk");
+    s.settings.active_view = "walk";
+    nlohmann::json walk;
+    for (int i = 0; i < 20000; ++i) {
+      frame(s, ui);
+      walk = ui.find_view("walk")->export_json(s);
+      if (walk.is_object() && walk.contains("advice")) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(walk.is_object() && walk.contains("advice")) << walk.dump().substr(0, 400);
+    ASSERT_GT(walk["saturation"]["share"].get<double>(), 0.5);
+    const nlohmann::json& advice = walk["advice"];
+    ASSERT_FALSE(advice["effects"].empty());
+    double lowest = advice["error_now"].get<double>();
+    std::string best;
+    for (const nlohmann::json& e : advice["effects"]) {
+      ParamValues params = e["params"].get<ParamValues>();
+      EXPECT_GT(params.count("gamma") ? params["gamma"] : 4.0, 0) << e.dump();
+      MethodSettings ms = s.method_settings(0);
+      ms.params = params;
+      const HeadRun r = run_head(*s.focus_layer(), s.info()->num_layers, 0, ms,
+                                 static_cast<uint64_t>(s.settings.seed));
+      EXPECT_EQ(r.mean_relative, e["error"].get<double>()) << e.dump();
+      if (r.mean_relative < lowest) lowest = r.mean_relative, best = e["remedy"];
+    }
+    if (best.empty()) {
+      EXPECT_TRUE(advice["offered"].is_null());
+    } else {
+      EXPECT_EQ(advice["offered"], best);
+    }
+    // Taken (a click on "use ..."): the settings change to the remedy, the head is computed again,
+    // and what is offered next (if anything) is another remedy that lowers the new error.
+    ASSERT_FALSE(best.empty()) << "kjv3M L0 H0 had a remedy that helps (0.3059 -> 0.2753)";
+    const ImVec2 use = centre(s, "walk:use remedy");
+    ASSERT_GE(use.x, 0) << "no 'use' button";
+    frame(s, ui, {}, false, use, true);
+    frame(s, ui, {}, false, use, false);
+    EXPECT_EQ(s.settings.method[0].params.at("temp"), 0.1);
+    nlohmann::json after;
+    for (int i = 0; i < 20000; ++i) {
+      frame(s, ui);
+      after = ui.find_view("walk")->export_json(s);
+      if (after.is_object() && after.contains("advice") &&
+          after["advice"]["error_now"].is_number() &&
+          after["advice"]["error_now"].get<double>() != advice["error_now"].get<double>())
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(after.is_object() && after.contains("advice")) << after.dump().substr(0, 400);
+    const double now = after["advice"]["error_now"].get<double>();
+    EXPECT_NEAR(now, lowest, 1e-15) << "the error after taking the remedy is the one it promised";
+    for (const nlohmann::json& e : after["advice"]["effects"])
+      EXPECT_NE(e["remedy"], best) << "the remedy taken is offered again";
+    if (!after["advice"]["offered"].is_null()) {
+      for (const nlohmann::json& e : after["advice"]["effects"])
+        if (e["remedy"] == after["advice"]["offered"]) {
+          EXPECT_LT(e["error"].get<double>(), now);
+        }
+    }
   }
   ImGui::DestroyContext();
 }

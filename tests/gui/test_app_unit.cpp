@@ -1253,27 +1253,31 @@ TEST(Plot, HeatmapNumbersShrinkToFitInsteadOfVanishing) {
   ImGui::DestroyContext();
 }
 
-// Issue 24, defect 6: after "use temp 0.1, block 256" a still-saturated head got the same advice
-// again, and "compare side by side" compared two identical settings.
-TEST(WalkAdvice, ARemedyAlwaysChangesTheSettings) {
+// After "use temp 0.1, block 256" a still-saturated head must not get the same advice again, and
+// no remedy switches the balancing off (gamma 0 made every p_i 1/2: near uniform's error).
+TEST(WalkAdvice, RemediesChangeTheSettingsAndKeepTheWalkBalancing) {
   const Method& bkv = *find_method("balancekv");
   const auto& c = walk_comparisons();
-  const int first = saturation_remedy(bkv, {});
-  ASSERT_GT(first, 0);
-  EXPECT_STREQ(c[static_cast<size_t>(first)].short_label, "temp 0.1, block 256");
-  // Taken: the next remedy is another one, and it changes the settings.
-  ParamValues taken = with_walk_overrides(bkv, {}, c[static_cast<size_t>(first)].overrides);
-  const int next = saturation_remedy(bkv, taken);
-  ASSERT_GT(next, 0);
-  EXPECT_NE(next, first);
-  EXPECT_TRUE(walk_overrides_change(bkv, taken, c[static_cast<size_t>(next)].overrides));
-  EXPECT_FALSE(walk_overrides_change(bkv, taken, c[static_cast<size_t>(first)].overrides));
-  // Every remedy taken: nothing left to offer. A method without temp gets none.
-  for (int i : {1, 2, 3})
-    taken = with_walk_overrides(bkv, taken, c[static_cast<size_t>(i)].overrides);
-  taken["temp"] = 0.1;
-  EXPECT_EQ(saturation_remedy(bkv, taken), -1);
-  EXPECT_EQ(saturation_remedy(*find_method("uniform"), {}), -1);
+  const std::vector<int> first = saturation_remedies(bkv, {});
+  ASSERT_FALSE(first.empty());
+  EXPECT_STREQ(c[static_cast<size_t>(first[0])].short_label, "temp 0.1, block 256");
+  for (int i : first) {
+    const ParamValues next = with_walk_overrides(bkv, {}, c[static_cast<size_t>(i)].overrides);
+    EXPECT_GT(param_value(bkv.params(), next, "gamma"), 0) << c[static_cast<size_t>(i)].label;
+  }
+  // Taken: it is no longer offered; every other one changes the settings.
+  const ParamValues taken =
+      with_walk_overrides(bkv, {}, c[static_cast<size_t>(first[0])].overrides);
+  for (int i : saturation_remedies(bkv, taken)) {
+    EXPECT_NE(i, first[0]);
+    EXPECT_TRUE(walk_overrides_change(bkv, taken, c[static_cast<size_t>(i)].overrides));
+  }
+  EXPECT_TRUE(saturation_remedies(*find_method("uniform"), {}).empty());
+  // The one offered is the lowest error below the current one, or none.
+  WalkAdvice a;
+  a.effects = {{2, 0.30, 0.9}, {1, 0.27, 0.8}, {5, 0.29, 0.1}};
+  EXPECT_EQ(best_remedy(a, 0.31), 1);
+  EXPECT_EQ(best_remedy(a, 0.25), -1);
 }
 
 // Issue 24, item 8: captions and legends name non-default parameters.
