@@ -4,8 +4,9 @@
 #
 #   bench/set_eval.sh [BUILD] [PROMPTS]     (defaults: build, 16)
 #
-# 1. PROMPTS captures of kjv3M (256 tokens each, one per verse-like prompt) with
-#    `kvscope-cli capture --prompts`; 2. the CPU time (user + system) of `eval SET` against the
+# 1. PROMPTS captures of kjv3M (KVSCOPE_BENCH_STEPS tokens each, default 512) with
+#    `kvscope-cli capture --prompts`; eval flags KVSCOPE_BENCH_FLAGS (default --methods all
+#    --ratios 0.5,0.25 --seeds 3); 2. the CPU time (user + system) of `eval SET` against the
 #    sum over PROMPTS separate `eval FILE` runs, interleaved and repeated 3 times, each with an
 #    empty reference cache; 3. with Slurm's daemons (root, Debian's slurm packages), the wall time
 #    of 4 shards on the single-node cluster (tools/slurm/single_node.sh) against one process.
@@ -17,14 +18,15 @@ cli=$here/$build/kvscope-cli
 models=$here/../shared/models
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvscope-setbench.XXXXXX")
 trap '"$here/tools/slurm/single_node.sh" stop "$work/cluster" >/dev/null 2>&1; rm -rf "$work"' EXIT
-flags=(--methods uniform,snapkv,keydiff,balancekv --ratios 0.5,0.25 --seeds 2)
+steps=${KVSCOPE_BENCH_STEPS:-512}
+read -r -a flags <<<"${KVSCOPE_BENCH_FLAGS:---methods all --ratios 0.5,0.25 --seeds 3}"
 
 for ((i = 0; i < prompts; ++i)); do
   echo "{\"prompt\": \"And the LORD said unto Moses, verse $i\", \"label\": \"p$i\"}"
 done >"$work/prompts.jsonl"
-"$cli" capture --model "$models/kjv3M.bin" --tokenizer "$models/tok1024.bin" --steps 256 --quiet \
+"$cli" capture --model "$models/kjv3M.bin" --tokenizer "$models/tok1024.bin" --steps "$steps" --quiet \
   --prompts "$work/prompts.jsonl" --out-dir "$work/set" >/dev/null 2>&1
-echo "set: $prompts captures of kjv3M, 256 tokens each; eval ${flags[*]}"
+echo "set: $prompts captures of kjv3M, $steps tokens each; eval ${flags[*]}"
 
 cpu_of() {  # CPU seconds (user + system) of a command, its output discarded
   /usr/bin/time -f "%U %S" "$@" 2>&1 >/dev/null | tail -1 | awk '{print $1 + $2}'
@@ -45,9 +47,11 @@ unset KVSCOPE_CACHE_DIR
 if "$here/tools/slurm/single_node.sh" start "$work/cluster" >/dev/null 2>&1; then
   export SLURM_CONF=$work/cluster/slurm.conf
   for rep in 1 2; do
+    export KVSCOPE_CACHE_DIR=$work/cache-slurm-one-$rep
     t0=$(date +%s.%N)
     "$cli" eval "$work/set" "${flags[@]}" --json "$work/one-$rep.json" >/dev/null
     t1=$(date +%s.%N)
+    export KVSCOPE_CACHE_DIR=$work/cache-slurm-shards-$rep  # the shards inherit it (sbatch)
     "$here/tools/slurm/launch.sh" --set "$work/set" --shards 4 --out "$work/slurm-$rep" \
       --cpus-per-task 1 --mem 1G --cli "$cli" --wait -- "${flags[@]}" >/dev/null
     t2=$(date +%s.%N)
