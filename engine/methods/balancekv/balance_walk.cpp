@@ -216,14 +216,25 @@ struct JobState {
   WalkOutcome out;
 };
 
-}  // namespace
+// The rows of one round, prepared for the walk op and read back after it: centred keys, weighted
+// values, and per block its first row (offset), real rows, kv head and block id. One per thread,
+// reused across rounds and calls.
+struct RoundRows {
+  std::vector<float> keys, values, p, partial;
+  std::vector<int8_t> sigma;
+  std::vector<int> offset, real_rows;
+  std::vector<uint32_t> head, bid;
+};
 
-// ---------------------------------------------------------------------------------------------
-// Rounds.
+// One job's blocks of a round: where they are in RoundRows.
+struct Span {
+  size_t job;
+  int first_block;  // index into offset/head/bid
+  int num_blocks;
+};
 
-std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int layer,
-                                           uint64_t seed, const BalanceParams& prm,
-                                           Backend* backend) {
+// Round 0's state of every job: all its tokens at weight 1 and its halving schedule.
+std::vector<JobState> start_jobs(const std::vector<WalkJob>& jobs, const BalanceParams& prm) {
   std::vector<JobState> st(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
     const WalkJob& job = jobs[j];
@@ -235,24 +246,254 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
                          : halving_schedule(static_cast<int>(job.tokens.size()), job.target);
     if (job.target <= 0) st[j].seq.clear(), st[j].w.clear();
   }
+  return st;
+}
+
+// Sizes the round's buffers once: every row of the round is written (padding rows too), so they
+// only grow and need no per-block zero fill. With `reuse_block_rows` every block is prepared into
+// the same rows (the CPU walks each block as soon as it is prepared).
+void size_round(RoundRows& r, const std::vector<WalkJob>& jobs, const std::vector<JobState>& st,
+                int round, int block, bool padded, bool reuse_block_rows) {
+  size_t key_floats = 0, value_floats = 0;
+  long total_rows = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (round >= static_cast<int>(st[j].schedule.size())) continue;
+    const long n = static_cast<long>(st[j].seq.size());
+    const long rows = padded ? (n + block - 1) / block * block : n;
+    total_rows += rows;
+    const long held = reuse_block_rows ? std::min<long>(rows, block) : rows;
+    if (reuse_block_rows) {
+      key_floats = std::max(key_floats, static_cast<size_t>(held) * jobs[j].keys->cols());
+      value_floats = std::max(value_floats, static_cast<size_t>(held) * jobs[j].values->cols());
+    } else {
+      key_floats += static_cast<size_t>(held) * jobs[j].keys->cols();
+      value_floats += static_cast<size_t>(held) * jobs[j].values->cols();
+    }
+  }
+  if (r.keys.size() < key_floats) r.keys.resize(key_floats);
+  if (r.values.size() < value_floats) r.values.resize(value_floats);
+  r.sigma.assign(total_rows, 0);
+  r.p.assign(total_rows, 0);
+  r.partial.assign(total_rows, 0);
+}
+
+// Centres the block [b0, b1) of a job's sequence into `kd` (rows x d) and weights its values into
+// `vd` (rows x dv). centring = padded-block (the authors): the round is zero-padded to a multiple
+// of B, the block mean is taken over all B rows (padding included), and the padding rows (key
+// -mean, value 0) are walked after the real rows. They cannot change a real row's sign, except in
+// float32, where an overflowing K_i,pad makes row i's sum NaN, as in the authors' code.
+// centring = real-rows: the last block is shorter, mean over real rows.
+void centre_block(const WalkJob& job, const JobState& s, int b0, int b1, int rows,
+                  const BalanceParams& prm, float* kd0, float* vd0) {
+  const int d = static_cast<int>(job.keys->cols()), dv = static_cast<int>(job.values->cols());
+  const int real = b1 - b0;
+  thread_local std::vector<double> mean;
+  thread_local std::vector<float> mean_f;
+  mean.resize(d);
+  column_sums(job.keys->data(), s.seq.data() + b0, real, d, mean.data());
+  for (double& m : mean) m /= rows;
+  if (prm.float32) {
+    // As torch: the float32 mean, subtracted in float32.
+    mean_f.resize(d);
+    for (int c = 0; c < d; ++c) mean_f[c] = static_cast<float>(mean[c]);
+  }
+  for (int i = b0; i < b0 + rows; ++i) {
+    float* kd = kd0 + static_cast<size_t>(i - b0) * d;
+    float* vd = vd0 + static_cast<size_t>(i - b0) * dv;
+    if (i >= b1) {  // zero padding: centred key -mean, value 0
+      for (int c = 0; c < d; ++c)
+        kd[c] = prm.float32 ? 0.0f - mean_f[c] : static_cast<float>(-mean[c]);
+      std::fill(vd, vd + dv, 0.0f);
+      continue;
+    }
+    const long tok = s.seq[i];
+    const float* k = job.keys->data() + tok * d;
+    const float* v = job.values->data() + tok * dv;
+    if (prm.float32)
+      for (int c = 0; c < d; ++c) kd[c] = k[c] - mean_f[c];
+    else
+      for (int c = 0; c < d; ++c) kd[c] = static_cast<float>(k[c] - mean[c]);
+    const double w = s.w[i];
+    if (w == 1.0)  // every weight of round 1: v * 1 in double, back to float, is v
+      std::copy(v, v + dv, vd);
+    else
+      for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
+  }
+}
+
+// Walks one prepared block (the CPU path: while its rows are still in cache), prefetching the
+// next block of the same job.
+void walk_one_block(const WalkBatch& round_batch, const WalkJob& job, const JobState& s,
+                    RoundRows& r, size_t kpos, size_t vpos, int rows, int blk, int b0, int block,
+                    Backend* backend) {
+  const int d = static_cast<int>(job.keys->cols()), dv = static_cast<int>(job.values->cols());
+  const int n = static_cast<int>(s.seq.size());
+  const int row0 = r.offset.back();
+  const int one_offset[2] = {0, rows};
+  const uint32_t one_head = static_cast<uint32_t>(job.kv_head);
+  const uint32_t one_id = static_cast<uint32_t>(blk);
+  WalkBatch one = round_batch;
+  one.d = d;
+  one.dv = dv;
+  one.num_blocks = 1;
+  one.keys = r.keys.data() + kpos;
+  one.values = r.values.data() + vpos;
+  one.block_offset = one_offset;
+  one.block_head = &one_head;
+  one.block_id = &one_id;
+  one.sigma = r.sigma.data() + row0;
+  one.p = r.p.data() + row0;
+  one.partial = r.partial.data() + row0;
+  // The next block of this job (the first block of the next job is not prefetched).
+  walk_prefetch::NextRows next;
+  next.keys = job.keys->data();
+  next.values = job.values->data();
+  next.d = d;
+  next.dv = dv;
+  next.tokens = s.seq.data() + std::min(n, b0 + block);
+  next.count = std::min(n, b0 + 2 * block) - std::min(n, b0 + block);
+  const walk_prefetch::Hint hint(&next);
+  if (backend)
+    backend->walk_blocks(one);
+  else
+    cpu_walk_blocks(one);
+}
+
+// Top-up after the last round when the schedule undershoots the target (ratios that are not
+// powers of two): draw the missing tokens uniformly without replacement from this round's dropped
+// tokens (all are prefix-majority tokens), keep them at their accumulated weight, and lower the
+// prefix-minority factor from 2 to f = 2 - W_added / W_dropped so the prefix is still represented
+// once: f = 2 when nothing is added, f = 1 when every dropped token comes back. Returns the
+// positions added.
+std::vector<int> top_up(const WalkJob& job, JobState& s, Halving& h, int keep, int round,
+                        uint64_t seed, int layer) {
+  const int n = static_cast<int>(s.seq.size());
+  std::vector<int> dropped;  // every position the halving did not keep, in walk order
+  std::vector<char> is_kept(n, 0);
+  for (int pos : h.kept) is_kept[pos] = 1;
+  for (int i = 0; i < n; ++i)
+    if (!is_kept[i]) dropped.push_back(i);
+  const int need = std::min<int>(job.target - keep, static_cast<int>(dropped.size()));
+  for (int i = 0; i < need; ++i) {
+    const double u = counter_uniform(seed, kRandTopUp, static_cast<uint32_t>(layer),
+                                     static_cast<uint32_t>(job.kv_head),
+                                     static_cast<uint32_t>(round), 0, static_cast<uint32_t>(i));
+    const int rem = static_cast<int>(dropped.size()) - i;
+    const int pick = i + std::min(rem - 1, static_cast<int>(u * rem));
+    std::swap(dropped[i], dropped[pick]);
+  }
+  std::vector<int> added(dropped.begin(), dropped.begin() + need);
+  double w_dropped = 0, w_added = 0;
+  for (int pos : dropped) w_dropped += s.w[pos];
+  for (int pos : added) w_added += s.w[pos];
+  const double f = w_dropped > 0 ? 2.0 - w_added / w_dropped : 2.0;
+  for (size_t k = 0; k < h.kept.size(); ++k)
+    if (h.factor[k] == 2.0) h.factor[k] = f;
+  s.out.topped_up = need;
+  return added;
+}
+
+// Records the round's blocks of one job for the Walk view, before the sequence is replaced.
+void trace_round(const WalkJob& job, JobState& s, const Span& sp, const RoundRows& r,
+                 const Halving& h, const std::vector<int>& added, int round, int block,
+                 uint64_t seed, int layer, const BalanceParams& prm) {
+  const int d = static_cast<int>(job.keys->cols()), dv = static_cast<int>(job.values->cols());
+  const int n = static_cast<int>(s.seq.size());
+  std::vector<int> kept_flag(n, 0);
+  for (int pos : h.kept) kept_flag[pos] = 1;
+  for (int pos : added) kept_flag[pos] = 2;
+  for (int b = 0; b < sp.num_blocks; ++b) {
+    const int gb = sp.first_block + b;
+    const int r0 = r.offset[gb], len = r.real_rows[gb], r1 = r0 + len, start = b * block;
+    WalkBlockTrace t;
+    t.round = round;
+    t.block = b;
+    t.block_start = start;
+    t.round_cut = h.cut;
+    t.halving_cut = h.cut >= start && h.cut < start + len ? h.cut - start : -1;
+    t.tokens.assign(s.seq.begin() + start, s.seq.begin() + start + len);
+    t.p.assign(r.p.begin() + r0, r.p.begin() + r1);
+    t.partial.assign(r.partial.begin() + r0, r.partial.begin() + r1);
+    t.sigma.assign(r.sigma.begin() + r0, r.sigma.begin() + r1);
+    t.kept.assign(kept_flag.begin() + start, kept_flag.begin() + start + len);
+    int sat = 0;
+    for (int i = 1; i < len; ++i)
+      if (!(t.p[i] > 0.0 && t.p[i] < 1.0)) ++sat;
+    t.saturation = len > 1 ? static_cast<double>(sat) / (len - 1) : 0.0;
+    const MatrixD kern =
+        block_kernel(r.keys.data() + static_cast<long>(r0) * d,
+                     r.values.data() + static_cast<long>(r0) * dv, len, d, dv, prm);
+    const MatrixD qt = query_terms(job, t.tokens, s.w.data() + start, len);
+    fill_block_trace(t, kern, qt, seed, static_cast<uint32_t>(layer),
+                     static_cast<uint32_t>(job.kv_head), static_cast<uint32_t>(round),
+                     static_cast<uint32_t>(b));
+    s.out.trace_blocks.push_back(std::move(t));
+  }
+}
+
+// The next round's tokens: those the halving kept (weights times their factor) and those the
+// top-up added (at their weight), in walk order.
+void advance(JobState& s, const Halving& h, const std::vector<int>& added, int round) {
+  std::vector<std::pair<int, double>> next;  // (position, factor)
+  next.reserve(h.kept.size() + added.size());
+  for (size_t k = 0; k < h.kept.size(); ++k) next.push_back({h.kept[k], h.factor[k]});
+  for (int pos : added) next.push_back({pos, 1.0});
+  if (!added.empty()) std::sort(next.begin(), next.end());  // h.kept is already ascending
+  std::vector<int> seq;
+  std::vector<double> w;
+  seq.reserve(next.size());
+  w.reserve(next.size());
+  for (auto [pos, f] : next) {
+    seq.push_back(s.seq[pos]);
+    w.push_back(s.w[pos] * f);
+  }
+  s.seq = std::move(seq);
+  s.w = std::move(w);
+  s.out.rounds = round + 1;
+}
+
+// After the walk op: one job's signs in walk order (padding rows dropped) and its saturation,
+// the halving, the top-up of the last round, the trace, and the next round's tokens.
+void finish_round(const WalkJob& job, JobState& s, const Span& sp, const RoundRows& r, int round,
+                  int block, uint64_t seed, int layer, const BalanceParams& prm) {
+  std::vector<int8_t> sg;
+  sg.reserve(s.seq.size());
+  for (int b = 0; b < sp.num_blocks; ++b) {
+    const int gb = sp.first_block + b;
+    const int r0 = r.offset[gb];
+    sg.insert(sg.end(), r.sigma.begin() + r0, r.sigma.begin() + r0 + r.real_rows[gb]);
+    for (int i = 1; i < r.real_rows[gb]; ++i)
+      if (!(r.p[r0 + i] > 0.0f && r.p[r0 + i] < 1.0f)) ++s.out.saturated_steps;
+    s.out.walked_steps += std::max(0, r.real_rows[gb] - 1);
+  }
+  const bool last = round + 1 == static_cast<int>(s.schedule.size());
+  const int keep = s.schedule[round];
+  Halving h =
+      prm.halving == HalvingRule::Authors ? authors_halving(sg, keep) : exact_halving(sg, keep);
+  std::vector<int> added;
+  if (last && keep < job.target && job.top_up) added = top_up(job, s, h, keep, round, seed, layer);
+  if (!job.trace_query.empty())
+    trace_round(job, s, sp, r, h, added, round, block, seed, layer, prm);
+  advance(s, h, added, round);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Rounds.
+
+std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int layer,
+                                           uint64_t seed, const BalanceParams& prm,
+                                           Backend* backend) {
+  std::vector<JobState> st = start_jobs(jobs, prm);
   const int block = std::max(2, prm.block);
   const bool padded = prm.centring == Centring::PaddedBlock;
-
-  // Prepared rows of one round, reused across rounds and calls.
-  thread_local std::vector<float> keys, values, p, partial;
-  thread_local std::vector<int8_t> sigma;
-  thread_local std::vector<int> offset, real_rows;
-  thread_local std::vector<uint32_t> head, bid;
-  struct Span {
-    size_t job;
-    int first_block;  // index into offset/head/bid
-    int num_blocks;
-  };
+  thread_local RoundRows r;
 
   for (int round = 0;; ++round) {
     std::vector<Span> spans;
-    offset.assign(1, 0), head.clear(), bid.clear();
-    real_rows.clear();
+    r.offset.assign(1, 0), r.head.clear(), r.bid.clear();
+    r.real_rows.clear();
     int d = -1, dv = -1;
     // On the CPU each block is walked as soon as it is prepared, while its rows are still in
     // cache (the results do not depend on which blocks share a call); a GPU gets the whole round
@@ -264,31 +505,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
       if (round < static_cast<int>(st[j].schedule.size()) && !jobs[j].trace_query.empty())
         any_trace = true;
     const bool reuse_block_rows = walk_each_block && !any_trace;
-    // Every row of the round is written below (padding rows too), so the buffers are sized once
-    // up front and only grow: no per-block zero fill.
-    {
-      size_t key_floats = 0, value_floats = 0;
-      long total_rows = 0;
-      for (size_t j = 0; j < jobs.size(); ++j) {
-        if (round >= static_cast<int>(st[j].schedule.size())) continue;
-        const long n = static_cast<long>(st[j].seq.size());
-        const long rows = padded ? (n + block - 1) / block * block : n;
-        total_rows += rows;
-        const long held = reuse_block_rows ? std::min<long>(rows, block) : rows;
-        if (reuse_block_rows) {
-          key_floats = std::max(key_floats, static_cast<size_t>(held) * jobs[j].keys->cols());
-          value_floats = std::max(value_floats, static_cast<size_t>(held) * jobs[j].values->cols());
-        } else {
-          key_floats += static_cast<size_t>(held) * jobs[j].keys->cols();
-          value_floats += static_cast<size_t>(held) * jobs[j].values->cols();
-        }
-      }
-      if (keys.size() < key_floats) keys.resize(key_floats);
-      if (values.size() < value_floats) values.resize(value_floats);
-      sigma.assign(total_rows, 0);
-      p.assign(total_rows, 0);
-      partial.assign(total_rows, 0);
-    }
+    size_round(r, jobs, st, round, block, padded, reuse_block_rows);
     size_t kpos = 0, vpos = 0;
     WalkBatch batch;
     batch.seed = seed;
@@ -300,8 +517,6 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     batch.value_bias = prm.value_bias;
     batch.float32 = prm.float32;
     batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
-    std::vector<double> mean;
-    std::vector<float> mean_f;
     for (size_t j = 0; j < jobs.size(); ++j) {
       if (round >= static_cast<int>(st[j].schedule.size())) continue;
       const WalkJob& job = jobs[j];
@@ -310,85 +525,21 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
       if (jd != d || jdv != dv)
         throw std::invalid_argument("run_balance_walks: jobs with different head dimensions");
       const int n = static_cast<int>(st[j].seq.size());
-      Span sp{j, static_cast<int>(head.size()), 0};
+      Span sp{j, static_cast<int>(r.head.size()), 0};
       for (int b0 = 0, blk = 0; b0 < n; b0 += block, ++blk) {
-        // centring = padded-block (the authors): the round is zero-padded to a multiple of B, the
-        // block mean is taken over all B rows (padding included), and the padding rows (key
-        // -mean, value 0) are walked after the real rows. They cannot change a real row's sign,
-        // except in float32, where an overflowing K_i,pad makes row i's sum NaN, as in the
-        // authors' code. centring = real-rows: the last block is shorter, mean over real rows.
         const int b1 = std::min(n, b0 + block);
-        const int real = b1 - b0;
-        const int rows = padded ? block : real;
-        mean.resize(d);
-        column_sums(job.keys->data(), st[j].seq.data() + b0, real, d, mean.data());
-        for (double& m : mean) m /= rows;
-        if (prm.float32) {
-          // As torch: the float32 mean, subtracted in float32.
-          mean_f.resize(d);
-          for (int c = 0; c < d; ++c) mean_f[c] = static_cast<float>(mean[c]);
-        }
-        for (int i = b0; i < b0 + rows; ++i) {
-          float* kd = keys.data() + kpos + static_cast<size_t>(i - b0) * d;
-          float* vd = values.data() + vpos + static_cast<size_t>(i - b0) * dv;
-          if (i >= b1) {  // zero padding: centred key -mean, value 0
-            for (int c = 0; c < d; ++c)
-              kd[c] = prm.float32 ? 0.0f - mean_f[c] : static_cast<float>(-mean[c]);
-            std::fill(vd, vd + dv, 0.0f);
-            continue;
-          }
-          const long tok = st[j].seq[i];
-          const float* k = job.keys->data() + tok * d;
-          const float* v = job.values->data() + tok * dv;
-          if (prm.float32)
-            for (int c = 0; c < d; ++c) kd[c] = k[c] - mean_f[c];
-          else
-            for (int c = 0; c < d; ++c) kd[c] = static_cast<float>(k[c] - mean[c]);
-          const double w = st[j].w[i];
-          if (w == 1.0)  // every weight of round 1: v * 1 in double, back to float, is v
-            std::copy(v, v + dv, vd);
-          else
-            for (int c = 0; c < dv; ++c) vd[c] = static_cast<float>(v[c] * w);
-        }
-        if (walk_each_block) {
-          const int row0 = offset.back();
-          const int one_offset[2] = {0, rows};
-          const uint32_t one_head = static_cast<uint32_t>(job.kv_head);
-          const uint32_t one_id = static_cast<uint32_t>(blk);
-          WalkBatch one = batch;
-          one.d = d;
-          one.dv = dv;
-          one.num_blocks = 1;
-          one.keys = keys.data() + kpos;
-          one.values = values.data() + vpos;
-          one.block_offset = one_offset;
-          one.block_head = &one_head;
-          one.block_id = &one_id;
-          one.sigma = sigma.data() + row0;
-          one.p = p.data() + row0;
-          one.partial = partial.data() + row0;
-          // The next block of this job (the first block of the next job is not prefetched).
-          walk_prefetch::NextRows next;
-          next.keys = job.keys->data();
-          next.values = job.values->data();
-          next.d = d;
-          next.dv = dv;
-          next.tokens = st[j].seq.data() + std::min(n, b0 + block);
-          next.count = std::min(n, b0 + 2 * block) - std::min(n, b0 + block);
-          const walk_prefetch::Hint hint(&next);
-          if (backend)
-            backend->walk_blocks(one);
-          else
-            cpu_walk_blocks(one);
-        }
+        const int rows = padded ? block : b1 - b0;
+        centre_block(job, st[j], b0, b1, rows, prm, r.keys.data() + kpos, r.values.data() + vpos);
+        if (walk_each_block)
+          walk_one_block(batch, job, st[j], r, kpos, vpos, rows, blk, b0, block, backend);
         if (!reuse_block_rows) {
           kpos += static_cast<size_t>(rows) * d;
           vpos += static_cast<size_t>(rows) * dv;
         }
-        offset.push_back(offset.back() + rows);
-        real_rows.push_back(real);
-        head.push_back(static_cast<uint32_t>(job.kv_head));
-        bid.push_back(static_cast<uint32_t>(blk));
+        r.offset.push_back(r.offset.back() + rows);
+        r.real_rows.push_back(b1 - b0);
+        r.head.push_back(static_cast<uint32_t>(job.kv_head));
+        r.bid.push_back(static_cast<uint32_t>(blk));
         ++sp.num_blocks;
       }
       spans.push_back(sp);
@@ -398,132 +549,30 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     if (!walk_each_block) {
       batch.d = d;
       batch.dv = dv;
-      batch.num_blocks = static_cast<int>(head.size());
-      batch.keys = keys.data();
-      batch.values = values.data();
-      batch.block_offset = offset.data();
-      batch.block_head = head.data();
-      batch.block_id = bid.data();
-      batch.sigma = sigma.data();
-      batch.p = p.data();
-      batch.partial = partial.data();
+      batch.num_blocks = static_cast<int>(r.head.size());
+      batch.keys = r.keys.data();
+      batch.values = r.values.data();
+      batch.block_offset = r.offset.data();
+      batch.block_head = r.head.data();
+      batch.block_id = r.bid.data();
+      batch.sigma = r.sigma.data();
+      batch.p = r.p.data();
+      batch.partial = r.partial.data();
       backend->walk_blocks(batch);
     }
-
-    for (const Span& sp : spans) {
-      JobState& s = st[sp.job];
-      const WalkJob& job = jobs[sp.job];
-      const int n = static_cast<int>(s.seq.size());
-      // The real rows' signs in walk order (padding rows dropped), and the saturation count.
-      std::vector<int8_t> sg;
-      sg.reserve(n);
-      for (int b = 0; b < sp.num_blocks; ++b) {
-        const int gb = sp.first_block + b;
-        const int r0 = offset[gb];
-        sg.insert(sg.end(), sigma.begin() + r0, sigma.begin() + r0 + real_rows[gb]);
-        for (int i = 1; i < real_rows[gb]; ++i)
-          if (!(p[r0 + i] > 0.0f && p[r0 + i] < 1.0f)) ++s.out.saturated_steps;
-        s.out.walked_steps += std::max(0, real_rows[gb] - 1);
-      }
-      const bool last = round + 1 == static_cast<int>(s.schedule.size());
-      const int keep = s.schedule[round];
-      Halving h =
-          prm.halving == HalvingRule::Authors ? authors_halving(sg, keep) : exact_halving(sg, keep);
-
-      // Top-up after the last round when the schedule undershoots the target (ratios that are
-      // not powers of two): draw the missing tokens uniformly without replacement from this
-      // round's dropped tokens (all are prefix-majority tokens), keep them at their accumulated
-      // weight, and lower the prefix-minority factor from 2 to f = 2 - W_added / W_dropped so
-      // the prefix is still represented once: f = 2 when nothing is added, f = 1 when every
-      // dropped token comes back.
-      std::vector<int> added;
-      if (last && keep < job.target && job.top_up) {
-        std::vector<int> dropped;  // every position the halving did not keep, in walk order
-        std::vector<char> is_kept(n, 0);
-        for (int pos : h.kept) is_kept[pos] = 1;
-        for (int i = 0; i < n; ++i)
-          if (!is_kept[i]) dropped.push_back(i);
-        const int need = std::min<int>(job.target - keep, static_cast<int>(dropped.size()));
-        for (int i = 0; i < need; ++i) {
-          const double u = counter_uniform(
-              seed, kRandTopUp, static_cast<uint32_t>(layer), static_cast<uint32_t>(job.kv_head),
-              static_cast<uint32_t>(round), 0, static_cast<uint32_t>(i));
-          const int rem = static_cast<int>(dropped.size()) - i;
-          const int pick = i + std::min(rem - 1, static_cast<int>(u * rem));
-          std::swap(dropped[i], dropped[pick]);
-        }
-        added.assign(dropped.begin(), dropped.begin() + need);
-        double w_dropped = 0, w_added = 0;
-        for (int pos : dropped) w_dropped += s.w[pos];
-        for (int pos : added) w_added += s.w[pos];
-        const double f = w_dropped > 0 ? 2.0 - w_added / w_dropped : 2.0;
-        for (size_t k = 0; k < h.kept.size(); ++k)
-          if (h.factor[k] == 2.0) h.factor[k] = f;
-        s.out.topped_up = need;
-      }
-
-      // Trace the round before the sequence is replaced.
-      if (!job.trace_query.empty()) {
-        std::vector<int> kept_flag(n, 0);
-        for (int pos : h.kept) kept_flag[pos] = 1;
-        for (int pos : added) kept_flag[pos] = 2;
-        for (int b = 0; b < sp.num_blocks; ++b) {
-          const int gb = sp.first_block + b;
-          const int r0 = offset[gb], len = real_rows[gb], r1 = r0 + len, start = b * block;
-          WalkBlockTrace t;
-          t.round = round;
-          t.block = b;
-          t.block_start = start;
-          t.round_cut = h.cut;
-          t.halving_cut = h.cut >= start && h.cut < start + len ? h.cut - start : -1;
-          t.tokens.assign(s.seq.begin() + start, s.seq.begin() + start + len);
-          t.p.assign(p.begin() + r0, p.begin() + r1);
-          t.partial.assign(partial.begin() + r0, partial.begin() + r1);
-          t.sigma.assign(sigma.begin() + r0, sigma.begin() + r1);
-          t.kept.assign(kept_flag.begin() + start, kept_flag.begin() + start + len);
-          int sat = 0;
-          for (int i = 1; i < len; ++i)
-            if (!(t.p[i] > 0.0 && t.p[i] < 1.0)) ++sat;
-          t.saturation = len > 1 ? static_cast<double>(sat) / (len - 1) : 0.0;
-          const MatrixD kern =
-              block_kernel(keys.data() + static_cast<long>(r0) * d,
-                           values.data() + static_cast<long>(r0) * dv, len, d, dv, prm);
-          const MatrixD qt = query_terms(job, t.tokens, s.w.data() + start, len);
-          fill_block_trace(t, kern, qt, seed, static_cast<uint32_t>(layer),
-                           static_cast<uint32_t>(job.kv_head), static_cast<uint32_t>(round),
-                           static_cast<uint32_t>(b));
-          s.out.trace_blocks.push_back(std::move(t));
-        }
-      }
-
-      std::vector<std::pair<int, double>> next;  // (position, factor)
-      next.reserve(h.kept.size() + added.size());
-      for (size_t k = 0; k < h.kept.size(); ++k) next.push_back({h.kept[k], h.factor[k]});
-      for (int pos : added) next.push_back({pos, 1.0});
-      if (!added.empty()) std::sort(next.begin(), next.end());  // h.kept is already ascending
-      std::vector<int> seq;
-      std::vector<double> w;
-      seq.reserve(next.size());
-      w.reserve(next.size());
-      for (auto [pos, f] : next) {
-        seq.push_back(s.seq[pos]);
-        w.push_back(s.w[pos] * f);
-      }
-      s.seq = std::move(seq);
-      s.w = std::move(w);
-      s.out.rounds = round + 1;
-    }
+    for (const Span& sp : spans)
+      finish_round(jobs[sp.job], st[sp.job], sp, r, round, block, seed, layer, prm);
   }
 
   // Keep the reusable buffers for the next call (live slider moves on one head), but do not let
   // one layer-sized call pin hundreds of MB on this thread.
-  if (keys.capacity() + values.capacity() > (size_t{32} << 20)) {
-    std::vector<float>().swap(keys);
-    std::vector<float>().swap(values);
-    std::vector<float>().swap(p);
-    std::vector<float>().swap(partial);
-    std::vector<int8_t>().swap(sigma);
-    std::vector<int>().swap(real_rows);
+  if (r.keys.capacity() + r.values.capacity() > (size_t{32} << 20)) {
+    std::vector<float>().swap(r.keys);
+    std::vector<float>().swap(r.values);
+    std::vector<float>().swap(r.p);
+    std::vector<float>().swap(r.partial);
+    std::vector<int8_t>().swap(r.sigma);
+    std::vector<int>().swap(r.real_rows);
   }
 
   std::vector<WalkOutcome> out(jobs.size());
