@@ -5,6 +5,8 @@
 // norm, walk vs random signs. Play / pause / step / scrub; the token being walked is shown in the
 // strip below and becomes the app's selected token, so the Tokens view follows.
 
+#include <stdexcept>
+
 #include "app/colormap.h"
 #include "app/play_bar.h"
 #include "app/result_status.h"
@@ -293,6 +295,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(AdviceInput, trace, remedies)
 // the view would show after "use ...", and the walk's saturation then.
 std::shared_ptr<const WalkAdvice> run_advice(const AdviceInput& in, const LayerRef& h,
                                              JobContext& ctx, const JobPlan::PartialFn&) {
+  if (!h.layer) throw std::logic_error("walk.advice: planned without its layer");
   const MethodSettings base =
       method_settings_of(in.trace.run, parse_estimator(in.trace.common.estimator));
   auto advice = std::make_shared<WalkAdvice>();
@@ -314,7 +317,8 @@ std::shared_ptr<const WalkAdvice> run_advice(const AdviceInput& in, const LayerR
 JobPlan WalkView::plan_advice(const AppState& s) const {
   JobPlan p;
   // Wanted while the block shown is saturated, as the advice line says (draw_saturation).
-  const WalkBlockTrace* b = exported_block(s);
+  // Only for method A's run of the settings shown (a stale run is another head's or parameters').
+  const WalkBlockTrace* b = s.result(kFocusA).fresh() ? exported_block(s) : nullptr;
   const Method* m = s.method(0);
   if (!b || !m || query_ >= 0 || saturation_of(*b).share() <= 0.5) return p;
   const MethodSettings ms = s.method_settings(0);
@@ -325,7 +329,13 @@ JobPlan WalkView::plan_advice(const AppState& s) const {
   AdviceInput in{{s.eval_common(), f.layer, f.kv_head, ci.num_layers,
                   method_run_input(m->name(), ms), static_cast<uint64_t>(s.settings.seed), -1},
                  remedies};
-  p.derive("walk.advice", std::move(in), LayerRef{s.focus_layer(), s.backend()}, &run_advice);
+  std::shared_ptr<const LayerData> layer = s.focus_layer();
+  p.derive("walk.advice", std::move(in), LayerRef{layer, s.backend()}, &run_advice);
+  if (!layer) {
+    p.waiting = "loading layer " + std::to_string(f.layer);
+    return p;
+  }
+  if (s.focus_refused()) return JobPlan{};
   const EvalWindow w0 = s.window();
   p.lane = Lane::Geometry;
   p.label = "remedies for the saturated walk";
