@@ -205,13 +205,6 @@ std::shared_ptr<const QueryComparison> compare_query(const QueryInput& in, const
   return qc;
 }
 
-// Work units of one head run of a method (one seed): the evaluation side costs about n*E*G*d
-// multiply-adds, the selection about n*d times a method factor; both scale like n * d * (E*G + 64).
-double head_units(const CaptureInfo& ci, const EvalWindow& w) {
-  return static_cast<double>(ci.num_tokens) * ci.head_dim *
-         (static_cast<double>(w.eval) * ci.group_size() + 64.0);
-}
-
 // Selections an evaluation computes per kv head: the protocol runs a method that ignores the
 // seed once for all seeds, and one that ignores the budget once for all ratios.
 double runs_per_head(const Method* m, size_t ratios, int seeds) {
@@ -511,6 +504,11 @@ std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> AppState::pla
           {kSweep, &AppState::plan_sweep},    {kEntropy, &AppState::plan_entropy},
           {kQuery, &AppState::plan_query},    {kNewCapture, &AppState::plan_new_capture},
           {kOpen, &AppState::plan_open}};
+}
+
+double head_units(const CaptureInfo& ci, const EvalWindow& w) {
+  return static_cast<double>(ci.num_tokens) * ci.head_dim *
+         (static_cast<double>(w.eval) * ci.group_size() + 64.0);
 }
 
 }  // namespace kvscope::app

@@ -253,6 +253,11 @@ struct EvalCommon {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EvalCommon, capture, backend, sink, eval, estimator)
 
+// Work units of one head run of a method (one seed), what every plan's cost is counted in: the
+// evaluation side costs about n*E*G*d multiply-adds, the selection about n*d times a method
+// factor; both scale like n * d * (E*G + 64).
+double head_units(const CaptureInfo& ci, const EvalWindow& w);
+
 // Prior seconds per work unit before anything was measured on this machine: deliberately slow
 // (the slowest method measured on the 2-core build machine, BalanceKV, rounded up), so that big
 // jobs on a fresh start wait for a Run click rather than start by themselves.

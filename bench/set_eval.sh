@@ -18,6 +18,8 @@ cli=$here/$build/kvscope-cli
 models=$here/../shared/models
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvscope-setbench.XXXXXX")
 trap '"$here/tools/slurm/single_node.sh" stop "$work/cluster" >/dev/null 2>&1; rm -rf "$work"' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 steps=${KVSCOPE_BENCH_STEPS:-512}
 read -r -a flags <<<"${KVSCOPE_BENCH_FLAGS:---methods all --ratios 0.5,0.25 --seeds 3}"
 

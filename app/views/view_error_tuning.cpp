@@ -186,9 +186,7 @@ JobPlan ErrorView::plan_tuning(const AppState& s) const {
                                     : static_cast<double>(ci.kv_heads) * ci.num_layers;
   const EvalWindow w = s.window();
   p.cost_class = "eval:" + m->name();
-  p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
-            (static_cast<double>(w.eval) * ci.group_size() + 64.0) * heads *
-            (m->depends_on_seed() ? tune_seeds_ : 1) * cells;
+  p.units = head_units(ci, w) * heads * (m->depends_on_seed() ? tune_seeds_ : 1) * cells;
   p.auto_limit_s = 3.0;
   return p;
 }

@@ -172,16 +172,24 @@ class SetView final : public View {
       out.emplace_back(kSetEval, std::move(ev));
       return;
     }
-    double units = 0;
-    for (const CaptureSetEntry& e : set->entries)
-      units += static_cast<double>(e.num_tokens) * set->shape.head_dim;
-    units *= static_cast<double>(set->shape.num_layers) * set->shape.kv_heads *
-             set->shape.group_size() * in.methods.size() * in.ratios.size() * in.seeds;
+    // A run of every head of every capture per method, ratio and seed, each at its method's
+    // measured evaluation cost (as the grid's cells): head_units of each capture's window.
+    double heads_units = 0;
+    for (const CaptureSetEntry& e : set->entries) {
+      CaptureInfo ci = set->shape;
+      ci.num_tokens = e.num_tokens;
+      const EvalWindow w = EvalWindow::fit(e.num_tokens, 0.5, in.sink, in.eval).window;
+      heads_units += head_units(ci, w) * ci.num_layers * ci.kv_heads;
+    }
+    double seconds = 0;
+    for (const MethodRunInput& m : in.methods)
+      seconds += heads_units * static_cast<double>(in.ratios.size()) * in.seeds *
+                 s.costs.per_unit("eval:" + m.method);
     ev.derive("set.eval", std::move(in), SetHandles{set, s.backend()}, &eval_set_job);
     ev.lane = Lane::Analysis;
     ev.label = "set";
-    ev.cost_class = "set.eval";
-    ev.units = units;
+    ev.cost_class = "";
+    ev.units = seconds / kPriorPerUnit;
     out.emplace_back(kSetEval, std::move(ev));
   }
 

@@ -340,8 +340,7 @@ JobPlan WalkView::plan_advice(const AppState& s) const {
   p.lane = Lane::Geometry;
   p.label = "remedies for the saturated walk";
   p.cost_class = "head:" + m->name();
-  p.units = static_cast<double>(remedies.size()) * ci.num_tokens * ci.head_dim *
-            (static_cast<double>(w0.eval) * ci.group_size() + 64.0);
+  p.units = static_cast<double>(remedies.size()) * head_units(ci, w0);
   p.auto_limit_s = 20.0;
   return p;
 }
@@ -371,8 +370,7 @@ JobPlan WalkView::plan_trace(const AppState& s, bool needed, const ParamValues& 
   p.label = "walk " + describe_params(*ms.method, ms.params);
   // Same work as a focused run (which also records the trace): same cost class and units.
   p.cost_class = "head:" + ms.method->name();
-  p.units = static_cast<double>(ci.num_tokens) * ci.head_dim *
-            (static_cast<double>(w0.eval) * ci.group_size() + 64.0);
+  p.units = head_units(ci, w0);
   p.auto_limit_s = 20.0;
   return p;
 }

@@ -14,6 +14,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM  # a CTest timeout: the daemons are stopped all the same
+trap 'exit 130' INT
 
 "$here/tools/slurm/single_node.sh" start "$work/cluster"
 rc=$?
