@@ -205,7 +205,7 @@ std::vector<int8_t> walk_signs(const MatrixF& keys, const MatrixF& vals, int L,
   std::vector<float> p(static_cast<size_t>(L)), partial(static_cast<size_t>(L));
   const int offsets[2] = {0, L};
   const uint32_t bh = head, bid = block;
-  WalkBatch b;
+  WalkBatch b = walk_batch_of(bp, seed, static_cast<int>(layer), static_cast<int>(round));
   b.d = d;
   b.dv = dv;
   b.num_blocks = 1;
@@ -214,15 +214,6 @@ std::vector<int8_t> walk_signs(const MatrixF& keys, const MatrixF& vals, int L,
   b.block_offset = offsets;
   b.block_head = &bh;
   b.block_id = &bid;
-  b.seed = seed;
-  b.layer = layer;
-  b.round = round;
-  b.gamma = bp.gamma;
-  b.temp = bp.temp;
-  b.beta = bp.beta;
-  b.value_bias = bp.value_bias;
-  b.float32 = bp.float32;
-  b.value_eps = bp.float32 ? kAuthorsValueEps : 0;
   b.sigma = sigma.data();
   b.p = p.data();
   b.partial = partial.data();

@@ -482,6 +482,20 @@ void finish_round(const WalkJob& job, JobState& s, const Span& sp, const RoundRo
 // ---------------------------------------------------------------------------------------------
 // Rounds.
 
+WalkBatch walk_batch_of(const BalanceParams& prm, uint64_t seed, int layer, int round) {
+  WalkBatch batch;
+  batch.seed = seed;
+  batch.layer = static_cast<uint32_t>(layer);
+  batch.round = static_cast<uint32_t>(round);
+  batch.gamma = prm.gamma;
+  batch.temp = prm.temp;
+  batch.beta = prm.beta;
+  batch.value_bias = prm.value_bias;
+  batch.float32 = prm.float32;
+  batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
+  return batch;
+}
+
 std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int layer,
                                            uint64_t seed, const BalanceParams& prm,
                                            Backend* backend) {
@@ -507,16 +521,7 @@ std::vector<WalkOutcome> run_balance_walks(const std::vector<WalkJob>& jobs, int
     const bool reuse_block_rows = walk_each_block && !any_trace;
     size_round(r, jobs, st, round, block, padded, reuse_block_rows);
     size_t kpos = 0, vpos = 0;
-    WalkBatch batch;
-    batch.seed = seed;
-    batch.layer = static_cast<uint32_t>(layer);
-    batch.round = static_cast<uint32_t>(round);
-    batch.gamma = prm.gamma;
-    batch.temp = prm.temp;
-    batch.beta = prm.beta;
-    batch.value_bias = prm.value_bias;
-    batch.float32 = prm.float32;
-    batch.value_eps = prm.float32 ? kAuthorsValueEps : 0.0;
+    WalkBatch batch = walk_batch_of(prm, seed, layer, round);
     for (size_t j = 0; j < jobs.size(); ++j) {
       if (round >= static_cast<int>(st[j].schedule.size())) continue;
       const WalkJob& job = jobs[j];

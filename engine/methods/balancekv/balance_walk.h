@@ -14,6 +14,7 @@
 #include "engine/attention/walk_trace.h"
 #include "engine/core/tensor.h"
 #include "engine/methods/method.h"
+#include "engine/ops/walk_blocks.h"
 
 namespace kvscope {
 
@@ -51,6 +52,11 @@ struct BalanceParams {
 };
 // The authors' +1e-8 in the value term (float32 only; the double variant never had it).
 constexpr double kAuthorsValueEps = 1e-8;
+
+// The walk op's parameters for one round of BalanceKV's walk (engine/ops/walk_blocks.h): seed,
+// layer, round and the walk's gamma, temp, beta, value bias and precision; the rows and blocks
+// are the caller's.
+WalkBatch walk_batch_of(const BalanceParams& prm, uint64_t seed, int layer, int round);
 
 // The ParamSpecs of the `balancekv` method, and the parsed, validated values (InputError names
 // the parameter and the allowed range).
