@@ -131,23 +131,26 @@ void save_dense_png(kvscope::app::AppUi& ui, const kvscope::app::AppUi::PngReque
   write_png(req.path, px, w, h, false, rect);
 }
 
-}  // namespace
+// The app's command line (the same options as a headless render, plus the window's own).
+struct AppOptions {
+  kvscope::app::HeadlessOptions view;  // file, view, methods, ratio, backend, session, sizes
+  std::string screenshot;              // non-empty: render once the view is ready, then exit
+  float ui_scale = 0;                  // 0: the remembered one (screenshots: 1)
+  std::string export_dir;
+  bool headless() const { return !screenshot.empty(); }
+};
 
-int main(int argc, char** argv) {
+// Parses the command line into `o`; returns -1 to go on, or the exit status (help, a bad flag).
+int parse_options(int argc, char** argv, AppOptions& o) {
   using namespace kvscope::app;
-  // References of captures seen before are read back from the user's cache folder instead of
-  // computed again (docs/performance.md, "Exact reference cache"; KVSCOPE_CACHE_DIR=off: never).
-  kvscope::ReferenceCache::global().set_disk(kvscope::ReferenceCache::default_disk_dir(),
-                                             kvscope::ReferenceCache::kDefaultDiskBudget);
   CLI::App cli{"kvscope: look inside KV-cache compression (BalanceKV, SubGen, BUZZ, baselines)"};
-  HeadlessOptions opt;
+  HeadlessOptions& opt = o.view;
   opt.view = "";
-  std::string screenshot;
   cli.add_option("file", opt.capture,
-                 "capture to open (.safetensors or .npz); default: the "
-                 "bundled stories260K sample");
+                 "capture to open (.safetensors or .npz), or a capture set (a manifest .jsonl "
+                 "or a folder: the Set view); default: the bundled stories260K sample");
   cli.add_option("--view", opt.view, "view to show: " + view_names_text());
-  cli.add_option("--screenshot", screenshot,
+  cli.add_option("--screenshot", o.screenshot,
                  "render the view once its work has finished, write this PNG and exit");
   cli.add_option("--method", opt.method, "method A");
   cli.add_option("--method-b", opt.method_b, "method B of the A/B comparison");
@@ -164,26 +167,26 @@ int main(int argc, char** argv) {
   cli.add_option("--density", opt.density,
                  "screenshot: pixels per layout pixel (2: a crisp 2x PNG of the same layout)")
       ->default_val(1.0f);
-  float ui_scale = 0;
-  cli.add_option("--ui-scale", ui_scale,
+  cli.add_option("--ui-scale", o.ui_scale,
                  "presentation scale 1 to 2.5 (default: the last one used, Ctrl +/- to change; "
                  "screenshots: 1)");
-  std::string export_dir;
-  cli.add_option("--export-dir", export_dir,
+  cli.add_option("--export-dir", o.export_dir,
                  "folder for keyboard exports: F9 writes every view's numbers and the app's "
                  "state as JSON, F10 a PNG of the active view (used by the GUI test)");
-  CLI11_PARSE(cli, argc, argv);
-
-  const bool headless = !screenshot.empty();
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return cli.exit(e);
+  }
   if (opt.view.empty()) opt.view = "capture";
   // The remembered scale applies to interactive sessions; screenshots are reproducible (1x
   // unless --ui-scale says otherwise).
-  opt.ui_scale = ui_scale > 0 ? ui_scale : headless ? 1.0f : load_ui_scale_pref();
+  opt.ui_scale = o.ui_scale > 0 ? o.ui_scale : o.headless() ? 1.0f : load_ui_scale_pref();
   // No file named: the capture opened last (File > Open recent's first capture), so a clean quit
   // and a restart come back to it; the bundled sample when there is none. Screenshots stay
   // reproducible: always the sample.
-  if (opt.capture.empty() && opt.session.empty() && !headless) {
-    kvscope::app::RecentFiles recent;
+  if (opt.capture.empty() && opt.session.empty() && !o.headless()) {
+    RecentFiles recent;
     if (recent.load().empty()) opt.capture = recent.last_capture();
   }
   if (opt.capture.empty() && opt.session.empty()) opt.capture = default_capture_path(argv[0]);
@@ -193,36 +196,250 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvscope: error: %s\n", e.what());
     return 1;
   }
+  return -1;
+}
 
+// The window with an OpenGL 3.3 core context and the input callbacks, or null (said on stderr).
+GLFWwindow* create_window(const AppOptions& o) {
   glfwSetErrorCallback(on_glfw_error);
   if (!glfwInit()) {
     std::fprintf(stderr,
                  "kvscope: cannot initialise GLFW (no display? try xvfb-run, or "
                  "kvscope-cli render for PNGs without a window)\n");
-    return 1;
+    return nullptr;
   }
   glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
   glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
   glfwWindowHint(GLFW_OPENGL_FORWARD_COMPAT, GLFW_TRUE);
-  GLFWwindow* window = glfwCreateWindow(opt.width, opt.height, "KVScope", nullptr, nullptr);
+  GLFWwindow* window = glfwCreateWindow(o.view.width, o.view.height, "KVScope", nullptr, nullptr);
   if (!window) {
     std::fprintf(stderr, "kvscope: cannot create an OpenGL 3.3 core window\n");
     glfwTerminate();
-    return 1;
+    return nullptr;
   }
   glfwMakeContextCurrent(window);
-  glfwSwapInterval(headless ? 0 : 1);
-
+  glfwSwapInterval(o.headless() ? 0 : 1);
   glfwSetMouseButtonCallback(window, on_mouse_button);
   glfwSetScrollCallback(window, on_scroll);
   glfwSetKeyCallback(window, on_key);
   glfwSetCharCallback(window, on_char);
   glfwSetCursorPosCallback(window, on_cursor);
+  return window;
+}
+
+// The frame loop: wait for something to draw, draw, show, and (for --screenshot) write the picture
+// once the view is ready.
+class FrameLoop {
+ public:
+  using Clock = std::chrono::steady_clock;
+  FrameLoop(GLFWwindow* window, kvscope::app::AppState& state, kvscope::app::AppUi& ui,
+            const AppOptions& o)
+      : window_(window), state_(state), ui_(ui), o_(o), headless_(o.headless()) {}
+
+  // Until the app quits (File > Quit, the window closed, a screenshot written); the exit status.
+  int run() {
+    while (!quit_ && !glfwWindowShouldClose(window_)) {
+      const Clock::time_point frame_start = Clock::now();
+      wait_for_events(frame_start);
+      last_frame_start_ = Clock::now();
+      const Clock::time_point work_start = last_frame_start_;  // the frame's work from here
+      before_frame();
+      draw_frame();
+      const Clock::time_point app_end = Clock::now();  // GL from here
+      present_and_capture();
+      ui_.note_frame_time(
+          std::chrono::duration<double, std::milli>(Clock::now() - work_start).count(),
+          std::chrono::duration<double, std::milli>(app_end - work_start).count());
+      // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
+      if (!headless_) {
+        const auto spent = Clock::now() - frame_start;
+        if (spent < std::chrono::milliseconds(16))
+          std::this_thread::sleep_for(std::chrono::milliseconds(16) - spent);
+      }
+    }
+    return rc_;
+  }
+  void quit() { quit_ = true; }
+  void fail(int rc) { rc_ = rc, quit_ = true; }
+
+ private:
+  static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  // Sleeps until there is something to draw: input, a worker's result, an animation; about 10
+  // frames a second while only background work runs.
+  void wait_for_events(Clock::time_point frame_start) {
+    const bool busy = state_.worker.busy() || state_.worker.pending_applies() > 0;
+    const bool animating = seconds(frame_start - last_change_) < 0.25;
+    const bool input_pending = g_input_frames > 0;
+    if (g_input_frames > 0) --g_input_frames;
+    if (input_pending) last_input_ = frame_start;
+    const bool interacting = seconds(frame_start - last_input_) < 0.5;
+    if (busy && !interacting) {
+      // Only background work running (the grid filling, a sweep), nobody at the controls:
+      // about 10 frames a second show its progress and leave the cores to the work. Drawn at
+      // full rate, a software rasteriser (Xvfb, a VM without a GPU) took nearly all the CPU
+      // from the work's nice +19 threads (docs/app.md, "How the grid fills"). Input still
+      // draws at once.
+      active_since_trim_ = true;
+      const auto until = last_frame_start_ + std::chrono::milliseconds(100);
+      for (auto now = frame_start; now < until && g_input_frames == 0; now = Clock::now())
+        glfwWaitEventsTimeout(seconds(until - now));
+    } else if (headless_ || busy || animating || input_pending) {
+      active_since_trim_ = true;
+      glfwPollEvents();
+    } else {
+      if (active_since_trim_ && seconds(frame_start - last_trim_) >= 2.0) {
+        kvscope::app::return_free_memory();  // nothing to draw: the few milliseconds delay no frame
+        active_since_trim_ = false;
+        last_trim_ = frame_start;
+      }
+      glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
+    }
+  }
+
+  // Finished jobs applied, the title and the fonts brought up to date.
+  void before_frame() {
+    using namespace kvscope::app;
+    state_.worker.drain(state_);
+    if (state_.capture_path != window_title_path_) {
+      window_title_path_ = state_.capture_path;
+      std::string title = "KVScope - " + window_title_path_;
+      if (state_.info() && state_.info()->synthetic) title += " [SYNTHETIC]";
+      glfwSetWindowTitle(window_, title.c_str());
+    }
+    if (ui_.take_font_rebuild()) {
+      // Presentation mode: glyphs rasterised at the new size (crisp), not stretched.
+      setup_style_and_fonts(ui_.ui_scale());
+      ImGui_ImplOpenGL3_DestroyFontsTexture();
+      ImGui_ImplOpenGL3_CreateFontsTexture();
+      if (!headless_) save_ui_scale_pref(ui_.ui_scale());
+    }
+    ui_.before_frame();
+    if (headless_ && is_svg_path(o_.screenshot))
+      ImGui::GetStyle().AntiAliasedLines = ImGui::GetStyle().AntiAliasedFill = false;
+  }
+
+  // One ImGui frame of the app, with this frame's input.
+  void draw_frame() {
+    ImGui_ImplOpenGL3_NewFrame();
+    ImGui_ImplGlfw_NewFrame();
+    g_input.feed(ImGui::GetIO());
+    if (g_input.pending()) note_input();  // the rest in the next frame, drawn at once
+    // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
+    if (headless_) ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
+    ImGui::NewFrame();
+    g_input.after_new_frame(ImGui::GetIO());
+    ui_.draw();
+    ImGui::Render();
+    ui_.after_render(ImGui::GetDrawData());
+  }
+
+  // Renders with GL, writes the PNGs asked for (F10, a --screenshot once ready), swaps.
+  void present_and_capture() {
+    using namespace kvscope::app;
+    int fw = 0, fh = 0;
+    glfwGetFramebufferSize(window_, &fw, &fh);
+    glViewport(0, 0, fw, fh);
+    glClearColor(0.09f, 0.10f, 0.11f, 1.0f);
+    glClear(GL_COLOR_BUFFER_BIT);
+    ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+    const uint64_t fp = frame_fingerprint(ImGui::GetDrawData());
+    if (fp != last_fingerprint_) last_change_ = Clock::now();
+    last_fingerprint_ = fp;
+    const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
+    std::vector<AppUi::PngRequest> dense;
+    for (const auto& req : ui_.take_png_requests()) {
+      if (req.density > 1) {
+        dense.push_back(req);  // after this frame is shown
+        continue;
+      }
+      try {
+        save_framebuffer_png(req.path, fw, fh, scale.x, scale.y, req.rect);
+        state_.status_message = "wrote " + req.path;
+      } catch (const std::exception& e) {
+        state_.status_message = e.what();
+      }
+    }
+    if (headless_) screenshot_when_ready(fw, fh, scale);
+    glfwSwapBuffers(window_);
+    for (const auto& req : dense) {
+      try {
+        save_dense_png(ui_, req);
+        state_.status_message = "wrote " + req.path;
+      } catch (const std::exception& e) {
+        state_.status_message = e.what();
+      }
+    }
+  }
+
+  // --screenshot: once the view is ready (or the timeout has passed), the picture and the end.
+  void screenshot_when_ready(int fw, int fh, ImVec2 scale) {
+    using namespace kvscope::app;
+    const HeadlessOptions& opt = o_.view;
+    const bool ready = ui_.ready_for_screenshot(opt.view);
+    const double waited = seconds(Clock::now() - t0_);
+    if (ready && !state_.load_error.empty() && !state_.capture) {
+      std::fprintf(stderr, "kvscope: error: %s\n", state_.load_error.c_str());
+      fail(1);
+      return;
+    }
+    if (!ready && waited <= opt.timeout_s) return;
+    if (!ready) {
+      std::fprintf(stderr, "kvscope: the %s view's work did not finish in %.0f s\n",
+                   opt.view.c_str(), opt.timeout_s);
+      rc_ = 3;
+    }
+    try {
+      const ScreenRect rect = opt.full_window ? ScreenRect{} : ui_.view_rect(opt.view);
+      if (is_svg_path(o_.screenshot))
+        write_svg(o_.screenshot, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
+      else if (opt.density > 1)
+        save_dense_png(ui_, {o_.screenshot, {}, 0, opt.density, opt.view});
+      else
+        save_framebuffer_png(o_.screenshot, fw, fh, scale.x, scale.y, rect);
+      std::printf("kvscope: wrote %s\n", o_.screenshot.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kvscope: error: %s\n", e.what());
+      rc_ = 1;
+    }
+    quit_ = true;
+  }
+
+  GLFWwindow* window_;
+  kvscope::app::AppState& state_;
+  kvscope::app::AppUi& ui_;
+  const AppOptions& o_;
+  const bool headless_;
+  bool quit_ = false;
+  int rc_ = 0;
+  const Clock::time_point t0_ = Clock::now();
+  Clock::time_point last_change_ = t0_;
+  Clock::time_point last_input_ = t0_;  // the last frame that saw input
+  Clock::time_point last_frame_start_ = t0_;
+  uint64_t last_fingerprint_ = 0;
+  std::string window_title_path_;
+  // Free memory is given back once the app has gone still after activity (app/memory_stats.h).
+  bool active_since_trim_ = false;
+  Clock::time_point last_trim_ = t0_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kvscope::app;
+  // References of captures seen before are read back from the user's cache folder instead of
+  // computed again (docs/performance.md, "Exact reference cache"; KVSCOPE_CACHE_DIR=off: never).
+  kvscope::ReferenceCache::global().set_disk(kvscope::ReferenceCache::default_disk_dir(),
+                                             kvscope::ReferenceCache::kDefaultDiskBudget);
+  AppOptions o;
+  if (const int rc = parse_options(argc, argv, o); rc >= 0) return rc;
+  GLFWwindow* window = create_window(o);
+  if (!window) return 1;
 
   IMGUI_CHECKVERSION();
   ImGui::CreateContext();
-  setup_style_and_fonts(opt.ui_scale);
+  setup_style_and_fonts(o.view.ui_scale);
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   // Characters go through the input queue, in order with the keys (app/input_queue.h), not
   // straight to ImGui as the backend's own callback would send them.
@@ -235,175 +452,30 @@ int main(int argc, char** argv) {
     g_state = &state;
     state.worker.set_wakeup([] { glfwPostEmptyEvent(); });
     AppUi ui(state);
-    ui.set_ui_scale(opt.ui_scale);
+    ui.set_ui_scale(o.view.ui_scale);
     ui.take_font_rebuild();  // built at this scale above
-    ui.export_dir = export_dir;
+    ui.export_dir = o.export_dir;
     // File > Open recent, remembered in recent.json of the config folder (app/recent_files.h).
-    if (!headless) ui.enable_recent_files();
+    if (!o.headless()) ui.enable_recent_files();
     // Autosave and recovery (app/autosave.h): never for screenshots.
-    if (!headless) ui.enable_autosave();
-    bool quit = false;
-    ui.on_quit = [&quit] { quit = true; };
+    if (!o.headless()) ui.enable_autosave();
+    FrameLoop loop(window, state, ui, o);
+    ui.on_quit = [&loop] { loop.quit(); };
     glfwSetDropCallback(window, on_drop);
     try {
-      apply_options(state, ui, opt);
+      apply_options(state, ui, o.view);
     } catch (const kvscope::InputError& e) {
-      if (headless) {
+      if (o.headless()) {
         std::fprintf(stderr, "kvscope: error: %s\n", e.what());
-        quit = true;
-        rc = 1;
+        loop.fail(1);
       } else {
         state.load_error = e.what();
       }
     }
-    auto t0 = std::chrono::steady_clock::now();
-    auto last_change = t0;
-    auto last_input = t0;  // the last frame that saw input
-    auto last_frame_start = t0;
-    uint64_t last_fingerprint = 0;
-    std::string window_title_path;
-    // Free memory is given back once the app has gone still after activity (app/memory_stats.h).
-    bool active_since_trim = false;
-    auto last_trim = t0;
-    while (!quit && !glfwWindowShouldClose(window)) {
-      const auto frame_start = std::chrono::steady_clock::now();
-      bool busy = state.worker.busy() || state.worker.pending_applies() > 0;
-      bool animating = std::chrono::duration<double>(frame_start - last_change).count() < 0.25;
-      const bool input_pending = g_input_frames > 0;
-      if (g_input_frames > 0) --g_input_frames;
-      if (input_pending) last_input = frame_start;
-      const bool interacting =
-          std::chrono::duration<double>(frame_start - last_input).count() < 0.5;
-      if (busy && !interacting) {
-        // Only background work running (the grid filling, a sweep), nobody at the controls:
-        // about 10 frames a second show its progress and leave the cores to the work. Drawn at
-        // full rate, a software rasteriser (Xvfb, a VM without a GPU) took nearly all the CPU
-        // from the work's nice +19 threads (docs/app.md, "How the grid fills"). Input still
-        // draws at once.
-        active_since_trim = true;
-        const auto until = last_frame_start + std::chrono::milliseconds(100);
-        for (auto now = frame_start; now < until && g_input_frames == 0;
-             now = std::chrono::steady_clock::now())
-          glfwWaitEventsTimeout(std::chrono::duration<double>(until - now).count());
-      } else if (headless || busy || animating || input_pending) {
-        active_since_trim = true;
-        glfwPollEvents();
-      } else {
-        if (active_since_trim &&
-            std::chrono::duration<double>(frame_start - last_trim).count() >= 2.0) {
-          return_free_memory();  // nothing to draw: the few milliseconds delay no frame
-          active_since_trim = false;
-          last_trim = frame_start;
-        }
-        glfwWaitEventsTimeout(0.5);  // still picture: sleep until input or a worker result
-      }
-      last_frame_start = std::chrono::steady_clock::now();
-      const auto work_start = last_frame_start;  // the frame's work from here
-      state.worker.drain(state);
-      if (state.capture_path != window_title_path) {
-        window_title_path = state.capture_path;
-        std::string title = "KVScope - " + window_title_path;
-        if (state.info() && state.info()->synthetic) title += " [SYNTHETIC]";
-        glfwSetWindowTitle(window, title.c_str());
-      }
-      if (ui.take_font_rebuild()) {
-        // Presentation mode: glyphs rasterised at the new size (crisp), not stretched.
-        setup_style_and_fonts(ui.ui_scale());
-        ImGui_ImplOpenGL3_DestroyFontsTexture();
-        ImGui_ImplOpenGL3_CreateFontsTexture();
-        if (!headless) save_ui_scale_pref(ui.ui_scale());
-      }
-      ui.before_frame();
-      if (headless && is_svg_path(screenshot))
-        ImGui::GetStyle().AntiAliasedLines = ImGui::GetStyle().AntiAliasedFill = false;
-      ImGui_ImplOpenGL3_NewFrame();
-      ImGui_ImplGlfw_NewFrame();
-      g_input.feed(ImGui::GetIO());
-      if (g_input.pending()) note_input();  // the rest in the next frame, drawn at once
-      // Screenshots show no hover state: Xvfb parks its pointer in the middle of the screen.
-      if (headless) ImGui::GetIO().MousePos = ImVec2(-FLT_MAX, -FLT_MAX);
-      ImGui::NewFrame();
-      g_input.after_new_frame(ImGui::GetIO());
-      ui.draw();
-      ImGui::Render();
-      ui.after_render(ImGui::GetDrawData());
-      const auto app_end = std::chrono::steady_clock::now();  // GL from here
-      int fw = 0, fh = 0;
-      glfwGetFramebufferSize(window, &fw, &fh);
-      glViewport(0, 0, fw, fh);
-      glClearColor(0.09f, 0.10f, 0.11f, 1.0f);
-      glClear(GL_COLOR_BUFFER_BIT);
-      ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
-      uint64_t fp = frame_fingerprint(ImGui::GetDrawData());
-      if (fp != last_fingerprint) last_change = std::chrono::steady_clock::now();
-      last_fingerprint = fp;
-      const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
-      std::vector<AppUi::PngRequest> dense;
-      for (const auto& req : ui.take_png_requests()) {
-        if (req.density > 1) {
-          dense.push_back(req);  // after this frame is shown
-          continue;
-        }
-        try {
-          save_framebuffer_png(req.path, fw, fh, scale.x, scale.y, req.rect);
-          state.status_message = "wrote " + req.path;
-        } catch (const std::exception& e) {
-          state.status_message = e.what();
-        }
-      }
-      if (headless) {
-        bool ready = ui.ready_for_screenshot(opt.view);
-        double waited =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (ready && !state.load_error.empty() && !state.capture) {
-          std::fprintf(stderr, "kvscope: error: %s\n", state.load_error.c_str());
-          rc = 1;
-          quit = true;
-        } else if (ready || waited > opt.timeout_s) {
-          if (!ready) {
-            std::fprintf(stderr, "kvscope: the %s view's work did not finish in %.0f s\n",
-                         opt.view.c_str(), opt.timeout_s);
-            rc = 3;
-          }
-          try {
-            const ScreenRect rect = opt.full_window ? ScreenRect{} : ui.view_rect(opt.view);
-            if (is_svg_path(screenshot))
-              write_svg(screenshot, ImGui::GetDrawData(), rect, IM_COL32(28, 31, 33, 255));
-            else if (opt.density > 1)
-              save_dense_png(ui, {screenshot, {}, 0, opt.density, opt.view});
-            else
-              save_framebuffer_png(screenshot, fw, fh, scale.x, scale.y, rect);
-            std::printf("kvscope: wrote %s\n", screenshot.c_str());
-          } catch (const std::exception& e) {
-            std::fprintf(stderr, "kvscope: error: %s\n", e.what());
-            rc = 1;
-          }
-          quit = true;
-        }
-      }
-      glfwSwapBuffers(window);
-      for (const auto& req : dense) {
-        try {
-          save_dense_png(ui, req);
-          state.status_message = "wrote " + req.path;
-        } catch (const std::exception& e) {
-          state.status_message = e.what();
-        }
-      }
-      ui.note_frame_time(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - work_start)
-              .count(),
-          std::chrono::duration<double, std::milli>(app_end - work_start).count());
-      // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
-      if (!headless) {
-        auto spent = std::chrono::steady_clock::now() - frame_start;
-        if (spent < std::chrono::milliseconds(16))
-          std::this_thread::sleep_for(std::chrono::milliseconds(16) - spent);
-      }
-    }
+    rc = loop.run();
     // A clean quit (File > Quit, the window closed): the autosave says so, and the next start
     // offers nothing.
-    if (!headless) ui.finish_autosave();
+    if (!o.headless()) ui.finish_autosave();
     state.worker.cancel("");
     g_state = nullptr;
   }
