@@ -526,17 +526,13 @@ std::vector<int> resolve_list(const std::vector<int>& given, int count, const ch
 
 }  // namespace
 
-EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const ProgressFn& progress,
-                    const std::atomic<bool>* cancel, Backend* backend) {
-  const CaptureInfo& info = capture.info();
-  EvalReport report;
-  report.capture_path = info.path;
-  report.info = info;
-  EvalSpec& spec = report.spec;
-  spec = spec_in;
-  const ReferenceCacheStats cache_before = ReferenceCache::global().stats();
+namespace {
 
-  // Validate everything before any work starts, naming the flag.
+// Checks the whole spec against the capture before any work starts, naming the flag, and fills
+// in what the spec leaves to the capture (ratios from budgets, every layer and head, the
+// window at the first ratio).
+void validate_spec(EvalReport& report, const CaptureInfo& info) {
+  EvalSpec& spec = report.spec;
   if (spec.methods.empty()) throw SettingError("methods", "--methods", "no method given");
   if (!spec.budgets.empty())
     spec.ratios = ratios_for_budgets(spec.budgets, info.num_tokens, spec.sink, spec.eval);
@@ -573,14 +569,18 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   }
   for (double r : spec.ratios) EvalWindow::make(info.num_tokens, r, spec.sink, spec.eval);
   report.window_example = EvalWindow::make(info.num_tokens, spec.ratios[0], spec.sink, spec.eval);
+}
 
+// The notes every report of this capture and spec carries (proxy queries, the methods it cannot
+// run) and, per method, why it cannot (method_unavailable: one definition with the app's
+// greyed-out methods and the CLI's choice of methods): such items are refused, saying why.
+std::vector<std::string> note_refusals(EvalReport& report, const CaptureInfo& info) {
+  const EvalSpec& spec = report.spec;
   report.proxy_queries = !info.has_queries;
   if (report.proxy_queries)
     report.notes.push_back(
         "the capture has no queries: errors use the keys as proxy queries (q_j = k_j)");
-  // Methods this capture cannot run (method_unavailable: one definition with the app's greyed-out
-  // methods and the CLI's choice of methods) are refused item by item, saying why, not run.
-  const std::vector<std::string> refusals = protocol_detail::method_refusals(spec, info);
+  std::vector<std::string> refusals = protocol_detail::method_refusals(spec, info);
   {
     std::vector<std::string> refused;
     for (const std::string& why : refusals)
@@ -588,12 +588,51 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
         refused.push_back(why);
     if (!refused.empty()) report.notes.push_back("refused: " + join(refused, "; "));
   }
+  return refusals;
+}
 
-  // This shard's items: i, i+N, i+2N, ... of the canonical list.
+// This shard's items: i, i+N, i+2N, ... of the canonical list.
+std::vector<WorkItem> shard_items(const EvalSpec& spec) {
   const std::vector<WorkItem> items = all_items(spec);
   std::vector<WorkItem> mine;
   for (size_t i = spec.shard_index; i < items.size(); i += spec.shard_count)
     mine.push_back(items[i]);
+  return mine;
+}
+
+// Adds to `columns` the columns the exact reference scores for one group's selections (all its
+// ratios and seeds): the sinks and window plus the kept middle tokens of each run, run by run.
+void add_kept_columns(const EvalSpec& spec, const EvalWindow& ew, const std::vector<WorkItem>& mine,
+                      const WorkGroup& g, double& columns) {
+  const WorkItem& first = mine[g.first];
+  const Method& m = *spec.methods[first.method];
+  const double fixed = ew.sink + ew.eval;
+  if (protocol_detail::budget_free(m, spec.estimator)) {
+    columns += fixed + ew.n_mid;
+    return;
+  }
+  const int runs = m.depends_on_seed() ? spec.seeds : 1;
+  for (size_t i = g.first; i < g.first + g.count; ++i)
+    columns += runs * (fixed + spec.ratios[mine[i].ratio] * ew.n_mid);
+}
+
+}  // namespace
+
+EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const ProgressFn& progress,
+                    const std::atomic<bool>* cancel, Backend* backend) {
+  const CaptureInfo& info = capture.info();
+  EvalReport report;
+  report.capture_path = info.path;
+  report.info = info;
+  EvalSpec& spec = report.spec;
+  spec = spec_in;
+  const ReferenceCacheStats cache_before = ReferenceCache::global().stats();
+
+  validate_spec(report, info);
+
+  const std::vector<std::string> refusals = note_refusals(report, info);
+
+  const std::vector<WorkItem> mine = shard_items(spec);
   report.results.resize(mine.size());
 
   const int total = static_cast<int>(mine.size());
@@ -685,21 +724,12 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
     };
     // Held logits of every key pay when the selections a head scores keep more columns in all
     // than it has keys (docs/performance.md, "Exact reference cache").
-    std::vector<double> columns(spec.heads.size(), 0.0);
     const EvalWindow& ew = report.window_example;
+    std::vector<double> columns(spec.heads.size(), 0.0);
     for (const WorkGroup& g : groups) {
       if (!uses_reference(g)) continue;
-      const WorkItem& first = mine[g.first];
-      ++refs[first.head].users;
-      const Method& m = *spec.methods[first.method];
-      const double fixed = ew.sink + ew.eval;
-      if (protocol_detail::budget_free(m, spec.estimator)) {
-        columns[first.head] += fixed + ew.n_mid;
-        continue;
-      }
-      const int runs = m.depends_on_seed() ? spec.seeds : 1;
-      for (size_t i = g.first; i < g.first + g.count; ++i)
-        columns[first.head] += runs * (fixed + spec.ratios[mine[i].ratio] * ew.n_mid);
+      ++refs[mine[g.first].head].users;
+      add_kept_columns(spec, ew, mine, g, columns[mine[g.first].head]);
     }
     parallel_for(static_cast<int>(groups.size()), threads, cancel, [&](int k) {
       const WorkGroup& g = groups[k];
