@@ -599,8 +599,9 @@ void AppUi::draw() {
   // One state model: finished jobs are applied, then every result's key is compared with the
   // settings (the views' own plans included) before anything is drawn.
   reconcile();
-  // A capture set asked for (AppState::set_request): the Set view takes it when it draws.
-  if (!s_.set_request.empty() && s_.settings.panel_view[1] != "set") {
+  // A capture set just opened (AppState::set_path): the Set view shows it.
+  if (!s_.set_shown) {
+    s_.set_shown = true;
     show_view("set");
     s_.settings.active_view = "set";
   }

@@ -503,7 +503,7 @@ std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> AppState::pla
           {kFocusB, &AppState::plan_focus_b}, {kGrid, &AppState::plan_grid},
           {kSweep, &AppState::plan_sweep},    {kEntropy, &AppState::plan_entropy},
           {kQuery, &AppState::plan_query},    {kNewCapture, &AppState::plan_new_capture},
-          {kOpen, &AppState::plan_open}};
+          {kOpen, &AppState::plan_open},      {kSetOpen, &AppState::plan_set_open}};
 }
 
 double head_units(const CaptureInfo& ci, const EvalWindow& w) {

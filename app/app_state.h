@@ -133,6 +133,9 @@ inline constexpr const char* kGrid = "grid";
 inline constexpr const char* kSweep = "sweep";
 inline constexpr const char* kEntropy = "entropy";
 inline constexpr const char* kQuery = "query";
+// The capture set the Set view opened (app/views/view_set.cpp; a CaptureSet), which other views
+// may read, e.g. the Error view's tuning grid on the set's tuning prompts.
+inline constexpr const char* kSetOpen = "set.open";
 // The Error view's name (ErrorView::name(), app/views/view_error_view.h): while it is shown in a
 // panel, AppState::sweep_request asks for the default sweep.
 inline constexpr const char* kErrorView = "error";
@@ -296,9 +299,12 @@ struct AppState {
   bool open_pending = false;
   std::string open_next;
   std::vector<std::string> notes;  // settings adjusted to fit the capture (shown until dismissed)
-  // A capture set asked for (File > Open set, a manifest or folder on the command line or
-  // dropped on the window): the Set view takes it (app/views/view_set.cpp) and shows itself.
-  std::string set_request;
+  // The capture set open (File > Open set, a manifest or folder on the command line, dropped on
+  // the window or typed in the Set view; "" for none): its entries are the result kSetOpen,
+  // planned whatever view is shown, so the Set view and the Error view's tuning grid read one
+  // set. set_shown asks the frame to show the Set view once, when a set is opened.
+  std::string set_path;
+  bool set_shown = true;
   // Capture files the app wrote itself (File > New capture) in the temporary folder. They are
   // deleted when another capture opens and when the AppState ends (the app quits); a file the
   // user saved is never in here.
@@ -394,7 +400,7 @@ struct AppState {
   // Asks for a capture to be opened (app/open_capture.cpp): a new request, which reconcile()
   // opens in the background; the open one stays when it fails. A session's open keeps the
   // selected query (a plain open resets it). Asking again replaces a pending request. A capture
-  // set (a folder or a .jsonl manifest) goes to the Set view instead (set_request).
+  // set (a folder or a .jsonl manifest) becomes the set open instead (set_path).
   void request_open(const std::string& path, bool from_session = false);
   // Opens `path` once the pending request has ended (at once when none is pending).
   void request_open_after(const std::string& path);
@@ -437,6 +443,7 @@ struct AppState {
   JobPlan plan_query() const;
   JobPlan plan_new_capture() const;  // app/new_capture.cpp
   JobPlan plan_open() const;         // app/open_capture.cpp
+  JobPlan plan_set_open() const;     // app/open_capture.cpp
   // A pending open whose job is done, failed or was cancelled: no longer pending; swaps in the
   // capture it opened (clearing every result), or keeps the open one and says why.
   void finish_open();

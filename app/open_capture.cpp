@@ -32,7 +32,8 @@ std::string open_key(const OpenRequest& request) {
 
 void AppState::request_open(const std::string& path, bool from_session) {
   if (is_capture_set_path(path)) {
-    set_request = path;  // the frame shows the Set view, which opens the set (view_set.cpp)
+    set_path = path;  // reconcile() opens it (plan_set_open); the frame shows the Set view
+    set_shown = false;
     return;
   }
   OpenRequest request;
@@ -107,6 +108,31 @@ void AppState::finish_open() {
     open_next.clear();
     request_open(next);
   }
+}
+
+namespace {
+
+struct SetOpenInput {
+  std::string path;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SetOpenInput, path)
+
+std::shared_ptr<const CaptureSet> open_set_job(const SetOpenInput& in, const NoHandles&,
+                                               JobContext& ctx, const JobPlan::PartialFn&) {
+  return std::make_shared<CaptureSet>(
+      open_capture_set(in.path, [&ctx](int done, int total) { ctx.progress(done, total); }));
+}
+
+}  // namespace
+
+JobPlan AppState::plan_set_open() const {
+  JobPlan p;
+  if (set_path.empty()) return p;
+  p.derive<CaptureSet>(kSetOpen, SetOpenInput{set_path}, NoHandles{}, &open_set_job);
+  p.lane = Lane::Analysis;
+  p.label = "opening the set " + fs::path(set_path).filename().string();
+  p.auto_limit_s = 1e30;  // asked for by the user; it reads each capture's header only
+  return p;
 }
 
 }  // namespace kvscope::app

@@ -112,7 +112,18 @@ nlohmann::json ErrorView::export_json(const AppState& s) const {
                   {"approx_output", q.approx_output},
                   {"relative_error", q.relative_error}};
   }
-  if (const TuneResult* t = s.result(kTune).get<TuneResult>()) j["tuning"] = t->grid.to_json();
+  if (const TuneResult* t = s.result(kTune).get<TuneResult>()) {
+    j["tuning"] = t->grid.to_json();
+    if (t->scope == 3) {
+      const auto num = [](double v) {
+        return std::isnan(v) ? nlohmann::json() : nlohmann::json(v);
+      };
+      j["tuning"]["set"] = {{"tuning_prompts", t->tuning_prompts},
+                            {"held_out_prompts", t->held_out_prompts},
+                            {"held_out_best", num(t->held_out_best)},
+                            {"held_out_default", num(t->held_out_default)}};
+    }
+  }
   if (j.is_null()) return nullptr;
   return j;
 }
@@ -156,7 +167,7 @@ void ErrorView::load_state(const nlohmann::json& j) {
     cols = t->get("cols", cols);
     col_values = t->get("col_values", col_values);
     seeds = t->get("seeds", seeds, 1, 10);
-    scope = t->get("scope", scope, 0, 2);
+    scope = t->get("scope", scope, 0, 3);
   }
   log_attention_ = log_attention;
   heat_source_ = std::move(heat);

@@ -4,6 +4,9 @@
 
 #include "app/views/view_error_view.h"
 #include "app/views/view_jobs.h"
+#include "engine/eval/capture_set.h"
+#include "engine/eval/holdout.h"
+#include "engine/eval/seed_stats.h"
 
 namespace kvscope::app::error_view {
 
@@ -63,7 +66,10 @@ void ErrorView::draw_tuning(AppState& s) {
   changed |= ImGui::SliderInt("seeds", &tune_seeds_, 1, 10);
   toolbar_next(labelled_width(px(150), "scope"));
   ImGui::SetNextItemWidth(px(150));
-  changed |= ImGui::Combo("scope", &tune_scope_, "focused head\0focused layer\0whole capture\0");
+  changed |= ImGui::Combo("scope", &tune_scope_,
+                          "focused head\0focused layer\0whole capture\0set: tuning prompts\0");
+  if (tune_scope_ == 3 && !s.result(kSetOpen).fresh())
+    ImGui::TextDisabled("open a capture set in the Set view to tune on its prompts");
   (void)changed;  // every choice is part of the grid's key: reconcile() re-plans it
   // Run / Cancel / estimate: cheap grids run at once, costly ones wait for Run.
   draw_result_status(s, kTune, "tuning grid");
@@ -75,7 +81,8 @@ void ErrorView::draw_tuning(AppState& s) {
     return;
   }
   const Grid2Result& g = tr->grid;
-  const char* scope_name[] = {"the focused head", "the focused layer", "the whole capture"};
+  const char* scope_name[] = {"the focused head", "the focused layer", "the whole capture",
+                              "the set's tuning prompts"};
   ImGui::TextWrapped(
       "%s at keep ratio %s, %s (%zu head%s), %d seeds: mean relative error and its spread "
       "(std over seeds). Outlined white: best cell; dashed yellow: the defaults (%s=%g, "
@@ -83,12 +90,25 @@ void ErrorView::draw_tuning(AppState& s) {
       g.method.c_str(), ratio_label(g.ratios[0]).c_str(), scope_name[tr->scope], g.heads.size(),
       g.heads.size() == 1 ? "" : "s", g.seeds, g.rows.name.c_str(), g.default_row_value,
       g.cols.name.c_str(), g.default_col_value);
+  if (tr->scope == 3) {
+    const auto cell = [](double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.4f", v);
+      return std::isnan(v) ? std::string("-") : std::string(b);
+    };
+    ImGui::TextWrapped(
+        "Over %d tuning prompts of the set (each prompt's whole-capture mean; spread: std over "
+        "prompts). On the %d held-out prompts: the best cell %s, the defaults %s.",
+        tr->tuning_prompts, tr->held_out_prompts, cell(tr->held_out_best).c_str(),
+        cell(tr->held_out_default).c_str());
+  }
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float gap = ImGui::GetStyle().ItemSpacing.x * 2;
   const float w = std::max(px(200), (avail.x - gap) / 2);
   draw_grid_panel("##tune_mean", g, g.mean[0], "mean relative error", "error", ImVec2(w, avail.y));
   ImGui::SameLine(0, gap);
-  draw_grid_panel("##tune_std", g, g.seed_std[0], "spread: std over seeds", "std",
+  draw_grid_panel("##tune_std", g, g.seed_std[0],
+                  tr->scope == 3 ? "spread: std over prompts" : "spread: std over seeds", "std",
                   ImVec2(w, avail.y));
 }
 
@@ -99,6 +119,7 @@ namespace {
 // the seeds, the scope, and the focused layer (scope <= 1) and head (scope 0), -1 otherwise.
 struct TuneInput {
   EvalCommon common;
+  std::string set;  // scope 3: the capture set's manifest or folder
   std::string method;
   ParamValues params;
   double keep_ratio = 0;
@@ -106,7 +127,7 @@ struct TuneInput {
   std::string rows, row_values, cols, col_values;
   int seeds = 0, scope = 0, layer = -1, kv_head = -1;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TuneInput, common, method, params, keep_ratio, seed, rows,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TuneInput, common, set, method, params, keep_ratio, seed, rows,
                                    row_values, cols, col_values, seeds, scope, layer, kv_head)
 
 // The grid's axes and fixed parameters; throws InputError for values that do not parse or a
@@ -126,7 +147,67 @@ Grid2Spec grid_of(const TuneInput& in) {
   return g;
 }
 
-std::shared_ptr<const TuneResult> run_tuning(const TuneInput& in, const CaptureRef& h,
+// What the tuning job reads besides its input: the open capture, the backend, and for scope 3 the
+// set (the Set view's, kSetOpen).
+struct TuneHandles {
+  std::shared_ptr<CaptureFile> capture;
+  Backend* backend = nullptr;
+  std::shared_ptr<const CaptureSet> set;
+};
+
+// Scope 3: the grid on every capture of the set, its mean over the tuning prompts per cell (the
+// std over them as the spread), and the held-out prompts' mean of the best and the default cell.
+std::shared_ptr<const TuneResult> run_set_tuning(const TuneInput& in, const TuneHandles& h,
+                                                 const Grid2Spec& g, const EvalSpec& spec,
+                                                 JobContext& ctx) {
+  if (!h.set) throw InputError("open a capture set in the Set view to tune on its prompts");
+  const int n = static_cast<int>(h.set->entries.size());
+  const PromptSplit split = split_prompts(n, 0.3, in.seed);
+  std::vector<Grid2Result> grids;
+  for (int c = 0; c < n; ++c) {
+    std::unique_ptr<CaptureFile> capture = CaptureFile::open(h.set->entries[c].resolved);
+    grids.push_back(run_grid2(
+        *capture, spec, g,
+        [&ctx, c, n](int d, int t) { ctx.progress(c * 1000 + (t ? d * 1000 / t : 0), n * 1000); },
+        ctx.cancel_flag(), h.backend));
+  }
+  auto r = std::make_shared<TuneResult>();
+  r->scope = 3;
+  r->grid = grids[static_cast<size_t>(split.tuning[0])];
+  // Per-head figures are a single prompt's: the set's grid has none (every cell's list is empty).
+  r->grid.heads.clear();
+  for (auto& rows : r->grid.head_mean)
+    for (auto& row : rows)
+      for (auto& cell : row) cell.clear();
+  const auto over = [&](const std::vector<int>& prompts, int row, int col) {
+    std::vector<double> v;
+    for (int c : prompts) {
+      const double x = grids[static_cast<size_t>(c)].mean[0][row][col];
+      if (std::isfinite(x)) v.push_back(x);
+    }
+    return v;
+  };
+  const size_t R = g.rows.values.size(), C = g.cols.values.size();
+  for (size_t row = 0; row < R; ++row)
+    for (size_t col = 0; col < C; ++col) {
+      const std::vector<double> v = over(split.tuning, int(row), int(col));
+      const auto [mean, sd] = v.empty() ? std::pair<double, double>{NAN, NAN} : mean_std(v);
+      r->grid.mean[0][row][col] = mean;
+      r->grid.seed_std[0][row][col] = sd;
+    }
+  r->tuning_prompts = static_cast<int>(split.tuning.size());
+  r->held_out_prompts = static_cast<int>(split.held_out.size());
+  const auto held = [&](std::pair<int, int> cell) {
+    if (cell.first < 0) return std::numeric_limits<double>::quiet_NaN();
+    const std::vector<double> v = over(split.held_out, cell.first, cell.second);
+    return v.empty() ? std::numeric_limits<double>::quiet_NaN() : mean_std(v).first;
+  };
+  r->held_out_best = held(r->grid.best(0));
+  r->held_out_default = held(r->grid.default_cell());
+  return r;
+}
+
+std::shared_ptr<const TuneResult> run_tuning(const TuneInput& in, const TuneHandles& h,
                                              JobContext& ctx, const JobPlan::PartialFn&) {
   const Grid2Spec g = grid_of(in);
   EvalSpec spec;
@@ -136,6 +217,7 @@ std::shared_ptr<const TuneResult> run_tuning(const TuneInput& in, const CaptureR
   spec.sink = in.common.sink;
   spec.eval = in.common.eval;
   spec.estimator = parse_estimator(in.common.estimator);
+  if (in.scope == 3) return run_set_tuning(in, h, g, spec, ctx);
   if (in.layer >= 0) spec.layers = {in.layer};
   if (in.kv_head >= 0) spec.heads = {in.kv_head};
   auto r = std::make_shared<TuneResult>();
@@ -152,11 +234,14 @@ JobPlan ErrorView::plan_tuning(const AppState& s) const {
   JobPlan p;
   const Method* m = s.method(0);
   // Wanted while the tuning mode shows method A's grid (its axes are method A's).
-  if (mode_ != 1 || !s.capture || !m || tune_method_ != m->name()) return p;
-  const CaptureInfo& ci = *s.info();
+  // Scope 3 runs on the set the Set view opened (its path is in the key), no capture needed.
+  const int scope = tune_scope_;
+  const Result& opened = s.result(kSetOpen);
+  const auto set = scope == 3 && opened.fresh() ? opened.ptr<CaptureSet>() : nullptr;
+  if (mode_ != 1 || !m || tune_method_ != m->name() || (!s.capture && !set)) return p;
+  const CaptureInfo& ci = set ? set->shape : *s.info();
   const MethodSettings ms = s.method_settings(0);
   const Focus f = s.settings.focus;
-  const int scope = tune_scope_;
   TuneInput in;
   in.common = s.eval_common();
   in.method = m->name();
@@ -178,13 +263,29 @@ JobPlan ErrorView::plan_tuning(const AppState& s) const {
     cells = static_cast<double>(g.rows.values.size() * g.cols.values.size());
   } catch (const InputError&) {
   }
-  p.derive("tune", std::move(in), CaptureRef{s.capture, s.backend()}, &run_tuning);
+  if (set) {
+    // Each capture of the set gets the protocol's window (or the overrides), not the one fitted
+    // to the capture open.
+    in.set = set->source;
+    in.common.sink = s.settings.sink_override;
+    in.common.eval = s.settings.eval_override;
+  }
+  p.derive("tune", std::move(in), TuneHandles{s.capture, s.backend(), set}, &run_tuning);
+  if (scope == 3 && !set) {
+    p.waiting = "open a capture set in the Set view";
+    return p;
+  }
   p.lane = Lane::Analysis;
   p.label = "tuning grid";
   const double heads = scope == 0   ? 1.0
                        : scope == 1 ? ci.kv_heads
-                                    : static_cast<double>(ci.kv_heads) * ci.num_layers;
-  const EvalWindow w = s.window();
+                       : scope == 2 ? static_cast<double>(ci.kv_heads) * ci.num_layers
+                                    : static_cast<double>(ci.kv_heads) * ci.num_layers *
+                                          static_cast<double>(set->entries.size());
+  const EvalWindow w = set ? EvalWindow::fit(ci.num_tokens, ms.keep_ratio, s.settings.sink_override,
+                                             s.settings.eval_override)
+                                 .window
+                           : s.window();
   p.cost_class = "eval:" + m->name();
   p.units = head_units(ci, w) * heads * (m->depends_on_seed() ? tune_seeds_ : 1) * cells;
   p.auto_limit_s = 3.0;

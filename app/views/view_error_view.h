@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,7 +56,13 @@ inline void per_position(const HeadRun& r, std::vector<double>* x, std::vector<d
 // The tuning grid's result (a derived result of the Error view, keyed by what it was run for).
 struct TuneResult {
   Grid2Result grid;
-  int scope = 0;  // the scope the grid was computed for
+  int scope = 0;  // the scope the grid was computed for (3: a capture set's tuning prompts)
+  // Scope 3: `grid` holds the mean over the tuning prompts of each prompt's whole-capture figure
+  // (seed_std: the std over those prompts); the held-out prompts' mean of the best cell and of
+  // the defaults' cell (NaN when there is none).
+  int tuning_prompts = 0, held_out_prompts = 0;
+  double held_out_best = std::numeric_limits<double>::quiet_NaN();
+  double held_out_default = std::numeric_limits<double>::quiet_NaN();
 };
 
 inline std::vector<double> parse_values(const std::string& text, const std::string& what) {

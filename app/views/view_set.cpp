@@ -26,19 +26,7 @@
 namespace kvscope::app {
 namespace {
 
-inline constexpr const char* kSetOpen = "set.open";
 inline constexpr const char* kSetEval = "set.eval";
-
-struct SetOpenInput {
-  std::string path;
-};
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SetOpenInput, path)
-
-std::shared_ptr<const CaptureSet> open_set_job(const SetOpenInput& in, const NoHandles&,
-                                               JobContext& ctx, const JobPlan::PartialFn&) {
-  return std::make_shared<CaptureSet>(
-      open_capture_set(in.path, [&ctx](int done, int total) { ctx.progress(done, total); }));
-}
 
 // Everything the set's evaluation reads: the set (by its path, opened by kSetOpen), methods A and
 // B with their parameters, the ratios, seeds, window, estimator and backend.
@@ -122,8 +110,8 @@ class SetView final : public View {
 
   // Screenshots wait for the set's figures (or the reason there are none).
   bool ready(const AppState& s) const override {
-    if (!s.set_request.empty()) return false;
-    if (path_.empty()) return true;
+    if (!pending_.empty()) return false;
+    if (s.set_path.empty()) return true;
     const Result& open = s.result(kSetOpen);
     if (!open.error.empty() && open.key == open.want) return true;
     const Result& r = s.result(kSetEval);
@@ -132,21 +120,12 @@ class SetView final : public View {
   }
 
   void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
-    if (path_.empty()) return;
-    JobPlan open;
-    open.derive("set.open", SetOpenInput{path_}, NoHandles{}, &open_set_job);
-    open.lane = Lane::Analysis;
-    open.label = "open set";
-    open.cost_class = "set.open";
-    open.units = 1;
-    open.prior_per_unit = 0.1;
-    out.emplace_back(kSetOpen, std::move(open));
-
+    if (s.set_path.empty()) return;
     JobPlan ev;
     const Result& opened = s.result(kSetOpen);
     const auto set = opened.fresh() ? opened.ptr<CaptureSet>() : nullptr;
     SetEvalInput in;
-    in.path = path_;
+    in.path = s.set_path;
     for (int k = 0; k < (s.settings.ab_enabled ? 2 : 1); ++k)
       if (s.method(k))
         in.methods.push_back(method_run_input(s.method_name(k), s.method_settings(k)));
@@ -194,7 +173,12 @@ class SetView final : public View {
   }
 
   void draw(AppState& s) override {
-    take_request(s);
+    if (!pending_.empty()) s.request_open(pending_), pending_.clear();  // a session's set
+    if (s.set_path != path_) {  // opened elsewhere (menu, command line, a drop)
+      path_ = s.set_path;
+      std::snprintf(path_buf_, sizeof path_buf_, "%s", path_.c_str());
+      figures_ = {};
+    }
     draw_header(s);
     if (path_.empty()) return;
     const Result& opened = s.result(kSetOpen);
@@ -248,31 +232,19 @@ class SetView final : public View {
   }
   void load_state(const nlohmann::json& j) override {
     if (!j.is_object()) return;
-    path_ = j.value("path", std::string());
+    pending_ = j.value("path", std::string());  // opened by the next frame (request_open)
     by_interval_ = j.value("colour_by_interval", false);
-    std::snprintf(path_buf_, sizeof path_buf_, "%s", path_.c_str());
   }
 
  private:
-  // File > Open set and a set on the command line ask through AppState::set_request.
-  void take_request(AppState& s) {
-    if (s.set_request.empty()) return;
-    path_ = s.set_request;
-    s.set_request.clear();
-    std::snprintf(path_buf_, sizeof path_buf_, "%s", path_.c_str());
-    figures_ = {};
-  }
-
   void draw_header(AppState& s) {
     ImGui::SetNextItemWidth(fit_width(420, "set"));
     ImGui::InputTextWithHint("set", "manifest.jsonl or a folder of captures", path_buf_,
                              sizeof path_buf_);
     record_item(s, "set:path");
     toolbar_next(button_width("Open set"));
-    if (ImGui::Button("Open set") || (ImGui::IsItemDeactivatedAfterEdit() && path_buf_[0])) {
-      path_ = path_buf_;
-      figures_ = {};
-    }
+    if (ImGui::Button("Open set") || (ImGui::IsItemDeactivatedAfterEdit() && path_buf_[0]))
+      s.request_open(path_buf_);
     record_item(s, "set:open");
     mark_figure_top();  // figure exports: what is below the set's field, not the field
     if (path_.empty())
@@ -487,7 +459,8 @@ class SetView final : public View {
     ImGui::EndTable();
   }
 
-  std::string path_;
+  std::string path_;     // the set shown (AppState::set_path), for sessions
+  std::string pending_;  // a session's set, opened by the next frame
   char path_buf_[1024] = {};
   bool by_interval_ = false;
   SetFigures figures_;

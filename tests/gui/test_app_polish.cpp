@@ -20,6 +20,9 @@
 #include "app/soft_render.h"
 #include "app/views/view.h"
 #include "app/walk_advice.h"
+#include "engine/eval/capture_set.h"
+#include "engine/eval/holdout.h"
+#include "engine/eval/sweep_grid.h"
 #include "engine/model/synth.h"
 #include "tests/gui/app_pump.h"
 
@@ -636,6 +639,83 @@ TEST(WalkAdvice, TheOfferedRemedyLowersTheErrorComputedBeforeItIsOffered) {
           EXPECT_LT(e["error"].get<double>(), now);
         }
     }
+  }
+  ImGui::DestroyContext();
+}
+
+// The Error view's tuning grid on a capture set's tuning prompts (scope 3): each cell is the mean
+// over the tuning prompts of run_grid2's whole-capture figure, and the held-out prompts' figures of
+// the best and the default cell are reported beside it.
+TEST(SetTuning, TheGridRunsOnTheTuningPromptsAndReportsTheHeldOutOnes) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    const std::string set_path =
+        std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_set.jsonl";
+    s.request_open(set_path);
+    for (int i = 0; i < 20000 && !s.result(kSetOpen).fresh(); ++i) {
+      frame(s, ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(s.result(kSetOpen).fresh()) << s.result(kSetOpen).error;
+    ui.find_view("error")->load_state({{"mode", "tune"},
+                                       {"tune",
+                                        {{"method", "balancekv"},
+                                         {"rows", "gamma"},
+                                         {"row_values", "1,4"},
+                                         {"cols", "temp"},
+                                         {"col_values", "0.3,1"},
+                                         {"seeds", 1},
+                                         {"scope", 3}}}});
+    s.settings.method[0] = MethodChoice{"balancekv", {}};
+    ui.show_view("error");
+    s.settings.active_view = "error";
+    nlohmann::json tuning;
+    for (int i = 0; i < 30000; ++i) {
+      frame(s, ui);
+      const Result& r = s.result("tune2");
+      if (!r.held.empty() && r.held == r.want) s.run_now("tune2");
+      if (r.fresh()) {
+        tuning = ui.find_view("error")->export_json(s)["tuning"];
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(tuning.is_object() && tuning.contains("set"))
+        << "wanted " << !s.result("tune2").want.empty() << ", waiting '"
+        << s.result("tune2").waiting << "', error '" << s.result("tune2").error << "', view "
+        << s.settings.active_view << ", set open " << s.result(kSetOpen).fresh() << ", state "
+        << ui.find_view("error")->save_state().dump();
+    EXPECT_EQ(tuning["set"]["tuning_prompts"], 1);
+    EXPECT_EQ(tuning["set"]["held_out_prompts"], 1);
+    // Recompute: the same split, each capture's grid, and the figures the view reports.
+    const PromptSplit split = split_prompts(2, 0.3, static_cast<uint64_t>(s.settings.seed));
+    const CaptureSet set = open_capture_set(set_path);
+    Grid2Spec g;
+    g.method = find_method("balancekv");
+    g.rows = {"gamma", {1, 4}};
+    g.cols = {"temp", {0.3, 1}};
+    EvalSpec spec;
+    spec.ratios = {s.settings.keep_ratio};
+    spec.seeds = 1;
+    spec.base_seed = static_cast<uint64_t>(s.settings.seed);
+    std::vector<Grid2Result> grids;
+    for (const CaptureSetEntry& e : set.entries) {
+      auto capture = CaptureFile::open(e.resolved);
+      grids.push_back(run_grid2(*capture, spec, g));
+    }
+    const Grid2Result& tune = grids[static_cast<size_t>(split.tuning[0])];
+    const Grid2Result& held = grids[static_cast<size_t>(split.held_out[0])];
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 2; ++c)
+        EXPECT_EQ(tuning["ratios"][0]["mean"][r][c].get<double>(), tune.mean[0][r][c])
+            << r << "," << c;
+    const auto best = tune.best(0);
+    EXPECT_EQ(tuning["set"]["held_out_best"].get<double>(), held.mean[0][best.first][best.second]);
+    const auto def = tune.default_cell();
+    ASSERT_GE(def.first, 0);
+    EXPECT_EQ(tuning["set"]["held_out_default"].get<double>(), held.mean[0][def.first][def.second]);
   }
   ImGui::DestroyContext();
 }
