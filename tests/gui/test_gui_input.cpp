@@ -13,8 +13,8 @@
 // app reported last. Widgets are found from the rectangles the app records, not from fixed
 // coordinates. Each click is made once: a lost click is a bug of the app, not of the machine.
 //
-// Run by CTest under tools/with-xvfb.sh (see app/CMakeLists.txt); skipped with a message when there is no
-// X display or no xdotool.
+// Run by CTest under tools/with-xvfb.sh (see app/CMakeLists.txt); skipped with a message when there
+// is no X display or no xdotool.
 #include "tests/gui/real_window.h"
 
 using namespace kvscope_gui_test;
