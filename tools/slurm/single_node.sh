@@ -66,7 +66,7 @@ cpus=$(nproc)
 mem=$(($(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2))
 cat >"$dir/slurm.conf" <<CONF
 ClusterName=kvscope-test
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
