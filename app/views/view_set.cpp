@@ -126,9 +126,12 @@ class SetView final : public View {
     const auto set = opened.fresh() ? opened.ptr<CaptureSet>() : nullptr;
     SetEvalInput in;
     in.path = s.set_path;
+    // Each method with its own parameters only: the ratio and window are the set's (below), not
+    // those fitted to the capture open, which a click on a prompt changes.
     for (int k = 0; k < (s.settings.ab_enabled ? 2 : 1); ++k)
       if (s.method(k))
-        in.methods.push_back(method_run_input(s.method_name(k), s.method_settings(k)));
+        in.methods.push_back(
+            {s.method_name(k), s.settings.method[static_cast<size_t>(k)].params, 0.0, -1, -1});
     if (in.methods.size() == 2 && in.methods[0].method == in.methods[1].method)
       in.methods.pop_back();
     in.ratios = s.settings.sweep.ratios;
