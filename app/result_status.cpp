@@ -75,8 +75,13 @@ bool draw_result_status(AppState& s, const std::string& name, const char* what) 
     ImGui::TextColored(warn, "[%s: stale, shown for earlier settings]", what);
     drew = true;
   } else if (r.partial && r.busy()) {
+    // A job that posts intermediate frames (t-SNE, the grid's cells): what is shown is its
+    // latest frame, not its answer yet.
     if (drew) ImGui::SameLine();
-    ImGui::TextDisabled("[converging]");
+    ImGui::TextDisabled("[%s: an intermediate frame, still computing]", what);
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("The job shows its work as it goes (a projection converging, cells\n"
+                        "filling in); the figure is final when this line goes away.");
     drew = true;
   }
   ImGui::PopID();
