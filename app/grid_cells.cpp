@@ -163,6 +163,8 @@ std::shared_ptr<GridReport> assemble_grid(
         .push_back(i);
     g->cells_total += 1;
     g->cells_done += cells[i] ? 1 : 0;
+    g->slot_total[static_cast<size_t>(n.slot)] += 1;
+    g->slot_done[static_cast<size_t>(n.slot)] += cells[i] ? 1 : 0;
   }
   for (int l = 0; l < job.layers; ++l)
     for (int h = 0; h < job.heads; ++h)

@@ -78,6 +78,8 @@ struct GridReport {
   std::array<ParamValues, 2> params;   // each slot's own parameters
   int seeds = 1;
   int cells_done = 0, cells_total = 0;  // seed runs computed / wanted (progress)
+  // The same per slot (method A, method B): what a caption of one method's cells counts.
+  std::array<int, 2> slot_done{0, 0}, slot_total{0, 0};
   // The entry of (slot, layer, head), null when none.
   const HeadEval* find(int slot, int layer, int kv_head, const GridEntry** entry = nullptr) const;
   bool complete() const { return cells_done == cells_total; }

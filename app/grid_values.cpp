@@ -119,9 +119,9 @@ GridValues grid_values(const AppState& s, GridMetric metric, int slot) {
                     k == 1 ? "B: " : "", label.c_str(), ratio_label(ratio).c_str(), grid->seeds,
                     grid->seeds == 1 ? "" : "s", r.stale() ? " [stale: earlier settings]" : "");
       gv.caption = buf;
-      if (!grid->complete()) {
-        std::snprintf(buf, sizeof buf, " [%d of %d seed runs so far]", grid->cells_done,
-                      grid->cells_total);
+      if (grid->slot_done[k] < grid->slot_total[k]) {  // this method's runs, not both
+        std::snprintf(buf, sizeof buf, " [%d of %d seed runs so far]", grid->slot_done[k],
+                      grid->slot_total[k]);
         gv.caption += buf;
       }
       gv.seeds = grid->seeds;
