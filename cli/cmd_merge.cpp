@@ -37,14 +37,11 @@ void run_merge(const MergeOptions& o) {
     const std::string msg = e.what();
     return InputError(msg.rfind(o.inputs[i], 0) == 0 ? msg : o.inputs[i] + ": " + msg);
   };
-  const auto is_set = [](const nlohmann::json& j) {
-    return j.is_object() && j.value("format", "") == "kvscope-set-report/1";
-  };
-  if (is_set(docs[0])) {
+  if (is_set_report(docs[0])) {
     // The shards of `eval SET --shard i/N`: each capture's shards merged exactly.
     std::vector<SetEvalReport> parts;
     for (size_t i = 0; i < docs.size(); ++i) {
-      if (!is_set(docs[i]))
+      if (!is_set_report(docs[i]))
         throw InputError(o.inputs[i] + ": an eval report of one capture among set reports");
       try {
         parts.push_back(SetEvalReport::from_json(docs[i]));
@@ -64,7 +61,7 @@ void run_merge(const MergeOptions& o) {
   }
   std::vector<EvalReport> parts;
   for (size_t i = 0; i < docs.size(); ++i) {
-    if (is_set(docs[i]))
+    if (is_set_report(docs[i]))
       throw InputError(o.inputs[i] + ": a set report among eval reports of one capture");
     try {
       parts.push_back(EvalReport::from_json(docs[i]));
@@ -72,12 +69,12 @@ void run_merge(const MergeOptions& o) {
       throw named(i, e);
     }
   }
+  if (!o.summary_csv_out.empty())
+    throw InputError("--summary-csv: only for the shards of a capture set");
   const EvalReport merged = merge_reports(parts);
   if (!o.quiet) print_report(merged);
   if (!o.json_out.empty()) write_json_file(o.json_out, merged.to_json(), "--json", o.inputs);
   if (!o.csv_out.empty()) write_csv_file(o.csv_out, merged, "--csv", o.inputs);
-  if (!o.summary_csv_out.empty())
-    throw InputError("--summary-csv: only for the shards of a capture set");
 }
 
 }  // namespace

@@ -294,6 +294,41 @@ TEST_F(CaptureSetTest, TheCliEvaluatesASetWritesItsFormsAndMergesShardsFromTheEn
   EXPECT_NE(gone.find("entry 2 (gone.safetensors): no such file"), std::string::npos) << gone;
 }
 
+// Bad set reports given to `merge` are input errors (exit 1) naming the file and what is wrong,
+// never an internal error: a format that is not a string, no captures, a shard that is not one,
+// an entry without its fields, a capture report that does not read.
+TEST_F(CaptureSetTest, MergeRefusesBadSetReportsByName) {
+  synth("a.safetensors", 96, 1);
+  const CaptureSet set = open_capture_set((dir_ / "set").string());
+  EvalSpec spec = small_spec();
+  spec.shard_count = 2;
+  const nlohmann::json good = run_set_eval(set, spec).to_json();
+  const auto refuse = [&](nlohmann::json bad, const std::string& what) {
+    const fs::path p = dir_ / "bad.json";
+    std::ofstream(p) << bad.dump();
+    int code = 0;
+    const std::string out = run_cli("merge \"" + p.string() + "\"", &code);
+    EXPECT_EQ(code, 1) << what << ": " << out;
+    EXPECT_NE(out.find("bad.json"), std::string::npos) << out;
+    EXPECT_NE(out.find(what), std::string::npos) << out;
+  };
+  nlohmann::json j = good;
+  j["format"] = 3;
+  refuse(j, "kvscope-eval/1");  // not a set report: read as one capture's, which names the format
+  j = good;
+  j.erase("captures");
+  refuse(j, "no \"captures\"");
+  j = good;
+  j["shard_index"] = 5;
+  refuse(j, "is not a shard");
+  j = good;
+  j["entries"][0].erase("path");
+  refuse(j, "set report");
+  j = good;
+  j["captures"][0] = nlohmann::json::object();
+  refuse(j, "capture a.safetensors");
+}
+
 TEST(PromptSplit, HoldsOutTheShareAskedForTheSameWayEverywhere) {
   const PromptSplit s = split_prompts(10, 0.3, 7);
   EXPECT_EQ(s.held_out.size(), 3u);

@@ -127,12 +127,14 @@ std::vector<PromptLoss> SetEvalReport::worst_prompts(int per_method) const {
   require_complete(*this, "the set's worst prompts");
   if (captures.empty()) return {};
   const EvalSpec& spec = captures[0].spec;
+  std::vector<std::map<FigureKey, double>> figures;  // each capture's, computed once
+  for (const EvalReport& rep : captures) figures.push_back(figures_of(rep));
   std::vector<PromptLoss> out;
   for (const Method* m : spec.methods)
     for (int column = 0; column < static_cast<int>(spec.ratios.size()); ++column) {
       std::vector<PromptLoss> losses;
       for (size_t c = 0; c < captures.size(); ++c) {
-        const std::map<FigureKey, double> f = figures_of(captures[c]);
+        const std::map<FigureKey, double>& f = figures[c];
         const auto mine = f.find({m->name(), column, kAllLayers, kAllLayers});
         if (mine == f.end()) continue;
         PromptLoss loss{m->name(),           column,    set_column_label(spec, column),
@@ -228,10 +230,15 @@ nlohmann::json SetEvalReport::to_json() const {
   return j;
 }
 
+bool is_set_report(const nlohmann::json& j) {
+  const auto format = j.is_object() ? j.find("format") : j.end();
+  return j.is_object() && format != j.end() && format->is_string() &&
+         *format == "kvscope-set-report/1";
+}
+
 SetEvalReport SetEvalReport::from_json(const nlohmann::json& j) {
   const auto fail = [](const std::string& why) { throw InputError("set report: " + why); };
-  if (!j.is_object() || j.value("format", "") != "kvscope-set-report/1")
-    fail("format is not kvscope-set-report/1");
+  if (!is_set_report(j)) fail("format is not kvscope-set-report/1");
   SetEvalReport rep;
   try {
     rep.source = j.at("set").get<std::string>();
@@ -253,7 +260,9 @@ SetEvalReport SetEvalReport::from_json(const nlohmann::json& j) {
       rep.shard_index >= rep.shard_count)
     fail("shard " + std::to_string(rep.shard_index) + " of " + std::to_string(rep.shard_count) +
          " is not a shard");
-  const nlohmann::json& caps = j.at("captures");
+  const auto found = j.find("captures");
+  if (found == j.end()) fail("no \"captures\"");
+  const nlohmann::json& caps = *found;
   if (!caps.is_array() || caps.size() != rep.entries.size())
     fail("holds " + std::to_string(caps.is_array() ? caps.size() : 0) + " capture reports for " +
          std::to_string(rep.entries.size()) + " entries");

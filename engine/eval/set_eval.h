@@ -64,6 +64,9 @@ struct SetEvalReport {
   static SetEvalReport from_json(const nlohmann::json& j);  // throws InputError
 };
 
+// Whether `j` is a set report (its "format" is kvscope-set-report/1), not one capture's.
+bool is_set_report(const nlohmann::json& j);
+
 // How a column of `spec` is named in set reports: the keep ratio in its shortest exact form
 // ("0.5"), or "B256" for a budget of 256 middle tokens.
 std::string set_column_label(const EvalSpec& spec, int column);
