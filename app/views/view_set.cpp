@@ -427,8 +427,10 @@ class SetView final : public View {
     ImGui::TableSetupColumn("prompt");
     ImGui::TableSetupColumn("tokens");
     if (ranked) {
-      ImGui::TableSetupColumn("A");
-      ImGui::TableSetupColumn("B");
+      // The columns name the methods, so the table reads without the toolbar.
+      const std::string a = "A: " + s.method_name(0), b = "B: " + s.method_name(1);
+      ImGui::TableSetupColumn(a.c_str());
+      ImGui::TableSetupColumn(b.c_str());
       ImGui::TableSetupColumn("A - B");
     }
     ImGui::TableHeadersRow();
