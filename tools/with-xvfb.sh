@@ -4,9 +4,9 @@
 #
 # Why not `xvfb-run -a`: it looks for a free display number by the lock files in /tmp and then
 # starts the server; two runs that look at the same moment (CTest runs GUI tests in parallel) both
-# take :99, one server loses, and its app finds no display ("Failed to open display :99"). Here the
-# server picks the number itself (-displayfd) at the moment it binds the socket, so parallel runs
-# never share one.
+# take :99, one server loses, and its app finds no display ("Failed to open display :99"). Here
+# each server is started on a number and the server's own lock decides (see start_server below);
+# a run that loses tries the next number, so parallel runs never share one.
 #
 # Usage: tools/with-xvfb.sh [-s "SERVER ARGS"] COMMAND [ARGS...]
 #        (SERVER ARGS default to "-screen 0 1600x1000x24", the size every GUI test expects)
@@ -39,25 +39,47 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 
 # The server writes its display number and a newline to the descriptor once it accepts clients.
-exec {numfd}>"$dir/display"
-# shellcheck disable=SC2086  # the server arguments are words on purpose
-Xvfb -displayfd "$numfd" -nolisten tcp $server_args >"$dir/xvfb.log" 2>&1 &
-server=$!
-exec {numfd}>&-
+# The number is ours to choose, and the server's own lock file (/tmp/.XN-lock, made with an
+# atomic link) decides who gets it: a server that finds the lock held exits at once, and we try
+# the next number. Why not let the server choose (-displayfd alone): then it takes no lock file
+# and probes numbers by binding sockets, and where abstract sockets are not available (a CI
+# sandbox) a second server binds over the first one's socket file and unlinks it when it stops,
+# so the first server's app finds no display ("Failed to open display :0", seen in CI).
+start_server() {  # $1: display number; sets `server`, returns 0 once the server accepts clients
+  : >"$dir/display"
+  exec {numfd}>"$dir/display"
+  # shellcheck disable=SC2086  # the server arguments are words on purpose
+  Xvfb ":$1" -displayfd "$numfd" -nolisten tcp $server_args >"$dir/xvfb.log" 2>&1 &
+  server=$!
+  exec {numfd}>&-
+  local i
+  for ((i = 0; i < 1200; ++i)); do  # up to 60 s: a loaded machine starts the server slowly
+    if [[ $(tail -c1 "$dir/display" 2>/dev/null | od -An -c | tr -d ' ') == '\n' ]]; then
+      [[ $(tr -d '[:space:]' <"$dir/display") == "$1" ]] && return 0
+      break
+    fi
+    if ! kill -0 "$server" 2>/dev/null; then
+      break
+    fi
+    sleep 0.05
+  done
+  kill "$server" 2>/dev/null
+  wait "$server" 2>/dev/null
+  server=0
+  return 1
+}
 
 number=""
-for ((i = 0; i < 1200; ++i)); do  # up to 60 s: a loaded machine starts the server slowly
-  if [[ $(tail -c1 "$dir/display" 2>/dev/null | od -An -c | tr -d ' ') == '\n' ]]; then
-    number=$(tr -d '[:space:]' <"$dir/display")
+first=$((200 + RANDOM % 600))  # spread parallel runs over the numbers so that few collide
+for ((attempt = 0; attempt < 40; ++attempt)); do
+  candidate=$((first + attempt))
+  if start_server "$candidate"; then
+    number=$candidate
     break
   fi
-  if ! kill -0 "$server" 2>/dev/null; then
-    break
-  fi
-  sleep 0.05
 done
-if [[ ! $number =~ ^[0-9]+$ ]]; then
-  echo "with-xvfb: Xvfb did not start (no display number after 60 s); its output:" >&2
+if [[ -z $number ]]; then
+  echo "with-xvfb: Xvfb did not start on any of the displays :$first to :$((first + 39)); the last server's output:" >&2
   cat "$dir/xvfb.log" >&2
   exit 2
 fi
