@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -227,6 +228,47 @@ TEST_F(CaptureSetTest, EachCapturesFiguresAreEvalsAndTheAggregateIsTheirMeanWith
   const nlohmann::json j = rep.to_json();
   EXPECT_EQ(j["summary"].size(), rows.size());
   EXPECT_EQ(SetEvalReport::from_json(j).to_json().dump(), j.dump());
+}
+
+TEST_F(CaptureSetTest, TwoCapturesAtATimeGiveTheFiguresOfOneAtATime) {
+  for (int c = 0; c < 5; ++c) synth("p" + std::to_string(c) + ".safetensors", 96 + 8 * c, 10 + c);
+  const CaptureSet set = open_capture_set((dir_ / "set").string());
+  EvalSpec spec = small_spec();
+  ASSERT_EQ(set_eval_lanes(set, spec, nullptr), 2);
+  const SetEvalReport two = run_set_eval(set, spec);
+  spec.threads = 1;
+  ASSERT_EQ(set_eval_lanes(set, spec, nullptr), 1);
+  const SetEvalReport one = run_set_eval(set, spec);
+  EXPECT_EQ(two.to_json().dump(), one.to_json().dump());
+  EXPECT_EQ(two.captures[3].spec.threads, 2);  // the set's thread count, not a lane's
+  // Progress ends at the whole set, and a set cancel flag throws Cancelled with no capture left
+  // running.
+  spec.threads = 2;
+  int last_done = -1, last_total = -1;
+  run_set_eval(set, spec, [&](int done, int total) {
+    EXPECT_GE(done, last_done);
+    last_done = done;
+    last_total = total;
+  });
+  EXPECT_EQ(last_done, last_total);
+  std::atomic<bool> cancel{false};
+  EXPECT_THROW(run_set_eval(
+                   set, spec, [&](int done, int) { cancel = cancel || done > 1500; }, &cancel),
+               Cancelled);
+}
+
+TEST_F(CaptureSetTest, ACaptureThatFailsInTheMiddleStopsTheSetWithItsOwnError) {
+  for (int c = 0; c < 4; ++c) synth("p" + std::to_string(c) + ".safetensors", 96, 20 + c);
+  const CaptureSet set = open_capture_set((dir_ / "set").string());
+  // The third capture becomes unreadable after the set was opened (a disk or a network share
+  // failing under a long run): the error names it, whichever lane met it.
+  write_text("p2.safetensors", "not a capture");
+  try {
+    run_set_eval(set, small_spec());
+    ADD_FAILURE() << "the set evaluated with an unreadable capture";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("p2.safetensors"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CaptureSetTest, ShardsOfASetMergeToTheUnshardedReport) {

@@ -3,14 +3,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "engine/core/error.h"
 #include "engine/core/student_t.h"
+#include "engine/core/thread_pool.h"
 #include "engine/eval/seed_stats.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {
@@ -276,6 +282,12 @@ SetEvalReport SetEvalReport::from_json(const nlohmann::json& j) {
   return rep;
 }
 
+int set_eval_lanes(const CaptureSet& set, const EvalSpec& spec, const Backend* backend) {
+  const int threads = spec.threads > 0 ? spec.threads : hardware_threads();
+  const bool cpu_scoring = !(backend && backend->parallel_in_one_call());
+  return cpu_scoring && threads >= 2 && set.entries.size() >= 2 ? 2 : 1;
+}
+
 SetEvalReport run_set_eval(const CaptureSet& set, const EvalSpec& spec,
                            const SetEvalProgress& progress, const std::atomic<bool>* cancel,
                            Backend* backend) {
@@ -285,16 +297,70 @@ SetEvalReport run_set_eval(const CaptureSet& set, const EvalSpec& spec,
   rep.shard_index = spec.shard_index;
   rep.shard_count = spec.shard_count;
   const int n = static_cast<int>(set.entries.size());
-  for (int c = 0; c < n; ++c) {
-    // One capture open at a time: its layers leave memory before the next is opened.
-    std::unique_ptr<CaptureFile> capture = CaptureFile::open(set.entries[c].resolved);
-    const ProgressFn each = [&](int done, int total) {
-      if (progress && total > 0) progress(c * 1000 + done * 1000 / total, n * 1000);
-    };
-    rep.captures.push_back(run_eval(*capture, spec, each, cancel, backend));
-    // The report names the file as the set lists it, so reports of one set compare across
-    // machines and folders.
-    rep.captures.back().capture_path = set.entries[c].path;
+  rep.captures.resize(static_cast<size_t>(n));
+
+  // Two captures at a time on the CPU, each on half the threads: one capture's serial parts
+  // (opening it, its first layer's load, the tail of each layer's work) leave cores idle that the
+  // other capture's work fills. A capture's report does not depend on its thread count, so the
+  // figures are those of one capture at a time. A device backend takes the captures one by one.
+  const int lanes = set_eval_lanes(set, spec, backend);
+  EvalSpec lane_spec = spec;
+  if (lanes > 1)
+    lane_spec.threads = std::max(1, (spec.threads > 0 ? spec.threads : hardware_threads()) / lanes);
+
+  std::mutex mu;  // guards next, permille and progress calls
+  int next = 0;
+  std::vector<int> permille(static_cast<size_t>(n), 0);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  // Set when a capture fails or the caller cancels, so the other lane stops too.
+  std::atomic<bool> stop{false};
+  auto lane = [&] {
+    while (true) {
+      int c = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (next >= n || stop.load() || (cancel && cancel->load())) return;
+        c = next++;
+      }
+      try {
+        // Each capture is open only while it is evaluated: its layers leave memory after it.
+        std::unique_ptr<CaptureFile> capture = CaptureFile::open(set.entries[c].resolved);
+        const ProgressFn each = [&, c](int done, int total) {
+          if (cancel && cancel->load()) stop = true;
+          std::lock_guard<std::mutex> lock(mu);
+          permille[c] = total > 0 ? done * 1000 / total : 1000;
+          int sum = 0;
+          for (int p : permille) sum += p;
+          if (progress) progress(sum, n * 1000);
+        };
+        EvalReport one = run_eval(*capture, lane_spec, each, &stop, backend);
+        // The report names the file as the set lists it, so reports of one set compare across
+        // machines and folders; its spec is the set's (the lanes' thread count aside).
+        one.capture_path = set.entries[c].path;
+        one.spec.threads = spec.threads;
+        rep.captures[c] = std::move(one);
+      } catch (...) {
+        errors[c] = std::current_exception();
+        stop = true;
+      }
+    }
+  };
+  if (lanes == 1) {
+    lane();
+  } else {
+    std::thread other(lane);
+    lane();
+    other.join();
+  }
+  if (cancel && cancel->load()) throw Cancelled();
+  // The first failure in set order; a capture stopped only because the other lane's capture
+  // failed threw Cancelled and is not a failure of its own.
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const Cancelled&) {
+    }
   }
   return rep;
 }

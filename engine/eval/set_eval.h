@@ -73,9 +73,15 @@ std::string set_column_label(const EvalSpec& spec, int column);
 
 using SetEvalProgress = std::function<void(int done, int total)>;
 
+// How many captures run_set_eval evaluates at once: 2 on the CPU with two threads or more and two
+// captures or more (each on half the threads), else 1 (a device backend takes them one by one).
+int set_eval_lanes(const CaptureSet& set, const EvalSpec& spec, const Backend* backend);
+
 // Runs `spec` (its shard_index / shard_count split each capture's work items) on every capture of
-// the set in order, one capture open at a time; each capture's report is exactly run_eval's on
-// that file. Methods a capture cannot run are refused by run_eval as for one capture.
+// the set, set_eval_lanes() captures open at a time; each capture's report is exactly run_eval's
+// on that file (whatever the lanes). Methods a capture cannot run are refused by run_eval as for
+// one capture. A capture that throws stops the set; the first such capture in set order is
+// rethrown once the other lane has stopped.
 SetEvalReport run_set_eval(const CaptureSet& set, const EvalSpec& spec,
                            const SetEvalProgress& progress = {},
                            const std::atomic<bool>* cancel = nullptr, Backend* backend = nullptr);
