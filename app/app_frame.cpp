@@ -563,13 +563,18 @@ void AppUi::export_all_json(const std::string& dir) const {
   st["ui_scale"] = ui_scale_;
   st["text_input"] = ImGui::GetIO().WantTextInput;  // a text field takes the keys
   st["display"] = {ImGui::GetIO().DisplaySize.x, ImGui::GetIO().DisplaySize.y};
-  nlohmann::json recent = nlohmann::json::array(), recent_app = nlohmann::json::array();
+  nlohmann::json recent = nlohmann::json::array(), recent_app = nlohmann::json::array(),
+                 recent_app_cpu = nlohmann::json::array();
   const uint64_t n = std::min<uint64_t>(frames_, kFrameRing);
   for (uint64_t i = frames_ - n; i < frames_; ++i) {
     recent.push_back(frame_ms_[i % kFrameRing]);
     recent_app.push_back(app_ms_[i % kFrameRing]);
+    recent_app_cpu.push_back(app_cpu_ms_[i % kFrameRing]);
   }
-  st["frames"] = {{"count", frames_}, {"recent_ms", recent}, {"recent_app_ms", recent_app}};
+  st["frames"] = {{"count", frames_},
+                  {"recent_ms", recent},
+                  {"recent_app_ms", recent_app},
+                  {"recent_app_cpu_ms", recent_app_cpu}};
   const MemoryStats mem = memory_stats();  // the soak tells retention from the allocator's own
   st["memory"] = {{"rss_kb", mem.rss_kb},
                   {"heap_live", mem.heap_live},
@@ -579,11 +584,13 @@ void AppUi::export_all_json(const std::string& dir) const {
   f << st.dump(2) << "\n";
 }
 
-void AppUi::note_frame_time(double ms, double app_ms) {
+void AppUi::note_frame_time(double ms, double app_ms, double app_cpu_ms) {
   if (frame_ms_.size() < kFrameRing) frame_ms_.resize(kFrameRing);
   if (app_ms_.size() < kFrameRing) app_ms_.resize(kFrameRing);
+  if (app_cpu_ms_.size() < kFrameRing) app_cpu_ms_.resize(kFrameRing);
   frame_ms_[frames_ % kFrameRing] = static_cast<float>(ms);
   app_ms_[frames_ % kFrameRing] = static_cast<float>(app_ms);
+  app_cpu_ms_[frames_ % kFrameRing] = static_cast<float>(app_cpu_ms);
   ++frames_;
 }
 

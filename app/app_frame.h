@@ -173,10 +173,12 @@ class AppUi {
   // Frame times (the soak test, docs/testing.md): the renderer reports each frame's work, from
   // the end of its wait for events to the buffer swap (`ms`), and the app's own part of it
   // (`app_ms`: applying results, reconcile(), the views' drawing and ImGui's draw lists, before
-  // any GL call; under Xvfb the rest is the software rasteriser, which a GPU does instead).
-  // state.json exports how many frames were drawn (a heartbeat) and the last kFrameRing of both.
+  // any GL call; under Xvfb the rest is the software rasteriser, which a GPU does instead), both
+  // wall time, and the CPU time the UI thread spent on that own part (`app_cpu_ms`: what the app
+  // costs whatever else the machine runs; a loaded machine stretches the wall times, not this).
+  // state.json exports how many frames were drawn (a heartbeat) and the last kFrameRing of each.
   static constexpr size_t kFrameRing = 1024;
-  void note_frame_time(double ms, double app_ms);
+  void note_frame_time(double ms, double app_ms, double app_cpu_ms);
 
  private:
   void draw_menu();
@@ -227,6 +229,7 @@ class AppUi {
   uint64_t frames_ = 0;             // frames reported by note_frame_time
   std::vector<float> frame_ms_;     // ring: frame i at i % kFrameRing
   std::vector<float> app_ms_;       // the same frames' own work (note_frame_time)
+  std::vector<float> app_cpu_ms_;   // ... and its CPU time on the UI thread
   nlohmann::json restore_session_;  // what the restore prompt offers
   std::string restore_text_;        // the prompt's line: when it was saved, which capture
   bool restore_pending_ = false;    // the prompt is up (opened at the next frame)

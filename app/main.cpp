@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -228,6 +229,13 @@ GLFWwindow* create_window(const AppOptions& o) {
   return window;
 }
 
+// The CPU time this thread has used, in milliseconds.
+double thread_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
+}
+
 // The frame loop: wait for something to draw, draw, show, and (for --screenshot) write the picture
 // once the view is ready.
 class FrameLoop {
@@ -244,13 +252,15 @@ class FrameLoop {
       wait_for_events(frame_start);
       last_frame_start_ = Clock::now();
       const Clock::time_point work_start = last_frame_start_;  // the frame's work from here
+      const double work_start_cpu = thread_cpu_ms();
       before_frame();
       draw_frame();
       const Clock::time_point app_end = Clock::now();  // GL from here
+      const double app_cpu = thread_cpu_ms() - work_start_cpu;
       present_and_capture();
       ui_.note_frame_time(
           std::chrono::duration<double, std::milli>(Clock::now() - work_start).count(),
-          std::chrono::duration<double, std::milli>(app_end - work_start).count());
+          std::chrono::duration<double, std::milli>(app_end - work_start).count(), app_cpu);
       // Without vsync (e.g. under Xvfb) cap interactive frames at about 60 per second.
       if (!headless_) {
         const auto spent = Clock::now() - frame_start;
