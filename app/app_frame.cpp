@@ -596,9 +596,17 @@ void AppUi::note_frame_time(double ms, double app_ms, double app_cpu_ms) {
 
 void AppUi::reconcile() {
   s_.reconcile([this](const AppState& s, std::vector<NamedPlan>& plans) {
-    for (const auto& v : views_)  // a view's own results are wanted while it is shown
-      if (v->name() == s.settings.panel_view[0] || v->name() == s.settings.panel_view[1])
-        v->plan(s, plans);
+    for (const auto& v : views_) {  // a view's own results are wanted while it is shown
+      if (v->name() != s.settings.panel_view[0] && v->name() != s.settings.panel_view[1])
+        continue;
+      std::vector<NamedPlan> mine;
+      v->plan(s, mine);
+      // A result two views show (the set's evaluation) is planned once: both plan it alike.
+      for (NamedPlan& p : mine)
+        if (std::none_of(plans.begin(), plans.end(),
+                         [&](const NamedPlan& q) { return q.first == p.first; }))
+          plans.push_back(std::move(p));
+    }
   });
 }
 

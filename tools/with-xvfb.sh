@@ -45,6 +45,12 @@ trap 'exit 130' INT
 # and probes numbers by binding sockets, and where abstract sockets are not available (a CI
 # sandbox) a second server binds over the first one's socket file and unlinks it when it stops,
 # so the first server's app finds no display ("Failed to open display :0", seen in CI).
+answers() {  # whether the X server $1 takes a client (xdpyinfo, from x11-utils, when installed)
+  if ! command -v xdpyinfo >/dev/null; then return 0; fi
+  DISPLAY=$1 xdpyinfo >/dev/null 2>&1 && return 0
+  echo "with-xvfb: the server on $1 said it was ready but takes no client; trying another number" >&2
+  return 1
+}
 start_server() {  # $1: display number; sets `server`, returns 0 once the server accepts clients
   : >"$dir/display"
   exec {numfd}>"$dir/display"
@@ -55,7 +61,9 @@ start_server() {  # $1: display number; sets `server`, returns 0 once the server
   local i
   for ((i = 0; i < 1200; ++i)); do  # up to 60 s: a loaded machine starts the server slowly
     if [[ $(tail -c1 "$dir/display" 2>/dev/null | od -An -c | tr -d ' ') == '\n' ]]; then
-      [[ $(tr -d '[:space:]' <"$dir/display") == "$1" ]] && return 0
+      # Ready by its own word; and a client must get in before the command runs (a server that
+      # reported ready and then lost its socket would leave the app without a display).
+      [[ $(tr -d '[:space:]' <"$dir/display") == "$1" ]] && answers ":$1" && return 0
       break
     fi
     if ! kill -0 "$server" 2>/dev/null; then
@@ -89,4 +97,17 @@ child=$!
 trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM
 trap 'kill -INT "$child" 2>/dev/null; wait "$child"; exit 130' INT
 wait "$child"
-exit $?
+rc=$?
+if ((rc != 0)); then  # what the server saw, for a failure that may be the display's
+  if ! kill -0 "$server" 2>/dev/null; then
+    echo "with-xvfb: the X server on :$number had stopped before the command ended" >&2
+  fi
+  if ! answers ":$number" 2>/dev/null; then
+    echo "with-xvfb: the X server on :$number takes no client now" >&2
+  fi
+  if [[ -s "$dir/xvfb.log" ]]; then
+    echo "with-xvfb: the X server's output:" >&2
+    tail -n 20 "$dir/xvfb.log" >&2
+  fi
+fi
+exit $rc

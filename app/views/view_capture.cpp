@@ -1,6 +1,7 @@
 // Capture view: what is open (model, shapes, tokens, synthetic label, resident bytes) and the
 // layer x kv-head grid coloured by method A's error at the current keep ratio (or by attention
-// entropy); clicking a cell focuses that head.
+// entropy, or, with a capture set open, by method A's mean over the set's prompts); clicking a
+// cell focuses that head.
 #include <imgui.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "app/plot.h"
 #include "app/result_status.h"
 #include "app/ui_layout.h"
+#include "app/views/set_figures.h"
 #include "app/views/view.h"
 
 namespace kvscope::app {
@@ -47,13 +49,17 @@ class CaptureView final : public View {
     return "The open capture: model, shapes, token count and dtype, the evaluation protocol in "
            "use, and the layer x kv-head grid coloured by method A's relative error at the "
            "current keep ratio (or by attention entropy). Hover a cell for mean and spread over "
-           "seeds; click it to focus that layer and kv head.";
+           "seeds; click it to focus that layer and kv head. With a capture set open (File > "
+           "Open set), the grid can show method A's mean over the set's prompts instead, or the "
+           "width of its 95% interval; hover a cell for the interval and the spread over "
+           "prompts.";
   }
   Panel panel() const override { return Panel::Left; }
 
   bool ready(const AppState& s) const override {
     // The grid must show numbers (or the reason it cannot).
     if (!s.capture) return true;
+    if (shows_set(s)) return set_eval_settled(s);
     const Result& r = s.result(s.settings.grid_metric == GridMetric::Entropy ? kEntropy : kGrid);
     return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want) ||
            (!r.cancelled.empty() && r.cancelled == r.want);
@@ -97,14 +103,26 @@ class CaptureView final : public View {
     }
     ImGui::Separator();
 
-    int metric = static_cast<int>(s.settings.grid_metric);
+    // The set's mean is the third choice while a set is open (its own state: the capture's
+    // metric stays as chosen underneath).
+    int metric = shows_set(s) ? 2 : static_cast<int>(s.settings.grid_metric);
     // As wide as fits beside its label and the (?) marker, at most 240 px (x UI scale).
     ImGui::SetNextItemWidth(std::max(px(100), std::min(px(240), ImGui::GetContentRegionAvail().x -
                                                                     labelled_width(0, "colour by") -
                                                                     button_width("(?)") - px(12))));
-    const char* metrics[] = {"error of method A", "attention entropy"};
-    if (ImGui::Combo("colour by", &metric, metrics, 2))
-      s.settings.grid_metric = static_cast<GridMetric>(metric);
+    const char* metrics[] = {"error of method A", "attention entropy",
+                             "method A over the set's prompts"};
+    if (ImGui::BeginCombo("colour by", metrics[metric])) {
+      for (int i = 0; i < (s.set_path.empty() ? 2 : 3); ++i) {
+        if (ImGui::Selectable(metrics[i], i == metric)) {
+          show_set_ = i == 2;
+          if (i < 2) s.settings.grid_metric = static_cast<GridMetric>(i);
+        }
+        record_item(s, std::string("combo:colour by:") + metrics[i]);
+      }
+      ImGui::EndCombo();
+    }
+    record_item(s, "combo:colour by");
     toolbar_next(ImGui::CalcTextSize("(?)").x);
     ImGui::TextDisabled("(?)");
     if (ImGui::IsItemHovered())
@@ -112,9 +130,15 @@ class CaptureView final : public View {
           "Error: relative error ||z_j - Attn_j|| / ||Attn_j|| of method A at the current keep\n"
           "ratio, mean over the evaluation queries, the GQA group and %d seeds.\n"
           "Entropy: mean attention entropy (nats) of the evaluation queries.\n"
+          "Set: method A's mean relative error over the prompts of the capture set open, with\n"
+          "its 95%% interval across prompts (the Set view has the whole table).\n"
           "Click a cell to focus that layer and kv head.",
           s.grid_seeds());
 
+    if (shows_set(s)) {
+      draw_set_grid(s);
+      return;
+    }
     draw_result_status(s, s.settings.grid_metric == GridMetric::Entropy ? kEntropy : kGrid,
                        s.settings.grid_metric == GridMetric::Entropy ? "entropy" : "grid");
     mark_figure_top();  // figure exports: the caption and the grid, not the controls above
@@ -138,10 +162,67 @@ class CaptureView final : public View {
     j["tokens"] = ci.num_tokens;
     j["synthetic"] = ci.synthetic;
     j["grid"] = grid_json(s);
+    j["grid_source"] = shows_set(s) ? "set"
+                       : s.settings.grid_metric == GridMetric::Entropy ? "entropy"
+                                                                       : "error";
+    if (shows_set(s)) {  // what the set's grid shows, in full
+      SetFigures f;
+      f.update(s);
+      nlohmann::json cells = nlohmann::json::array();
+      for (size_t i = 0; i < f.cell.size(); ++i)
+        if (const SetRow* r = f.cell[i])
+          cells.push_back({{"layer", r->layer},
+                           {"kv_head", r->kv_head},
+                           {"method", r->method},
+                           {"mean", r->mean},
+                           {"ci_low", r->ci_low},
+                           {"ci_high", r->ci_high},
+                           {"prompts", r->prompts},
+                           {"min_over_prompts", f.lo[i]},
+                           {"max_over_prompts", f.hi[i]}});
+      j["set_grid"] = {{"cells", cells},
+                       {"colour_by_interval", by_interval_},
+                       {"fresh", s.result(kSetEval).fresh()}};
+    }
     return j;
   }
 
   std::string export_csv(const AppState& s) const override { return grid_csv(s); }
+
+  void plan(const AppState& s, std::vector<NamedPlan>& out) const override {
+    if (shows_set(s)) plan_set_eval(s, out);
+  }
+  nlohmann::json save_state() const override {
+    return {{"show_set", show_set_}, {"colour_by_interval", by_interval_}};
+  }
+  void load_state(const nlohmann::json& j) override {
+    if (!j.is_object()) return;
+    show_set_ = j.value("show_set", false);
+    by_interval_ = j.value("colour_by_interval", false);
+  }
+
+ private:
+  bool shows_set(const AppState& s) const { return show_set_ && !s.set_path.empty(); }
+
+  // Method A's mean over the set's prompts per layer and kv head (or the width of its interval).
+  void draw_set_grid(AppState& s) {
+    draw_result_status(s, kSetEval, "the set's evaluation");
+    const Result& r = s.result(kSetEval);
+    if (!r.error.empty() && r.key == r.want) ImGui::TextColored(kTextError, "%s", r.error.c_str());
+    ImGui::Checkbox("colour by the interval's width", &by_interval_);
+    record_item(s, "capture:by_interval");
+    mark_figure_top();
+    set_figures_.update(s);
+    const GridValues gv = set_figures_.grid(s, by_interval_);
+    ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+    ImGui::TextWrapped("%s%s", gv.caption.c_str(), r.fresh() ? "" : " (stale: settings changed)");
+    ImGui::PopStyleColor();
+    draw_grid(s, gv, "##capsetgrid", 10000.0f);
+  }
+
+  bool show_set_ = false;     // colour by the set's figures (while a set is open)
+  bool by_interval_ = false;  // ... by the width of their interval
+  SetFigures set_figures_;
 };
 
 }  // namespace

@@ -20,7 +20,8 @@ bool ErrorView::ready(const AppState& s) const {
     return r.want.empty() || r.fresh() || (!r.held.empty() && r.held == r.want);
   };
   if (mode_ == 1) return done(kTune);
-  return done(kSweep) && done(kFocusA) && done(kGrid) && !s.sweep_request().methods.empty();
+  return done(kSweep) && done(kFocusA) && done(kGrid) && !s.sweep_request().methods.empty() &&
+         (!shows_set(s) || set_eval_settled(s));
 }
 
 void ErrorView::draw(AppState& s) {
@@ -112,6 +113,21 @@ nlohmann::json ErrorView::export_json(const AppState& s) const {
                   {"approx_output", q.approx_output},
                   {"relative_error", q.relative_error}};
   }
+  if (shows_set(s)) {  // the sweep panel's figures over the set's prompts
+    const Result& r = s.result(kSetEval);
+    if (const SetEvalReport* rep = r.get<SetEvalReport>()) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const SetRow& row : rep->summary())
+        if (row.layer == kAllLayers)
+          rows.push_back({{"method", row.method},
+                          {"ratio", rep->captures.at(0).spec.ratios.at(row.column)},
+                          {"mean", row.mean},
+                          {"ci_low", row.ci_low},
+                          {"ci_high", row.ci_high},
+                          {"prompts", row.prompts}});
+      j["set_sweep"] = {{"rows", rows}, {"fresh", r.fresh()}};
+    }
+  }
   if (const TuneResult* t = s.result(kTune).get<TuneResult>()) {
     j["tuning"] = t->grid.to_json();
     if (t->scope == 3) {
@@ -133,7 +149,7 @@ nlohmann::json ErrorView::save_state() const {
           {"heatmap_method", heat_source_.first},
           {"heatmap_ratio", heat_source_.second},
           {"mode", mode_ == 1 ? "tune" : "overview"},
-          {"sweep_y", sweep_y_ == 1 ? "harm" : "error"},
+          {"sweep_y", sweep_y_ == 2 ? "set" : sweep_y_ == 1 ? "harm" : "error"},
           {"tune",
            {{"method", tune_method_},  // the method whose parameters the axes name
             {"rows", tune_rows_},
@@ -153,8 +169,8 @@ void ErrorView::load_state(const nlohmann::json& j) {
   std::pair<std::string, double> heat{f.get("heatmap_method", ""), f.get("heatmap_ratio", 0.0)};
   const std::string mode = f.get("mode", "overview");
   const std::string sweep_y = f.get("sweep_y", "error");
-  if (sweep_y != "error" && sweep_y != "harm")
-    f.at("sweep_y").fail("'" + sweep_y + "' is not error or harm");
+  if (sweep_y != "error" && sweep_y != "harm" && sweep_y != "set")
+    f.at("sweep_y").fail("'" + sweep_y + "' is not error, harm or set");
   if (mode != "overview" && mode != "tune")
     f.at("mode").fail("'" + mode + "' is not overview or tune");
   std::string method = tune_method_, rows = tune_rows_, row_values = row_values_, cols = tune_cols_,
@@ -172,7 +188,7 @@ void ErrorView::load_state(const nlohmann::json& j) {
   log_attention_ = log_attention;
   heat_source_ = std::move(heat);
   mode_ = mode == "tune" ? 1 : 0;
-  sweep_y_ = sweep_y == "harm" ? 1 : 0;
+  sweep_y_ = sweep_y == "set" ? 2 : sweep_y == "harm" ? 1 : 0;
   tune_method_ = std::move(method);
   tune_rows_ = std::move(rows);
   row_values_ = std::move(row_values);
@@ -193,6 +209,7 @@ std::string ErrorView::export_csv(const AppState& s) const {
 
 void ErrorView::plan(const AppState& s, std::vector<NamedPlan>& out) const {
   out.emplace_back(kTune, plan_tuning(s));
+  if (mode_ == 0 && shows_set(s)) plan_set_eval(s, out);
   // The A/B overlap while the heatmap shows it.
   out.emplace_back(kOverlap,
                    mode_ == 0 && heat_source_ == kOverlapSource ? plan_overlap(s) : JobPlan{});
@@ -233,16 +250,31 @@ void ErrorView::draw_sweep(AppState& s) {
   ImGui::SliderInt("seeds", &req.seeds, 1, 10);
   // Why a method loses, per token: the share of the middle's harm (each token's exact output
   // change when evicted alone, engine/eval/token_harm.h) that the method dropped.
+  // With a capture set open: methods A and B over the set's prompts, with the 95% interval.
   {
-    const char* ys[] = {"relative error", "harm dropped"};
-    toolbar_next(px(140));
-    ImGui::SetNextItemWidth(px(140));
-    ImGui::Combo("##sweep_y", &sweep_y_, ys, 2);
+    const char* ys[] = {"relative error", "harm dropped", "over the set's prompts"};
+    const int y = shows_set(s) ? 2 : std::min(sweep_y_, 1);
+    // As wide as the choice shown, so that "over the set's prompts" is read whole.
+    const float w = std::max(px(140), ImGui::CalcTextSize(ys[y]).x + ImGui::GetFrameHeight() +
+                                          2 * ImGui::GetStyle().FramePadding.x);
+    toolbar_next(w);
+    ImGui::SetNextItemWidth(w);
+    if (ImGui::BeginCombo("##sweep_y", ys[y])) {
+      for (int i = 0; i < (s.set_path.empty() ? 2 : 3); ++i) {
+        if (ImGui::Selectable(ys[i], i == y)) sweep_y_ = i;
+        record_item(s, std::string("combo:sweep y:") + ys[i]);
+      }
+      ImGui::EndCombo();
+    }
     record_item(s, "sweep:y");
   }
   toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
   ImGui::Checkbox("focused layer only", &req.focused_layer_only);
   if (req != asked) s.settings.sweep = req;
+  if (shows_set(s)) {
+    draw_set_sweep(s);
+    return;
+  }
   draw_result_status(s, kSweep, "sweep");
 
   // Series from the summary: mean over heads, spread = std over seeds of the head mean.
@@ -370,6 +402,22 @@ void ErrorView::draw_sweep(AppState& s) {
       ImGui::EndTooltip();
     }
   }
+}
+
+bool ErrorView::shows_set(const AppState& s) const {
+  return sweep_y_ == 2 && !s.set_path.empty();
+}
+
+// Error against keep ratio over the set's prompts (the keep ratios the sweep asks for, and the
+// current one), methods A and B, the 95% interval across prompts as a band.
+void ErrorView::draw_set_sweep(AppState& s) {
+  draw_result_status(s, kSetEval, "the set's evaluation");
+  const Result& r = s.result(kSetEval);
+  if (!r.error.empty() && r.key == r.want) ImGui::TextColored(kTextError, "%s", r.error.c_str());
+  set_figures_.update(s);
+  if (!set_figures_.report) return;
+  if (r.stale()) ImGui::TextDisabled("[STALE: earlier settings]");
+  set_figures_.draw_plot(s, "##setsweep");
 }
 
 void ErrorView::draw_heatmap(AppState& s) {

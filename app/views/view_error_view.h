@@ -22,6 +22,7 @@
 #include "app/plot.h"
 #include "app/result_status.h"
 #include "app/ui_layout.h"
+#include "app/views/set_figures.h"
 #include "app/views/view.h"
 #include "engine/core/error.h"
 #include "engine/eval/sweep_grid.h"
@@ -123,6 +124,9 @@ class ErrorView final : public View {
                        const char* bar_label, ImVec2 size);
 
   void draw_sweep(AppState& s);
+  // The sweep panel over the set's prompts (sweep_y_ 2, while a capture set is open).
+  bool shows_set(const AppState& s) const;
+  void draw_set_sweep(AppState& s);
 
   void draw_heatmap(AppState& s);
 
@@ -134,7 +138,10 @@ class ErrorView final : public View {
   std::pair<std::string, double> heat_source_;  // empty method: the background grid
   inline static const std::pair<std::string, double> kOverlapSource{"A/B overlap", -2.0};
   int mode_ = 0;     // 0 overview, 1 tune two parameters
-  int sweep_y_ = 0;  // the sweep plot's y: 0 relative error, 1 share of the harm dropped
+  // The sweep plot's y: 0 relative error, 1 share of the harm dropped, 2 the error over the
+  // prompts of the capture set open.
+  int sweep_y_ = 0;
+  SetFigures set_figures_;
   std::string tune_method_, tune_rows_, tune_cols_, row_values_, col_values_;
   int tune_seeds_ = 3, tune_scope_ = 0;
 };
