@@ -1,4 +1,4 @@
-// The kvpress ports' selection on one head (issue 26): n = 8192 tokens, d = 128, one kv head read
+// The kvpress ports' selection on one head: n = 8192 tokens, d = 128, one kv head read
 // by a GQA group of 4 query heads (a synthetic Llama-3-shaped layer, engine/model/synth.h), budget
 // at ratio 1/4, against what evaluating uniform on that head costs (run_head: its selection and the
 // errors of the E = 256 evaluation queries of the group, exact side included).

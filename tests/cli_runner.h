@@ -1,4 +1,4 @@
-// Runs kvscope-cli from a test: the one helper every CLI test uses (issue 25 item 4).
+// Runs kvscope-cli from a test: the one helper every CLI test uses.
 #pragma once
 
 #include <sys/wait.h>

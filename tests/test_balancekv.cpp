@@ -210,7 +210,7 @@ TEST(BalanceKV, TraceShapes) {
   EXPECT_EQ(kept[1], in.budget);
 }
 
-// Views ask Method::produces_trace(), not names (issue 25): the methods that say so record a walk
+// Views ask Method::produces_trace(), not names: the methods that say so record a walk
 // when asked, the others that run on a bare head record none, and the two walk methods say so.
 TEST(BalanceKV, ProducesTraceIsWhatTheMethodsDo) {
   const SynthHead h = synth_head(600, 16, 7);

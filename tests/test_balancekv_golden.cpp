@@ -1,4 +1,4 @@
-// BalanceKV against the authors' own balanced_walk (issue 11): ../shared/golden/ holds the kept
+// BalanceKV against the authors' own balanced_walk: ../shared/golden/ holds the kept
 // indices and weights their function returns, fed KVScope's Philox uniforms, for both sample
 // captures and two synthetic ones (a middle that is not a multiple of the block; a d = 64 capture
 // whose kernel overflows float32). balancekv with its default switches must reproduce every case
@@ -174,7 +174,7 @@ TEST(GoldenData, OverflowCaptureOverflowsAndTheWalkReportsSaturation) {
   cool.want_trace = true;
   const double s_hot = balancekv_select(hot).trace->saturation;
   const double s_cool = balancekv_select(cool).trace->saturation;
-  EXPECT_GT(s_hot, 0.9);  // issue 11: 98-100% on the sample captures at temp 1
+  EXPECT_GT(s_hot, 0.9);  // 98-100% on the sample captures at temp 1
   EXPECT_LT(s_cool, s_hot);
 }
 

@@ -1,5 +1,4 @@
-// A layer's kv heads in one attention_errors call (issue 28 item 1;
-// engine/eval/protocol_batched.cpp, docs/design.md "Backend ops"). A counting backend
+// A layer's kv heads in one attention_errors call (// engine/eval/protocol_batched.cpp, docs/design.md "Backend ops"). A counting backend
 // ("test-batch", tests/counting_backend.h), as a device backend registers itself, says it
 // parallelises inside one call and runs the CPU references (cpu_attention_errors and the CPU
 // backend's walk, t-SNE, k-center and scores) while it records every attention_errors call.

@@ -1,4 +1,4 @@
-// Budgets as people set them (issue 26 item 5; docs/evaluation.md, "Budgets"): a token budget B
+// Budgets as people set them (docs/evaluation.md, "Budgets"): a token budget B
 // keeps exactly B middle tokens in eval, sweep and generate; a budget that does not fit is an
 // error naming the setting; the kvpress preset of ratios; and which methods a capture cannot run
 // (method_unavailable, the reason the app shows on a greyed method).

@@ -446,7 +446,7 @@ TEST(BuzzGolden, DefaultKeepsWhatTheAuthorsClassKeeps) {
 }
 
 TEST(BuzzGolden, TheEarlierRuleGivesTheEarlierFigures) {
-  // accumulate = full-prefix with auto_scale = given-ratio is KVScope's rule before issue 30; its
+  // accumulate = full-prefix with auto_scale = given-ratio was KVScope's rule before the authors'; its
   // mean relative errors on lily at 1/2, 1/4, 1/8 are the ones the eval fixture held then.
   auto cap = CaptureFile::open(kSampleDir + "stories260K_lily.safetensors");
   const int layers = cap->info().num_layers, heads = cap->info().kv_heads;

@@ -464,7 +464,7 @@ TEST(CliInfo, PrintsShapesProvenanceAndTokens) {
   EXPECT_NE(out.find("all 3 layers load; every value is finite"), std::string::npos) << out;
 }
 
-// ---- hostile files (issue 13): not regular files, files changing under the reader, outputs
+// ---- hostile files: not regular files, files changing under the reader, outputs
 
 std::string error_of(const std::function<void()>& fn) {
   try {

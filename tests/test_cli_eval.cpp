@@ -140,7 +140,7 @@ TEST_F(CliEval, ShardsMergeToTheUnshardedResults) {
   EXPECT_NE(bad.output.find("twice"), std::string::npos) << bad.output;
 }
 
-// Issue 27, item 3: merge reads every field of a report through a typed accessor; a wrong type
+// Merge reads every field of a report through a typed accessor; a wrong type
 // (null where a number belongs, a string for a list, ...) is refused with the file and the
 // field's path named, never with the JSON library's bare "type must be number, but is null".
 TEST_F(CliEval, MergeNamesEveryWrongTypedField) {

@@ -1,4 +1,4 @@
-// Layers resident on the device (issue 28 item 1; docs/design.md, "Backend ops", and
+// Layers resident on the device (docs/design.md, "Backend ops", and
 // docs/performance.md, "Layers resident on the device"). Everywhere: every load of a layer gets a
 // fresh LayerData id, copies name nothing, and the protocol puts the id in every attention_errors
 // batch. With a CUDA device, or under the CPU emulation of CUDA (kernels/emu/, which builds this

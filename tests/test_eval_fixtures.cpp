@@ -1,14 +1,14 @@
 // Every figure `kvscope-cli eval` reports on the two sample captures is the one it reported
-// before the evaluation was restructured to do no work twice (issue 14): seed-independent methods
+// before the evaluation was restructured to do no work twice: seed-independent methods
 // run once per head and ratio, score-ranking methods rank once per head, scoring reuses the exact
 // reference's logits, exp is vectorised. The fixtures in tests/data/ are the JSON of
 //   kvscope-cli eval sample_data/<capture> --methods all --ratios 0.5,0.25,0.125 --seeds 3 --json
 // generated before that change. Numbers must agree to 1e-9 relative (with an absolute floor of
 // 1e-12: the exact method's errors are rounding noise of order 1e-16), integers, strings,
 // booleans and selections-derived notes exactly. balancekv is left out: its default algorithm
-// changes on purpose (issue 11, which has its own golden tests). buzz's entries were regenerated
+// changes on purpose (it has its own golden tests). buzz's entries were regenerated
 // the same way (`--methods buzz`, spliced in place) when its default became the authors' rule
-// (issue 30: scores over the compressed cache, Theorem 3.1's T/w; tests/test_buzz.cpp).
+// (scores over the compressed cache, Theorem 3.1's T/w; tests/test_buzz.cpp).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>

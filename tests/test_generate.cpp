@@ -329,7 +329,7 @@ TEST(Generate, BalanceKVAgainstUniformAtQuarter) {
 }
 
 // The engine names the setting in words (the Output view shows the message as it is); the CLI
-// prints the flag instead (SettingError::cli_message, issue 24 item 8).
+// prints the flag instead (SettingError::cli_message).
 TEST(Generate, BadSpecsNameTheSetting) {
   REQUIRE_MODEL(kStories);
   llama2c::Transformer model(kStories.model);

@@ -1,4 +1,4 @@
-// Why a method loses, outside the Tokens view (issue 26 item 6): eval's harm kept vs harm
+// Why a method loses, outside the Tokens view: eval's harm kept vs harm
 // dropped per head and method (EvalSpec::harm, engine/eval/token_harm.h) equal the token_harm sums
 // over each selection; the A/B overlap of kept sets (engine/eval/selection_overlap.h) equals a
 // direct set computation.

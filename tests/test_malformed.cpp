@@ -246,7 +246,7 @@ TEST(CliInfo, RefusedHeadsAreReported) {
   EXPECT_NE(out.find("kv head 1 has NaN"), std::string::npos) << out;
 }
 
-// ---- limits and duplicate keys (issue 13): each error names the limit or the key
+// ---- limits and duplicate keys: each error names the limit or the key
 
 std::vector<uint8_t> safetensors_bytes(const std::string& header, size_t data_bytes = 0) {
   std::string text = header;

@@ -524,7 +524,7 @@ TEST(Params, ValidatedAgainstSpec) {
   }
 }
 
-// The BalanceKV authors' estimator (issue 11): numerator weight w, denominator weight 2^T on every
+// The BalanceKV authors' estimator: numerator weight w, denominator weight 2^T on every
 // kept token. For uniform (w = n_mid/m, close to 2^T) it barely moves the error; for balancekv
 // (weights 2^k of the walk) it changes it; it round-trips through the JSON, and per-head JSON
 // carries kept / budget / saturation.

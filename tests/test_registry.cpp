@@ -1,4 +1,4 @@
-// The method registry (issue 25 item 2): every list of methods comes from it, so a method added
+// The method registry: every list of methods comes from it, so a method added
 // by its own file and one registration line (register_method here, its X(<id>) line of
 // KVSCOPE_BUILTIN_METHODS in engine/methods/registry.cpp for the engine's own) is known everywhere:
 // find_method, `--methods all`, the CLI's list of known methods, the wrappers and run_eval. And

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden kept sets of BUZZ from its authors' own cache class (issue 30, item 4).
+"""Golden kept sets of BUZZ from its authors' own cache class.
 
 Usage:
   /usr/bin/python3 tools/buzz_golden.py --repo /work/.mirror/JunqiZhao888+buzz-llm/repo \

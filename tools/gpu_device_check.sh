@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check of issue 43, sized for one call of a lent GPU (under 8 minutes, every step
+# The device check (docs/performance.md, "Device check"), sized for one call of a lent GPU (under 8 minutes, every step
 # under its own time limit so one hang cannot eat the lease). Build here with CUDA, pack, then run
 # this one command on the device:
 #

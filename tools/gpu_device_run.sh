@@ -40,7 +40,7 @@ if [ "$ONLY" != cpu-walk ]; then
   check=$?
 fi
 
-# The CPU walk on this host (issue 14's target machine is an AVX-512 Xeon, which the development
+# The CPU walk on this host (docs/performance.md's target machine is an AVX-512 Xeon, which the development
 # VM is not): the walk Gram of each SIMD table alone, and the whole walk with the AVX2 table
 # forced and with the widest one, alternated, one core each.
 echo "== CPU walk on this host"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GUI numbers oracle for people (issue 24): the real app under Xvfb, driven by seeded random
+# The GUI numbers oracle for people: the real app under Xvfb, driven by seeded random
 # real-input walks (tests/gui/test_gui_oracle.cpp), every exported number checked against
 # kvscope-cli eval after every step. CI runs one short walk; this runs longer walks, one seed
 # after another, until the time is up.

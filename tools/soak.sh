@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanitizer soak for people (issue 27 item 1; docs/testing.md): the app built with ASan +
+# The sanitizer soak for people (docs/testing.md): the app built with ASan +
 # UBSan, its real window under Xvfb driven by a seeded random stream of real input for MINUTES
 # (tests/gui/test_gui_soak.cpp), then a report: events, sanitizer findings, the resident-memory
 # curve, frame-time median and 99th percentile, the oracle's comparisons with kvscope-cli eval,

@@ -1,4 +1,4 @@
-// The app's grid on a backend that parallelises inside one call (issue 28 item 1; run_grid_job in
+// The app's grid on a backend that parallelises inside one call (run_grid_job in
 // app/grid_cells.cpp): the pending cells of a layer (one slot, one seed run) are computed by one
 // run_eval over their heads, which scores them in one attention_errors call. A counting backend
 // ("test-batch", tests/counting_backend.h) runs the CPU references and records every call; the

@@ -1,4 +1,4 @@
-// Issue 24, items 7 and 8 (part of test_app_unit): a new capture saved under a name becomes that
+// Part of test_app_unit: a new capture saved under a name becomes that
 // capture; the app's temporary captures are deleted; the Help window (F1) and its shortcuts
 // table; Escape closes menus and lists; File > Open recent; figure exports without toolbars.
 #include <gtest/gtest.h>
@@ -476,7 +476,7 @@ TEST(RecentFiles, TheMenuOpensAnEntryAndAVanishedOneIsDisabled) {
   ImGui::DestroyContext();
 }
 
-// Issue 25 item 3: opening a view changes no setting. The Error view's sweep is derived (an empty
+// Opening a view changes no setting. The Error view's sweep is derived (an empty
 // settings.sweep is the default request while the view is shown), not written on the first visit.
 TEST(ErrorView, OpeningItChangesNoSettingAndAsksForTheDefaultSweep) {
   [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);

@@ -242,7 +242,7 @@ TEST(AppFlow, OpenRunFocusAndBadFile) {
   fs::remove(bad);
 }
 
-// Issue 12: changing a parameter of method A or B must never hand the grid or the sweep a
+// Changing a parameter of method A or B must never hand the grid or the sweep a
 // parameter of a method they do not run ("--param uniform.*: uniform is not among the evaluated
 // methods"), and switching method B twice leaves both working.
 TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
@@ -305,7 +305,7 @@ TEST(AppFlow, GridAndSweepSurviveParameterAndMethodChanges) {
   EXPECT_EQ(s.sweep()->spec.base_seed, 3u);
 }
 
-// Issue 29 item 2: the grid is cells keyed by what each depends on. A change of method A's
+// The grid is cells keyed by what each depends on. A change of method A's
 // parameter recomputes A's cells only (B's keep their serials); going back to an earlier value
 // computes nothing; the figures are run_eval's to the last bit; a Cancel holds across changes
 // until Run.
@@ -572,7 +572,7 @@ TEST(AppFlow, AChangeMarksTheGridStaleInTheSameFrame) {
   for (const auto& c : done["error_grid"]) EXPECT_EQ(c["state"], "fresh");
 }
 
-// Issue 24, defect 1: a click on a grid cell of another layer must run the focused methods on
+// A click on a grid cell of another layer must run the focused methods on
 // that layer. Planning the focused runs before the new focus's `want` was published handed them
 // the previous layer (lily L2 H3 showed L0 H3's errors under L2 H3's key, so they stayed).
 TEST(AppFlow, FocusOnAnotherLayerRunsTheMethodsOnThatLayer) {
@@ -750,8 +750,8 @@ TEST(Costs, UnmeasuredEvaluationsCostNoMoreThanTheMethodsFocusedRun) {
   EXPECT_FALSE(c.measured("eval:uniform"));
   CostModel fresh_machine;
   fresh_machine.record("head:streaming", 1e6, 2e-3);
-  // Before any evaluation: the focused run's cost scaled down (issue 24: a grid estimated at
-  // "about 3 min" took 48 s), never above it.
+  // Before any evaluation: the focused run's cost scaled down (a grid estimated at "about 3
+  // min" once took 48 s), never above it.
   EXPECT_LT(fresh_machine.per_unit("eval:streaming"), 0.5 * 2e-9);
   EXPECT_GT(fresh_machine.per_unit("eval:streaming"), 0.1 * 2e-9);
 }
@@ -906,7 +906,7 @@ TEST(Session, WindowSessionsRestoreTabsAndRefuseMalformedViewEntries) {
   ImGui::DestroyContext();
 }
 
-// Issue 27, item 3: every field the session reader reads is type-checked, and the message names
+// Every field the session reader reads is type-checked, and the message names
 // the field's path. Each of these was accepted (silently ignored, or turned into a default)
 // or refused without the field's name before.
 TEST(Session, EveryWrongTypedSettingIsNamed) {
@@ -1055,7 +1055,7 @@ TEST(Session, EveryWrongTypedViewStateIsNamed) {
   ImGui::DestroyContext();
 }
 
-// Issue 24: the Output view's controls (model, prompt, N, steps, methods, ratios, ...) are kept in
+// The Output view's controls (model, prompt, N, steps, methods, ratios, ...) are kept in
 // sessions, and a session's choices stand when its capture opens (not that capture's defaults).
 TEST(Session, OutputViewSettingsRoundTrip) {
   [[maybe_unused]] SoftTexture font = soft_init(1280, 800);
@@ -1150,7 +1150,7 @@ TEST(TokenMarks, ClassifiesSinksWindowKeptAndDropped) {
   EXPECT_LT(lum(token_colour(m, 20)), lum(token_colour(m, 10)));
 }
 
-// The Tokens view's overview (issue 29 item 3): bins cover every token once, in order, and hold
+// The Tokens view's overview: bins cover every token once, in order, and hold
 // each method's kept set; fewer tokens than columns gives one token per bin.
 TEST(TokenMarks, OverviewBinsCoverTheSequenceAndCountTheKeptSets) {
   HeadRun a, b;
@@ -1209,7 +1209,7 @@ TEST(TokenMarks, OverviewBinsCoverTheSequenceAndCountTheKeptSets) {
   EXPECT_DOUBLE_EQ(lo, 0.5e-4);
 }
 
-// Issue 24, defect 5: an error curve between 0.1 and 0.6 had one labelled value (0.1).
+// An error curve between 0.1 and 0.6 had one labelled value (0.1).
 TEST(Plot, LogAxesLabelAtLeastThreeValuesWhereTheyFit) {
   const std::vector<double> short_axis = log10_labels(0.1, 0.6, 300, 20);
   EXPECT_GE(short_axis.size(), 3u);
@@ -1227,7 +1227,7 @@ TEST(Plot, LogAxesLabelAtLeastThreeValuesWhereTheyFit) {
   EXPECT_LE(crowded.size(), 4u);
 }
 
-// Issue 24, defect 5: the numbers of a 32 x 8 grid at 1x were left out when they did not fit
+// The numbers of a 32 x 8 grid at 1x were left out when they did not fit
 // the cell; they are drawn smaller instead. Counted as glyph quads in the draw list.
 TEST(Plot, HeatmapNumbersShrinkToFitInsteadOfVanishing) {
   [[maybe_unused]] SoftTexture font = soft_init(1000, 700);
@@ -1280,7 +1280,7 @@ TEST(WalkAdvice, RemediesChangeTheSettingsAndKeepTheWalkBalancing) {
   EXPECT_EQ(best_remedy(a, 0.25), -1);
 }
 
-// Issue 24, item 8: captions and legends name non-default parameters.
+// Captions and legends name non-default parameters.
 TEST(Plot, MethodLabelsNameNonDefaultParameters) {
   EXPECT_EQ(method_label("balancekv", {}), "balancekv");
   const ParamSpec first = find_method("balancekv")->params().front();  // params() is a copy
@@ -1576,7 +1576,7 @@ TEST(InputQueue, OpenDialogDoubleClickOpensTheFile) {
 
 }  // namespace
 
-// Issue 26 item 5: the Method view's token budget. In budget mode the focused runs keep exactly
+// The Method view's token budget. In budget mode the focused runs keep exactly
 // budget_tokens middle tokens (keep_ratio is derived), a budget above the middle is clamped and
 // said, and the setting survives a session.
 TEST(Budgets, TokenBudgetKeepsExactlyThatManyAndPersists) {
@@ -1666,7 +1666,7 @@ TEST(Budgets, MethodsTheCaptureCannotRunSayWhy) {
   fs::remove(p);
 }
 
-// Issue 25 item 2: a method or a view added by its own code and one registration line is known
+// A method or a view added by its own code and one registration line is known
 // everywhere the app lists them: a toy view registered here is in view_names() (the --view help
 // of the app and of kvscope-cli render, which read view_names_text(), and the check of --view),
 // gets a tab and draws; a toy method registered here is in the Method view's combo. docs/app.md

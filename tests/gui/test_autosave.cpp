@@ -1,4 +1,4 @@
-// Autosave and recovery (issue 27 item 2; app/autosave.h): the debounce, the atomic write, the
+// Autosave and recovery (app/autosave.h): the debounce, the atomic write, the
 // clean-exit marker, a damaged autosave set aside with a message naming it, and an autosave whose
 // capture has gone still offered. The real kill -9 test is tests/gui/test_gui_autosave.cpp.
 #include <gtest/gtest.h>

@@ -110,7 +110,7 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     AppState s;
     AppUi ui(s);
     // A bad tokenizer: the error is the kNewCapture result's, one message naming the file;
-    // nothing opens. Asking only sets the request: reconcile() submits the job (issue 25 item 3).
+    // nothing opens. Asking only sets the request: reconcile() submits the job.
     NewCaptureSettings bad;
     bad.checkpoint = stories->checkpoint;
     bad.tokenizer = find_bundled_model("kjv3M")->tokenizer;  // 1024 entries for a 512 vocab
@@ -186,7 +186,7 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     EXPECT_EQ(CaptureFile::open(saved)->info().tokens, g.text);
     EXPECT_THROW(save_new_capture(s, saved), InputError);
     EXPECT_THROW(save_new_capture(s, saved + ".npz"), InputError);
-    // Issue 24, item 7: the saved file is the capture's path from now on (window title, menu
+    // The saved file is the capture's path from now on (window title, menu
     // bar, sessions); the temporary file is still the app's, never the saved one.
     EXPECT_EQ(s.capture_path, saved);
     EXPECT_EQ(s.to_session()["capture"], saved);
@@ -244,7 +244,7 @@ TEST(GenerateUi, NewCaptureDialogThenOutputView) {
     write_png(output_png, px, kWidth, kHeight, false, ui.view_rect("output"));
     EXPECT_GT(non_background(output_png), 0.05);
 
-    // Issue 24, defect 2: opening another capture outdates the report at once. Until the new
+    // Opening another capture outdates the report at once. Until the new
     // capture's run replaces it, it is shown and exported as stale, never as the new prompt's.
     const std::string other =
         std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/kjv3M_beginning.safetensors";

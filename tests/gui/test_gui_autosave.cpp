@@ -1,4 +1,4 @@
-// Autosave and recovery with the real app (issue 27 item 2): the real kvscope window under Xvfb
+// Autosave and recovery with the real app: the real kvscope window under Xvfb
 // (tests/gui/real_window.h), a setting changed by real input, the autosave waited for in the
 // config folder, the app killed with SIGKILL, started again: the restore prompt is up, a real
 // click on Restore brings the settings back.

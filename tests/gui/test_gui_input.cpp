@@ -2,7 +2,7 @@
 // moves, clicks, drags, key presses through the XTEST extension, exactly as a user's). The app
 // runs with --export-dir: F9 writes every view's numbers and the app's state (settings, results
 // with their status, the screen rectangles of the widgets the test clicks) as JSON, F10 a PNG of
-// the active view. The flow is the one of issue 12: open the sample, Method tab, drag the keep
+// the active view. The flow: open the sample, Method tab, drag the keep
 // ratio slider, change gamma, switch method B twice, check that the grid and the sweep show
 // numbers and no error, export a PNG through the dialog and check it is exactly the view, save a
 // session and reopen it from the menu, open a broken file (the capture stays), and the Open

@@ -1,4 +1,4 @@
-// The numbers oracle (issue 24): the real window under Xvfb, driven by real input (xdotool), takes
+// The numbers oracle: the real window under Xvfb, driven by real input (xdotool), takes
 // a seeded random walk through the controls a user touches (clicks on grid cells of any layer,
 // method A/B from their combos, the keep-ratio slider, the seed typed in, tab switches, another
 // capture through File > Open, the backend combo). After every step it waits until the app is
@@ -162,7 +162,7 @@ TEST_F(Oracle, EveryExportedNumberIsEvalsForTheSettingsShown) {
   json st = quiet();
   check_numbers(st);
 
-  // Issue 24, defect 3: the backend combo opens and answers; without a GPU the app says why it
+  // The backend combo opens and answers; without a GPU the app says why it
   // computes on the CPU, and the numbers stay eval's.
   step("0b: the backend combo opens; cuda is chosen");
   st = show_tab(st, "method");
@@ -236,7 +236,7 @@ TEST_F(Oracle, EveryExportedNumberIsEvalsForTheSettingsShown) {
     st = quiet();
     check_numbers(st);
   }
-  // Issue 24, defect 2: the Output view's report answers the open capture. After a capture
+  // The Output view's report answers the open capture. After a capture
   // switch the old report may stay on screen only marked stale; a report exported as fresh is
   // the new capture's model on the new capture's prompt.
   step(std::to_string(steps_) + ": the Output view, then another capture");

@@ -1,4 +1,4 @@
-// Issue 29 items 2, 4 and 5: the progressive layer x head grid, in the real window under Xvfb,
+// The progressive layer x head grid, in the real window under Xvfb,
 // driven by real input (xdotool), on a synthetic Llama-3-8B-shaped capture made by the test
 // (`kvscope-cli synth`, a few layers, 4096 tokens: large enough that the grid takes seconds, small
 // enough for CI).

@@ -1,4 +1,4 @@
-// The soak test (issue 27 item 1): the app built with AddressSanitizer + UBSan
+// The soak test: the app built with AddressSanitizer + UBSan
 // (-DKVSCOPE_SANITIZE=ON), its real window under Xvfb, driven for minutes by a seeded random
 // stream of real input (xdotool through tests/gui/real_window.h): clicks, double clicks and drags
 // anywhere in every view of the registry (the tabs the app draws, checked against `kvscope

@@ -1,5 +1,5 @@
 // Real input (xdotool under Xvfb, tests/gui/real_window.h) through the Teaching view's second
-// half and the Geometry view's keys / values / both selector (issue 30 items 2 and 3): every mode
+// half and the Geometry view's keys / values / both selector: every mode
 // is chosen from its combo list by clicks, stepped and run by button clicks, and the exported
 // JSON (F9) is checked against what each mode must show; Geometry "both" must export two maps
 // with their k-center centres (points of the map) and their clusters vs n.

@@ -1,5 +1,5 @@
-// Real input (xdotool under Xvfb, tests/gui/real_window.h) through the Theory view (issue 30
-// item 1) on kjv3M's sample capture: the tab by a click, a method added from "methods...", the
+// Real input (xdotool under Xvfb, tests/gui/real_window.h) through the Theory view on
+// kjv3M's sample capture: the tab by a click, a method added from "methods...", the
 // scope switched to the whole capture; each time the exported figures (F9) must be fresh and the
 // whole capture's fitted exponents must equal what kvscope-cli theory computes with the same
 // settings.

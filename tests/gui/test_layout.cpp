@@ -68,7 +68,7 @@ struct LayoutCase {
 // One app state for all sizes (the views' results are computed once); the window size and the
 // UI scale change between cases as they do when the user resizes or zooms.
 TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
-  // The smallest window, and a projector's scales (issue 24) on a laptop's and a 1440p screen.
+  // The smallest window, and a projector's scales on a laptop's and a 1440p screen.
   const LayoutCase cases[] = {{1000, 700, 1.0f},  {1600, 1000, 1.5f}, {1600, 1000, 2.0f},
                               {1600, 1000, 2.5f}, {2560, 1440, 1.0f}, {2560, 1440, 2.0f},
                               {2560, 1440, 2.5f}};

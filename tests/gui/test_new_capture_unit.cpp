@@ -1,4 +1,4 @@
-// File > New capture goes through reconcile() like every other job (issue 25 item 3): asking
+// File > New capture goes through reconcile() like every other job: asking
 // sets a request in the app state, reconcile() plans the kNewCapture job keyed by it, clearing
 // it cancels the job, and a request that is done is never run again (also after the capture it
 // made opens and every result is cleared). Part of test_app_unit; no window.

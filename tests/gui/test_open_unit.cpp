@@ -1,4 +1,4 @@
-// Opening a capture goes through reconcile() like every other job (issue 25 item 3): asking sets
+// Opening a capture goes through reconcile() like every other job: asking sets
 // a request in the app state (AppState::request_open), reconcile() plans the kOpen job keyed by
 // it, and a request that is done is ended, never run again (also after its opening clears every
 // result); the same file asked for twice opens twice. A bad file leaves the open capture and one

@@ -1,4 +1,4 @@
-// Issue 25 item 3: the views' own jobs derive their keys from their inputs (JobPlan::derive,
+// The views' own jobs derive their keys from their inputs (JobPlan::derive,
 // app/views/view_jobs.h) as the app's do
 // (Results.KeysChangeWithEverySettingTheJobReadsAndNothingElse in test_app_unit.cpp). For every
 // view plan, each setting or view choice its job reads changes its key, and every other one leaves

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hostile-input suite for kvscope-cli (issue 13).
+"""Hostile-input suite for kvscope-cli.
 
 Generates every hostile file into a work folder (the repository stays small), runs kvscope-cli on
 each with a memory limit (RLIMIT_AS, or ASan's hard_rss_limit_mb under sanitizers) and a generous
