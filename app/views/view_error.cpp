@@ -215,7 +215,9 @@ void ErrorView::plan(const AppState& s, std::vector<NamedPlan>& out) const {
                    mode_ == 0 && heat_source_ == kOverlapSource ? plan_overlap(s) : JobPlan{});
 }
 
-void ErrorView::draw_sweep(AppState& s) {
+// The sweep's toolbar: methods, ratio preset, seeds, the y combo and the focused-layer switch; a
+// change becomes the sweep setting.
+void ErrorView::draw_sweep_toolbar(AppState& s) {
   // The controls show the sweep asked for (the default until the user changes it); a change
   // makes it the setting.
   const SweepRequest asked = s.sweep_request();
@@ -271,54 +273,49 @@ void ErrorView::draw_sweep(AppState& s) {
   toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "focused layer only"));
   ImGui::Checkbox("focused layer only", &req.focused_layer_only);
   if (req != asked) s.settings.sweep = req;
-  if (shows_set(s)) {
-    draw_set_sweep(s);
-    return;
-  }
-  draw_result_status(s, kSweep, "sweep");
+}
 
-  // Series from the summary: mean over heads, spread = std over seeds of the head mean.
-  struct Series {
-    std::string method;
-    std::vector<double> x, y, lo, hi, sd;
-  };
-  std::vector<Series> series;
-  std::vector<double> all_y;
-  std::vector<double> ratios;
+// The sweep's curves from its summary, in the order the methods were asked for: mean over heads,
+// spread = std over seeds of the head mean (or, for the harm, the share dropped).
+std::vector<ErrorView::SweepSeries> ErrorView::sweep_series(const AppState& s,
+                                                            std::vector<double>* all_y,
+                                                            std::vector<double>* ratios) const {
+  const SweepRequest asked = s.sweep_request();
+  std::vector<SweepSeries> series;
   if (s.sweep()) {
-    std::map<std::string, Series> by;
+    std::map<std::string, SweepSeries> by;
     for (const EvalSummary& e : s.sweep()->summary()) {
       if (sweep_y_ == 1) {  // harm dropped: share of the middle's total, no spread
         if (e.heads == 0 || std::isnan(e.harm_dropped_share)) continue;
-        Series& sr = by[e.method];
+        SweepSeries& sr = by[e.method];
         sr.method = e.method;
         sr.x.push_back(e.ratio);
         sr.y.push_back(e.harm_dropped_share);
         sr.sd.push_back(e.harm_kept);  // shown in the tooltip as the harm kept
         sr.lo.push_back(e.harm_dropped_share);
         sr.hi.push_back(e.harm_dropped);  // the tooltip's harm dropped
-        ratios.push_back(e.ratio);
-        all_y.push_back(e.harm_dropped_share);
+        ratios->push_back(e.ratio);
+        all_y->push_back(e.harm_dropped_share);
         continue;
       }
-      Series& sr = by[e.method];
+      SweepSeries& sr = by[e.method];
       sr.method = e.method;
       sr.x.push_back(e.ratio);
       sr.y.push_back(e.mean);
       sr.sd.push_back(e.std);
       sr.lo.push_back(std::max(e.mean - e.std, e.mean * 0.05));
       sr.hi.push_back(e.mean + e.std);
-      all_y.push_back(sr.lo.back());
-      all_y.push_back(sr.hi.back());
-      ratios.push_back(e.ratio);
+      all_y->push_back(sr.lo.back());
+      all_y->push_back(sr.hi.back());
+      ratios->push_back(e.ratio);
     }
     for (const std::string& m : asked.methods)
       if (by.count(m)) {
-        Series sr = by[m];
+        SweepSeries sr = by[m];
         std::vector<size_t> ord(sr.x.size());
         for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
         std::sort(ord.begin(), ord.end(), [&](size_t a, size_t b) { return sr.x[a] < sr.x[b]; });
-        Series sorted;
+        SweepSeries sorted;
         sorted.method = m;
         for (size_t i : ord) {
           sorted.x.push_back(sr.x[i]);
@@ -330,6 +327,18 @@ void ErrorView::draw_sweep(AppState& s) {
         series.push_back(sorted);
       }
   }
+  return series;
+}
+
+void ErrorView::draw_sweep(AppState& s) {
+  draw_sweep_toolbar(s);
+  if (shows_set(s)) {
+    draw_set_sweep(s);
+    return;
+  }
+  draw_result_status(s, kSweep, "sweep");
+  std::vector<double> all_y, ratios;
+  const std::vector<SweepSeries> series = sweep_series(s, &all_y, &ratios);
   double ylo = 1e-3, yhi = 1;
   std::vector<double> pos;
   for (double v : all_y)
@@ -364,14 +373,14 @@ void ErrorView::draw_sweep(AppState& s) {
   const std::map<std::string, ParamValues> sweep_params =
       s.sweep() ? s.sweep()->spec.params : std::map<std::string, ParamValues>{};
   std::vector<std::string> drawn;
-  for (const Series& sr : series) drawn.push_back(sr.method);
+  for (const SweepSeries& sr : series) drawn.push_back(sr.method);
   const MethodColours colours(drawn);
-  for (const Series& sr : series) {
+  for (const SweepSeries& sr : series) {
     if (sweep_y_ == 1) break;  // no spread band for the harm
     ImU32 c = colours(sr.method);
     plot.band(sr.x, sr.lo, sr.hi, with_alpha(c, stale ? 0.08f : 0.18f));
   }
-  for (const Series& sr : series) {
+  for (const SweepSeries& sr : series) {
     ImU32 c = colours(sr.method);
     if (stale) c = with_alpha(c, 0.4f);
     plot.line(sr.x, sr.y, c, 2.0f);
@@ -389,7 +398,7 @@ void ErrorView::draw_sweep(AppState& s) {
       plot.vline(r, IM_COL32(255, 255, 255, 90));
       ImGui::BeginTooltip();
       ImGui::Text("keep ratio %s", ratio_label(r).c_str());
-      for (const Series& sr : series)
+      for (const SweepSeries& sr : series)
         for (size_t t = 0; t < sr.x.size(); ++t)
           if (std::fabs(sr.x[t] - r) < 1e-12) {
             const ImVec4 col = ImGui::ColorConvertU32ToFloat4(colours(sr.method));

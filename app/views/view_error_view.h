@@ -124,6 +124,13 @@ class ErrorView final : public View {
                        const char* bar_label, ImVec2 size);
 
   void draw_sweep(AppState& s);
+  void draw_sweep_toolbar(AppState& s);
+  struct SweepSeries {
+    std::string method;
+    std::vector<double> x, y, lo, hi, sd;
+  };
+  std::vector<SweepSeries> sweep_series(const AppState& s, std::vector<double>* all_y,
+                                        std::vector<double>* ratios) const;
   // The sweep panel over the set's prompts (sweep_y_ 2, while a capture set is open).
   bool shows_set(const AppState& s) const;
   void draw_set_sweep(AppState& s);
