@@ -450,10 +450,59 @@ void AppState::submit(const std::string& name, Result& r, const JobPlan& p) {
   });
 }
 
+void AppState::check_probes() {
+  // A second of the job's own progress, or its limit without any, is what it is judged by.
+  constexpr double kProbeSeconds = 1.0;
+  std::vector<JobInfo> jobs;
+  for (auto& [name, r] : results) {
+    if (r.probing.empty()) continue;
+    if (r.running != r.probing) {  // done, failed, cancelled or outdated meanwhile
+      r.probing.clear();
+      continue;
+    }
+    if (jobs.empty()) jobs = worker.jobs();
+    const auto job = std::find_if(jobs.begin(), jobs.end(),
+                                  [&](const JobInfo& j) { return j.key == name && j.running; });
+    if (job == jobs.end()) continue;  // still queued: its clock starts when it runs
+    const auto now = std::chrono::steady_clock::now();
+    if (r.probe_start == std::chrono::steady_clock::time_point{}) r.probe_start = now;
+    const double elapsed = std::chrono::duration<double>(now - r.probe_start).count();
+    if (elapsed < kProbeSeconds) continue;
+    const bool paced = job->total > 0 && job->done > 0;
+    const double projected =
+        paced ? elapsed * static_cast<double>(job->total) / static_cast<double>(job->done) : -1;
+    if (paced && projected <= r.probe_limit_s) {  // short after all: it runs on
+      r.probing.clear();
+      continue;
+    }
+    if (!paced && elapsed < r.probe_limit_s) continue;  // nothing to go by yet
+    worker.cancel(name);
+    r.running.clear();
+    r.held = r.measured = r.probing;
+    r.probing.clear();
+    if (paced) {
+      if (!r.probe_cost_class.empty())
+        costs.record(r.probe_cost_class, r.probe_units * job->done / job->total,
+                     elapsed * r.probe_threads);
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * job->done / job->total);
+      r.estimate_s = projected;
+      r.estimate_text = "about " + fmt_seconds(projected) + " (measured here: " + pct + " in " +
+                        fmt_seconds(elapsed) + ")";
+    } else {
+      r.estimate_s = elapsed;
+      r.estimate_text = "more than " + fmt_seconds(elapsed) + " (measured here: no part done in " +
+                        fmt_seconds(elapsed) + ")";
+    }
+  }
+}
+
 void AppState::reconcile(const ViewPlanner& plan_views) {
   worker.drain(*this);
+  check_probes();
   finish_new_capture();  // may ask to open the capture it made
   finish_open();
+  finish_set_open();
   resolve_backend();
   fit_settings_to_capture(false);
   // Where the grid job looks first (read by the job before each cell).
@@ -493,7 +542,9 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
       r.estimate_text.clear();
       continue;
     }
-    if (p.compute && p.waiting.empty()) {  // a waiting job's size is not known yet
+    if (r.measured == p.key) {
+      // Held by its own measurement (check_probes): that estimate stands.
+    } else if (p.compute && p.waiting.empty()) {  // a waiting job's size is not known yet
       const double per_unit =
           p.cost_class.empty() ? kPriorPerUnit : costs.per_unit(p.cost_class, p.prior_per_unit);
       r.estimate_s = p.units * per_unit / std::max(1, p.threads);
@@ -523,8 +574,19 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
     if (r.cancel_holds && p.units > 0) r.cancelled = p.key;
     if (r.cancelled == p.key) continue;
     if (!p.progressive && r.estimate_s > p.auto_limit_s && r.approved != p.key) {
-      r.held = p.key;
-      continue;
+      // An estimate from a prior, not from this machine, holds nothing: the job starts and
+      // measures itself (check_probes), and is held only if its own pace says it is long.
+      const bool from_prior = p.cost_class.empty() || !costs.measured(p.cost_class);
+      if (!from_prior || r.measured == p.key) {
+        r.held = p.key;
+        continue;
+      }
+      r.probing = p.key;
+      r.probe_start = {};
+      r.probe_limit_s = p.auto_limit_s;
+      r.probe_cost_class = p.cost_class;
+      r.probe_units = p.units;
+      r.probe_threads = std::max(1, p.threads);
     }
     r.held.clear();
     submit(name, r, p);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -161,6 +162,20 @@ struct Result {
   std::string waiting;     // why the job cannot start yet (e.g. "loading layer 3")
   double estimate_s = -1;  // expected seconds for `want` (-1: unknown)
   std::string estimate_text;
+  // A job whose estimate is above its plan's limit but was not measured on this machine starts
+  // anyway and measures itself (AppState::check_probes): `probing` is its key while it does, from
+  // `probe_start` (set when it is first seen running). When its own progress says it will take
+  // longer than `probe_limit_s` it is stopped and held with that estimate (`measured` is then its
+  // key, and the estimate stays until the key changes); otherwise it runs on.
+  std::string probing;
+  std::chrono::steady_clock::time_point probe_start{};
+  double probe_limit_s = 0;
+  std::string measured;
+  // The probing plan's cost (JobPlan::cost_class, units, threads): a stopped probe's pace is
+  // recorded in the cost model as a finished job's is.
+  std::string probe_cost_class;
+  double probe_units = 0;
+  int probe_threads = 1;
 
   bool has_value() const { return value != nullptr; }
   // The value (or error) belongs to the current settings.
@@ -302,8 +317,12 @@ struct AppState {
   // The capture set open (File > Open set, a manifest or folder on the command line, dropped on
   // the window or typed in the Set view; "" for none): its entries are the result kSetOpen,
   // planned whatever view is shown, so the Set view and the Error view's tuning grid read one
-  // set. set_shown asks the frame to show the Set view once, when a set is opened.
+  // set. A set asked for is `set_request` until its opening ends: then it becomes set_path, or
+  // (failing) set_path stays and `set_error` names the file and what is wrong. set_shown asks
+  // the frame to show the Set view once, when a set is asked for.
   std::string set_path;
+  std::string set_request;
+  std::string set_error;
   bool set_shown = true;
   // Capture files the app wrote itself (File > New capture) in the temporary folder. They are
   // deleted when another capture opens and when the AppState ends (the app quits); a file the
@@ -400,7 +419,8 @@ struct AppState {
   // Asks for a capture to be opened (app/open_capture.cpp): a new request, which reconcile()
   // opens in the background; the open one stays when it fails. A session's open keeps the
   // selected query (a plain open resets it). Asking again replaces a pending request. A capture
-  // set (a folder or a .jsonl manifest) becomes the set open instead (set_path).
+  // set (a folder or a .jsonl manifest) is asked for as the set instead (set_request): it
+  // replaces the set open once it opened, and the open one stays when it fails.
   void request_open(const std::string& path, bool from_session = false);
   // Opens `path` once the pending request has ended (at once when none is pending).
   void request_open_after(const std::string& path);
@@ -449,7 +469,12 @@ struct AppState {
   void finish_open();
   // A pending New capture whose job is done: no longer pending; opens what it made.
   void finish_new_capture();
+  // A set asked for whose opening ended: the set open now, or set_error (app/open_capture.cpp).
+  void finish_set_open();
   void submit(const std::string& name, Result& r, const JobPlan& p);
+  // Each probing job (Result::probing) that has run for a second: held with the time its own
+  // progress projects when that is over its limit, left to run otherwise.
+  void check_probes();
   void resolve_backend();
   void fit_settings_to_capture(bool announce);
   // The method settings for any method name in jobs: the slot's own params when the name is

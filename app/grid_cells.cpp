@@ -239,165 +239,240 @@ auto rank(const GridJob::Need& n, const GridPriority* p) {
   return std::make_tuple(n.slot, n.run, band, std::abs(n.layer - fl), n.layer, n.head);
 }
 
+// The cells one thread computes in one run_eval call.
+struct CellBatch {
+  size_t first = 0;           // the best-ranked pending cell
+  std::vector<size_t> cells;  // first, and with by_layer the cells computed with it
+  int prefetch = -1;          // a layer to load ahead before computing them, -1 for none
+};
+
+// One run of the grid job: the cells in hand and the pending ones, and what the threads that
+// compute them share. Once the threads start, every member they change is guarded by `mu`.
+struct GridRun {
+  const GridJob& job;
+  JobContext& ctx;
+  const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done;
+  const std::function<void(std::shared_ptr<const GridReport>)>& report;
+  std::vector<std::shared_ptr<const GridCell>> cells;  // cells[i] for job.needs[i]
+  std::vector<size_t> pending;                         // the needs not computed yet
+  int total = 0, done = 0;
+  std::mutex mu;
+  std::string error;  // the first cell that failed for a reason other than its method
+  int threads = 1;
+  // Layers a cell or a prefetch has asked the capture for. Cells take layers in rank order, so
+  // with several threads they all reach a new layer together and all but one would wait for its
+  // load (34 ms of CPU for a Llama-3-8B layer at 8k tokens; docs/performance.md, "The app's
+  // grid"): instead, the thread that takes a cell of a layer in hand first loads the next layer
+  // the ranking will reach, while the others go on computing.
+  std::deque<int> asked;
+  int ahead = -1;  // the layer loaded ahead that no cell has taken yet
+  std::chrono::steady_clock::time_point last_post;
+  int computed = 0;  // cells this job computed
+  bool by_layer = false;
+  int grid_threads = 1, eval_threads = 1;
+
+  GridRun(const GridJob& job, JobContext& ctx,
+          const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done,
+          const std::function<void(std::shared_ptr<const GridReport>)>& report);
+  void plan_threads();
+  bool in_hand(int layer) const;
+  void ask(int layer);
+  bool take_next(CellBatch* b);
+  void take_batch_mates(std::vector<size_t>* batch);
+  int prefetch_next_layer();
+  EvalSpec batch_spec(const CellBatch& b) const;
+  void post_results(const EvalReport& rep, const std::vector<size_t>& batch, double secs);
+  void work();
+};
+
+// Takes the cells the store holds; the others are pending.
+GridRun::GridRun(
+    const GridJob& job, JobContext& ctx,
+    const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done,
+    const std::function<void(std::shared_ptr<const GridReport>)>& report)
+    : job(job), ctx(ctx), cell_done(cell_done), report(report), cells(job.needs.size()) {
+  for (size_t i = 0; i < job.needs.size(); ++i) {
+    cells[i] = job.needs[i].have;
+    if (!cells[i]) pending.push_back(i);
+  }
+  total = static_cast<int>(job.needs.size());
+  done = total - static_cast<int>(pending.size());
+}
+
+// How many threads compute cells, and how many each run_eval call gets.
+void GridRun::plan_threads() {
+  threads = std::max(1, std::min(job.threads, static_cast<int>(pending.size())));
+  last_post = std::chrono::steady_clock::now();
+  // A backend that parallelises inside one call (a device) takes the best-ranked cell together
+  // with every pending cell of its layer, slot and seed run: one run_eval over those heads scores
+  // them in one attention_errors call (docs/design.md, "Backend ops"). The CPU takes cells one
+  // by one.
+  by_layer = job.backend && job.backend->parallel_in_one_call();
+  // Each thread then holds a whole layer: at most layers_at_once of them, the cores shared out
+  // among the layers' selections.
+  grid_threads =
+      by_layer && job.layers_at_once > 0 ? std::min(threads, job.layers_at_once) : threads;
+  eval_threads = by_layer ? std::max(1, job.threads / grid_threads) : 1;
+}
+
+bool GridRun::in_hand(int layer) const {
+  return std::find(asked.begin(), asked.end(), layer) != asked.end();
+}
+
+// Only the last few count as in hand: the cache keeps few layers, and a later seed or method B
+// comes back to layers long evicted.
+void GridRun::ask(int layer) {
+  asked.push_back(layer);
+  if (asked.size() > static_cast<size_t>(threads) + 1) asked.pop_front();
+}
+
+// Under `mu`: takes the best-ranked pending cell (with by_layer, its batch mates too) and picks
+// a layer to load ahead. False when the threads are to stop: nothing is pending, a cell failed,
+// or the job is cancelled.
+bool GridRun::take_next(CellBatch* b) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (pending.empty() || !error.empty() || ctx.cancelled()) return false;
+  auto best = std::min_element(pending.begin(), pending.end(), [&](size_t a, size_t c) {
+    return rank(job.needs[a], job.priority.get()) < rank(job.needs[c], job.priority.get());
+  });
+  b->first = *best;
+  pending.erase(best);
+  b->cells.push_back(b->first);
+  if (by_layer) take_batch_mates(&b->cells);
+  const int layer = job.needs[b->first].layer;
+  const bool loaded = in_hand(layer);  // else this thread loads it now
+  if (!loaded) ask(layer);
+  if (layer == ahead) ahead = -1;
+  // One layer ahead at most (the capture's layer cache holds few).
+  if (grid_threads > 1 && loaded && ahead < 0) b->prefetch = prefetch_next_layer();
+  return true;
+}
+
+// Called with `mu` held: moves every pending cell of the layer, slot and seed run of batch's one
+// cell into batch, and orders the batch by head.
+void GridRun::take_batch_mates(std::vector<size_t>* batch) {
+  const GridJob::Need& first = job.needs[batch->front()];
+  for (auto it = pending.begin(); it != pending.end();) {
+    const GridJob::Need& c = job.needs[*it];
+    if (c.slot == first.slot && c.layer == first.layer && c.run == first.run) {
+      batch->push_back(*it);
+      it = pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::sort(batch->begin(), batch->end(),
+            [&](size_t a, size_t b) { return job.needs[a].head < job.needs[b].head; });
+}
+
+// Called with `mu` held: the layer of the best-ranked pending cell whose layer is not in hand,
+// asked for and marked as loaded ahead; -1 when every pending cell's layer is in hand.
+int GridRun::prefetch_next_layer() {
+  const size_t* next = nullptr;
+  for (const size_t& c : pending)
+    if (!in_hand(job.needs[c].layer) && (!next || rank(job.needs[c], job.priority.get()) <
+                                                      rank(job.needs[*next], job.priority.get())))
+      next = &c;
+  if (!next) return -1;
+  ahead = job.needs[*next].layer;
+  ask(ahead);
+  return ahead;
+}
+
+// The run_eval spec of one batch: its slot's method on its layer, heads and seed run.
+EvalSpec GridRun::batch_spec(const CellBatch& b) const {
+  const GridJob::Need& n = job.needs[b.first];
+  const GridJob::Slot& sl = job.slots[static_cast<size_t>(n.slot)];
+  EvalSpec spec = job.base;
+  spec.methods = {sl.method};
+  spec.params.clear();
+  if (!sl.params.empty()) spec.params[sl.name] = sl.params;
+  spec.layers = {n.layer};
+  spec.heads.clear();
+  for (size_t c : b.cells) spec.heads.push_back(job.needs[c].head);
+  spec.seeds = 1;
+  spec.base_seed = job.base_seed + static_cast<uint64_t>(n.run);
+  spec.threads = eval_threads;
+  return spec;
+}
+
+// Under `mu`: keeps each head's result as its cell, reports it (progress, cell_done), and posts
+// the partial grid.
+void GridRun::post_results(const EvalReport& rep, const std::vector<size_t>& batch, double secs) {
+  std::lock_guard<std::mutex> lock(mu);
+  const bool first_post = computed == 0;
+  for (const HeadEval& he : rep.results) {  // one per head of the batch
+    const auto c = std::find_if(batch.begin(), batch.end(),
+                                [&](size_t b) { return job.needs[b].head == he.kv_head; });
+    if (c == batch.end()) continue;
+    auto cell = std::make_shared<GridCell>();
+    cell->eval = he;
+    cells[*c] = cell;
+    ++done;
+    ++computed;
+    ctx.progress(done, total);
+    if (cell_done) cell_done(job.needs[*c], cell->eval, secs);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  // The partial grid at most every 100 ms (the job's first cells at once).
+  if (report && (first_post || pending.empty() ||
+                 std::chrono::duration<double>(now - last_post).count() > 0.1)) {
+    last_post = now;
+    report(assemble_grid(job, cells));
+  }
+}
+
+// One thread's loop: takes the best-ranked pending cells and computes them until none is left,
+// a cell fails or the job is cancelled.
+void GridRun::work() {
+  lower_thread_priority();
+  for (;;) {
+    CellBatch b;
+    if (!take_next(&b)) return;
+    if (b.prefetch >= 0) {
+      try {
+        job.capture->layer(b.prefetch);  // stays in the capture's layer cache for its cells
+      } catch (const std::exception&) {
+        // The layer's cells will report it.
+      }
+    }
+    const EvalSpec spec = batch_spec(b);
+    const auto t0 = std::chrono::steady_clock::now();
+    EvalReport rep;
+    try {
+      rep = run_eval(*job.capture, spec, {}, ctx.cancel_flag(), job.backend);
+    } catch (const Cancelled&) {
+      return;
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (error.empty()) error = e.what();
+      return;
+    }
+    // Each cell's share of the time (the costs record seconds per cell).
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+        static_cast<double>(b.cells.size());
+    if (rep.results.empty()) continue;
+    post_results(rep, b.cells, secs);
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<GridReport> run_grid_job(
     const GridJob& job, JobContext& ctx,
     const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done,
     const std::function<void(std::shared_ptr<const GridReport>)>& report) {
-  std::vector<std::shared_ptr<const GridCell>> cells(job.needs.size());
-  std::vector<size_t> pending;
-  for (size_t i = 0; i < job.needs.size(); ++i) {
-    cells[i] = job.needs[i].have;
-    if (!cells[i]) pending.push_back(i);
-  }
-  const int total = static_cast<int>(job.needs.size());
-  int done = total - static_cast<int>(pending.size());
-  ctx.progress(done, total);
-  if (pending.empty()) return assemble_grid(job, cells);
-
-  std::mutex mu;
-  std::string error;  // the first cell that failed for a reason other than its method
-  // Layers a cell or a prefetch has asked the capture for. Cells take layers in rank order, so
-  // with several threads they all reach a new layer together and all but one would wait for its
-  // load (34 ms of CPU for a Llama-3-8B layer at 8k tokens; docs/performance.md, "The app's
-  // grid"): instead, the thread that takes a cell of a layer in hand first loads the next layer
-  // the ranking will reach, while the others go on computing.
-  // Only the last few count as in hand: the cache keeps few layers, and a later seed or method B
-  // comes back to layers long evicted.
-  const int threads = std::max(1, std::min(job.threads, static_cast<int>(pending.size())));
-  std::deque<int> asked;
-  auto in_hand = [&](int layer) {
-    return std::find(asked.begin(), asked.end(), layer) != asked.end();
-  };
-  auto ask = [&](int layer) {
-    asked.push_back(layer);
-    if (asked.size() > static_cast<size_t>(threads) + 1) asked.pop_front();
-  };
-  int ahead = -1;  // the layer loaded ahead that no cell has taken yet
-  auto last_post = std::chrono::steady_clock::now();
-  int computed = 0;  // cells this job computed
-  // A backend that parallelises inside one call (a device) takes the best-ranked cell together
-  // with every pending cell of its layer, slot and seed run: one run_eval over those heads scores
-  // them in one attention_errors call (docs/design.md, "Backend ops"). The CPU takes cells one
-  // by one.
-  const bool by_layer = job.backend && job.backend->parallel_in_one_call();
-  // Each thread then holds a whole layer: at most layers_at_once of them, the cores shared out
-  // among the layers' selections.
-  const int grid_threads =
-      by_layer && job.layers_at_once > 0 ? std::min(threads, job.layers_at_once) : threads;
-  const int eval_threads = by_layer ? std::max(1, job.threads / grid_threads) : 1;
-  auto work = [&] {
-    lower_thread_priority();
-    for (;;) {
-      size_t i = 0;
-      std::vector<size_t> batch;  // i, and with by_layer the cells computed with it
-      int prefetch = -1;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (pending.empty() || !error.empty() || ctx.cancelled()) return;
-        auto best = std::min_element(pending.begin(), pending.end(), [&](size_t a, size_t b) {
-          return rank(job.needs[a], job.priority.get()) < rank(job.needs[b], job.priority.get());
-        });
-        i = *best;
-        pending.erase(best);
-        batch.push_back(i);
-        if (by_layer) {
-          const GridJob::Need& first = job.needs[i];
-          for (auto it = pending.begin(); it != pending.end();) {
-            const GridJob::Need& c = job.needs[*it];
-            if (c.slot == first.slot && c.layer == first.layer && c.run == first.run) {
-              batch.push_back(*it);
-              it = pending.erase(it);
-            } else {
-              ++it;
-            }
-          }
-          std::sort(batch.begin(), batch.end(),
-                    [&](size_t a, size_t b) { return job.needs[a].head < job.needs[b].head; });
-        }
-        const int layer = job.needs[i].layer;
-        const bool loaded = in_hand(layer);  // else this thread loads it now
-        if (!loaded) ask(layer);
-        if (layer == ahead) ahead = -1;
-        // One layer ahead at most (the capture's layer cache holds few).
-        if (grid_threads > 1 && loaded && ahead < 0) {
-          const size_t* next = nullptr;
-          for (const size_t& c : pending)
-            if (!in_hand(job.needs[c].layer) &&
-                (!next || rank(job.needs[c], job.priority.get()) <
-                              rank(job.needs[*next], job.priority.get())))
-              next = &c;
-          if (next) {
-            prefetch = ahead = job.needs[*next].layer;
-            ask(prefetch);
-          }
-        }
-      }
-      if (prefetch >= 0) {
-        try {
-          job.capture->layer(prefetch);  // stays in the capture's layer cache for its cells
-        } catch (const std::exception&) {
-          // The layer's cells will report it.
-        }
-      }
-      const GridJob::Need& n = job.needs[i];
-      const GridJob::Slot& sl = job.slots[static_cast<size_t>(n.slot)];
-      EvalSpec spec = job.base;
-      spec.methods = {sl.method};
-      spec.params.clear();
-      if (!sl.params.empty()) spec.params[sl.name] = sl.params;
-      spec.layers = {n.layer};
-      spec.heads.clear();
-      for (size_t c : batch) spec.heads.push_back(job.needs[c].head);
-      spec.seeds = 1;
-      spec.base_seed = job.base_seed + static_cast<uint64_t>(n.run);
-      spec.threads = eval_threads;
-      const auto t0 = std::chrono::steady_clock::now();
-      EvalReport rep;
-      try {
-        rep = run_eval(*job.capture, spec, {}, ctx.cancel_flag(), job.backend);
-      } catch (const Cancelled&) {
-        return;
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (error.empty()) error = e.what();
-        return;
-      }
-      // Each cell's share of the time (the costs record seconds per cell).
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-          static_cast<double>(batch.size());
-      if (rep.results.empty()) continue;
-      std::lock_guard<std::mutex> lock(mu);
-      const bool first_post = computed == 0;
-      for (const HeadEval& he : rep.results) {  // one per head of the batch
-        const auto c = std::find_if(batch.begin(), batch.end(),
-                                    [&](size_t b) { return job.needs[b].head == he.kv_head; });
-        if (c == batch.end()) continue;
-        auto cell = std::make_shared<GridCell>();
-        cell->eval = he;
-        cells[*c] = cell;
-        ++done;
-        ++computed;
-        ctx.progress(done, total);
-        if (cell_done) cell_done(job.needs[*c], cell->eval, secs);
-      }
-      const auto now = std::chrono::steady_clock::now();
-      // The partial grid at most every 100 ms (the job's first cells at once).
-      if (report && (first_post || pending.empty() ||
-                     std::chrono::duration<double>(now - last_post).count() > 0.1)) {
-        last_post = now;
-        report(assemble_grid(job, cells));
-      }
-    }
-  };
+  GridRun run(job, ctx, cell_done, report);
+  ctx.progress(run.done, run.total);
+  if (run.pending.empty()) return assemble_grid(job, run.cells);
+  run.plan_threads();
   // Each of the threads takes the best-ranked pending cell in turn (work), so the loop is one
   // task per thread rather than one per cell.
-  parallel_for(grid_threads, grid_threads, nullptr, [&](int) { work(); });
+  parallel_for(run.grid_threads, run.grid_threads, nullptr, [&](int) { run.work(); });
   ctx.check_cancel();
-  if (!error.empty()) throw InputError(error);
-  return assemble_grid(job, cells);
+  if (!run.error.empty()) throw InputError(run.error);
+  return assemble_grid(job, run.cells);
 }
 
 }  // namespace kvscope::app

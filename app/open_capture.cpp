@@ -32,7 +32,8 @@ std::string open_key(const OpenRequest& request) {
 
 void AppState::request_open(const std::string& path, bool from_session) {
   if (is_capture_set_path(path)) {
-    set_path = path;  // reconcile() opens it (plan_set_open); the frame shows the Set view
+    set_request = path;  // reconcile() opens it (plan_set_open); the frame shows the Set view
+    set_error.clear();
     set_shown = false;
     return;
   }
@@ -127,12 +128,26 @@ std::shared_ptr<const CaptureSet> open_set_job(const SetOpenInput& in, const NoH
 
 JobPlan AppState::plan_set_open() const {
   JobPlan p;
-  if (set_path.empty()) return p;
-  p.derive<CaptureSet>(kSetOpen, SetOpenInput{set_path}, NoHandles{}, &open_set_job);
+  const std::string& path = set_request.empty() ? set_path : set_request;
+  if (path.empty()) return p;
+  p.derive<CaptureSet>(kSetOpen, SetOpenInput{path}, NoHandles{}, &open_set_job);
   p.lane = Lane::Analysis;
-  p.label = "opening the set " + fs::path(set_path).filename().string();
+  p.label = "opening the set " + fs::path(path).filename().string();
   p.auto_limit_s = 1e30;  // asked for by the user; it reads each capture's header only
   return p;
+}
+
+void AppState::finish_set_open() {
+  if (set_request.empty()) return;
+  const Result& r = result(kSetOpen);
+  if (r.key != JobPlan::derived_key(kSetOpen, SetOpenInput{set_request}) || r.partial) return;
+  if (r.error.empty() && r.value) {
+    set_path = set_request;
+  } else {
+    const std::string error = r.error.empty() ? "could not be opened" : r.error;
+    set_error = error.find(set_request) == std::string::npos ? set_request + ": " + error : error;
+  }
+  set_request.clear();  // a failed request: the set open (if any) is planned and shown again
 }
 
 }  // namespace kvscope::app

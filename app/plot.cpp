@@ -179,9 +179,8 @@ ImVec2 Plot::mouse_data() const {
   return ImVec2(static_cast<float>(data_x(m.x)), static_cast<float>(data_y(m.y)));
 }
 
-Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y, bool equal_aspect)
-    : x_(std::move(x)), y_(std::move(y)) {
-  // Log axes need positive ranges.
+// Log axes need positive ranges.
+void Plot::make_ranges_valid() {
   for (Axis* a : {&x_, &y_}) {
     if (a->scale != Scale::Linear) {
       if (!(a->min > 0)) a->min = a->max > 0 ? a->max / 1000 : 1e-3;
@@ -190,6 +189,145 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
       a->max = a->min + 1;
     }
   }
+}
+
+// The y ticks and their labels for the inner rectangle's height; a log10 axis with room also
+// gets unlabelled minor ticks in `minor`.
+Plot::Ticks Plot::y_ticks(float font, float unit, std::vector<double>* minor) const {
+  Ticks yt;
+  if (y_.scale == Scale::Linear) {
+    for (double v :
+         linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>((p1_.y - p0_.y) / (40 * unit)))))
+      yt.emplace_back(v, format_tick(v));
+  } else if (y_.scale == Scale::Log10) {
+    const double per_decade = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
+    const std::vector<double> labels = log10_labels(y_.min, y_.max, per_decade, 1.3 * font);
+    for (double v : labels) yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
+    // Unlabelled minor ticks at 2..9 x 10^k help reading values between the labels.
+    if (per_decade > 4 * font)
+      for (int k = static_cast<int>(std::floor(tx(y_.min, y_)));
+           k <= static_cast<int>(std::ceil(tx(y_.max, y_))); ++k)
+        for (int m = 2; m <= 9; ++m) {
+          const double v = m * std::pow(10.0, k);
+          if (v > y_.min && v < y_.max &&
+              std::find(labels.begin(), labels.end(), v) == labels.end())
+            minor->push_back(v);
+        }
+  } else {
+    double base = 2.0;
+    int a = static_cast<int>(std::ceil(tx(y_.min, y_) - 1e-9));
+    int b = static_cast<int>(std::floor(tx(y_.max, y_) + 1e-9));
+    if (b < a) {  // less than one decade: label the ends instead
+      yt.emplace_back(y_.min, format_tick(y_.min));
+      yt.emplace_back(y_.max, format_tick(y_.max));
+    }
+    // Every `stride`-th power so labels stay at least 1.3 lines apart.
+    const double per_power = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
+    const int stride =
+        std::max(1, static_cast<int>(std::ceil(1.3 * font / std::max(1e-9, per_power))));
+    for (int k = a; k <= b; ++k) {
+      double v = std::pow(base, k);
+      if (((k % stride) + stride) % stride != 0) continue;
+      yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
+    }
+  }
+  return yt;
+}
+
+// Grows the axis ranges around their centres so one data unit is as long on both axes, and
+// ticks the grown y axis again.
+void Plot::fit_equal_aspect(float unit, Ticks* yt) {
+  // Data units per pixel: the larger of the two, applied to both around the centres.
+  const double w = p1_.x - p0_.x, h = p1_.y - p0_.y;
+  const double upp = std::max((x_.max - x_.min) / w, (y_.max - y_.min) / h);
+  const double cx = (x_.min + x_.max) / 2, cy = (y_.min + y_.max) / 2;
+  x_.min = cx - upp * w / 2, x_.max = cx + upp * w / 2;
+  y_.min = cy - upp * h / 2, y_.max = cy + upp * h / 2;
+  yt->clear();
+  for (double v : linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>(h / (40 * unit)))))
+    yt->emplace_back(v, format_tick(v));
+}
+
+// The x ticks and their labels for the inner rectangle's width; a label left empty marks a grid
+// line drawn without one.
+Plot::Ticks Plot::x_ticks(float font, float unit) const {
+  Ticks xt;
+  if (x_.scale == Scale::Linear) {
+    for (double v :
+         linear_ticks(x_.min, x_.max, std::max(2, static_cast<int>((p1_.x - p0_.x) / (80 * unit)))))
+      xt.emplace_back(v, format_tick(v));
+  } else if (x_.scale == Scale::Log10) {
+    const double per_decade = (p1_.x - p0_.x) / std::max(1e-9, tx(x_.max, x_) - tx(x_.min, x_));
+    for (double v : log10_labels(x_.min, x_.max, per_decade, 4.5 * font))
+      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : format_tick(v));
+  } else {
+    const int a = static_cast<int>(std::ceil(tx(x_.min, x_) - 1e-9));
+    const int b = static_cast<int>(std::floor(tx(x_.max, x_) + 1e-9));
+    for (int k = a; k <= b; ++k) {
+      const double v = std::exp2(k);
+      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : pow2_tick(v));
+    }
+    // Every power has its grid line; where the labels would run into each other only every
+    // second (fourth, ...) one is written.
+    float widest = 0;
+    for (const auto& t : xt) widest = std::max(widest, ImGui::CalcTextSize(t.second.c_str()).x);
+    const float spacing = b > a ? (sx(std::exp2(b)) - sx(std::exp2(a))) / (b - a) : 1e9f;
+    int every = 1;
+    while (every < b - a + 1 && spacing * every < widest + 4 * unit) every *= 2;
+    for (size_t i = 0; i < xt.size(); ++i)
+      if (static_cast<int>(xt.size() - 1 - i) % every != 0) xt[i].second.clear();
+  }
+  return xt;
+}
+
+// Grid lines across the data area with their tick labels below (x) and left of it (y).
+void Plot::draw_grid(const Ticks& xt, const Ticks& yt) const {
+  for (auto& [v, s] : xt) {
+    float px = sx(v);
+    dl_->AddLine(ImVec2(px, p0_.y), ImVec2(px, p1_.y), kColGrid);
+    if (s.empty()) continue;
+    ImVec2 ts = ImGui::CalcTextSize(s.c_str());
+    dl_->AddText(ImVec2(px - ts.x / 2, p1_.y + 3), kColAxisText, s.c_str());
+  }
+  for (auto& [v, s] : yt) {
+    float py = sy(v);
+    dl_->AddLine(ImVec2(p0_.x, py), ImVec2(p1_.x, py), kColGrid);
+    ImVec2 ts = ImGui::CalcTextSize(s.c_str());
+    dl_->AddText(ImVec2(p0_.x - ts.x - 4, py - ts.y / 2), kColAxisText, s.c_str());
+  }
+}
+
+// Labels: x centred below the ticks, y above the axis (ImGui cannot rotate text), and the title
+// in the frame at `o` of `size`; two_lines puts the y label on a line below the title's.
+void Plot::draw_labels(ImVec2 o, ImVec2 size, const std::string& title, bool two_lines,
+                       float ylabel_w, float font, float unit) const {
+  if (!x_.label.empty()) {
+    ImVec2 ts = ImGui::CalcTextSize(x_.label.c_str());
+    dl_->AddText(ImVec2((p0_.x + p1_.x - ts.x) / 2, p1_.y + font + 4), kColAxisText,
+                 x_.label.c_str());
+  }
+  const float ylabel_y = two_lines ? o.y + 3 + font + 4 * unit : o.y + 3;
+  dl_->PushClipRect(o, ImVec2(o.x + size.x, o.y + size.y), true);
+  if (!y_.label.empty())
+    dl_->AddText(ImVec2(o.x + 2, ylabel_y), kColAxisText, elide(y_.label, size.x - 4).c_str());
+  if (!title.empty()) {
+    // Centred over the data area when it fits, else after the y label (or on its own line);
+    // never cut: shortened with "..." when the frame is narrower than the title.
+    const float after_label =
+        two_lines || y_.label.empty() ? o.x + 2 : o.x + 2 + ylabel_w + 16 * unit;
+    const std::string shown = elide(title, o.x + size.x - 2 - after_label);
+    const ImVec2 ts = ImGui::CalcTextSize(shown.c_str());
+    const float x =
+        std::min(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.x + size.x - ts.x - 2);
+    dl_->AddText(ImVec2(std::max(o.x + 2, x), o.y + 3), IM_COL32(235, 235, 240, 255),
+                 shown.c_str());
+  }
+  dl_->PopClipRect();
+}
+
+Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y, bool equal_aspect)
+    : x_(std::move(x)), y_(std::move(y)) {
+  make_ranges_valid();
   ImVec2 avail = ImGui::GetContentRegionAvail();
   if (size.x <= 0) size.x = avail.x + size.x;
   if (size.y <= 0) size.y = avail.y + size.y;
@@ -216,130 +354,24 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   p0_ = ImVec2(o.x, o.y + top);
   p1_ = ImVec2(o.x + size.x - kRightMargin * unit, o.y + size.y - bottom);
   // y ticks first: the left margin is the widest tick label.
-  std::vector<std::pair<double, std::string>> yt;
   std::vector<double> y_minor;
-  if (y_.scale == Scale::Linear) {
-    for (double v :
-         linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>((p1_.y - p0_.y) / (40 * unit)))))
-      yt.emplace_back(v, format_tick(v));
-  } else if (y_.scale == Scale::Log10) {
-    const double per_decade = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
-    const std::vector<double> labels = log10_labels(y_.min, y_.max, per_decade, 1.3 * font);
-    for (double v : labels) yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
-    // Unlabelled minor ticks at 2..9 x 10^k help reading values between the labels.
-    if (per_decade > 4 * font)
-      for (int k = static_cast<int>(std::floor(tx(y_.min, y_)));
-           k <= static_cast<int>(std::ceil(tx(y_.max, y_))); ++k)
-        for (int m = 2; m <= 9; ++m) {
-          const double v = m * std::pow(10.0, k);
-          if (v > y_.min && v < y_.max &&
-              std::find(labels.begin(), labels.end(), v) == labels.end())
-            y_minor.push_back(v);
-        }
-  } else {
-    double base = 2.0;
-    int a = static_cast<int>(std::ceil(tx(y_.min, y_) - 1e-9));
-    int b = static_cast<int>(std::floor(tx(y_.max, y_) + 1e-9));
-    if (b < a) {  // less than one decade: label the ends instead
-      yt.emplace_back(y_.min, format_tick(y_.min));
-      yt.emplace_back(y_.max, format_tick(y_.max));
-    }
-    // Every `stride`-th power so labels stay at least 1.3 lines apart.
-    const double per_power = (p1_.y - p0_.y) / std::max(1e-9, tx(y_.max, y_) - tx(y_.min, y_));
-    const int stride =
-        std::max(1, static_cast<int>(std::ceil(1.3 * font / std::max(1e-9, per_power))));
-    for (int k = a; k <= b; ++k) {
-      double v = std::pow(base, k);
-      if (((k % stride) + stride) % stride != 0) continue;
-      yt.emplace_back(v, y_.fraction_ticks ? ratio_label(v) : format_tick(v));
-    }
-  }
+  Ticks yt = y_ticks(font, unit, &y_minor);
   float tick_w = 0;
   for (const auto& t : yt) tick_w = std::max(tick_w, ImGui::CalcTextSize(t.second.c_str()).x);
   p0_.x = o.x + std::max(30 * unit, tick_w + 10 * unit);
   if (p1_.x < p0_.x + 10) p1_.x = p0_.x + 10;
   if (p1_.y < p0_.y + 10) p1_.y = p0_.y + 10;
-  if (equal_aspect && x_.scale == Scale::Linear && y_.scale == Scale::Linear) {
-    // Data units per pixel: the larger of the two, applied to both around the centres.
-    const double w = p1_.x - p0_.x, h = p1_.y - p0_.y;
-    const double upp = std::max((x_.max - x_.min) / w, (y_.max - y_.min) / h);
-    const double cx = (x_.min + x_.max) / 2, cy = (y_.min + y_.max) / 2;
-    x_.min = cx - upp * w / 2, x_.max = cx + upp * w / 2;
-    y_.min = cy - upp * h / 2, y_.max = cy + upp * h / 2;
-    yt.clear();
-    for (double v : linear_ticks(y_.min, y_.max, std::max(2, static_cast<int>(h / (40 * unit)))))
-      yt.emplace_back(v, format_tick(v));
-  }
+  if (equal_aspect && x_.scale == Scale::Linear && y_.scale == Scale::Linear)
+    fit_equal_aspect(unit, &yt);
   hovered_ = hovered_ && ImGui::IsMouseHoveringRect(p0_, p1_);
 
   dl_->AddRectFilled(p0_, p1_, kColPlotBg);
   for (double mv : y_minor)
     dl_->AddLine(ImVec2(p0_.x, sy(mv)), ImVec2(p0_.x + 4, sy(mv)), kColAxisText);
 
-  // x ticks
-  std::vector<std::pair<double, std::string>> xt;
-  if (x_.scale == Scale::Linear) {
-    for (double v :
-         linear_ticks(x_.min, x_.max, std::max(2, static_cast<int>((p1_.x - p0_.x) / (80 * unit)))))
-      xt.emplace_back(v, format_tick(v));
-  } else if (x_.scale == Scale::Log10) {
-    const double per_decade = (p1_.x - p0_.x) / std::max(1e-9, tx(x_.max, x_) - tx(x_.min, x_));
-    for (double v : log10_labels(x_.min, x_.max, per_decade, 4.5 * font))
-      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : format_tick(v));
-  } else {
-    const int a = static_cast<int>(std::ceil(tx(x_.min, x_) - 1e-9));
-    const int b = static_cast<int>(std::floor(tx(x_.max, x_) + 1e-9));
-    for (int k = a; k <= b; ++k) {
-      const double v = std::exp2(k);
-      xt.emplace_back(v, x_.fraction_ticks ? ratio_label(v) : pow2_tick(v));
-    }
-    // Every power has its grid line; where the labels would run into each other only every
-    // second (fourth, ...) one is written.
-    float widest = 0;
-    for (const auto& t : xt) widest = std::max(widest, ImGui::CalcTextSize(t.second.c_str()).x);
-    const float spacing = b > a ? (sx(std::exp2(b)) - sx(std::exp2(a))) / (b - a) : 1e9f;
-    int every = 1;
-    while (every < b - a + 1 && spacing * every < widest + 4 * unit) every *= 2;
-    for (size_t i = 0; i < xt.size(); ++i)
-      if (static_cast<int>(xt.size() - 1 - i) % every != 0) xt[i].second.clear();
-  }
-  for (auto& [v, s] : xt) {
-    float px = sx(v);
-    dl_->AddLine(ImVec2(px, p0_.y), ImVec2(px, p1_.y), kColGrid);
-    if (s.empty()) continue;
-    ImVec2 ts = ImGui::CalcTextSize(s.c_str());
-    dl_->AddText(ImVec2(px - ts.x / 2, p1_.y + 3), kColAxisText, s.c_str());
-  }
-  for (auto& [v, s] : yt) {
-    float py = sy(v);
-    dl_->AddLine(ImVec2(p0_.x, py), ImVec2(p1_.x, py), kColGrid);
-    ImVec2 ts = ImGui::CalcTextSize(s.c_str());
-    dl_->AddText(ImVec2(p0_.x - ts.x - 4, py - ts.y / 2), kColAxisText, s.c_str());
-  }
+  draw_grid(x_ticks(font, unit), yt);
   dl_->AddRect(p0_, p1_, kColAxisText);
-  // Labels: x centred below the ticks, y above the axis (ImGui cannot rotate text).
-  if (!x_.label.empty()) {
-    ImVec2 ts = ImGui::CalcTextSize(x_.label.c_str());
-    dl_->AddText(ImVec2((p0_.x + p1_.x - ts.x) / 2, p1_.y + font + 4), kColAxisText,
-                 x_.label.c_str());
-  }
-  const float ylabel_y = two_lines ? o.y + 3 + font + 4 * unit : o.y + 3;
-  dl_->PushClipRect(o, ImVec2(o.x + size.x, o.y + size.y), true);
-  if (!y_.label.empty())
-    dl_->AddText(ImVec2(o.x + 2, ylabel_y), kColAxisText, elide(y_.label, size.x - 4).c_str());
-  if (!title.empty()) {
-    // Centred over the data area when it fits, else after the y label (or on its own line);
-    // never cut: shortened with "..." when the frame is narrower than the title.
-    const float after_label =
-        two_lines || y_.label.empty() ? o.x + 2 : o.x + 2 + ylabel_w + 16 * unit;
-    const std::string shown = elide(title, o.x + size.x - 2 - after_label);
-    const ImVec2 ts = ImGui::CalcTextSize(shown.c_str());
-    const float x =
-        std::min(std::max(after_label, (p0_.x + p1_.x - ts.x) / 2), o.x + size.x - ts.x - 2);
-    dl_->AddText(ImVec2(std::max(o.x + 2, x), o.y + 3), IM_COL32(235, 235, 240, 255),
-                 shown.c_str());
-  }
-  dl_->PopClipRect();
+  draw_labels(o, size, title, two_lines, ylabel_w, font, unit);
 }
 
 void Plot::dashed_line(const std::vector<double>& x, const std::vector<double>& y, ImU32 col,

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "app/colormap.h"
@@ -84,6 +85,17 @@ class Plot {
   Axis x_, y_;
   bool hovered_ = false, clicked_ = false;
   double tx(double v, const Axis& a) const;  // axis transform (log for log axes)
+
+  // Tick positions in data units, each with its label.
+  using Ticks = std::vector<std::pair<double, std::string>>;
+  // Steps of the constructor, in the order it runs them.
+  void make_ranges_valid();
+  Ticks y_ticks(float font, float unit, std::vector<double>* minor) const;
+  void fit_equal_aspect(float unit, Ticks* yt);
+  Ticks x_ticks(float font, float unit) const;
+  void draw_grid(const Ticks& xt, const Ticks& yt) const;
+  void draw_labels(ImVec2 o, ImVec2 size, const std::string& title, bool two_lines, float ylabel_w,
+                   float font, float unit) const;
 };
 
 // Heatmap of rows x cols cells in [p0, p1]: value(r, c) -> colour. Returns the hovered cell as

@@ -123,7 +123,10 @@ nlohmann::json read_json_file(const std::string& path) {
   return read_json_file_limited(path, 256ull << 20, limits);
 }
 
-void print_report(const EvalReport& rep) {
+namespace {
+
+// The capture, the window, the budgets, the seeds, the estimator and the report's notes.
+void print_run_header(const EvalReport& rep, bool by_budget) {
   const CaptureInfo& info = rep.info;
   std::printf("capture  %s (%s, %d tokens, %d layers, %d query / %d kv heads, d=%d)%s\n",
               printable(rep.capture_path).c_str(),
@@ -132,7 +135,6 @@ void print_report(const EvalReport& rep) {
               info.synthetic ? " [SYNTHETIC]" : "");
   std::printf("window   %s\n", rep.window_example.describe().c_str());
   std::string budgets;
-  const bool by_budget = !rep.spec.budgets.empty();
   for (size_t i = 0; i < rep.spec.ratios.size(); ++i) {
     const double r = rep.spec.ratios[i];
     const long long m = std::llround(r * rep.window_example.n_mid);
@@ -152,22 +154,26 @@ void print_report(const EvalReport& rep) {
         "estimator authors: numerator weight w, denominator weight 2^T on every kept "
         "token\n");
   for (const std::string& note : rep.notes) std::printf("note     %s\n", printable(note).c_str());
-  // Heads the capture refuses (NaN/Inf or values too large for float), once each. A method the
-  // capture cannot run ("<method> needs ...") is named once in the report's notes already.
-  {
-    std::vector<std::string> refused_heads;
-    for (const HeadEval& he : rep.results)
-      if (he.refused && !he.note.empty() && he.note.rfind(he.method + " needs ", 0) != 0 &&
-          std::find(refused_heads.begin(), refused_heads.end(), he.note) == refused_heads.end())
-        refused_heads.push_back(he.note);
-    for (size_t i = 0; i < refused_heads.size() && i < 8; ++i)
-      std::printf("note     refused: %s\n", printable(refused_heads[i]).c_str());
-    if (refused_heads.size() > 8)
-      std::printf("note     ... and %zu more refused heads (see the JSON)\n",
-                  refused_heads.size() - 8);
-  }
-  // What methods said about their own runs (top-ups, scaled defaults, FAIL cases): the first
-  // note of each method, and how many other notes it left.
+}
+
+// Heads the capture refuses (NaN/Inf or values too large for float), once each. A method the
+// capture cannot run ("<method> needs ...") is named once in the report's notes already.
+void print_refused_heads(const EvalReport& rep) {
+  std::vector<std::string> refused_heads;
+  for (const HeadEval& he : rep.results)
+    if (he.refused && !he.note.empty() && he.note.rfind(he.method + " needs ", 0) != 0 &&
+        std::find(refused_heads.begin(), refused_heads.end(), he.note) == refused_heads.end())
+      refused_heads.push_back(he.note);
+  for (size_t i = 0; i < refused_heads.size() && i < 8; ++i)
+    std::printf("note     refused: %s\n", printable(refused_heads[i]).c_str());
+  if (refused_heads.size() > 8)
+    std::printf("note     ... and %zu more refused heads (see the JSON)\n",
+                refused_heads.size() - 8);
+}
+
+// What methods said about their own runs (top-ups, scaled defaults, FAIL cases): the first
+// note of each method, and how many other notes it left.
+void print_method_notes(const EvalReport& rep) {
   for (const Method* m : rep.spec.methods) {
     std::vector<std::string> seen;
     for (const HeadEval& he : rep.results)
@@ -179,104 +185,123 @@ void print_report(const EvalReport& rep) {
     if (seen.size() > 1) std::printf(" (and %zu other notes, see the JSON)", seen.size() - 1);
     std::printf("\n");
   }
+}
 
-  // method x ratio
-  std::printf("\nrelative error ||z_j - Attn_j|| / ||Attn_j||, mean +- std over seeds\n");
-  // The method column fits the longest name (wrapped ones such as adakv(expected-attention)).
-  int name_width = 18;
-  for (const Method* m : rep.spec.methods)
-    name_width = std::max(name_width, static_cast<int>(m->name().size()));
-  std::printf("%-*s", name_width, "method");
+// The heading of every ratio's column: its budget in middle tokens, or the ratio.
+void print_ratio_columns(const EvalReport& rep, bool by_budget) {
   for (double r : rep.spec.ratios)
     std::printf("  %-19s",
                 (by_budget ? "budget " + std::to_string(std::llround(r * rep.window_example.n_mid))
                            : "ratio " + ratio_label(r))
                     .c_str());
   std::printf("\n");
-  const std::vector<EvalSummary> sum = rep.summary();
-  auto cell_status = [&](const std::string& method, double ratio, int layer) -> std::string {
-    bool any = false, failed = false;
-    for (const HeadEval& he : rep.results) {
-      if (he.method != method || he.ratio != ratio || (layer >= 0 && he.layer != layer)) continue;
-      any = true;
-      failed |= !he.error.empty();
-    }
-    return !any ? "-" : failed ? "failed" : "refused";
-  };
+}
+
+// What a table cell without figures shows: "-" when no head of that method and ratio (and layer,
+// unless layer < 0) ran, "failed" when one failed, else "refused".
+std::string cell_status(const EvalReport& rep, const std::string& method, double ratio, int layer) {
+  bool any = false, failed = false;
+  for (const HeadEval& he : rep.results) {
+    if (he.method != method || he.ratio != ratio || (layer >= 0 && he.layer != layer)) continue;
+    any = true;
+    failed |= !he.error.empty();
+  }
+  return !any ? "-" : failed ? "failed" : "refused";
+}
+
+// method x ratio: the relative error, mean +- std over seeds.
+void print_error_table(const EvalReport& rep, const std::vector<EvalSummary>& sum, int name_width,
+                       bool by_budget) {
+  std::printf("\nrelative error ||z_j - Attn_j|| / ||Attn_j||, mean +- std over seeds\n");
+  std::printf("%-*s", name_width, "method");
+  print_ratio_columns(rep, by_budget);
   size_t k = 0;
   for (const Method* m : rep.spec.methods) {
     std::printf("%-*s", name_width, m->name().c_str());
     for (double r : rep.spec.ratios) {
       const EvalSummary& s = sum[k++];
       const std::string cell = s.heads > 0 ? fmt("%.4f", s.mean) + " +- " + fmt("%.4f", s.std)
-                                           : cell_status(m->name(), r, -1);
+                                           : cell_status(rep, m->name(), r, -1);
       std::printf("  %-19s", cell.c_str());
     }
     std::printf("\n");
   }
+}
 
-  // Harm kept vs dropped (docs/evaluation.md, "Harm kept and dropped").
-  if (rep.spec.harm) {
-    std::printf(
-        "\nharm dropped: the summed harm of the middle tokens a method dropped (each token's "
-        "harm: the\nexact output change of evicting it alone), share of the middle's total, "
-        "mean over heads\n%-*s",
-        name_width, "method");
-    for (size_t r = 0; r < rep.spec.ratios.size(); ++r)
-      std::printf("  %-19s",
-                  (by_budget ? "budget " + std::to_string(std::llround(rep.spec.ratios[r] *
-                                                                       rep.window_example.n_mid))
-                             : "ratio " + ratio_label(rep.spec.ratios[r]))
-                      .c_str());
+// Harm kept vs dropped (docs/evaluation.md, "Harm kept and dropped").
+void print_harm_table(const EvalReport& rep, const std::vector<EvalSummary>& sum, int name_width,
+                      bool by_budget) {
+  std::printf(
+      "\nharm dropped: the summed harm of the middle tokens a method dropped (each token's "
+      "harm: the\nexact output change of evicting it alone), share of the middle's total, "
+      "mean over heads\n%-*s",
+      name_width, "method");
+  print_ratio_columns(rep, by_budget);
+  size_t i = 0;
+  for (const Method* m : rep.spec.methods) {
+    std::printf("%-*s", name_width, m->name().c_str());
+    for (size_t r = 0; r < rep.spec.ratios.size(); ++r) {
+      const EvalSummary& s = sum[i++];
+      std::printf("  %-19s", std::isnan(s.harm_dropped)
+                                 ? "-"
+                                 : (fmt("%.4g", s.harm_dropped) + " (" +
+                                    fmt("%.0f%%", 100 * s.harm_dropped_share) + ")")
+                                       .c_str());
+    }
     std::printf("\n");
-    size_t i = 0;
-    for (const Method* m : rep.spec.methods) {
-      std::printf("%-*s", name_width, m->name().c_str());
-      for (size_t r = 0; r < rep.spec.ratios.size(); ++r) {
-        const EvalSummary& s = sum[i++];
-        std::printf("  %-19s", std::isnan(s.harm_dropped)
-                                   ? "-"
-                                   : (fmt("%.4g", s.harm_dropped) + " (" +
-                                      fmt("%.0f%%", 100 * s.harm_dropped_share) + ")")
-                                         .c_str());
+  }
+}
+
+// Per-layer means (over kv heads and seeds).
+void print_layer_table(const EvalReport& rep, int name_width, bool by_budget) {
+  std::set<int> layer_set;
+  for (const HeadEval& he : rep.results) layer_set.insert(he.layer);
+  if (rep.results.empty()) return;
+  std::printf("\nper-layer mean relative error\n%-*s %-7s", name_width, "method",
+              by_budget ? "budget" : "ratio");
+  for (int l : layer_set) {
+    char label[16];
+    std::snprintf(label, sizeof label, "L%d", l);
+    std::printf(" %9s", label);
+  }
+  std::printf("\n");
+  for (const Method* m : rep.spec.methods) {
+    for (double r : rep.spec.ratios) {
+      std::printf("%-*s %-7s", name_width, m->name().c_str(),
+                  by_budget ? std::to_string(std::llround(r * rep.window_example.n_mid)).c_str()
+                            : ratio_label(r).c_str());
+      for (int l : layer_set) {
+        double acc = 0;
+        int count = 0;
+        for (const HeadEval& he : rep.results)
+          if (he.method == m->name() && he.ratio == r && he.layer == l && !he.refused &&
+              he.error.empty()) {
+            acc += he.mean;
+            ++count;
+          }
+        std::printf(" %9s", count ? fmt("%.4f", acc / count).c_str()
+                                  : cell_status(rep, m->name(), r, l).c_str());
       }
       std::printf("\n");
     }
   }
+}
 
-  // Per-layer means (over kv heads and seeds).
-  std::set<int> layer_set;
-  for (const HeadEval& he : rep.results) layer_set.insert(he.layer);
-  if (!rep.results.empty()) {
-    std::printf("\nper-layer mean relative error\n%-*s %-7s", name_width, "method",
-                by_budget ? "budget" : "ratio");
-    for (int l : layer_set) {
-      char label[16];
-      std::snprintf(label, sizeof label, "L%d", l);
-      std::printf(" %9s", label);
-    }
-    std::printf("\n");
-    for (const Method* m : rep.spec.methods) {
-      for (double r : rep.spec.ratios) {
-        std::printf("%-*s %-7s", name_width, m->name().c_str(),
-                    by_budget ? std::to_string(std::llround(r * rep.window_example.n_mid)).c_str()
-                              : ratio_label(r).c_str());
-        for (int l : layer_set) {
-          double acc = 0;
-          int count = 0;
-          for (const HeadEval& he : rep.results)
-            if (he.method == m->name() && he.ratio == r && he.layer == l && !he.refused &&
-                he.error.empty()) {
-              acc += he.mean;
-              ++count;
-            }
-          std::printf(" %9s", count ? fmt("%.4f", acc / count).c_str()
-                                    : cell_status(m->name(), r, l).c_str());
-        }
-        std::printf("\n");
-      }
-    }
-  }
+}  // namespace
+
+void print_report(const EvalReport& rep) {
+  const bool by_budget = !rep.spec.budgets.empty();
+  print_run_header(rep, by_budget);
+  print_refused_heads(rep);
+  print_method_notes(rep);
+  // The method column fits the longest name (wrapped ones such as adakv(expected-attention)).
+  int name_width = 18;
+  for (const Method* m : rep.spec.methods)
+    name_width = std::max(name_width, static_cast<int>(m->name().size()));
+  const std::vector<EvalSummary> sum = rep.summary();
+  print_error_table(rep, sum, name_width, by_budget);
+  if (rep.spec.harm) print_harm_table(rep, sum, name_width, by_budget);
+  print_layer_table(rep, name_width, by_budget);
   for (const std::string& f : rep.failures())
     std::fprintf(stderr, "kvscope-cli: %s\n", printable(f).c_str());
   std::fflush(stdout);

@@ -87,6 +87,15 @@ class CaptureSetTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// "p<c>.safetensors", appended piece by piece: GCC 12 misreads "p" + std::to_string(c) as an
+// overlapping copy (-Wrestrict).
+std::string prompt_file(int c) {
+  std::string name = "p";
+  name += std::to_string(c);
+  name += ".safetensors";
+  return name;
+}
+
 EvalSpec small_spec() {
   EvalSpec spec;
   spec.methods = {find_method("uniform"), find_method("snapkv"), find_method("balancekv")};
@@ -231,7 +240,7 @@ TEST_F(CaptureSetTest, EachCapturesFiguresAreEvalsAndTheAggregateIsTheirMeanWith
 }
 
 TEST_F(CaptureSetTest, TwoCapturesAtATimeGiveTheFiguresOfOneAtATime) {
-  for (int c = 0; c < 5; ++c) synth("p" + std::to_string(c) + ".safetensors", 96 + 8 * c, 10 + c);
+  for (int c = 0; c < 5; ++c) synth(prompt_file(c), 96 + 8 * c, 10 + c);
   const CaptureSet set = open_capture_set((dir_ / "set").string());
   EvalSpec spec = small_spec();
   ASSERT_EQ(set_eval_lanes(set, spec, nullptr), 2);
@@ -258,7 +267,7 @@ TEST_F(CaptureSetTest, TwoCapturesAtATimeGiveTheFiguresOfOneAtATime) {
 }
 
 TEST_F(CaptureSetTest, ACaptureThatFailsInTheMiddleStopsTheSetWithItsOwnError) {
-  for (int c = 0; c < 4; ++c) synth("p" + std::to_string(c) + ".safetensors", 96, 20 + c);
+  for (int c = 0; c < 4; ++c) synth(prompt_file(c), 96, 20 + c);
   const CaptureSet set = open_capture_set((dir_ / "set").string());
   // The third capture becomes unreadable after the set was opened (a disk or a network share
   // failing under a long run): the error names it, whichever lane met it.

@@ -18,22 +18,11 @@ import os
 import re
 import sys
 
-# (file, function): lines today. Work left (docs/design.md, "Short functions").
+# (file, function): lines today. Work left (docs/design.md, "Short functions"): the error kernel
+# and its upload are split once a device can confirm that the split leaves their pace as it is.
 OVER_LIMIT = {
     ("kernels/attention_error.cu", "attention_error_kernel"): 298,
-    ("engine/model/generate.cpp", "run_generate"): 264,
-    ("engine/methods/buzz.cpp", "select"): 224,
-    ("engine/teaching/theory.cpp", "run_theory"): 196,
-    ("app/views/view_method.cpp", "draw"): 193,
-    ("engine/ops/tsne_gradient_fft.cpp", "TsneFftRepulsion::compute"): 173,
-    ("engine/eval/protocol_batched.cpp", "evaluate_layer_batched"): 171,
     ("kernels/attention_error.cu", "upload_error_batch"): 164,
-    ("app/plot.cpp", "Plot::Plot"): 162,
-    ("cli/eval_output.cpp", "print_report"): 158,
-    ("app/grid_cells.cpp", "run_grid_job"): 158,
-    ("engine/attention/exact_attention.cpp", "ExactReference::score"): 154,
-    ("engine/io/npz.cpp", "read_directory"): 153,
-    ("app/export.cpp", "draw_data_to_svg"): 152,
 }
 
 SOURCE = re.compile(r".*\.(cpp|h|cu|cuh)$")

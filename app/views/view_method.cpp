@@ -198,6 +198,241 @@ void run_summary(AppState& s, int slot) {
   ImGui::PopID();
 }
 
+// Method A, its summary, and method B when the A/B comparison is on.
+void draw_method_choice(AppState& s) {
+  Settings& st = s.settings;
+  ImGui::SetNextItemWidth(fit_width(220, "method A"));
+  method_combo(s, "method A", st.method[0].name, st.method[0].params);
+  if (const Method* m = s.method(0)) ImGui::TextWrapped("%s", m->summary().c_str());
+  ImGui::Checkbox("compare with method B", &st.ab_enabled);
+  if (st.ab_enabled) {
+    ImGui::SetNextItemWidth(fit_width(220, "method B"));
+    method_combo(s, "method B", st.method[1].name, st.method[1].params);
+  }
+}
+
+// The budget as a number of middle tokens m, with the keep ratio and cache size it gives.
+void draw_token_budget(AppState& s) {
+  Settings& st = s.settings;
+  const int n_mid = s.info() ? s.window().n_mid : 0;
+  int b = st.budget_tokens;
+  ImGui::SetNextItemWidth(fit_width(220, "middle tokens m"));
+  if (ImGui::SliderInt("middle tokens m", &b, 1, std::max(1, n_mid), "%d",
+                       ImGuiSliderFlags_Logarithmic | ImGuiSliderFlags_AlwaysClamp))
+    st.budget_tokens = std::max(1, b);
+  record_item(s, "slider:budget tokens");
+  if (n_mid > 0) {
+    const EvalWindow w = s.window();
+    ImGui::TextDisabled("keep ratio %.4f; cache %d + %d + %d = %d entries", st.keep_ratio, w.sink,
+                        st.budget_tokens, w.eval, w.sink + st.budget_tokens + w.eval);
+  }
+}
+
+// Presets: the protocol's ratios, and kvpress's (it counts the fraction removed: 0.25,
+// 0.5, 0.75, 0.875, i.e. keep 3/4, 1/2, 1/4, 1/8).
+void draw_ratio_presets(AppState& s) {
+  Settings& st = s.settings;
+  const struct {
+    const char* label;
+    const std::vector<double>* ratios;
+  } presets[] = {{"protocol", parse_ratio_preset("protocol")},
+                 {"kvpress", parse_ratio_preset("kvpress")}};
+  for (const auto& preset : presets) {
+    ImGui::TextDisabled("%-8s", preset.label);
+    for (double r : *preset.ratios) {
+      ImGui::SameLine(0, 4);
+      std::string label = ratio_label(r) + "##" + preset.label;
+      bool on = std::fabs(st.keep_ratio - r) < 1e-9;
+      if (on)
+        ImGui::PushStyleColor(ImGuiCol_Button, ImGui::GetStyleColorVec4(ImGuiCol_ButtonActive));
+      if (ImGui::Button(label.c_str(), ImVec2(px(48), 0))) st.keep_ratio = r;
+      record_item(s, std::string("method:ratio:") + preset.label + ":" + ratio_label(r));
+      if (on) ImGui::PopStyleColor();
+    }
+    if (preset.ratios == parse_ratio_preset("kvpress"))
+      help_marker(
+          "kvpress counts the fraction removed (compression_ratio 0.25, 0.5, 0.75, 0.875); "
+          "these are the same points as keep ratios.");
+  }
+}
+
+// The budget as a keep ratio: a logarithmic slider and the preset buttons.
+void draw_ratio_budget(AppState& s) {
+  Settings& st = s.settings;
+  double kr = st.keep_ratio;
+  const double kr_min = 1.0 / 64, kr_max = 1.0;
+  ImGui::SetNextItemWidth(fit_width(220, "keep ratio"));
+  if (ImGui::SliderScalar("keep ratio", ImGuiDataType_Double, &kr, &kr_min, &kr_max, "%.4f",
+                          ImGuiSliderFlags_Logarithmic))
+    st.keep_ratio = std::clamp(kr, kr_min, kr_max);
+  record_item(s, "slider:keep ratio");
+  help_marker(
+      "Fraction of the middle [s, n-E) a method keeps: m = round(ratio * n_mid). "
+      "Every method gets the same m.");
+  draw_ratio_presets(s);
+}
+
+// The budget: a keep ratio (logarithmic slider, the protocol's and kvpress's ratios as
+// buttons) or a number of middle tokens (docs/evaluation.md, "Budgets").
+void draw_budget(AppState& s) {
+  Settings& st = s.settings;
+  int mode = st.budget_mode ? 1 : 0;
+  ImGui::TextUnformatted("budget as");
+  ImGui::SameLine();
+  if (ImGui::RadioButton("keep ratio##mode", &mode, 0)) st.budget_mode = false;
+  record_item(s, "method:budget:ratio");
+  toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tokens"));
+  if (ImGui::RadioButton("tokens##mode", &mode, 1)) {
+    // Start from the m the current ratio gives, so the switch changes nothing by itself.
+    if (!st.budget_mode && s.info()) st.budget_tokens = std::max(1, s.window().budget);
+    st.budget_mode = true;
+  }
+  record_item(s, "method:budget:tokens");
+  help_marker(
+      "A keep ratio r keeps m = round(r * n_mid) middle tokens; a token budget B keeps m = B "
+      "exactly. Either way the s sinks and the E evaluation positions come on top: the cache "
+      "holds s + m + E entries. Wrappers that vary the budget per head (adakv) keep m per "
+      "head on average over a layer.");
+  if (st.budget_mode)
+    draw_token_budget(s);
+  else
+    draw_ratio_budget(s);
+}
+
+// The seed, shared by A and B.
+void draw_seed(AppState& s) {
+  Settings& st = s.settings;
+  ImGui::SetNextItemWidth(px(120));
+  if (ImGui::InputInt("seed", &st.seed)) st.seed = std::max(0, st.seed);
+  record_item(s, "input:seed");
+  help_marker(
+      "Seed of every random draw (Philox counters): the same seed gives the same "
+      "selection on CPU and GPU.");
+}
+
+// The focused head, the runs of A (and B) on it, and the background grid's status.
+void draw_focused_head(AppState& s) {
+  const Settings& st = s.settings;
+  ImGui::TextUnformatted("focused head");
+  ImGui::SameLine();
+  ImGui::TextDisabled("layer %d, kv head %d", st.focus.layer, st.focus.kv_head);
+  if (!s.capture) {
+    ImGui::TextDisabled("No capture open: the settings apply once one is.");
+  } else {
+    run_summary(s, 0);
+    if (st.ab_enabled) run_summary(s, 1);
+    // The background grid.
+    draw_result_status(s, kGrid, "grid");
+  }
+}
+
+// Parameters of each slot: A and B each have their own values, even for the same method.
+void draw_method_params(AppState& s) {
+  Settings& st = s.settings;
+  for (int slot = 0; slot < (st.ab_enabled ? 2 : 1); ++slot) {
+    const Method* m = s.method(slot);
+    if (!m) continue;
+    std::string header = "parameters of " + m->name() + (slot == 0 ? " (A)" : " (B)");
+    ImGui::PushID(slot);
+    if (ImGui::CollapsingHeader(header.c_str(), ImGuiTreeNodeFlags_DefaultOpen)) {
+      auto specs = m->params();
+      if (specs.empty()) ImGui::TextDisabled("no parameters");
+      ParamValues& pv = st.method[static_cast<size_t>(slot)].params;
+      // Values of a method that is no longer in this slot are dropped.
+      std::erase_if(pv, [&](const auto& kv) {
+        return std::none_of(specs.begin(), specs.end(),
+                            [&](const ParamSpec& p) { return p.name == kv.first; });
+      });
+      for (const ParamSpec& p : specs)
+        param_widget(s, std::string("param:") + (slot == 0 ? "A:" : "B:") + p.name, p, pv);
+      if (!pv.empty() && ImGui::Button("reset all to defaults")) pv.clear();
+      const std::string why = method_unavailable_here(s, *m);
+      if (!why.empty()) {
+        ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.6f, 0.3f, 1));
+        ImGui::TextWrapped("not available for this capture: %s", why.c_str());
+        ImGui::PopStyleColor();
+      }
+    }
+    ImGui::PopID();
+  }
+}
+
+// The sink and evaluation-window overrides, and the window they give.
+void draw_window_overrides(AppState& s) {
+  Settings& st = s.settings;
+  const int n = s.num_tokens();
+  bool so = st.sink_override >= 0, eo = st.eval_override >= 0;
+  EvalWindow def = fit_window(std::max(1, n), st.keep_ratio, -1, -1);
+  if (ImGui::Checkbox("override sinks s", &so)) st.sink_override = so ? def.sink : -1;
+  if (so) {
+    toolbar_next(px(100));
+    ImGui::SetNextItemWidth(px(100));
+    if (ImGui::InputInt("##sink", &st.sink_override))
+      st.sink_override = std::clamp(st.sink_override, 0, std::max(0, n / 2));
+  }
+  if (ImGui::Checkbox("override eval window E", &eo)) st.eval_override = eo ? def.eval : -1;
+  if (eo) {
+    toolbar_next(px(100));
+    ImGui::SetNextItemWidth(px(100));
+    if (ImGui::InputInt("##eval", &st.eval_override))
+      st.eval_override = std::clamp(st.eval_override, 1, std::max(1, n / 2));
+  }
+  if (s.info()) {
+    std::string note;
+    EvalWindow w = s.window(&note);
+    ImGui::TextWrapped("%s", w.describe().c_str());
+    if (!note.empty()) ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "%s", note.c_str());
+  }
+}
+
+// The evaluation protocol: window overrides, the estimator and the grid's seeds.
+void draw_eval_protocol(AppState& s) {
+  if (!ImGui::CollapsingHeader("evaluation protocol", ImGuiTreeNodeFlags_DefaultOpen)) return;
+  Settings& st = s.settings;
+  draw_window_overrides(s);
+  bool authors = st.estimator == Estimator::Authors;
+  if (ImGui::Checkbox("authors' estimator", &authors))
+    st.estimator = authors ? Estimator::Authors : Estimator::Weighted;
+  help_marker(
+      "The BalanceKV authors' notebook and forward pass: numerator weight w, denominator "
+      "weight 2^T on every kept token (T = ceil(log2(1/ratio))). Off: both use w.");
+  bool auto_seeds = st.grid_seeds == 0;
+  if (ImGui::Checkbox("grid seeds by capture size", &auto_seeds))
+    st.grid_seeds = auto_seeds ? 0 : s.grid_seeds();
+  if (!auto_seeds) {
+    toolbar_next(labelled_width(px(120), "grid seeds"));
+    ImGui::SetNextItemWidth(px(120));
+    ImGui::SliderInt("grid seeds", &st.grid_seeds, 1, 10);
+  } else {
+    ImGui::SameLine();
+    ImGui::TextDisabled("(%d)", s.grid_seeds());
+  }
+  help_marker(
+      "Seeds averaged in the background grid (the Capture view's cells). The paper "
+      "uses 10; by default 3 up to 1024 tokens, 2 up to 4096, 1 above, so the grid stays "
+      "quick.");
+}
+
+// The backend to compute on, the one active and its note.
+void draw_backend(AppState& s) {
+  Settings& st = s.settings;
+  // The header and the combo need IDs of their own: with one label for both, a click on the
+  // combo toggled the header's state instead and the list never opened.
+  if (!ImGui::CollapsingHeader("Backend##section", ImGuiTreeNodeFlags_DefaultOpen)) return;
+  const std::vector<std::string> choices = backend_choices();
+  ImGui::SetNextItemWidth(px(120));
+  if (ImGui::BeginCombo("compute on##backend", st.backend.c_str())) {
+    for (const std::string& c : choices) {
+      if (ImGui::Selectable(c.c_str(), c == st.backend)) st.backend = c;
+      record_item(s, "method:backend:" + c);
+    }
+    ImGui::EndCombo();
+  }
+  record_item(s, "method:backend");
+  ImGui::Text("active: %s", s.backend_active.c_str());
+  ImGui::TextWrapped("%s", s.backend_note.c_str());
+}
+
 class MethodView final : public View {
  public:
   const char* name() const override { return "method"; }
@@ -220,197 +455,16 @@ class MethodView final : public View {
   }
 
   void draw(AppState& s) override {
-    Settings& st = s.settings;
-    ImGui::SetNextItemWidth(fit_width(220, "method A"));
-    method_combo(s, "method A", st.method[0].name, st.method[0].params);
-    if (const Method* m = s.method(0)) ImGui::TextWrapped("%s", m->summary().c_str());
-    ImGui::Checkbox("compare with method B", &st.ab_enabled);
-    if (st.ab_enabled) {
-      ImGui::SetNextItemWidth(fit_width(220, "method B"));
-      method_combo(s, "method B", st.method[1].name, st.method[1].params);
-    }
+    draw_method_choice(s);
     ImGui::Separator();
-
-    // The budget: a keep ratio (logarithmic slider, the protocol's and kvpress's ratios as
-    // buttons) or a number of middle tokens (docs/evaluation.md, "Budgets").
-    int mode = st.budget_mode ? 1 : 0;
-    ImGui::TextUnformatted("budget as");
-    ImGui::SameLine();
-    if (ImGui::RadioButton("keep ratio##mode", &mode, 0)) st.budget_mode = false;
-    record_item(s, "method:budget:ratio");
-    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tokens"));
-    if (ImGui::RadioButton("tokens##mode", &mode, 1)) {
-      // Start from the m the current ratio gives, so the switch changes nothing by itself.
-      if (!st.budget_mode && s.info()) st.budget_tokens = std::max(1, s.window().budget);
-      st.budget_mode = true;
-    }
-    record_item(s, "method:budget:tokens");
-    help_marker(
-        "A keep ratio r keeps m = round(r * n_mid) middle tokens; a token budget B keeps m = B "
-        "exactly. Either way the s sinks and the E evaluation positions come on top: the cache "
-        "holds s + m + E entries. Wrappers that vary the budget per head (adakv) keep m per "
-        "head on average over a layer.");
-    if (st.budget_mode) {
-      const int n_mid = s.info() ? s.window().n_mid : 0;
-      int b = st.budget_tokens;
-      ImGui::SetNextItemWidth(fit_width(220, "middle tokens m"));
-      if (ImGui::SliderInt("middle tokens m", &b, 1, std::max(1, n_mid), "%d",
-                           ImGuiSliderFlags_Logarithmic | ImGuiSliderFlags_AlwaysClamp))
-        st.budget_tokens = std::max(1, b);
-      record_item(s, "slider:budget tokens");
-      if (n_mid > 0) {
-        const EvalWindow w = s.window();
-        ImGui::TextDisabled("keep ratio %.4f; cache %d + %d + %d = %d entries", st.keep_ratio,
-                            w.sink, st.budget_tokens, w.eval, w.sink + st.budget_tokens + w.eval);
-      }
-    } else {
-      double kr = st.keep_ratio;
-      const double kr_min = 1.0 / 64, kr_max = 1.0;
-      ImGui::SetNextItemWidth(fit_width(220, "keep ratio"));
-      if (ImGui::SliderScalar("keep ratio", ImGuiDataType_Double, &kr, &kr_min, &kr_max, "%.4f",
-                              ImGuiSliderFlags_Logarithmic))
-        st.keep_ratio = std::clamp(kr, kr_min, kr_max);
-      record_item(s, "slider:keep ratio");
-      help_marker(
-          "Fraction of the middle [s, n-E) a method keeps: m = round(ratio * n_mid). "
-          "Every method gets the same m.");
-      // Presets: the protocol's ratios, and kvpress's (it counts the fraction removed: 0.25,
-      // 0.5, 0.75, 0.875, i.e. keep 3/4, 1/2, 1/4, 1/8).
-      const struct {
-        const char* label;
-        const std::vector<double>* ratios;
-      } presets[] = {{"protocol", parse_ratio_preset("protocol")},
-                     {"kvpress", parse_ratio_preset("kvpress")}};
-      for (const auto& preset : presets) {
-        ImGui::TextDisabled("%-8s", preset.label);
-        for (double r : *preset.ratios) {
-          ImGui::SameLine(0, 4);
-          std::string label = ratio_label(r) + "##" + preset.label;
-          bool on = std::fabs(st.keep_ratio - r) < 1e-9;
-          if (on)
-            ImGui::PushStyleColor(ImGuiCol_Button, ImGui::GetStyleColorVec4(ImGuiCol_ButtonActive));
-          if (ImGui::Button(label.c_str(), ImVec2(px(48), 0))) st.keep_ratio = r;
-          record_item(s, std::string("method:ratio:") + preset.label + ":" + ratio_label(r));
-          if (on) ImGui::PopStyleColor();
-        }
-        if (preset.ratios == parse_ratio_preset("kvpress"))
-          help_marker(
-              "kvpress counts the fraction removed (compression_ratio 0.25, 0.5, 0.75, 0.875); "
-              "these are the same points as keep ratios.");
-      }
-    }
-    ImGui::SetNextItemWidth(px(120));
-    if (ImGui::InputInt("seed", &st.seed)) st.seed = std::max(0, st.seed);
-    record_item(s, "input:seed");
-    help_marker(
-        "Seed of every random draw (Philox counters): the same seed gives the same "
-        "selection on CPU and GPU.");
-
+    draw_budget(s);
+    draw_seed(s);
     ImGui::Separator();
-    ImGui::TextUnformatted("focused head");
-    ImGui::SameLine();
-    ImGui::TextDisabled("layer %d, kv head %d", st.focus.layer, st.focus.kv_head);
-    if (!s.capture) {
-      ImGui::TextDisabled("No capture open: the settings apply once one is.");
-    } else {
-      run_summary(s, 0);
-      if (st.ab_enabled) run_summary(s, 1);
-      // The background grid.
-      draw_result_status(s, kGrid, "grid");
-    }
-
+    draw_focused_head(s);
     ImGui::Separator();
-    // Parameters of each slot: A and B each have their own values, even for the same method.
-    for (int slot = 0; slot < (st.ab_enabled ? 2 : 1); ++slot) {
-      const Method* m = s.method(slot);
-      if (!m) continue;
-      std::string header = "parameters of " + m->name() + (slot == 0 ? " (A)" : " (B)");
-      ImGui::PushID(slot);
-      if (ImGui::CollapsingHeader(header.c_str(), ImGuiTreeNodeFlags_DefaultOpen)) {
-        auto specs = m->params();
-        if (specs.empty()) ImGui::TextDisabled("no parameters");
-        ParamValues& pv = st.method[static_cast<size_t>(slot)].params;
-        // Values of a method that is no longer in this slot are dropped.
-        std::erase_if(pv, [&](const auto& kv) {
-          return std::none_of(specs.begin(), specs.end(),
-                              [&](const ParamSpec& p) { return p.name == kv.first; });
-        });
-        for (const ParamSpec& p : specs)
-          param_widget(s, std::string("param:") + (slot == 0 ? "A:" : "B:") + p.name, p, pv);
-        if (!pv.empty() && ImGui::Button("reset all to defaults")) pv.clear();
-        const std::string why = method_unavailable_here(s, *m);
-        if (!why.empty()) {
-          ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.6f, 0.3f, 1));
-          ImGui::TextWrapped("not available for this capture: %s", why.c_str());
-          ImGui::PopStyleColor();
-        }
-      }
-      ImGui::PopID();
-    }
-
-    if (ImGui::CollapsingHeader("evaluation protocol", ImGuiTreeNodeFlags_DefaultOpen)) {
-      const int n = s.num_tokens();
-      bool so = st.sink_override >= 0, eo = st.eval_override >= 0;
-      EvalWindow def = fit_window(std::max(1, n), st.keep_ratio, -1, -1);
-      if (ImGui::Checkbox("override sinks s", &so)) st.sink_override = so ? def.sink : -1;
-      if (so) {
-        toolbar_next(px(100));
-        ImGui::SetNextItemWidth(px(100));
-        if (ImGui::InputInt("##sink", &st.sink_override))
-          st.sink_override = std::clamp(st.sink_override, 0, std::max(0, n / 2));
-      }
-      if (ImGui::Checkbox("override eval window E", &eo)) st.eval_override = eo ? def.eval : -1;
-      if (eo) {
-        toolbar_next(px(100));
-        ImGui::SetNextItemWidth(px(100));
-        if (ImGui::InputInt("##eval", &st.eval_override))
-          st.eval_override = std::clamp(st.eval_override, 1, std::max(1, n / 2));
-      }
-      if (s.info()) {
-        std::string note;
-        EvalWindow w = s.window(&note);
-        ImGui::TextWrapped("%s", w.describe().c_str());
-        if (!note.empty()) ImGui::TextColored(ImVec4(1, 0.8f, 0.3f, 1), "%s", note.c_str());
-      }
-      bool authors = st.estimator == Estimator::Authors;
-      if (ImGui::Checkbox("authors' estimator", &authors))
-        st.estimator = authors ? Estimator::Authors : Estimator::Weighted;
-      help_marker(
-          "The BalanceKV authors' notebook and forward pass: numerator weight w, denominator "
-          "weight 2^T on every kept token (T = ceil(log2(1/ratio))). Off: both use w.");
-      bool auto_seeds = st.grid_seeds == 0;
-      if (ImGui::Checkbox("grid seeds by capture size", &auto_seeds))
-        st.grid_seeds = auto_seeds ? 0 : s.grid_seeds();
-      if (!auto_seeds) {
-        toolbar_next(labelled_width(px(120), "grid seeds"));
-        ImGui::SetNextItemWidth(px(120));
-        ImGui::SliderInt("grid seeds", &st.grid_seeds, 1, 10);
-      } else {
-        ImGui::SameLine();
-        ImGui::TextDisabled("(%d)", s.grid_seeds());
-      }
-      help_marker(
-          "Seeds averaged in the background grid (the Capture view's cells). The paper "
-          "uses 10; by default 3 up to 1024 tokens, 2 up to 4096, 1 above, so the grid stays "
-          "quick.");
-    }
-
-    // The header and the combo need IDs of their own: with one label for both, a click on the
-    // combo toggled the header's state instead and the list never opened.
-    if (ImGui::CollapsingHeader("Backend##section", ImGuiTreeNodeFlags_DefaultOpen)) {
-      const std::vector<std::string> choices = backend_choices();
-      ImGui::SetNextItemWidth(px(120));
-      if (ImGui::BeginCombo("compute on##backend", st.backend.c_str())) {
-        for (const std::string& c : choices) {
-          if (ImGui::Selectable(c.c_str(), c == st.backend)) st.backend = c;
-          record_item(s, "method:backend:" + c);
-        }
-        ImGui::EndCombo();
-      }
-      record_item(s, "method:backend");
-      ImGui::Text("active: %s", s.backend_active.c_str());
-      ImGui::TextWrapped("%s", s.backend_note.c_str());
-    }
+    draw_method_params(s);
+    draw_eval_protocol(s);
+    draw_backend(s);
   }
 
   nlohmann::json export_json(const AppState& s) const override {

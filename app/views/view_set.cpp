@@ -45,7 +45,7 @@ class SetView final : public View {
 
   // Screenshots wait for the set's figures (or the reason there are none).
   bool ready(const AppState& s) const override {
-    if (!pending_.empty()) return false;
+    if (!pending_.empty() || !s.set_request.empty()) return false;
     return s.set_path.empty() || set_eval_settled(s);
   }
 
@@ -61,6 +61,16 @@ class SetView final : public View {
       figures_ = {};
     }
     draw_header(s);
+    // A set asked for that could not be opened: the one open (if any) stays.
+    if (!s.set_error.empty()) {
+      ImGui::PushStyleColor(ImGuiCol_Text, kTextError);
+      ImGui::TextWrapped("%s", s.set_error.c_str());
+      ImGui::PopStyleColor();
+    }
+    if (!s.set_request.empty()) {
+      draw_result_status(s, kSetOpen, "the set");
+      return;
+    }
     if (path_.empty()) return;
     const Result& opened = s.result(kSetOpen);
     if (!opened.error.empty() && opened.key == opened.want) {
@@ -94,6 +104,8 @@ class SetView final : public View {
 
   nlohmann::json export_json(const AppState& s) const override {
     const SetEvalReport* rep = s.result(kSetEval).get<SetEvalReport>();
+    if (!s.set_error.empty() && (path_.empty() || !rep))
+      return {{"set", s.set_path}, {"error", s.set_error}};
     if (path_.empty() || !rep) return nullptr;
     nlohmann::json j = rep->to_json();
     // The spec the set ran with (methods, ratios, seeds, params): every capture's is the same.
@@ -101,6 +113,7 @@ class SetView final : public View {
     j.erase("captures");  // every capture's own report: `kvscope-cli eval SET --json` has them
     j["fresh"] = s.result(kSetEval).fresh();
     j["colour_by_interval"] = by_interval_;
+    j["error"] = s.set_error;  // the last set asked for that could not be opened
     return j;
   }
   std::string export_csv(const AppState& s) const override {

@@ -428,6 +428,95 @@ ExactReference::Kept ExactReference::prepare(const std::vector<int>& num_idx,
   return k;
 }
 
+namespace {
+
+// Where the logits of each kept column lie, for every query row: a row of the held logits, or of
+// the kept columns' logits computed for the selection.
+struct KeptLogits {
+  const double* held = nullptr;  // n x R, or null
+  const int* tok = nullptr;      // the kept columns' tokens: their rows of `held`
+  const double* kept = nullptr;  // C x R, when `held` is null
+  int R = 0;
+  const double* row(int c) const {
+    return held ? held + static_cast<long>(tok[c]) * R : kept + static_cast<long>(c) * R;
+  }
+};
+
+// The biased logits l + log w of the C kept columns for query rows [r0, r0 + nr) into W
+// (C x nr), -inf for a column not in this sum (so exp gives 0).
+void gather_biased(const KeptLogits& logits, int C, const std::vector<char>& in,
+                   const std::vector<double>& lw, int r0, int nr, double* W) {
+  for (int c = 0; c < C; ++c) {
+    double* w = W + static_cast<long>(c) * nr;
+    if (!in[c]) {
+      std::fill(w, w + nr, kMinusInf);
+      continue;
+    }
+    const double* l = logits.row(c) + r0;
+    for (int e = 0; e < nr; ++e) w[e] = l[e] + lw[c];
+  }
+}
+
+// One column's biased logits with the running maximum of each row (the maxima col_max would
+// give: a maximum does not depend on the order). Used when every column serves both sums.
+void gather_biased_max(const KeptLogits& logits, int C, const std::vector<double>& lw, int r0,
+                       int nr, double* W, double* m) {
+  for (int c = 0; c < C; ++c) {
+    double* w = W + static_cast<long>(c) * nr;
+    const double* l = logits.row(c) + r0;
+    const double lwc = lw[c];
+    for (int e = 0; e < nr; ++e) {
+      w[e] = l[e] + lwc;
+      m[e] = w[e] > m[e] ? w[e] : m[e];
+    }
+  }
+}
+
+// The running maximum of each row's biased logits over the kept columns' logits computed here
+// (kept: C x R), none written: the first of two passes when every column serves both sums.
+void biased_max(const double* kept, int R, int C, const std::vector<double>& lw, int r0, int nr,
+                double* m) {
+  for (int c = 0; c < C; ++c) {
+    const double* l = kept + static_cast<long>(c) * R + r0;
+    const double lwc = lw[c];
+    for (int e = 0; e < nr; ++e) {
+      const double w = l[e] + lwc;
+      m[e] = w > m[e] ? w : m[e];
+    }
+  }
+}
+
+// The errors (and approximations) of the query rows [r0, r0 + nr) of a panel, from its shift m2,
+// its sums over the kept columns (den, msum, in units of exp(l - m2)) and its numerator `num`
+// (nr x dv): the fixed columns are added to them, then z = num / den is compared with the exact
+// output.
+void panel_errors(const ExactSide::Head& ex, int first_j, int r0, int nr, const double* m2,
+                  double* den, double* msum, MatrixD& num, QueryError* out, MatrixD* approx) {
+  for (int e = 0; e < nr; ++e) {
+    const int row = r0 + e;
+    // The fixed columns, from their own shift to the panel's (f <= 1).
+    const double f = std::exp(ex.fixed_max[row] - m2[e]);
+    const double fixed = f * ex.fixed_sum[row];
+    den[e] += fixed;
+    msum[e] += fixed;
+    num.row(e) += f * ex.fixed_num.row(row);
+    // den > 0: the window always holds j itself.
+    const double mass = msum[e] * std::exp(m2[e] - ex.shift[row]) / ex.norm[row];
+    const VectorD z = num.row(e).transpose() / den[e];
+    const double diff = (z - ex.exact.row(row).transpose()).norm();
+    const double exact_norm = ex.exact.row(row).norm();
+    QueryError& err = out[row];
+    err.position = first_j + row;
+    // A zero exact output (all values zero) has no scale: report the absolute difference.
+    err.relative = exact_norm > 0 ? diff / exact_norm : diff;
+    err.normalized = ex.v_frob[row] > 0 ? diff / (ex.softmax_norm[row] * ex.v_frob[row]) : diff;
+    err.mass = mass;
+    if (approx) approx->row(row) = z.transpose();
+  }
+}
+
+}  // namespace
+
 std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
                                               MatrixD* approx) const {
   // Columns: the merged selection (index order). The sinks and the window up to j (weight 1 in
@@ -440,7 +529,6 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
   const ExactSide::Head& ex = *rows.side;
   const int C = k.columns;
   const int R = static_cast<int>(ex.exact.rows());
-  const std::vector<int>& tok = k.idx;
   bool shared_terms = true;  // every column serves numerator and denominator with one weight
   for (int c = 0; c < C; ++c)
     shared_terms = shared_terms && k.in_num[c] && k.in_den[c] && k.num_logw[c] == k.den_logw[c];
@@ -459,10 +547,11 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     kern.gemm_abt_prepacked(C, R, d_, scale, k.keys_packed.data(), C, rows.q, d_,
                             kept_logits.data(), R);
   }
-  auto logit_row = [&](int c) {
-    return rows.logits ? rows.logits + static_cast<long>(tok[c]) * R
-                       : kept_logits.data() + static_cast<long>(c) * R;
-  };
+  KeptLogits logits;
+  logits.held = rows.logits;
+  logits.tok = k.idx.data();
+  logits.kept = kept_logits.data();
+  logits.R = R;
 
   std::vector<QueryError> out(R);
   if (approx) approx->resize(R, dv_);
@@ -475,31 +564,6 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
   scratch::Buffer Wd(shared_terms ? 0 : static_cast<size_t>(std::max(C, 1)) * panel_rows);
   MatrixD num;  // panel rows x dv
   std::vector<double> m2, den, msum;
-  auto gather = [&](double* W, const std::vector<char>& in, const std::vector<double>& lw, int r0,
-                    int nr) {
-    for (int c = 0; c < C; ++c) {
-      double* w = W + static_cast<long>(c) * nr;
-      if (!in[c]) {
-        std::fill(w, w + nr, kMinusInf);
-        continue;
-      }
-      const double* l = logit_row(c) + r0;
-      for (int e = 0; e < nr; ++e) w[e] = l[e] + lw[c];
-    }
-  };
-  // One column's biased logits with the running maximum of each row (the maxima col_max would
-  // give: a maximum does not depend on the order). Used when every column serves both sums.
-  auto gather_max = [&](double* W, int r0, int nr, double* m) {
-    for (int c = 0; c < C; ++c) {
-      double* w = W + static_cast<long>(c) * nr;
-      const double* l = logit_row(c) + r0;
-      const double lw = k.num_logw[c];
-      for (int e = 0; e < nr; ++e) {
-        w[e] = l[e] + lw;
-        m[e] = w[e] > m[e] ? w[e] : m[e];
-      }
-    }
-  };
   for (int r0 = 0; r0 < R; r0 += panel_rows) {
     const int nr = std::min(panel_rows, R - r0);
     // The panel's shift: the largest biased logit of the kept columns and the fixed ones.
@@ -509,22 +573,14 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     if (shared_terms && !rows.logits) {
       // Two passes over the kept columns' logits, none written: their maxima with the weights
       // added, then (below) the exponentials with both sums and the numerator.
-      for (int c = 0; c < C; ++c) {
-        const double* l = kept_logits.data() + static_cast<long>(c) * R + r0;
-        const double lw = k.num_logw[c];
-        double* m = m2.data();
-        for (int e = 0; e < nr; ++e) {
-          const double w = l[e] + lw;
-          m[e] = w > m[e] ? w : m[e];
-        }
-      }
+      biased_max(kept_logits.data(), R, C, k.num_logw, r0, nr, m2.data());
     } else if (shared_terms) {
       // The held logits' rows gathered with their maxima, then (below) as above.
-      gather_max(Wn.data(), r0, nr, m2.data());
+      gather_biased_max(logits, C, k.num_logw, r0, nr, Wn.data(), m2.data());
     } else {
-      gather(Wn.data(), k.in_num, k.num_logw, r0, nr);
+      gather_biased(logits, C, k.in_num, k.num_logw, r0, nr, Wn.data());
       kern.col_max(Wn.data(), C, nr, nr, m2.data());
-      gather(Wd.data(), k.in_den, k.den_logw, r0, nr);
+      gather_biased(logits, C, k.in_den, k.den_logw, r0, nr, Wd.data());
       kern.col_max(Wd.data(), C, nr, nr, m2.data());
       kern.col_exp_sub(Wn.data(), C, nr, nr, m2.data());
       kern.col_sums(Wn.data(), C, nr, nr, k.num_inv_w.data(), msum.data(), nullptr);
@@ -558,27 +614,8 @@ std::vector<QueryError> ExactReference::score(const Kept& k, const Rows& rows,
     } else {
       kern.gemm_atb_acc(nr, dv_, C, Wn.data(), nr, k.values.data(), dv_, nullptr, num.data(), dv_);
     }
-    for (int e = 0; e < nr; ++e) {
-      const int row = r0 + e;
-      // The fixed columns, from their own shift to the panel's (f <= 1).
-      const double f = std::exp(ex.fixed_max[row] - m2[e]);
-      const double fixed = f * ex.fixed_sum[row];
-      den[e] += fixed;
-      msum[e] += fixed;
-      num.row(e) += f * ex.fixed_num.row(row);
-      // den > 0: the window always holds j itself.
-      const double mass = msum[e] * std::exp(m2[e] - ex.shift[row]) / ex.norm[row];
-      const VectorD z = num.row(e).transpose() / den[e];
-      const double diff = (z - ex.exact.row(row).transpose()).norm();
-      const double exact_norm = ex.exact.row(row).norm();
-      QueryError& err = out[row];
-      err.position = rows.first_j + row;
-      // A zero exact output (all values zero) has no scale: report the absolute difference.
-      err.relative = exact_norm > 0 ? diff / exact_norm : diff;
-      err.normalized = ex.v_frob[row] > 0 ? diff / (ex.softmax_norm[row] * ex.v_frob[row]) : diff;
-      err.mass = mass;
-      if (approx) approx->row(row) = z.transpose();
-    }
+    panel_errors(ex, rows.first_j, r0, nr, m2.data(), den.data(), msum.data(), num, out.data(),
+                 approx);
   }
   return out;
 }

@@ -38,46 +38,145 @@ void throw_if_cancelled(const std::atomic<bool>* cancel) {
   if (cancel && cancel->load()) throw Cancelled();
 }
 
-}  // namespace
+// One layer's groups evaluated seed by seed: every selection first, then one scoring call per
+// (point, method, ratio), then the runs into the items' figures.
+class LayerBatchEval {
+ public:
+  LayerBatchEval(const LayerData& layer, int num_layers, const EvalSpec& spec,
+                 const std::vector<WorkItem>& items, const std::vector<WorkGroup>& groups,
+                 int threads, const std::atomic<bool>* cancel, Backend& backend,
+                 const std::function<const TokenHarm*(size_t group)>& harm_of, HeadEval* results,
+                 const std::function<void()>& item_done)
+      : layer_(layer),
+        num_layers_(num_layers),
+        spec_(spec),
+        items_(items),
+        groups_(groups),
+        threads_(threads),
+        cancel_(cancel),
+        backend_(backend),
+        harm_of_(harm_of),
+        results_(results),
+        item_done_(item_done),
+        base_(groups.front().first),
+        state_(groups.back().first + groups.back().count - base_),
+        shared_(groups.size()),
+        group_count_(static_cast<int>(groups.size())) {}
 
-void evaluate_layer_batched(const LayerData& layer, int num_layers, const EvalSpec& spec,
-                            const std::vector<WorkItem>& items,
-                            const std::vector<WorkGroup>& groups,
-                            const std::vector<std::string>& refusals, int threads,
-                            const std::atomic<bool>* cancel, Backend& backend,
-                            const std::function<const TokenHarm*(size_t group)>& harm_of,
-                            HeadEval* results, const std::function<void()>& item_done) {
-  if (groups.empty()) return;
-  const size_t base = groups.front().first;
-  std::vector<ItemState> state(groups.back().first + groups.back().count - base);
-  auto at = [&](size_t i) -> ItemState& { return state[i - base]; };
-  auto done = [&] {
-    if (item_done) item_done();
-  };
-  for (const WorkGroup& g : groups)
+  // Starts every item; a refused one is finished at once.
+  void start_items(const std::vector<std::string>& refusals) {
+    for (const WorkGroup& g : groups_)
+      for (size_t i = g.first; i < g.first + g.count; ++i) {
+        ItemState& st = at(i);
+        st.active = start_item(layer_, spec_, items_[i], item_refusal(refusals, spec_, items_[i]),
+                               results_[i], st.settings);
+        if (!st.active) done();
+      }
+  }
+
+  bool any_active() const {
+    for (const ItemState& st : state_)
+      if (st.active) return true;
+    return false;
+  }
+
+  // 1. Every selection of the layer for this seed (the groups on CPU threads).
+  void select_all(uint64_t seed) {
+    parallel_for(group_count_, threads_, cancel_, [&](int k) { select_group(k, seed); });
+  }
+
+  // 2. One attention_errors call per (point, method, ratio) over the kv heads with a selection
+  // (the groups run in head order, so each batch holds its heads in order).
+  void score_all() {
+    const std::vector<std::vector<size_t>> batches = scoring_batches();
+    std::vector<char> rejected(batches.size(), 0);
+    parallel_for(static_cast<int>(batches.size()), threads_, cancel_, [&](int k) {
+      rejected[static_cast<size_t>(k)] = score(batches[static_cast<size_t>(k)]) ? 1 : 0;
+    });
+    throw_if_cancelled(cancel_);
+    for (size_t k = 0; k < batches.size(); ++k)
+      if (rejected[k])
+        for (size_t i : batches[k]) score({i});
+    take_budget_free_runs();
+  }
+
+  // 3. The runs into each item's figures in seed order (the groups on CPU threads: a head's
+  // token harm is built here, by its first group).
+  void add_runs(int r) {
+    parallel_for(group_count_, threads_, cancel_, [&](int k) { add_group_runs(k, r); });
+  }
+
+ private:
+  ItemState& at(size_t i) { return state_[i - base_]; }
+  const ItemState& at(size_t i) const { return state_[i - base_]; }
+
+  void done() const {
+    if (item_done_) item_done_();
+  }
+
+  // Group k's selections for this seed. A method that ignores the seed made its one run at seed
+  // 0; one that ignores the budget too makes it at its group's first ratio, and the other ratios
+  // take that run.
+  void select_group(int k, uint64_t seed) {
+    const WorkGroup& g = groups_[static_cast<size_t>(k)];
+    int budget_free_source = -1;
     for (size_t i = g.first; i < g.first + g.count; ++i) {
       ItemState& st = at(i);
-      st.active = start_item(layer, spec, items[i], item_refusal(refusals, spec, items[i]),
-                             results[i], st.settings);
-      if (!st.active) done();
+      st.selection.reset();
+      st.run.reset();
+      st.alias = -1;
+      st.error.clear();
+      if (!st.active || st.seed_free_run) continue;
+      const int kv = results_[i].kv_head;
+      try {
+        check_head(layer_, kv, *st.settings.method);
+        st.window = EvalWindow::make(static_cast<int>(layer_.keys[kv].rows()),
+                                     st.settings.keep_ratio, st.settings.sink, st.settings.eval);
+        if (budget_free_source >= 0) {
+          st.alias = budget_free_source;
+          continue;
+        }
+        st.selection = group_selection(layer_, num_layers_, kv, st.settings, st.window, seed,
+                                       &backend_, cancel_, shared_[static_cast<size_t>(k)]);
+        if (budget_free(*st.settings.method, spec_.estimator))
+          budget_free_source = static_cast<int>(i);
+      } catch (const Cancelled&) {
+        throw;
+      } catch (const std::exception& e) {
+        // A method that throws is reported, not fatal: the other methods' figures stand.
+        st.error = e.what();
+      }
     }
-  std::vector<SharedWork> shared(groups.size());
-  const int group_count = static_cast<int>(groups.size());
+  }
+
+  // The state positions with a selection, one batch per (point, method, ratio), kv heads in
+  // order.
+  std::vector<std::vector<size_t>> scoring_batches() const {
+    std::map<std::tuple<int, int, int>, std::vector<size_t>> by_key;
+    for (const WorkGroup& g : groups_)
+      for (size_t i = g.first; i < g.first + g.count; ++i)
+        if (at(i).selection)
+          by_key[{items_[i].point, items_[i].method, items_[i].ratio}].push_back(i);
+    std::vector<std::vector<size_t>> batches;
+    for (auto& entry : by_key) batches.push_back(std::move(entry.second));
+    return batches;
+  }
 
   // Scores `batch` (state positions of one (point, method, ratio), kv heads in order) with one
   // call. When the op rejects the batch, each head is scored alone, so that the error lands on
-  // the item it belongs to, as when evaluated alone.
-  auto score = [&](const std::vector<size_t>& batch) {
+  // the item it belongs to, as when evaluated alone: returns true when the batch is to be scored
+  // head by head.
+  bool score(const std::vector<size_t>& batch) {
     ErrorBatch b;
     std::vector<size_t> first_query;  // each head's first query head in the batch
     for (size_t i : batch) {
       first_query.push_back(static_cast<size_t>(b.q_heads));
-      add_error_head(b, layer, results[i].kv_head, at(i).window, *at(i).selection);
+      add_error_head(b, layer_, results_[i].kv_head, at(i).window, *at(i).selection);
     }
     first_query.push_back(static_cast<size_t>(b.q_heads));
     std::vector<std::vector<QueryError>> rows;
     try {
-      rows = run_error_batch(backend, b);
+      rows = run_error_batch(backend_, b);
     } catch (const Cancelled&) {
       throw;
     } catch (const std::exception& e) {
@@ -97,77 +196,18 @@ void evaluate_layer_batched(const LayerData& layer, int num_layers, const EvalSp
       run.per_query_head.assign(std::make_move_iterator(rows.begin() + first_query[k]),
                                 std::make_move_iterator(rows.begin() + first_query[k + 1]));
       try {
-        finish_head_run(run, layer.layer, results[batch[k]].kv_head);
+        finish_head_run(run, layer_.layer, results_[batch[k]].kv_head);
         st.run = std::move(run);
       } catch (const std::exception& e) {
         st.error = e.what();
       }
     }
     return false;
-  };
+  }
 
-  auto any_active = [&] {
-    for (const ItemState& st : state)
-      if (st.active) return true;
-    return false;
-  };
-  for (int r = 0; r < spec.seeds && any_active(); ++r) {
-    throw_if_cancelled(cancel);
-    const uint64_t seed = spec.base_seed + static_cast<uint64_t>(r);
-    // 1. Every selection of the layer for this seed (the groups on CPU threads). A method that
-    // ignores the seed made its one run at seed 0; one that ignores the budget too makes it at
-    // its group's first ratio, and the other ratios take that run.
-    parallel_for(group_count, threads, cancel, [&](int k) {
-      const WorkGroup& g = groups[static_cast<size_t>(k)];
-      int budget_free_source = -1;
-      for (size_t i = g.first; i < g.first + g.count; ++i) {
-        ItemState& st = at(i);
-        st.selection.reset();
-        st.run.reset();
-        st.alias = -1;
-        st.error.clear();
-        if (!st.active || st.seed_free_run) continue;
-        const int kv = results[i].kv_head;
-        try {
-          check_head(layer, kv, *st.settings.method);
-          st.window = EvalWindow::make(static_cast<int>(layer.keys[kv].rows()),
-                                       st.settings.keep_ratio, st.settings.sink, st.settings.eval);
-          if (budget_free_source >= 0) {
-            st.alias = budget_free_source;
-            continue;
-          }
-          st.selection = group_selection(layer, num_layers, kv, st.settings, st.window, seed,
-                                         &backend, cancel, shared[static_cast<size_t>(k)]);
-          if (budget_free(*st.settings.method, spec.estimator))
-            budget_free_source = static_cast<int>(i);
-        } catch (const Cancelled&) {
-          throw;
-        } catch (const std::exception& e) {
-          // A method that throws is reported, not fatal: the other methods' figures stand.
-          st.error = e.what();
-        }
-      }
-    });
-    throw_if_cancelled(cancel);
-
-    // 2. One attention_errors call per (point, method, ratio) over the kv heads with a selection
-    // (the groups run in head order, so each batch holds its heads in order).
-    std::map<std::tuple<int, int, int>, std::vector<size_t>> by_key;
-    for (const WorkGroup& g : groups)
-      for (size_t i = g.first; i < g.first + g.count; ++i)
-        if (at(i).selection) by_key[{items[i].point, items[i].method, items[i].ratio}].push_back(i);
-    std::vector<std::vector<size_t>> batches;
-    for (auto& entry : by_key) batches.push_back(std::move(entry.second));
-    std::vector<char> rejected(batches.size(), 0);
-    parallel_for(static_cast<int>(batches.size()), threads, cancel, [&](int k) {
-      rejected[static_cast<size_t>(k)] = score(batches[static_cast<size_t>(k)]) ? 1 : 0;
-    });
-    throw_if_cancelled(cancel);
-    for (size_t k = 0; k < batches.size(); ++k)
-      if (rejected[k])
-        for (size_t i : batches[k]) score({i});
-    // A budget-free method's other ratios take its first ratio's run (their own window).
-    for (ItemState& st : state) {
+  // A budget-free method's other ratios take its first ratio's run (their own window).
+  void take_budget_free_runs() {
+    for (ItemState& st : state_) {
       if (st.alias < 0) continue;
       const ItemState& source = at(static_cast<size_t>(st.alias));
       if (!source.error.empty()) {
@@ -177,37 +217,75 @@ void evaluate_layer_batched(const LayerData& layer, int num_layers, const EvalSp
         st.run->window = st.window;
       }
     }
+  }
 
-    // 3. The runs into each item's figures in seed order (the groups on CPU threads: a head's
-    // token harm is built here, by its first group).
-    parallel_for(group_count, threads, cancel, [&](int k) {
-      const WorkGroup& g = groups[static_cast<size_t>(k)];
-      for (size_t i = g.first; i < g.first + g.count; ++i) {
-        ItemState& st = at(i);
-        if (!st.active) continue;
-        HeadEval& he = results[i];
-        if (!st.seed_free_run) {
-          if (!st.error.empty()) {
-            fail_item(he, st.error);
-            st.active = false;
-            done();
-            continue;
-          }
-          if (!st.settings.method->depends_on_seed()) {
-            st.seed_free_run = std::move(st.run);
-            st.run.reset();
-          }
-        }
-        const TokenHarm* harm = harm_of(static_cast<size_t>(k));
-        add_seed_run(spec, st.seed_free_run ? *st.seed_free_run : *st.run, r, harm, he, st.sums);
-        st.run.reset();
-        if (r == spec.seeds - 1) {
-          finish_item(spec, st.sums, harm != nullptr, he);
+  // Group k's runs of seed r into its items' figures; an item whose method or scoring threw is
+  // failed, and each item is finished after the last seed.
+  void add_group_runs(int k, int r) {
+    const WorkGroup& g = groups_[static_cast<size_t>(k)];
+    for (size_t i = g.first; i < g.first + g.count; ++i) {
+      ItemState& st = at(i);
+      if (!st.active) continue;
+      HeadEval& he = results_[i];
+      if (!st.seed_free_run) {
+        if (!st.error.empty()) {
+          fail_item(he, st.error);
           st.active = false;
           done();
+          continue;
+        }
+        if (!st.settings.method->depends_on_seed()) {
+          st.seed_free_run = std::move(st.run);
+          st.run.reset();
         }
       }
-    });
+      const TokenHarm* harm = harm_of_(static_cast<size_t>(k));
+      add_seed_run(spec_, st.seed_free_run ? *st.seed_free_run : *st.run, r, harm, he, st.sums);
+      st.run.reset();
+      if (r == spec_.seeds - 1) {
+        finish_item(spec_, st.sums, harm != nullptr, he);
+        st.active = false;
+        done();
+      }
+    }
+  }
+
+  const LayerData& layer_;
+  const int num_layers_;
+  const EvalSpec& spec_;
+  const std::vector<WorkItem>& items_;
+  const std::vector<WorkGroup>& groups_;
+  const int threads_;
+  const std::atomic<bool>* cancel_;
+  Backend& backend_;
+  const std::function<const TokenHarm*(size_t group)>& harm_of_;
+  HeadEval* results_;
+  const std::function<void()>& item_done_;
+  const size_t base_;  // the first group's first item: state_[i - base_] is item i's
+  std::vector<ItemState> state_;
+  std::vector<SharedWork> shared_;  // per group
+  const int group_count_;
+};
+
+}  // namespace
+
+void evaluate_layer_batched(const LayerData& layer, int num_layers, const EvalSpec& spec,
+                            const std::vector<WorkItem>& items,
+                            const std::vector<WorkGroup>& groups,
+                            const std::vector<std::string>& refusals, int threads,
+                            const std::atomic<bool>* cancel, Backend& backend,
+                            const std::function<const TokenHarm*(size_t group)>& harm_of,
+                            HeadEval* results, const std::function<void()>& item_done) {
+  if (groups.empty()) return;
+  LayerBatchEval eval(layer, num_layers, spec, items, groups, threads, cancel, backend, harm_of,
+                      results, item_done);
+  eval.start_items(refusals);
+  for (int r = 0; r < spec.seeds && eval.any_active(); ++r) {
+    throw_if_cancelled(cancel);
+    eval.select_all(spec.base_seed + static_cast<uint64_t>(r));
+    throw_if_cancelled(cancel);
+    eval.score_all();
+    eval.add_runs(r);
     throw_if_cancelled(cancel);
   }
 }

@@ -236,6 +236,155 @@ void inflate_member(const MappedFile& file, const ZipMember& m, size_t limit,
     throw InputError(what + ": CRC mismatch (corrupt data)");
 }
 
+// Where the central directory lies and how many entries it lists.
+struct CentralDirectory {
+  uint64_t entries = 0, size = 0, offset = 0;
+};
+
+// The central directory of a zip archive, from its end record (or the zip64 end record that one
+// points at), checked to lie in the file and within the limits.
+CentralDirectory find_central_directory(const MappedFile& file) {
+  const std::string& path = file.path();
+  const size_t size = file.size();
+  if (size < kEndOfCentralDirSize)
+    throw InputError(path + ": file is " + std::to_string(size) +
+                     " bytes, too short for a zip (.npz) archive (truncated file?)");
+  // The end record sits at the end, possibly followed by a comment of up to 64 KiB.
+  const size_t tail_begin =
+      size > kEndOfCentralDirSize + 0xFFFF ? size - kEndOfCentralDirSize - 0xFFFF : 0;
+  const std::vector<uint8_t> tail = file.bytes(tail_begin, size - tail_begin);
+  size_t eocd_in_tail = SIZE_MAX;
+  for (size_t pos = tail.size() - kEndOfCentralDirSize + 1; pos-- > 0;) {
+    if (le32(tail.data() + pos) == kEndOfCentralDirSig) {
+      eocd_in_tail = pos;
+      break;
+    }
+  }
+  if (eocd_in_tail == SIZE_MAX)
+    throw InputError(path + ": no zip end-of-central-directory record: not an .npz or truncated");
+  const uint8_t* end_record = tail.data() + eocd_in_tail;
+  const size_t eocd = tail_begin + eocd_in_tail;
+  CentralDirectory cd;
+  cd.entries = le16(end_record + 10);
+  cd.size = le32(end_record + 12);
+  cd.offset = le32(end_record + 16);
+  if (le16(end_record + 4) != 0 || le16(end_record + 6) != 0)
+    throw InputError(path + ": multi-disk zip archives are not supported");
+  if (cd.entries == 0xFFFF || cd.size == 0xFFFFFFFF || cd.offset == 0xFFFFFFFF) {
+    // zip64: the locator sits just before the end record and points at the zip64 end record.
+    if (eocd < 20) throw InputError(path + ": zip64 end-of-central-directory locator missing");
+    const std::vector<uint8_t> locator = file.bytes(eocd - 20, 20);
+    if (le32(locator.data()) != kZip64LocatorSig)
+      throw InputError(path + ": zip64 end-of-central-directory locator missing");
+    uint64_t z64 = le64(locator.data() + 8);
+    if (z64 > size || size - z64 < 56)
+      throw InputError(path + ": zip64 end-of-central-directory record out of range or corrupt");
+    const std::vector<uint8_t> record = file.bytes(z64, 56);
+    if (le32(record.data()) != kZip64EndSig)
+      throw InputError(path + ": zip64 end-of-central-directory record out of range or corrupt");
+    cd.entries = le64(record.data() + 32);
+    cd.size = le64(record.data() + 40);
+    cd.offset = le64(record.data() + 48);
+  }
+  if (cd.offset > size || cd.size > size - cd.offset)
+    throw InputError(path + ": zip central directory [" + std::to_string(cd.offset) + ", +" +
+                     std::to_string(cd.size) + ") lies outside the file (" + std::to_string(size) +
+                     " bytes; truncated?)");
+  if (cd.entries > cd.size / kCentralHeaderSize)
+    throw InputError(path + ": zip central directory claims " + std::to_string(cd.entries) +
+                     " entries but holds at most " + std::to_string(cd.size / kCentralHeaderSize));
+  if (cd.entries > kMaxMembers)
+    throw InputError(path + ": zip central directory lists " + std::to_string(cd.entries) +
+                     " members, more than the limit of " + std::to_string(kMaxMembers));
+  if (cd.size > kMaxCentralDirectoryBytes)
+    throw InputError(path + ": zip central directory of " + std::to_string(cd.size) +
+                     " bytes exceeds the limit of " + mib(kMaxCentralDirectoryBytes));
+  return cd;
+}
+
+// The zip64 extra field [x, x_end) of a central directory entry: the 64-bit values of whichever
+// fields are saturated, in this order.
+void read_zip64_extra(const uint8_t* x, const uint8_t* x_end, const std::string& where,
+                      ZipMember& m, uint64_t& local_offset) {
+  while (x_end - x >= 4) {
+    const uint16_t id = le16(x), len = le16(x + 2);
+    if (static_cast<size_t>(x_end - x - 4) < len) break;
+    if (id == 0x0001) {
+      const uint8_t* f = x + 4;
+      const uint8_t* f_end = f + len;
+      auto take = [&](uint64_t* field) {
+        if (f_end - f < 8) throw InputError(where + ": zip64 extra field too short");
+        *field = le64(f);
+        f += 8;
+      };
+      if (m.uncompressed_size == 0xFFFFFFFF) take(&m.uncompressed_size);
+      if (m.compressed_size == 0xFFFFFFFF) take(&m.compressed_size);
+      if (local_offset == 0xFFFFFFFF) take(&local_offset);
+    }
+    x += 4 + len;
+  }
+}
+
+// Where the data of member m (general purpose flags `flags`, local header at local_offset)
+// begins in the file, after checking that it is readable: not encrypted, stored or deflated, its
+// local header and data within the file, and its claimed size within the limits.
+uint64_t member_data_begin(const MappedFile& file, const ZipMember& m, uint16_t flags,
+                           uint64_t local_offset, const std::string& where) {
+  const size_t size = file.size();
+  if (flags & 1) throw InputError(where + ": encrypted zip members are not supported");
+  if (m.method != 0 && m.method != 8)
+    throw InputError(where + ": compression method " + std::to_string(m.method) +
+                     " is not supported (stored or deflated only)");
+  if (m.method == 0 && m.compressed_size != m.uncompressed_size)
+    throw InputError(where + ": stored member with compressed size " +
+                     std::to_string(m.compressed_size) + " != size " +
+                     std::to_string(m.uncompressed_size));
+  if (local_offset > size || size - local_offset < kLocalHeaderSize)
+    throw InputError(where + ": local header at offset " + std::to_string(local_offset) +
+                     " is out of range or corrupt");
+  uint8_t local[kLocalHeaderSize];
+  file.copy(local_offset, kLocalHeaderSize, local);
+  if (le32(local) != kLocalHeaderSig)
+    throw InputError(where + ": local header at offset " + std::to_string(local_offset) +
+                     " is out of range or corrupt");
+  const uint64_t data_begin = local_offset + kLocalHeaderSize + le16(local + 26) + le16(local + 28);
+  if (data_begin > size || m.compressed_size > size - data_begin)
+    throw InputError(where + ": data [" + std::to_string(data_begin) + ", +" +
+                     std::to_string(m.compressed_size) + ") runs past the end of the file (" +
+                     std::to_string(size) + " bytes; truncated?)");
+  // Deflate expands at most ~1032:1; a larger claim is a lie that would make us allocate it.
+  if (m.method == 8 && m.uncompressed_size / 1032 > m.compressed_size + 1)
+    throw InputError(where + ": claims " + std::to_string(m.uncompressed_size) + " bytes from " +
+                     std::to_string(m.compressed_size) +
+                     " deflated bytes, beyond deflate's own limit of 1032:1");
+  check_inflated_size(m, where);
+  return data_begin;
+}
+
+// Members must not overlap (a crafted archive could alias one tensor's bytes with another's)
+// nor share a name (which one would be the tensor?).
+void check_members_distinct(const std::vector<ZipMember>& members, const std::string& path) {
+  std::vector<const ZipMember*> order;
+  for (const ZipMember& m : members) order.push_back(&m);
+  std::sort(order.begin(), order.end(), [](const ZipMember* a, const ZipMember* b) {
+    return a->name != b->name ? a->name < b->name : a->data_begin < b->data_begin;
+  });
+  for (size_t i = 1; i < order.size(); ++i)
+    if (order[i]->name == order[i - 1]->name)
+      throw InputError(path + ": member " + order[i]->name + " appears twice");
+  std::sort(order.begin(), order.end(),
+            [](const ZipMember* a, const ZipMember* b) { return a->data_begin < b->data_begin; });
+  const ZipMember* furthest = nullptr;  // the member reaching furthest so far
+  for (const ZipMember* m : order) {
+    if (m->compressed_size == 0) continue;
+    if (furthest && m->data_begin < furthest->data_begin + furthest->compressed_size)
+      throw InputError(path + ": members " + furthest->name + " and " + m->name + " overlap");
+    if (!furthest ||
+        m->data_begin + m->compressed_size > furthest->data_begin + furthest->compressed_size)
+      furthest = m;
+  }
+}
+
 struct NpzTensor {
   size_t member = 0;
   NpyHeader npy;
@@ -289,65 +438,12 @@ class NpzArchive final : public TensorArchive {
   // shrinking under us into InputError instead of SIGBUS).
   void read_directory() {
     const std::string& path = file_->path();
-    const size_t size = file_->size();
-    if (size < kEndOfCentralDirSize)
-      throw InputError(path + ": file is " + std::to_string(size) +
-                       " bytes, too short for a zip (.npz) archive (truncated file?)");
-    // The end record sits at the end, possibly followed by a comment of up to 64 KiB.
-    const size_t tail_begin =
-        size > kEndOfCentralDirSize + 0xFFFF ? size - kEndOfCentralDirSize - 0xFFFF : 0;
-    const std::vector<uint8_t> tail = file_->bytes(tail_begin, size - tail_begin);
-    size_t eocd_in_tail = SIZE_MAX;
-    for (size_t pos = tail.size() - kEndOfCentralDirSize + 1; pos-- > 0;) {
-      if (le32(tail.data() + pos) == kEndOfCentralDirSig) {
-        eocd_in_tail = pos;
-        break;
-      }
-    }
-    if (eocd_in_tail == SIZE_MAX)
-      throw InputError(path + ": no zip end-of-central-directory record: not an .npz or truncated");
-    const uint8_t* end_record = tail.data() + eocd_in_tail;
-    const size_t eocd = tail_begin + eocd_in_tail;
-    uint64_t entries = le16(end_record + 10);
-    uint64_t cd_size = le32(end_record + 12);
-    uint64_t cd_offset = le32(end_record + 16);
-    if (le16(end_record + 4) != 0 || le16(end_record + 6) != 0)
-      throw InputError(path + ": multi-disk zip archives are not supported");
-    if (entries == 0xFFFF || cd_size == 0xFFFFFFFF || cd_offset == 0xFFFFFFFF) {
-      // zip64: the locator sits just before the end record and points at the zip64 end record.
-      if (eocd < 20) throw InputError(path + ": zip64 end-of-central-directory locator missing");
-      const std::vector<uint8_t> locator = file_->bytes(eocd - 20, 20);
-      if (le32(locator.data()) != kZip64LocatorSig)
-        throw InputError(path + ": zip64 end-of-central-directory locator missing");
-      uint64_t z64 = le64(locator.data() + 8);
-      if (z64 > size || size - z64 < 56)
-        throw InputError(path + ": zip64 end-of-central-directory record out of range or corrupt");
-      const std::vector<uint8_t> record = file_->bytes(z64, 56);
-      if (le32(record.data()) != kZip64EndSig)
-        throw InputError(path + ": zip64 end-of-central-directory record out of range or corrupt");
-      entries = le64(record.data() + 32);
-      cd_size = le64(record.data() + 40);
-      cd_offset = le64(record.data() + 48);
-    }
-    if (cd_offset > size || cd_size > size - cd_offset)
-      throw InputError(path + ": zip central directory [" + std::to_string(cd_offset) + ", +" +
-                       std::to_string(cd_size) + ") lies outside the file (" +
-                       std::to_string(size) + " bytes; truncated?)");
-    if (entries > cd_size / kCentralHeaderSize)
-      throw InputError(path + ": zip central directory claims " + std::to_string(entries) +
-                       " entries but holds at most " +
-                       std::to_string(cd_size / kCentralHeaderSize));
-    if (entries > kMaxMembers)
-      throw InputError(path + ": zip central directory lists " + std::to_string(entries) +
-                       " members, more than the limit of " + std::to_string(kMaxMembers));
-    if (cd_size > kMaxCentralDirectoryBytes)
-      throw InputError(path + ": zip central directory of " + std::to_string(cd_size) +
-                       " bytes exceeds the limit of " + mib(kMaxCentralDirectoryBytes));
-    const std::vector<uint8_t> directory = file_->bytes(cd_offset, cd_size);
+    const CentralDirectory cd = find_central_directory(*file_);
+    const std::vector<uint8_t> directory = file_->bytes(cd.offset, cd.size);
 
     size_t pos = 0;
-    const size_t cd_end = cd_size;
-    for (uint64_t e = 0; e < entries; ++e) {
+    const size_t cd_end = cd.size;
+    for (uint64_t e = 0; e < cd.entries; ++e) {
       if (cd_end - pos < kCentralHeaderSize || le32(directory.data() + pos) != kCentralHeaderSig)
         throw InputError(path + ": zip central directory entry " + std::to_string(e) +
                          " is corrupt");
@@ -365,80 +461,14 @@ class NpzArchive final : public TensorArchive {
                          " runs past the directory");
       m.name.assign(reinterpret_cast<const char*>(h + kCentralHeaderSize), name_len);
       const std::string where = path + ": member " + m.name;
-      // zip64 extra field: the 64-bit values of whichever fields are saturated, in this order.
-      const uint8_t* x = h + kCentralHeaderSize + name_len;
-      const uint8_t* x_end = x + extra_len;
-      while (x_end - x >= 4) {
-        const uint16_t id = le16(x), len = le16(x + 2);
-        if (static_cast<size_t>(x_end - x - 4) < len) break;
-        if (id == 0x0001) {
-          const uint8_t* f = x + 4;
-          const uint8_t* f_end = f + len;
-          auto take = [&](uint64_t* field) {
-            if (f_end - f < 8) throw InputError(where + ": zip64 extra field too short");
-            *field = le64(f);
-            f += 8;
-          };
-          if (m.uncompressed_size == 0xFFFFFFFF) take(&m.uncompressed_size);
-          if (m.compressed_size == 0xFFFFFFFF) take(&m.compressed_size);
-          if (local_offset == 0xFFFFFFFF) take(&local_offset);
-        }
-        x += 4 + len;
-      }
+      const uint8_t* extra = h + kCentralHeaderSize + name_len;
+      read_zip64_extra(extra, extra + extra_len, where, m, local_offset);
       pos += kCentralHeaderSize + name_len + extra_len + comment_len;
 
-      if (flags & 1) throw InputError(where + ": encrypted zip members are not supported");
-      if (m.method != 0 && m.method != 8)
-        throw InputError(where + ": compression method " + std::to_string(m.method) +
-                         " is not supported (stored or deflated only)");
-      if (m.method == 0 && m.compressed_size != m.uncompressed_size)
-        throw InputError(where + ": stored member with compressed size " +
-                         std::to_string(m.compressed_size) + " != size " +
-                         std::to_string(m.uncompressed_size));
-      if (local_offset > size || size - local_offset < kLocalHeaderSize)
-        throw InputError(where + ": local header at offset " + std::to_string(local_offset) +
-                         " is out of range or corrupt");
-      uint8_t local[kLocalHeaderSize];
-      file_->copy(local_offset, kLocalHeaderSize, local);
-      if (le32(local) != kLocalHeaderSig)
-        throw InputError(where + ": local header at offset " + std::to_string(local_offset) +
-                         " is out of range or corrupt");
-      const uint64_t data_begin =
-          local_offset + kLocalHeaderSize + le16(local + 26) + le16(local + 28);
-      if (data_begin > size || m.compressed_size > size - data_begin)
-        throw InputError(where + ": data [" + std::to_string(data_begin) + ", +" +
-                         std::to_string(m.compressed_size) + ") runs past the end of the file (" +
-                         std::to_string(size) + " bytes; truncated?)");
-      // Deflate expands at most ~1032:1; a larger claim is a lie that would make us allocate it.
-      if (m.method == 8 && m.uncompressed_size / 1032 > m.compressed_size + 1)
-        throw InputError(where + ": claims " + std::to_string(m.uncompressed_size) +
-                         " bytes from " + std::to_string(m.compressed_size) +
-                         " deflated bytes, beyond deflate's own limit of 1032:1");
-      check_inflated_size(m, where);
-      m.data_begin = data_begin;
+      m.data_begin = member_data_begin(*file_, m, flags, local_offset, where);
       members_.push_back(std::move(m));
     }
-    // Members must not overlap (a crafted archive could alias one tensor's bytes with another's)
-    // nor share a name (which one would be the tensor?).
-    std::vector<const ZipMember*> order;
-    for (const ZipMember& m : members_) order.push_back(&m);
-    std::sort(order.begin(), order.end(), [](const ZipMember* a, const ZipMember* b) {
-      return a->name != b->name ? a->name < b->name : a->data_begin < b->data_begin;
-    });
-    for (size_t i = 1; i < order.size(); ++i)
-      if (order[i]->name == order[i - 1]->name)
-        throw InputError(path + ": member " + order[i]->name + " appears twice");
-    std::sort(order.begin(), order.end(),
-              [](const ZipMember* a, const ZipMember* b) { return a->data_begin < b->data_begin; });
-    const ZipMember* furthest = nullptr;  // the member reaching furthest so far
-    for (const ZipMember* m : order) {
-      if (m->compressed_size == 0) continue;
-      if (furthest && m->data_begin < furthest->data_begin + furthest->compressed_size)
-        throw InputError(path + ": members " + furthest->name + " and " + m->name + " overlap");
-      if (!furthest ||
-          m->data_begin + m->compressed_size > furthest->data_begin + furthest->compressed_size)
-        furthest = m;
-    }
+    check_members_distinct(members_, path);
   }
 
   void read_metadata(const ZipMember& m) {

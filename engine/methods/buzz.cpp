@@ -83,6 +83,270 @@ double theorem_ratio(int stride) {
   return stride % 2 ? (stride * stride + 1.0) / (stride + 1.0) : stride - 1.0;
 }
 
+// BUZZ's parameters, read and checked (k, w, s, T and the switches).
+struct BuzzSettings {
+  int sink = 0, window = 0, stride = 1, threshold = 1;
+  int auto_scale = kScaleTheorem, top_up = 2, accumulate = kCompressedCache;
+  bool swap_strides = false, local_max = true, log_n = false;
+  // s for the new buffer's chunks and s^ = ceil(s/2) for the old survivors (swapped: the reverse).
+  int new_stride = 1, old_stride = 1;
+};
+
+BuzzSettings read_settings(const std::vector<ParamSpec>& specs, const ParamValues& values) {
+  BuzzSettings s;
+  s.sink = static_cast<int>(param_value(specs, values, "sink"));
+  s.window = static_cast<int>(param_value(specs, values, "window"));
+  s.stride = static_cast<int>(param_value(specs, values, "stride"));
+  s.threshold = static_cast<int>(param_value(specs, values, "threshold"));
+  s.auto_scale = static_cast<int>(param_value(specs, values, "auto_scale"));
+  s.top_up = static_cast<int>(param_value(specs, values, "top_up"));
+  s.accumulate = static_cast<int>(param_value(specs, values, "accumulate"));
+  s.swap_strides = param_value(specs, values, "swap_strides") >= 0.5;
+  s.local_max = param_value(specs, values, "local_max") >= 0.5;
+  s.log_n = param_value(specs, values, "log_n") >= 0.5;
+  if (s.sink < 0) throw InputError("buzz.sink must be >= 0");
+  if (s.window < 0) throw InputError("buzz.window must be >= 0");
+  if (s.stride < 1) throw InputError("buzz.stride must be >= 1");
+  if (s.threshold < 1) throw InputError("buzz.threshold must be >= 1");
+  const int small_stride = (s.stride + 1) / 2;
+  s.new_stride = s.swap_strides ? small_stride : s.stride;
+  s.old_stride = s.swap_strides ? s.stride : small_stride;
+  return s;
+}
+
+// Parameter estimation for budgets where the window would take more than half of m: w = m/2 and
+// T/w by the paper's Theorem 3.1 (or the given T/w). Notes the window and threshold used.
+void scale_to_budget(BuzzSettings& s, int m, std::ostringstream& note) {
+  if (s.auto_scale != kScaleOff && 2 * s.window > m) {
+    const int scaled_window = m / 2;
+    const bool theorem = s.auto_scale == kScaleTheorem;
+    // given-ratio: T scaled by the window's factor, as KVScope computed it before.
+    const double factor = s.window > 0 ? static_cast<double>(scaled_window) / s.window : 0.0;
+    const double ratio = theorem        ? theorem_ratio(s.stride)
+                         : s.window > 0 ? static_cast<double>(s.threshold) / s.window
+                                        : 0.0;
+    const int scaled_threshold = std::max(
+        s.stride,
+        static_cast<int>(std::lround(theorem ? scaled_window * ratio : s.threshold * factor)));
+    note << " window " << scaled_window << ", threshold " << scaled_threshold << " (window at "
+         << "most half of m = " << m << ", T/w = " << std::setprecision(3) << ratio
+         << (theorem ? " by the paper's Theorem 3.1 for stride " + std::to_string(s.stride)
+                     : std::string(" as given"))
+         << "; given " << s.window << "/" << s.threshold << ");";
+    s.window = scaled_window;
+    s.threshold = scaled_threshold;
+  } else {
+    note << " window " << s.window << ", threshold " << s.threshold << ";";
+  }
+}
+
+// Notes the strides and the ablations and scoring rules in use.
+void note_variant(const BuzzSettings& s, std::ostringstream& note) {
+  note << " stride " << s.new_stride << "/" << s.old_stride
+       << (s.swap_strides ? " (swapped: new/old, ablation)" : "") << ";";
+  if (!s.local_max) note << " no local max (new tokens interval-sampled, ablation);";
+  if (s.accumulate == kFullPrefix) note << " scores over the full prefix;";
+  if (s.log_n) note << " log n scores;";
+}
+
+// The cache as BUZZ streams the middle (Algorithm 1): the sinks, the old survivors of the last
+// eviction, the new buffer (tokens that left the sliding window since) and the sliding window,
+// with the accumulated attention A per key.
+struct BeehiveCache {
+  BeehiveCache(const BuzzSettings& settings, int n) : s(settings), acc(n, 0.0) {}
+
+  const BuzzSettings& s;
+  std::vector<double> acc;  // accumulated attention per key
+  std::vector<int> sinks, old_kept, fresh;
+  std::deque<int> recent;
+  int evictions = 0;
+
+  // The streamed step of the current arrival, and (in the full-prefix rule's dry run) where
+  // evict() records the step at which each new-buffer token's score was compared.
+  int step = 0;
+  std::vector<int>* record_stops = nullptr;
+  std::vector<char>* record_evictions = nullptr;  // the compressed-cache rule's dry run
+
+  // One eviction (Algorithm 1, line 15): old <- interval_sample(old) ++ local_max_sample(new).
+  void evict() {
+    if (record_stops)
+      for (int f : fresh) (*record_stops)[f] = step + 1;
+    if (record_evictions) (*record_evictions)[step] = 1;
+    std::vector<int> next;
+    interval_sample(next);
+    local_max_sample(next);
+    old_kept = std::move(next);
+    fresh.clear();
+    ++evictions;
+  }
+
+  // The old survivors old[0], old[s^], old[2 s^], ...
+  void interval_sample(std::vector<int>& next) const {
+    for (size_t i = 0; i < old_kept.size(); i += s.old_stride) next.push_back(old_kept[i]);
+  }
+
+  // Algorithm 2: the local heavy hitter (argmax A, the first maximum on ties) of each chunk
+  // new[idx .. idx+s) of the new buffer; without local max, the chunk's first token.
+  void local_max_sample(std::vector<int>& next) const {
+    for (size_t c = 0; c < fresh.size(); c += s.new_stride) {
+      const size_t end = std::min(fresh.size(), c + s.new_stride);
+      int best = fresh[c];
+      if (s.local_max)
+        for (size_t i = c + 1; i < end; ++i)
+          if (acc[fresh[i]] > acc[best]) best = fresh[i];
+      next.push_back(best);
+    }
+  }
+
+  // Token t arrives (after its scores were added): a sink, or the window's newest token.
+  void arrive(int t) {
+    step = t;
+    if (t < s.sink) {
+      sinks.push_back(t);
+      return;
+    }
+    recent.push_back(t);
+    if (static_cast<int>(recent.size()) > s.window) {
+      fresh.push_back(recent.front());
+      recent.pop_front();
+    }
+    if (static_cast<int>(old_kept.size() + fresh.size()) > s.threshold) evict();
+  }
+
+  // Empties the cache after a dry run (the scores stay).
+  void restart() {
+    sinks.clear();
+    old_kept.clear();
+    fresh.clear();
+    recent.clear();
+    evictions = 0;
+  }
+
+  int total() const {
+    return static_cast<int>(sinks.size() + old_kept.size() + fresh.size() + recent.size());
+  }
+};
+
+// KVScope's earlier rule, on the backend's attention-score op. When an eviction compares the new
+// buffer's tokens at step t, each token's score is its running sum up to row t. Which tokens an
+// eviction compares, and when, depends on counts only, so a dry run of the stream (whose picks
+// are discarded) records each token's stop row; the op returns the running sums at those rows (a
+// token never compared while streaming stops at the end, with its full sum) and the stream runs
+// again on them. Returns each middle token's attention summed over every causal row of the
+// middle (for the hover and top_up = score).
+std::vector<double> stream_full_prefix(const MethodInput& in, BeehiveCache& cache) {
+  std::vector<int> stop_rows(in.mid_end, in.mid_end);
+  cache.record_stops = &stop_rows;
+  for (int t = in.mid_begin; t < in.mid_end; ++t) cache.arrive(t);
+  cache.record_stops = nullptr;
+  cache.restart();
+  std::vector<double> full_scores = head_attention_scores(
+      in, in.mid_begin, in.mid_end, ScoreReduce::sum, stop_rows.data(), &cache.acc);
+  for (int t = in.mid_begin; t < in.mid_end; ++t) cache.arrive(t);
+  return full_scores;
+}
+
+// The keys the rows t..last attend to: the cache before t arrives (ascending positions), then
+// t..last as they arrive (compressed-cache); every key 0..last (full-prefix).
+void segment_key_ids(const MethodInput& in, const BeehiveCache& cache, int t, int last,
+                     std::vector<int>& ids) {
+  ids.clear();
+  if (cache.s.accumulate == kCompressedCache) {
+    for (int i = 0; i < in.mid_begin; ++i) ids.push_back(i);
+    ids.insert(ids.end(), cache.sinks.begin(), cache.sinks.end());
+    ids.insert(ids.end(), cache.old_kept.begin(), cache.old_kept.end());
+    ids.insert(ids.end(), cache.fresh.begin(), cache.fresh.end());
+    ids.insert(ids.end(), cache.recent.begin(), cache.recent.end());
+  }
+  for (int i = cache.s.accumulate == kFullPrefix ? 0 : t; i <= last; ++i) ids.push_back(i);
+}
+
+// One row per step over the keys the query attends to: the cache as it stands with the new token
+// in it (compressed-cache), or every key 0..t (full-prefix with log n), on the backend's
+// cache-score op (engine/ops/cache_scores.h). The cache's members change only at an eviction, and
+// which steps evict depends on counts only, so a dry run of the stream records them; the op then
+// scores each segment of rows up to and including an eviction's step in one call (the cache as
+// it stood at the segment's start plus the tokens arriving in it, each row seeing those up to
+// itself), and the stream arrives through the segment, its last arrival evicting on the scores so
+// far. Full-prefix (with log n) segments the same way, its rows seeing every key up to themselves.
+void stream_cache_scores(const MethodInput& in, BeehiveCache& cache) {
+  std::vector<char> evicts_at(in.mid_end, 0);
+  cache.record_evictions = &evicts_at;
+  for (int t = in.mid_begin; t < in.mid_end; ++t) cache.arrive(t);
+  cache.record_evictions = nullptr;
+  cache.restart();
+  CacheScoreBatch b;
+  b.keys = in.keys->data();
+  for (const MatrixF* q : in.queries) b.queries.push_back(q->data());
+  b.n = in.mid_end;
+  b.d = static_cast<int>(in.keys->cols());
+  b.log_n = cache.s.log_n;
+  b.acc = cache.acc.data();
+  b.cancel = in.cancel;
+  std::vector<const MatrixF*> arrays = in.queries;
+  arrays.push_back(in.keys);
+  b.layer_id = layer_id_of(in, arrays);
+  std::vector<int> ids;
+  for (int t = in.mid_begin; t < in.mid_end;) {
+    int last = t;  // the segment's last row
+    while (last < in.mid_end - 1 && !evicts_at[last]) ++last;
+    segment_key_ids(in, cache, t, last, ids);
+    b.key_ids = ids.data();
+    b.num_keys = static_cast<int>(ids.size());
+    b.row_begin = t;
+    b.row_end = last + 1;
+    method_backend(in).cache_scores(b);
+    for (; t <= last; ++t) cache.arrive(t);
+  }
+}
+
+// Remark 2: keep sampling until the middle fits m. An eviction makes progress while the new
+// buffer is non-empty or the old survivors can still be thinned.
+void fit_budget(BeehiveCache& cache, int m, std::ostringstream& note) {
+  while (cache.total() > m &&
+         (!cache.fresh.empty() || (cache.old_kept.size() > 1 && cache.s.old_stride > 1)))
+    cache.evict();
+  if (cache.total() > m) {
+    // Only sinks and window are left and they do not fit: drop the window's oldest tokens,
+    // then (degenerate budgets) the last sinks.
+    while (cache.total() > m && !cache.old_kept.empty()) cache.old_kept.pop_back();
+    const int before = static_cast<int>(cache.recent.size());
+    while (cache.total() > m && !cache.recent.empty()) cache.recent.pop_front();
+    while (cache.total() > m && !cache.sinks.empty()) cache.sinks.pop_back();
+    note << " window cut from " << before << " to " << cache.recent.size() << " to fit m;";
+  }
+}
+
+// The middle tokens the cache holds, by middle index.
+std::vector<char> kept_middle(const BeehiveCache& cache, int mid_begin, int n_mid) {
+  std::vector<char> kept(n_mid, 0);
+  for (const auto* part : {&cache.sinks, &cache.old_kept, &cache.fresh})
+    for (int t : *part) kept[t - mid_begin] = 1;
+  for (int t : cache.recent) kept[t - mid_begin] = 1;
+  return kept;
+}
+
+// Fills the m - fitted slots the fit left with dropped middle tokens so BUZZ keeps exactly m;
+// top_up = off keeps fewer than m and says so.
+void top_up_dropped(std::vector<char>& kept, const std::vector<double>& scores, int fitted, int m,
+                    int top_up, std::ostringstream& note) {
+  const int n_mid = static_cast<int>(kept.size());
+  const int missing = m - fitted;
+  if (missing > 0 && top_up != 0) {
+    // Rank the dropped tokens by accumulated score (top_up = score) or by position (recent).
+    std::vector<double> rank(n_mid);
+    for (int i = 0; i < n_mid; ++i)
+      rank[i] = kept[i] ? -std::numeric_limits<double>::infinity()
+                        : (top_up == 1 ? scores[i] : static_cast<double>(i));
+    for (int i : top_m_indices(rank, missing)) kept[i] = 1;
+    note << " the fit left " << fitted << " of m = " << m << ": topped up " << missing << " ("
+         << std::lround(100.0 * missing / m) << "% of m)"
+         << (top_up == 1 ? " by score;" : " with the most recent dropped tokens;");
+  } else if (missing > 0) {
+    note << " keeps " << fitted << " < m = " << m << " (top_up off);";
+  }
+}
+
 class Buzz final : public Method {
  public:
   std::string name() const override { return "buzz"; }
@@ -132,214 +396,31 @@ class Buzz final : public Method {
   Selection select(const MethodInput& in) const override {
     check_method_input(in, name(), true);
     validate_params(params(), in.params, name());
-    const auto specs = params();
-    const int sink = static_cast<int>(param_value(specs, in.params, "sink"));
-    int window = static_cast<int>(param_value(specs, in.params, "window"));
-    const int stride = static_cast<int>(param_value(specs, in.params, "stride"));
-    int threshold = static_cast<int>(param_value(specs, in.params, "threshold"));
-    const int auto_scale = static_cast<int>(param_value(specs, in.params, "auto_scale"));
-    const int top_up = static_cast<int>(param_value(specs, in.params, "top_up"));
-    const int accumulate = static_cast<int>(param_value(specs, in.params, "accumulate"));
-    const bool swap_strides = param_value(specs, in.params, "swap_strides") >= 0.5;
-    const bool local_max = param_value(specs, in.params, "local_max") >= 0.5;
-    const bool log_n = param_value(specs, in.params, "log_n") >= 0.5;
-    if (sink < 0) throw InputError("buzz.sink must be >= 0");
-    if (window < 0) throw InputError("buzz.window must be >= 0");
-    if (stride < 1) throw InputError("buzz.stride must be >= 1");
-    if (threshold < 1) throw InputError("buzz.threshold must be >= 1");
+    BuzzSettings s = read_settings(params(), in.params);
     const int m = in.budget;
-    const int small_stride = (stride + 1) / 2;
-    const int new_stride = swap_strides ? small_stride : stride;
-    const int old_stride = swap_strides ? stride : small_stride;
-
     std::ostringstream note;  // parts start with a space; trimmed at the end
-    if (auto_scale != kScaleOff && 2 * window > m) {
-      const int scaled_window = m / 2;
-      const bool theorem = auto_scale == kScaleTheorem;
-      // given-ratio: T scaled by the window's factor, as KVScope computed it before.
-      const double factor = window > 0 ? static_cast<double>(scaled_window) / window : 0.0;
-      const double ratio = theorem      ? theorem_ratio(stride)
-                           : window > 0 ? static_cast<double>(threshold) / window
-                                        : 0.0;
-      const int scaled_threshold = std::max(
-          stride,
-          static_cast<int>(std::lround(theorem ? scaled_window * ratio : threshold * factor)));
-      note << " window " << scaled_window << ", threshold " << scaled_threshold << " (window at "
-           << "most half of m = " << m << ", T/w = " << std::setprecision(3) << ratio
-           << (theorem ? " by the paper's Theorem 3.1 for stride " + std::to_string(stride)
-                       : std::string(" as given"))
-           << "; given " << window << "/" << threshold << ");";
-      window = scaled_window;
-      threshold = scaled_threshold;
-    } else {
-      note << " window " << window << ", threshold " << threshold << ";";
-    }
-    note << " stride " << new_stride << "/" << old_stride
-         << (swap_strides ? " (swapped: new/old, ablation)" : "") << ";";
-    if (!local_max) note << " no local max (new tokens interval-sampled, ablation);";
-    if (accumulate == kFullPrefix) note << " scores over the full prefix;";
-    if (log_n) note << " log n scores;";
+    scale_to_budget(s, m, note);
+    note_variant(s, note);
 
+    // Stream the middle one token at a time, accumulating the scores and evicting.
     const int n_mid = in.mid_end - in.mid_begin;
-    std::vector<double> acc(in.mid_end, 0.0);  // accumulated attention per key
-    std::vector<int> sinks, old_kept, fresh;
-    std::deque<int> recent;
-    int evictions = 0;
-
-    // The streamed step of the current arrival, and (in the full-prefix rule's dry run, below)
-    // where evict() records the step at which each new-buffer token's score was compared.
-    int step = 0;
-    std::vector<int>* record_stops = nullptr;
-    std::vector<char>* record_evictions = nullptr;  // the compressed-cache rule's dry run
-    auto evict = [&]() {
-      if (record_stops)
-        for (int f : fresh) (*record_stops)[f] = step + 1;
-      if (record_evictions) (*record_evictions)[step] = 1;
-      std::vector<int> next;
-      for (size_t i = 0; i < old_kept.size(); i += old_stride) next.push_back(old_kept[i]);
-      for (size_t c = 0; c < fresh.size(); c += new_stride) {
-        const size_t end = std::min(fresh.size(), c + new_stride);
-        int best = fresh[c];
-        if (local_max)
-          for (size_t i = c + 1; i < end; ++i)
-            if (acc[fresh[i]] > acc[best]) best = fresh[i];
-        next.push_back(best);
-      }
-      old_kept = std::move(next);
-      fresh.clear();
-      ++evictions;
-    };
-    // Token t arrives (after its scores were added): a sink, or the window's newest token.
-    auto arrive = [&](int t) {
-      step = t;
-      if (t < sink) {
-        sinks.push_back(t);
-        return;
-      }
-      recent.push_back(t);
-      if (static_cast<int>(recent.size()) > window) {
-        fresh.push_back(recent.front());
-        recent.pop_front();
-      }
-      if (static_cast<int>(old_kept.size() + fresh.size()) > threshold) evict();
-    };
-
-    // The scores of the full-prefix rule without log n (for the hover and top_up = score): each
-    // middle token's attention summed over every causal row of the middle.
+    BeehiveCache cache(s, in.mid_end);
+    // The scores of the full-prefix rule without log n (for the hover and top_up = score).
     std::vector<double> full_scores;
-    if (accumulate == kFullPrefix && !log_n) {
-      // KVScope's earlier rule, on the backend's attention-score op. When an eviction compares
-      // the new buffer's tokens at step t, each token's score is its running sum up to row t.
-      // Which tokens an eviction compares, and when, depends on counts only, so a dry run of the
-      // stream (whose picks are discarded) records each token's stop row; the op returns the
-      // running sums at those rows (a token never compared while streaming stops at the end,
-      // with its full sum) and the stream runs again on them.
-      std::vector<int> stop_rows(in.mid_end, in.mid_end);
-      record_stops = &stop_rows;
-      for (int t = in.mid_begin; t < in.mid_end; ++t) arrive(t);
-      record_stops = nullptr;
-      sinks.clear();
-      old_kept.clear();
-      fresh.clear();
-      recent.clear();
-      evictions = 0;
-      full_scores = head_attention_scores(in, in.mid_begin, in.mid_end, ScoreReduce::sum,
-                                          stop_rows.data(), &acc);
-      for (int t = in.mid_begin; t < in.mid_end; ++t) arrive(t);
-    } else {
-      // One row per step over the keys the query attends to: the cache as it stands with the
-      // new token in it (compressed-cache), or every key 0..t (full-prefix with log n), on the
-      // backend's cache-score op (engine/ops/cache_scores.h). The cache's members change only
-      // at an eviction, and which steps evict depends on counts only, so a dry run of the stream
-      // records them; the op then scores each segment of rows up to and including an eviction's
-      // step in one call (the cache as it stood at the segment's start plus the tokens arriving
-      // in it, each row seeing those up to itself), and the stream arrives through the segment,
-      // its last arrival evicting on the scores so far. Full-prefix (with log n) segments the same
-      // way, its rows seeing every key up to themselves.
-      std::vector<char> evicts_at(in.mid_end, 0);
-      record_evictions = &evicts_at;
-      for (int t = in.mid_begin; t < in.mid_end; ++t) arrive(t);
-      record_evictions = nullptr;
-      sinks.clear();
-      old_kept.clear();
-      fresh.clear();
-      recent.clear();
-      evictions = 0;
-      CacheScoreBatch b;
-      b.keys = in.keys->data();
-      for (const MatrixF* q : in.queries) b.queries.push_back(q->data());
-      b.n = in.mid_end;
-      b.d = static_cast<int>(in.keys->cols());
-      b.log_n = log_n;
-      b.acc = acc.data();
-      b.cancel = in.cancel;
-      std::vector<const MatrixF*> arrays = in.queries;
-      arrays.push_back(in.keys);
-      b.layer_id = layer_id_of(in, arrays);
-      std::vector<int> ids;
-      for (int t = in.mid_begin; t < in.mid_end;) {
-        int last = t;  // the segment's last row
-        while (last < in.mid_end - 1 && !evicts_at[last]) ++last;
-        ids.clear();
-        if (accumulate == kCompressedCache) {
-          // The cache before t arrives (ascending positions), then t..last as they arrive.
-          for (int i = 0; i < in.mid_begin; ++i) ids.push_back(i);
-          ids.insert(ids.end(), sinks.begin(), sinks.end());
-          ids.insert(ids.end(), old_kept.begin(), old_kept.end());
-          ids.insert(ids.end(), fresh.begin(), fresh.end());
-          ids.insert(ids.end(), recent.begin(), recent.end());
-        }
-        for (int i = accumulate == kFullPrefix ? 0 : t; i <= last; ++i) ids.push_back(i);
-        b.key_ids = ids.data();
-        b.num_keys = static_cast<int>(ids.size());
-        b.row_begin = t;
-        b.row_end = last + 1;
-        method_backend(in).cache_scores(b);
-        for (; t <= last; ++t) arrive(t);
-      }
-    }
-    const int streamed_evictions = evictions;
+    if (s.accumulate == kFullPrefix && !s.log_n)
+      full_scores = stream_full_prefix(in, cache);
+    else
+      stream_cache_scores(in, cache);
+    const int streamed_evictions = cache.evictions;
 
-    auto total = [&] {
-      return static_cast<int>(sinks.size() + old_kept.size() + fresh.size() + recent.size());
-    };
-    // Remark 2: keep sampling until the middle fits. An eviction makes progress while the new
-    // buffer is non-empty or the old survivors can still be thinned.
-    while (total() > m && (!fresh.empty() || (old_kept.size() > 1 && old_stride > 1))) evict();
-    if (total() > m) {
-      // Only sinks and window are left and they do not fit: drop the window's oldest tokens,
-      // then (degenerate budgets) the last sinks.
-      while (total() > m && !old_kept.empty()) old_kept.pop_back();
-      const int before = static_cast<int>(recent.size());
-      while (total() > m && !recent.empty()) recent.pop_front();
-      while (total() > m && !sinks.empty()) sinks.pop_back();
-      note << " window cut from " << before << " to " << recent.size() << " to fit m;";
-    }
-
-    std::vector<char> kept(n_mid, 0);
-    for (const auto* part : {&sinks, &old_kept, &fresh})
-      for (int t : *part) kept[t - in.mid_begin] = 1;
-    for (int t : recent) kept[t - in.mid_begin] = 1;
+    fit_budget(cache, m, note);
+    std::vector<char> kept = kept_middle(cache, in.mid_begin, n_mid);
     note << " " << streamed_evictions << " evictions while streaming, "
-         << evictions - streamed_evictions << " to fit m;";
+         << cache.evictions - streamed_evictions << " to fit m;";
 
-    const std::vector<double>& final_acc = full_scores.empty() ? acc : full_scores;
+    const std::vector<double>& final_acc = full_scores.empty() ? cache.acc : full_scores;
     std::vector<double> scores(final_acc.begin() + in.mid_begin, final_acc.end());
-    const int fitted = total();
-    const int missing = m - fitted;
-    if (missing > 0 && top_up != 0) {
-      // Rank the dropped tokens by accumulated score (top_up = score) or by position (recent).
-      std::vector<double> rank(n_mid);
-      for (int i = 0; i < n_mid; ++i)
-        rank[i] = kept[i] ? -std::numeric_limits<double>::infinity()
-                          : (top_up == 1 ? scores[i] : static_cast<double>(i));
-      for (int i : top_m_indices(rank, missing)) kept[i] = 1;
-      note << " the fit left " << fitted << " of m = " << m << ": topped up " << missing << " ("
-           << std::lround(100.0 * missing / m) << "% of m)"
-           << (top_up == 1 ? " by score;" : " with the most recent dropped tokens;");
-    } else if (missing > 0) {
-      note << " keeps " << fitted << " < m = " << m << " (top_up off);";
-    }
+    top_up_dropped(kept, scores, cache.total(), m, s.top_up, note);
 
     Selection sel;
     for (int i = 0; i < n_mid; ++i)

@@ -242,24 +242,21 @@ nlohmann::json GenerateReport::to_json() const {
   return j;
 }
 
-GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::Tokenizer& tokenizer,
-                            const GenerateSpec& spec_in, const GenerateProgressFn& progress,
-                            const std::atomic<bool>* cancel) {
-  const llama2c::Config& c = model.config();
-  GenerateReport rep;
-  rep.model = model.path();
-  rep.tokenizer = tokenizer.path();
-  rep.config = c;
-  rep.spec = spec_in;
-  GenerateSpec& spec = rep.spec;
+namespace {
 
-  // ---- the spec, checked before any work
+// ---- run_generate's steps
+
+// The settings that need neither the prompt nor N: the tokenizer, the methods, the ratios (token
+// budgets replace them; they are checked against the middle once N, s and W are known), the steps
+// and the re-compression.
+void check_settings(GenerateSpec& spec, const llama2c::Config& c,
+                    const llama2c::Tokenizer& tokenizer) {
   if (tokenizer.vocab_size() != c.vocab_size)
     throw SettingError("tokenizer", "--tokenizer",
                        "has " + std::to_string(tokenizer.vocab_size()) +
                            " tokens but the model's vocab_size is " + std::to_string(c.vocab_size));
   if (spec.methods.empty()) throw SettingError("methods", "--methods", "no method given");
-  // Budgets are checked against the middle once N, s and W are known (below).
+  // Budgets are checked against the middle once N, s and W are known (resolve_window).
   if (!spec.budgets.empty()) spec.ratios.assign(spec.budgets.size(), 1.0);
   if (spec.ratios.empty()) throw SettingError("ratios", "--ratios", "no ratio given");
   for (double r : spec.ratios)
@@ -272,8 +269,12 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
   if (spec.steps < 1) throw SettingError("steps", "--steps", "must be at least 1");
   if (spec.recompress_every < 0)
     throw SettingError("re-compression", "--recompress-every", "must be >= 0");
-  const std::vector<int> prompt = tokenizer.encode(spec.prompt, /*bos=*/true, /*eos=*/false);
-  rep.prompt_tokens = static_cast<int>(prompt.size());
+}
+
+// N, the position the cache is compressed at: the prompt's end (BOS included) unless given; at
+// or after the prompt's end, with room for `steps` more positions in the model's context.
+int resolve_compress_at(GenerateReport& rep, const GenerateSpec& spec_in, int seq_len) {
+  GenerateSpec& spec = rep.spec;
   if (spec.compress_at == 0) spec.compress_at = rep.prompt_tokens;
   const int N = spec.compress_at;
   if (N < rep.prompt_tokens)
@@ -281,10 +282,10 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
                        std::to_string(N) + " is inside the prompt (" +
                            std::to_string(rep.prompt_tokens) +
                            " tokens with BOS): compress at or after its end");
-  if (static_cast<long long>(N) + spec.steps > c.seq_len) {
+  if (static_cast<long long>(N) + spec.steps > seq_len) {
     const std::string total = std::to_string(static_cast<long long>(N) + spec.steps) +
                               " positions exceed the model's context seq_len " +
-                              std::to_string(c.seq_len);
+                              std::to_string(seq_len);
     if (spec_in.compress_at == 0)
       throw SettingError("prompt", "--prompt",
                          std::to_string(N) + " tokens with BOS (compressed at its end); with " +
@@ -293,6 +294,13 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
         "compress at", "--compress-at",
         std::to_string(N) + " + " + std::to_string(spec.steps) + " steps = " + total);
   }
+  return N;
+}
+
+// The sinks s and the window W kept at compression, and the token budgets turned into the
+// ratios B / (N - s - W) of the middle.
+void resolve_window(GenerateReport& rep, int N) {
+  GenerateSpec& spec = rep.spec;
   // The window in generate's own terms (EvalWindow::make would name eval's flags): s sinks and
   // the W most recent of the N cached positions are kept.
   const int sink = spec.sink >= 0 ? spec.sink : std::min(256, N / 32);
@@ -334,44 +342,75 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
       throw SettingError("budget", "--budget", std::to_string(b) + " given twice");
     spec.ratios[i] = static_cast<double>(b) / w.n_mid;
   }
+}
 
+// The perplexity run's tokens: the prompt then the continuation, cut to the model's context;
+// the tokens after N are scored. Empty without a continuation.
+std::vector<int> continuation_sequence(GenerateReport& rep, const llama2c::Tokenizer& tokenizer,
+                                       const std::vector<int>& prompt, int N) {
+  const GenerateSpec& spec = rep.spec;
+  const int seq_len = rep.config.seq_len;
   std::vector<int> cont_seq;
-  if (spec.has_continuation) {
-    cont_seq = prompt;
-    const std::vector<int> more = tokenizer.encode_continuation(spec.continuation);
-    cont_seq.insert(cont_seq.end(), more.begin(), more.end());
-    if (static_cast<int>(cont_seq.size()) > c.seq_len) {
-      cont_seq.resize(c.seq_len);
-      rep.continuation_truncated = true;
-      rep.notes.push_back("the continuation is truncated to the model's context of " +
-                          std::to_string(c.seq_len) + " positions");
-    }
-    rep.continuation_tokens = cont_seq;
-    rep.scored_from = N + 1;
-    rep.scored_tokens = static_cast<int>(cont_seq.size()) - rep.scored_from;
-    if (rep.scored_tokens < 1)
-      throw SettingError("continuation", "--continuation",
-                         "prompt and continuation make " + std::to_string(cont_seq.size()) +
-                             " tokens; scoring after compression at " + std::to_string(N) +
-                             " needs at least " + std::to_string(N + 2));
+  if (!spec.has_continuation) return cont_seq;
+  cont_seq = prompt;
+  const std::vector<int> more = tokenizer.encode_continuation(spec.continuation);
+  cont_seq.insert(cont_seq.end(), more.begin(), more.end());
+  if (static_cast<int>(cont_seq.size()) > seq_len) {
+    cont_seq.resize(seq_len);
+    rep.continuation_truncated = true;
+    rep.notes.push_back("the continuation is truncated to the model's context of " +
+                        std::to_string(seq_len) + " positions");
+  }
+  rep.continuation_tokens = cont_seq;
+  rep.scored_from = N + 1;
+  rep.scored_tokens = static_cast<int>(cont_seq.size()) - rep.scored_from;
+  if (rep.scored_tokens < 1)
+    throw SettingError("continuation", "--continuation",
+                       "prompt and continuation make " + std::to_string(cont_seq.size()) +
+                           " tokens; scoring after compression at " + std::to_string(N) +
+                           " needs at least " + std::to_string(N + 2));
+  return cont_seq;
+}
+
+// Forward passes of the whole experiment: the exact run, the continuation's exact side, then
+// per (method, ratio) the teacher-forced and free-running steps and the scored continuation.
+long long forward_passes(const GenerateSpec& spec, int N, const std::vector<int>& cont_seq,
+                         int scored_tokens) {
+  const long long per_run = 2LL * spec.steps + (spec.has_continuation ? scored_tokens : 0);
+  return N + spec.steps + (spec.has_continuation ? cont_seq.size() - 1 : 0) +
+         per_run * static_cast<long long>(spec.methods.size() * spec.ratios.size());
+}
+
+// Progress over forward passes, reported from worker threads (serialised); throws Cancelled
+// once `cancel` is set.
+class PassProgress {
+ public:
+  PassProgress(long long total, const GenerateProgressFn& progress, const std::atomic<bool>* cancel)
+      : total_(total), progress_(progress), cancel_(cancel) {}
+
+  void advance(long long count) {
+    if (cancel_ && cancel_->load()) throw Cancelled();
+    if (!progress_) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ += count;
+    progress_(done_, total_);
   }
 
-  // ---- progress over forward passes
-  const long long per_run = 2LL * spec.steps + (spec.has_continuation ? rep.scored_tokens : 0);
-  const long long total =
-      N + spec.steps + (spec.has_continuation ? cont_seq.size() - 1 : 0) +
-      per_run * static_cast<long long>(spec.methods.size() * spec.ratios.size());
-  std::mutex progress_mu;
-  long long done = 0;
-  auto advance = [&](long long count) {
-    if (cancel && cancel->load()) throw Cancelled();
-    if (!progress) return;
-    std::lock_guard<std::mutex> lock(progress_mu);
-    done += count;
-    progress(done, total);
-  };
+ private:
+  const long long total_;
+  const GenerateProgressFn& progress_;
+  const std::atomic<bool>* cancel_;
+  std::mutex mu_;
+  long long done_ = 0;
+};
 
-  // ---- the exact run: prefix to N, the token at N, then `steps` greedy positions
+// The exact run's prefix: positions [0, N) with the full cache, the prompt forced then greedy,
+// which also predicts the token at N. Returns the model with those positions cached, where every
+// run branches.
+llama2c::Transformer run_exact_prefix(const llama2c::Transformer& model,
+                                      const llama2c::Tokenizer& tokenizer,
+                                      const std::vector<int>& prompt, int N, GenerateReport& rep,
+                                      PassProgress& passes) {
   llama2c::Transformer exact = model;
   exact.clear_compressed_cache();
   rep.prefix_tokens = prompt;
@@ -379,131 +418,236 @@ GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::To
     const std::vector<float>& logits = exact.forward(rep.prefix_tokens[pos], pos);
     if (pos + 1 >= static_cast<int>(rep.prefix_tokens.size()))
       rep.prefix_tokens.push_back(argmax(logits));
-    advance(1);
+    passes.advance(1);
   }
   for (size_t i = 0; i < rep.prefix_tokens.size(); ++i)
     rep.prefix_text.push_back(
         tokenizer.token_text(i == 0 ? -1 : rep.prefix_tokens[i - 1], rep.prefix_tokens[i]));
-  const llama2c::Transformer branch = exact;  // positions [0, N) in the cache
+  return exact;
+}
+
+// The exact run's `steps` greedy positions from N, continuing `exact`; returns their logits.
+std::vector<std::vector<float>> run_exact_steps(llama2c::Transformer exact,
+                                                const llama2c::Tokenizer& tokenizer, int N,
+                                                GenerateReport& rep, PassProgress& passes) {
   std::vector<std::vector<float>> exact_logits;
   int token = rep.prefix_tokens[N];
-  for (int t = 0; t < spec.steps; ++t) {
+  for (int t = 0; t < rep.spec.steps; ++t) {
     exact_logits.push_back(exact.forward(token, N + t));
     const int next = argmax(exact_logits.back());
     rep.exact_text.push_back(tokenizer.token_text(token, next));
     rep.exact_tokens.push_back(next);
     token = next;
-    advance(1);
+    passes.advance(1);
   }
+  return exact_logits;
+}
 
-  // ---- the continuation's exact side
-  std::vector<double> exact_log_p;
+// The continuation's exact side: the full cache's perplexity on the scored tokens. Returns the
+// model with the continuation's positions [0, N) cached, where its compressed runs branch.
+llama2c::Transformer score_continuation_exact(const llama2c::Transformer& model,
+                                              const std::vector<int>& cont_seq, int N,
+                                              GenerateReport& rep, PassProgress& passes) {
   llama2c::Transformer cont_branch = model;
-  if (spec.has_continuation) {
-    cont_branch.clear_compressed_cache();
-    llama2c::Transformer m = model;
-    m.clear_compressed_cache();
-    for (int pos = 0; pos + 1 < static_cast<int>(cont_seq.size()); ++pos) {
-      if (pos == N) cont_branch = m;
-      const std::vector<float>& logits = m.forward(cont_seq[pos], pos);
-      if (pos + 1 >= rep.scored_from)
-        exact_log_p.push_back(log_probability(logits, cont_seq[pos + 1]));
-      advance(1);
-    }
-    double nll = 0;
-    for (double lp : exact_log_p) nll -= lp;
-    rep.exact_perplexity = std::exp(nll / static_cast<double>(exact_log_p.size()));
+  if (!rep.spec.has_continuation) return cont_branch;
+  std::vector<double> exact_log_p;
+  cont_branch.clear_compressed_cache();
+  llama2c::Transformer m = model;
+  m.clear_compressed_cache();
+  for (int pos = 0; pos + 1 < static_cast<int>(cont_seq.size()); ++pos) {
+    if (pos == N) cont_branch = m;
+    const std::vector<float>& logits = m.forward(cont_seq[pos], pos);
+    if (pos + 1 >= rep.scored_from)
+      exact_log_p.push_back(log_probability(logits, cont_seq[pos + 1]));
+    passes.advance(1);
   }
+  double nll = 0;
+  for (double lp : exact_log_p) nll -= lp;
+  rep.exact_perplexity = std::exp(nll / static_cast<double>(exact_log_p.size()));
+  return cont_branch;
+}
 
-  // ---- one run per (method, ratio)
-  struct Item {
-    const Method* method;
-    double ratio;
-    int budget;  // -1: by ratio
-  };
-  std::vector<Item> items;
+// One compressed run's method and keep ratio.
+struct RunItem {
+  const Method* method;
+  double ratio;
+  int budget;  // -1: by ratio
+};
+
+// One run per (method, ratio), method-major.
+std::vector<RunItem> run_items(const GenerateSpec& spec) {
+  std::vector<RunItem> items;
   for (const Method* m : spec.methods)
     for (size_t i = 0; i < spec.ratios.size(); ++i)
       items.push_back({m, spec.ratios[i], i < spec.budgets.size() ? spec.budgets[i] : -1});
+  return items;
+}
+
+// What every compressed run reads: the report so far (spec, sinks and window, the exact run's
+// tokens), the exact run's logits and the branches at N.
+struct ExactRun {
+  const GenerateReport& rep;
+  const llama2c::Tokenizer& tokenizer;
+  int N;
+  const llama2c::Transformer& branch;
+  const std::vector<std::vector<float>>& exact_logits;
+  const llama2c::Transformer& cont_branch;
+  const std::vector<int>& cont_seq;
+  PassProgress& passes;
+};
+
+// One run's compressions of the cache (at N, then again every `recompress_every` new
+// positions when set) and the method's notes they return.
+class RunCompressor {
+ public:
+  RunCompressor(const RunItem& item, const GenerateReport& rep)
+      : item_(item), rep_(rep), params_(params_of(item, rep.spec)) {}
+
+  // `round` varies the method's seed between re-compressions.
+  void compress(llama2c::Transformer& m, int round) {
+    const std::string note = compress_cache(m, *item_.method, item_.ratio, params_, rep_.sink,
+                                            rep_.window, rep_.spec.seed, round, item_.budget);
+    if (!note.empty()) notes_.insert(note);
+  }
+  // Re-compress after step t of `steps`?
+  bool due(int t, int steps) const {
+    const int every = rep_.spec.recompress_every;
+    return every > 0 && (t + 1) % every == 0 && t + 1 < steps;
+  }
+  const std::set<std::string>& notes() const { return notes_; }
+
+ private:
+  static ParamValues params_of(const RunItem& item, const GenerateSpec& spec) {
+    const auto pit = spec.params.find(item.method->name());
+    return pit == spec.params.end() ? ParamValues{} : pit->second;
+  }
+
+  const RunItem& item_;
+  const GenerateReport& rep_;
+  const ParamValues params_;
+  std::set<std::string> notes_;
+};
+
+// Teacher-forced on the exact run's tokens: per step the compressed cache's top-1 and
+// KL(exact || compressed), from the cache compressed at N.
+void teacher_forced_on_exact(llama2c::Transformer compressed, RunCompressor& compressor,
+                             const ExactRun& exact, GenerateRun& run) {
+  const GenerateReport& rep = exact.rep;
+  const int steps = rep.spec.steps, N = exact.N;
+  run.top1.resize(steps);
+  run.kl.resize(steps);
+  int agree = 0;
+  int round = 0;
+  for (int t = 0; t < steps; ++t) {
+    const int fed = t == 0 ? rep.prefix_tokens[N] : rep.exact_tokens[t - 1];
+    const std::vector<float>& logits = compressed.forward(fed, N + t);
+    run.top1[t] = argmax(logits);
+    run.kl[t] = kl_divergence(exact.exact_logits[t], logits);
+    agree += run.top1[t] == rep.exact_tokens[t];
+    run.mean_kl += run.kl[t];
+    if (compressor.due(t, steps)) compressor.compress(compressed, ++round);
+    exact.passes.advance(1);
+  }
+  run.top1_agreement = static_cast<double>(agree) / steps;
+  run.mean_kl /= steps;
+}
+
+// Free-running greedy from the cache compressed at N: the tokens, where they first leave the
+// exact run's, the compressions and the cache's size at the last step.
+void free_running_greedy(llama2c::Transformer compressed, RunCompressor& compressor,
+                         const ExactRun& exact, GenerateRun& run) {
+  const GenerateReport& rep = exact.rep;
+  const int steps = rep.spec.steps, N = exact.N;
+  int round = 0;
+  int fed = rep.prefix_tokens[N];
+  for (int t = 0; t < steps; ++t) {
+    const int next = argmax(compressed.forward(fed, N + t));
+    run.text.push_back(exact.tokenizer.token_text(fed, next));
+    run.tokens.push_back(next);
+    if (run.first_divergence < 0 && next != rep.exact_tokens[t]) run.first_divergence = t;
+    fed = next;
+    if (compressor.due(t, steps)) compressor.compress(compressed, ++round);
+    exact.passes.advance(1);
+  }
+  run.compressions = round + 1;
+  run.mean_cache_entries = mean_cache_entries(compressed);
+}
+
+// Teacher-forced on the continuation, its cache compressed at N the same way: the perplexity of
+// the scored tokens.
+double continuation_perplexity(RunCompressor& compressor, const ExactRun& exact) {
+  const GenerateReport& rep = exact.rep;
+  const std::vector<int>& cont_seq = exact.cont_seq;
+  llama2c::Transformer m = exact.cont_branch;
+  compressor.compress(m, 0);
+  int round = 0;
+  double nll = 0;
+  for (int pos = exact.N; pos + 1 < static_cast<int>(cont_seq.size()); ++pos) {
+    nll -= log_probability(m.forward(cont_seq[pos], pos), cont_seq[pos + 1]);
+    if (compressor.due(pos - exact.N, rep.scored_tokens)) compressor.compress(m, ++round);
+    exact.passes.advance(1);
+  }
+  return std::exp(nll / rep.scored_tokens);
+}
+
+// One (method, ratio): the cache compressed at N, then the three passes measured against the
+// exact run.
+void run_compressed(const RunItem& item, const ExactRun& exact, GenerateRun& run) {
+  run.method = item.method->name();
+  run.ratio = item.ratio;
+  run.budget = item.budget;
+  RunCompressor compressor(item, exact.rep);
+  llama2c::Transformer compressed_at_n = exact.branch;
+  compressor.compress(compressed_at_n, 0);
+  teacher_forced_on_exact(compressed_at_n, compressor, exact, run);
+  free_running_greedy(compressed_at_n, compressor, exact, run);
+  run.perplexity = exact.rep.spec.has_continuation ? continuation_perplexity(compressor, exact)
+                                                   : std::numeric_limits<double>::quiet_NaN();
+  for (const std::string& n : compressor.notes()) run.note += (run.note.empty() ? "" : "; ") + n;
+}
+
+}  // namespace
+
+GenerateReport run_generate(const llama2c::Transformer& model, const llama2c::Tokenizer& tokenizer,
+                            const GenerateSpec& spec_in, const GenerateProgressFn& progress,
+                            const std::atomic<bool>* cancel) {
+  const llama2c::Config& c = model.config();
+  GenerateReport rep;
+  rep.model = model.path();
+  rep.tokenizer = tokenizer.path();
+  rep.config = c;
+  rep.spec = spec_in;
+  GenerateSpec& spec = rep.spec;
+
+  // ---- the spec, checked before any work
+  check_settings(spec, c, tokenizer);
+  const std::vector<int> prompt = tokenizer.encode(spec.prompt, /*bos=*/true, /*eos=*/false);
+  rep.prompt_tokens = static_cast<int>(prompt.size());
+  const int N = resolve_compress_at(rep, spec_in, c.seq_len);
+  resolve_window(rep, N);
+  const std::vector<int> cont_seq = continuation_sequence(rep, tokenizer, prompt, N);
+
+  // ---- progress over forward passes
+  PassProgress passes(forward_passes(spec, N, cont_seq, rep.scored_tokens), progress, cancel);
+
+  // ---- the exact run: prefix to N, the token at N, then `steps` greedy positions
+  const llama2c::Transformer branch = run_exact_prefix(model, tokenizer, prompt, N, rep, passes);
+  const std::vector<std::vector<float>> exact_logits =
+      run_exact_steps(branch, tokenizer, N, rep, passes);
+
+  // ---- the continuation's exact side
+  const llama2c::Transformer cont_branch =
+      score_continuation_exact(model, cont_seq, N, rep, passes);
+
+  // ---- one run per (method, ratio)
+  const std::vector<RunItem> items = run_items(spec);
   rep.runs.resize(items.size());
-
-  auto run_one = [&](size_t index) {
-    const Item& item = items[index];
-    GenerateRun& run = rep.runs[index];
-    run.method = item.method->name();
-    run.ratio = item.ratio;
-    run.budget = item.budget;
-    const auto pit = spec.params.find(run.method);
-    const ParamValues params = pit == spec.params.end() ? ParamValues{} : pit->second;
-    std::set<std::string> notes;
-    int round = 0;
-    auto compress = [&](llama2c::Transformer& m, int r) {
-      const std::string note = compress_cache(m, *item.method, item.ratio, params, rep.sink,
-                                              rep.window, spec.seed, r, item.budget);
-      if (!note.empty()) notes.insert(note);
-    };
-    auto due = [&](int t, int steps) {  // re-compress after step t of `steps`?
-      return spec.recompress_every > 0 && (t + 1) % spec.recompress_every == 0 && t + 1 < steps;
-    };
-    llama2c::Transformer compressed = branch;
-    compress(compressed, 0);
-    const llama2c::Transformer compressed_at_n = compressed;
-
-    // Teacher-forced on the exact run's tokens.
-    run.top1.resize(spec.steps);
-    run.kl.resize(spec.steps);
-    int agree = 0;
-    round = 0;
-    for (int t = 0; t < spec.steps; ++t) {
-      const int fed = t == 0 ? rep.prefix_tokens[N] : rep.exact_tokens[t - 1];
-      const std::vector<float>& logits = compressed.forward(fed, N + t);
-      run.top1[t] = argmax(logits);
-      run.kl[t] = kl_divergence(exact_logits[t], logits);
-      agree += run.top1[t] == rep.exact_tokens[t];
-      run.mean_kl += run.kl[t];
-      if (due(t, spec.steps)) compress(compressed, ++round);
-      advance(1);
-    }
-    run.top1_agreement = static_cast<double>(agree) / spec.steps;
-    run.mean_kl /= spec.steps;
-
-    // Free-running greedy.
-    compressed = compressed_at_n;
-    round = 0;
-    int fed = rep.prefix_tokens[N];
-    for (int t = 0; t < spec.steps; ++t) {
-      const int next = argmax(compressed.forward(fed, N + t));
-      run.text.push_back(tokenizer.token_text(fed, next));
-      run.tokens.push_back(next);
-      if (run.first_divergence < 0 && next != rep.exact_tokens[t]) run.first_divergence = t;
-      fed = next;
-      if (due(t, spec.steps)) compress(compressed, ++round);
-      advance(1);
-    }
-    run.compressions = round + 1;
-    run.mean_cache_entries = mean_cache_entries(compressed);
-
-    // Teacher-forced on the continuation.
-    if (spec.has_continuation) {
-      llama2c::Transformer m = cont_branch;
-      compress(m, 0);
-      round = 0;
-      double nll = 0;
-      for (int pos = N; pos + 1 < static_cast<int>(cont_seq.size()); ++pos) {
-        nll -= log_probability(m.forward(cont_seq[pos], pos), cont_seq[pos + 1]);
-        if (due(pos - N, rep.scored_tokens)) compress(m, ++round);
-        advance(1);
-      }
-      run.perplexity = std::exp(nll / rep.scored_tokens);
-    } else {
-      run.perplexity = std::numeric_limits<double>::quiet_NaN();
-    }
-    for (const std::string& n : notes) run.note += (run.note.empty() ? "" : "; ") + n;
-  };
-
+  const ExactRun exact{rep, tokenizer, N, branch, exact_logits, cont_branch, cont_seq, passes};
   const int threads = spec.threads > 0 ? spec.threads : hardware_threads();
-  parallel_for(static_cast<int>(items.size()), threads, nullptr,
-               [&](int i) { run_one(static_cast<size_t>(i)); });
+  parallel_for(static_cast<int>(items.size()), threads, nullptr, [&](int i) {
+    const size_t index = static_cast<size_t>(i);
+    run_compressed(items[index], exact, rep.runs[index]);
+  });
   return rep;
 }
 

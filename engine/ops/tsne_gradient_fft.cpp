@@ -435,6 +435,17 @@ void store_strip(Grid& g, int r0, int cols, const float* sre, const float* sim) 
   transpose(sim, kLanes, &g.im[g.at(r0, 0)], g.ld, cols, lanes);
 }
 
+// The per-point data of one call, kept across calls for their buffers.
+struct PointsByBoxRow {
+  // The points by box row (order[o] = i), where each box row starts in that order, its box row.
+  std::vector<int> order, row_start, row_fill, box_row;
+  // In that order: position relative to the grid centre, Lagrange weights (p per axis), first
+  // node of the box.
+  std::vector<double> pos;
+  std::vector<float> wx, wy;
+  std::vector<int> gx, gy;
+};
+
 }  // namespace
 
 // The state kept across iterations: the FFT plan and the kernel's spectrum (reused while the
@@ -448,13 +459,7 @@ struct TsneFftRepulsion::State {
   // strips see it: [strip][column][lane].
   std::vector<float> kernel_hat;
   Grid a, b;  // charges 1 + i y_x and y_y + i |y|^2 (relative to the grid centre)
-  // The points by box row (order[o] = i), where each box row starts in that order, its box row.
-  std::vector<int> order, row_start, row_fill, box_row;
-  // In that order: position relative to the grid centre, Lagrange weights (p per axis), first
-  // node of the box.
-  std::vector<double> pos;
-  std::vector<float> wx, wy;
-  std::vector<int> gx, gy;
+  PointsByBoxRow points;
   std::vector<float> nodes;         // N x N x 4: the charges, then the potentials, interleaved
   std::vector<double> rep, z_each;  // the results
 };
@@ -566,13 +571,19 @@ std::vector<std::complex<double>> tsne_fft_circular_convolution(
   return out;
 }
 
-TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
-  State& st = *state_;
-  st.rep.resize(2 * static_cast<size_t>(n));
-  st.z_each.resize(n);
-  double* rep = st.rep.data();
-  double* z_each = st.z_each.data();
-  const int p = params_.nodes_per_box;
+namespace {
+
+// The grid of one call: `boxes` boxes of side h per side, p x p nodes in each (N = boxes * p
+// nodes per side, `spacing` apart), zero-padded to an FFT of side M; centred at (cx, cy), the
+// centre of the embedding's bounding box, with its lower corner at (x0, y0).
+struct GridLayout {
+  int p, M, boxes, N;
+  double h, inv_h, spacing, cx, cy, x0, y0;
+};
+
+GridLayout layout_grid(const TsneFftParams& params, const float* y, int n) {
+  GridLayout g;
+  g.p = params.nodes_per_box;
   const TsneBox bb = tsne_bounding_box(y, n);
   const double extent = std::max({bb.maxx - bb.minx, bb.maxy - bb.miny, 1e-6}) * (1 + 1e-9);
 
@@ -581,52 +592,48 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
   // and 5 that holds N = boxes * p nodes without wrap-around in the circular convolution
   // (M >= 2N - 1), and as many boxes as that M allows (finer boxes at no extra cost).
   const int wanted =
-      std::max(params_.min_boxes, static_cast<int>(std::ceil(extent / params_.max_box)));
-  const int M = fft_friendly_size(2 * wanted * p - 1);
-  const int boxes = (M + 1) / 2 / p;
-  const int N = boxes * p;
-  double h = extent / boxes;
+      std::max(params.min_boxes, static_cast<int>(std::ceil(extent / params.max_box)));
+  g.M = fft_friendly_size(2 * wanted * g.p - 1);
+  g.boxes = (g.M + 1) / 2 / g.p;
+  g.N = g.boxes * g.p;
+  double h = extent / g.boxes;
   h = std::exp2(std::ceil(std::log2(h) * 32) / 32);  // quantised: the spectrum is reused
-  const double spacing = h / p;                      // of the node lattice
-  const double cx = (bb.minx + bb.maxx) / 2, cy = (bb.miny + bb.maxy) / 2;
-  const double x0 = cx - boxes * h / 2, y0 = cy - boxes * h / 2;
+  g.h = h;
+  g.inv_h = 1 / h;
+  g.spacing = h / g.p;  // of the node lattice
+  g.cx = (bb.minx + bb.maxx) / 2, g.cy = (bb.miny + bb.maxy) / 2;
+  g.x0 = g.cx - g.boxes * h / 2, g.y0 = g.cy - g.boxes * h / 2;
+  return g;
+}
 
-  if (st.M != M) {
-    st.fft = std::make_unique<StripFft>(M);
-    st.M = M;
-    st.spacing = 0;
-  }
-  const StripFft& fft = *st.fft;
-  if (st.spacing != spacing || st.N != N) {
-    st.kernel_hat = kernel_spectrum(fft, M, N, spacing);
-    st.spacing = spacing;
-    st.N = N;
-    ++kernel_updates_;
-  }
-
-  // The points in the order of their box's row (a counting sort): every per-point array below
-  // is kept in that order, so that spreading and interpolation sweep the nodes a few rows at a
-  // time and read the points' data sequentially. Boxes share no nodes, so the points of two
-  // disjoint ranges of box rows spread onto disjoint node rows: two threads spread two halves.
-  const double inv_h = 1 / h;
-  st.box_row.resize(n);
-  st.row_start.assign(static_cast<size_t>(boxes) + 1, 0);
+// The points in the order of their box's row (a counting sort): every per-point array of pts
+// is kept in that order, so that spreading and interpolation sweep the nodes a few rows at a
+// time and read the points' data sequentially. Boxes share no nodes, so the points of two
+// disjoint ranges of box rows spread onto disjoint node rows: two threads spread two halves.
+// Returns the box row that splits the points into those halves.
+int sort_by_box_row(const float* y, int n, const GridLayout& g, PointsByBoxRow& pts) {
+  const int boxes = g.boxes;
+  pts.box_row.resize(n);
+  pts.row_start.assign(static_cast<size_t>(boxes) + 1, 0);
   for (int i = 0; i < n; ++i) {
-    const int r = std::clamp(static_cast<int>((y[2 * i] - x0) * inv_h), 0, boxes - 1);
-    st.box_row[i] = r;
-    ++st.row_start[r + 1];
+    const int r = std::clamp(static_cast<int>((y[2 * i] - g.x0) * g.inv_h), 0, boxes - 1);
+    pts.box_row[i] = r;
+    ++pts.row_start[r + 1];
   }
-  for (int r = 0; r < boxes; ++r) st.row_start[r + 1] += st.row_start[r];
-  st.row_fill.assign(st.row_start.begin(), st.row_start.end() - 1);
-  st.order.resize(n);
-  for (int i = 0; i < n; ++i) st.order[st.row_fill[st.box_row[i]]++] = i;
-  const int split_row = std::clamp(
-      static_cast<int>(std::lower_bound(st.row_start.begin(), st.row_start.end(), n / 2) -
-                       st.row_start.begin()),
+  for (int r = 0; r < boxes; ++r) pts.row_start[r + 1] += pts.row_start[r];
+  pts.row_fill.assign(pts.row_start.begin(), pts.row_start.end() - 1);
+  pts.order.resize(n);
+  for (int i = 0; i < n; ++i) pts.order[pts.row_fill[pts.box_row[i]]++] = i;
+  return std::clamp(
+      static_cast<int>(std::lower_bound(pts.row_start.begin(), pts.row_start.end(), n / 2) -
+                       pts.row_start.begin()),
       0, boxes);
+}
 
-  // The position (relative to the grid centre), Lagrange weights along x and y and first node
-  // of the point at every place o of that order.
+// The position (relative to the grid centre), Lagrange weights along x and y and first node
+// of the point at every place o of that order.
+void interpolation_weights(const float* y, int n, const GridLayout& g, PointsByBoxRow& pts) {
+  const int p = g.p;
   double nodes[8], inv_denom[8];
   for (int k = 0; k < p; ++k) nodes[k] = (k + 0.5) / p;
   for (int k = 0; k < p; ++k) {
@@ -635,60 +642,65 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
       if (l != k) denom *= nodes[k] - nodes[l];
     inv_denom[k] = 1 / denom;
   }
-  st.pos.resize(2 * static_cast<size_t>(n));
-  st.wx.resize(static_cast<size_t>(n) * p);
-  st.wy.resize(static_cast<size_t>(n) * p);
-  st.gx.resize(n);
-  st.gy.resize(n);
+  pts.pos.resize(2 * static_cast<size_t>(n));
+  pts.wx.resize(static_cast<size_t>(n) * p);
+  pts.wy.resize(static_cast<size_t>(n) * p);
+  pts.gx.resize(n);
+  pts.gy.resize(n);
   parallel_chunks(n, 4096, [&](int b, int e) {
     for (int o = b; o < e; ++o) {
-      const int i = st.order[o];
-      st.pos[2 * o] = y[2 * i] - cx;
-      st.pos[2 * o + 1] = y[2 * i + 1] - cy;
+      const int i = pts.order[o];
+      pts.pos[2 * o] = y[2 * i] - g.cx;
+      pts.pos[2 * o + 1] = y[2 * i + 1] - g.cy;
       for (int axis = 0; axis < 2; ++axis) {
-        const double u = (y[2 * i + axis] - (axis ? y0 : x0)) * inv_h;
-        const int box = axis ? std::clamp(static_cast<int>(u), 0, boxes - 1) : st.box_row[i];
+        const double u = (y[2 * i + axis] - (axis ? g.y0 : g.x0)) * g.inv_h;
+        const int box = axis ? std::clamp(static_cast<int>(u), 0, g.boxes - 1) : pts.box_row[i];
         const double t = u - box;
-        float* w = (axis ? st.wy.data() : st.wx.data()) + static_cast<size_t>(o) * p;
+        float* w = (axis ? pts.wy.data() : pts.wx.data()) + static_cast<size_t>(o) * p;
         if (p == 3)  // FIt-SNE's default, unrolled
           lagrange_weights<3>(t, nodes, inv_denom, w);
         else
           lagrange_weights(p, t, nodes, inv_denom, w);
-        (axis ? st.gy : st.gx)[o] = box * p;
+        (axis ? pts.gy : pts.gx)[o] = box * p;
       }
     }
   });
+}
 
-  // The four charges of every node (1, y_x, y_y, |y|^2, relative to the grid centre),
-  // interleaved: one 16-byte update per node and point.
-  const size_t node_floats = static_cast<size_t>(N) * N * 4;
-  st.nodes.resize(node_floats);
-  float* q = st.nodes.data();
+// The four charges of every node (1, y_x, y_y, |y|^2, relative to the grid centre),
+// interleaved in q (N x N x 4): one 16-byte update per node and point. Two threads, on the box
+// rows below and from split_row.
+void spread_charges(const PointsByBoxRow& pts, const GridLayout& g, int split_row, float* q) {
+  const int p = g.p, N = g.N;
   parallel_chunks(2, 1, [&](int hb, int he) {
     for (int half = hb; half < he; ++half) {
-      const int r0 = half ? split_row : 0, r1 = half ? boxes : split_row;
+      const int r0 = half ? split_row : 0, r1 = half ? g.boxes : split_row;
       std::fill(q + static_cast<size_t>(r0) * p * N * 4, q + static_cast<size_t>(r1) * p * N * 4,
                 0.f);
-      for (int o = st.row_start[r0]; o < st.row_start[r1]; ++o) {
-        const float px = static_cast<float>(st.pos[2 * o]),
-                    py = static_cast<float>(st.pos[2 * o + 1]);
+      for (int o = pts.row_start[r0]; o < pts.row_start[r1]; ++o) {
+        const float px = static_cast<float>(pts.pos[2 * o]),
+                    py = static_cast<float>(pts.pos[2 * o + 1]);
         const Vec4 charge = {1.f, px, py, px * px + py * py};
-        const float* ux = &st.wx[static_cast<size_t>(o) * p];
-        const float* uy = &st.wy[static_cast<size_t>(o) * p];
+        const float* ux = &pts.wx[static_cast<size_t>(o) * p];
+        const float* uy = &pts.wy[static_cast<size_t>(o) * p];
         for (int kx = 0; kx < p; ++kx) {
-          float* node = q + (static_cast<size_t>(st.gx[o] + kx) * N + st.gy[o]) * 4;
+          float* node = q + (static_cast<size_t>(pts.gx[o] + kx) * N + pts.gy[o]) * 4;
           for (int ky = 0; ky < p; ++ky)
             store_vec4(node + 4 * ky, load_vec4(node + 4 * ky) + (ux[kx] * uy[ky]) * charge);
         }
       }
     }
   });
+}
 
-  // The two grids are independent: one thread each takes its two charges as one complex grid
-  // (rows [N, M) need no zeros: the pruned transforms do not read them) and convolves.
+// The two grids are independent: one thread each takes its two charges of q as one complex
+// grid (a: 1 + i y_x, b: y_y + i |y|^2; rows [N, M) need no zeros: the pruned transforms do not
+// read them) and convolves it with the kernel.
+void convolve_charges(const StripFft& fft, const std::vector<float>& kernel_hat, const float* q,
+                      int M, int N, Grid& a, Grid& b) {
   parallel_chunks(2, 1, [&](int gb, int ge) {
     for (int which = gb; which < ge; ++which) {
-      Grid& g = which == 0 ? st.a : st.b;
+      Grid& g = which == 0 ? a : b;
       if (g.rows != M) g.reset(M, N);
       for (int r = 0; r < N; ++r) {
         float* gr = &g.re[g.at(r, 0)];
@@ -698,45 +710,86 @@ TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
         std::fill(gr + N, gr + g.ld, 0.f);  // the lanes of the last column strip
         std::fill(gi + N, gi + g.ld, 0.f);
       }
-      convolve(fft, st.kernel_hat, g, M, N);
+      convolve(fft, kernel_hat, g, M, N);
     }
   });
+}
 
-  // The four potentials of every node, interleaved in place of the charges.
+// The four potentials of every node, interleaved in q in place of the charges.
+void interleave_potentials(const Grid& a, const Grid& b, int N, float* q) {
   parallel_chunks(N, 64, [&](int rb, int re) {
     for (int r = rb; r < re; ++r) {
-      const float* ar = &st.a.re[st.a.at(r, 0)];
-      const float* ai = &st.a.im[st.a.at(r, 0)];
-      const float* br = &st.b.re[st.b.at(r, 0)];
-      const float* bi = &st.b.im[st.b.at(r, 0)];
+      const float* ar = &a.re[a.at(r, 0)];
+      const float* ai = &a.im[a.at(r, 0)];
+      const float* br = &b.re[b.at(r, 0)];
+      const float* bi = &b.im[b.at(r, 0)];
       float* qr = q + static_cast<size_t>(r) * N * 4;
       for (int c = 0; c < N; ++c)
         qr[4 * c] = ar[c], qr[4 * c + 1] = ai[c], qr[4 * c + 2] = br[c], qr[4 * c + 3] = bi[c];
     }
   });
+}
 
-  // Interpolate the potentials back to the points (in box-row order); forces and Z_i from them.
+// Interpolate the potentials of q back to the points (in box-row order); forces and Z_i from
+// them.
+void interpolate_to_points(const PointsByBoxRow& pts, const GridLayout& g, const float* q, int n,
+                           double* rep, double* z_each) {
+  const int p = g.p, N = g.N;
   parallel_chunks(n, 4096, [&](int b, int e) {
     for (int o = b; o < e; ++o) {
-      const float* ux = &st.wx[static_cast<size_t>(o) * p];
-      const float* uy = &st.wy[static_cast<size_t>(o) * p];
+      const float* ux = &pts.wx[static_cast<size_t>(o) * p];
+      const float* uy = &pts.wy[static_cast<size_t>(o) * p];
       Vec4d phi = {0, 0, 0, 0};
       for (int kx = 0; kx < p; ++kx) {
-        const float* node = q + (static_cast<size_t>(st.gx[o] + kx) * N + st.gy[o]) * 4;
+        const float* node = q + (static_cast<size_t>(pts.gx[o] + kx) * N + pts.gy[o]) * 4;
         for (int ky = 0; ky < p; ++ky)
           phi +=
               (double(ux[kx]) * uy[ky]) * __builtin_convertvector(load_vec4(node + 4 * ky), Vec4d);
       }
-      const int i = st.order[o];
-      const double px = st.pos[2 * o], py = st.pos[2 * o + 1];
+      const int i = pts.order[o];
+      const double px = pts.pos[2 * o], py = pts.pos[2 * o + 1];
       rep[2 * i] = px * phi[0] - phi[1];
       rep[2 * i + 1] = py * phi[0] - phi[2];
       // The j = i term adds exactly 1 (w_ii = 1): taken out.
       z_each[i] = (1 + px * px + py * py) * phi[0] - 2 * (px * phi[1] + py * phi[2]) + phi[3] - 1;
     }
   });
+}
+
+}  // namespace
+
+TsneFftRepulsion::Sums TsneFftRepulsion::compute(const float* y, int n) {
+  State& st = *state_;
+  st.rep.resize(2 * static_cast<size_t>(n));
+  st.z_each.resize(n);
+  double* rep = st.rep.data();
+  double* z_each = st.z_each.data();
+  const GridLayout g = layout_grid(params_, y, n);
+  const int M = g.M, N = g.N;
+
+  if (st.M != M) {
+    st.fft = std::make_unique<StripFft>(M);
+    st.M = M;
+    st.spacing = 0;
+  }
+  const StripFft& fft = *st.fft;
+  if (st.spacing != g.spacing || st.N != N) {
+    st.kernel_hat = kernel_spectrum(fft, M, N, g.spacing);
+    st.spacing = g.spacing;
+    st.N = N;
+    ++kernel_updates_;
+  }
+
+  const int split_row = sort_by_box_row(y, n, g, st.points);
+  interpolation_weights(y, n, g, st.points);
+  st.nodes.resize(static_cast<size_t>(N) * N * 4);
+  float* q = st.nodes.data();
+  spread_charges(st.points, g, split_row, q);
+  convolve_charges(fft, st.kernel_hat, q, M, N, st.a, st.b);
+  interleave_potentials(st.a, st.b, N, q);
+  interpolate_to_points(st.points, g, q, n, rep, z_each);
   last_fft_side_ = M;
-  last_box_ = h;
+  last_box_ = g.h;
   return {rep, z_each};
 }
 

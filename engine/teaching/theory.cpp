@@ -401,18 +401,8 @@ std::vector<int> scope_list(const std::vector<int>& wanted, int count, const cha
   return wanted;
 }
 
-}  // namespace
-
-TheoryResult run_theory(CaptureFile& capture, const TheorySpec& spec,
-                        const TheoryProgress& progress, const std::atomic<bool>* cancel) {
-  TheoryResult r;
-  r.info = capture.info();
-  r.capture_path = r.info.path;
-  r.spec = spec;
-  if (r.spec.walks.empty()) r.spec.walks = default_disc_walks();
-  const CaptureInfo& info = r.info;
-  const std::vector<int> layers = scope_list(spec.layers, info.num_layers, "layer");
-  const std::vector<int> heads = scope_list(spec.heads, info.kv_heads, "kv head");
+// The settings checked before any work; returns the methods, found by name.
+std::vector<const Method*> check_settings(const TheorySpec& spec) {
   if (spec.seeds < 1 || spec.seeds > 1000)
     throw SettingError("seeds", "--seeds", "must be in [1, 1000]");
   if (spec.disc_seeds < 1 || spec.disc_seeds > 1000)
@@ -429,20 +419,270 @@ TheoryResult run_theory(CaptureFile& capture, const TheorySpec& spec,
     validate_method_params(*meth, m.params);
     methods.push_back(meth);
   }
+  return methods;
+}
+
+// "layer L kv head h" for one head, "all N heads" for the whole capture, "N heads" for a choice
+// of layers.
+std::string describe_scope(const TheorySpec& spec, int num_layers, const std::vector<int>& layers,
+                           const std::vector<int>& heads, int num_heads) {
+  std::string scope =
+      num_heads == 1 ? "layer " + std::to_string(layers[0]) + " kv head " + std::to_string(heads[0])
+                     : "all " + std::to_string(num_heads) + " heads";
+  if (!spec.layers.empty() && num_heads > 1 && layers.size() < static_cast<size_t>(num_layers))
+    scope = std::to_string(num_heads) + " heads";
+  return scope;
+}
+
+// Sizes 2^k from min_n up to the largest power of two within the middle and max_n.
+std::vector<int> discrepancy_sizes(const TheorySpec& spec, int n_mid) {
+  std::vector<int> sizes;
+  int top = 1;
+  while (top * 2 <= std::min(spec.max_n, n_mid)) top *= 2;
+  for (int n = std::max(2, spec.min_n); n <= top; n *= 2) sizes.push_back(n);
+  return sizes;
+}
+
+// One ErrorScaling per method, with its three curves (relative, frobenius, operator) and an
+// empty list of samples per ratio.
+std::vector<ErrorScaling> empty_error_scalings(const TheorySpec& spec, size_t num_methods) {
+  const size_t P = spec.ratios.size();
+  std::vector<ErrorScaling> errors;
+  for (size_t m = 0; m < num_methods; ++m) {
+    ErrorScaling e;
+    e.method = spec.methods[m].name;
+    e.label = label_of(spec.methods[m]);
+    e.ratios = spec.ratios;
+    e.budgets.assign(P, 0);
+    e.kept.assign(P, 0);
+    for (const char* measure : {"relative", "frobenius", "operator"}) {
+      ScalingCurve c;
+      c.instance = e.method;
+      c.measure = measure;
+      c.samples.resize(P);
+      e.curves.push_back(std::move(c));
+    }
+    errors.push_back(std::move(e));
+  }
+  return errors;
+}
+
+// Progress over work items (per head: one per walk, one per method and ratio); throws Cancelled
+// once `cancel` is set.
+class TheoryTicker {
+ public:
+  TheoryTicker(int total, const TheoryProgress& progress, const std::atomic<bool>* cancel)
+      : total_(total), progress_(progress), cancel_(cancel) {}
+
+  void tick() {
+    ++done_;
+    if (progress_) progress_(done_, total_);
+    if (cancel_ && cancel_->load()) throw Cancelled();
+  }
+  // Items of a head that is not measured.
+  void skip(int items) { done_ += items; }
+
+ private:
+  const int total_;
+  const TheoryProgress& progress_;
+  const std::atomic<bool>* cancel_;
+  int done_ = 0;
+};
+
+// What the heads add up before the curves are finished.
+struct TheoryTotals {
+  TheoryTotals(size_t walks, size_t methods, int ratios)
+      : sat(walks, {0, 0}),
+        walked(walks, {0, 0}),
+        kept_sum(methods, std::vector<long>(static_cast<size_t>(ratios), 0)),
+        kept_cnt(methods, std::vector<int>(static_cast<size_t>(ratios), 0)),
+        method_errors(methods) {}
+
+  // Per walk, [0] denominator and [1] numerator: the saturated steps and the steps walked.
+  std::vector<std::array<long, 2>> sat, walked;
+  // Per method and ratio: middle tokens kept, summed over the runs, and the runs.
+  std::vector<std::vector<long>> kept_sum;
+  std::vector<std::vector<int>> kept_cnt;
+  std::vector<std::string> method_errors;  // per method: the first error a run threw
+};
+
+// What every head's measurement reads and adds to.
+struct TheoryWork {
+  const TheorySpec& spec;
+  const std::vector<const Method*>& methods;
+  const EvalWindow& w0;  // the first head's window at the first ratio
+  bool disc;             // discrepancy curves wanted, and the middle long enough for them
+  TheoryResult& r;
+  TheoryTotals totals;
+  TheoryTicker ticker;
+  const std::atomic<bool>* cancel;
+  bool proxy = false;  // the keys stood in for missing queries
+};
+
+// Evaluation queries, evenly spaced over the window and the group.
+std::vector<std::vector<float>> evaluation_queries(const std::vector<const MatrixF*>& group, int n,
+                                                   int eval, int max_queries) {
+  std::vector<std::vector<float>> qs;
+  const int total_q = static_cast<int>(group.size()) * eval;
+  const int take = std::min(max_queries, total_q);
+  for (int t = 0; t < take; ++t) {
+    const int idx = static_cast<int>(static_cast<long long>(t) * total_q / take);
+    const MatrixF& Qm = *group[static_cast<size_t>(idx / eval)];
+    const int row = n - eval + idx % eval;
+    qs.emplace_back(Qm.row(row).data(), Qm.row(row).data() + Qm.cols());
+  }
+  return qs;
+}
+
+// One head's discrepancy under every walk, over the middle's first sizes.back() tokens.
+void head_discrepancy(TheoryWork& work, const MatrixF& keys, const MatrixF& values,
+                      const std::vector<const MatrixF*>& group, int n, int L, int h) {
+  const TheorySpec& spec = work.spec;
+  TheoryResult& r = work.r;
+  const std::vector<std::vector<float>> qs =
+      evaluation_queries(group, n, work.w0.eval, spec.max_queries);
+  const MatrixF mk = keys.middleRows(work.w0.mid_begin, r.sizes.back());
+  const MatrixF mv = values.middleRows(work.w0.mid_begin, r.sizes.back());
+  for (size_t wi = 0; wi < r.discrepancy.size(); ++wi) {
+    measure_discrepancy(mk, mv, qs, r.sizes, spec.sizes, spec.disc_seeds, spec.base_seed,
+                        static_cast<uint32_t>(L), static_cast<uint32_t>(h), r.discrepancy[wi],
+                        work.totals.sat[wi].data(), work.totals.walked[wi].data());
+    work.ticker.tick();
+  }
+}
+
+// Adds one run's errors, each averaged over the group's evaluation queries, as a sample of the
+// relative, Frobenius and operator curves at ratio p; the operator measure rescales the
+// Frobenius-normalised error by each prefix's ||V||_F / ||V||_2.
+void add_error_samples(const HeadRun& run, const std::vector<double>& op,
+                       const std::vector<double>& fro, ErrorScaling& e, size_t p) {
+  double rel = 0, fr = 0, opn = 0;
+  int cnt = 0;
+  for (const auto& qh : run.per_query_head)
+    for (size_t qi = 0; qi < qh.size(); ++qi) {
+      rel += qh[qi].relative;
+      fr += qh[qi].normalized;
+      opn += op[qi] > 0 ? qh[qi].normalized * fro[qi] / op[qi] : 0;
+      ++cnt;
+    }
+  if (cnt == 0) return;
+  e.curves[0].samples[p].push_back(rel / cnt);
+  e.curves[1].samples[p].push_back(fr / cnt);
+  e.curves[2].samples[p].push_back(opn / cnt);
+}
+
+// Method m at ratio p on one head, once per seed. A run that throws (other than by a cancel)
+// ends the method's seeds there; its first error becomes the method's note.
+void errors_over_seeds(TheoryWork& work, const LayerData& layer, int h, size_t m, int p,
+                       const std::vector<double>& op, const std::vector<double>& fro) {
+  const TheorySpec& spec = work.spec;
+  const size_t ps = static_cast<size_t>(p);
+  MethodSettings ms;
+  ms.method = work.methods[m];
+  ms.keep_ratio = spec.ratios[ps];
+  ms.params = spec.methods[m].params;
+  ms.sink = spec.sink;
+  ms.eval = spec.eval;
+  ms.estimator = spec.estimator;
+  ErrorScaling& e = work.r.errors[m];
+  for (int s = 0; s < spec.seeds; ++s) {
+    HeadRun run;
+    try {
+      run = run_head(layer, work.r.info.num_layers, h, ms,
+                     spec.base_seed + static_cast<uint64_t>(s), false, nullptr, work.cancel);
+    } catch (const Cancelled&) {
+      throw;
+    } catch (const std::exception& ex) {
+      if (work.totals.method_errors[m].empty()) work.totals.method_errors[m] = ex.what();
+      break;
+    }
+    e.budgets[ps] = run.window.budget;
+    work.totals.kept_sum[m][ps] += static_cast<long>(run.selection.indices.size());
+    ++work.totals.kept_cnt[m][ps];
+    add_error_samples(run, op, fro, e, ps);
+  }
+}
+
+// One head's error against the budget: every method at every ratio, over the seeds.
+void head_errors(TheoryWork& work, const LayerData& layer, const MatrixF& values, int n, int h) {
+  const TheorySpec& spec = work.spec;
+  const EvalWindow we = EvalWindow::make(n, spec.ratios[0], spec.sink, spec.eval);
+  const std::vector<double> op = prefix_operator_norms(values, n - we.eval, n - 1);
+  const std::vector<double> fro = prefix_frobenius_norms(values, n - we.eval, n - 1);
+  const int P = static_cast<int>(spec.ratios.size());
+  for (size_t m = 0; m < work.methods.size(); ++m) {
+    for (int p = 0; p < P; ++p) {
+      errors_over_seeds(work, layer, h, m, p, op, fro);
+      work.ticker.tick();
+    }
+  }
+}
+
+// One kv head of layer L: the discrepancy curves' samples, then the error curves'.
+void measure_head(TheoryWork& work, const LayerData& layer, int L, int h) {
+  const MatrixF& keys = layer.keys[static_cast<size_t>(h)];
+  const MatrixF& values = layer.values[static_cast<size_t>(h)];
+  std::vector<const MatrixF*> group = layer.group_queries(h);
+  if (group.empty()) {
+    group.push_back(&keys);
+    work.proxy = true;
+  }
+  const int n = static_cast<int>(keys.rows());
+  if (work.disc) head_discrepancy(work, keys, values, group, n, L, h);
+  if (work.spec.want_error && !work.methods.empty()) head_errors(work, layer, values, n, h);
+}
+
+// The walks' saturation shares, and each discrepancy curve's mean, spread and fit.
+void finish_discrepancy(TheoryResult& r, const TheoryTotals& totals) {
+  for (size_t wi = 0; wi < r.discrepancy.size(); ++wi) {
+    DiscRun& d = r.discrepancy[wi];
+    const std::array<long, 2>& sat = totals.sat[wi];
+    const std::array<long, 2>& walked = totals.walked[wi];
+    d.saturation_denominator = walked[0] > 0 ? double(sat[0]) / walked[0] : 0;
+    d.saturation_numerator = walked[1] > 0 ? double(sat[1]) / walked[1] : 0;
+    for (ScalingCurve& c : d.curves) finish_curve(c, 8);
+  }
+}
+
+// The mean middle tokens kept, each error curve against the budgets m, and the methods' errors.
+void finish_errors(TheoryResult& r, const TheoryTotals& totals) {
+  const int P = static_cast<int>(r.spec.ratios.size());
+  for (size_t m = 0; m < r.errors.size(); ++m) {
+    ErrorScaling& e = r.errors[m];
+    for (int p = 0; p < P; ++p) {
+      const size_t ps = static_cast<size_t>(p);
+      e.kept[ps] =
+          totals.kept_cnt[m][ps] > 0 ? double(totals.kept_sum[m][ps]) / totals.kept_cnt[m][ps] : 0;
+    }
+    for (ScalingCurve& c : e.curves) {
+      c.x.clear();
+      for (int b : e.budgets) c.x.push_back(b);
+      finish_curve(c);
+    }
+    if (!totals.method_errors[m].empty()) e.note = totals.method_errors[m];
+  }
+}
+
+}  // namespace
+
+TheoryResult run_theory(CaptureFile& capture, const TheorySpec& spec,
+                        const TheoryProgress& progress, const std::atomic<bool>* cancel) {
+  TheoryResult r;
+  r.info = capture.info();
+  r.capture_path = r.info.path;
+  r.spec = spec;
+  if (r.spec.walks.empty()) r.spec.walks = default_disc_walks();
+  const CaptureInfo& info = r.info;
+  const std::vector<int> layers = scope_list(spec.layers, info.num_layers, "layer");
+  const std::vector<int> heads = scope_list(spec.heads, info.kv_heads, "kv head");
+  const std::vector<const Method*> methods = check_settings(spec);
   r.heads = static_cast<int>(layers.size() * heads.size());
-  r.scope = r.heads == 1
-                ? "layer " + std::to_string(layers[0]) + " kv head " + std::to_string(heads[0])
-                : "all " + std::to_string(r.heads) + " heads";
-  if (!spec.layers.empty() && r.heads > 1 && layers.size() < static_cast<size_t>(info.num_layers))
-    r.scope = std::to_string(r.heads) + " heads";
+  r.scope = describe_scope(spec, info.num_layers, layers, heads, r.heads);
 
   const EvalWindow w0 = EvalWindow::make(
       info.num_tokens, spec.ratios.empty() ? 0.5 : spec.ratios[0], spec.sink, spec.eval);
   r.window = w0.describe();
-  // Sizes 2^k from min_n up to the largest power of two within the middle and max_n.
-  int top = 1;
-  while (top * 2 <= std::min(spec.max_n, w0.n_mid)) top *= 2;
-  for (int n = std::max(2, spec.min_n); n <= top; n *= 2) r.sizes.push_back(n);
+  r.sizes = discrepancy_sizes(spec, w0.n_mid);
   const bool disc = spec.want_discrepancy && r.sizes.size() >= 2;
   if (spec.want_discrepancy && !disc)
     r.notes.push_back("the middle (" + std::to_string(w0.n_mid) +
@@ -452,44 +692,19 @@ TheoryResult run_theory(CaptureFile& capture, const TheorySpec& spec,
   const int per_head_err =
       spec.want_error ? static_cast<int>(methods.size() * spec.ratios.size()) : 0;
   const int total = r.heads * (per_head_disc + per_head_err);
-  int done = 0;
-  auto tick = [&] {
-    ++done;
-    if (progress) progress(done, total);
-    if (cancel && cancel->load()) throw Cancelled();
-  };
-
   if (disc)
     for (const DiscWalk& w : r.spec.walks) r.discrepancy.push_back(DiscRun{w, 0, 0, {}});
-  std::vector<std::array<long, 2>> sat(r.discrepancy.size(), {0, 0}),
-      walked(r.discrepancy.size(), {0, 0});
-
+  if (spec.want_error) r.errors = empty_error_scalings(spec, methods.size());
   const int P = static_cast<int>(spec.ratios.size());
-  if (spec.want_error)
-    for (size_t m = 0; m < methods.size(); ++m) {
-      ErrorScaling e;
-      e.method = spec.methods[m].name;
-      e.label = label_of(spec.methods[m]);
-      e.ratios = spec.ratios;
-      e.budgets.assign(static_cast<size_t>(P), 0);
-      e.kept.assign(static_cast<size_t>(P), 0);
-      for (const char* measure : {"relative", "frobenius", "operator"}) {
-        ScalingCurve c;
-        c.instance = e.method;
-        c.measure = measure;
-        c.samples.resize(static_cast<size_t>(P));
-        e.curves.push_back(std::move(c));
-      }
-      r.errors.push_back(std::move(e));
-    }
-  std::vector<std::vector<long>> kept_sum(r.errors.size(),
-                                          std::vector<long>(static_cast<size_t>(P), 0));
-  std::vector<std::vector<int>> kept_cnt(r.errors.size(),
-                                         std::vector<int>(static_cast<size_t>(P), 0));
-  std::vector<int> refused_heads;
-  std::vector<std::string> method_errors(r.errors.size());
+  TheoryWork work{spec,
+                  methods,
+                  w0,
+                  disc,
+                  r,
+                  TheoryTotals(r.discrepancy.size(), r.errors.size(), P),
+                  TheoryTicker(total, progress, cancel),
+                  cancel};
 
-  bool proxy = false;
   for (int L : layers) {
     if (cancel && cancel->load()) throw Cancelled();
     const std::shared_ptr<const LayerData> layer = capture.layer(L);
@@ -497,106 +712,15 @@ TheoryResult run_theory(CaptureFile& capture, const TheorySpec& spec,
       if (!layer->refused[static_cast<size_t>(h)].empty()) {
         r.notes.push_back("layer " + std::to_string(L) + " kv head " + std::to_string(h) +
                           " refused: " + layer->refused[static_cast<size_t>(h)]);
-        done += per_head_disc + per_head_err;
+        work.ticker.skip(per_head_disc + per_head_err);
         continue;
       }
-      const MatrixF& keys = layer->keys[static_cast<size_t>(h)];
-      const MatrixF& values = layer->values[static_cast<size_t>(h)];
-      std::vector<const MatrixF*> group = layer->group_queries(h);
-      if (group.empty()) {
-        group.push_back(&keys);
-        proxy = true;
-      }
-      const int n = static_cast<int>(keys.rows());
-      if (disc) {
-        // Evaluation queries, evenly spaced over the window and the group.
-        std::vector<std::vector<float>> qs;
-        const int total_q = static_cast<int>(group.size()) * w0.eval;
-        const int take = std::min(spec.max_queries, total_q);
-        for (int t = 0; t < take; ++t) {
-          const int idx = static_cast<int>(static_cast<long long>(t) * total_q / take);
-          const MatrixF& Qm = *group[static_cast<size_t>(idx / w0.eval)];
-          const int row = n - w0.eval + idx % w0.eval;
-          qs.emplace_back(Qm.row(row).data(), Qm.row(row).data() + Qm.cols());
-        }
-        const MatrixF mk = keys.middleRows(w0.mid_begin, r.sizes.back());
-        const MatrixF mv = values.middleRows(w0.mid_begin, r.sizes.back());
-        for (size_t wi = 0; wi < r.discrepancy.size(); ++wi) {
-          measure_discrepancy(mk, mv, qs, r.sizes, spec.sizes, spec.disc_seeds, spec.base_seed,
-                              static_cast<uint32_t>(L), static_cast<uint32_t>(h), r.discrepancy[wi],
-                              sat[wi].data(), walked[wi].data());
-          tick();
-        }
-      }
-      if (spec.want_error && !methods.empty()) {
-        const EvalWindow we = EvalWindow::make(n, spec.ratios[0], spec.sink, spec.eval);
-        const std::vector<double> op = prefix_operator_norms(values, n - we.eval, n - 1);
-        const std::vector<double> fro = prefix_frobenius_norms(values, n - we.eval, n - 1);
-        for (size_t m = 0; m < methods.size(); ++m) {
-          for (int p = 0; p < P; ++p) {
-            MethodSettings ms;
-            ms.method = methods[m];
-            ms.keep_ratio = spec.ratios[static_cast<size_t>(p)];
-            ms.params = spec.methods[m].params;
-            ms.sink = spec.sink;
-            ms.eval = spec.eval;
-            ms.estimator = spec.estimator;
-            ErrorScaling& e = r.errors[m];
-            for (int s = 0; s < spec.seeds; ++s) {
-              HeadRun run;
-              try {
-                run = run_head(*layer, info.num_layers, h, ms,
-                               spec.base_seed + static_cast<uint64_t>(s), false, nullptr, cancel);
-              } catch (const Cancelled&) {
-                throw;
-              } catch (const std::exception& ex) {
-                if (method_errors[m].empty()) method_errors[m] = ex.what();
-                break;
-              }
-              e.budgets[static_cast<size_t>(p)] = run.window.budget;
-              kept_sum[m][static_cast<size_t>(p)] +=
-                  static_cast<long>(run.selection.indices.size());
-              ++kept_cnt[m][static_cast<size_t>(p)];
-              double rel = 0, fr = 0, opn = 0;
-              int cnt = 0;
-              for (const auto& qh : run.per_query_head)
-                for (size_t qi = 0; qi < qh.size(); ++qi) {
-                  rel += qh[qi].relative;
-                  fr += qh[qi].normalized;
-                  opn += op[qi] > 0 ? qh[qi].normalized * fro[qi] / op[qi] : 0;
-                  ++cnt;
-                }
-              if (cnt == 0) continue;
-              e.curves[0].samples[static_cast<size_t>(p)].push_back(rel / cnt);
-              e.curves[1].samples[static_cast<size_t>(p)].push_back(fr / cnt);
-              e.curves[2].samples[static_cast<size_t>(p)].push_back(opn / cnt);
-            }
-            tick();
-          }
-        }
-      }
+      measure_head(work, *layer, L, h);
     }
   }
-  if (proxy) r.notes.push_back("the capture has no queries: the keys stand in for them");
-  for (size_t wi = 0; wi < r.discrepancy.size(); ++wi) {
-    DiscRun& d = r.discrepancy[wi];
-    d.saturation_denominator = walked[wi][0] > 0 ? double(sat[wi][0]) / walked[wi][0] : 0;
-    d.saturation_numerator = walked[wi][1] > 0 ? double(sat[wi][1]) / walked[wi][1] : 0;
-    for (ScalingCurve& c : d.curves) finish_curve(c, 8);
-  }
-  for (size_t m = 0; m < r.errors.size(); ++m) {
-    ErrorScaling& e = r.errors[m];
-    for (int p = 0; p < P; ++p) {
-      const size_t ps = static_cast<size_t>(p);
-      e.kept[ps] = kept_cnt[m][ps] > 0 ? double(kept_sum[m][ps]) / kept_cnt[m][ps] : 0;
-    }
-    for (ScalingCurve& c : e.curves) {
-      c.x.clear();
-      for (int b : e.budgets) c.x.push_back(b);
-      finish_curve(c);
-    }
-    if (!method_errors[m].empty()) e.note = method_errors[m];
-  }
+  if (work.proxy) r.notes.push_back("the capture has no queries: the keys stand in for them");
+  finish_discrepancy(r, work.totals);
+  finish_errors(r, work.totals);
   return r;
 }
 

@@ -204,7 +204,7 @@ class NumbersOracle : public RealWindow {
   std::map<std::string, json> cache_;
   int evals_ = 0;
   long numbers_compared_ = 0, numbers_differing_ = 0;
-  double settle_s_ = kWaitS;  // quiet()'s limit
+  double settle_s_ = kComputeWaitS;  // quiet()'s limit: the app computes until it settles
 };
 
 }  // namespace kvscope_gui_test

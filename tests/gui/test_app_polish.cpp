@@ -643,6 +643,50 @@ TEST(WalkAdvice, TheOfferedRemedyLowersTheErrorComputedBeforeItIsOffered) {
   ImGui::DestroyContext();
 }
 
+// A set asked for that cannot be opened leaves the set open as it was and says which file is
+// wrong and why (a typo in the Set view's field replaced the open set with an error).
+TEST(SetOpen, ABadSetAskedForKeepsTheOpenOneAndNamesTheFile) {
+  [[maybe_unused]] SoftTexture font = soft_init(1600, 1000);
+  {
+    AppState s;
+    AppUi ui(s);
+    const std::string good = std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_set.jsonl";
+    const fs::path bad = fs::temp_directory_path() / "kvscope_bad_set_manifest.jsonl";
+    std::ofstream(bad) << "{\"path\": \"no_such_capture.safetensors\"}\n";
+    auto settle = [&](auto done) {
+      for (int i = 0; i < 20000 && !done(); ++i) {
+        frame(s, ui);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      return done();
+    };
+    s.request_open(good);
+    ASSERT_TRUE(settle([&] { return s.set_path == good && s.result(kSetOpen).fresh(); }))
+        << s.set_error;
+    s.request_open(bad.string());
+    ASSERT_TRUE(settle([&] { return s.set_request.empty() && s.result(kSetOpen).fresh(); }));
+    EXPECT_EQ(s.set_path, good);
+    EXPECT_NE(s.set_error.find(bad.string()), std::string::npos) << s.set_error;
+    EXPECT_NE(s.set_error.find("no_such_capture.safetensors"), std::string::npos) << s.set_error;
+    const auto* set = s.result(kSetOpen).get<CaptureSet>();
+    ASSERT_NE(set, nullptr);
+    EXPECT_EQ(set->entries.size(), 2u);
+    // With no set open, a bad one opens nothing and says why.
+    AppState fresh_state;
+    AppUi fresh_ui(fresh_state);
+    fresh_state.request_open(bad.string());
+    for (int i = 0; i < 20000 && !fresh_state.set_request.empty(); ++i) {
+      frame(fresh_state, fresh_ui);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_EQ(fresh_state.set_path, "");
+    EXPECT_NE(fresh_state.set_error.find("no_such_capture.safetensors"), std::string::npos)
+        << fresh_state.set_error;
+    fs::remove(bad);
+  }
+  ImGui::DestroyContext();
+}
+
 // The Error view's tuning grid on a capture set's tuning prompts (scope 3): each cell is the mean
 // over the tuning prompts of run_grid2's whole-capture figure, and the held-out prompts' figures of
 // the best and the default cell are reported beside it.

@@ -47,7 +47,7 @@ class AutosaveWindow : public RealWindow {
 TEST_F(AutosaveWindow, KilledAppOffersItsSessionAndRestoreBringsItBack) {
   step("1: the sample opens");
   json st =
-      wait_for([](const json& s) { return fresh(s, "focus.A"); }, kWaitS, "the first focused run");
+      wait_for([](const json& s) { return fresh(s, "focus.A"); }, kComputeWaitS, "the first focused run");
   EXPECT_FALSE(st["restore_prompt"]["open"].get<bool>()) << "a prompt without an autosave";
 
   step("2: real input: Method tab, keep ratio dragged, method B switched to snapkv");
@@ -127,7 +127,7 @@ TEST_F(AutosaveWindow, KilledAppOffersItsSessionAndRestoreBringsItBack) {
   EXPECT_EQ(saved["method_b"], "snapkv");
   fs::remove(dir_ / "state.json");
   restart();
-  st = wait_for([](const json& s) { return fresh(s, "focus.A"); }, kWaitS,
+  st = wait_for([](const json& s) { return fresh(s, "focus.A"); }, kComputeWaitS,
                 "the first focused run after a clean exit");
   EXPECT_FALSE(st["restore_prompt"]["open"].get<bool>()) << "offered after a clean exit";
   EXPECT_EQ(st["session"]["method_b"], "uniform");

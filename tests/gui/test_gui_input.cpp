@@ -23,7 +23,7 @@ namespace {
 
 TEST_F(RealWindow, IssueTwelveFlow) {
   step("1: the sample opens; the focused run of method A and the grid arrive");
-  json st = wait_for([](const json& s) { return fresh(s, "focus.A") && fresh(s, "grid"); }, kWaitS,
+  json st = wait_for([](const json& s) { return fresh(s, "focus.A") && fresh(s, "grid"); }, kComputeWaitS,
                      "the first focused run and grid");
   EXPECT_EQ(st["session"]["method_a"], "balancekv");
 
@@ -70,7 +70,7 @@ TEST_F(RealWindow, IssueTwelveFlow) {
         return r.is_object() && (r["fresh"].get<bool>() || r["running"].get<bool>() ||
                                  r["held_for_run"].get<bool>());
       },
-      kWaitS, "the sweep to start or to wait for Run");
+      kComputeWaitS, "the sweep to start or to wait for Run");
   const json& sweep = st["results"]["sweep"];
   note("sweep estimated at " + sweep["estimate_s"].dump() + " s" +
        (sweep["held_for_run"].get<bool>() ? ", held for Run" : ", started by itself"));
@@ -83,7 +83,7 @@ TEST_F(RealWindow, IssueTwelveFlow) {
       [](const json& s) {
         return fresh(s, "grid") && fresh(s, "sweep") && fresh(s, "focus.A") && fresh(s, "focus.B");
       },
-      kWaitS, "grid, sweep and both focused runs for the new settings");
+      kComputeWaitS, "grid, sweep and both focused runs for the new settings");
   note("sweep took " + st["results"]["sweep"]["seconds"].dump() + " s");
   for (const char* r : {"grid", "sweep", "focus.A", "focus.B"})
     EXPECT_EQ(st["results"][r]["error"], "") << "step " << step_ << ": result " << r;
@@ -234,7 +234,7 @@ TEST_F(RealWindow, IssueTwelveFlow) {
       },
       kWaitS, "the double-clicked capture to open");
   EXPECT_FALSE(st["dialog_open"].get<bool>()) << "step " << step_;
-  st = wait_for([](const json& s) { return fresh(s, "grid"); }, kWaitS,
+  st = wait_for([](const json& s) { return fresh(s, "grid"); }, kComputeWaitS,
                 "the grid of the other sample");
   EXPECT_EQ(st["results"]["grid"]["error"], "") << "step " << step_;
   step("done");

@@ -245,7 +245,7 @@ TEST_F(Oracle, EveryExportedNumberIsEvalsForTheSettingsShown) {
     return s["results"].contains("output.generate") &&
            s["results"]["output.generate"]["fresh"].get<bool>();
   };
-  st = wait_for(output_fresh, 240, "the Output view's first report");
+  st = wait_for(output_fresh, kComputeWaitS, "the Output view's first report");
   const std::string prompt_before = view_json("output")["prompt"];
   st = other_capture(st);
   const json capture_now = view_json("capture");
@@ -257,7 +257,7 @@ TEST_F(Oracle, EveryExportedNumberIsEvalsForTheSettingsShown) {
           << "step " << step_ << ": the previous capture's report is exported as fresh";
     }
   }
-  st = wait_for(output_fresh, 240, "the Output view's report for the new capture");
+  st = wait_for(output_fresh, kComputeWaitS, "the Output view's report for the new capture");
   const json out = view_json("output");
   EXPECT_TRUE(out["fresh"].get<bool>()) << "step " << step_;
   EXPECT_NE(out["prompt"], prompt_before) << "step " << step_;

@@ -122,7 +122,7 @@ TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutda
         const json& g = s["results"]["grid"];
         return g["wanted"].get<bool>() && (g["running"].get<bool>() || g["fresh"].get<bool>());
       },
-      kWaitS, "the grid to start by itself");
+      kComputeWaitS, "the grid to start by itself");
   EXPECT_FALSE(grid_result(st)["held_for_run"].get<bool>()) << summary(st);
   ASSERT_TRUE(grid_result(st)["running"].get<bool>())
       << "the grid was done before the test could see it run: make the capture larger\n"
@@ -130,7 +130,7 @@ TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutda
   // Progress is shown while it runs: the cells come in one by one.
   // The first cells come after the first layer's load and exact references: seconds on an idle
   // machine, a minute or more with every core busy (tools/check-under-load.sh).
-  st = wait_for([&](const json&) { return grid()["cells_done"].get<int>() > 0; }, 300,
+  st = wait_for([&](const json&) { return grid()["cells_done"].get<int>() > 0; }, kComputeWaitS,
                 "the first cells");
   {
     const json g = grid();
@@ -150,7 +150,7 @@ TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutda
         return !s["results"]["grid"]["running"].get<bool>() &&
                s["results"]["grid"]["cancelled"].get<bool>();
       },
-      300, "the grid to be cancelled");
+      kComputeWaitS, "the grid to be cancelled");
   json g = grid();
   const int done_at_cancel = g["cells_done"].get<int>();
   EXPECT_TRUE(g["cancelled"].get<bool>());
@@ -172,14 +172,14 @@ TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutda
         return s["results"]["grid"]["running"].get<bool>() ||
                s["results"]["grid"]["fresh"].get<bool>();
       },
-      kWaitS, "Run to restart the grid");
+      kComputeWaitS, "Run to restart the grid");
   for (;;) {  // frames drawn while the grid computes
     take_frames(st);
     if (fresh(st, "grid") || HasFailure()) break;
     st = state();
-    if (elapsed() > 600) break;
+    if (elapsed() > kComputeWaitS) break;
   }
-  st = wait_for([](const json& s) { return fresh(s, "grid"); }, 600, "the whole grid");
+  st = wait_for([](const json& s) { return fresh(s, "grid"); }, kComputeWaitS, "the whole grid");
   take_frames(st);
   for (int look = 0; look < 8; ++look) take_frames(state(), true);
   g = grid();
@@ -198,14 +198,14 @@ TEST_F(Progressive, TheGridFillsByItselfCancelsAndRecomputesOnlyWhatAChangeOutda
   st = drag_gamma(st, 0.35);
   st = wait_for(
       [](const json& s) { return s["results"]["grid"]["running"].get<bool>() || fresh(s, "grid"); },
-      kWaitS, "the grid to update by itself");
+      kComputeWaitS, "the grid to update by itself");
   EXPECT_FALSE(grid_result(st)["held_for_run"].get<bool>());
   for (;;) {
     take_frames(st);
-    if (fresh(st, "grid") || HasFailure() || elapsed() > 600) break;
+    if (fresh(st, "grid") || HasFailure() || elapsed() > kComputeWaitS) break;
     st = state();
   }
-  st = wait_for([](const json& s) { return fresh(s, "grid"); }, 600, "the updated grid");
+  st = wait_for([](const json& s) { return fresh(s, "grid"); }, kComputeWaitS, "the updated grid");
   g = grid();
   const auto a2 = serials(g, "error_grid"), b2 = serials(g, "error_grid_b");
   EXPECT_EQ(b2, b1) << "method B's cells were computed again";

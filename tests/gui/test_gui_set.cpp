@@ -51,7 +51,7 @@ TEST_F(SetWindow, FiguresAcrossPromptsEqualEvalAndAPromptOpensItsCapture) {
                r.contains("set.eval") &&
                (r["set.eval"]["fresh"].get<bool>() || r["set.eval"]["held_for_run"].get<bool>());
       },
-      kWaitS, "the set's evaluation, or its Run button");
+      kComputeWaitS, "the set's evaluation, or its Run button");
   if (st["results"]["set.eval"]["held_for_run"].get<bool>()) {
     note("held for Run at an estimate of " + st["results"]["set.eval"]["estimate_s"].dump() + " s");
     st = with_item("run:set.eval");
@@ -59,7 +59,7 @@ TEST_F(SetWindow, FiguresAcrossPromptsEqualEvalAndAPromptOpensItsCapture) {
   }
   st = wait_for(
       [](const json& s) { return fresh(s, "set.eval") && s["ui_items"].contains("set:prompt:1"); },
-      kWaitS, "the set's evaluation");
+      kComputeWaitS, "the set's evaluation");
   EXPECT_EQ(st["capture_path"], "") << "a set opens no capture until a prompt is chosen";
   json sv = view_json("set");
   ASSERT_TRUE(sv.is_object()) << sv.dump();
@@ -111,7 +111,7 @@ TEST_F(SetWindow, FiguresAcrossPromptsEqualEvalAndAPromptOpensItsCapture) {
         const std::string p = s["capture_path"];
         return p.find("stories260K_dragon") != std::string::npos && fresh(s, "set.eval");
       },
-      kWaitS, "the dragon capture to open with the set still evaluated");
+      kComputeWaitS, "the dragon capture to open with the set still evaluated");
   EXPECT_EQ(st["session"]["panels"][1], "set");
 
   // The set's rows of method A at the current keep ratio (cli's "column"), by layer and head.

@@ -22,9 +22,9 @@ struct TheoryWindow : RealWindow {
 TEST_F(TheoryWindow, MethodsScopeAndTheCliAgree) {
   step("1: the Theory tab by a click computes the focused head's figures");
   json st =
-      wait_for([](const json& s) { return fresh(s, "focus.A"); }, kWaitS, "the first focused run");
+      wait_for([](const json& s) { return fresh(s, "focus.A"); }, kComputeWaitS, "the first focused run");
   click(st, "tab:theory");
-  st = wait_for([](const json& s) { return fresh(s, "theory"); }, kWaitS, "the theory result");
+  st = wait_for([](const json& s) { return fresh(s, "theory"); }, kComputeWaitS, "the theory result");
   json t = view_json("theory");
   ASSERT_EQ(t["scope"], "layer 0 kv head 0") << t.dump().substr(0, 400);
   ASSERT_EQ(t["discrepancy"]["runs"].size(), 2u);
@@ -50,7 +50,7 @@ TEST_F(TheoryWindow, MethodsScopeAndTheCliAgree) {
       [&](const json& s) {
         return fresh(s, "theory") && view_json("theory")["error"]["methods"].size() == 4;
       },
-      kWaitS, "the theory result with four methods");
+      kComputeWaitS, "the theory result with four methods");
   t = view_json("theory");
   EXPECT_EQ(t["error"]["methods"][3]["method"], "snapkv");
   EXPECT_TRUE(t["error"]["methods"][3]["relative"].contains("alpha"));
@@ -69,7 +69,7 @@ TEST_F(TheoryWindow, MethodsScopeAndTheCliAgree) {
         }
         return view_json("theory")["heads"] == 8;
       },
-      4 * kWaitS, "the whole-capture theory result");
+      4 * kComputeWaitS, "the whole-capture theory result");
   t = view_json("theory");
   ASSERT_EQ(t["heads"], 8) << t.dump().substr(0, 400);
   const fs::path cli_json = dir_ / "cli_theory.json";

@@ -39,7 +39,7 @@ TEST_F(TokensWindow, BrushZoomsTheStripAndTheBinsAccountForEveryToken) {
                fresh(s, "focus.A") && fresh(s, "tokens.harm") &&
                s["ui_items"].contains("tokens:overview");
       },
-      kWaitS, "the Tokens view with method A's run and the harm");
+      kComputeWaitS, "the Tokens view with method A's run and the harm");
   json tv = view_json("tokens");
   const int n = static_cast<int>(tv["tokens"].size());
   ASSERT_GT(n, 100);
