@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -345,6 +346,17 @@ SetEvalReport run_set_eval(const CaptureSet& set, const EvalSpec& spec,
       }
     }
   };
+  // The caller's cancel reaches the captures being evaluated within 20 ms (run_eval reads `stop`,
+  // which a failing capture sets too).
+  std::atomic<bool> finished{false};
+  std::thread watcher;
+  if (cancel)
+    watcher = std::thread([&] {
+      while (!finished.load()) {
+        if (cancel->load()) stop = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
   if (lanes == 1) {
     lane();
   } else {
@@ -352,6 +364,8 @@ SetEvalReport run_set_eval(const CaptureSet& set, const EvalSpec& spec,
     lane();
     other.join();
   }
+  finished = true;
+  if (watcher.joinable()) watcher.join();
   if (cancel && cancel->load()) throw Cancelled();
   // The first failure in set order; a capture stopped only because the other lane's capture
   // failed threw Cancelled and is not a failure of its own.
