@@ -42,6 +42,8 @@ void fill_from_report(GridValues& gv, const EvalReport& rep, const std::string& 
   }
 }
 
+}  // namespace
+
 void finish_range(GridValues& gv) {
   std::vector<double> finite;
   for (double v : gv.mean)
@@ -56,8 +58,6 @@ void finish_range(GridValues& gv) {
     }
   }
 }
-
-}  // namespace
 
 GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
                                    const std::string& method, double ratio) {

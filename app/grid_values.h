@@ -34,6 +34,9 @@ GridValues grid_values(const AppState& s, GridMetric metric, int slot = 0);
 // Error cells of one (method, keep ratio) of a report, e.g. the Error view's sweep.
 GridValues grid_values_from_report(const AppState& s, const EvalReport& rep,
                                    const std::string& method, double ratio);
+// Sets have_values and the colour range (vmin, vmax) from the finite means; a flat grid gets a
+// small range around its value.
+void finish_range(GridValues& gv);
 // Draws the grid filling the available width (cells square-ish, at most `max_height` tall).
 void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_height = 420.0f);
 nlohmann::json grid_json(const AppState& s);

@@ -219,18 +219,7 @@ GridValues SetFigures::grid(const AppState& s, bool by_interval) const {
                 report->entries.size(),
                 by_interval ? "width of the 95% interval of the mean" : "mean relative error");
   gv.caption = buf;
-  std::vector<double> finite;
-  for (double v : gv.mean)
-    if (std::isfinite(v)) finite.push_back(v);
-  gv.have_values = !finite.empty();
-  if (gv.have_values) {
-    gv.vmin = *std::min_element(finite.begin(), finite.end());
-    gv.vmax = *std::max_element(finite.begin(), finite.end());
-    if (gv.vmax - gv.vmin < 1e-12) {
-      gv.vmin -= 0.5 * std::max(1e-6, std::fabs(gv.vmin));
-      gv.vmax += 0.5 * std::max(1e-6, std::fabs(gv.vmax));
-    }
-  }
+  finish_range(gv);
   return gv;
 }
 
