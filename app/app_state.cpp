@@ -464,7 +464,7 @@ void AppState::check_probes() {
     const auto job = std::find_if(jobs.begin(), jobs.end(),
                                   [&](const JobInfo& j) { return j.key == name && j.running; });
     if (job == jobs.end()) continue;  // still queued: its clock starts when it runs
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = probe_clock();
     if (r.probe_start == std::chrono::steady_clock::time_point{}) r.probe_start = now;
     const double elapsed = std::chrono::duration<double>(now - r.probe_start).count();
     if (elapsed < kProbeSeconds) continue;

@@ -346,6 +346,10 @@ struct AppState {
   // ---- derived results, by name (kFocusA, kGrid, ..., and views' own)
   std::map<std::string, Result> results;
   CostModel costs;
+  // The clock a probing job's pace is judged by (check_probes). Tests run it faster or slower
+  // than the wall so that a probe's verdict does not depend on how fast the machine is.
+  std::function<std::chrono::steady_clock::time_point()> probe_clock =
+      [] { return std::chrono::steady_clock::now(); };
   std::map<std::string, std::string> job_errors;  // by job key, from failed jobs
 
   // ---- linked selection (transient, not saved)

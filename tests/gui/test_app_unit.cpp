@@ -59,6 +59,17 @@ bool pump(AppState& s, Pred done, int seconds = 20) {
   return kvscope::app::testing::pump_until(s, done, seconds);
 }
 
+// A probe clock (AppState::probe_clock) running `scale` times as fast as the wall: a probe's
+// verdict then follows the test's intent (a long job, a short one) on a machine of any speed or
+// load instead of on how many units this machine gets through in a wall second.
+std::function<std::chrono::steady_clock::time_point()> scaled_probe_clock(double scale) {
+  const auto start = std::chrono::steady_clock::now();
+  return [start, scale] {
+    const auto real = std::chrono::steady_clock::now() - start;
+    return start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(real * scale);
+  };
+}
+
 const std::string kSample =
     std::string(KVSCOPE_SOURCE_DIR) + "/sample_data/stories260K_lily.safetensors";
 
@@ -648,9 +659,11 @@ TEST(AppFlow, OverridesThatDoNotFitTheNewCaptureAreAdjusted) {
 // Costs before work: on an 8192-token capture the sweep is estimated above the 3 s limit from the
 // prior (nothing measured yet), so it starts and measures itself; its own pace says it is long
 // and it waits for a Run click with that estimate. Run starts it, Cancel stops it and it stays
-// stopped until Run again.
+// stopped until Run again. The probe's clock runs 100x the wall (a 1 s probe is 10 ms of work),
+// so "long" holds on a machine that does this sweep in 3 s (CI once did and saw it finish).
 TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
   AppState s;
+  s.probe_clock = scaled_probe_clock(100.0);
   s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"streaming", {}}};
   s.settings.sweep.methods = {"uniform", "streaming", "snapkv"};
   s.settings.sweep.seeds = 10;
@@ -685,8 +698,11 @@ TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
 // An estimate from the prior holds nothing: a job estimated above the limit before anything was
 // measured on this machine starts, and one whose own pace says it is short runs to the end
 // without a Run click (the sample set's evaluation was held at "about 4 s" for 0.3 s of work).
+// The probe's clock runs at a tenth of the wall, so a loaded machine's slower pace still reads
+// as short.
 TEST(AppFlow, AJobEstimatedLongByThePriorRunsWhenItsOwnPaceIsShort) {
   AppState s;
+  s.probe_clock = scaled_probe_clock(0.1);
   s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"uniform", {}}};
   s.settings.sweep.methods = {"uniform"};
   s.settings.sweep.seeds = 1;
