@@ -13,7 +13,6 @@
 #include "engine/core/simd.h"
 #include "engine/methods/balancekv/balance_walk.h"
 #include "engine/ops/backend.h"
-#include "engine/ops/cpu_ops.h"
 
 using namespace kvscope;
 

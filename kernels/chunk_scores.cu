@@ -1,13 +1,65 @@
-// Compactor's chunked-attention kernels; see chunk_scores.cuh.
+// Compactor's chunked non-causal attention on the GPU (ChunkScoreBatch and the CPU reference
+// cpu_chunk_scores in engine/ops/chunk_scores.h), in double precision. Two launches:
+//   1. row statistics: one block per (row, query head): the row's query in shared memory, each
+//      thread the logits of its share of the row's chunk; the block's max and sum of
+//      exp(l - max), with the press's padded keys (logit -1e-9) in the last, partial chunk;
+//   2. columns: one thread per key, adding, head by head and row by row of its chunk in the CPU
+//      reference's order, its probability from each row, then the padded rows' share.
+//
+// The op's device interface (its arguments, buffers, upload, launch and download) comes first,
+// then the kernels, then the backend's CudaBackend::chunk_scores (kernels/cuda_backend.cuh).
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/ops/backend.h"
 #include "kernels/block_reduce.cuh"
-#include "kernels/chunk_scores.cuh"
+#include "kernels/cuda_backend.cuh"
+#include "kernels/cuda_check.cuh"
 #include "kernels/per_head_copies.cuh"
+
+namespace kvscope::cuda {
+
+constexpr int kChunkThreads = 128;
+
+struct ChunkDeviceArgs {
+  int heads = 0, group = 0, len = 0, d = 0, chunk = 0, pad = 0;
+  const float* keys = nullptr;     // [heads][len][d]
+  const float* queries = nullptr;  // [heads * group][len][d]
+  double* row_top = nullptr;       // [heads * group][len]
+  double* row_sum = nullptr;       // [heads * group][len]
+  double* col = nullptr;           // [heads][len]
+};
+
+struct ChunkWorkspace final : OpWorkspace {
+  DeviceBuffer keys, queries, stats, col;
+  void release() override {
+    keys.release();
+    queries.release();
+    stats.release();
+    col.release();
+  }
+};
+
+// Dynamic shared memory of the row-statistics launch (one query row in double), or 0 when it
+// exceeds the 48 KiB a block gets without opting in (the backend then declines the shape).
+size_t chunk_scores_smem_bytes(int d);
+
+// Checks `b` as the CPU reference does (check_chunk_score_batch: std::invalid_argument), throws
+// Cancelled when b.cancel is set, uploads.
+ChunkDeviceArgs upload_chunk_batch(const ChunkScoreBatch& b, ChunkWorkspace& ws,
+                                   cudaStream_t stream);
+
+void launch_chunk_scores(const ChunkDeviceArgs& a, cudaStream_t stream);
+
+void download_chunk_scores(const ChunkDeviceArgs& a, const ChunkScoreBatch& b, cudaStream_t stream);
+
+}  // namespace kvscope::cuda
 
 namespace kvscope::cuda {
 namespace {
@@ -118,6 +170,20 @@ void launch_chunk_scores(const ChunkDeviceArgs& a, cudaStream_t stream) {
 void download_chunk_scores(const ChunkDeviceArgs& a, const ChunkScoreBatch& b,
                            cudaStream_t stream) {
   download_per_head(a.col, b.heads, a.len, &ChunkScoreHead::col, stream);
+}
+
+// ---- the backend's op ---------------------------------------------------------------------
+
+void CudaBackend::chunk_scores(const ChunkScoreBatch& b) {
+  if (chunk_scores_smem_bytes(b.d) == 0)
+    throw DeviceFailure("key width d=" + std::to_string(b.d) +
+                        " exceeds the CUDA chunked-attention kernel's shared-memory row");
+  guarded([&] {
+    const ChunkDeviceArgs a =
+        upload_chunk_batch(b, workspace<ChunkWorkspace>(Op::chunk_scores), stream_);
+    launch([a, this] { launch_chunk_scores(a, stream_); });
+    download_chunk_scores(a, b, stream_);
+  });
 }
 
 }  // namespace kvscope::cuda

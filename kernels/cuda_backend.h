@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/ops/backend.h"
 
@@ -62,25 +64,16 @@ bool cuda_host_to_device_bytes_for_testing(uint64_t* bytes);
 bool cuda_set_emulated_device_memory_for_testing(size_t bytes);
 size_t cuda_emulated_device_memory_used_for_testing();
 
-// Device-resident timing for bench/bench_gpu.cpp: the constructor uploads the inputs once; each
-// run_ms() replays only the op's kernels and returns their time in milliseconds, measured with
-// CUDA events. Throws std::runtime_error when no device is usable.
+// Device-resident timing for bench/bench_gpu.cpp and its op cases (tests/op_cases.h): each step
+// runs once, uploading its inputs, on a CUDA backend of its own; each run_ms() then replays only
+// the kernels of every step's op over those inputs, in order, and returns their time in
+// milliseconds measured with CUDA events. Throws std::runtime_error when no device is usable.
 class GpuOpTimer {
  public:
   virtual ~GpuOpTimer() = default;
   virtual double run_ms() = 0;
 };
-std::unique_ptr<GpuOpTimer> cuda_walk_timer(const WalkBatch& batch);
-// exact_kept: times the approximate side alone, the exact side computed once beforehand (a
-// later call over a resident layer); else both kernels, as a first call.
-std::unique_ptr<GpuOpTimer> cuda_error_timer(const ErrorBatch& batch, bool exact_kept = false);
-std::unique_ptr<GpuOpTimer> cuda_tsne_timer(const TsneGradInput& in);
-std::unique_ptr<GpuOpTimer> cuda_kcenter_timer(const float* x, int n, int d, int k, int first);
-std::unique_ptr<GpuOpTimer> cuda_score_timer(const ScoreBatch& batch);
-std::unique_ptr<GpuOpTimer> cuda_cluster_timer(const ClusterBatch& batch);
-std::unique_ptr<GpuOpTimer> cuda_cache_score_timer(const CacheScoreBatch& batch);
-std::unique_ptr<GpuOpTimer> cuda_expected_timer(const ExpectedScoreBatch& batch);
-std::unique_ptr<GpuOpTimer> cuda_chunk_timer(const ChunkScoreBatch& batch);
+std::unique_ptr<GpuOpTimer> cuda_op_timer(const std::vector<std::function<void(Backend&)>>& steps);
 // A host-to-device copy of `bytes` bytes from pageable memory (the upload the op timers leave out).
 std::unique_ptr<GpuOpTimer> cuda_upload_timer(const void* host, size_t bytes);
 

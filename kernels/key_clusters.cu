@@ -1,13 +1,79 @@
-// SubGen's key-clustering kernel; see key_clusters.cuh.
+// SubGen's online key clustering on the GPU (ClusterBatch and the CPU reference cpu_key_clusters
+// in engine/ops/key_clusters.h), one thread block per radius of the batch: the keys are visited
+// in order (the clustering is sequential along the stream), and for each key the block's threads
+// share the distances to the cluster representatives so far (double precision, from the float
+// keys), reduce them to the nearest (ties to the oldest cluster) and thread 0 assigns the key or
+// opens a cluster; the block stops once the capacity sum_c min(t, n_c) exceeds the limit. A
+// SubGen bisection sends the next levels of its search tree as one batch, so the radii run side
+// by side on the device's multiprocessors.
+//
+// The op's device interface (its arguments, buffers, upload, launch and download) comes first,
+// then the kernels, then the backend's CudaBackend::key_clusters (kernels/cuda_backend.cuh).
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/ops/backend.h"
 #include "kernels/block_reduce.cuh"
-#include "kernels/key_clusters.cuh"
+#include "kernels/cuda_backend.cuh"
+#include "kernels/cuda_check.cuh"
 #include "kernels/resident_layers.cuh"
+
+namespace kvscope::cuda {
+
+constexpr int kClusterThreads = 128;
+
+struct ClusterDeviceArgs {
+  int n = 0, d = 0, t = 1, radii = 0, max_clusters = 0;
+  long long limit = 0;
+  const float* keys = nullptr;     // n x d
+  const double* deltas = nullptr;  // [radii]
+  int* owner = nullptr;            // [radii][n]
+  int* size = nullptr;             // [radii][max_clusters]
+  int* reps = nullptr;             // [radii][max_clusters]: each cluster's first key
+  long long* capacity = nullptr;   // [radii]
+  int* num = nullptr;              // [radii]: clusters
+  int* over = nullptr;             // [radii]
+};
+
+struct ClusterWorkspace final : OpWorkspace {
+  DeviceBuffer keys, deltas, owner, size, reps, capacity, counts;
+  void release() override {
+    keys.release();
+    deltas.release();
+    owner.release();
+    size.release();
+    reps.release();
+    capacity.release();
+    counts.release();
+  }
+};
+
+// Dynamic shared memory for key width d (the current key in double), or 0 when it exceeds the
+// 48 KiB a block gets without opting in (the backend then declines the shape).
+size_t key_clusters_smem_bytes(int d);
+
+class ResidentLayers;
+
+// Checks `b` as the CPU reference does (check_cluster_batch: std::invalid_argument), throws
+// Cancelled when b.cancel is set, and uploads. Returns radii == 0 when there is nothing to run.
+// With `resident` and a batch naming its layer (b.layer_id), the keys are that layer's resident
+// copy (copied at their first use); otherwise they are uploaded into the workspace.
+ClusterDeviceArgs upload_cluster_batch(const ClusterBatch& b, ClusterWorkspace& ws,
+                                       ResidentLayers* resident, cudaStream_t stream);
+
+void launch_key_clusters(const ClusterDeviceArgs& a, cudaStream_t stream);
+
+// Fills b.out[r] for every radius (the CPU reference's layout: owner -1 after an early stop).
+void download_cluster_outputs(const ClusterDeviceArgs& a, const ClusterBatch& b,
+                              cudaStream_t stream);
+
+}  // namespace kvscope::cuda
 
 namespace kvscope::cuda {
 namespace {
@@ -158,6 +224,20 @@ void download_cluster_outputs(const ClusterDeviceArgs& a, const ClusterBatch& b,
     out.capacity = capacity[r];
     out.over = counts[radii + r] != 0;
   }
+}
+
+// ---- the backend's op ---------------------------------------------------------------------
+
+void CudaBackend::key_clusters(const ClusterBatch& b) {
+  if (key_clusters_smem_bytes(b.d) == 0)
+    throw DeviceFailure("key width d=" + std::to_string(b.d) +
+                        " exceeds the CUDA clustering kernel's shared-memory key row");
+  guarded([&] {
+    const ClusterDeviceArgs a =
+        upload_cluster_batch(b, workspace<ClusterWorkspace>(Op::key_clusters), &resident_, stream_);
+    launch([a, this] { launch_key_clusters(a, stream_); });
+    download_cluster_outputs(a, b, stream_);
+  });
 }
 
 }  // namespace kvscope::cuda

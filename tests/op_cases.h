@@ -1,8 +1,11 @@
-// The case table of the backend ops: named shapes and seeds for every op, and the inputs they
-// make. One table drives the device parity tests (tests/test_cuda_parity.cpp: the cases marked
-// `parity`, and a few named ones), the registry's tests (tests/test_backend_registry.cpp) and the
-// GPU benchmarks (bench/bench_gpu.cpp: every case marked `bench`), as ggml's test-backend-ops
-// does; adding a shape is one line here. Header-only: the engine library does not use it.
+// The case table of the backend ops, as ggml's test-backend-ops: named shapes and seeds for every
+// op, the inputs they make, and one case type (OpCase, at the end) that runs them in a check mode
+// (tests/test_cuda_parity.cpp's CudaParity.MatchesCpu: the device against the CPU reference, for
+// every case marked `parity`) and a timing mode (bench/bench_gpu.cpp: BM_Gpu<label> and
+// BM_Cpu<label> for every case marked `bench`). Adding a shape is one line here; adding an op is
+// its table, its inputs and its OpRun here (docs/design.md, "Adding a backend op"). Also used by
+// the registry's tests (tests/test_backend_registry.cpp). Header-only: the engine library does
+// not use it.
 //
 // Two fills: `normal` cases draw std::normal_distribution from std::mt19937 (the parity cases'
 // inputs since they were written); `fast` cases (benchmark sizes: a 32-head layer takes seconds to
@@ -14,12 +17,16 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/core/random.h"
 #include "engine/ops/backend.h"
 
 namespace kvscope {
@@ -841,5 +848,482 @@ struct KcenterCaseData {
             centres[(i % c.clusters) * d + j] + noise[static_cast<size_t>(i) * d + j];
   }
 };
+
+// ---- one case type: check mode and timing mode -------------------------------------------------
+
+// One case's inputs and outputs, made fresh for each backend it runs on.
+struct OpRun {
+  virtual ~OpRun() = default;
+  // Runs the op on `backend` over this run's inputs (every step, in order), outputs fresh.
+  virtual void run(Backend& backend) = 0;
+  // Timing mode: the steps a device timing replays (each on a backend of its own:
+  // cuda_op_timer, kernels/cuda_backend.h). Default: the whole run.
+  virtual std::vector<std::function<void(Backend&)>> steps() {
+    return {[this](Backend& b) { run(b); }};
+  }
+  // Check mode: "" when this run's outputs (from a device) match `cpu`'s (the same case on the CPU
+  // reference) within the op's tolerance; otherwise what differs, first differences first.
+  virtual std::string mismatch(const OpRun& cpu) const = 0;
+};
+
+struct OpCase {
+  std::string op;     // op_name(): "chunk_scores"
+  std::string label;  // the case and its variant: "chunk_scores/head_8k" (gtest and benchmarks)
+  bool parity = false, bench = false;
+  bool bench_cpu = false;  // timed on the CPU too (seconds, not minutes)
+  std::function<std::unique_ptr<OpRun>()> make;
+};
+
+namespace op_cases {
+
+// "" when every entry is within rel * |cpu| + abs, else the first few that are not.
+inline std::string close(const std::vector<double>& dev, const std::vector<double>& cpu, double rel,
+                         double abs, const std::string& what) {
+  if (dev.size() != cpu.size())
+    return what + ": " + std::to_string(dev.size()) + " values, the CPU " +
+           std::to_string(cpu.size()) + "\n";
+  std::string out;
+  int bad = 0;
+  for (size_t i = 0; i < dev.size(); ++i)
+    if (!(std::fabs(dev[i] - cpu[i]) <= rel * std::fabs(cpu[i]) + abs) && ++bad <= 5) {
+      char line[160];
+      std::snprintf(line, sizeof line, "%s[%zu]: device %.17g, cpu %.17g\n", what.c_str(), i,
+                    dev[i], cpu[i]);
+      out += line;
+    }
+  if (bad > 5) out += what + ": " + std::to_string(bad) + " entries differ\n";
+  return out;
+}
+inline std::vector<double> widen(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+template <typename Run>
+const Run& as(const OpRun& r) {
+  return static_cast<const Run&>(r);
+}
+
+// ---- walk
+
+// The parity case's signs on two seeds. `float32`: the authors' float32 walk (BalanceKV's
+// default), else KVScope's double walk. A sign may differ only where the draw u_i lies within
+// float rounding of the CPU's clip(p_i); everything after it in that block follows another walk,
+// so the first difference of a block is allowed when it is such a draw, at most one block in a
+// thousand rows. The same rows overflow (p NaN) on both sides. Before the first difference, the
+// double walk's p and partial sums agree to float accuracy.
+struct WalkParityRun : OpRun {
+  WalkCaseData w;
+  bool float32;
+  static constexpr uint64_t kSeeds[2] = {1ull, 0x9e3779b97f4a7c15ull};
+  std::vector<int8_t> sigma[2];
+  std::vector<float> p[2], partial[2];
+  WalkParityRun(const WalkCase& c, bool f32) : w(c), float32(f32) {}
+  void run(Backend& backend) override {
+    for (int s = 0; s < 2; ++s) {
+      WalkBatch b = w.batch(sigma[s], p[s], partial[s], kSeeds[s]);
+      b.float32 = float32;
+      b.value_eps = float32 ? 1e-8 : 0.0;
+      backend.walk_blocks(b);
+    }
+  }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const auto& cpu = as<WalkParityRun>(cpu_run);
+    std::string out;
+    for (int s = 0; s < 2; ++s) {
+      int flipped = 0;
+      for (size_t b = 0; b + 1 < w.offset.size(); ++b) {
+        const int r0 = w.offset[b], r1 = w.offset[b + 1];
+        const std::string where = "seed " + std::to_string(s) + " block " + std::to_string(b);
+        int first_diff = r1;
+        for (int i = r0; i < r1; ++i) {
+          if (sigma[s][i] != 1 && sigma[s][i] != -1) return where + ": a row has no sign\n";
+          if (std::isnan(p[s][i]) != std::isnan(cpu.p[s][i]))
+            out += where + " row " + std::to_string(i - r0) + ": overflowed on one side only\n";
+          if (sigma[s][i] != cpu.sigma[s][i]) {
+            first_diff = i;
+            break;
+          }
+        }
+        if (first_diff < r1) {
+          ++flipped;
+          const double u = counter_uniform(kSeeds[s], kRandWalk, 3, w.head[b], 1, w.id[b],
+                                           static_cast<uint32_t>(first_diff - r0));
+          const double clipped = std::clamp(static_cast<double>(cpu.p[s][first_diff]), 0.0, 1.0);
+          if (!(std::fabs(u - clipped) < 1e-4))
+            out += where + ": a sign differs although the draw is far from clip(p)\n";
+        }
+        if (float32) continue;  // the float walk's p and sums are compared through its signs
+        double scale = 1;
+        for (int i = r0; i < first_diff; ++i)
+          if (std::isfinite(cpu.partial[s][i]))
+            scale = std::max(scale, std::fabs(double(cpu.partial[s][i])));
+        for (int i = r0; i < first_diff; ++i) {
+          const bool finite_sum = std::isfinite(cpu.partial[s][i]);
+          const bool same_nonfinite = std::isnan(partial[s][i])
+                                          ? std::isnan(cpu.partial[s][i])
+                                          : partial[s][i] == cpu.partial[s][i];
+          if (finite_sum ? !(std::fabs(partial[s][i] - cpu.partial[s][i]) <= 1e-4 * scale)
+                         : !same_nonfinite)
+            out += where + " row " + std::to_string(i - r0) + ": partial sums differ\n";
+          if (finite_sum && std::isfinite(cpu.p[s][i]) &&
+              !(std::fabs(p[s][i] - cpu.p[s][i]) <= 4e-4 * scale))
+            out += where + " row " + std::to_string(i - r0) + ": p differs\n";
+        }
+      }
+      if (flipped > std::max(1, w.rows() / 1000))
+        out += "seed " + std::to_string(s) + ": " + std::to_string(flipped) + " blocks flipped\n";
+    }
+    return out;
+  }
+};
+
+// The benchmark's layer: round r walks the first tokens / 2^r tokens of every head (the kept
+// tokens of the previous round are contiguous after the method's gather). `authors`: the
+// authors' float32 walk; else KVScope's double walk (preset kvscope-v1).
+struct WalkRoundsRun : OpRun {
+  const WalkCase& c;
+  std::vector<int> rounds;
+  bool authors;
+  int heads, tokens, block;
+  std::vector<int8_t> sigma;
+  std::vector<std::vector<int>> offset;
+  std::vector<std::vector<uint32_t>> head, id;
+
+  // The rows of a layer (a GiB) are made once per case and shared by every run.
+  static const WalkCaseData& rows(const WalkCase& c) {
+    static std::vector<std::unique_ptr<WalkCaseData>> made(walk_cases().size());
+    auto& m = made[static_cast<size_t>(&c - walk_cases().data())];
+    if (!m) m = std::make_unique<WalkCaseData>(c);
+    return *m;
+  }
+  WalkRoundsRun(const WalkCase& wc, std::vector<int> r, bool f32)
+      : c(wc), rounds(std::move(r)), authors(f32) {
+    const WalkBlocks& g = c.groups.front();
+    heads = g.heads;
+    block = g.len;
+    tokens = g.blocks * g.len;
+    sigma.resize(rows(c).rows());
+    for (int round : rounds) {
+      const int per_head = (tokens >> round) / block;
+      offset.emplace_back();
+      head.emplace_back();
+      id.emplace_back();
+      for (int h = 0; h < heads; ++h)
+        for (int k = 0; k < per_head; ++k) {
+          offset.back().push_back((h * per_head + k) * block);
+          head.back().push_back(static_cast<uint32_t>(h));
+          id.back().push_back(static_cast<uint32_t>(k));
+        }
+      offset.back().push_back(heads * per_head * block);
+    }
+  }
+  WalkBatch batch(size_t i) {
+    WalkBatch b;
+    b.float32 = authors;
+    b.value_eps = authors ? 1e-8 : 0.0;
+    b.d = rows(c).d;
+    b.dv = rows(c).dv;
+    b.num_blocks = static_cast<int>(head[i].size());
+    b.keys = rows(c).keys.data();
+    b.values = rows(c).values.data();
+    b.block_offset = offset[i].data();
+    b.block_head = head[i].data();
+    b.block_id = id[i].data();
+    b.seed = 42;
+    b.layer = 0;
+    b.round = static_cast<uint32_t>(rounds[i]);
+    b.sigma = sigma.data();
+    return b;
+  }
+  void run(Backend& backend) override {
+    for (size_t i = 0; i < rounds.size(); ++i) backend.walk_blocks(batch(i));
+  }
+  std::vector<std::function<void(Backend&)>> steps() override {
+    std::vector<std::function<void(Backend&)>> out;
+    for (size_t i = 0; i < rounds.size(); ++i)
+      out.push_back([this, i](Backend& b) { b.walk_blocks(batch(i)); });
+    return out;
+  }
+  std::string mismatch(const OpRun&) const override { return "not a parity case"; }
+};
+
+// ---- the other ops: the case's data, run on a backend, compared as the op's figures allow
+
+// Double scores (the default) give the CPU reference's figures to rounding; float scores
+// (ErrorBatch::float_scores) to 1e-4. `exact_kept` (timing): the step names a resident layer and
+// runs twice, so the replayed launch is the approximate side alone.
+struct ErrorRun : OpRun {
+  ErrorCaseData data;
+  bool exact_kept;
+  ErrorRun(const ErrorCase& c, bool float_scores, bool kept = false) : data(c), exact_kept(kept) {
+    data.batch.float_scores = float_scores;
+    if (kept) data.batch.layer_id = 0x5eed0001;
+  }
+  void run(Backend& backend) override {
+    data.run(backend);
+    if (exact_kept) data.run(backend);
+  }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const ErrorCaseData& cpu = as<ErrorRun>(cpu_run).data;
+    const bool f = data.batch.float_scores;
+    return close(data.relative, cpu.relative, f ? 1e-4 : 1e-9, f ? 1e-7 : 1e-12, "relative") +
+           close(data.normalized, cpu.normalized, f ? 1e-4 : 1e-9, f ? 1e-7 : 1e-12, "normalized") +
+           close(data.mass, cpu.mass, f ? 1e-5 : 1e-9, f ? 1e-7 : 1e-12, "mass");
+  }
+};
+
+// Scores and stopped sums within 1e-9 relative: both accumulate in double; they differ by the
+// order of the dot products and sums only.
+struct ScoreRun : OpRun {
+  ScoreCaseData data;
+  explicit ScoreRun(const ScoreCase& c) : data(c) {}
+  void run(Backend& backend) override { data.run(backend); }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const ScoreCaseData& cpu = as<ScoreRun>(cpu_run).data;
+    std::string out;
+    for (size_t h = 0; h < cpu.scores.size(); ++h) {
+      out += close(data.scores[h], cpu.scores[h], 1e-9, 1e-300, "scores");
+      if (data.batch.stop_rows)
+        out += close(data.stopped[h], cpu.stopped[h], 1e-9, 1e-300, "stopped");
+    }
+    return out;
+  }
+};
+
+// The same clusters for every radius (owners, sizes, capacity, early stop), identical.
+struct ClusterRun : OpRun {
+  ClusterCaseData data;
+  explicit ClusterRun(const ClusterCase& c) : data(c) {}
+  void run(Backend& backend) override { data.run(backend); }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const std::vector<KeyClusters>& cpu = as<ClusterRun>(cpu_run).data.out;
+    if (data.out.size() != cpu.size()) return "a different number of radii\n";
+    std::string out;
+    for (size_t r = 0; r < cpu.size(); ++r)
+      if (data.out[r].owner != cpu[r].owner || data.out[r].size != cpu[r].size ||
+          data.out[r].capacity != cpu[r].capacity || data.out[r].over != cpu[r].over)
+        out += "radius " + std::to_string(r) + ": other clusters\n";
+    return out;
+  }
+};
+
+// Every key's accumulated score within 1e-9 relative.
+struct CacheScoreRun : OpRun {
+  CacheScoreCaseData data;
+  explicit CacheScoreRun(const CacheScoreCase& c) : data(c) {}
+  void run(Backend& backend) override { data.run(backend); }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    return close(data.acc, as<CacheScoreRun>(cpu_run).data.acc, 1e-9, 1e-300, "accumulated");
+  }
+};
+
+// Every score within 1e-9 relative: the device sums the logits' dot products, the covariance and
+// the softmax's denominator in other orders than Eigen (all in double).
+struct ExpectedRun : OpRun {
+  ExpectedCaseData data;
+  explicit ExpectedRun(const ExpectedCase& c) : data(c) {}
+  void run(Backend& backend) override { data.run(backend); }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const ExpectedCaseData& cpu = as<ExpectedRun>(cpu_run).data;
+    std::string out;
+    for (size_t h = 0; h < cpu.out.size(); ++h)
+      out += close(data.out[h], cpu.out[h], 1e-9, 1e-300, "expected scores");
+    return out;
+  }
+};
+
+// Every column sum within 1e-9 relative (dot products and denominators summed in other orders
+// than Eigen's, in double).
+struct ChunkRun : OpRun {
+  ChunkCaseData data;
+  explicit ChunkRun(const ChunkCase& c) : data(c) {}
+  void run(Backend& backend) override { data.run(backend); }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const ChunkCaseData& cpu = as<ChunkRun>(cpu_run).data;
+    std::string out;
+    for (size_t h = 0; h < cpu.col.size(); ++h)
+      out += close(data.col[h], cpu.col[h], 1e-9, 1e-300, "column sums");
+    return out;
+  }
+};
+
+// The gradient within 1e-4 of its largest entry (the device sums repulsion in another order, the
+// attraction in float), the KL divergence within 1e-6 relative.
+struct TsneRun : OpRun {
+  TsneCaseData data;
+  std::vector<float> grad;
+  double kl = 0;
+  explicit TsneRun(const TsneCase& c) : data(c) {}
+  void run(Backend& backend) override {
+    grad.assign(2 * static_cast<size_t>(data.in.n), NAN);
+    kl = backend.tsne_gradient(data.in, grad.data());
+  }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const TsneRun& cpu = as<TsneRun>(cpu_run);
+    double scale = 0;
+    for (float g : cpu.grad) scale = std::max(scale, std::fabs(double(g)));
+    std::string out = close(widen(grad), widen(cpu.grad), 0, 1e-4 * scale, "gradient");
+    if (!(std::fabs(kl - cpu.kl) <= 1e-6 * std::fabs(cpu.kl) + 1e-9))
+      out += "KL: device " + std::to_string(kl) + ", cpu " + std::to_string(cpu.kl) + "\n";
+    return out;
+  }
+};
+
+// The same picks in the same order on well-separated data, for k of one, the number of clusters
+// (one pick per cluster) and three times it; and k beyond n (every row once).
+struct KcenterRun : OpRun {
+  KcenterCaseData data;
+  std::vector<int> ks;
+  std::vector<std::vector<int>> picks;
+  explicit KcenterRun(const KcenterCase& c)
+      : data(c),
+        ks(c.clusters > 0 ? std::vector<int>{1, c.clusters, 3 * c.clusters}
+                          : std::vector<int>{c.k}) {}
+  void run(Backend& backend) override {
+    picks.clear();
+    for (int k : ks) picks.push_back(backend.kcenter(data.x.data(), data.n, data.d, k, 5));
+    if (ks.size() > 1) picks.push_back(backend.kcenter(data.x.data(), 30, data.d, 50, 0));
+  }
+  std::string mismatch(const OpRun& cpu_run) const override {
+    const KcenterRun& cpu = as<KcenterRun>(cpu_run);
+    std::string out;
+    for (size_t i = 0; i < picks.size(); ++i)
+      if (picks[i] != cpu.picks[i]) out += "call " + std::to_string(i) + ": other picks\n";
+    return out;
+  }
+};
+
+}  // namespace op_cases
+
+// A Backend that forwards every op to another one (the CPU's by default), counting the calls of
+// the ops the methods run on MethodInput::backend (attention_scores, key_clusters, cache_scores,
+// expected_scores, chunk_scores): the routing tests (test_methods_baselines.cpp) derive from it to
+// change one op's figures, and the device parity tests (test_cuda_parity.cpp) wrap the device in
+// it to see the methods reach it. A new op forwards here too (otherwise it would run Backend's
+// default, the CPU reference, whatever the inner backend is).
+namespace testing {
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(Backend& inner = cpu_backend()) : inner_(inner) {}
+  int calls = 0;  // the methods' ops called through this backend
+
+  std::string name() const override { return "forwarding to " + inner_.name(); }
+  bool parallel_in_one_call() const override { return inner_.parallel_in_one_call(); }
+  void walk_blocks(const WalkBatch& b) override { inner_.walk_blocks(b); }
+  void attention_errors(const ErrorBatch& b) override { inner_.attention_errors(b); }
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    return inner_.tsne_gradient(in, grad);
+  }
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return inner_.kcenter(x, n, d, k, first);
+  }
+  void attention_scores(const ScoreBatch& b) override {
+    ++calls;
+    inner_.attention_scores(b);
+  }
+  void key_clusters(const ClusterBatch& b) override {
+    ++calls;
+    inner_.key_clusters(b);
+  }
+  void cache_scores(const CacheScoreBatch& b) override {
+    ++calls;
+    inner_.cache_scores(b);
+  }
+  void expected_scores(const ExpectedScoreBatch& b) override {
+    ++calls;
+    inner_.expected_scores(b);
+  }
+  void chunk_scores(const ChunkScoreBatch& b) override {
+    ++calls;
+    inner_.chunk_scores(b);
+  }
+
+ protected:
+  Backend& inner_;
+};
+
+}  // namespace testing
+
+// Every case of every op's table, as OpCases: the parity cases (check mode) and the benchmark
+// cases with their variants (timing mode), labelled as bench/bench_gpu.cpp has always named them.
+inline const std::vector<OpCase>& all_op_cases() {
+  using namespace op_cases;
+  static const std::vector<OpCase> cases = [] {
+    std::vector<OpCase> out;
+    auto add = [&](const char* op, std::string label, bool parity, bool bench, bool bench_cpu,
+                   std::function<std::unique_ptr<OpRun>()> make) {
+      out.push_back({op, std::move(label), parity, bench, bench_cpu, std::move(make)});
+    };
+    for (const WalkCase& c : walk_cases()) {
+      const std::string n = c.name;
+      if (c.parity)
+        for (bool f32 : {false, true})
+          add("walk_blocks", "Walk/" + n + (f32 ? "/f32" : "/f64"), true, false, false,
+              [&c, f32] { return std::make_unique<WalkParityRun>(c, f32); });
+      if (!c.bench) continue;
+      const bool layer = c.groups.front().heads > 1;
+      for (bool f32 : {true, false}) {
+        if (!layer && !f32) continue;
+        add("walk_blocks", "WalkTwoRounds/" + n + (f32 ? "/f32" : "/f64"), false, true, false,
+            [&c, f32] {
+              return std::make_unique<WalkRoundsRun>(c, std::vector<int>{0, 1}, f32);
+            });
+      }
+      if (layer)
+        for (int round : {0, 1})
+          add("walk_blocks", "WalkRound/" + n + "/" + std::to_string(round), false, true, false,
+              [&c, round] {
+                return std::make_unique<WalkRoundsRun>(c, std::vector<int>{round}, true);
+              });
+      else  // the CPU's two rounds under their own name (the GPU's label carries /f32)
+        add("walk_blocks", "WalkTwoRounds/" + n, false, false, true, [&c] {
+          return std::make_unique<WalkRoundsRun>(c, std::vector<int>{0, 1}, true);
+        });
+    }
+    for (const ErrorCase& c : error_cases()) {
+      const std::string n = c.name;
+      if (c.parity)
+        for (bool fs : {false, true})
+          add("attention_errors", "Errors/" + n + (fs ? "/float" : "/double"), true, false, false,
+              [&c, fs] { return std::make_unique<ErrorRun>(c, fs); });
+      if (!c.bench) continue;
+      for (bool fs : {false, true})
+        if (c.q_heads > 1 || !fs)
+          add("attention_errors", "Errors/" + n + (fs ? "/float" : "/double"), false, true, false,
+              [&c, fs] { return std::make_unique<ErrorRun>(c, fs); });
+      add("attention_errors", "ErrorsExactKept/" + n + "/double", false, true, false,
+          [&c] { return std::make_unique<ErrorRun>(c, false, true); });
+      if (c.q_heads == 1)
+        add("attention_errors", "Errors/" + n, false, false, true,
+            [&c] { return std::make_unique<ErrorRun>(c, false); });
+    }
+    for (const TsneCase& c : tsne_cases())
+      add("tsne_gradient", std::string(c.parity ? "Tsne/" : "TsneGradient/") + c.name, c.parity,
+          c.bench, false, [&c] { return std::make_unique<TsneRun>(c); });
+    for (const TsneCase& c : tsne_cases())  // the CPU's exact gradient where it takes seconds
+      if (c.bench && c.n <= 8192)
+        add("tsne_gradient", std::string("TsneGradientExact/") + c.name, false, false, true,
+            [&c] { return std::make_unique<TsneRun>(c); });
+    for (const KcenterCase& c : kcenter_cases())
+      add("kcenter", std::string("Kcenter/") + c.name, c.parity, c.bench, c.bench,
+          [&c] { return std::make_unique<KcenterRun>(c); });
+    for (const ScoreCase& c : score_cases())
+      add("attention_scores", std::string("Scores/") + c.name, c.parity, c.bench, c.bench,
+          [&c] { return std::make_unique<ScoreRun>(c); });
+    for (const ClusterCase& c : cluster_cases())
+      add("key_clusters", std::string("Clusters/") + c.name, c.parity, c.bench, c.bench,
+          [&c] { return std::make_unique<ClusterRun>(c); });
+    for (const CacheScoreCase& c : cache_score_cases())
+      add("cache_scores", std::string("CacheScores/") + c.name, c.parity, c.bench, c.bench,
+          [&c] { return std::make_unique<CacheScoreRun>(c); });
+    for (const ExpectedCase& c : expected_cases())
+      add("expected_scores", std::string("Expected/") + c.name, c.parity, c.bench, c.bench,
+          [&c] { return std::make_unique<ExpectedRun>(c); });
+    for (const ChunkCase& c : chunk_cases())
+      add("chunk_scores", std::string("Chunks/") + c.name, c.parity, c.bench, c.bench,
+          [&c] { return std::make_unique<ChunkRun>(c); });
+    return out;
+  }();
+  return cases;
+}
 
 }  // namespace kvscope

@@ -10,7 +10,7 @@
 #include "engine/attention/exact_attention.h"
 #include "engine/eval/protocol.h"
 #include "engine/io/capture.h"
-#include "engine/ops/cpu_ops.h"
+#include "engine/ops/attention_errors.h"
 #include "tests/sample_captures.h"
 
 namespace kvscope {

@@ -12,7 +12,6 @@
 #include "engine/core/random.h"
 #include "engine/core/simd.h"
 #include "engine/methods/balancekv/balance_walk.h"
-#include "engine/ops/cpu_ops.h"
 #include "engine/ops/walk_blocks.h"
 
 using namespace kvscope;

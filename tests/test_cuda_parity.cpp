@@ -10,12 +10,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -27,7 +30,6 @@
 #include "engine/io/capture.h"
 #include "engine/methods/method.h"
 #include "engine/ops/backend.h"
-#include "engine/ops/cpu_ops.h"
 #include "tests/op_cases.h"
 
 #ifdef KVSCOPE_HAVE_CUDA
@@ -86,94 +88,93 @@ TEST(CudaProbe, ReportsWhyWhenNoDeviceAndSelectBackendFollows) {
 #endif
 }
 
-TEST(CudaParity, WalkSignsMatchCpu) {
+// Check mode of every `parity` case of tests/op_cases.h: the case run on the device against the
+// same case on the CPU reference, compared as its op's figures allow (OpRun::mismatch), and on
+// the device itself (no fallback).
+class OpParity : public ::testing::TestWithParam<const OpCase*> {};
+
+TEST_P(OpParity, MatchesCpu) {
   REQUIRE_GPU(gpu);
-  const WalkCaseData w = standard_walk_case();
-  std::vector<int8_t> s_cpu, s_gpu;
-  std::vector<float> p_cpu, p_gpu, part_cpu, part_gpu;
-  for (uint64_t seed : {1ull, 0x9e3779b97f4a7c15ull}) {
-    cpu_backend().walk_blocks(w.batch(s_cpu, p_cpu, part_cpu, seed));
-    gpu->walk_blocks(w.batch(s_gpu, p_gpu, part_gpu, seed));
-    // A sign may only differ where the draw u_i lies within float rounding of the CPU's
-    // clip(p_i): there the first difference of a block is allowed, and everything after it in
-    // that block follows a different walk. Such draws must stay rare (< 0.1% of rows).
-    int flipped_blocks = 0;
-    for (size_t b = 0; b + 1 < w.offset.size(); ++b) {
-      const int r0 = w.offset[b], r1 = w.offset[b + 1];
-      int first_diff = -1;
-      for (int i = r0; i < r1; ++i) {
-        ASSERT_TRUE(s_gpu[i] == 1 || s_gpu[i] == -1) << "row " << i << " has no sign";
-        if (s_gpu[i] != s_cpu[i]) {
-          first_diff = i;
-          break;
-        }
-      }
-      const int compare_end = first_diff < 0 ? r1 : first_diff;
-      if (first_diff >= 0) {
-        ++flipped_blocks;
-        const double u = counter_uniform(seed, kRandWalk, 3, w.head[b], 1, w.id[b],
-                                         static_cast<uint32_t>(first_diff - r0));
-        const double clipped = std::clamp(static_cast<double>(p_cpu[first_diff]), 0.0, 1.0);
-        EXPECT_LT(std::fabs(u - clipped), 1e-4)
-            << "block " << b << " row " << first_diff - r0 << ": sign differs although u = " << u
-            << " is far from clip(p) = " << clipped;
-      }
-      // Up to the first difference, p and the partial sums agree to float accuracy.
-      double scale = 1;
-      for (int i = r0; i < compare_end; ++i)
-        if (std::isfinite(part_cpu[i])) scale = std::max(scale, std::fabs(double(part_cpu[i])));
-      for (int i = r0; i < compare_end; ++i) {
-        if (!std::isfinite(part_cpu[i])) {  // beyond float range on both backends
-          EXPECT_EQ(part_gpu[i], part_cpu[i]) << "block " << b << " row " << i - r0;
-          continue;
-        }
-        EXPECT_NEAR(part_gpu[i], part_cpu[i], 1e-4 * scale) << "block " << b << " row " << i - r0;
-        if (std::isfinite(p_cpu[i]))
-          EXPECT_NEAR(p_gpu[i], p_cpu[i], 4e-4 * scale) << "block " << b << " row " << i - r0;
-        else
-          EXPECT_EQ(p_gpu[i], p_cpu[i]) << "block " << b << " row " << i - r0;
-      }
-    }
-    EXPECT_LE(flipped_blocks, std::max(1, w.rows() / 1000)) << "seed " << seed;
+  const OpCase& c = *GetParam();
+  const std::unique_ptr<OpRun> cpu = c.make(), dev = c.make();
+  cpu->run(cpu_backend());
+  dev->run(*gpu);
+  EXPECT_EQ(last_fallback(), "") << "the op must run on the device";
+  EXPECT_EQ(dev->mismatch(*cpu), "");
+}
+
+std::vector<const OpCase*> parity_cases() {
+  std::vector<const OpCase*> out;
+  for (const OpCase& c : all_op_cases())
+    if (c.parity) out.push_back(&c);
+  return out;
+}
+
+// The check mode's own plumbing, everywhere (no device needed): each parity case run twice on the
+// CPU reference matches itself, and a changed output is reported.
+TEST(OpCases, TheCheckModeAcceptsTheCpuAgainstItselfAndReportsAChange) {
+  for (const OpCase* c : parity_cases()) {
+    SCOPED_TRACE(c->label);
+    const std::unique_ptr<OpRun> a = c->make(), b = c->make();
+    a->run(cpu_backend());
+    b->run(cpu_backend());
+    EXPECT_EQ(a->mismatch(*b), "");
+  }
+  const std::vector<const OpCase*> cases = parity_cases();
+  const OpCase& chunks = **std::find_if(cases.begin(), cases.end(),
+                                        [](const OpCase* c) { return c->op == "chunk_scores"; });
+  auto a = chunks.make(), b = chunks.make();
+  a->run(cpu_backend());
+  b->run(cpu_backend());
+  static_cast<op_cases::ChunkRun&>(*a).data.col[0][3] *= 1 + 1e-8;
+  EXPECT_NE(a->mismatch(*b).find("column sums[3]"), std::string::npos) << a->mismatch(*b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpParity, ::testing::ValuesIn(parity_cases()),
+                         [](const ::testing::TestParamInfo<const OpCase*>& info) {
+                           std::string name = info.param->label;
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
+
+// Every op has cases in both modes: a new op's table is in the check mode and the benchmarks from
+// its first cases.
+TEST(OpCases, EveryOpHasParityAndBenchmarkCases) {
+  for (size_t i = 0; i < kOpCount; ++i) {
+    int parity = 0, bench = 0;
+    for (const OpCase& c : all_op_cases())
+      if (c.op == kOpNames[i]) parity += c.parity, bench += c.bench;
+    EXPECT_GT(parity, 0) << kOpNames[i];
+    EXPECT_GT(bench, 0) << kOpNames[i];
   }
 }
 
-// The authors' float32 walk (WalkBatch::float32, BalanceKV's default) on the device: the same
-// signs as the CPU op except where u_i lies within float rounding of p_i, and the same rows
-// overflowed (p NaN, sigma -1) in the block whose exponents leave float range.
-TEST(CudaParity, Float32WalkSignsMatchCpu) {
+#ifdef KVSCOPE_HAVE_CUDA
+// The timing mode's machinery: the first parity case of every op, and the errors' variant that
+// keeps the exact side resident, time through the one timer (each step once on a backend of its
+// own, then its kernels replayed), and the steps' own run gave the CPU's figures.
+TEST(CudaParity, EveryOpTimesThroughTheOneTimer) {
   REQUIRE_GPU(gpu);
-  const WalkCaseData w = standard_walk_case();
-  std::vector<int8_t> s_cpu, s_gpu;
-  std::vector<float> p_cpu, p_gpu, part_cpu, part_gpu;
-  for (uint64_t seed : {1ull, 0x9e3779b97f4a7c15ull}) {
-    WalkBatch bc = w.batch(s_cpu, p_cpu, part_cpu, seed);
-    WalkBatch bg = w.batch(s_gpu, p_gpu, part_gpu, seed);
-    bc.float32 = bg.float32 = true;
-    bc.value_eps = bg.value_eps = 1e-8;
-    cpu_backend().walk_blocks(bc);
-    gpu->walk_blocks(bg);
-    int flipped_blocks = 0, nan_rows = 0;
-    for (size_t b = 0; b + 1 < w.offset.size(); ++b) {
-      const int r0 = w.offset[b], r1 = w.offset[b + 1];
-      for (int i = r0; i < r1; ++i) {
-        ASSERT_TRUE(s_gpu[i] == 1 || s_gpu[i] == -1) << "row " << i << " has no sign";
-        ASSERT_EQ(std::isnan(p_gpu[i]), std::isnan(p_cpu[i])) << "block " << b << " row " << i - r0;
-        nan_rows += std::isnan(p_cpu[i]);
-        if (s_gpu[i] != s_cpu[i]) {
-          ++flipped_blocks;
-          const double u = counter_uniform(seed, kRandWalk, 3, w.head[b], 1, w.id[b],
-                                           static_cast<uint32_t>(i - r0));
-          EXPECT_LT(std::fabs(u - static_cast<double>(p_cpu[i])), 1e-4)
-              << "block " << b << " row " << i - r0 << ": sign differs far from the draw";
-          break;
-        }
-      }
-    }
-    EXPECT_GT(nan_rows, 0) << "the large-key block should overflow float32";
-    EXPECT_LE(flipped_blocks, std::max(1, w.rows() / 1000)) << "seed " << seed;
+  std::set<std::string> timed;
+  for (const OpCase& c : all_op_cases()) {
+    if (!c.parity || !timed.insert(c.op).second) continue;
+    SCOPED_TRACE(c.label);
+    const std::unique_ptr<OpRun> cpu = c.make(), dev = c.make();
+    cpu->run(cpu_backend());
+    const std::unique_ptr<GpuOpTimer> timer = cuda_op_timer(dev->steps());
+    EXPECT_GE(timer->run_ms(), 0.0);
+    EXPECT_GE(timer->run_ms(), 0.0);
+    EXPECT_EQ(dev->mismatch(*cpu), "");
   }
+  EXPECT_EQ(timed.size(), kOpCount);
+  op_cases::ErrorRun cpu(find_error_case("gqa_separate"), false);
+  op_cases::ErrorRun kept(find_error_case("gqa_separate"), false, true);
+  cpu.run(cpu_backend());
+  EXPECT_GE(cuda_op_timer(kept.steps())->run_ms(), 0.0);
+  EXPECT_EQ(kept.mismatch(cpu), "");
 }
+#endif
 
 // The authors' golden cases (../shared/golden) through the device walk: identical indices and
 // weights. A subset of every file keeps the CPU emulation of the kernels within minutes.
@@ -265,34 +266,6 @@ void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu
   EXPECT_EQ(bad, 0) << what;
 }
 
-// Double scores (the default) must give the CPU reference's figures to rounding; float scores
-// (ErrorBatch::float_scores) to 1e-4.
-void check_error_parity(ErrorCaseData c, Backend& gpu) {
-  c.run(cpu_backend());
-  const auto rel = c.relative, nrm = c.normalized, mass = c.mass;
-  c.run(gpu);
-  expect_close(c.relative, rel, 1e-9, 1e-12, "relative (double scores)");
-  expect_close(c.normalized, nrm, 1e-9, 1e-12, "normalized (double scores)");
-  expect_close(c.mass, mass, 1e-9, 1e-12, "mass (double scores)");
-  c.batch.float_scores = true;
-  c.run(gpu);
-  expect_close(c.relative, rel, 1e-4, 1e-7, "relative (float scores)");
-  expect_close(c.normalized, nrm, 1e-4, 1e-7, "normalized (float scores)");
-  expect_close(c.mass, mass, 1e-5, 1e-7, "mass (float scores)");
-}
-
-TEST(CudaParity, AttentionErrorsMatchCpu) {
-  REQUIRE_GPU(gpu);
-  int checked = 0;
-  for (const ErrorCase& e : error_cases()) {
-    if (!e.parity) continue;
-    SCOPED_TRACE(e.name);
-    check_error_parity(ErrorCaseData(e), *gpu);
-    ++checked;
-  }
-  EXPECT_GE(checked, 4);
-}
-
 TEST(CudaParity, AttentionErrorOfFullSelectionIsZero) {
   REQUIRE_GPU(gpu);
   ErrorCaseData c(find_error_case("full_selection"));
@@ -328,30 +301,6 @@ TEST(CudaParity, OutOfMemoryFallsBackToCpuAndSaysSo) {
   expect_close(c.relative, rel, 1e-4, 1e-7, "relative after recovery");
 }
 #endif
-
-// ---------------------------------------------------------------------------------------------
-// The attention-score op: every `parity` case of op_cases.h on the device against the CPU
-// reference, scores and stopped sums within 1e-9 relative (both accumulate in double; they differ
-// by the order of the dot products and sums only).
-TEST(CudaParity, AttentionScoresMatchCpu) {
-  REQUIRE_GPU(gpu);
-  int checked = 0;
-  for (const ScoreCase& c : score_cases()) {
-    if (!c.parity) continue;
-    SCOPED_TRACE(c.name);
-    ScoreCaseData data(c);
-    data.run(cpu_backend());
-    const auto scores = data.scores, stopped = data.stopped;
-    data.run(*gpu);
-    EXPECT_EQ(last_fallback(), "") << "the op must run on the device";
-    for (size_t h = 0; h < scores.size(); ++h) {
-      expect_close(data.scores[h], scores[h], 1e-9, 1e-300, "scores");
-      if (c.stops) expect_close(data.stopped[h], stopped[h], 1e-9, 1e-300, "stopped");
-    }
-    ++checked;
-  }
-  EXPECT_GE(checked, 5);
-}
 
 TEST(CudaParity, AttentionScoresWithoutRowsAndBadBatchesLikeCpu) {
   REQUIRE_GPU(gpu);
@@ -429,39 +378,6 @@ TEST(CudaParity, ScoreRankingMethodsKeepTheCpuSetsOnDevice) {
               identical, runs);
 }
 
-// ---------------------------------------------------------------------------------------------
-// SubGen's clustering on the device: the same clusters as the CPU reference for every radius of
-// every case (owners, sizes, capacity, early stop), identical. Distances that tie to rounding
-// with a radius or with each other could differ; none do in these cases.
-TEST(CudaParity, KeyClustersMatchCpu) {
-  REQUIRE_GPU(gpu);
-  int radii = 0, stopped = 0, several = 0;
-  for (const ClusterCase& c : cluster_cases()) {
-    if (!c.parity) continue;
-    SCOPED_TRACE(c.name);
-    ClusterCaseData data(c);
-    data.run(cpu_backend());
-    const std::vector<KeyClusters> cpu = data.out;
-    data.run(*gpu);
-    EXPECT_EQ(last_fallback(), "");
-    ASSERT_EQ(data.out.size(), cpu.size());
-    for (size_t r = 0; r < cpu.size(); ++r) {
-      SCOPED_TRACE("radius " + std::to_string(r));
-      EXPECT_EQ(data.out[r].owner, cpu[r].owner);
-      EXPECT_EQ(data.out[r].size, cpu[r].size);
-      EXPECT_EQ(data.out[r].capacity, cpu[r].capacity);
-      EXPECT_EQ(data.out[r].over, cpu[r].over);
-      ++radii;
-      stopped += cpu[r].over;
-      several += !cpu[r].over && cpu[r].size.size() > 1 && cpu[r].size.size() < size_t(c.n);
-    }
-  }
-  // The cases exercise early stops and real clusterings (several clusters, fewer than keys).
-  EXPECT_GT(stopped, 0);
-  EXPECT_GT(several, 0);
-  std::printf("key clusters: %d radii compared\n", radii);
-}
-
 TEST(CudaParity, KeyClustersWithoutRadiiAndBadBatchesLikeCpu) {
   REQUIRE_GPU(gpu);
   ClusterCaseData data(find_cluster_case("odd_d_limit"));
@@ -476,25 +392,6 @@ TEST(CudaParity, KeyClustersWithoutRadiiAndBadBatchesLikeCpu) {
   EXPECT_THROW(data.run(*gpu), std::invalid_argument);
 }
 
-// BUZZ's streamed scores on the device: every key's accumulated score within 1e-9 relative of
-// the CPU reference's, and the segment really adds to them.
-TEST(CudaParity, CacheScoresMatchCpu) {
-  REQUIRE_GPU(gpu);
-  for (const CacheScoreCase& c : cache_score_cases()) {
-    if (!c.parity) continue;
-    SCOPED_TRACE(c.name);
-    CacheScoreCaseData data(c);
-    data.run(cpu_backend());
-    const std::vector<double> cpu = data.acc;
-    data.run(*gpu);
-    EXPECT_EQ(last_fallback(), "");
-    expect_close(data.acc, cpu, 1e-9, 1e-300, "accumulated scores");
-    int grown = 0;
-    for (int i : data.ids) grown += cpu[i] > data.acc_start[i];
-    EXPECT_EQ(grown, static_cast<int>(data.ids.size())) << "every key is seen by a row";
-  }
-}
-
 TEST(CudaParity, CacheScoresBadBatchesLikeCpu) {
   REQUIRE_GPU(gpu);
   CacheScoreCaseData data(find_cache_score_case("log_n_odd_d"));
@@ -505,32 +402,6 @@ TEST(CudaParity, CacheScoresBadBatchesLikeCpu) {
   data.batch.row_end = data.batch.n + 1;
   EXPECT_THROW(data.run(cpu_backend()), std::invalid_argument);
   EXPECT_THROW(data.run(*gpu), std::invalid_argument);
-}
-
-// Expected-attention's scores on the device: every score within 1e-9 relative of the CPU
-// reference's. The device sums the logits' dot products, the covariance and the softmax's
-// denominator in other orders than Eigen (all in double): the logits differ by ~1e-15, which the
-// exponential carries over as a relative difference of the same size.
-TEST(CudaParity, ExpectedScoresMatchCpu) {
-  REQUIRE_GPU(gpu);
-  for (const ExpectedCase& c : expected_cases()) {
-    if (!c.parity) continue;
-    SCOPED_TRACE(c.name);
-    ExpectedCaseData data(c);
-    data.run(cpu_backend());
-    const std::vector<std::vector<double>> cpu = data.out;
-    data.run(*gpu);
-    EXPECT_EQ(last_fallback(), "");
-    double worst = 0;
-    for (int h = 0; h < c.heads; ++h) {
-      expect_close(data.out[h], cpu[h], 1e-9, 1e-300, "expected scores");
-      for (size_t j = 0; j < cpu[h].size(); ++j) {
-        EXPECT_GT(cpu[h][j], 0.0) << "every score is a positive probability";
-        worst = std::max(worst, std::abs(data.out[h][j] - cpu[h][j]) / std::abs(cpu[h][j]));
-      }
-    }
-    std::printf("expected scores %s: worst relative difference %.2g\n", c.name, worst);
-  }
 }
 
 TEST(CudaParity, ExpectedScoresBadBatchesLikeCpu) {
@@ -562,31 +433,6 @@ TEST(CudaParity, ExpectedAttentionKeepsTheCpuSetsOnDevice) {
       });
   std::printf("expected-attention selections on the device: %d of %d identical to the CPU's\n",
               identical, runs);
-}
-
-// Compactor's chunked attention on the device: every column sum within 1e-9 relative of the CPU
-// reference's (the logits' dot products and the softmax's denominators are summed in other
-// orders than Eigen's, in double).
-TEST(CudaParity, ChunkScoresMatchCpu) {
-  REQUIRE_GPU(gpu);
-  for (const ChunkCase& c : chunk_cases()) {
-    if (!c.parity) continue;
-    SCOPED_TRACE(c.name);
-    ChunkCaseData data(c);
-    data.run(cpu_backend());
-    const std::vector<std::vector<double>> cpu = data.col;
-    data.run(*gpu);
-    EXPECT_EQ(last_fallback(), "");
-    double worst = 0;
-    for (int h = 0; h < c.heads; ++h) {
-      expect_close(data.col[h], cpu[h], 1e-9, 1e-300, "column sums");
-      for (size_t j = 0; j < cpu[h].size(); ++j) {
-        EXPECT_GT(cpu[h][j], 0.0);
-        worst = std::max(worst, std::abs(data.col[h][j] - cpu[h][j]) / std::abs(cpu[h][j]));
-      }
-    }
-    std::printf("chunk scores %s: worst relative difference %.2g\n", c.name, worst);
-  }
 }
 
 TEST(CudaParity, ChunkScoresBadBatchesLikeCpu) {
@@ -648,41 +494,11 @@ TEST(CudaParity, SubGenAndBuzzKeepTheCpuSetsOnDevice) {
 }
 
 // ---------------------------------------------------------------------------------------------
-TEST(CudaParity, TsneGradientMatchesCpu) {
+TEST(CudaParity, KcenterRejectsBadInputLikeCpu) {
   REQUIRE_GPU(gpu);
-  for (const TsneCase& t : tsne_cases()) {
-    if (!t.parity) continue;
-    SCOPED_TRACE(t.name);
-    const TsneCaseData data(t);
-    const TsneGradInput& in = data.in;
-    const int n = in.n;
-    std::vector<float> g_cpu(2 * n), g_gpu(2 * n);
-    const double kl_cpu = cpu_backend().tsne_gradient(in, g_cpu.data());
-    const double kl_gpu = gpu->tsne_gradient(in, g_gpu.data());
-    double scale = 0;
-    for (float g : g_cpu) scale = std::max(scale, std::fabs(double(g)));
-    for (int i = 0; i < 2 * n; ++i) EXPECT_NEAR(g_gpu[i], g_cpu[i], 1e-4 * scale) << i;
-    EXPECT_NEAR(kl_gpu, kl_cpu, 1e-6 * std::fabs(kl_cpu) + 1e-9);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-TEST(CudaParity, KcenterPicksMatchCpuOnSeparatedData) {
-  REQUIRE_GPU(gpu);
-  const KcenterCase& kc = find_kcenter_case("separated");
-  const KcenterCaseData data(kc);
-  const std::vector<float>& x = data.x;
-  const int clusters = kc.clusters, n = data.n, d = data.d;
-  for (int k : {1, clusters, 3 * clusters}) {
-    const std::vector<int> cpu = cpu_backend().kcenter(x.data(), n, d, k, 5);
-    const std::vector<int> gpu_picks = gpu->kcenter(x.data(), n, d, k, 5);
-    EXPECT_EQ(gpu_picks, cpu) << "k = " << k;
-  }
-  // k beyond n picks every row once, like the CPU.
-  std::vector<int> all = gpu->kcenter(x.data(), 30, d, 50, 0);
-  EXPECT_EQ(all, cpu_backend().kcenter(x.data(), 30, d, 50, 0));
-  EXPECT_THROW(gpu->kcenter(x.data(), n, d, -1, 0), InputError);
-  EXPECT_THROW(gpu->kcenter(x.data(), n, d, 3, n), InputError);
+  const KcenterCaseData data(find_kcenter_case("separated"));
+  EXPECT_THROW(gpu->kcenter(data.x.data(), data.n, data.d, -1, 0), InputError);
+  EXPECT_THROW(gpu->kcenter(data.x.data(), data.n, data.d, 3, data.n), InputError);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@
 #include "engine/geometry/kcenter.h"
 #include "engine/methods/method.h"
 #include "engine/ops/backend.h"
-#include "engine/ops/cpu_ops.h"
 
 namespace kvscope {
 namespace {

@@ -17,7 +17,6 @@
 #include "engine/methods/method.h"
 #include "engine/methods/scoring.h"
 #include "engine/ops/backend.h"
-#include "engine/ops/cpu_ops.h"
 #include "tests/forwarding_backend.h"
 #include "tests/sample_captures.h"
 

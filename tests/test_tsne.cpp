@@ -22,7 +22,6 @@
 #include "engine/geometry/projection_cache.h"
 #include "engine/geometry/tsne.h"
 #include "engine/ops/backend.h"
-#include "engine/ops/cpu_ops.h"
 #include "engine/ops/tsne_gradient_fft.h"
 
 namespace kvscope {

@@ -21,8 +21,8 @@ import sys
 # (file, function): lines today. Work left (docs/design.md, "Short functions"): the error kernel
 # and its upload are split once a device can confirm that the split leaves their pace as it is.
 OVER_LIMIT = {
-    ("kernels/attention_error.cu", "attention_error_kernel"): 298,
-    ("kernels/attention_error.cu", "upload_error_batch"): 164,
+    ("kernels/attention_errors.cu", "attention_error_kernel"): 298,
+    ("kernels/attention_errors.cu", "upload_error_batch"): 164,
 }
 
 SOURCE = re.compile(r".*\.(cpp|h|cu|cuh)$")

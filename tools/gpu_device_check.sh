@@ -85,7 +85,7 @@ done
 
 # ---- 1. tests, sanitizers and the CPU evals side by side
 say "1. parity tests (4 shards + resident), compute-sanitizer (4 tools), the HF capture test, CPU evals"
-OPS='CudaParity.*MatchCpu*:CudaParity.*BadBatches*:CudaParity.*Reject*:CudaParity.AttentionErrorOfFullSelectionIsZero'
+OPS='Ops/OpParity.*:CudaParity.*BadBatches*:CudaParity.*Reject*:CudaParity.AttentionErrorOfFullSelectionIsZero'
 pids=()
 for i in 0 1 2 3; do
   GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i KVSCOPE_GOLDEN_STRIDE=1 timeout $(lim 200) \

@@ -1,7 +1,7 @@
 // The attention-error op (Backend::attention_errors, engine/ops/backend.h): its batch type and its
 // CPU reference, cpu_attention_errors (engine/ops/attention_errors_cpu.cpp, built on
 // engine/attention/exact_attention.h's ExactReference). The CUDA kernel is
-// kernels/attention_error.cu.
+// kernels/attention_errors.cu.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,10 @@ struct ErrorBatch {
   // them at every call. The CPU ignores it.
   uint64_t layer_id = 0;
 };
+
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const ErrorBatch& b);
 
 // The CPU reference, in double precision whatever float_scores says. Throws
 // std::invalid_argument for inconsistent heads or window, std::out_of_range for a selected index

@@ -1,6 +1,6 @@
 // The CPU reference of the attention-error op (engine/ops/attention_errors.h): every kv head's
 // ExactReference (engine/attention/exact_attention.h) scores its numerator and denominator
-// selections for the query heads of its GQA group. The CUDA kernel (kernels/attention_error.cu) is
+// selections for the query heads of its GQA group. The CUDA kernel (kernels/attention_errors.cu) is
 // tested against it (tests/test_cuda_parity.cpp).
 #include <stdexcept>
 #include <string>
@@ -8,6 +8,7 @@
 
 #include "engine/attention/exact_attention.h"
 #include "engine/ops/attention_errors.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 
@@ -38,6 +39,10 @@ void cpu_attention_errors(const ErrorBatch& b) {
       }
     }
   }
+}
+
+OpShape op_shape(const ErrorBatch& b) {
+  return {Op::attention_errors, b.n, b.d, b.dv, b.q_heads, b.float_scores};
 }
 
 }  // namespace kvscope

@@ -59,6 +59,10 @@ struct ScoreBatch {
 // reference and the device backends check the same way.
 void check_score_batch(const ScoreBatch& batch);
 
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const ScoreBatch& b);
+
 // The CPU reference: the causal rows in blocks of 64 by a double-precision matrix product
 // (engine/core/simd.h's gemm_abt and exp_shift_sum), summed per key in increasing row order.
 void cpu_attention_scores(const ScoreBatch& batch);

@@ -14,6 +14,7 @@
 #include "engine/core/simd.h"
 #include "engine/core/tensor.h"
 #include "engine/ops/attention_scores.h"
+#include "engine/ops/backend.h"
 
 namespace kvscope {
 namespace {
@@ -115,6 +116,10 @@ void cpu_attention_scores(const ScoreBatch& b) {
         if (seen > 0) sums[i] /= static_cast<double>(seen);
       }
   }
+}
+
+OpShape op_shape(const ScoreBatch& b) {
+  return {Op::attention_scores, b.n, b.d, static_cast<int>(b.heads.size()), b.group(), false};
 }
 
 }  // namespace kvscope

@@ -8,7 +8,6 @@
 #include <memory>
 #include <mutex>
 #include <set>
-#include <type_traits>
 #include <utility>
 
 #include "engine/core/error.h"
@@ -16,22 +15,10 @@
 namespace kvscope {
 namespace {
 
+// The CPU backend: every op is Backend's default, the CPU reference.
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
-  void walk_blocks(const WalkBatch& b) override { cpu_walk_blocks(b); }
-  void attention_errors(const ErrorBatch& b) override { cpu_attention_errors(b); }
-  double tsne_gradient(const TsneGradInput& in, float* grad) override {
-    return cpu_tsne_gradient(in, grad);
-  }
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
-    return cpu_kcenter(x, n, d, k, first);
-  }
-  void attention_scores(const ScoreBatch& b) override { cpu_attention_scores(b); }
-  void key_clusters(const ClusterBatch& b) override { cpu_key_clusters(b); }
-  void cache_scores(const CacheScoreBatch& b) override { cpu_cache_scores(b); }
-  void expected_scores(const ExpectedScoreBatch& b) override { cpu_expected_scores(b); }
-  void chunk_scores(const ChunkScoreBatch& b) override { cpu_chunk_scores(b); }
 };
 
 // One registered device backend: probed once, wrapped once.
@@ -79,70 +66,6 @@ std::set<std::string> g_reported;
 
 }  // namespace
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::walk_blocks:
-      return "walk_blocks";
-    case Op::attention_errors:
-      return "attention_errors";
-    case Op::tsne_gradient:
-      return "tsne_gradient";
-    case Op::kcenter:
-      return "kcenter";
-    case Op::attention_scores:
-      return "attention_scores";
-    case Op::key_clusters:
-      return "key_clusters";
-    case Op::cache_scores:
-      return "cache_scores";
-    case Op::expected_scores:
-      return "expected_scores";
-    case Op::chunk_scores:
-      return "chunk_scores";
-  }
-  return "?";
-}
-
-// {op, rows, d, dv, count, float_scores}: the fields of OpShape in order (engine/ops/backend.h).
-OpShape op_shape(const WalkBatch& b) {
-  const int64_t rows = b.num_blocks > 0 && b.block_offset ? b.block_offset[b.num_blocks] : 0;
-  return {Op::walk_blocks, rows, b.d, b.dv, b.num_blocks, false};
-}
-
-OpShape op_shape(const ErrorBatch& b) {
-  return {Op::attention_errors, b.n, b.d, b.dv, b.q_heads, b.float_scores};
-}
-
-OpShape op_shape(const TsneGradInput& in) {
-  return {Op::tsne_gradient, in.n, 2, 0, 0, false};
-}
-
-OpShape op_shape(const ScoreBatch& b) {
-  return {Op::attention_scores, b.n, b.d, static_cast<int>(b.heads.size()), b.group(), false};
-}
-
-OpShape op_shape(const ClusterBatch& b) {
-  return {Op::key_clusters, b.n, b.d, 0, static_cast<int>(b.deltas.size()), false};
-}
-
-OpShape op_shape(const CacheScoreBatch& b) {
-  return {Op::cache_scores, b.n, b.d, b.num_keys, b.group(), false};
-}
-
-// rows: tokens scored; dv: the value width; count: the group.
-OpShape op_shape(const ExpectedScoreBatch& b) {
-  return {Op::expected_scores, b.count, b.d, b.dv, b.group(), false};
-}
-
-// rows: tokens of the region; count: the group; dv: the chunk size.
-OpShape op_shape(const ChunkScoreBatch& b) {
-  return {Op::chunk_scores, b.len, b.d, b.chunk, b.group(), false};
-}
-
-OpShape kcenter_shape(int n, int d, int k) {
-  return {Op::kcenter, n, d, 0, k, false};
-}
-
 // ---- the fallback ---------------------------------------------------------------------------
 
 FallbackBackend::FallbackBackend(std::string label, Backend& device)
@@ -162,79 +85,6 @@ void FallbackBackend::record(const std::string& why) {
 std::string FallbackBackend::last_fallback() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return last_;
-}
-
-// Runs `device` when the device supports `shape`; otherwise, or when it throws DeviceFailure,
-// records why and returns `cpu()`. Other exceptions (input errors) propagate.
-template <typename Device, typename Cpu>
-auto FallbackBackend::run(const OpShape& shape, Device&& device, Cpu&& cpu) -> decltype(cpu()) {
-  std::string why;
-  if (!device_.supports(shape, &why)) {
-    if (why.empty()) why = "shape not supported";
-  } else {
-    try {
-      if constexpr (std::is_void_v<decltype(cpu())>) {
-        device();
-        record("");
-        return;
-      } else {
-        auto result = device();
-        record("");
-        return result;
-      }
-    } catch (const DeviceFailure& e) {
-      why = e.what();
-    }
-  }
-  record(label_ + " " + op_name(shape.op) + ": " + why + "; ran on the CPU");
-  return cpu();
-}
-
-void FallbackBackend::walk_blocks(const WalkBatch& b) {
-  run(
-      op_shape(b), [&] { device_.walk_blocks(b); }, [&] { cpu_walk_blocks(b); });
-}
-
-void FallbackBackend::attention_errors(const ErrorBatch& b) {
-  run(
-      op_shape(b), [&] { device_.attention_errors(b); }, [&] { cpu_attention_errors(b); });
-}
-
-double FallbackBackend::tsne_gradient(const TsneGradInput& in, float* grad) {
-  return run(
-      op_shape(in), [&] { return device_.tsne_gradient(in, grad); },
-      [&] { return cpu_tsne_gradient(in, grad); });
-}
-
-std::vector<int> FallbackBackend::kcenter(const float* x, int n, int d, int k, int first) {
-  return run(
-      kcenter_shape(n, d, k), [&] { return device_.kcenter(x, n, d, k, first); },
-      [&] { return cpu_kcenter(x, n, d, k, first); });
-}
-
-void FallbackBackend::attention_scores(const ScoreBatch& b) {
-  run(
-      op_shape(b), [&] { device_.attention_scores(b); }, [&] { cpu_attention_scores(b); });
-}
-
-void FallbackBackend::key_clusters(const ClusterBatch& b) {
-  run(
-      op_shape(b), [&] { device_.key_clusters(b); }, [&] { cpu_key_clusters(b); });
-}
-
-void FallbackBackend::cache_scores(const CacheScoreBatch& b) {
-  run(
-      op_shape(b), [&] { device_.cache_scores(b); }, [&] { cpu_cache_scores(b); });
-}
-
-void FallbackBackend::expected_scores(const ExpectedScoreBatch& b) {
-  run(
-      op_shape(b), [&] { device_.expected_scores(b); }, [&] { cpu_expected_scores(b); });
-}
-
-void FallbackBackend::chunk_scores(const ChunkScoreBatch& b) {
-  run(
-      op_shape(b), [&] { device_.chunk_scores(b); }, [&] { cpu_chunk_scores(b); });
 }
 
 std::string last_fallback() {

@@ -7,10 +7,12 @@
 // Every op takes plain arrays so kernels/ never sees Eigen.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/ops/attention_errors.h"
@@ -25,7 +27,8 @@
 
 namespace kvscope {
 
-// The ops of the seam, for supports() and the fallback's messages.
+// The ops of the seam, for supports() and the fallback's messages. A new op adds its entry here
+// and its name below, in the same place.
 enum class Op {
   walk_blocks,
   attention_errors,
@@ -35,11 +38,20 @@ enum class Op {
   key_clusters,
   cache_scores,
   expected_scores,
-  chunk_scores
+  chunk_scores,
 };
-// "walk_blocks", "attention_errors", "tsne_gradient", "kcenter", "attention_scores",
-// "key_clusters", "cache_scores", "expected_scores", "chunk_scores"
-const char* op_name(Op op);
+inline constexpr const char* kOpNames[] = {
+    "walk_blocks",  "attention_errors", "tsne_gradient",   "kcenter",      "attention_scores",
+    "key_clusters", "cache_scores",     "expected_scores", "chunk_scores",
+};
+inline constexpr size_t kOpCount = sizeof kOpNames / sizeof kOpNames[0];
+static_assert(static_cast<size_t>(Op::chunk_scores) + 1 == kOpCount,
+              "every Op has its name in kOpNames, in the enum's order");
+
+inline const char* op_name(Op op) {
+  const auto i = static_cast<size_t>(op);
+  return i < kOpCount ? kOpNames[i] : "?";
+}
 
 // What supports() is told about one call: the op and its sizes.
 struct OpShape {
@@ -55,15 +67,6 @@ struct OpShape {
   int count = 0;
   bool float_scores = false;  // attention: ErrorBatch::float_scores
 };
-OpShape op_shape(const WalkBatch& b);
-OpShape op_shape(const ErrorBatch& b);
-OpShape op_shape(const TsneGradInput& in);
-OpShape op_shape(const ScoreBatch& b);
-OpShape op_shape(const ClusterBatch& b);
-OpShape op_shape(const CacheScoreBatch& b);
-OpShape op_shape(const ExpectedScoreBatch& b);
-OpShape op_shape(const ChunkScoreBatch& b);
-OpShape kcenter_shape(int n, int d, int k);
 
 // A device backend's report that it could not run an op (out of device memory, a rejected launch,
 // an execution error, a context lost to an earlier failure, a shape found unsupported while
@@ -88,25 +91,27 @@ class Backend {
   // cache, the exact-reference cache, FFT repulsion, 16-bit columns). Results do not depend on it.
   // Which processor runs the ops is said by name() and by whether this is cpu_backend().
   virtual bool parallel_in_one_call() const { return false; }
-  virtual void walk_blocks(const WalkBatch& batch) = 0;
-  virtual void attention_errors(const ErrorBatch& batch) = 0;
+  // One virtual per op, each defaulting to the op's CPU reference: the CPU backend is this
+  // class as it is, and a device backend or a test's fake overrides what it runs itself.
+  virtual void walk_blocks(const WalkBatch& batch) { cpu_walk_blocks(batch); }
+  virtual void attention_errors(const ErrorBatch& batch) { cpu_attention_errors(batch); }
   // grad: n x 2. Returns the KL divergence when cheap to compute, else NaN.
-  virtual double tsne_gradient(const TsneGradInput& in, float* grad) = 0;
+  virtual double tsne_gradient(const TsneGradInput& in, float* grad) {
+    return cpu_tsne_gradient(in, grad);
+  }
   // Greedy k-center (Gonzalez) from row `first`; returns the k centre rows in pick order.
-  virtual std::vector<int> kcenter(const float* x, int n, int d, int k, int first) = 0;
+  virtual std::vector<int> kcenter(const float* x, int n, int d, int k, int first) {
+    return cpu_kcenter(x, n, d, k, first);
+  }
   // The causal attention each key receives, reduced per key (engine/ops/attention_scores.h).
-  virtual void attention_scores(const ScoreBatch& batch) = 0;
+  virtual void attention_scores(const ScoreBatch& batch) { cpu_attention_scores(batch); }
   // SubGen's online clustering of keys, one clustering per radius (engine/ops/key_clusters.h).
-  // Not pure: a backend without it (a test's fake) runs the CPU reference.
   virtual void key_clusters(const ClusterBatch& batch) { cpu_key_clusters(batch); }
-  // BUZZ's streamed scores over one segment of its cache (engine/ops/cache_scores.h). Not pure,
-  // as key_clusters.
+  // BUZZ's streamed scores over one segment of its cache (engine/ops/cache_scores.h).
   virtual void cache_scores(const CacheScoreBatch& batch) { cpu_cache_scores(batch); }
-  // Expected-attention's scores from its queries' statistics (engine/ops/expected_scores.h). Not
-  // pure, as key_clusters.
+  // Expected-attention's scores from its queries' statistics (engine/ops/expected_scores.h).
   virtual void expected_scores(const ExpectedScoreBatch& batch) { cpu_expected_scores(batch); }
-  // Compactor's chunked non-causal attention column sums (engine/ops/chunk_scores.h). Not pure,
-  // as key_clusters.
+  // Compactor's chunked non-causal attention column sums (engine/ops/chunk_scores.h).
   virtual void chunk_scores(const ChunkScoreBatch& batch) { cpu_chunk_scores(batch); }
 };
 
@@ -124,23 +129,76 @@ class FallbackBackend final : public Backend {
   bool parallel_in_one_call() const override { return device_.parallel_in_one_call(); }
   // Every shape runs, on the device or on the CPU.
   bool supports(const OpShape&, std::string* = nullptr) const override { return true; }
-  void walk_blocks(const WalkBatch& batch) override;
-  void attention_errors(const ErrorBatch& batch) override;
-  double tsne_gradient(const TsneGradInput& in, float* grad) override;
-  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override;
-  void attention_scores(const ScoreBatch& batch) override;
-  void key_clusters(const ClusterBatch& batch) override;
-  void cache_scores(const CacheScoreBatch& batch) override;
-  void expected_scores(const ExpectedScoreBatch& batch) override;
-  void chunk_scores(const ChunkScoreBatch& batch) override;
+  // Each op: its shape, the device's call and the CPU reference's (one line per op).
+  void walk_blocks(const WalkBatch& b) override {
+    run(
+        op_shape(b), [&] { device_.walk_blocks(b); }, [&] { cpu_walk_blocks(b); });
+  }
+  void attention_errors(const ErrorBatch& b) override {
+    run(
+        op_shape(b), [&] { device_.attention_errors(b); }, [&] { cpu_attention_errors(b); });
+  }
+  double tsne_gradient(const TsneGradInput& in, float* grad) override {
+    return run(
+        op_shape(in), [&] { return device_.tsne_gradient(in, grad); },
+        [&] { return cpu_tsne_gradient(in, grad); });
+  }
+  std::vector<int> kcenter(const float* x, int n, int d, int k, int first) override {
+    return run(
+        kcenter_shape(n, d, k), [&] { return device_.kcenter(x, n, d, k, first); },
+        [&] { return cpu_kcenter(x, n, d, k, first); });
+  }
+  void attention_scores(const ScoreBatch& b) override {
+    run(
+        op_shape(b), [&] { device_.attention_scores(b); }, [&] { cpu_attention_scores(b); });
+  }
+  void key_clusters(const ClusterBatch& b) override {
+    run(
+        op_shape(b), [&] { device_.key_clusters(b); }, [&] { cpu_key_clusters(b); });
+  }
+  void cache_scores(const CacheScoreBatch& b) override {
+    run(
+        op_shape(b), [&] { device_.cache_scores(b); }, [&] { cpu_cache_scores(b); });
+  }
+  void expected_scores(const ExpectedScoreBatch& b) override {
+    run(
+        op_shape(b), [&] { device_.expected_scores(b); }, [&] { cpu_expected_scores(b); });
+  }
+  void chunk_scores(const ChunkScoreBatch& b) override {
+    run(
+        op_shape(b), [&] { device_.chunk_scores(b); }, [&] { cpu_chunk_scores(b); });
+  }
 
   // Why the most recent op ran on the CPU, or "" when it ran on the device.
   std::string last_fallback() const;
   Backend& device() const { return device_; }
 
  private:
+  // Runs `device` when the device supports `shape`; otherwise, or when it throws DeviceFailure,
+  // records why and returns `cpu()`. Other exceptions (input errors) propagate.
   template <typename Device, typename Cpu>
-  auto run(const OpShape& shape, Device&& device, Cpu&& cpu) -> decltype(cpu());
+  auto run(const OpShape& shape, Device&& device, Cpu&& cpu) -> decltype(cpu()) {
+    std::string why;
+    if (!device_.supports(shape, &why)) {
+      if (why.empty()) why = "shape not supported";
+    } else {
+      try {
+        if constexpr (std::is_void_v<decltype(cpu())>) {
+          device();
+          record("");
+          return;
+        } else {
+          auto result = device();
+          record("");
+          return result;
+        }
+      } catch (const DeviceFailure& e) {
+        why = e.what();
+      }
+    }
+    record(label_ + " " + op_name(shape.op) + ": " + why + "; ran on the CPU");
+    return cpu();
+  }
   void record(const std::string& why);
 
   std::string label_;

@@ -47,6 +47,10 @@ struct CacheScoreBatch {
 // key).
 void check_cache_score_batch(const CacheScoreBatch& batch);
 
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const CacheScoreBatch& b);
+
 // The CPU reference: row after row, each head's logits by a dot product in key order (the code
 // BUZZ had before the op existed).
 void cpu_cache_scores(const CacheScoreBatch& batch);

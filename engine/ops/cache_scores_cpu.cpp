@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/ops/backend.h"
 #include "engine/ops/cache_scores.h"
 
 namespace kvscope {
@@ -64,6 +65,10 @@ void cpu_cache_scores(const CacheScoreBatch& b) {
       for (int j = 0; j < seen; ++j) b.acc[b.key_ids[j]] += logits[j] * norm;
     }
   }
+}
+
+OpShape op_shape(const CacheScoreBatch& b) {
+  return {Op::cache_scores, b.n, b.d, b.num_keys, b.group(), false};
 }
 
 }  // namespace kvscope

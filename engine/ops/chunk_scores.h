@@ -42,6 +42,10 @@ struct ChunkScoreBatch {
 // chunk < 1, a missing array, unequal or empty groups).
 void check_chunk_score_batch(const ChunkScoreBatch& batch);
 
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const ChunkScoreBatch& b);
+
 // The CPU reference: per chunk a double-precision Eigen product of its queries and keys, each
 // row's softmax summed in key order (the code compactor had before the op existed, moved).
 void cpu_chunk_scores(const ChunkScoreBatch& batch);

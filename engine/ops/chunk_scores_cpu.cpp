@@ -11,6 +11,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
+#include "engine/ops/backend.h"
 #include "engine/ops/chunk_scores.h"
 
 namespace kvscope {
@@ -69,6 +70,11 @@ void cpu_chunk_scores(const ChunkScoreBatch& b) {
     }
     std::copy(col.begin(), col.end(), head.col);
   }
+}
+
+// rows: tokens of the region; count: the group; dv: the chunk size.
+OpShape op_shape(const ChunkScoreBatch& b) {
+  return {Op::chunk_scores, b.len, b.d, b.chunk, b.group(), false};
 }
 
 }  // namespace kvscope

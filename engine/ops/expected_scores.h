@@ -46,6 +46,10 @@ struct ExpectedScoreBatch {
 // device backends check the same way.
 void check_expected_score_batch(const ExpectedScoreBatch& batch);
 
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const ExpectedScoreBatch& b);
+
 // The CPU reference: Eigen products in double per query head, the softmax summed in token order
 // (the code expected-attention had before the op existed, moved unchanged).
 void cpu_expected_scores(const ExpectedScoreBatch& batch);

@@ -11,6 +11,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
+#include "engine/ops/backend.h"
 #include "engine/ops/expected_scores.h"
 
 namespace kvscope {
@@ -70,6 +71,11 @@ void cpu_expected_scores(const ExpectedScoreBatch& b) {
     }
     std::copy(mean_probs.begin(), mean_probs.end(), head.scores);
   }
+}
+
+// rows: tokens scored; dv: the value width; count: the group.
+OpShape op_shape(const ExpectedScoreBatch& b) {
+  return {Op::expected_scores, b.count, b.d, b.dv, b.group(), false};
 }
 
 }  // namespace kvscope

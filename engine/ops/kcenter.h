@@ -8,6 +8,10 @@
 
 namespace kvscope {
 
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape kcenter_shape(int n, int d, int k);
+
 // Greedy k-center (Gonzalez): the first pick is row `first`, each later one maximises the
 // distance (double precision) to its nearest chosen centre, ties to the lowest row, no row twice;
 // min(k, n) picks in pick order. Throws InputError for k < 0, a negative shape, no points, or

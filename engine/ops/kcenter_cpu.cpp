@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/ops/backend.h"
 #include "engine/ops/kcenter.h"
 
 namespace kvscope {
@@ -54,6 +55,10 @@ std::vector<int> cpu_kcenter(const float* x, int n, int d, int k, int first) {
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < d; ++j) xd(i, j) = x[static_cast<size_t>(i) * d + j];
   return kcenter_rows(xd, k, first);
+}
+
+OpShape kcenter_shape(int n, int d, int k) {
+  return {Op::kcenter, n, d, 0, k, false};
 }
 
 }  // namespace kvscope

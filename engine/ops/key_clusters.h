@@ -46,6 +46,10 @@ struct ClusterBatch {
 // sizes, t < 1, limit < 0, a negative or NaN radius).
 void check_cluster_batch(const ClusterBatch& batch);
 
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const ClusterBatch& b);
+
 // The CPU reference: each radius in turn, distances by Eigen in double precision (the figures
 // SubGen had before the op existed).
 void cpu_key_clusters(const ClusterBatch& batch);

@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
+#include "engine/ops/backend.h"
 #include "engine/ops/key_clusters.h"
 
 namespace kvscope {
@@ -71,6 +72,10 @@ void cpu_key_clusters(const ClusterBatch& b) {
     if (b.cancel && b.cancel->load(std::memory_order_relaxed)) throw Cancelled();
     b.out[r] = cluster_stream(keys, b.deltas[r], b.t, b.limit);
   }
+}
+
+OpShape op_shape(const ClusterBatch& b) {
+  return {Op::key_clusters, b.n, b.d, 0, static_cast<int>(b.deltas.size()), false};
 }
 
 }  // namespace kvscope

@@ -1,7 +1,7 @@
 // The t-SNE gradient op (Backend::tsne_gradient, engine/ops/backend.h): its input type and its CPU
 // reference, cpu_tsne_gradient (engine/ops/tsne_gradient_cpu.cpp: exact, Barnes-Hut, and the
 // FFT-interpolated variant fft_tsne_gradient of engine/ops/tsne_gradient_fft.h). The CUDA kernel is
-// kernels/tsne_grad.cu. The optimisation around it is engine/geometry/tsne.h's TsneRun.
+// kernels/tsne_gradient.cu. The optimisation around it is engine/geometry/tsne.h's TsneRun.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,10 @@ struct TsneGradInput {
   // iterations by TsneRun). A backend may compute it anyway or return NaN when false.
   bool want_kl = true;
 };
+
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const TsneGradInput& in);
 
 // The CPU reference. grad: n x 2. Returns KL(P || Q) of the un-exaggerated P (with the
 // Barnes-Hut estimate of Z when theta > 0), or NaN when !in.want_kl; 0 for n <= 0.

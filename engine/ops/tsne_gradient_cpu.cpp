@@ -2,7 +2,7 @@
 // Barnes-Hut repulsion, the FFT-interpolated variant (fft_tsne_gradient; the repulsion itself is
 // engine/ops/tsne_gradient_fft.cpp), and the attraction and KL rows they share (the SIMD table's
 // where it has them, engine/core/simd.h). TsneRun (engine/geometry/tsne.cpp) calls it through the
-// backend; the CUDA kernel (kernels/tsne_grad.cu) is tested against it
+// backend; the CUDA kernel (kernels/tsne_gradient.cu) is tested against it
 // (tests/test_cuda_parity.cpp). Moved here from engine/geometry/tsne.cpp unchanged.
 #include <algorithm>
 #include <atomic>
@@ -18,6 +18,7 @@
 
 #include "engine/core/simd.h"
 #include "engine/core/thread_pool.h"
+#include "engine/ops/backend.h"
 #include "engine/ops/tsne_box.h"
 #include "engine/ops/tsne_gradient.h"
 #include "engine/ops/tsne_gradient_fft.h"
@@ -368,6 +369,10 @@ bool set_cpu_tsne_simd(bool enabled) {
 
 bool cpu_tsne_avx2_in_use() {
   return simd_row_terms() != nullptr;
+}
+
+OpShape op_shape(const TsneGradInput& in) {
+  return {Op::tsne_gradient, in.n, 2, 0, 0, false};
 }
 
 }  // namespace kvscope

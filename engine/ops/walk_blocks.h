@@ -1,6 +1,6 @@
 // The walk op (Backend::walk_blocks, engine/ops/backend.h): its batch type and its CPU reference,
-// cpu_walk_blocks (engine/ops/walk_blocks_cpu.cpp). The CUDA kernel is kernels/walk.cu; both are
-// compared on the cases of tests/op_cases.h (tests/test_cuda_parity.cpp).
+// cpu_walk_blocks (engine/ops/walk_blocks_cpu.cpp). The CUDA kernel is kernels/walk_blocks.cu; both
+// are compared on the cases of tests/op_cases.h (tests/test_cuda_parity.cpp).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +37,10 @@ struct WalkBatch {
   float* p = nullptr;        // before clipping
   float* partial = nullptr;  // sum_{j<i} K_ij sigma_j
 };
+
+// The op and its sizes, for Backend::supports() (OpShape: engine/ops/backend.h).
+struct OpShape;
+OpShape op_shape(const WalkBatch& b);
 
 // The CPU reference: every block walked in turn on the calling thread. Throws
 // std::invalid_argument for a missing array or d, dv <= 0.

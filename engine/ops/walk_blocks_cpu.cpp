@@ -1,7 +1,7 @@
 // The CPU reference of the walk op (Backend::walk_blocks, engine/ops/walk_blocks.h): one
 // self-balancing walk per block of a WalkBatch, in float32 (the authors' semantics) or double. The
 // rounds, halving and weights around it are engine/methods/balancekv/balance_walk.cpp's; the CUDA
-// kernel (kernels/walk.cu) is tested against this file (tests/test_cuda_parity.cpp).
+// kernel (kernels/walk_blocks.cu) is tested against this file (tests/test_cuda_parity.cpp).
 #include "engine/ops/walk_blocks_cpu.h"
 
 #include <Eigen/Core>
@@ -15,6 +15,7 @@
 #include "engine/core/random.h"
 #include "engine/core/simd.h"
 #include "engine/core/tensor.h"
+#include "engine/ops/backend.h"
 #include "engine/ops/walk_blocks.h"
 
 namespace kvscope {
@@ -161,10 +162,10 @@ class RowPrefetch {
 // float dot product of row i's lower part with the signs so far.
 
 // The block's Gram matrices come from the SIMD table's walk_gram_f32 (engine/core/simd.h): those of
-// CUDA's gram_tile (kernels/walk.cu) bit for bit, each entry summed by one fused multiply-add per
-// feature in order. (torch's sgemm sums in its own order; the golden cases do not depend on
-// which.) That order is also the fast one on a CPU: the kernel is an outer product, 8 or 16
-// entries per vector, so no entry needs a horizontal sum, and AVX-512 only widens it. The same
+// CUDA's gram_tile (kernels/walk_blocks.cu) bit for bit, each entry summed by one fused
+// multiply-add per feature in order. (torch's sgemm sums in its own order; the golden cases do not
+// depend on which.) That order is also the fast one on a CPU: the kernel is an outer product, 8 or
+// 16 entries per vector, so no entry needs a horizontal sum, and AVX-512 only widens it. The same
 // table packs the rows for it, computes the kernel rows (a polynomial exp, 8 or 16 entries per
 // vector) and the sign loop's dot products (walk_pack_panels16, walk_kernel_rows_f32,
 // walk_dot_f32); without it, the portable loops below.
@@ -377,6 +378,11 @@ void cpu_walk_blocks(const WalkBatch& b) {
       walk_block_f64(b, blk, f64);
   }
   if (f32.kern.capacity() > (size_t{16} << 20)) f32 = F32Block();
+}
+
+OpShape op_shape(const WalkBatch& b) {
+  const int64_t rows = b.num_blocks > 0 && b.block_offset ? b.block_offset[b.num_blocks] : 0;
+  return {Op::walk_blocks, rows, b.d, b.dv, b.num_blocks, false};
 }
 
 }  // namespace kvscope

@@ -12,7 +12,6 @@
 #include "engine/core/error.h"
 #include "engine/core/random.h"
 #include "engine/ops/backend.h"
-#include "engine/ops/cpu_ops.h"
 
 namespace kvscope {
 

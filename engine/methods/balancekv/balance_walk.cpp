@@ -16,7 +16,6 @@
 #include "engine/io/capture.h"
 #include "engine/methods/method.h"
 #include "engine/ops/backend.h"
-#include "engine/ops/cpu_ops.h"
 #include "engine/ops/walk_blocks_cpu.h"
 
 namespace kvscope {

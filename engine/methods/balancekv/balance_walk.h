@@ -1,7 +1,7 @@
 // Practical BalanceKV (docs/balancekv.md, "balancekv"): the self-balancing walk over blocks of
 // keys and values, exact halving, weights across rounds, the top-up for ratios that are not
 // powers of two, the needle variant's protected keys, and walk traces. The walk itself goes
-// through Backend::walk_blocks; its CPU reference cpu_walk_blocks (engine/ops/cpu_ops.h) is
+// through Backend::walk_blocks; its CPU reference cpu_walk_blocks (engine/ops/walk_blocks.h) is
 // engine/ops/walk_blocks_cpu.cpp; the parameters are engine/methods/balancekv/balance_params.cpp,
 // the halving rules engine/methods/balancekv/balance_halving.cpp. See docs/balancekv.md for the
 // exact rules.
