@@ -95,7 +95,15 @@ void record_item(AppState& s, const std::string& name) {
   // Only what a user can click: an item scrolled out of its panel or clipped out of a combo's
   // list is not on the screen (a test must scroll to it, as a user would).
   if (!ImGui::IsItemVisible()) return;
-  const ImVec2 a = ImGui::GetItemRectMin(), b = ImGui::GetItemRectMax();
+  // The part inside the window's clip rectangle: ImGui hovers an item only there, so a click on
+  // the clipped rest of an item cut by a list's bottom edge selects nothing. An item less than
+  // half shown is left out: a user scrolls to it first.
+  const ImVec2 full_min = ImGui::GetItemRectMin(), full_max = ImGui::GetItemRectMax();
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  const ImVec2 clip_min = draw->GetClipRectMin(), clip_max = draw->GetClipRectMax();
+  const ImVec2 a(std::max(full_min.x, clip_min.x), std::max(full_min.y, clip_min.y));
+  const ImVec2 b(std::min(full_max.x, clip_max.x), std::min(full_max.y, clip_max.y));
+  if (b.y - a.y < 0.5f * (full_max.y - full_min.y) || b.x <= a.x) return;
   s.ui_items[name] = {a.x, a.y, b.x, b.y};
 }
 }  // namespace kvscope::app
