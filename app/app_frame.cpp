@@ -40,6 +40,7 @@ constexpr int GLFW_KEY_F1_CODE = 290;
 constexpr int GLFW_KEY_F8_CODE = 297;
 constexpr int GLFW_KEY_F9_CODE = 298;
 constexpr int GLFW_KEY_F10_CODE = 299;
+constexpr int GLFW_KEY_F11_CODE = 300;
 constexpr int GLFW_KEY_KP_SUBTRACT_CODE = 333;
 constexpr int GLFW_KEY_KP_ADD_CODE = 334;
 
@@ -62,7 +63,7 @@ const std::vector<Shortcut>& shortcuts() {
        false,
        {GLFW_KEY_ESCAPE_CODE},
        "Escape",
-       "close the open menu or list, else the dialog or this help"},
+       "close the open menu or list, else the dialog, this help or the presentation"},
       {Command::ExportJson,
        false,
        {GLFW_KEY_F9_CODE, GLFW_KEY_F8_CODE},
@@ -75,6 +76,12 @@ const std::vector<Shortcut>& shortcuts() {
        "F10",
        "write a PNG of the active view's figure to the export folder",
        true},
+      {Command::Present,
+       false,
+       {GLFW_KEY_F11_CODE},
+       "F11",
+       "presentation: the active view's figure and its playback controls over the whole window "
+       "(F11 or Escape leaves)"},
   };
   return table;
 }
@@ -513,6 +520,7 @@ void AppUi::export_all_json(const std::string& dir) const {
   st["dialog_open"] = browser_.is_open() || save_dialog_open_;
   st["popups_open"] = ImGui::GetCurrentContext()->OpenPopupStack.Size;  // menus, lists, dialogs
   st["help_open"] = help_open_;
+  st["presenting"] = presenting_;
   st["restore_prompt"] = {{"open", restore_pending_}, {"text", restore_text_}};
   if (autosave_)
     st["autosave"] = {{"file", autosave_->file().string()},
@@ -597,8 +605,7 @@ void AppUi::note_frame_time(double ms, double app_ms, double app_cpu_ms) {
 void AppUi::reconcile() {
   s_.reconcile([this](const AppState& s, std::vector<NamedPlan>& plans) {
     for (const auto& v : views_) {  // a view's own results are wanted while it is shown
-      if (v->name() != s.settings.panel_view[0] && v->name() != s.settings.panel_view[1])
-        continue;
+      if (v->name() != s.settings.panel_view[0] && v->name() != s.settings.panel_view[1]) continue;
       std::vector<NamedPlan> mine;
       v->plan(s, mine);
       // A result two views show (the set's evaluation) is planned once: both plan it alike.
@@ -626,12 +633,14 @@ void AppUi::draw() {
   ImGui::SetNextWindowPos(vp->Pos);
   ImGui::SetNextWindowSize(vp->Size);
   ImGuiWindowFlags flags = ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
-                           ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_MenuBar |
+                           ImGuiWindowFlags_NoBringToFrontOnFocus |
                            ImGuiWindowFlags_NoSavedSettings;
+  if (!presenting_) flags |= ImGuiWindowFlags_MenuBar;
   ImGui::PushStyleVar(ImGuiStyleVar_WindowPadding, ImVec2(px(6), px(6)));
   ImGui::Begin("KVScope", nullptr, flags);
   ImGui::PopStyleVar();
-  draw_menu();
+  handle_keys();  // the shortcuts() table, with or without the menu bar (a presentation)
+  if (!presenting_) draw_menu();
 
   // Load errors stay visible until dismissed; the capture that was open stays open.
   if (!s_.load_error.empty()) {
@@ -667,11 +676,15 @@ void AppUi::draw() {
   float left = left_w_ > 0 ? left_w_ : std::clamp(avail.x * 0.33f, px(300), px(kLeftPanelWidth));
   left = std::max(std::min(left, avail.x - min_main - px(kSplitterWidth)), min_left);
   const float panel_h = std::max(px(100), avail.y - status_h);
-  draw_panel(Panel::Left, "##left", ImVec2(left, panel_h));
-  ImGui::SameLine(0, 0);
-  draw_splitter(panel_h);
-  ImGui::SameLine(0, 0);
-  draw_panel(Panel::Main, "##main", ImVec2(0, panel_h));
+  if (presenting_) {
+    draw_presented(ImVec2(0, panel_h));
+  } else {
+    draw_panel(Panel::Left, "##left", ImVec2(left, panel_h));
+    ImGui::SameLine(0, 0);
+    draw_splitter(panel_h);
+    ImGui::SameLine(0, 0);
+    draw_panel(Panel::Main, "##main", ImVec2(0, panel_h));
+  }
   draw_status_bar();
   draw_dialogs();
   draw_restore_prompt();
@@ -761,6 +774,9 @@ void AppUi::run_command(Command c) {
     case Command::CloseMenu:
       close_popups_and_menus();
       break;
+    case Command::Present:
+      presenting_ = !presenting_;
+      break;
     case Command::ExportJson:
       // Written at the end of the frame, so widget rectangles are this frame's. F8 does the
       // same as F9, so a script can alternate keys (two quick taps of one key can reach GLFW as
@@ -795,7 +811,11 @@ void AppUi::close_popups_and_menus() {
     ImGui::GetIO().KeysDownDuration[GLFW_KEY_ESCAPE_CODE] = 1e-6f;
     return;
   }
-  if (g.OpenPopupStack.Size == 0 && !open_path_popup_) help_open_ = false;
+  if (g.OpenPopupStack.Size != 0 || open_path_popup_) return;
+  if (help_open_)
+    help_open_ = false;
+  else
+    presenting_ = false;
 }
 
 void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
@@ -821,19 +841,7 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
             s_.settings.active_view = v.name();
           shown = v.name();
         }  // else: another tab is being brought up; the settings already name it
-        // At a projector's scale a view's toolbars and plots can be wider than its panel: the
-        // view scrolls sideways then, rather than cutting them off or squeezing the plots.
-        ImGui::BeginChild("##view", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
-        // Exports cover the view's own area (no tab bar); from its figure top when it has one.
-        const ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
-        clear_figure_top();
-        v.draw(s_);
-        areas_[i] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
-        rects_[i] = areas_[i];
-        const float top = figure_top();
-        if (top > wp.y && top < wp.y + ws.y) rects_[i].y0 = top;
-        ImGui::EndChild();
-        ++drawn_frames_[i];
+        draw_view_in_child(i);
         ImGui::EndTabItem();
       } else {
         drawn_frames_[i] = 0;
@@ -841,6 +849,45 @@ void AppUi::draw_panel(Panel panel, const char* id, ImVec2 size) {
     }
     ImGui::EndTabBar();
   }
+  ImGui::EndChild();
+}
+
+void AppUi::draw_view_in_child(size_t i) {
+  // At a projector's scale a view's toolbars and plots can be wider than its panel: the view
+  // scrolls sideways then, rather than cutting them off or squeezing the plots.
+  ImGui::BeginChild("##view", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
+  // Exports cover the view's own area (no tab bar); from its figure top when it has one.
+  const ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
+  clear_figure_top();
+  set_presenting_view(presenting_);
+  views_[i]->draw(s_);
+  set_presenting_view(false);
+  areas_[i] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
+  rects_[i] = areas_[i];
+  const float top = figure_top();
+  if (top > wp.y && top < wp.y + ws.y) rects_[i].y0 = top;
+  ImGui::EndChild();
+  ++drawn_frames_[i];
+}
+
+void AppUi::draw_presented(ImVec2 size) {
+  // The active view (any panel's), else the main panel's shown one.
+  size_t shown = views_.size();
+  for (size_t i = 0; i < views_.size(); ++i)
+    if (views_[i]->name() == s_.settings.active_view) shown = i;
+  for (size_t i = 0; i < views_.size() && shown == views_.size(); ++i)
+    if (views_[i]->name() == s_.settings.panel_view[1]) shown = i;
+  for (size_t i = 0; i < views_.size(); ++i)
+    if (i != shown) drawn_frames_[i] = 0;
+  if (shown < views_.size()) {
+    // Shown in its panel as far as the plans go (reconcile plans the shown views' results), and
+    // its tab is the one brought up when the presentation ends.
+    const size_t pi = views_[shown]->panel() == Panel::Left ? 0 : 1;
+    s_.settings.panel_view[pi] = views_[shown]->name();
+    requested_[pi] = views_[shown]->name();
+  }
+  ImGui::BeginChild("##present", size, false);
+  if (shown < views_.size()) draw_view_in_child(shown);
   ImGui::EndChild();
 }
 

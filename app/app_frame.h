@@ -51,7 +51,8 @@ enum class Command {
   Help,
   CloseMenu,
   ExportJson,
-  ExportPngNow
+  ExportPngNow,
+  Present
 };
 struct Shortcut {
   Command command;
@@ -101,6 +102,11 @@ class AppUi {
   float ui_scale() const { return ui_scale_; }
   void set_ui_scale(float scale);
   bool take_font_rebuild();
+  // Presentation (F11; Escape or F11 leaves): the active view alone over the whole window, no
+  // menu, panels or tabs; views keep their figure and playback controls and drop their settings
+  // rows (presenting_view(), app/ui_layout.h).
+  bool presenting() const { return presenting_; }
+  void set_presenting(bool on) { presenting_ = on; }
   // Left panel width in pixels (the draggable splitter); <= 0: the default for the window.
   float left_panel_width() const { return left_w_; }
   void set_left_panel_width(float w) { left_w_ = w; }
@@ -183,6 +189,10 @@ class AppUi {
  private:
   void draw_menu();
   void draw_panel(Panel panel, const char* id, ImVec2 size);
+  // Draws views_[i] into the current child window and notes where (areas_, rects_).
+  void draw_view_in_child(size_t i);
+  // The active view alone over `size` (presentation).
+  void draw_presented(ImVec2 size);
   void draw_status_bar();
   void draw_dialogs();
   void handle_keys();
@@ -212,6 +222,7 @@ class AppUi {
   float ui_scale_ = 1.0f;
   bool font_rebuild_ = false;
   float left_w_ = 0;  // <= 0: default
+  bool presenting_ = false;
   void draw_splitter(float height);
   // Export / session path dialog
   enum class PathAction { None, ExportPng, ExportPng2x, ExportSvg, ExportData, SaveSession };

@@ -76,7 +76,6 @@ bool open_with_xdg(const std::string& xdg, const std::string& file) {
 
 void AppUi::draw_menu() {
   if (!ImGui::BeginMenuBar()) return;
-  handle_keys();  // the shortcuts() table
   bool open_capture = false, save_session = false, export_png = false;
   const bool file_menu = ImGui::BeginMenu("File");
   record_item(s_, "menu:File");
@@ -177,7 +176,10 @@ void AppUi::draw_menu() {
 
 void AppUi::draw_status_bar() {
   ImGui::Separator();
-  if (const CaptureInfo* ci = s_.info()) {
+  if (presenting_) {
+    // The presentation's line: how to leave, then the running jobs (below).
+    ImGui::TextDisabled("presentation: F11 or Escape leaves");
+  } else if (const CaptureInfo* ci = s_.info()) {
     // The engine's exact reference cache (engine/eval/reference_cache.h): what it holds of its
     // budget.
     const ReferenceCacheStats rc = ReferenceCache::global().stats();
@@ -203,11 +205,17 @@ void AppUi::draw_status_bar() {
     ImGui::SameLine();
     float frac = j.total > 0 ? static_cast<float>(j.done) / static_cast<float>(j.total) : 0.0f;
     char overlay[160];
-    if (j.total > 0)
+    const double left = time_left_s(j);
+    if (left >= 0)
+      std::snprintf(overlay, sizeof overlay, "%s %d/%d, about %s left", j.label.c_str(), j.done,
+                    j.total, fmt_seconds(left).c_str());
+    else if (j.total > 0)
       std::snprintf(overlay, sizeof overlay, "%s %d/%d", j.label.c_str(), j.done, j.total);
     else
       std::snprintf(overlay, sizeof overlay, "%s...", j.label.c_str());
-    ImGui::ProgressBar(j.total > 0 ? frac : 0.0f, ImVec2(220, 0), overlay);
+    ImGui::ProgressBar(j.total > 0 ? frac : 0.0f,
+                       ImVec2(std::max(px(220), ImGui::CalcTextSize(overlay).x + px(12)), 0),
+                       overlay);
     ImGui::SameLine();
     ImGui::PushID(j.key.c_str());
     if (ImGui::SmallButton("cancel")) {

@@ -21,6 +21,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+}  // namespace
+
 std::string fmt_seconds(double s) {
   char buf[64];
   if (s < 0)
@@ -35,8 +37,6 @@ std::string fmt_seconds(double s) {
     std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
   return buf;
 }
-
-}  // namespace
 
 std::string method_label(const std::string& name, const ParamValues& params) {
   const Method* m = find_method(name);

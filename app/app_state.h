@@ -348,8 +348,9 @@ struct AppState {
   CostModel costs;
   // The clock a probing job's pace is judged by (check_probes). Tests run it faster or slower
   // than the wall so that a probe's verdict does not depend on how fast the machine is.
-  std::function<std::chrono::steady_clock::time_point()> probe_clock =
-      [] { return std::chrono::steady_clock::now(); };
+  std::function<std::chrono::steady_clock::time_point()> probe_clock = [] {
+    return std::chrono::steady_clock::now();
+  };
   std::map<std::string, std::string> job_errors;  // by job key, from failed jobs
 
   // ---- linked selection (transient, not saved)
@@ -502,6 +503,9 @@ EvalWindow fit_window(int n, double keep_ratio, int sink_override, int eval_over
 // A method's name with its non-default parameters, for captions and legends: "balancekv (gamma
 // 2, temp 0.1)"; the bare name when every parameter is at its default (or the method is unknown).
 std::string method_label(const std::string& name, const ParamValues& params);
+
+// Seconds as people read them: "850 ms", "4.2 s", "12 min", "1.5 h"; "unknown" when negative.
+std::string fmt_seconds(double s);
 
 // Where the bundled sample capture is (relative to the executable, then the source tree).
 std::string default_capture_path(const char* argv0);

@@ -387,6 +387,7 @@ void Plot::dashed_line(const std::vector<double>& x, const std::vector<double>& 
     const ImVec2 a = to_screen(x[i - 1], y[i - 1]), b = to_screen(x[i], y[i]);
     const double dx = b.x - a.x, dy = b.y - a.y, len = std::hypot(dx, dy);
     if (!(len > 0) || !std::isfinite(len)) continue;
+    note_segment(a, b);
     // Only the part inside the plot is dashed (Liang-Barsky): a segment far outside it would
     // otherwise cost one line per dash over its whole length.
     double t0 = 0, t1 = 1;
@@ -428,7 +429,11 @@ void Plot::line(const std::vector<double>& x, const std::vector<double>& y, ImU3
   // and on zig-zag data (partial sums, per-query errors) near-reversals collapse the join and
   // leave gaps. Separate segments have no joins to collapse.
   auto flush = [&] {
-    for (size_t i = 1; i < pts.size(); ++i) dl_->AddLine(pts[i - 1], pts[i], col, thickness);
+    for (size_t i = 1; i < pts.size(); ++i) {
+      dl_->AddLine(pts[i - 1], pts[i], col, thickness);
+      note_segment(pts[i - 1], pts[i]);
+    }
+    if (pts.size() == 1) drawn_.push_back(pts[0]);
     pts.clear();
   };
   size_t n = std::min(x.size(), y.size());
@@ -450,8 +455,11 @@ void Plot::markers(const std::vector<double>& x, const std::vector<double>& y, I
   dl_->PushClipRect(p0_, p1_, true);
   size_t n = std::min(x.size(), y.size());
   for (size_t i = 0; i < n; ++i)
-    if (std::isfinite(x[i]) && std::isfinite(y[i]))
-      dl_->AddCircleFilled(to_screen(x[i], y[i]), radius, col, 12);
+    if (std::isfinite(x[i]) && std::isfinite(y[i])) {
+      const ImVec2 c = to_screen(x[i], y[i]);
+      dl_->AddCircleFilled(c, radius, col, 12);
+      drawn_.push_back(c);
+    }
   dl_->PopClipRect();
 }
 
@@ -470,6 +478,8 @@ void Plot::band(const std::vector<double>& x, const std::vector<double>& lo,
                             to_screen(x[i + 1], safe(hi[i + 1])),
                             to_screen(x[i + 1], safe(lo[i + 1]))};
     dl_->AddConvexPolyFilled(quad, 4, col);
+    note_segment(quad[0], quad[3]);
+    note_segment(quad[1], quad[2]);
   }
   dl_->PopClipRect();
 }
@@ -484,6 +494,7 @@ void Plot::bars(const std::vector<double>& x, const std::vector<double>& y, doub
     float xa = sx(x[i] - w / 2), xb = sx(x[i] + w / 2);
     if (xb - xa < 1) xb = xa + 1;
     dl_->AddRectFilled(ImVec2(xa, sy(y[i])), ImVec2(xb, sy(base)), col);
+    note_segment(ImVec2((xa + xb) / 2, sy(y[i])), ImVec2((xa + xb) / 2, sy(base)));
   }
   dl_->PopClipRect();
 }
@@ -533,8 +544,31 @@ Plot::Corner Plot::emptiest_corner(const std::vector<ImVec2>& points) const {
   return order[best];
 }
 
-void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const {
-  if (entries.empty()) return;
+void Plot::note_segment(ImVec2 a, ImVec2 b) const {
+  // A point every 4 px along the part inside the data area (clipped, so a far-off segment costs
+  // no more than the plot's width).
+  const float len = std::hypot(b.x - a.x, b.y - a.y);
+  if (!std::isfinite(len)) return;
+  const int steps = std::min(2000, static_cast<int>(len / 4.0f) + 1);
+  for (int k = 0; k <= steps; ++k) {
+    const float t = static_cast<float>(k) / static_cast<float>(steps);
+    const ImVec2 p(a.x + (b.x - a.x) * t, a.y + (b.y - a.y) * t);
+    if (p.x >= p0_.x && p.x <= p1_.x && p.y >= p0_.y && p.y <= p1_.y) drawn_.push_back(p);
+  }
+}
+
+void Plot::note_drawn(const std::vector<ImVec2>& points) const {
+  drawn_.insert(drawn_.end(), points.begin(), points.end());
+}
+
+int Plot::drawn_in(ImVec2 a, ImVec2 b) const {
+  int n = 0;
+  for (const ImVec2& p : drawn_) n += p.x >= a.x && p.x <= b.x && p.y >= a.y && p.y <= b.y;
+  return n;
+}
+
+ImVec4 Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const {
+  if (entries.empty()) return ImVec4(0, 0, 0, 0);
   const float line = ImGui::GetTextLineHeight() + 2;
   const float u = ImGui::GetFontSize() / 15.0f;
   float w = 0;
@@ -543,10 +577,21 @@ void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const 
   float h = line * static_cast<float>(entries.size()) + 6;
   // A legend that would hide half the data (a small plot on a small window) is left out; the
   // same series are named in the view's larger plots or its text.
-  if (w * h > 0.5f * (p1_.x - p0_.x) * (p1_.y - p0_.y)) return;
-  const bool right = corner == Corner::TopRight || corner == Corner::BottomRight;
-  const bool top = corner == Corner::TopRight || corner == Corner::TopLeft;
-  ImVec2 a(right ? p1_.x - w - 6 : p0_.x + 6, top ? p0_.y + 6 : p1_.y - h - 6);
+  if (w * h > 0.5f * (p1_.x - p0_.x) * (p1_.y - p0_.y)) return ImVec4(0, 0, 0, 0);
+  auto box_at = [&](Corner c) {
+    const bool right = c == Corner::TopRight || c == Corner::BottomRight;
+    const bool top = c == Corner::TopRight || c == Corner::TopLeft;
+    return ImVec2(right ? p1_.x - w - 6 : p0_.x + 6, top ? p0_.y + 6 : p1_.y - h - 6);
+  };
+  // The asked corner unless its box covers drawn data; then the corner covering the least.
+  ImVec2 a = box_at(corner);
+  int covered = drawn_in(a, ImVec2(a.x + w, a.y + h));
+  for (Corner c : {Corner::TopRight, Corner::TopLeft, Corner::BottomRight, Corner::BottomLeft}) {
+    if (covered == 0) break;
+    const ImVec2 at = box_at(c);
+    const int n = drawn_in(at, ImVec2(at.x + w, at.y + h));
+    if (n < covered) a = at, covered = n;
+  }
   ImVec2 b(a.x + w, a.y + h);
   dl_->AddRectFilled(a, b, IM_COL32(16, 18, 22, 220));
   dl_->AddRect(a, b, kColGrid);
@@ -556,6 +601,7 @@ void Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const 
                        entries[i].colour);
     dl_->AddText(ImVec2(a.x + 22 * u, y), IM_COL32(230, 230, 235, 255), entries[i].label.c_str());
   }
+  return ImVec4(a.x, a.y, b.x, b.y);
 }
 
 HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,

@@ -74,16 +74,28 @@ class Plot {
     ImU32 colour;
   };
   enum class Corner { TopRight, TopLeft, BottomRight, BottomLeft };
-  // A boxed legend inside the data area.
-  void legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
+  // A boxed legend inside the data area, at `corner` unless its box would cover what this plot
+  // drew there (lines, markers, bands, bars: every series method notes where it drew): then at
+  // the corner whose box covers the fewest drawn points, `corner` first among equals.
+  // Returns the box drawn (x0, y0, x1, y1), all zero when the legend was left out.
+  ImVec4 legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
   // The corner of the data area with the fewest of these screen points (for the legend).
   Corner emptiest_corner(const std::vector<ImVec2>& points) const;
+  // Notes screen points drawn on the plot's draw list directly (arrows, paths), so that the
+  // legend avoids them too.
+  void note_drawn(const std::vector<ImVec2>& points) const;
+  // How many of the drawn points lie in the screen rectangle [a, b].
+  int drawn_in(ImVec2 a, ImVec2 b) const;
 
  private:
   ImDrawList* dl_ = nullptr;
   ImVec2 p0_, p1_;  // inner (data) rectangle
   Axis x_, y_;
   bool hovered_ = false, clicked_ = false;
+  // Screen points of what the series drew inside the data area (segments sampled every few
+  // pixels), for the legend's placement.
+  mutable std::vector<ImVec2> drawn_;
+  void note_segment(ImVec2 a, ImVec2 b) const;
   double tx(double v, const Axis& a) const;  // axis transform (log for log axes)
 
   // Tick positions in data units, each with its label.

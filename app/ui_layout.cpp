@@ -9,6 +9,7 @@ namespace kvscope::app {
 namespace {
 float g_ui_scale = 1.0f;
 float g_figure_top = -1.0f;  // set by mark_figure_top() while a view draws
+bool g_presenting = false;   // set by AppUi around a view's draw()
 }  // namespace
 
 void set_ui_scale(float scale) {
@@ -66,6 +67,13 @@ float labelled_width(float w, const char* label) {
 float fit_width(float at_scale_1, const char* label) {
   const float room = ImGui::GetContentRegionAvail().x - labelled_width(0, label) - px(4);
   return std::max(px(60), std::min(px(at_scale_1), room));
+}
+
+bool presenting_view() {
+  return g_presenting;
+}
+void set_presenting_view(bool on) {
+  g_presenting = on;
 }
 
 void mark_figure_top() {

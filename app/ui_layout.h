@@ -31,6 +31,12 @@ float fit_width(float at_scale_1, const char* label);
 // cover the view's area from here down, without controls, tab bars or menus.
 void mark_figure_top();
 
+// Presentation (F11, AppUi::presenting): true while a view draws alone over the whole window.
+// A view then keeps its figure and its playback controls and leaves out its settings rows (they
+// are one F11 away).
+bool presenting_view();
+void set_presenting_view(bool on);
+
 // The UI scale px() multiplies by (setup_style_and_fonts sets it, app/app_frame.h).
 void set_ui_scale(float scale);
 // Where the drawing view's figure starts (screen y), or -1 when it did not say

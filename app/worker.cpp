@@ -1,5 +1,6 @@
 #include "app/worker.h"
 
+#include <algorithm>
 #include <exception>
 
 #include "app/app_state.h"
@@ -57,15 +58,22 @@ void Worker::cancel(const std::string& key_prefix) {
 }
 
 std::vector<JobInfo> Worker::jobs() const {
+  const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<JobInfo> out;
   for (const auto& l : lanes_) {
     if (l.running)
       out.push_back({l.running->lane, l.running->key, l.running->label, true,
-                     l.running->ctx->done_.load(), l.running->ctx->total_.load()});
-    for (const auto& j : l.queue) out.push_back({j.lane, j.key, j.label, false, 0, 0});
+                     l.running->ctx->done_.load(), l.running->ctx->total_.load(),
+                     std::chrono::duration<double>(now - l.running->started).count()});
+    for (const auto& j : l.queue) out.push_back({j.lane, j.key, j.label, false, 0, 0, 0});
   }
   return out;
+}
+
+double time_left_s(const JobInfo& job) {
+  if (!job.running || job.done <= 0 || job.total <= 0 || job.elapsed_s < 1.0) return -1;
+  return job.elapsed_s * static_cast<double>(std::max(0, job.total - job.done)) / job.done;
 }
 
 bool Worker::busy(const std::string& key_prefix) const {
@@ -112,6 +120,7 @@ void Worker::lane_loop(int lane_index) {
       cv_.wait(lock, [&] { return stop_ || !lane.queue.empty(); });
       if (stop_) return;
       job = std::make_shared<Job>(std::move(lane.queue.front()));
+      job->started = std::chrono::steady_clock::now();
       lane.queue.pop_front();
       lane.running = job;
     }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -66,7 +67,12 @@ struct JobInfo {
   std::string label;  // shown to users
   bool running = false;
   int done = 0, total = 0;
+  double elapsed_s = 0;  // since it started running
 };
+
+// The seconds a running job has left at its own pace so far (elapsed x left / done), or -1 when
+// that pace says nothing yet (nothing done, or less than a second run).
+double time_left_s(const JobInfo& job);
 
 class Worker {
  public:
@@ -98,6 +104,7 @@ class Worker {
     std::string key, label;
     JobFn fn;
     std::shared_ptr<JobContext> ctx;
+    std::chrono::steady_clock::time_point started{};  // when its lane took it
   };
   // A lane is a scheduler, not a parallel loop: one long-lived thread that runs its queue's jobs
   // one after another and must stay free to take the next one while the other lanes are busy, so

@@ -29,9 +29,11 @@ void ErrorView::draw(AppState& s) {
     ImGui::TextDisabled("No capture open.");
     return;
   }
-  ImGui::RadioButton("overview", &mode_, 0);
-  toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
-  ImGui::RadioButton("tune two parameters", &mode_, 1);
+  if (!presenting_view()) {  // a presentation shows the figures of the mode chosen
+    ImGui::RadioButton("overview", &mode_, 0);
+    toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "tune two parameters"));
+    ImGui::RadioButton("tune two parameters", &mode_, 1);
+  }
   if (mode_ == 1) {
     draw_tuning(s);
     return;
@@ -149,7 +151,9 @@ nlohmann::json ErrorView::save_state() const {
           {"heatmap_method", heat_source_.first},
           {"heatmap_ratio", heat_source_.second},
           {"mode", mode_ == 1 ? "tune" : "overview"},
-          {"sweep_y", sweep_y_ == 2 ? "set" : sweep_y_ == 1 ? "harm" : "error"},
+          {"sweep_y", sweep_y_ == 2   ? "set"
+                      : sweep_y_ == 1 ? "harm"
+                                      : "error"},
           {"tune",
            {{"method", tune_method_},  // the method whose parameters the axes name
             {"rows", tune_rows_},
@@ -628,6 +632,8 @@ void ErrorView::draw_query(AppState& s) {
         ImVec2 a = plot.to_screen(xc - 0.18, std::max(v, 0.0)),
                b = plot.to_screen(xc + 0.18, std::min(v, 0.0));
         plot.draw_list()->AddRectFilled(a, b, k == 0 ? with_alpha(kColExact, 0.7f) : kColSlot[0]);
+        plot.note_drawn({a, b, ImVec2(a.x, b.y), ImVec2(b.x, a.y),
+                         ImVec2((a.x + b.x) / 2, (a.y + b.y) / 2)});  // the legend avoids it
       }
     }
     plot.legend({{"exact", kColExact}, {"approx (A)", kColSlot[0]}});

@@ -49,7 +49,7 @@ void GeometryView::draw(AppState& s) {
     ImGui::TextDisabled("No capture open.");
     return;
   }
-  draw_controls(s);
+  if (!presenting_view()) draw_controls(s);  // a presentation shows the maps alone
   std::string why;
   if (s.focus_refused(&why)) {
     ImGui::TextColored(kTextError, "This head is refused: %s", why.c_str());

@@ -131,8 +131,10 @@ class OutputView final : public View {
 
   void draw(AppState& s) override {
     init_from_capture(s);
-    draw_controls(s);
-    ImGui::Separator();
+    if (!presenting_view()) {  // a presentation shows the results alone
+      draw_controls(s);
+      ImGui::Separator();
+    }
     mark_figure_top();  // figure exports: the results, not the controls above
     const Result& res = s.result(kOutputResult);
     if (!res.error.empty() && res.key == res.want) {

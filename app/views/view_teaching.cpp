@@ -21,7 +21,7 @@ const char* TeachingView::help() const {
 }
 
 void TeachingView::draw(AppState& s) {
-  draw_mode_bar(s);
+  if (!presenting_view()) draw_mode_bar(s);  // a presentation keeps the figure and playback
   if (mode_ != Mode::Balancing) {
     draw_second_half(s);
     return;
@@ -227,6 +227,7 @@ void TeachingView::draw_controls() {
   bar.forward = [this] { walk_->step(), playing_ = false; };
   bar.last = [this] { walk_->run(), playing_ = false; };
   draw_play_bar(nullptr, bar);
+  if (presenting_view()) return;
   toolbar_next(button_width("talk example") + button_width("clear") +
                ImGui::GetStyle().ItemSpacing.x);
   if (ImGui::Button("talk example")) load_talk_example();
@@ -469,6 +470,7 @@ void TeachingView::draw_plane(ImVec2 size) {
   }
   for (const ImVec4& b : placed) occupied.push_back(ImVec2((b.x + b.z) / 2, (b.y + b.w) / 2));
   for (const Vec2& u : vectors_) occupied.push_back(plot.to_screen(u[0] / 2, u[1] / 2));
+  plot.note_drawn(occupied);  // drawn on the draw list directly: the legend avoids them too
   plot.legend({{"u_i (unsigned)", kColVector},
                {"sigma = +1", kColPlus},
                {"sigma = -1", kColMinus},

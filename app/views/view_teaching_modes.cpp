@@ -190,6 +190,7 @@ void TeachingView::draw_mode_controls(AppState& s) {
   bar.forward = [this] { mode_step(), playing_ = false; };
   bar.last = [this] { mode_run(), playing_ = false; };
   draw_play_bar(&s, bar);
+  if (presenting_view()) return;  // a presentation keeps the playback only
   auto seed_input = [&](uint64_t* seed) {
     toolbar_next(labelled_width(px(90), "seed"));
     ImGui::SetNextItemWidth(px(90));

@@ -188,7 +188,7 @@ class TheoryView final : public View {
       ImGui::TextDisabled("No capture open.");
       return;
     }
-    draw_toolbar(s);
+    if (!presenting_view()) draw_toolbar(s);  // a presentation shows the figures alone
     draw_result_status(s, kTheory, "theory");
     const Result& res = s.result(kTheory);
     const TheoryResult* r = res.get<TheoryResult>();

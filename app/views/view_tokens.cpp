@@ -148,32 +148,8 @@ class TokensView final : public View {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  void draw_view(AppState& s) {
-    if (!s.info()) {
-      ImGui::TextDisabled("No capture open.");
-      return;
-    }
-    // Marks, the harm's scale and the overview's bins: once per result, not per frame.
-    std::array<std::shared_ptr<const HeadRun>, 2> runs;
-    for (int k = 0; k < 2; ++k)
-      if (k == 0 || s.settings.ab_enabled) runs[k] = s.run_ptr(k);
-    std::shared_ptr<const TokenHarm> harm = harm_of(s) ? s.result(kHarm).ptr<TokenHarm>() : nullptr;
-    if (harm && static_cast<int>(harm->mass.size()) != s.num_tokens()) harm = nullptr;
-    for (int k = 0; k < 2; ++k)
-      if (runs[k] != marks_run_[k]) {
-        marks_run_[k] = runs[k];
-        marks_[k] = runs[k] ? std::make_unique<TokenMarks>(token_marks(*runs[k])) : nullptr;
-        bins_.clear();
-      }
-    if (harm != harm_) {
-      harm_ = harm;
-      if (harm_) harm_range(*harm_, &harm_lo_, &harm_hi_);
-      bins_.clear();
-    }
-    const std::array<std::unique_ptr<TokenMarks>, 2>& marks = marks_;
-    const bool show_harm = show_harm_ && harm_ != nullptr;
-
-    // Header: mode, then the legend (the figure starts there); both wrap on narrow windows.
+  // The mode radio buttons and the harm toggle.
+  void draw_header(AppState& s) {
     int mode = static_cast<int>(mode_);
     if (!s.settings.ab_enabled) mode = 0;
     ImGui::BeginDisabled(!s.settings.ab_enabled);
@@ -200,6 +176,37 @@ class TokensView final : public View {
       ImGui::SameLine();
       if (!draw_result_status(s, kHarm, "token harm")) ImGui::NewLine();  // undoes SameLine
     }
+  }
+
+  void draw_view(AppState& s) {
+    if (!s.info()) {
+      ImGui::TextDisabled("No capture open.");
+      return;
+    }
+    // Marks, the harm's scale and the overview's bins: once per result, not per frame.
+    std::array<std::shared_ptr<const HeadRun>, 2> runs;
+    for (int k = 0; k < 2; ++k)
+      if (k == 0 || s.settings.ab_enabled) runs[k] = s.run_ptr(k);
+    std::shared_ptr<const TokenHarm> harm = harm_of(s) ? s.result(kHarm).ptr<TokenHarm>() : nullptr;
+    if (harm && static_cast<int>(harm->mass.size()) != s.num_tokens()) harm = nullptr;
+    for (int k = 0; k < 2; ++k)
+      if (runs[k] != marks_run_[k]) {
+        marks_run_[k] = runs[k];
+        marks_[k] = runs[k] ? std::make_unique<TokenMarks>(token_marks(*runs[k])) : nullptr;
+        bins_.clear();
+      }
+    if (harm != harm_) {
+      harm_ = harm;
+      if (harm_) harm_range(*harm_, &harm_lo_, &harm_hi_);
+      bins_.clear();
+    }
+    const std::array<std::unique_ptr<TokenMarks>, 2>& marks = marks_;
+    const bool show_harm = show_harm_ && harm_ != nullptr;
+
+    // Header: mode, then the legend (the figure starts there); both wrap on narrow windows. A
+    // presentation shows the legend and the strips only.
+    if (!presenting_view()) draw_header(s);
+    const int mode = s.settings.ab_enabled ? static_cast<int>(mode_) : 0;
     mark_figure_top();  // figure exports: legend and strips, not the mode buttons or the toggle
     const float sw = ImGui::GetTextLineHeight() + 4;  // swatch + gap before its text
     auto swatch_w = [&](const std::string& t) { return sw + ImGui::CalcTextSize(t.c_str()).x; };

@@ -80,7 +80,7 @@ void WalkView::draw(AppState& s) {
     ImGui::TextDisabled("No block %d in round %d.", block_, round_);
     return;
   }
-  draw_saturation(s, *trace, *b);
+  if (!presenting_view()) draw_saturation(s, *trace, *b);  // advice: one F11 away
   const int len = static_cast<int>(b->sigma.size());
   if (step_ >= len) step_ = len - 1;
   advance_playback(len);
@@ -376,16 +376,22 @@ JobPlan WalkView::plan_trace(const AppState& s, bool needed, const ParamValues& 
 }
 
 void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
-  // One toolbar that wraps on narrow windows; every control keeps its place across frames.
-  ImGui::SetNextItemWidth(px(110));
-  if (ImGui::SliderInt("round", &round_, 0, std::max(0, t.rounds - 1))) {
-    clamp_block(t);
-    step_ = -1;
+  // One toolbar that wraps on narrow windows; every control keeps its place across frames. In a
+  // presentation only the playback: the play bar and the step.
+  const bool settings = !presenting_view();
+  if (settings) {
+    ImGui::SetNextItemWidth(px(110));
+    if (ImGui::SliderInt("round", &round_, 0, std::max(0, t.rounds - 1))) {
+      clamp_block(t);
+      step_ = -1;
+    }
   }
   const int blocks = static_cast<int>(blocks_of_round(t).size());
-  toolbar_next(labelled_width(px(140), "block"));
-  ImGui::SetNextItemWidth(px(140));
-  if (ImGui::SliderInt("block", &block_, 0, std::max(0, blocks - 1))) step_ = -1;
+  if (settings) {
+    toolbar_next(labelled_width(px(140), "block"));
+    ImGui::SetNextItemWidth(px(140));
+    if (ImGui::SliderInt("block", &block_, 0, std::max(0, blocks - 1))) step_ = -1;
+  }
   const WalkBlockTrace* b = current_block(t);
   const int len = b ? static_cast<int>(b->sigma.size()) : 0;
   PlayBar bar;
@@ -395,12 +401,17 @@ void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
   bar.toggle = [this, len] { toggle_play(len); };
   bar.forward = [this, len] { step_forward(len); };
   bar.last = [this, len] { step_ = len - 1, playing_ = false; };
-  toolbar_next(play_bar_width(bar));
+  if (settings) toolbar_next(play_bar_width(bar));
   draw_play_bar(nullptr, bar);
   int scrub = step_ < 0 ? len - 1 : step_;
   toolbar_next(labelled_width(px(200), "step"));
   ImGui::SetNextItemWidth(px(200));
   if (ImGui::SliderInt("step", &scrub, 0, std::max(0, len - 1))) step_ = scrub, playing_ = false;
+  if (!settings) {
+    ImGui::TextWrapped("L%d H%d, %s: round %d, block %d, %d tokens", s.settings.focus.layer,
+                       s.settings.focus.kv_head, s.method_name(0).c_str(), round_, block_, len);
+    return;
+  }
   toolbar_next(labelled_width(px(80), "steps/s"));
   ImGui::SetNextItemWidth(px(80));
   ImGui::SliderFloat("steps/s", &speed_, 1.0f, 120.0f, "%.0f");

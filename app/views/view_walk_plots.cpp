@@ -43,6 +43,7 @@ void WalkView::draw_path_plot(const char* id, const WalkBlockTrace& b, int cur, 
   std::vector<ImVec2> occupied;
   for (size_t i = 0; i < xs.size(); ++i) occupied.push_back(plot.to_screen(xs[i], ys[i]));
   for (size_t i = 0; i < rx.size(); ++i) occupied.push_back(plot.to_screen(rx[i], ry[i]));
+  plot.note_drawn(occupied);  // the path is drawn on the draw list: the legend avoids it too
   if (with_legend)
     plot.legend({{"walk (dot: sign + / -)", kColWalk},
                  {"random signs (dashed)", kColRandom},

@@ -142,6 +142,39 @@ TEST(Worker, NewerRequestForTheSameKeyCancelsTheRunningOne) {
   EXPECT_EQ(applied, 2);
 }
 
+// A running job says how long it has run, and the time it has left at its own pace: the status
+// bar shows "about N s left" beside its count.
+TEST(Worker, ARunningJobSaysItsTimeLeftAtItsOwnPace) {
+  JobInfo j;
+  j.running = true;
+  j.done = 25;
+  j.total = 100;
+  j.elapsed_s = 10;
+  EXPECT_DOUBLE_EQ(time_left_s(j), 30.0);
+  j.elapsed_s = 0.5;  // under a second: its pace says nothing yet
+  EXPECT_EQ(time_left_s(j), -1);
+  j.elapsed_s = 10;
+  j.done = 0;  // nothing done yet
+  EXPECT_EQ(time_left_s(j), -1);
+
+  AppState s;
+  std::atomic<bool> release{false};
+  s.worker.submit(Lane::Grid, "t.paced", "paced", [&](JobContext& ctx) -> ApplyFn {
+    ctx.progress(1, 4);
+    while (!release && !ctx.cancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return {};
+  });
+  JobInfo seen;
+  ASSERT_TRUE(pump(s, [&] {
+    for (const JobInfo& job : s.worker.jobs())
+      if (job.key == "t.paced" && job.running && job.done == 1 && job.elapsed_s >= 1.0) seen = job;
+    return seen.running;
+  }));
+  EXPECT_DOUBLE_EQ(time_left_s(seen), seen.elapsed_s * 3);
+  release = true;
+  ASSERT_TRUE(pump(s, [&] { return !s.worker.busy("t.paced"); }));
+}
+
 TEST(Worker, FailuresAreReportedUnderTheJobKey) {
   AppState s;
   s.worker.submit(Lane::Analysis, "t.fail", "failing",
@@ -1315,6 +1348,53 @@ TEST(Plot, HeatmapNumbersShrinkToFitInsteadOfVanishing) {
   };
   const int text_vertices = vertices(true) - vertices(false);
   EXPECT_GE(text_vertices, 32 * 8 * 5 * 4) << "every cell's five characters (4 vertices each)";
+  ImGui::DestroyContext();
+}
+
+// A legend never sits on drawn data when a corner is free: a curve through the top right moves
+// the asked top-right legend to a free corner; with data in every corner it takes the corner
+// covering the least.
+TEST(Plot, TheLegendGoesWhereNothingIsDrawn) {
+  [[maybe_unused]] SoftTexture font = soft_init(1000, 700);
+  ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+  ImGui::NewFrame();
+  ImGui::SetNextWindowPos(ImVec2(0, 0));
+  ImGui::SetNextWindowSize(ImVec2(1000, 700));
+  ImGui::Begin("plots", nullptr, ImGuiWindowFlags_NoDecoration);
+  const std::vector<Plot::LegendEntry> entries = {{"walk", IM_COL32(100, 180, 255, 255)},
+                                                  {"random signs", IM_COL32(200, 200, 200, 255)}};
+  {
+    Plot plot("##rising", ImVec2(400, 300), "rising", Axis{"x", 0, 1}, Axis{"y", 0, 1});
+    std::vector<double> x, y;
+    for (int i = 0; i <= 100; ++i) x.push_back(i / 100.0), y.push_back(i / 100.0);
+    plot.line(x, y, IM_COL32(100, 180, 255, 255));  // bottom left to top right
+    const ImVec4 box = plot.legend(entries, Plot::Corner::TopRight);
+    ASSERT_GT(box.z, box.x);
+    EXPECT_EQ(plot.drawn_in(ImVec2(box.x, box.y), ImVec2(box.z, box.w)), 0);
+    const ImVec2 mid((plot.inner_min().x + plot.inner_max().x) / 2,
+                     (plot.inner_min().y + plot.inner_max().y) / 2);
+    EXPECT_TRUE(box.x < mid.x && box.y < mid.y) << "the top-left corner is the free one here";
+  }
+  {
+    Plot plot("##full", ImVec2(400, 300), "full", Axis{"x", 0, 1}, Axis{"y", 0, 1});
+    std::vector<double> x, y;
+    for (int i = 0; i <= 40; ++i)
+      for (int j = 0; j <= 40; ++j) x.push_back(i / 40.0), y.push_back(j / 40.0);
+    plot.markers(x, y, IM_COL32(255, 255, 255, 255));
+    // Fewer points under the bottom-left box: it is taken over the asked top right.
+    plot.note_drawn(
+        {plot.to_screen(0.95, 0.95), plot.to_screen(0.05, 0.95), plot.to_screen(0.95, 0.05)});
+    const ImVec4 box = plot.legend(entries, Plot::Corner::TopRight);
+    const int there = plot.drawn_in(ImVec2(box.x, box.y), ImVec2(box.z, box.w));
+    for (const ImVec2& a :
+         {ImVec2(plot.inner_max().x - (box.z - box.x) - 6, plot.inner_min().y + 6),
+          ImVec2(plot.inner_min().x + 6, plot.inner_min().y + 6),
+          ImVec2(plot.inner_max().x - (box.z - box.x) - 6,
+                 plot.inner_max().y - (box.w - box.y) - 6)})
+      EXPECT_LE(there, plot.drawn_in(a, ImVec2(a.x + box.z - box.x, a.y + box.w - box.y)));
+  }
+  ImGui::End();
+  ImGui::Render();
   ImGui::DestroyContext();
 }
 

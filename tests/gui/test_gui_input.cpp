@@ -23,8 +23,8 @@ namespace {
 
 TEST_F(RealWindow, IssueTwelveFlow) {
   step("1: the sample opens; the focused run of method A and the grid arrive");
-  json st = wait_for([](const json& s) { return fresh(s, "focus.A") && fresh(s, "grid"); }, kComputeWaitS,
-                     "the first focused run and grid");
+  json st = wait_for([](const json& s) { return fresh(s, "focus.A") && fresh(s, "grid"); },
+                     kComputeWaitS, "the first focused run and grid");
   EXPECT_EQ(st["session"]["method_a"], "balancekv");
 
   step("2: a click on the Method tab shows it");
@@ -184,6 +184,34 @@ TEST_F(RealWindow, IssueTwelveFlow) {
   key("Escape");
   st = wait_for([](const json& s) { return !s["help_open"].get<bool>(); }, kWaitS,
                 "Escape to close the Help window");
+
+  step(
+      "9c: F11 presents the active view alone over the whole window (no menu, panels or tabs); "
+      "its F10 PNG spans the window; Escape leaves");
+  key("F11");
+  st = wait_for([](const json& s) { return s["presenting"].get<bool>(); }, kWaitS,
+                "F11 to start the presentation");
+  {
+    const double display_w = st["display"][0].get<double>();
+    const json& pr = st["view_rect"];
+    EXPECT_LT(pr[0].get<double>(), 20) << "step " << step_ << ": the view starts at the left";
+    EXPECT_GT(pr[2].get<double>(), display_w - 20) << "step " << step_ << ": ... spans the window";
+    EXPECT_FALSE(st["ui_items"].contains("tab:error")) << "step " << step_ << ": a tab bar";
+    EXPECT_FALSE(st["ui_items"].contains("menu:File")) << "step " << step_ << ": the menu bar";
+    EXPECT_FALSE(st["ui_items"].contains("tab:method")) << "step " << step_ << ": the left panel";
+    fs::remove(dir_ / "error.png");
+    key("F10");
+    ASSERT_TRUE(wait_file(dir_ / "error.png"));
+    const Png shown = load_png(dir_ / "error.png");
+    EXPECT_GT(shown.w, display_w - 40) << "step " << step_ << ": the presented figure's PNG";
+    note("presentation: the Error view's figure " + std::to_string(shown.w) + "x" +
+         std::to_string(shown.h) + " of a " + std::to_string(static_cast<int>(display_w)) +
+         " px window");
+  }
+  key("Escape");
+  st = wait_for([](const json& s) { return !s["presenting"].get<bool>(); }, kWaitS,
+                "Escape to leave the presentation");
+  EXPECT_TRUE(st["ui_items"].contains("tab:error")) << "step " << step_ << ": the tabs are back";
 
   step(
       "10: a broken file typed into the Open dialog (Enter): the error names it, the capture "

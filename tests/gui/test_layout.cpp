@@ -1,7 +1,8 @@
 // Layout and figure-export tests without a window (the software renderer's ImGui context):
-//  - every view, drawn at 1000x700 and 2560x1440 (and at 2560x1440 in presentation mode, UI
-//    scale 2), has no clipped item: every ImGui window's items lie inside it or it scrolls
-//    (app/layout_check.h); the frames are written as PNGs to look at;
+//  - every view, drawn at 1000x700, 1600x1000 and 2560x1440 at UI scales 1 to 2.5, and in
+//    presentation (F11: the view alone over the window) at 1x, 2x and 2.5x, has no clipped item:
+//    every ImGui window's items lie inside it or it scrolls (app/layout_check.h); the frames
+//    are written as PNGs to look at;
 //  - SVG figures: the Error, Walk and Teaching views written as SVG parse as XML (a small
 //    well-formedness check here; tests/gui/check_svg.py does the same with xml.etree on
 //    kvscope-cli's output) and hold their plots' elements: paths and the titles as <text>;
@@ -63,15 +64,18 @@ bool draw_until_ready(AppState& s, AppUi& ui, const std::string& view) {
 struct LayoutCase {
   int w, h;
   float scale;
+  bool presenting = false;  // F11: the active view alone over the whole window
 };
 
 // One app state for all sizes (the views' results are computed once); the window size and the
 // UI scale change between cases as they do when the user resizes or zooms.
 TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
   // The smallest window, and a projector's scales on a laptop's and a 1440p screen.
-  const LayoutCase cases[] = {{1000, 700, 1.0f},  {1600, 1000, 1.5f}, {1600, 1000, 2.0f},
-                              {1600, 1000, 2.5f}, {2560, 1440, 1.0f}, {2560, 1440, 2.0f},
-                              {2560, 1440, 2.5f}};
+  const LayoutCase cases[] = {
+      {1000, 700, 1.0f},        {1600, 1000, 1.5f},      {1600, 1000, 2.0f},
+      {1600, 1000, 2.5f},       {2560, 1440, 1.0f},      {2560, 1440, 2.0f},
+      {2560, 1440, 2.5f},       {1000, 700, 1.0f, true}, {1600, 1000, 2.0f, true},
+      {1600, 1000, 2.5f, true}, {1920, 1080, 2.5f, true}};
   soft_init(1000, 700, 1.0f);
   {
     AppState s;
@@ -82,6 +86,7 @@ TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
       ImGuiIO& io = ImGui::GetIO();
       io.DisplaySize = ImVec2(static_cast<float>(c.w), static_cast<float>(c.h));
       ui.set_ui_scale(c.scale);
+      ui.set_presenting(c.presenting);
       if (ui.take_font_rebuild()) {
         setup_style_and_fonts(c.scale);
         ImGui::GetStyle().AntiAliasedLinesUseTex = false;  // as soft_init sets it
@@ -104,26 +109,36 @@ TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
         ui.draw();
         ImGui::Render();
         const auto problems = find_clipped_items();
-        std::string text;
-        for (const auto& p : problems) text += "\n  " + p.window + ": " + p.what;
-        EXPECT_TRUE(problems.empty())
-            << name << " at " << c.w << "x" << c.h << " scale " << c.scale << ":" << text;
-        // Pictures to look at: always the small window; large ones when they fail or when
-        // KVSCOPE_LAYOUT_PNGS is set (rasterising 2560x1440 on the CPU takes seconds).
-        if (c.w > 1000 && problems.empty() && !std::getenv("KVSCOPE_LAYOUT_PNGS")) continue;
-        std::vector<uint8_t> px;
-        soft_render(ImGui::GetDrawData(), font, c.w, c.h, px, IM_COL32(23, 25, 28, 255));
-        char file[128];
-        std::snprintf(file, sizeof file, "layout_%s%s_%dx%d_s%.0f.png", name.c_str(),
-                      state.is_null() ? "" : "_alt", c.w, c.h, c.scale * 100);
-        write_png((out_dir() / file).string(), px, c.w, c.h, false);
-        std::printf("%s: %.1f s\n", file,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        if (!state.is_null()) {  // back to the default state for the next size
+        if (!state.is_null()) {  // back to the default state for the next view and size
           nlohmann::json back = name == "error" ? nlohmann::json{{"mode", "overview"}}
                                                 : nlohmann::json{{"compare", 0}};
           ui.find_view(name)->load_state(back);
         }
+        std::string text;
+        for (const auto& p : problems) text += "\n  " + p.window + ": " + p.what;
+        EXPECT_TRUE(problems.empty()) << name << " at " << c.w << "x" << c.h << " scale " << c.scale
+                                      << (c.presenting ? " presenting" : "") << ":" << text;
+        if (c.presenting) {  // the view alone, across the whole window: no panel, no tabs
+          const ScreenRect area = ui.view_area(name);
+          EXPECT_LT(area.x0, px(20)) << name << " presenting at " << c.w << "x" << c.h;
+          EXPECT_GT(area.x1, c.w - px(20)) << name << " presenting at " << c.w << "x" << c.h;
+          EXPECT_LT(area.y0, px(20)) << name << " presenting at " << c.w << "x" << c.h;
+        }
+        // Pictures to look at: always the small window; large ones when they fail or when
+        // KVSCOPE_LAYOUT_PNGS is set (rasterising 2560x1440 on the CPU takes seconds),
+        // and the projector's presentation (1600x1000 at 2.5x).
+        const bool projector = c.presenting && c.w == 1600 && c.scale == 2.5f;
+        if (c.w > 1000 && !projector && problems.empty() && !std::getenv("KVSCOPE_LAYOUT_PNGS"))
+          continue;
+        std::vector<uint8_t> px;
+        soft_render(ImGui::GetDrawData(), font, c.w, c.h, px, IM_COL32(23, 25, 28, 255));
+        char file[128];
+        std::snprintf(file, sizeof file, "layout_%s%s_%dx%d_s%.0f%s.png", name.c_str(),
+                      state.is_null() ? "" : "_alt", c.w, c.h, c.scale * 100,
+                      c.presenting ? "_present" : "");
+        write_png((out_dir() / file).string(), px, c.w, c.h, false);
+        std::printf("%s: %.1f s\n", file,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       // The dialogs at this size and scale: nothing clipped, and the Open dialog's buttons
       // hold their labels (fixed pixel widths cut them to "Ope" and "Can" at 2x).
