@@ -55,7 +55,7 @@ const std::vector<Shortcut>& shortcuts() {
        true,
        {'=', GLFW_KEY_KP_ADD_CODE},
        "Ctrl +",
-       "larger UI (presentation mode, up to 2.5x)"},
+       "larger UI (for a projector, up to 2.5x)"},
       {Command::Smaller, true, {'-', GLFW_KEY_KP_SUBTRACT_CODE}, "Ctrl -", "smaller UI"},
       {Command::ResetScale, true, {'0'}, "Ctrl 0", "UI scale back to 1x"},
       {Command::Help, false, {GLFW_KEY_F1_CODE}, "F1", "this help"},

@@ -25,7 +25,7 @@ struct ScreenRect {
 };
 
 // ImGui style and fonts shared by the app and the headless renderer (DejaVu Sans when present),
-// at a UI scale (presentation mode): the font atlas is rebuilt with glyphs rasterised at
+// at a UI scale (for a projector): the font atlas is rebuilt with glyphs rasterised at
 // 15 px x scale, so large text stays crisp, and the style's sizes are scaled to match. The GL
 // app must recreate its font texture afterwards (ImGui_ImplOpenGL3_DestroyFontsTexture /
 // CreateFontsTexture); the software renderer re-reads it (soft_font_texture).
@@ -96,7 +96,7 @@ class AppUi {
   // The whole area of the view including its toolbar (still without the tab bar).
   ScreenRect view_area(const std::string& name) const;
 
-  // UI scale (presentation mode, 1x..2.5x; Ctrl +/- and Ctrl 0). A change takes effect at the
+  // UI scale (for a projector, 1x..2.5x; Ctrl +/- and Ctrl 0). A change takes effect at the
   // next frame: the renderer calls take_font_rebuild() before NewFrame and, when it returns
   // true, calls setup_style_and_fonts(ui_scale()) and rebuilds its font texture.
   float ui_scale() const { return ui_scale_; }

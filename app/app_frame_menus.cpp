@@ -142,12 +142,14 @@ void AppUi::draw_menu() {
     char scale_text[48];
     std::snprintf(scale_text, sizeof scale_text, "UI scale: %.2fx", ui_scale_);
     ImGui::TextDisabled("%s", scale_text);
-    if (ImGui::MenuItem("Larger (presentation)", "Ctrl +", false, ui_scale_ < kMaxUiScale))
+    if (ImGui::MenuItem("Larger (for a projector)", "Ctrl +", false, ui_scale_ < kMaxUiScale))
       set_ui_scale(ui_scale_ + 0.25f);
     if (ImGui::MenuItem("Smaller", "Ctrl -", false, ui_scale_ > kMinUiScale))
       set_ui_scale(ui_scale_ - 0.25f);
     if (ImGui::MenuItem("Reset scale", "Ctrl 0")) set_ui_scale(1.0f);
     if (ImGui::MenuItem("Reset panel split")) left_w_ = 0;
+    ImGui::Separator();
+    if (ImGui::MenuItem("Presentation (this view alone)", "F11")) run_command(Command::Present);
     ImGui::EndMenu();
   }
   const bool help_menu = ImGui::BeginMenu("Help");

@@ -319,7 +319,7 @@ class FrameLoop {
       glfwSetWindowTitle(window_, title.c_str());
     }
     if (ui_.take_font_rebuild()) {
-      // Presentation mode: glyphs rasterised at the new size (crisp), not stretched.
+      // A new UI scale: glyphs rasterised at the new size (crisp), not stretched.
       setup_style_and_fonts(ui_.ui_scale());
       ImGui_ImplOpenGL3_DestroyFontsTexture();
       ImGui_ImplOpenGL3_CreateFontsTexture();

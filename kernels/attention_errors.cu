@@ -222,45 +222,77 @@ struct ErrSmem {
 // tiles are double in both.
 enum ErrMode { kExactSide = 0, kApproxSide = 1 };
 
-template <typename Real, int kMaxOut, int kMode>  // kMaxOut: outputs (query, dim) per thread
-__global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDeviceArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr bool kFloat = sizeof(Real) == sizeof(float);
-  constexpr bool kExact = kMode == kExactSide;
-  const ErrSmem L(a.d, a.dv, sizeof(Real));
-  double* st_sx = reinterpret_cast<double*>(smem + L.state_d);  // exact normaliser
-  double* st_sq = st_sx + kErrQueries;                          // sum of squared exact weights
-  double* st_sd = st_sq + kErrQueries;                          // denominator of z
-  double* st_mass = st_sd + kErrQueries;                        // exact weight on the kept set
-  Real* st_mx = reinterpret_cast<Real*>(smem + L.state_f);      // running maxima
-  Real* st_mn = st_mx + kErrQueries;
-  Real* st_md = st_mn + kErrQueries;
-  Real* st_ax = st_md + kErrQueries;  // this tile's rescale factors (exact, numerator)
-  Real* st_an = st_ax + kErrQueries;
-  Real* Qs = reinterpret_cast<Real*>(smem + L.q);
-  Real* S = reinterpret_cast<Real*>(smem + L.s);
-  Real* Px = reinterpret_cast<Real*>(smem + L.px);  // [key][query]: exact weights
-  Real* Pn = reinterpret_cast<Real*>(smem + L.pn);  // [key][query]: numerator weights
-  float* Ks = reinterpret_cast<float*>(smem + L.k);
-  float* Vs = reinterpret_cast<float*>(smem + L.v);
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int qh = blockIdx.y;
-  const int kvh = qh / (a.q_heads / a.kv_heads);
-  const int e0 = blockIdx.x * kErrQueries;
-  const int nq = min(kErrQueries, a.eval - e0);
-  const int win = a.n - a.eval;
-  const int j_last = win + e0 + nq - 1;
-  const int d = a.d, dv = a.dv, kpitch = L.kpitch;
-  const int ex_pitch = dv + 3;  // exact table row: the vector, mx, sx, sq
+// One thread block's view of its work (query head, tile of evaluation queries): the shared
+// memory regions, the indices, and which (query, dim) outputs this thread owns. The kernel below
+// runs the steps that follow on it, in order; each is inlined into the kernel.
+template <typename Real, int kMode>
+struct ErrBlock {
+  static constexpr bool kFloat = sizeof(Real) == sizeof(float);
+  static constexpr bool kExact = kMode == kExactSide;
+  const ErrorDeviceArgs& a;
+  ErrSmem L;
+  unsigned char* smem;
+  double *st_sx, *st_sq, *st_sd, *st_mass;  // exact normaliser, squared exact weights, z's
+                                            // denominator, exact weight on the kept set
+  Real *st_mx, *st_mn, *st_md;              // running maxima (exact, numerator, denominator)
+  Real *st_ax, *st_an;                      // this tile's rescale factors (exact, numerator)
+  Real *Qs, *S, *Px, *Pn;                   // queries, logits, [key][query] weights
+  float *Ks, *Vs;
+  int tid, lane, warp, qh, kvh, e0, nq, win, d, dv, kpitch, ex_pitch;
   // Output (query, dim) pairs of this thread. Column layout when kErrThreads is a multiple of dv
-  // (dv = 16, 32, 64, 128, 256): thread t owns column c = t % dv for the `per` consecutive queries
-  // q0 .. q0 + per - 1, so one V element feeds all of them. Otherwise pair r is
+  // (dv = 16, 32, 64, 128, 256): thread t owns column c = t % dv for the `per` consecutive
+  // queries q0 .. q0 + per - 1, so one V element feeds all of them. Otherwise pair r is
   // o = t + r * kErrThreads, (o / dv, o % dv).
-  const bool column = kErrThreads % dv == 0 && dv * kErrQueries >= kErrThreads;
-  const int per = column ? kErrQueries * dv / kErrThreads : 0;
-  const int col_c = column ? tid % dv : 0, col_q0 = column ? (tid / dv) * per : 0;
-  auto output = [&](int r, int* q, int* c) -> bool {
+  bool column;
+  int per, col_c, col_q0;
+  float scale;    // float logits: times 1/sqrt(d)
+  double sqrt_d;  // double logits: over sqrt(d), as the CPU reference
+  const float *keys, *values, *queries;
+  double* exact;  // this tile's rows of the exact table ([eval][dv + 3]: vector, mx, sx, sq)
+  size_t cbase;   // the approximate side visits this kv head's candidates only
+  const int* cand;
+  int count;
+
+  __device__ __forceinline__ ErrBlock(const ErrorDeviceArgs& args, unsigned char* mem)
+      : a(args), L(args.d, args.dv, sizeof(Real)), smem(mem) {
+    st_sx = reinterpret_cast<double*>(smem + L.state_d);
+    st_sq = st_sx + kErrQueries;
+    st_sd = st_sq + kErrQueries;
+    st_mass = st_sd + kErrQueries;
+    st_mx = reinterpret_cast<Real*>(smem + L.state_f);
+    st_mn = st_mx + kErrQueries;
+    st_md = st_mn + kErrQueries;
+    st_ax = st_md + kErrQueries;
+    st_an = st_ax + kErrQueries;
+    Qs = reinterpret_cast<Real*>(smem + L.q);
+    S = reinterpret_cast<Real*>(smem + L.s);
+    Px = reinterpret_cast<Real*>(smem + L.px);
+    Pn = reinterpret_cast<Real*>(smem + L.pn);
+    Ks = reinterpret_cast<float*>(smem + L.k);
+    Vs = reinterpret_cast<float*>(smem + L.v);
+    tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    qh = blockIdx.y;
+    kvh = qh / (a.q_heads / a.kv_heads);
+    e0 = blockIdx.x * kErrQueries;
+    nq = min(kErrQueries, a.eval - e0);
+    win = a.n - a.eval;
+    d = a.d, dv = a.dv, kpitch = L.kpitch;
+    ex_pitch = dv + 3;
+    column = kErrThreads % dv == 0 && dv * kErrQueries >= kErrThreads;
+    per = column ? kErrQueries * dv / kErrThreads : 0;
+    col_c = column ? tid % dv : 0, col_q0 = column ? (tid / dv) * per : 0;
+    scale = 1.0f / sqrtf(static_cast<float>(d));
+    sqrt_d = sqrt(static_cast<double>(d));
+    keys = a.keys[kvh];
+    values = a.values[kvh];
+    queries = a.queries[qh];
+    exact = a.exact[qh] + static_cast<size_t>(e0) * ex_pitch;
+    cbase = static_cast<size_t>(kvh) * a.cand_stride;
+    cand = kExact ? nullptr : a.cand + cbase;
+    const int j_last = win + e0 + nq - 1;
+    count = kExact ? j_last + 1 : a.cand_count[kvh];
+  }
+  __device__ __forceinline__ bool output(int r, int* q, int* c) const {
     if (column) {
       *q = col_q0 + r;
       *c = col_c;
@@ -270,255 +302,309 @@ __global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDevic
     *q = o / dv;
     *c = o % dv;
     return o < kErrQueries * dv;
-  };
-  // Logits as the CPU reference forms them: <q,k> / sqrt(d) (float: times 1/sqrt(d)).
-  const float scale = 1.0f / sqrtf(static_cast<float>(d));
-  const double sqrt_d = sqrt(static_cast<double>(d));
-  const float* keys = a.keys[kvh];
-  const float* values = a.values[kvh];
-  const float* queries = a.queries[qh];
-  double* exact = a.exact[qh] + static_cast<size_t>(e0) * ex_pitch;  // this tile's rows
-  // The approximate side visits this kv head's candidates (ascending tokens) only.
-  const size_t cbase = static_cast<size_t>(kvh) * a.cand_stride;
-  const int* cand = kExact ? nullptr : a.cand + cbase;
-  const int count = kExact ? j_last + 1 : a.cand_count[kvh];
-  auto token = [&](int k) { return kExact ? k : cand[k]; };
+  }
+  __device__ __forceinline__ int token(int k) const { return kExact ? k : cand[k]; }
+};
 
+// The running states (the approximate side starts from the exact side's final maximum and sums)
+// and the block's queries in shared memory.
+template <typename Real, int kMode>
+__device__ __forceinline__ void init_states(ErrBlock<Real, kMode>& B) {
+  const int tid = B.tid;
   if (tid < kErrQueries) {
-    st_sx[tid] = st_sq[tid] = st_sd[tid] = st_mass[tid] = 0.0;
-    st_mx[tid] = st_mn[tid] = st_md[tid] = -INFINITY;
-    if (!kExact && tid < nq) {  // the exact side's final maximum and sums
-      st_mx[tid] = static_cast<Real>(exact[static_cast<size_t>(tid) * ex_pitch + dv]);
-      st_sx[tid] = exact[static_cast<size_t>(tid) * ex_pitch + dv + 1];
-      st_sq[tid] = exact[static_cast<size_t>(tid) * ex_pitch + dv + 2];
+    B.st_sx[tid] = B.st_sq[tid] = B.st_sd[tid] = B.st_mass[tid] = 0.0;
+    B.st_mx[tid] = B.st_mn[tid] = B.st_md[tid] = -INFINITY;
+    if (!B.kExact && tid < B.nq) {
+      const size_t row = static_cast<size_t>(tid) * B.ex_pitch;
+      B.st_mx[tid] = static_cast<Real>(B.exact[row + B.dv]);
+      B.st_sx[tid] = B.exact[row + B.dv + 1];
+      B.st_sq[tid] = B.exact[row + B.dv + 2];
     }
   }
-  for (int e = tid; e < kErrQueries * d; e += kErrThreads) {
-    const int q = e / d;
-    Qs[e] = q < nq ? static_cast<Real>(queries[static_cast<size_t>(e0 + q) * d + e % d]) : Real(0);
+  for (int e = tid; e < kErrQueries * B.d; e += kErrThreads) {
+    const int q = e / B.d;
+    B.Qs[e] = q < B.nq ? static_cast<Real>(B.queries[static_cast<size_t>(B.e0 + q) * B.d + e % B.d])
+                       : Real(0);
   }
+}
 
-  double acc[kMaxOut];  // the exact side's output vector, or the numerator's
-#pragma unroll
-  for (int r = 0; r < kMaxOut; ++r) acc[r] = 0.0;
-
-  for (int k0 = 0; k0 < count; k0 += kErrKeys) {
-    const int kt = min(kErrKeys, count - k0);
-    __syncthreads();  // the previous tile is consumed (and the set-up above is visible)
-    for (int e = tid; e < kErrKeys * d; e += kErrThreads) {
-      const int r = e / d, c = e % d;
-      Ks[r * kpitch + c] = r < kt ? keys[static_cast<size_t>(token(k0 + r)) * d + c] : 0.0f;
+// Keys and values of the tile's kt tokens (from k0) into shared memory, zero beyond.
+template <typename Real, int kMode>
+__device__ __forceinline__ void load_tile(ErrBlock<Real, kMode>& B, int k0, int kt) {
+  const int d = B.d, dv = B.dv;
+  for (int e = B.tid; e < kErrKeys * d; e += kErrThreads) {
+    const int r = e / d, c = e % d;
+    B.Ks[r * B.kpitch + c] = r < kt ? B.keys[static_cast<size_t>(B.token(k0 + r)) * d + c] : 0.0f;
+  }
+  if constexpr (ErrBlock<Real, kMode>::kExact) {
+    for (int e = B.tid; e < kErrKeys * dv; e += kErrThreads)
+      B.Vs[e] = e < kt * dv ? B.values[static_cast<size_t>(k0) * dv + e] : 0.0f;
+  } else {
+    for (int e = B.tid; e < kErrKeys * dv; e += kErrThreads) {
+      const int r = e / dv, c = e % dv;
+      B.Vs[e] = r < kt ? B.values[static_cast<size_t>(B.cand[k0 + r]) * dv + c] : 0.0f;
     }
-    if constexpr (kExact) {
-      for (int e = tid; e < kErrKeys * dv; e += kErrThreads)
-        Vs[e] = e < kt * dv ? values[static_cast<size_t>(k0) * dv + e] : 0.0f;
-    } else {
-      for (int e = tid; e < kErrKeys * dv; e += kErrThreads) {
-        const int r = e / dv, c = e % dv;
-        Vs[e] = r < kt ? values[static_cast<size_t>(cand[k0 + r]) * dv + c] : 0.0f;
-      }
-    }
-    __syncthreads();
+  }
+}
 
-    // Logits of every (query, key) pair of the tile; -inf where the key is after the query.
-    // Thread t: key t % 32 against queries t / 32 and t / 32 + 8 (one key row read for both).
-    {
-      const int kk = tid % kErrKeys, qa = tid / kErrKeys, qb = qa + kErrQueries / 2;
-      const float* kv = Ks + kk * kpitch;
-      const Real* qva = Qs + qa * d;
-      const Real* qvb = Qs + qb * d;
-      Real da = 0, db = 0;
-      if (kk < kt) {
-        if constexpr (kFloat) {
-          if (L.vec) {
-            for (int c = 0; c < d; c += 4) {
-              const float4 k4 = *reinterpret_cast<const float4*>(kv + c);
-              const float4 a4 = *reinterpret_cast<const float4*>(qva + c);
-              const float4 b4 = *reinterpret_cast<const float4*>(qvb + c);
-              da = fmaf(a4.x, k4.x, fmaf(a4.y, k4.y, fmaf(a4.z, k4.z, fmaf(a4.w, k4.w, da))));
-              db = fmaf(b4.x, k4.x, fmaf(b4.y, k4.y, fmaf(b4.z, k4.z, fmaf(b4.w, k4.w, db))));
-            }
-          } else {
-            for (int c = 0; c < d; ++c) {
-              da = fmaf(qva[c], kv[c], da);
-              db = fmaf(qvb[c], kv[c], db);
-            }
-          }
-        } else {
-          for (int c = 0; c < d; ++c) {
-            const double k = kv[c];
-            da = fma(qva[c], k, da);
-            db = fma(qvb[c], k, db);
-          }
-        }
-      }
-      if constexpr (kFloat) {
-        da *= scale;
-        db *= scale;
-      } else {
-        da /= sqrt_d;
-        db /= sqrt_d;
-      }
-      const int i = kk < kt ? token(k0 + kk) : 0;
-      S[qa * kErrKeys + kk] = qa < nq && kk < kt && i <= win + e0 + qa ? da : Real(-INFINITY);
-      S[qb * kErrKeys + kk] = qb < nq && kk < kt && i <= win + e0 + qb ? db : Real(-INFINITY);
-    }
-    __syncthreads();
-
-    // Per query: the tile's weights against the running maxima, and the scalar sums.
-    for (int q = warp; q < kErrQueries; q += kWarps) {
-      const Real l = S[q * kErrKeys + lane];
-      const bool valid = l > -INFINITY;
-      if constexpr (kExact) {
-        const Real old_x = st_mx[q];
-        const Real mx = fmax(old_x, warp_max(l));
-        const Real px = valid ? exp_of(l - mx) : Real(0);
-        Px[lane * kErrQueries + q] = px;
-        const Real sum_x = warp_sum(px), sum_sq = warp_sum(px * px);
-        __syncwarp();
-        if (lane == 0) {
-          const Real ax = rescale(old_x, mx);
-          st_sx[q] = st_sx[q] * ax + sum_x;
-          st_sq[q] = st_sq[q] * (static_cast<double>(ax) * ax) + sum_sq;
-          st_mx[q] = mx;
-          st_ax[q] = ax;
+// Logits of every (query, key) pair of the tile; -inf where the key is after the query. Thread
+// t: key t % 32 against queries t / 32 and t / 32 + 8 (one key row read for both).
+template <typename Real, int kMode>
+__device__ __forceinline__ void tile_logits(ErrBlock<Real, kMode>& B, int k0, int kt) {
+  const int d = B.d;
+  const int kk = B.tid % kErrKeys, qa = B.tid / kErrKeys, qb = qa + kErrQueries / 2;
+  const float* kv = B.Ks + kk * B.kpitch;
+  const Real* qva = B.Qs + qa * d;
+  const Real* qvb = B.Qs + qb * d;
+  Real da = 0, db = 0;
+  if (kk < kt) {
+    if constexpr (ErrBlock<Real, kMode>::kFloat) {
+      if (B.L.vec) {
+        for (int c = 0; c < d; c += 4) {
+          const float4 k4 = *reinterpret_cast<const float4*>(kv + c);
+          const float4 a4 = *reinterpret_cast<const float4*>(qva + c);
+          const float4 b4 = *reinterpret_cast<const float4*>(qvb + c);
+          da = fmaf(a4.x, k4.x, fmaf(a4.y, k4.y, fmaf(a4.z, k4.z, fmaf(a4.w, k4.w, da))));
+          db = fmaf(b4.x, k4.x, fmaf(b4.y, k4.y, fmaf(b4.z, k4.z, fmaf(b4.w, k4.w, db))));
         }
       } else {
-        // Sinks and window: weight 1 in both sums; the middle's candidates: their log weights
-        // (-inf in the set that does not hold them). Every candidate is kept.
-        const int i = valid ? cand[k0 + lane] : 0;
-        Real lwn = -INFINITY, lwd = -INFINITY;
-        if (valid) {
-          if (i < a.sink || i >= win) {
-            lwn = lwd = 0;
-          } else {
-            lwn = static_cast<Real>(a.cand_lwn[cbase + k0 + lane]);
-            lwd = static_cast<Real>(a.cand_lwd[cbase + k0 + lane]);
-          }
+        for (int c = 0; c < d; ++c) {
+          da = fmaf(qva[c], kv[c], da);
+          db = fmaf(qvb[c], kv[c], db);
         }
-        const Real ln = valid ? l + lwn : Real(-INFINITY);
-        const Real ld = valid ? l + lwd : Real(-INFINITY);
-        const Real old_n = st_mn[q], old_d = st_md[q];
-        const Real mn = fmax(old_n, warp_max(ln));
-        const Real md = fmax(old_d, warp_max(ld));
-        const Real pn = ln > -INFINITY ? exp_of(ln - mn) : Real(0);
-        const Real pd = ld > -INFINITY ? exp_of(ld - md) : Real(0);
-        const Real pk = valid ? exp_of(l - st_mx[q]) : Real(0);  // against the exact maximum
-        Pn[lane * kErrQueries + q] = pn;
-        const Real sum_d = warp_sum(pd), sum_kept = warp_sum(pk);
-        __syncwarp();
-        if (lane == 0) {
-          const Real an = rescale(old_n, mn), ad = rescale(old_d, md);
-          st_sd[q] = st_sd[q] * ad + sum_d;
-          st_mass[q] += sum_kept;
-          st_mn[q] = mn;
-          st_md[q] = md;
-          st_an[q] = an;
+      }
+    } else {
+      for (int c = 0; c < d; ++c) {
+        const double k = kv[c];
+        da = fma(qva[c], k, da);
+        db = fma(qvb[c], k, db);
+      }
+    }
+  }
+  if constexpr (ErrBlock<Real, kMode>::kFloat) {
+    da *= B.scale;
+    db *= B.scale;
+  } else {
+    da /= B.sqrt_d;
+    db /= B.sqrt_d;
+  }
+  const int i = kk < kt ? B.token(k0 + kk) : 0;
+  const int last = B.win + B.e0;  // query q sees keys i <= last + q
+  B.S[qa * kErrKeys + kk] = qa < B.nq && kk < kt && i <= last + qa ? da : Real(-INFINITY);
+  B.S[qb * kErrKeys + kk] = qb < B.nq && kk < kt && i <= last + qb ? db : Real(-INFINITY);
+}
+
+// The exact side, per query: the tile's weights against the running maximum, and the
+// normaliser and the sum of squared weights rescaled to it.
+template <typename Real, int kMode>
+__device__ __forceinline__ void tile_weights_exact(ErrBlock<Real, kMode>& B) {
+  const int lane = B.lane;
+  for (int q = B.warp; q < kErrQueries; q += kWarps) {
+    const Real l = B.S[q * kErrKeys + lane];
+    const bool valid = l > -INFINITY;
+    const Real old_x = B.st_mx[q];
+    const Real mx = fmax(old_x, warp_max(l));
+    const Real px = valid ? exp_of(l - mx) : Real(0);
+    B.Px[lane * kErrQueries + q] = px;
+    const Real sum_x = warp_sum(px), sum_sq = warp_sum(px * px);
+    __syncwarp();
+    if (lane == 0) {
+      const Real ax = rescale(old_x, mx);
+      B.st_sx[q] = B.st_sx[q] * ax + sum_x;
+      B.st_sq[q] = B.st_sq[q] * (static_cast<double>(ax) * ax) + sum_sq;
+      B.st_mx[q] = mx;
+      B.st_ax[q] = ax;
+    }
+  }
+}
+
+// The approximate side, per query: sinks and window weigh 1 in both sums; the middle's
+// candidates their log weights (-inf in the set that does not hold them); every candidate is
+// kept, its exact weight (against the exact maximum) added to the kept mass.
+template <typename Real, int kMode>
+__device__ __forceinline__ void tile_weights_approx(ErrBlock<Real, kMode>& B, int k0) {
+  const int lane = B.lane;
+  for (int q = B.warp; q < kErrQueries; q += kWarps) {
+    const Real l = B.S[q * kErrKeys + lane];
+    const bool valid = l > -INFINITY;
+    const int i = valid ? B.cand[k0 + lane] : 0;
+    Real lwn = -INFINITY, lwd = -INFINITY;
+    if (valid) {
+      if (i < B.a.sink || i >= B.win) {
+        lwn = lwd = 0;
+      } else {
+        lwn = static_cast<Real>(B.a.cand_lwn[B.cbase + k0 + lane]);
+        lwd = static_cast<Real>(B.a.cand_lwd[B.cbase + k0 + lane]);
+      }
+    }
+    const Real ln = valid ? l + lwn : Real(-INFINITY);
+    const Real ld = valid ? l + lwd : Real(-INFINITY);
+    const Real old_n = B.st_mn[q], old_d = B.st_md[q];
+    const Real mn = fmax(old_n, warp_max(ln));
+    const Real md = fmax(old_d, warp_max(ld));
+    const Real pn = ln > -INFINITY ? exp_of(ln - mn) : Real(0);
+    const Real pd = ld > -INFINITY ? exp_of(ld - md) : Real(0);
+    const Real pk = valid ? exp_of(l - B.st_mx[q]) : Real(0);
+    B.Pn[lane * kErrQueries + q] = pn;
+    const Real sum_d = warp_sum(pd), sum_kept = warp_sum(pk);
+    __syncwarp();
+    if (lane == 0) {
+      const Real an = rescale(old_n, mn), ad = rescale(old_d, md);
+      B.st_sd[q] = B.st_sd[q] * ad + sum_d;
+      B.st_mass[q] += sum_kept;
+      B.st_mn[q] = mn;
+      B.st_md[q] = md;
+      B.st_an[q] = an;
+    }
+  }
+}
+
+// Output vectors: the exact weights or the numerator's against the tile's values, added to the
+// running sums rescaled to the new maxima.
+template <typename Real, int kMaxOut, int kMode>
+__device__ __forceinline__ void accumulate_outputs(const ErrBlock<Real, kMode>& B, int kt,
+                                                   double (&acc)[kMaxOut]) {
+  constexpr bool kExact = ErrBlock<Real, kMode>::kExact;
+  const Real* P = kExact ? B.Px : B.Pn;
+  const Real* resc = kExact ? B.st_ax : B.st_an;
+  const int dv = B.dv;
+  if (ErrBlock<Real, kMode>::kFloat && B.column && B.per % 4 == 0) {
+    // One V element and float4s of the weights of this thread's `per` queries per key.
+    float s[kMaxOut];
+#pragma unroll
+    for (int r = 0; r < kMaxOut; ++r) s[r] = 0.0f;
+    for (int kk = 0; kk < kt; ++kk) {
+      const float v = B.Vs[kk * dv + B.col_c];
+      const float4* p4 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(P) +
+                                                         kk * kErrQueries + B.col_q0);
+#pragma unroll
+      for (int r4 = 0; r4 < kMaxOut / 4; ++r4) {
+        if (4 * r4 < B.per) {
+          const float4 x = p4[r4];
+          s[4 * r4] = fmaf(x.x, v, s[4 * r4]);
+          s[4 * r4 + 1] = fmaf(x.y, v, s[4 * r4 + 1]);
+          s[4 * r4 + 2] = fmaf(x.z, v, s[4 * r4 + 2]);
+          s[4 * r4 + 3] = fmaf(x.w, v, s[4 * r4 + 3]);
         }
       }
     }
-    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kMaxOut; ++r)
+      if (r < B.per) acc[r] = acc[r] * resc[B.col_q0 + r] + s[r];
+  } else {
+#pragma unroll
+    for (int r = 0; r < kMaxOut; ++r) {
+      int q, c;
+      if (B.output(r, &q, &c)) {
+        Real s = 0;
+        for (int kk = 0; kk < kt; ++kk) {
+          const Real v = B.Vs[kk * dv + c];
+          s = fma(P[kk * kErrQueries + q], v, s);
+        }
+        acc[r] = acc[r] * resc[q] + s;
+      }
+    }
+  }
+}
 
-    // Output vectors: the exact weights or the numerator's against the tile's values.
-    const Real* P = kExact ? Px : Pn;
-    const Real* resc = kExact ? st_ax : st_an;
-    if (kFloat && column && per % 4 == 0) {
-      // One V element and float4s of the weights of this thread's `per` queries per key.
-      float s[kMaxOut];
+// The exact side's end: Attn_j = acc / sx, and the maximum and sums the approximate side needs,
+// into the exact table.
+template <typename Real, int kMaxOut, int kMode>
+__device__ __forceinline__ void finish_exact(const ErrBlock<Real, kMode>& B,
+                                             const double (&acc)[kMaxOut]) {
 #pragma unroll
-      for (int r = 0; r < kMaxOut; ++r) s[r] = 0.0f;
-      for (int kk = 0; kk < kt; ++kk) {
-        const float v = Vs[kk * dv + col_c];
-        const float4* p4 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(P) +
-                                                           kk * kErrQueries + col_q0);
+  for (int r = 0; r < kMaxOut; ++r) {
+    int q, c;
+    if (B.output(r, &q, &c) && q < B.nq)
+      B.exact[static_cast<size_t>(q) * B.ex_pitch + c] = acc[r] / B.st_sx[q];
+  }
+  if (B.tid < B.nq) {
+    const size_t row = static_cast<size_t>(B.tid) * B.ex_pitch;
+    B.exact[row + B.dv] = static_cast<double>(B.st_mx[B.tid]);
+    B.exact[row + B.dv + 1] = B.st_sx[B.tid];
+    B.exact[row + B.dv + 2] = B.st_sq[B.tid];
+  }
+}
+
+// The approximate side's end: z_j = acc e^{mn} / (sd e^{md}) against the stored Attn_j. Squared
+// differences per (query, dim) go to shared memory and are summed per query in a fixed order
+// (deterministic); then the three figures as the CPU reference reports them.
+template <typename Real, int kMaxOut, int kMode>
+__device__ __forceinline__ void finish_approx(const ErrBlock<Real, kMode>& B,
+                                              const double (&acc)[kMaxOut]) {
+  const int dv = B.dv;
+  double* fin_d2 = reinterpret_cast<double*>(B.smem + B.L.k);
+  double* fin_a2 = fin_d2 + kErrQueries * dv;
 #pragma unroll
-        for (int r4 = 0; r4 < kMaxOut / 4; ++r4) {
-          if (4 * r4 < per) {
-            const float4 x = p4[r4];
-            s[4 * r4] = fmaf(x.x, v, s[4 * r4]);
-            s[4 * r4 + 1] = fmaf(x.y, v, s[4 * r4 + 1]);
-            s[4 * r4 + 2] = fmaf(x.z, v, s[4 * r4 + 2]);
-            s[4 * r4 + 3] = fmaf(x.w, v, s[4 * r4 + 3]);
-          }
-        }
+  for (int r = 0; r < kMaxOut; ++r) {
+    int q, c;
+    if (B.output(r, &q, &c)) {
+      const int o = q * dv + c;
+      double d2 = 0.0, a2 = 0.0;
+      if (q < B.nq) {
+        const double ex = B.exact[static_cast<size_t>(q) * B.ex_pitch + c];
+        const double approx =
+            acc[r] * exp(static_cast<double>(B.st_mn[q]) - B.st_md[q]) / B.st_sd[q];
+        d2 = (approx - ex) * (approx - ex);
+        a2 = ex * ex;
       }
-#pragma unroll
-      for (int r = 0; r < kMaxOut; ++r)
-        if (r < per) acc[r] = acc[r] * resc[col_q0 + r] + s[r];
-    } else {
-#pragma unroll
-      for (int r = 0; r < kMaxOut; ++r) {
-        int q, c;
-        if (output(r, &q, &c)) {
-          Real s = 0;
-          for (int kk = 0; kk < kt; ++kk) {
-            const Real v = Vs[kk * dv + c];
-            s = fma(P[kk * kErrQueries + q], v, s);
-          }
-          acc[r] = acc[r] * resc[q] + s;
-        }
-      }
+      fin_d2[o] = d2;
+      fin_a2[o] = a2;
     }
   }
   __syncthreads();
-
-  if constexpr (kExact) {
-    // Attn_j = acc / sx, and the maximum and sums the approximate side needs.
-#pragma unroll
-    for (int r = 0; r < kMaxOut; ++r) {
-      int q, c;
-      if (output(r, &q, &c) && q < nq)
-        exact[static_cast<size_t>(q) * ex_pitch + c] = acc[r] / st_sx[q];
+  const ErrorDeviceArgs& a = B.a;
+  for (int q = B.warp; q < B.nq; q += kWarps) {
+    double d2 = 0.0, a2 = 0.0;
+    for (int c = B.lane; c < dv; c += 32) {
+      d2 += fin_d2[q * dv + c];
+      a2 += fin_a2[q * dv + c];
     }
-    if (tid < nq) {
-      exact[static_cast<size_t>(tid) * ex_pitch + dv] = static_cast<double>(st_mx[tid]);
-      exact[static_cast<size_t>(tid) * ex_pitch + dv + 1] = st_sx[tid];
-      exact[static_cast<size_t>(tid) * ex_pitch + dv + 2] = st_sq[tid];
-    }
-    return;
-  } else {
-    // z_j = acc e^{mn} / (sd e^{md}) against the stored Attn_j. Squared differences per (query,
-    // dim) go to shared memory and are summed per query in a fixed order (deterministic).
-    double* fin_d2 = reinterpret_cast<double*>(smem + L.k);
-    double* fin_a2 = fin_d2 + kErrQueries * dv;
-#pragma unroll
-    for (int r = 0; r < kMaxOut; ++r) {
-      int q, c;
-      if (output(r, &q, &c)) {
-        const int o = q * dv + c;
-        double d2 = 0.0, a2 = 0.0;
-        if (q < nq) {
-          const double ex = exact[static_cast<size_t>(q) * ex_pitch + c];
-          const double approx = acc[r] * exp(static_cast<double>(st_mn[q]) - st_md[q]) / st_sd[q];
-          d2 = (approx - ex) * (approx - ex);
-          a2 = ex * ex;
-        }
-        fin_d2[o] = d2;
-        fin_a2[o] = a2;
-      }
-    }
-    __syncthreads();
-    for (int q = warp; q < nq; q += kWarps) {
-      double d2 = 0.0, a2 = 0.0;
-      for (int c = lane; c < dv; c += 32) {
-        d2 += fin_d2[q * dv + c];
-        a2 += fin_a2[q * dv + c];
-      }
-      d2 = warp_sum(d2);
-      a2 = warp_sum(a2);
-      if (lane == 0) {
-        const int e = e0 + q;
-        const double diff = sqrt(d2), exact_norm = sqrt(a2);
-        const double softmax_norm = sqrt(st_sq[q]) / st_sx[q];
-        const double v_frob = sqrt(a.v_sq_prefix[static_cast<size_t>(kvh) * a.eval + e]);
-        const size_t out = static_cast<size_t>(qh) * a.eval + e;
-        // As the CPU reference: a zero scale reports the absolute difference.
-        a.relative[out] = exact_norm > 0 ? diff / exact_norm : diff;
-        a.normalized[out] = v_frob > 0 ? diff / (softmax_norm * v_frob) : diff;
-        a.mass[out] = st_mass[q] / st_sx[q];
-      }
+    d2 = warp_sum(d2);
+    a2 = warp_sum(a2);
+    if (B.lane == 0) {
+      const int e = B.e0 + q;
+      const double diff = sqrt(d2), exact_norm = sqrt(a2);
+      const double softmax_norm = sqrt(B.st_sq[q]) / B.st_sx[q];
+      const double v_frob = sqrt(a.v_sq_prefix[static_cast<size_t>(B.kvh) * a.eval + e]);
+      const size_t out = static_cast<size_t>(B.qh) * a.eval + e;
+      // As the CPU reference: a zero scale reports the absolute difference.
+      a.relative[out] = exact_norm > 0 ? diff / exact_norm : diff;
+      a.normalized[out] = v_frob > 0 ? diff / (softmax_norm * v_frob) : diff;
+      a.mass[out] = B.st_mass[q] / B.st_sx[q];
     }
   }
+}
+
+// One thread block per (query head, tile of kErrQueries evaluation queries): the keys in tiles
+// of kErrKeys, each tile's logits, weights and outputs, then the side's end.
+template <typename Real, int kMaxOut, int kMode>  // kMaxOut: outputs (query, dim) per thread
+__global__ void __launch_bounds__(kErrThreads) attention_error_kernel(ErrorDeviceArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  ErrBlock<Real, kMode> B(a, smem);
+  init_states(B);
+  double acc[kMaxOut];  // the exact side's output vector, or the numerator's
+#pragma unroll
+  for (int r = 0; r < kMaxOut; ++r) acc[r] = 0.0;
+  for (int k0 = 0; k0 < B.count; k0 += kErrKeys) {
+    const int kt = min(kErrKeys, B.count - k0);
+    __syncthreads();  // the previous tile is consumed (and the set-up above is visible)
+    load_tile(B, k0, kt);
+    __syncthreads();
+    tile_logits(B, k0, kt);
+    __syncthreads();
+    if constexpr (kMode == kExactSide)
+      tile_weights_exact(B);
+    else
+      tile_weights_approx(B, k0);
+    __syncthreads();
+    accumulate_outputs<Real, kMaxOut, kMode>(B, kt, acc);
+  }
+  __syncthreads();
+  if constexpr (kMode == kExactSide)
+    finish_exact<Real, kMaxOut, kMode>(B, acc);
+  else
+    finish_approx<Real, kMaxOut, kMode>(B, acc);
 }
 
 void check_set(const std::vector<int>& idx, const std::vector<double>& logw, int kvh, int mid_begin,
@@ -540,10 +626,8 @@ void check_set(const std::vector<int>& idx, const std::vector<double>& logw, int
   }
 }
 
-}  // namespace
-
-ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
-                                   ResidentLayers* resident, cudaStream_t stream) {
+// The batch's shape and arrays, checked as the CPU reference checks them.
+void check_error_batch(const ErrorBatch& b) {
   if (b.kv_heads <= 0 || b.q_heads <= 0 || b.q_heads % b.kv_heads != 0)
     throw std::invalid_argument("attention_errors: " + std::to_string(b.q_heads) +
                                 " query heads do not form groups over " +
@@ -565,13 +649,22 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
                                   " has no keys or values");
   for (const float* q : b.queries)
     if (!q) throw std::invalid_argument("attention_errors: a query head has no queries");
+}
 
-  const size_t n = b.n, d = b.d, dv = b.dv, E = b.eval;
+// Each kv head's candidates for the approximate side, ascending: the sinks, the tokens of the
+// middle either selection holds (with both log weights, -inf in the set without them), the
+// window; flattened at one stride for the upload. The selections are checked as the CPU
+// reference checks them.
+struct Candidates {
+  size_t stride = 1;
+  std::vector<int> flat, count;  // [kv][stride] tokens, [kv] how many
+  std::vector<double> lwn, lwd;  // [kv][stride] numerator and denominator log weights
+};
+
+Candidates gather_candidates(const ErrorBatch& b) {
+  const auto kv = static_cast<size_t>(b.kv_heads);
   const int mid_begin = b.sink, mid_end = b.n - b.eval;
   const size_t n_mid = static_cast<size_t>(mid_end - mid_begin);
-  // Each kv head's candidates for the approximate side, ascending: the sinks, the tokens of the
-  // middle either selection holds (with both log weights, -inf in the set without them), the
-  // window. The selections are checked as the CPU reference checks them.
   constexpr double kNone = -std::numeric_limits<double>::infinity();
   std::vector<std::vector<int>> cand(kv);
   std::vector<std::vector<double>> cand_num(kv), cand_den(kv);
@@ -593,39 +686,35 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
     for (int i = mid_end; i < b.n; ++i) add(i, 0, 0);
     stride = std::max(stride, cand[h].size());
   }
-  std::vector<int> cand_flat(kv * stride, 0), cand_count(kv);
-  std::vector<double> lwn_flat(kv * stride, kNone), lwd_flat(kv * stride, kNone);
+  Candidates c;
+  c.stride = stride;
+  c.flat.assign(kv * stride, 0);
+  c.count.resize(kv);
+  c.lwn.assign(kv * stride, kNone);
+  c.lwd.assign(kv * stride, kNone);
   for (size_t h = 0; h < kv; ++h) {
-    cand_count[h] = static_cast<int>(cand[h].size());
-    std::copy(cand[h].begin(), cand[h].end(), cand_flat.begin() + h * stride);
-    std::copy(cand_num[h].begin(), cand_num[h].end(), lwn_flat.begin() + h * stride);
-    std::copy(cand_den[h].begin(), cand_den[h].end(), lwd_flat.begin() + h * stride);
+    c.count[h] = static_cast<int>(cand[h].size());
+    std::copy(cand[h].begin(), cand[h].end(), c.flat.begin() + h * stride);
+    std::copy(cand_num[h].begin(), cand_num[h].end(), c.lwn.begin() + h * stride);
+    std::copy(cand_den[h].begin(), cand_den[h].end(), c.lwd.begin() + h * stride);
   }
+  return c;
+}
 
-  ErrorDeviceArgs a;
-  a.n = b.n;
-  a.d = b.d;
-  a.dv = b.dv;
-  a.q_heads = b.q_heads;
-  a.kv_heads = b.kv_heads;
-  a.sink = b.sink;
-  a.eval = b.eval;
-  a.float_scores = b.float_scores;
-  a.cand_stride = static_cast<int>(stride);
-  int* cand_dev = ws.cand.reserve_as<int>(kv * stride + kv);
-  double* lw_num = ws.lw_num.reserve_as<double>(kv * stride);
-  double* lw_den = ws.lw_den.reserve_as<double>(kv * stride);
-  double* v_sq = ws.v_sq.reserve_as<double>(kv * E);
-  double* out = ws.out.reserve_as<double>(3 * b.q_heads * E);
-  // Per-head device pointers: [kv keys][kv values][q_heads queries], then the query heads' exact
-  // tables.
+// Where the kernels read each head: `table` gets [kv keys][kv values][q_heads evaluation query
+// rows] and `exact` the query heads' exact tables. For a named layer (b.layer_id) with room in
+// the resident budget, the resident copies (uploaded on first use) and the kept exact sides;
+// returns whether the exact side must be computed in this call. Otherwise this call's workspace,
+// copied now.
+bool place_heads(const ErrorBatch& b, ErrorWorkspace& ws, ResidentLayers* resident,
+                 cudaStream_t stream, std::vector<const float*>& table,
+                 std::vector<double*>& exact) {
+  const auto kv = static_cast<size_t>(b.kv_heads);
   const size_t q_heads = static_cast<size_t>(b.q_heads);
-  std::vector<const float*> table(2 * kv + q_heads);
-  std::vector<double*> exact(q_heads);
+  const size_t n = b.n, d = b.d, dv = b.dv, E = b.eval;
   const size_t key_bytes = n * d * sizeof(float), value_bytes = n * dv * sizeof(float);
   const size_t query_bytes = E * d * sizeof(float);
   const size_t exact_bytes = E * (dv + 3) * sizeof(double);
-  a.compute_exact = true;
   if (resident && b.layer_id != 0 &&
       resident->begin_call(kv * (key_bytes + value_bytes) +
                            q_heads * (query_bytes + (b.float_scores ? 0 : exact_bytes)))) {
@@ -652,7 +741,7 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
           &fresh));
       all_kept = all_kept && !fresh;
     }
-    a.compute_exact = !all_kept;
+    return !all_kept;
   } else {
     float* keys = ws.keys.reserve_as<float>(kv * n * d);
     float* values = ws.values.reserve_as<float>(kv * n * dv);
@@ -671,6 +760,38 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
                                      cudaMemcpyHostToDevice, stream));
     }
   }
+  return true;
+}
+
+}  // namespace
+
+ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
+                                   ResidentLayers* resident, cudaStream_t stream) {
+  check_error_batch(b);
+  const auto kv = static_cast<size_t>(b.kv_heads);
+  const size_t dv = b.dv, E = b.eval;
+  const Candidates c = gather_candidates(b);
+  const size_t stride = c.stride;
+
+  ErrorDeviceArgs a;
+  a.n = b.n;
+  a.d = b.d;
+  a.dv = b.dv;
+  a.q_heads = b.q_heads;
+  a.kv_heads = b.kv_heads;
+  a.sink = b.sink;
+  a.eval = b.eval;
+  a.float_scores = b.float_scores;
+  a.cand_stride = static_cast<int>(stride);
+  int* cand_dev = ws.cand.reserve_as<int>(kv * stride + kv);
+  double* lw_num = ws.lw_num.reserve_as<double>(kv * stride);
+  double* lw_den = ws.lw_den.reserve_as<double>(kv * stride);
+  double* v_sq = ws.v_sq.reserve_as<double>(kv * E);
+  double* out = ws.out.reserve_as<double>(3 * b.q_heads * E);
+  const size_t q_heads = static_cast<size_t>(b.q_heads);
+  std::vector<const float*> table(2 * kv + q_heads);
+  std::vector<double*> exact(q_heads);
+  a.compute_exact = place_heads(b, ws, resident, stream, table, exact);
   if (!exact[0] || b.float_scores) {  // the exact side in this call's workspace
     double* ex = ws.exact.reserve_as<double>(q_heads * E * (dv + 3));
     for (size_t h = 0; h < q_heads; ++h) exact[h] = ex + h * E * (dv + 3);
@@ -682,13 +803,13 @@ ErrorDeviceArgs upload_error_batch(const ErrorBatch& b, ErrorWorkspace& ws,
                                  cudaMemcpyHostToDevice, stream));
   KVS_CUDA_CHECK(cudaMemcpyAsync(exact_tables, exact.data(), q_heads * sizeof(double*),
                                  cudaMemcpyHostToDevice, stream));
-  KVS_CUDA_CHECK(cudaMemcpyAsync(cand_dev, cand_flat.data(), cand_flat.size() * sizeof(int),
+  KVS_CUDA_CHECK(cudaMemcpyAsync(cand_dev, c.flat.data(), c.flat.size() * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
-  KVS_CUDA_CHECK(cudaMemcpyAsync(cand_dev + kv * stride, cand_count.data(), kv * sizeof(int),
+  KVS_CUDA_CHECK(cudaMemcpyAsync(cand_dev + kv * stride, c.count.data(), kv * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
-  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, lwn_flat.data(), lwn_flat.size() * sizeof(double),
+  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_num, c.lwn.data(), c.lwn.size() * sizeof(double),
                                  cudaMemcpyHostToDevice, stream));
-  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_den, lwd_flat.data(), lwd_flat.size() * sizeof(double),
+  KVS_CUDA_CHECK(cudaMemcpyAsync(lw_den, c.lwd.data(), c.lwd.size() * sizeof(double),
                                  cudaMemcpyHostToDevice, stream));
   // The host vectors die with this function: finish the copies first.
   KVS_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -18,12 +18,9 @@ import os
 import re
 import sys
 
-# (file, function): lines today. Work left (docs/design.md, "Short functions"): the error kernel
-# and its upload are split once a device can confirm that the split leaves their pace as it is.
-OVER_LIMIT = {
-    ("kernels/attention_errors.cu", "attention_error_kernel"): 298,
-    ("kernels/attention_errors.cu", "upload_error_batch"): 164,
-}
+# (file, function): lines today, for a function over the limit that is work left (none now:
+# every function is at most 150 lines; a new entry needs a reason in its comment).
+OVER_LIMIT = {}
 
 SOURCE = re.compile(r".*\.(cpp|h|cu|cuh)$")
 SCOPE = re.compile(r"^\s*(template\s*<.*>\s*)?(namespace|class|struct|union|enum|extern)\b")
