@@ -22,7 +22,7 @@ struct HeadlessOptions {
   int width = 1600, height = 1000;
   double timeout_s = 300;    // give up waiting for the view's work after this long
   bool full_window = false;  // the whole window instead of the view's figure
-  float ui_scale = 1.0f;     // presentation scale (fonts and sizes), 1 .. 2.5
+  float ui_scale = 1.0f;     // UI scale (fonts and sizes, for a projector), 1 .. 2.5
   // Pixel density of the picture: the window is width x height at scale 1 and is drawn with
   // `density` times the pixels (UI scale and window size multiplied), so a 2x PNG has the 1x
   // layout with crisp text. 1 or 2 (or up to 2.5 / ui_scale).

@@ -168,9 +168,10 @@ int parse_options(int argc, char** argv, AppOptions& o) {
   cli.add_option("--density", opt.density,
                  "screenshot: pixels per layout pixel (2: a crisp 2x PNG of the same layout)")
       ->default_val(1.0f);
-  cli.add_option("--ui-scale", o.ui_scale,
-                 "presentation scale 1 to 2.5 (default: the last one used, Ctrl +/- to change; "
-                 "screenshots: 1)");
+  cli.add_option(
+      "--ui-scale", o.ui_scale,
+      "UI scale 1 to 2.5 for a projector (default: the last one used, Ctrl +/- to change; "
+      "screenshots: 1)");
   cli.add_option("--export-dir", o.export_dir,
                  "folder for keyboard exports: F9 writes every view's numbers and the app's "
                  "state as JSON, F10 a PNG of the active view (used by the GUI test)");

@@ -38,7 +38,8 @@ void add_render_command(CLI::App& app) {
   sub->add_option("--timeout", opt->timeout_s, "seconds to wait for the view's work")
       ->default_val(300);
   sub->add_flag("--full-window", opt->full_window, "whole window instead of the view's figure");
-  sub->add_option("--ui-scale", opt->ui_scale, "presentation scale of fonts and sizes, 1 to 2.5")
+  sub->add_option("--ui-scale", opt->ui_scale,
+                  "UI scale of fonts and sizes (for a projector), 1 to 2.5")
       ->default_val(1.0f);
   sub->add_option("--density", opt->density,
                   "pixels per layout pixel: 2 gives a 2x PNG of the same layout with crisp text")
