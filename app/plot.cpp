@@ -544,6 +544,17 @@ Plot::Corner Plot::emptiest_corner(const std::vector<ImVec2>& points) const {
   return order[best];
 }
 
+namespace {
+std::vector<PlacedLegend> g_legends;  // since clear_legend_log(); the UI thread's only
+}  // namespace
+
+void clear_legend_log() {
+  g_legends.clear();
+}
+const std::vector<PlacedLegend>& legend_log() {
+  return g_legends;
+}
+
 void Plot::note_segment(ImVec2 a, ImVec2 b) const {
   // A point every 4 px along the part inside the data area (clipped, so a far-off segment costs
   // no more than the plot's width).
@@ -583,16 +594,25 @@ ImVec4 Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) cons
     const bool top = c == Corner::TopRight || c == Corner::TopLeft;
     return ImVec2(right ? p1_.x - w - 6 : p0_.x + 6, top ? p0_.y + 6 : p1_.y - h - 6);
   };
-  // The asked corner unless its box covers drawn data; then the corner covering the least.
+  // The asked corner unless its box covers drawn data; then the other corners, then the middles
+  // of the edges and the centre (a curve across the whole width often leaves a free band), the
+  // first place covering nothing, else the one covering the least.
   ImVec2 a = box_at(corner);
   int covered = drawn_in(a, ImVec2(a.x + w, a.y + h));
-  for (Corner c : {Corner::TopRight, Corner::TopLeft, Corner::BottomRight, Corner::BottomLeft}) {
+  std::vector<ImVec2> places;
+  for (Corner c : {Corner::TopRight, Corner::TopLeft, Corner::BottomRight, Corner::BottomLeft})
+    places.push_back(box_at(c));
+  const float xs[3] = {p0_.x + 6, (p0_.x + p1_.x - w) / 2, p1_.x - w - 6};
+  const float ys[3] = {p0_.y + 6, (p0_.y + p1_.y - h) / 2, p1_.y - h - 6};
+  for (float y : ys)
+    for (float x : xs) places.push_back(ImVec2(x, y));
+  for (const ImVec2& at : places) {
     if (covered == 0) break;
-    const ImVec2 at = box_at(c);
     const int n = drawn_in(at, ImVec2(at.x + w, at.y + h));
     if (n < covered) a = at, covered = n;
   }
   ImVec2 b(a.x + w, a.y + h);
+  if (g_legends.size() < 10000) g_legends.push_back({ImVec4(a.x, a.y, b.x, b.y), covered});
   dl_->AddRectFilled(a, b, IM_COL32(16, 18, 22, 220));
   dl_->AddRect(a, b, kColGrid);
   for (size_t i = 0; i < entries.size(); ++i) {

@@ -76,7 +76,8 @@ class Plot {
   enum class Corner { TopRight, TopLeft, BottomRight, BottomLeft };
   // A boxed legend inside the data area, at `corner` unless its box would cover what this plot
   // drew there (lines, markers, bands, bars: every series method notes where it drew): then at
-  // the corner whose box covers the fewest drawn points, `corner` first among equals.
+  // the first free place of the other corners, the edges' middles and the centre, else where it
+  // covers the fewest drawn points.
   // Returns the box drawn (x0, y0, x1, y1), all zero when the legend was left out.
   ImVec4 legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
   // The corner of the data area with the fewest of these screen points (for the legend).
@@ -123,6 +124,16 @@ HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,
 // Vertical colour bar with min/max/mid labels; `size` as for Plot.
 void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double vmax,
                 const std::string& label);
+
+// Every legend Plot::legend drew since the last clear_legend_log(), with how many of its plot's
+// drawn points its box covers (0 unless every place tried holds data): the layout test counts
+// them.
+struct PlacedLegend {
+  ImVec4 box;
+  int covered = 0;
+};
+void clear_legend_log();
+const std::vector<PlacedLegend>& legend_log();
 
 // Small coloured square + text on one line (for legends outside plots).
 void legend_swatch(ImU32 colour, const char* text);
