@@ -71,11 +71,13 @@ void run_gpu(benchmark::State& state, MakeTimers) {
 }
 #endif
 
-// A case's timing mode on the device: its steps run once, then their kernels replay.
+// A case's timing mode on the device: its steps run once, then their kernels replay. The inputs
+// are made only when a device answers (a layer's take seconds to fill).
 void gpu_case(benchmark::State& state, const OpCase* c) {
-  std::unique_ptr<OpRun> run = c->make();
-  run_gpu(state, [&run]() -> std::unique_ptr<GpuOpTimer> {
+  std::unique_ptr<OpRun> run;  // outlives the timer, whose steps point into it
+  run_gpu(state, [&]() -> std::unique_ptr<GpuOpTimer> {
 #ifdef KVSCOPE_HAVE_CUDA
+    run = c->make();
     return cuda_op_timer(run->steps());
 #else
     return nullptr;
