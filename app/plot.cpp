@@ -546,10 +546,12 @@ Plot::Corner Plot::emptiest_corner(const std::vector<ImVec2>& points) const {
 
 namespace {
 std::vector<PlacedLegend> g_legends;  // since clear_legend_log(); the UI thread's only
+bool g_log_legends = false;           // off until a test asks (clear_legend_log)
 }  // namespace
 
 void clear_legend_log() {
   g_legends.clear();
+  g_log_legends = true;
 }
 const std::vector<PlacedLegend>& legend_log() {
   return g_legends;
@@ -612,7 +614,8 @@ ImVec4 Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) cons
     if (n < covered) a = at, covered = n;
   }
   ImVec2 b(a.x + w, a.y + h);
-  if (g_legends.size() < 10000) g_legends.push_back({ImVec4(a.x, a.y, b.x, b.y), covered});
+  if (g_log_legends && g_legends.size() < 10000)
+    g_legends.push_back({ImVec4(a.x, a.y, b.x, b.y), covered});
   dl_->AddRectFilled(a, b, IM_COL32(16, 18, 22, 220));
   dl_->AddRect(a, b, kColGrid);
   for (size_t i = 0; i < entries.size(); ++i) {

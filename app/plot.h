@@ -127,7 +127,7 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
 
 // Every legend Plot::legend drew since the last clear_legend_log(), with how many of its plot's
 // drawn points its box covers (0 unless every place tried holds data): the layout test counts
-// them.
+// them. Nothing is logged before the first clear_legend_log() (the app never calls it).
 struct PlacedLegend {
   ImVec4 box;
   int covered = 0;
