@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GUI tests on a busy machine (docs/testing.md, "Under load"): every core is kept busy by a
-# busy loop while CTest runs the real-input and GUI tests (label gui) RUNS times, then the GUI
-# oracle walks on ORACLE_SEEDS fresh random seeds. The tests wait for what they need (the window
+# busy loop while CTest runs the whole suite SUITES times, the real-input and GUI tests (label
+# gui) RUNS times, then the GUI oracle walks on ORACLE_SEEDS fresh random seeds. The tests wait for what they need (the window
 # viewable, the app answering), never for the machine to be idle, so they must pass here too.
 #   tools/check-under-load.sh [runs (default 10)] [oracle seeds (default 20)] [steps per walk (default 40)]
+#                             [whole suites (default 3)]
 # KVSCOPE_BUILD_DIR picks the build folder (default build; built first). KVSCOPE_LOAD_TESTS, a
 # CTest -R pattern, runs those tests instead of the label gui (e.g. gui_real_input|gui_oracle).
 # gui_soak runs with the rest when KVSCOPE_SANITIZED_APP names the sanitized app (it skips
@@ -14,8 +15,10 @@ cd "$(dirname "$0")/.."
 runs=${1:-10}
 seeds=${2:-20}
 steps=${3:-40}
-case "$runs$seeds$steps" in *[!0-9]*)
-  echo "usage: tools/check-under-load.sh [runs] [oracle seeds] [steps per walk] (whole numbers)" >&2
+suites=${4:-3}
+case "$runs$seeds$steps$suites" in *[!0-9]*)
+  echo "usage: tools/check-under-load.sh [runs] [oracle seeds] [steps per walk] [whole suites]" \
+    "(whole numbers)" >&2
   exit 2 ;;
 esac
 build=${KVSCOPE_BUILD_DIR:-build}
@@ -39,6 +42,20 @@ for ((i = 0; i < $(nproc); ++i)); do
   load_pids+=($!)
 done
 echo "under-load: ${#load_pids[@]} busy loops on $(nproc) cores; logs in $logs"
+
+# The whole suite first (what CI runs), each run in its own turn: two CTest processes must never
+# share a build folder (the GUI tests write into one output folder).
+suites_passed=0
+for ((r = 1; r <= suites; ++r)); do
+  log="$logs/ctest_suite_$r.log"
+  if (cd "$build" && ctest -j 2 --output-on-failure --timeout 1200) >"$log" 2>&1; then
+    suites_passed=$((suites_passed + 1))
+    echo "under-load: whole suite run $r passed ($(grep -o '[0-9]*% tests passed.*' "$log" || true))"
+  else
+    echo "under-load: whole suite run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | tr -s ' ' |
+      tr '\n' ';') log $log"
+  fi
+done
 
 if [ -n "${KVSCOPE_LOAD_TESTS:-}" ]; then
   select=(-R "$KVSCOPE_LOAD_TESTS")
@@ -71,6 +88,6 @@ for ((w = 1; w <= seeds; ++w)); do
   fi
 done
 
-echo "under-load: GUI tests $runs_passed of $runs runs passed; oracle $walks_passed of $seeds" \
-  "fresh seeds passed ($steps steps each)"
-((runs_passed == runs && walks_passed == seeds))
+echo "under-load: whole suite $suites_passed of $suites runs passed; GUI tests $runs_passed of" \
+  "$runs runs passed; oracle $walks_passed of $seeds fresh seeds passed ($steps steps each)"
+((suites_passed == suites && runs_passed == runs && walks_passed == seeds))
