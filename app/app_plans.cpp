@@ -332,12 +332,39 @@ JobPlan AppState::plan_grid() const {
   std::snprintf(ratio, sizeof ratio, "%g", settings.keep_ratio);
   p.label = "grid: " + settings.method[0].name + " at " + ratio;
   p.progressive = true;
-  // The estimate: the missing cells only, each at its method's measured cost.
-  const double per_cell = head_units(ci, window());
+  // The estimate: the missing cells only, each at its method's measured warm cost, plus a build
+  // of each exact side this session has not seen (app/grid_pace.h keeps the two apart while the
+  // job runs, from what it measures itself).
+  const EvalWindow w = window();
+  const double per_cell = head_units(ci, w), per_side = exact_units(ci, w);
+  const double build_s = per_side * costs.per_unit(kExactCostClass, kPriorExactPerUnit);
+  GridPace::Prior prior;
+  for (size_t k = 0; k < 2; ++k)
+    prior.warm_s[k] = per_cell * costs.per_unit("eval:" + job->slots[k].name);
+  prior.build_s = build_s;
+  std::vector<char> in_hand(static_cast<size_t>(ci.num_layers) * ci.kv_heads, 0);
+  for (int l = 0; l < ci.num_layers; ++l)
+    for (int h = 0; h < ci.kv_heads; ++h)
+      in_hand[static_cast<size_t>(l) * ci.kv_heads + h] =
+          exact_sides_seen.count(exact_side_id(capture_id, w, l, h)) ? 1 : 0;
   double seconds = 0;
-  for (const GridJob::Need& n : job->needs)
-    if (!n.have)
-      seconds += per_cell * costs.per_unit("eval:" + job->slots[static_cast<size_t>(n.slot)].name);
+  std::vector<char> costed(in_hand.size(), 0);
+  for (const GridJob::Need& n : job->needs) {
+    if (n.have) continue;
+    seconds += prior.warm_s[static_cast<size_t>(n.slot)];
+    const size_t i = static_cast<size_t>(n.layer) * ci.kv_heads + n.head;
+    if (!in_hand[i] && !costed[i]) {
+      costed[i] = 1;
+      seconds += build_s;
+    }
+  }
+  if (job->pace_prior.warm_s != prior.warm_s || job->pace_prior.build_s != prior.build_s ||
+      job->exact_in_hand != in_hand) {
+    auto updated = std::make_shared<GridJob>(*job);
+    updated->pace_prior = prior;
+    updated->exact_in_hand = std::move(in_hand);
+    grid_plan_job_ = job = updated;
+  }
   p.cost_class = "";
   p.units = seconds / kPriorPerUnit;
   p.threads = job->threads;
@@ -351,17 +378,23 @@ JobPlan AppState::plan_grid() const {
     return g;
   };
   const std::string name = settings.method[0].name;
+  const uint64_t capture = capture_id;
   p.returns<GridReport>(
-      [job, name, per_cell](
+      [job, name, per_cell, per_side, capture, w](
           JobContext& ctx, const JobPlan::PartialFn& partial) -> std::shared_ptr<const GridReport> {
         if (!job->slots[0].method) throw InputError("unknown method '" + name + "'");
         return run_grid_job(
             *job, ctx,
-            [&ctx, job, per_cell](const GridJob::Need& n, const HeadEval& he, double secs) {
+            [&ctx, job, per_cell, per_side, capture, w](const GridJob::Need& n, const HeadEval& he,
+                                                        const CellTiming& t) {
               const std::string cls = "eval:" + job->slots[static_cast<size_t>(n.slot)].name;
-              ctx.post([key = n.key, he, cls, per_cell, secs](AppState& s) {
+              const std::string side = exact_side_id(capture, w, n.layer, n.head);
+              ctx.post([key = n.key, he, cls, per_cell, per_side, t, side](AppState& s) {
                 s.grid_cells.insert(key, he);
-                s.costs.record(cls, per_cell, secs);
+                s.exact_sides_seen.insert(side);
+                // Warm and cold apart (CostModel): the scoring, and the side's build if any.
+                s.costs.record(cls, per_cell, t.seconds - t.build_seconds);
+                if (t.build_seconds > 0) s.costs.record(kExactCostClass, per_side, t.build_seconds);
               });
             },
             [&partial](std::shared_ptr<const GridReport> g) { partial(g); });
@@ -436,24 +469,28 @@ JobPlan AppState::plan_sweep() const {
   p.label = "error sweep";
   const double heads = (r.focused_layer_only ? 1.0 : ci.num_layers) * ci.kv_heads;
   // Each head's exact side is computed once for the whole sweep (the reference cache), each run
-  // adds its selection and the scoring of its kept tokens: head_units' exact part once, then per
-  // run n * d * (ratio * E * G + 64) at the sweep's mean ratio. (Costing every run as a whole
-  // head run estimated the 32-layer 32768-token capture's default sweep at 10 h.) Mixed methods:
-  // each method's runs at its measured cost per unit, the exact sides at their mean, expressed
-  // in units of the general prior, as the plan has one class only.
+  // adds its selection and the scoring of its kept tokens: the exact sides not yet built at the
+  // "exact" class's cost (cold), then per run n * d * (ratio * E * G + 64) at the sweep's mean
+  // ratio at each method's warm cost. (Costing every run as a whole head run estimated the
+  // 32-layer 32768-token capture's default sweep at 10 h.) Expressed in units of the general
+  // prior, as the plan has one class only.
   const EvalWindow w = window();
   const double nd = static_cast<double>(ci.num_tokens) * ci.head_dim;
-  const double exact_units = nd * w.eval * ci.group_size() * heads;
+  // The exact sides this session has not built or read yet (the others are in the cache).
+  double sides_to_build = 0;
+  for (int l = 0; l < ci.num_layers; ++l)
+    if (!r.focused_layer_only || l == settings.focus.layer)
+      for (int kv = 0; kv < ci.kv_heads; ++kv)
+        sides_to_build += exact_sides_seen.count(exact_side_id(capture_id, w, l, kv)) ? 0 : 1;
   double mean_ratio = 0;
   for (double ratio : r.ratios) mean_ratio += ratio / static_cast<double>(r.ratios.size());
   const double units_per_run = nd * (mean_ratio * w.eval * ci.group_size() + 64.0) * heads;
-  double seconds = 0, per_unit_sum = 0;
-  for (const Method* m : methods) {
-    const double per_unit = costs.per_unit("eval:" + m->name());
-    seconds += units_per_run * runs_per_head(m, r.ratios.size(), r.seeds) * per_unit;
-    per_unit_sum += per_unit;
-  }
-  seconds += exact_units * per_unit_sum / static_cast<double>(methods.size());
+  double seconds = 0;
+  for (const Method* m : methods)
+    seconds += units_per_run * runs_per_head(m, r.ratios.size(), r.seeds) *
+               costs.per_unit("eval:" + m->name());
+  seconds += sides_to_build * exact_units(ci, w) *
+             costs.per_unit(kExactCostClass, kPriorExactPerUnit);
   p.cost_class = "";
   p.units = seconds / kPriorPerUnit;
   p.threads = h.threads;
@@ -504,6 +541,21 @@ std::vector<std::pair<std::string, JobPlan (AppState::*)() const>> AppState::pla
           {kSweep, &AppState::plan_sweep},    {kEntropy, &AppState::plan_entropy},
           {kQuery, &AppState::plan_query},    {kNewCapture, &AppState::plan_new_capture},
           {kOpen, &AppState::plan_open},      {kSetOpen, &AppState::plan_set_open}};
+}
+
+double exact_units(const CaptureInfo& ci, const EvalWindow& w) {
+  return static_cast<double>(ci.num_tokens) * ci.head_dim * static_cast<double>(w.eval) *
+         ci.group_size();
+}
+
+std::string AppState::exact_side_id(uint64_t capture, const EvalWindow& w, int layer,
+                                    int kv_head) {
+  std::string id = std::to_string(capture);
+  for (int v : {w.sink, w.eval, layer, kv_head}) {
+    id += '|';
+    id += std::to_string(v);
+  }
+  return id;
 }
 
 double head_units(const CaptureInfo& ci, const EvalWindow& w) {

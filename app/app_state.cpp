@@ -103,6 +103,7 @@ double CostModel::per_unit(const std::string& cost_class, double prior) const {
     // replaces this.
     if (head != per_unit_.end()) return kEvalPerFocusedUnit * head->second;
     if (double m = mean_of("head:"); m > 0) return kEvalPerFocusedUnit * m;
+    return prior > 0 ? prior : kPriorEvalPerUnit;
   } else if (cost_class.rfind("head:", 0) == 0) {
     if (double m = mean_of("head:"); m > 0) return m;
     // No focused run measured yet, but evaluations (the grid's cells start by themselves): the
@@ -451,8 +452,13 @@ void AppState::submit(const std::string& name, Result& r, const JobPlan& p) {
 }
 
 void AppState::check_probes() {
-  // A second of the job's own progress, or its limit without any, is what it is judged by.
+  // A job is held only when it ran past its limit without finishing, or when a second of its own
+  // progress projects more than kFarOver times its limit (then a first second paced 3x slower
+  // than the rest would be needed to hold a job under its limit). So nothing that takes less
+  // than its limit is held on an estimate, however wrong the cost model is (a first measurement
+  // taken under load or cold once held 0.55 s of work at "about 8.4 s").
   constexpr double kProbeSeconds = 1.0;
+  constexpr double kFarOver = 3.0;
   std::vector<JobInfo> jobs;
   for (auto& [name, r] : results) {
     if (r.probing.empty()) continue;
@@ -475,7 +481,8 @@ void AppState::check_probes() {
       r.probing.clear();
       continue;
     }
-    if (!paced && elapsed < r.probe_limit_s) continue;  // nothing to go by yet
+    const bool past_limit = elapsed >= r.probe_limit_s;
+    if (!past_limit && !(paced && projected > kFarOver * r.probe_limit_s)) continue;
     worker.cancel(name);
     r.running.clear();
     r.held = r.measured = r.probing;
@@ -574,10 +581,9 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
     if (r.cancel_holds && p.units > 0) r.cancelled = p.key;
     if (r.cancelled == p.key) continue;
     if (!p.progressive && r.estimate_s > p.auto_limit_s && r.approved != p.key) {
-      // An estimate from a prior, not from this machine, holds nothing: the job starts and
-      // measures itself (check_probes), and is held only if its own pace says it is long.
-      const bool from_prior = p.cost_class.empty() || !costs.measured(p.cost_class);
-      if (!from_prior || r.measured == p.key) {
+      // An estimate holds nothing by itself, measured here or not: the job starts and measures
+      // itself (check_probes), and is held only when its own run says it is long.
+      if (r.measured == p.key) {
         r.held = p.key;
         continue;
       }

@@ -162,11 +162,11 @@ struct Result {
   std::string waiting;     // why the job cannot start yet (e.g. "loading layer 3")
   double estimate_s = -1;  // expected seconds for `want` (-1: unknown)
   std::string estimate_text;
-  // A job whose estimate is above its plan's limit but was not measured on this machine starts
-  // anyway and measures itself (AppState::check_probes): `probing` is its key while it does, from
-  // `probe_start` (set when it is first seen running). When its own progress says it will take
-  // longer than `probe_limit_s` it is stopped and held with that estimate (`measured` is then its
-  // key, and the estimate stays until the key changes); otherwise it runs on.
+  // A job whose estimate is above its plan's limit starts anyway and measures itself
+  // (AppState::check_probes): `probing` is its key while it does, from `probe_start` (set when it
+  // is first seen running). When it runs past `probe_limit_s`, or its own progress says it will
+  // take far longer, it is stopped and held with that estimate (`measured` is then its key, and
+  // the estimate stays until the key changes); otherwise it runs on.
   std::string probing;
   std::chrono::steady_clock::time_point probe_start{};
   double probe_limit_s = 0;
@@ -275,13 +275,27 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EvalCommon, capture, backend, sink, eval, est
 // evaluation side costs about n*E*G*d multiply-adds, the selection about n*d times a method
 // factor; both scale like n * d * (E*G + 64).
 double head_units(const CaptureInfo& ci, const EvalWindow& w);
+// Work units of building one kv head's exact side (the "exact" class): n * d * E * G.
+double exact_units(const CaptureInfo& ci, const EvalWindow& w);
+inline const char* const kExactCostClass = "exact";
 
 // Prior seconds per work unit before anything was measured on this machine: deliberately slow
 // (the slowest method measured on the 2-core build machine, BalanceKV, rounded up), so that big
 // jobs on a fresh start wait for a Run click rather than start by themselves.
 inline constexpr double kPriorPerUnit = 6e-9;
+// Evaluations and exact sides before anything was measured: what one core of the 2-core build
+// machine measured on an 8192-token Llama-3-shaped capture (bench_app_grid): a BalanceKV cell's
+// warm work (its walk and scoring, the slowest method's) about 3e-11 s per head_units, a side's
+// build about 1.2e-10 s per exact_units. Not made slow on purpose: an estimate holds nothing by
+// itself (AppState::check_probes), and a fresh start's first grid should say what it will take.
+inline constexpr double kPriorEvalPerUnit = 3e-11;
+inline constexpr double kPriorExactPerUnit = 1.2e-10;
 
-// Measured seconds per unit of work, by cost class ("head:balancekv", "tsne", ...).
+// Measured seconds per unit of work, by cost class ("head:balancekv", "tsne", ...). Cold work
+// and warm work are separate classes: "exact" is building one head's exact side (per
+// exact_units), "eval:<method>" a method's selection and scoring against a side in hand (per
+// head_units); a grid cell's time is split between them (CellTiming), so a grid that built every
+// side does not make the next one, which builds none, look as slow (docs/app.md, "Estimates").
 class CostModel {
  public:
   // Seconds per unit of `cost_class`: measured when known, else the mean of the measured head
@@ -363,6 +377,10 @@ struct AppState {
 
   // ---- the progressive grid's cells (app/grid_cells.h) and where its job looks first
   GridCellStore grid_cells;
+  // The heads whose exact side this session has built or read (exact_side_id): the reference
+  // cache holds them, so a grid costs them no build (cold work, CostModel's "exact" class).
+  std::set<std::string> exact_sides_seen;
+  static std::string exact_side_id(uint64_t capture, const EvalWindow& w, int layer, int kv_head);
   std::shared_ptr<GridPriority> grid_priority = std::make_shared<GridPriority>();
   std::array<int, 2> grid_rows_visible{-1, -1};  // rows of the grid drawn on screen last frame
 

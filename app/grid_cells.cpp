@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 #include "app/worker.h"
@@ -251,10 +253,14 @@ struct CellBatch {
 struct GridRun {
   const GridJob& job;
   JobContext& ctx;
-  const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done;
+  const std::function<void(const GridJob::Need&, const HeadEval&, const CellTiming&)>& cell_done;
   const std::function<void(std::shared_ptr<const GridReport>)>& report;
   std::vector<std::shared_ptr<const GridCell>> cells;  // cells[i] for job.needs[i]
   std::vector<size_t> pending;                         // the needs not computed yet
+  // The time left: the pace of the cells done, the cells being computed and since when.
+  GridPace pace;
+  std::map<size_t, std::chrono::steady_clock::time_point> in_flight;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   int total = 0, done = 0;
   std::mutex mu;
   std::string error;  // the first cell that failed for a reason other than its method
@@ -271,30 +277,45 @@ struct GridRun {
   bool by_layer = false;
   int grid_threads = 1, eval_threads = 1;
 
-  GridRun(const GridJob& job, JobContext& ctx,
-          const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done,
-          const std::function<void(std::shared_ptr<const GridReport>)>& report);
+  GridRun(
+      const GridJob& job, JobContext& ctx,
+      const std::function<void(const GridJob::Need&, const HeadEval&, const CellTiming&)>& cell_done,
+      const std::function<void(std::shared_ptr<const GridReport>)>& report);
   void plan_threads();
   bool in_hand(int layer) const;
   void ask(int layer);
   bool take_next(CellBatch* b);
+  std::vector<size_t>::iterator method_b_sample();
+  int next_b_sample = 1;  // `computed` at which method_b_sample takes its next cell
   void take_batch_mates(std::vector<size_t>* batch);
   int prefetch_next_layer();
   EvalSpec batch_spec(const CellBatch& b) const;
-  void post_results(const EvalReport& rep, const std::vector<size_t>& batch, double secs);
+  void post_results(const EvalReport& rep, const std::vector<size_t>& batch,
+                    const CellTiming& timing);
+  void report_time_left();
   void work();
 };
 
 // Takes the cells the store holds; the others are pending.
 GridRun::GridRun(
     const GridJob& job, JobContext& ctx,
-    const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done,
+    const std::function<void(const GridJob::Need&, const HeadEval&, const CellTiming&)>& cell_done,
     const std::function<void(std::shared_ptr<const GridReport>)>& report)
-    : job(job), ctx(ctx), cell_done(cell_done), report(report), cells(job.needs.size()) {
+    : job(job),
+      ctx(ctx),
+      cell_done(cell_done),
+      report(report),
+      cells(job.needs.size()),
+      pace(job.layers, job.heads, job.pace_prior) {
   for (size_t i = 0; i < job.needs.size(); ++i) {
     cells[i] = job.needs[i].have;
     if (!cells[i]) pending.push_back(i);
   }
+  for (int l = 0; l < job.layers; ++l)
+    for (int h = 0; h < job.heads; ++h) {
+      const size_t i = static_cast<size_t>(l) * static_cast<size_t>(job.heads) + h;
+      if (i < job.exact_in_hand.size() && job.exact_in_hand[i]) pace.mark_in_hand(l, h);
+    }
   total = static_cast<int>(job.needs.size());
   done = total - static_cast<int>(pending.size());
 }
@@ -335,10 +356,13 @@ bool GridRun::take_next(CellBatch* b) {
   auto best = std::min_element(pending.begin(), pending.end(), [&](size_t a, size_t c) {
     return rank(job.needs[a], job.priority.get()) < rank(job.needs[c], job.priority.get());
   });
+  if (const auto early = method_b_sample(); early != pending.end()) best = early;
   b->first = *best;
   pending.erase(best);
   b->cells.push_back(b->first);
   if (by_layer) take_batch_mates(&b->cells);
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t c : b->cells) in_flight[c] = now;
   const int layer = job.needs[b->first].layer;
   const bool loaded = in_hand(layer);  // else this thread loads it now
   if (!loaded) ask(layer);
@@ -346,6 +370,35 @@ bool GridRun::take_next(CellBatch* b) {
   // One layer ahead at most (the capture's layer cache holds few).
   if (grid_threads > 1 && loaded && ahead < 0) b->prefetch = prefetch_next_layer();
   return true;
+}
+
+// Called with `mu` held: a cell of method B taken before A's remaining cells, or pending.end().
+// B's cells rank after all of A's, so the time left would cost them by the cost model's guess
+// until the grid was half done (app/grid_pace.h); instead one of B's cells whose A cell is in (its
+// exact side in hand, so nothing waits for a build) is taken after A's focused cell and then
+// after every kBSampleEvery of A's cells: B's cost is measured from the start, and more than once
+// (the first cells run beside the focused runs, which slows them).
+std::vector<size_t>::iterator GridRun::method_b_sample() {
+  constexpr int kBSampleEvery = 16;
+  if (!job.slots[1].method || computed < next_b_sample) return pending.end();
+  std::set<std::pair<int, int>> a_done;  // (layer, head) of A's first-seed cells in
+  for (size_t c = 0; c < cells.size(); ++c)
+    if (cells[c] && job.needs[c].slot == 0 && job.needs[c].run == 0)
+      a_done.insert({job.needs[c].layer, job.needs[c].head});
+  // Among them, one whose layer is in hand: a layer loaded again for the sample made B's cells
+  // look 2.5 times what they cost (the layer cache keeps few layers).
+  auto best = pending.end();
+  auto key = [&](size_t c) {
+    const GridJob::Need& n = job.needs[c];
+    return std::make_pair(!in_hand(n.layer), rank(n, job.priority.get()));
+  };
+  for (auto it = pending.begin(); it != pending.end(); ++it) {
+    const GridJob::Need& n = job.needs[*it];
+    if (n.slot != 1 || n.run != 0 || !a_done.count({n.layer, n.head})) continue;
+    if (best == pending.end() || key(*it) < key(*best)) best = it;
+  }
+  if (best != pending.end()) next_b_sample = computed + kBSampleEvery;
+  return best;
 }
 
 // Called with `mu` held: moves every pending cell of the layer, slot and seed run of batch's one
@@ -398,9 +451,16 @@ EvalSpec GridRun::batch_spec(const CellBatch& b) const {
 
 // Under `mu`: keeps each head's result as its cell, reports it (progress, cell_done), and posts
 // the partial grid.
-void GridRun::post_results(const EvalReport& rep, const std::vector<size_t>& batch, double secs) {
+void GridRun::post_results(const EvalReport& rep, const std::vector<size_t>& batch,
+                           const CellTiming& timing) {
   std::lock_guard<std::mutex> lock(mu);
   const bool first_post = computed == 0;
+  for (size_t c : batch) {
+    in_flight.erase(c);
+    const GridJob::Need& n = job.needs[c];
+    pace.cell_done({n.slot, n.layer, n.head}, timing.seconds, timing.build_seconds,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
   for (const HeadEval& he : rep.results) {  // one per head of the batch
     const auto c = std::find_if(batch.begin(), batch.end(),
                                 [&](size_t b) { return job.needs[b].head == he.kv_head; });
@@ -411,8 +471,9 @@ void GridRun::post_results(const EvalReport& rep, const std::vector<size_t>& bat
     ++done;
     ++computed;
     ctx.progress(done, total);
-    if (cell_done) cell_done(job.needs[*c], cell->eval, secs);
+    if (cell_done) cell_done(job.needs[*c], cell->eval, timing);
   }
+  report_time_left();
   const auto now = std::chrono::steady_clock::now();
   // The partial grid at most every 100 ms (the job's first cells at once).
   if (report && (first_post || pending.empty() ||
@@ -420,6 +481,20 @@ void GridRun::post_results(const EvalReport& rep, const std::vector<size_t>& bat
     last_post = now;
     report(assemble_grid(job, cells));
   }
+}
+
+// Under `mu`: the job's time left by the grid's pace (app/grid_pace.h).
+void GridRun::report_time_left() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<GridPace::Cell> left;
+  left.reserve(pending.size());
+  for (size_t c : pending) left.push_back({job.needs[c].slot, job.needs[c].layer, job.needs[c].head});
+  std::vector<GridPace::Running> running;
+  for (const auto& [c, since] : in_flight)
+    running.push_back({{job.needs[c].slot, job.needs[c].layer, job.needs[c].head},
+                       std::chrono::duration<double>(now - since).count()});
+  ctx.time_left(pace.left_s(left, running,
+                            std::chrono::duration<double>(now - started).count(), grid_threads));
 }
 
 // One thread's loop: takes the best-ranked pending cells and computes them until none is left,
@@ -448,12 +523,19 @@ void GridRun::work() {
       if (error.empty()) error = e.what();
       return;
     }
-    // Each cell's share of the time (the costs record seconds per cell).
-    const double secs =
+    // Each cell's share of the time (the costs record seconds per cell), cold and warm.
+    const double cells_in_batch = static_cast<double>(b.cells.size());
+    CellTiming timing;
+    timing.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-        static_cast<double>(b.cells.size());
-    if (rep.results.empty()) continue;
-    post_results(rep, b.cells, secs);
+        cells_in_batch;
+    timing.build_seconds = rep.exact_build_seconds / cells_in_batch;
+    if (rep.results.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (size_t c : b.cells) in_flight.erase(c);
+      continue;
+    }
+    post_results(rep, b.cells, timing);
   }
 }
 
@@ -461,12 +543,16 @@ void GridRun::work() {
 
 std::shared_ptr<GridReport> run_grid_job(
     const GridJob& job, JobContext& ctx,
-    const std::function<void(const GridJob::Need&, const HeadEval&, double)>& cell_done,
+    const std::function<void(const GridJob::Need&, const HeadEval&, const CellTiming&)>& cell_done,
     const std::function<void(std::shared_ptr<const GridReport>)>& report) {
   GridRun run(job, ctx, cell_done, report);
   ctx.progress(run.done, run.total);
   if (run.pending.empty()) return assemble_grid(job, run.cells);
   run.plan_threads();
+  {
+    std::lock_guard<std::mutex> lock(run.mu);
+    run.report_time_left();  // before any cell: the cost model's classes
+  }
   // Each of the threads takes the best-ranked pending cell in turn (work), so the loop is one
   // task per thread rather than one per cell.
   parallel_for(run.grid_threads, run.grid_threads, nullptr, [&](int) { run.work(); });

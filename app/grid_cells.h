@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "app/grid_pace.h"
 #include "engine/eval/protocol.h"
 
 namespace kvscope::app {
@@ -118,6 +119,11 @@ struct GridJob {
     std::shared_ptr<const GridCell> have;
   };
   std::vector<Need> needs;
+  // The time left (app/grid_pace.h): the cost model's classes before this job measured its own,
+  // and the heads whose exact side this session already holds for this capture and window
+  // ([layer * heads + head]; empty: none).
+  GridPace::Prior pace_prior;
+  std::vector<char> exact_in_hand;
   std::shared_ptr<const GridReport> previous;  // shown (dimmed) where a cell is not yet computed
   std::shared_ptr<GridPriority> priority;
   size_t missing() const;
@@ -128,12 +134,20 @@ struct GridJob {
 std::shared_ptr<GridReport> assemble_grid(
     const GridJob& job, const std::vector<std::shared_ptr<const GridCell>>& cells);
 
+// What one cell took: seconds of its thread (a batch's time shared among its cells), of which
+// build_seconds building its head's exact side (cold work; 0 when the side was in hand).
+struct CellTiming {
+  double seconds = 0;
+  double build_seconds = 0;
+};
+
 // Computes the job's missing cells in priority order; `cell_done` is called (from the computing
-// thread, one call at a time) after each, `report` (throttled) with the partial grid. Returns
-// the whole grid. Throws Cancelled, or InputError for a bad spec (the first cell's).
+// thread, one call at a time) after each, `report` (throttled) with the partial grid. After each
+// cell the job's time left (GridPace) goes to ctx.time_left. Returns the whole grid. Throws
+// Cancelled, or InputError for a bad spec (the first cell's).
 std::shared_ptr<GridReport> run_grid_job(
     const GridJob& job, JobContext& ctx,
-    const std::function<void(const GridJob::Need&, const HeadEval&, double seconds)>& cell_done,
+    const std::function<void(const GridJob::Need&, const HeadEval&, const CellTiming&)>& cell_done,
     const std::function<void(std::shared_ptr<const GridReport>)>& report);
 
 }  // namespace kvscope::app

@@ -62,16 +62,30 @@ std::vector<JobInfo> Worker::jobs() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<JobInfo> out;
   for (const auto& l : lanes_) {
-    if (l.running)
-      out.push_back({l.running->lane, l.running->key, l.running->label, true,
-                     l.running->ctx->done_.load(), l.running->ctx->total_.load(),
-                     std::chrono::duration<double>(now - l.running->started).count()});
-    for (const auto& j : l.queue) out.push_back({j.lane, j.key, j.label, false, 0, 0, 0});
+    if (l.running) {
+      const JobContext& c = *l.running->ctx;
+      double left = c.left_s_.load();
+      if (left >= 0) {
+        const auto said = std::chrono::steady_clock::time_point(
+            std::chrono::steady_clock::duration(c.left_at_ns_.load()));
+        left = std::max(0.0, left - std::chrono::duration<double>(now - said).count());
+      }
+      out.push_back({l.running->lane, l.running->key, l.running->label, true, c.done_.load(),
+                     c.total_.load(),
+                     std::chrono::duration<double>(now - l.running->started).count(), left});
+    }
+    for (const auto& j : l.queue) out.push_back({j.lane, j.key, j.label, false, 0, 0, 0, -1});
   }
   return out;
 }
 
+void JobContext::time_left(double seconds) {
+  left_at_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  left_s_.store(seconds >= 0 ? seconds : -1);
+}
+
 double time_left_s(const JobInfo& job) {
+  if (job.running && job.left_s >= 0) return job.left_s;
   if (!job.running || job.done <= 0 || job.total <= 0 || job.elapsed_s < 1.0) return -1;
   return job.elapsed_s * static_cast<double>(std::max(0, job.total - job.done)) / job.done;
 }

@@ -46,6 +46,11 @@ class JobContext {
     done_.store(done, std::memory_order_relaxed);
     total_.store(total, std::memory_order_relaxed);
   }
+  // The job's own estimate of the seconds it has left, as of now (the grid's, app/grid_pace.h,
+  // which knows cold work from warm); JobInfo::left_s counts it down until the next one. A job
+  // that never calls this is paced by its progress alone (time_left_s).
+  void time_left(double seconds);
+  double time_left_said() const { return left_s_.load(); }  // -1: never said
   // Posts an intermediate result (e.g. a t-SNE frame while it converges).
   void post(ApplyFn fn);
 
@@ -53,6 +58,9 @@ class JobContext {
   friend class Worker;
   std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
   std::atomic<int> done_{0}, total_{0};
+  // time_left's seconds (-1: never said) and when it was said (steady clock, nanoseconds).
+  std::atomic<double> left_s_{-1};
+  std::atomic<int64_t> left_at_ns_{0};
   class Worker* worker_ = nullptr;
 };
 
@@ -68,10 +76,12 @@ struct JobInfo {
   bool running = false;
   int done = 0, total = 0;
   double elapsed_s = 0;  // since it started running
+  double left_s = -1;    // the job's own time left (JobContext::time_left) counted down to now
 };
 
-// The seconds a running job has left at its own pace so far (elapsed x left / done), or -1 when
-// that pace says nothing yet (nothing done, or less than a second run).
+// The seconds a running job has left: its own estimate when it gives one (the grid's), else its
+// pace so far (elapsed x left / done); -1 when neither says anything yet (nothing done, or less
+// than a second run).
 double time_left_s(const JobInfo& job);
 
 class Worker {

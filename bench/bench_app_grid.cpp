@@ -8,6 +8,8 @@
 //   param     one BalanceKV parameter changed (gamma 4 -> 2): only A's cells are computed again;
 //   ratio     the keep ratio changed (0.25 -> 0.125): every cell;
 //   back      gamma back to 4 at ratio 0.25: nothing is computed (cells in the store).
+// Each step also prints what the app said it would take (the plan's estimate at the start and
+// the time left at each tenth of the cells, as the status bar shows it) against what it took.
 // Method B is off unless --ab (then B's cells follow A's in each step). With --disk the exact
 // references are read from and written to the disk tier as the app does
 // (engine/eval/reference_cache.h; KVSCOPE_CACHE_DIR picks the folder): a second run is a reopening.
@@ -20,11 +22,13 @@
 // A plain timing program, not a Google Benchmark.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "app/app_state.h"
 #include "engine/eval/reference_cache.h"
@@ -46,15 +50,36 @@ double cpu_seconds() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-// Runs frames until the grid is fresh; returns false when it was held for Run or failed.
+// The grid job's time left as the status bar shows it (time_left_s), -1 when it says nothing.
+double grid_time_left(const AppState& s) {
+  for (const JobInfo& j : s.worker.jobs())
+    if (j.key == kGrid && j.running) return time_left_s(j);
+  return -1;
+}
+
+// Runs frames until the grid is fresh; returns false when it was held for Run or failed. Records
+// what the app said the grid would take (the plan's estimate at the start, the time left shown
+// at each tenth of the cells) against what it took, and prints the ratios.
 bool until_grid(AppState& s, const char* what, double limit_s = 1800) {
   const auto t0 = Clock::now();
   const double c0 = cpu_seconds();
   const uint64_t computed0 = s.grid_cells.computed();
   double first = -1;
+  double estimate = -1;
+  struct Said {
+    int tenth;
+    double at_s, left_s;
+  };
+  std::vector<Said> said;
   for (;;) {
     s.reconcile();
     const Result& r = s.result(kGrid);
+    if (estimate < 0 && !r.want.empty()) estimate = r.estimate_s;
+    if (const auto [done, total] = s.progress(kGrid); total > 0 && r.busy()) {
+      const int tenth = 10 * done / total;
+      if (tenth >= 1 && tenth <= 9 && (said.empty() || said.back().tenth < tenth))
+        if (const double left = grid_time_left(s); left >= 0) said.push_back({tenth, since(t0), left});
+    }
     if (!r.held.empty() && r.held == r.want) {
       std::printf("%-8s held for a Run click (estimate %.1f s): not progressive\n", what,
                   r.estimate_s);
@@ -72,10 +97,22 @@ bool until_grid(AppState& s, const char* what, double limit_s = 1800) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  const double took = since(t0);
   std::printf(
       "%-8s whole grid %7.2f s wall, %7.2f s CPU, first cell %6.2f s, %4llu cells computed\n", what,
-      since(t0), cpu_seconds() - c0, first,
+      took, cpu_seconds() - c0, first,
       static_cast<unsigned long long>(s.grid_cells.computed() - computed0));
+  // Said against taken: a ratio above 1 said too much.
+  std::printf("%-8s estimate at the start %.2f s against %.2f s taken (%.2fx)\n", what, estimate,
+              took, estimate / took);
+  double worst = 1;
+  for (const Said& x : said) {
+    const double ratio = x.left_s / std::max(1e-3, took - x.at_s);
+    worst = std::max(worst, std::max(ratio, 1 / ratio));
+    std::printf("%-8s   at %d0%% of the cells (%.2f s): %.2f s left said, %.2f s taken (%.2fx)\n",
+                what, x.tenth, x.at_s, x.left_s, took - x.at_s, ratio);
+  }
+  if (!said.empty()) std::printf("%-8s   time left: worst factor %.2f\n", what, worst);
   std::fflush(stdout);
   return true;
 }

@@ -52,7 +52,7 @@ for ((r = 1; r <= suites; ++r)); do
     suites_passed=$((suites_passed + 1))
     echo "under-load: whole suite run $r passed ($(grep -o '[0-9]*% tests passed.*' "$log" || true))"
   else
-    echo "under-load: whole suite run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | tr -s ' ' |
+    echo "under-load: whole suite run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | grep -v '(Skipped)' | tr -s ' ' |
       tr '\n' ';') log $log"
   fi
 done
@@ -69,7 +69,7 @@ for ((r = 1; r <= runs; ++r)); do
     runs_passed=$((runs_passed + 1))
     echo "under-load: GUI tests run $r passed ($(grep -o '[0-9]*% tests passed.*' "$log" || true))"
   else
-    echo "under-load: GUI tests run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | tr -s ' ' |
+    echo "under-load: GUI tests run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | grep -v '(Skipped)' | tr -s ' ' |
       tr '\n' ';') log $log"
   fi
 done

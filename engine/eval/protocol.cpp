@@ -616,6 +616,22 @@ void add_kept_columns(const EvalSpec& spec, const EvalWindow& ew, const std::vec
     columns += runs * (fixed + spec.ratios[mine[i].ratio] * ew.n_mid);
 }
 
+// cached_reference for kv head `kv`, adding the seconds it spent building the exact side (when
+// it did) to the report's cold work (EvalReport::exact_build_seconds), under `mu`.
+std::unique_ptr<ExactReference> timed_reference(const LayerData& layer, int kv,
+                                                const EvalWindow& w, bool want_logits,
+                                                const std::atomic<bool>* cancel, std::mutex& mu,
+                                                EvalReport& report) {
+  double built_s = 0;
+  auto ref = cached_reference(layer, kv, w.sink, w.eval, want_logits, cancel, nullptr, &built_s);
+  if (built_s > 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    report.exact_build_seconds += built_s;
+    ++report.exact_builds;
+  }
+  return ref;
+}
+
 }  // namespace
 
 EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const ProgressFn& progress,
@@ -646,7 +662,7 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
   // by the first group that needs it and dropped when its last group is done, so only about
   // `threads` references (with any logits they hold) are alive at once.
   const bool cpu_scoring = !(backend && backend->parallel_in_one_call());
-  std::mutex mu;  // guards done and progress calls
+  std::mutex mu;  // guards done, progress calls and the exact sides' timings
   int done = 0;
   auto item_done = [&] {
     std::lock_guard<std::mutex> lock(mu);
@@ -738,9 +754,8 @@ EvalReport run_eval(CaptureFile& capture, const EvalSpec& spec_in, const Progres
       HeadReference* slot = uses_reference(g) ? &refs[first.head] : nullptr;
       if (slot) {
         std::call_once(slot->built, [&] {
-          const int kv = spec.heads[first.head];
-          slot->ref =
-              cached_reference(*layer, kv, ew.sink, ew.eval, columns[first.head] > ew.n, cancel);
+          slot->ref = timed_reference(*layer, spec.heads[first.head], ew,
+                                      columns[first.head] > ew.n, cancel, mu, report);
         });
         ref = slot->ref.get();
       }

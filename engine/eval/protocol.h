@@ -151,6 +151,12 @@ struct EvalReport {
   // The capture has no queries: errors use the keys as proxy queries (and say so in notes).
   bool proxy_queries = false;
   std::vector<std::string> notes;  // shown once to users: proxy queries, refused methods
+  // The seconds this call's threads spent building exact sides (summed over threads; 0 for
+  // sides found in the reference cache, in memory or on disk, and for a device's batched path)
+  // and how many it built: cold work, which the app's cost model keeps apart from scoring
+  // (docs/app.md, "Estimates"). Not part of the report's JSON: timings are not figures.
+  double exact_build_seconds = 0;
+  int exact_builds = 0;
   std::vector<EvalSummary> summary() const;
   // One line per method that threw on some work items (how many, and the first message).
   std::vector<std::string> failures() const;

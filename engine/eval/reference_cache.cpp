@@ -427,8 +427,9 @@ std::shared_ptr<const ExactSide> ReferenceCache::get(const ReferenceKey& key, co
 
 std::unique_ptr<ExactReference> cached_reference(const LayerData& layer, int kv, int sink, int eval,
                                                  bool want_logits, const std::atomic<bool>* cancel,
-                                                 ReferenceCache* cache) {
+                                                 ReferenceCache* cache, double* built_seconds) {
   ReferenceCache& c = cache ? *cache : ReferenceCache::global();
+  if (built_seconds) *built_seconds = 0;
   const ReferenceKey key = reference_key(layer, kv, sink, eval);
   const MatrixF& K = layer.keys[kv];
   const MatrixF& V = layer.values[kv];
@@ -438,8 +439,12 @@ std::unique_ptr<ExactReference> cached_reference(const LayerData& layer, int kv,
   std::shared_ptr<const ExactSide> side = c.get(
       key,
       [&] {
+        const auto t0 = std::chrono::steady_clock::now();
         built = std::make_unique<ExactReference>(ExactReference::build(
             queries, K.data(), V.data(), key.n, key.d, key.dv, sink, eval, true, cancel));
+        if (built_seconds)
+          *built_seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return built->side();
       },
       cancel);

@@ -127,9 +127,13 @@ class ReferenceCache {
 // is built here and keeps the logits of every key it computed; on a hit it scores from the cached
 // side, computing the logits of every key only when `want_logits` (many selections to score;
 // otherwise each selection computes its kept tokens' logits). A set cancel flag throws Cancelled.
+// `built_seconds`, when given, receives the seconds this call spent building the exact side
+// (0 when it was found in memory or on disk, or built by another thread): what a cost model
+// counts as cold work, apart from scoring against a side in hand.
 std::unique_ptr<ExactReference> cached_reference(const LayerData& layer, int kv, int sink, int eval,
                                                  bool want_logits,
                                                  const std::atomic<bool>* cancel = nullptr,
-                                                 ReferenceCache* cache = nullptr);
+                                                 ReferenceCache* cache = nullptr,
+                                                 double* built_seconds = nullptr);
 
 }  // namespace kvscope

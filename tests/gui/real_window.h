@@ -150,8 +150,10 @@ class RealWindow : public ::testing::Test {
   // viewable (BadMatch in X_SetInputFocus). --onlyvisible lists only windows whose map state is
   // IsViewable; --pid keeps to this app's window (GLFW sets _NET_WM_PID). Polled rather than
   // `search --sync`, so that an app that exits is noticed at once. 0 (and a failure) when none
-  // is shown within kWaitS. With `retry_log` (the app's log): -1, and no failure, when the app
-  // exited because the X server refused its connection (the caller starts it again).
+  // is shown within kComputeWaitS: starting is not something the app does at once (the sanitized
+  // app on a loaded 2-core machine once took over 60 s to map its window). With `retry_log`
+  // (the app's log): -1, and no failure, when the app exited because the X server refused its
+  // connection (the caller starts it again).
   long wait_viewable_window(const char* retry_log = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string cmd =
@@ -173,8 +175,10 @@ class RealWindow : public ::testing::Test {
       char* end = nullptr;
       const long id = std::strtol(out.c_str(), &end, 10);
       if (rc == 0 && end != out.c_str() && id > 0) return id;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > kWaitS) {
-        ADD_FAILURE() << "step " << step_ << ": the app's window was not viewable within " << kWaitS
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
+          kComputeWaitS) {
+        ADD_FAILURE() << "step " << step_ << ": the app's window was not viewable within "
+                      << kComputeWaitS
                       << " s (" << cmd << ": rc " << rc << ", \"" << out << "\"); its windows:\n"
                       << sh("xdotool search --pid " + std::to_string(pid_) +
                             " --name KVScope | xargs -r -n1 xwininfo -id | grep -E "

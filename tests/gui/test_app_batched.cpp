@@ -123,7 +123,8 @@ TEST(AppGridOnADevice, NoMoreLayersAtOnceThanTheJobAllows) {
   JobContext ctx;
   int cells = 0;
   const std::shared_ptr<GridReport> g =
-      run_grid_job(job, ctx, [&](const GridJob::Need&, const HeadEval&, double) { ++cells; }, {});
+      run_grid_job(
+          job, ctx, [&](const GridJob::Need&, const HeadEval&, const CellTiming&) { ++cells; }, {});
   counting().sleep_ms = 0;
   EXPECT_EQ(cells, ci.num_layers * ci.kv_heads);
   EXPECT_TRUE(g->complete());

@@ -36,6 +36,7 @@
 #include "app/result_status.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
+#include "engine/eval/reference_cache.h"
 #include "app/views/view.h"
 #include "app/walk_advice.h"
 #include "app/worker.h"
@@ -144,6 +145,82 @@ TEST(Worker, NewerRequestForTheSameKeyCancelsTheRunningOne) {
 
 // A running job says how long it has run, and the time it has left at its own pace: the status
 // bar shows "about N s left" beside its count.
+// A job that says its own time left (the grid, app/grid_pace.h) is shown that, counted down by
+// the wall clock until it says again, whatever its progress alone would say.
+TEST(Worker, AJobsOwnTimeLeftCountsDownUntilItSaysAgain) {
+  AppState s;
+  std::atomic<int> step{0};
+  s.worker.submit(Lane::Grid, "t.says", "says", [&](JobContext& ctx) -> ApplyFn {
+    ctx.progress(1, 100);  // its pace alone would say 99 times what it ran
+    ctx.time_left(50.0);
+    step = 1;
+    while (step == 1 && !ctx.cancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ctx.time_left(7.0);
+    step = 3;
+    while (step == 3 && !ctx.cancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return {};
+  });
+  auto left = [&] {
+    for (const JobInfo& job : s.worker.jobs())
+      if (job.key == "t.says" && job.running) return time_left_s(job);
+    return -2.0;
+  };
+  ASSERT_TRUE(pump(s, [&] { return step == 1; }));
+  const double first = left();
+  EXPECT_LE(first, 50.0);
+  EXPECT_GT(first, 40.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LT(left(), first);  // counted down by the wall clock
+  step = 2;
+  ASSERT_TRUE(pump(s, [&] { return step == 3; }));
+  EXPECT_LE(left(), 7.0);
+  EXPECT_GT(left(), 0.0);
+  step = 4;
+  ASSERT_TRUE(pump(s, [&] { return !s.worker.busy("t.says"); }));
+}
+
+// The grid job says its time left before its first cell (the cost model's classes: here one
+// second a cell, no build) and after every cell (app/grid_pace.h).
+TEST(Worker, TheGridSaysItsTimeLeftFromTheStart) {
+  std::shared_ptr<CaptureFile> cap = CaptureFile::open(kSample);
+  const CaptureInfo& ci = cap->info();
+  GridJob job;
+  job.capture = cap;
+  job.base.ratios = {0.25};
+  job.base.threads = 1;
+  job.seeds = 1;
+  job.layers = ci.num_layers;
+  job.heads = ci.kv_heads;
+  job.threads = 2;
+  job.priority = std::make_shared<GridPriority>();
+  job.slots[0].method = find_method("streaming");
+  job.slots[0].name = "streaming";
+  job.pace_prior.warm_s = {1.0, 1.0};
+  job.exact_in_hand.assign(static_cast<size_t>(ci.num_layers * ci.kv_heads), 1);
+  for (int l = 0; l < ci.num_layers; ++l)
+    for (int h = 0; h < ci.kv_heads; ++h) {
+      GridJob::Need n;
+      n.layer = l;
+      n.head = h;
+      n.key = std::to_string(l) + ":" + std::to_string(h);  // (GCC 12 warns on "L" + ...)
+      job.needs.push_back(n);
+    }
+  JobContext ctx;
+  std::vector<double> said;
+  run_grid_job(
+      job, ctx,
+      [&](const GridJob::Need&, const HeadEval&, const CellTiming& t) {
+        EXPECT_GE(t.seconds, t.build_seconds);
+        said.push_back(ctx.time_left_said());
+      },
+      {});
+  ASSERT_EQ(said.size(), job.needs.size());
+  // The first cell's call comes before its own time left: the cost model's, on two threads.
+  EXPECT_DOUBLE_EQ(said[0], static_cast<double>(job.needs.size()) * 1.0 / 2);
+  for (double v : said) EXPECT_GE(v, 0.0);
+  EXPECT_DOUBLE_EQ(ctx.time_left_said(), 0.0);  // nothing left after the last cell
+}
+
 TEST(Worker, ARunningJobSaysItsTimeLeftAtItsOwnPace) {
   JobInfo j;
   j.running = true;
@@ -689,17 +766,20 @@ TEST(AppFlow, OverridesThatDoNotFitTheNewCaptureAreAdjusted) {
   EXPECT_EQ(s.run_error(0), "");
 }
 
-// Costs before work: on an 8192-token capture the sweep is estimated above the 3 s limit from the
-// prior (nothing measured yet), so it starts and measures itself; its own pace says it is long
-// and it waits for a Run click with that estimate. Run starts it, Cancel stops it and it stays
-// stopped until Run again. The probe's clock runs 100x the wall (a 1 s probe is 10 ms of work),
-// so "long" holds on a machine that does this sweep in 3 s (CI once did and saw it finish).
+// Costs before work: on an 8192-token capture the sweep is estimated above the 3 s limit (its
+// methods' evaluations measured as slow), so it starts and measures itself; it runs past its
+// limit and waits for a Run click with its own estimate. Run starts it, Cancel stops it and it
+// stays stopped until Run again. The probe's clock runs 100x the wall (3 s of probe is 30 ms of
+// work), so "long" holds on a machine that does this sweep in 3 s (CI once did and saw it finish).
 TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
   AppState s;
   s.probe_clock = scaled_probe_clock(100.0);
   s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"streaming", {}}};
   s.settings.sweep.methods = {"uniform", "streaming", "snapkv"};
   s.settings.sweep.seeds = 10;
+  for (const char* m : {"eval:uniform", "eval:streaming", "eval:snapkv"}) s.costs.record(m, 1, 1.0);
+  // The focused runs are costed from their own class, not from those evaluations.
+  for (const char* m : {"head:uniform", "head:streaming"}) s.costs.record(m, 1e9, 1e-3);
   s.request_open(synth_capture(8192));
   ASSERT_TRUE(pump(s, [&] { return s.capture != nullptr; })) << s.load_error;
   EXPECT_EQ(s.grid_seeds(), 1);  // scaled down for a long capture
@@ -762,6 +842,64 @@ TEST(AppFlow, AJobEstimatedLongByThePriorRunsWhenItsOwnPaceIsShort) {
   EXPECT_TRUE(sweep.measured.empty());
 }
 
+// Nor does an estimate from costs measured on this machine: a first measurement taken under load
+// or cold (a build beside it) once held 0.55 s of work at "about 8.4 s". With every class the
+// sweep reads measured as very slow, the sweep still starts, and its own pace lets it run on.
+TEST(AppFlow, AnEstimateFromMeasuredCostsHoldsNothingThatRunsShort) {
+  AppState s;
+  s.probe_clock = scaled_probe_clock(0.1);
+  s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"uniform", {}}};
+  s.settings.sweep.methods = {"uniform"};
+  s.settings.sweep.seeds = 1;
+  for (const char* cls : {"eval:uniform", "head:uniform", kExactCostClass})
+    s.costs.record(cls, 1, 1.0);
+  ASSERT_TRUE(s.costs.measured("eval:uniform"));
+  s.request_open(kSample);
+  bool held_seen = false;
+  double first_estimate = -1;
+  ASSERT_TRUE(pump(
+      s,
+      [&] {
+        const Result& sweep = s.result(kSweep);
+        if (first_estimate < 0 && !sweep.want.empty() && sweep.estimate_s > 0)
+          first_estimate = sweep.estimate_s;
+        held_seen = held_seen || (!sweep.held.empty() && sweep.held == sweep.want);
+        return sweep.fresh();
+      },
+      60))
+      << s.result(kSweep).estimate_text;
+  EXPECT_GT(first_estimate, 3.0) << "the measured costs' estimate should be above the limit";
+  EXPECT_FALSE(held_seen) << "held for a Run click although it took " << s.result(kSweep).seconds
+                          << " s";
+}
+
+// A grid cell's time goes to two classes: the build of its head's exact side ("exact", cold)
+// and the rest to its method's evaluations (warm). A second grid over the same heads (another
+// keep ratio) builds nothing and costs no build in its estimate.
+TEST(Costs, AGridSplitsColdBuildsFromWarmScoring) {
+  AppState s;
+  s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"uniform", {}}};
+  s.settings.ab_enabled = false;
+  s.request_open(synth_capture(2048));
+  ASSERT_TRUE(pump(s, [&] { return fresh(s, kGrid); }, 120)) << s.load_error;
+  EXPECT_TRUE(s.costs.measured(kExactCostClass));
+  EXPECT_TRUE(s.costs.measured("eval:uniform"));
+  const CaptureInfo& ci = s.capture->info();
+  EXPECT_EQ(s.exact_sides_seen.size(), static_cast<size_t>(ci.num_layers * ci.kv_heads));
+  const double built = ReferenceCache::global().stats().misses;
+  s.settings.keep_ratio = s.settings.keep_ratio / 2;  // same window: same exact sides
+  s.reconcile();
+  const double warm_estimate = s.result(kGrid).estimate_s;
+  const double cells = ci.num_layers * ci.kv_heads *
+                       (find_method("uniform")->depends_on_seed() ? s.grid_seeds() : 1);
+  EXPECT_NEAR(warm_estimate,
+              cells * s.costs.per_unit("eval:uniform") * head_units(ci, s.window()) /
+                  std::max(1u, std::thread::hardware_concurrency()),
+              1e-9 * warm_estimate);
+  ASSERT_TRUE(pump(s, [&] { return fresh(s, kGrid); }, 120));
+  EXPECT_EQ(ReferenceCache::global().stats().misses, built) << "the second grid built a side";
+}
+
 // A sweep's estimate costs each head's exact side once (the reference cache shares it between
 // every method, ratio and seed) and each run its selection and scoring: three seeds of BalanceKV
 // cost less than three times one seed. (Costing every run as a whole head run estimated the
@@ -772,22 +910,30 @@ TEST(Costs, ASweepCostsTheExactSidesOnce) {
   s.settings.sweep.methods = {"balancekv"};
   s.settings.sweep.ratios = {0.25};
   s.request_open(synth_capture(8192));
-  // The costs settle first (the focused runs measured, the grid stopped), so that the three
-  // estimates use the same cost per unit.
+  // The costs settle first (the focused runs measured, the grid done), so that the estimates
+  // use the same cost per unit.
   ASSERT_TRUE(pump(
-      s, [&] { return fresh(s, kFocusA) && fresh(s, kFocusB); }, 60))
+      s, [&] { return fresh(s, kFocusA) && fresh(s, kFocusB) && fresh(s, kGrid); }, 120))
       << s.load_error;
-  s.cancel_job(kGrid);
-  ASSERT_TRUE(pump(s, [&] { return !s.result(kGrid).busy(); }));
   auto estimate = [&](int seeds) {
     s.settings.sweep.seeds = seeds;
     s.reconcile();
     return s.result(kSweep).estimate_s;
   };
+  // As on a fresh start, no exact side in hand: each is built once.
+  const std::set<std::string> seen = s.exact_sides_seen;
+  s.exact_sides_seen.clear();
   const double one = estimate(1), three = estimate(3), five = estimate(5);
   ASSERT_GT(one, 0.0);
   EXPECT_LT(three, 2.0 * one);
   EXPECT_NEAR(five - three, three - one, 1e-9 * five);  // each seed's runs cost the same
+  // Every side in hand (the grid's cells built them): the runs alone.
+  s.exact_sides_seen = seen;
+  ASSERT_EQ(seen.size(), static_cast<size_t>(s.capture->info().num_layers *
+                                             s.capture->info().kv_heads));
+  const double warm_one = estimate(1), warm_three = estimate(3);
+  EXPECT_LT(warm_one, one);
+  EXPECT_NEAR(warm_three, 3 * warm_one, 1e-9 * warm_three);
   s.cancel_job(kSweep);
 }
 

@@ -17,6 +17,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -28,6 +29,12 @@ HANG_GUARD_S = 120  # generous: a case that takes this long is a hang, not a slo
 # Sanitized builds run the same work several times slower (the slowest case, 5M token strings,
 # took 109 s under ASan on a loaded 2-core machine), so their guard is wider.
 SANITIZED_HANG_GUARD_S = 480
+# The guard counts the case's CPU seconds (RLIMIT_CPU: a spinning hang), not the wall's: on a
+# machine whose cores are busy with other work a case gets a fraction of a core, and a 120 s
+# wall guard once stopped a 3M-entry merge that was only waiting for the CPU. A case blocked
+# without spinning (a FIFO opened for reading) uses no CPU: the wall guard, this many times
+# the CPU guard, catches it.
+WALL_GUARD_FACTOR = 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,6 +156,7 @@ class Runner:
         """Runs the CLI; returns (rc, output text, seconds)."""
         if timeout is None:
             timeout = SANITIZED_HANG_GUARD_S if self.sanitized else HANG_GUARD_S
+        cpu_guard = timeout
         env = dict(os.environ)
         if self.sanitized:
             # ASan reserves terabytes of address space, so RLIMIT_AS cannot bound it; its own RSS
@@ -162,14 +170,18 @@ class Runner:
                 b = mem_mb << 20
                 resource.setrlimit(resource.RLIMIT_AS, (b, b))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_guard, cpu_guard + 5))
 
         argv = [self.cli] + [a if isinstance(a, (bytes, str)) else str(a) for a in args]
         out_file = open(stdout_path, "wb") if stdout_path else subprocess.PIPE
         start = time.monotonic()
         try:
             p = subprocess.run(argv, stdout=out_file, stderr=subprocess.PIPE, cwd=self.work,
-                               env=env, preexec_fn=limit, timeout=timeout)
+                               env=env, preexec_fn=limit, timeout=timeout * WALL_GUARD_FACTOR)
             rc, out = p.returncode, (p.stdout or b"") + p.stderr
+            if rc in (-signal.SIGXCPU, -signal.SIGKILL) and \
+                    time.monotonic() - start >= 0.9 * cpu_guard:
+                rc = "timeout"  # ran out of its CPU guard: a spinning hang
         except subprocess.TimeoutExpired as e:
             rc, out = "timeout", (e.stdout or b"") + (e.stderr or b"")
         finally:
