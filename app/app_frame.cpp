@@ -254,6 +254,11 @@ void AppUi::enable_recent_files() {
   recent_ = std::make_unique<RecentFiles>();
   const std::string why = recent_->load();
   if (!why.empty()) s_.status_message = why;  // a damaged list is only lost, never fatal
+  // A first start (nothing opened before): the status line says where to begin.
+  else if (recent_->entries().empty())
+    s_.status_message =
+        "first steps: the grid on the left is method A's error per layer and kv head (click a "
+        "cell to focus it); the Method tab changes the method and keep ratio; F1: help";
   recent_seen_path_.clear();
 }
 

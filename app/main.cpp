@@ -388,7 +388,10 @@ class FrameLoop {
   void screenshot_when_ready(int fw, int fh, ImVec2 scale) {
     using namespace kvscope::app;
     const HeadlessOptions& opt = o_.view;
-    const bool ready = ui_.ready_for_screenshot(opt.view);
+    // Ready in two frames running: a frame may still move what the one before placed (a legend
+    // that found no free place in its plot draws outside the data from the next frame on).
+    ready_frames_ = ui_.ready_for_screenshot(opt.view) ? ready_frames_ + 1 : 0;
+    const bool ready = ready_frames_ >= 2;
     const double waited = seconds(Clock::now() - t0_);
     if (ready && !state_.load_error.empty() && !state_.capture) {
       std::fprintf(stderr, "kvscope: error: %s\n", state_.load_error.c_str());
@@ -424,6 +427,7 @@ class FrameLoop {
   const bool headless_;
   bool quit_ = false;
   int rc_ = 0;
+  int ready_frames_ = 0;  // frames in a row the view was ready for its screenshot
   const Clock::time_point t0_ = Clock::now();
   Clock::time_point last_change_ = t0_;
   Clock::time_point last_input_ = t0_;  // the last frame that saw input

@@ -85,6 +85,9 @@ void AppState::finish_open() {
         if (!res.running.empty()) worker.cancel(result_name);
       results.clear();
       grid_cells.clear();
+      exact_sides_seen.clear();  // keyed by the previous opening's id
+      // Notes were about the previous capture (its focus, its window): this one says its own.
+      notes.clear();
       capture = opened->file;
       capture_path = path;
       ++capture_id;

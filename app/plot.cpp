@@ -3,8 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <unordered_map>
 
 namespace kvscope::app {
+
+namespace {
+// The legend bands plots keep outside their data area, by plot id (Plot::legend), kept for as
+// long as the app runs. The UI thread's only.
+std::unordered_map<ImGuiID, Plot::LegendBand>& legend_bands() {
+  static std::unordered_map<ImGuiID, Plot::LegendBand> bands;
+  return bands;
+}
+}  // namespace
 namespace {
 
 // Margins follow the font (UI scale): the left one is fitted to the widest y tick label.
@@ -337,6 +347,7 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   size.x = std::max(size.x, least.x);
   size.y = std::max(size.y, least.y);
   ImVec2 o = ImGui::GetCursorScreenPos();
+  id_ = ImGui::GetID(id);
   ImGui::InvisibleButton(id, size);
   hovered_ = ImGui::IsItemHovered();
   clicked_ = ImGui::IsItemClicked(ImGuiMouseButton_Left);
@@ -353,6 +364,19 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   const float bottom = 2 * font + 6 * unit;
   p0_ = ImVec2(o.x, o.y + top);
   p1_ = ImVec2(o.x + size.x - kRightMargin * unit, o.y + size.y - bottom);
+  // The legend's band, when an earlier frame found no place in the data area that covers
+  // nothing (legend()); kept only while the data area keeps at least half its height (rows) or
+  // 60% of its width (a column).
+  if (const auto it = legend_bands().find(id_); it != legend_bands().end()) {
+    const LegendBand& b = it->second;
+    if (!b.right && p1_.y - p0_.y > 2 * b.size) {
+      band_ = b;
+      p0_.y += b.size;
+    } else if (b.right && p1_.x - p0_.x > 2.5f * b.size) {
+      band_ = b;
+      p1_.x -= b.size;
+    }
+  }
   // y ticks first: the left margin is the widest tick label.
   std::vector<double> y_minor;
   Ticks yt = y_ticks(font, unit, &y_minor);
@@ -549,6 +573,77 @@ std::vector<PlacedLegend> g_legends;  // since clear_legend_log(); the UI thread
 bool g_log_legends = false;           // off until a test asks (clear_legend_log)
 }  // namespace
 
+namespace {
+// One legend entry's width: its swatch, the gap and its label.
+float entry_width(const Plot::LegendEntry& e, float u) {
+  return 22 * u + ImGui::CalcTextSize(e.label.c_str()).x;
+}
+}  // namespace
+
+float Plot::legend_band_height(const std::vector<LegendEntry>& entries, float width) {
+  const float line = ImGui::GetTextLineHeight() + 2;
+  const float u = ImGui::GetFontSize() / 15.0f;
+  int rows = entries.empty() ? 0 : 1;
+  float x = 0;
+  for (const LegendEntry& e : entries) {
+    const float w = entry_width(e, u) + 14 * u;
+    if (x > 0 && x + w > width) ++rows, x = 0;
+    x += w;
+  }
+  return line * static_cast<float>(rows) + 4 * u;
+}
+
+float Plot::legend_column_width(const std::vector<LegendEntry>& entries) {
+  const float u = ImGui::GetFontSize() / 15.0f;
+  float w = 0;
+  for (const LegendEntry& e : entries) w = std::max(w, entry_width(e, u));
+  return w + 10 * u;
+}
+
+// Rows above the data area where they take at most half its height, else a column right of it
+// where it takes at most 40% of its width; neither: the legend stays inside.
+void Plot::keep_band(const std::vector<LegendEntry>& entries) const {
+  const float rows = legend_band_height(entries, p1_.x - p0_.x);
+  const float column = legend_column_width(entries);
+  if (p1_.y - p0_.y > 2 * rows)
+    legend_bands()[id_] = LegendBand{false, rows};
+  else if (p1_.x - p0_.x > 2.5f * column)
+    legend_bands()[id_] = LegendBand{true, column};
+}
+
+ImVec4 Plot::legend_in_band(const std::vector<LegendEntry>& entries) const {
+  const float line = ImGui::GetTextLineHeight() + 2;
+  const float u = ImGui::GetFontSize() / 15.0f;
+  // Longer labels or a narrower plot than when it was kept: the next frame keeps what they need.
+  const float need = band_.right ? legend_column_width(entries)
+                                 : legend_band_height(entries, p1_.x - p0_.x);
+  if (need > band_.size + 0.5f) legend_bands()[id_] = LegendBand{band_.right, need};
+  ImVec4 box;
+  if (band_.right) {
+    box = ImVec4(p1_.x, p0_.y, p1_.x + band_.size, p0_.y + line * entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const float x = p1_.x + 6 * u, y = p0_.y + line * static_cast<float>(i);
+      dl_->AddRectFilled(ImVec2(x, y + 3 * u), ImVec2(x + 12 * u, y + line - 4 * u),
+                         entries[i].colour);
+      dl_->AddText(ImVec2(x + 17 * u, y), IM_COL32(230, 230, 235, 255), entries[i].label.c_str());
+    }
+  } else {
+    const float top = p0_.y - band_.size;
+    box = ImVec4(p0_.x, top, p1_.x, p0_.y);
+    float x = p0_.x, y = top + 2 * u;
+    for (const LegendEntry& e : entries) {
+      const float w = entry_width(e, u) + 14 * u;
+      if (x > p0_.x && x + w > p1_.x) x = p0_.x, y += line;
+      dl_->AddRectFilled(ImVec2(x + 2 * u, y + 3 * u), ImVec2(x + 14 * u, y + line - 4 * u),
+                         e.colour);
+      dl_->AddText(ImVec2(x + 19 * u, y), IM_COL32(230, 230, 235, 255), e.label.c_str());
+      x += w;
+    }
+  }
+  if (g_log_legends && g_legends.size() < 10000) g_legends.push_back({box, 0});
+  return box;
+}
+
 void clear_legend_log() {
   g_legends.clear();
   g_log_legends = true;
@@ -582,6 +677,7 @@ int Plot::drawn_in(ImVec2 a, ImVec2 b) const {
 
 ImVec4 Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const {
   if (entries.empty()) return ImVec4(0, 0, 0, 0);
+  if (band_.size > 0) return legend_in_band(entries);
   const float line = ImGui::GetTextLineHeight() + 2;
   const float u = ImGui::GetFontSize() / 15.0f;
   float w = 0;
@@ -616,6 +712,8 @@ ImVec4 Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) cons
   ImVec2 b(a.x + w, a.y + h);
   if (g_log_legends && g_legends.size() < 10000)
     g_legends.push_back({ImVec4(a.x, a.y, b.x, b.y), covered});
+  // No free place: from the next frame on the plot keeps a band for it above the data.
+  if (covered > 0) keep_band(entries);
   dl_->AddRectFilled(a, b, IM_COL32(16, 18, 22, 220));
   dl_->AddRect(a, b, kColGrid);
   for (size_t i = 0; i < entries.size(); ++i) {

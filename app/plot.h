@@ -76,8 +76,10 @@ class Plot {
   enum class Corner { TopRight, TopLeft, BottomRight, BottomLeft };
   // A boxed legend inside the data area, at `corner` unless its box would cover what this plot
   // drew there (lines, markers, bands, bars: every series method notes where it drew): then at
-  // the first free place of the other corners, the edges' middles and the centre, else where it
-  // covers the fewest drawn points.
+  // the first free place of the other corners, the edges' middles and the centre. Where every
+  // place covers data, the plot keeps a band for it outside its data area from the next frame on
+  // (rows above the data, or a column right of it on a short plot; by the plot's id, for as long
+  // as the app runs): a legend covers data for one frame at most.
   // Returns the box drawn (x0, y0, x1, y1), all zero when the legend was left out.
   ImVec4 legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
   // The corner of the data area with the fewest of these screen points (for the legend).
@@ -88,9 +90,24 @@ class Plot {
   // How many of the drawn points lie in the screen rectangle [a, b].
   int drawn_in(ImVec2 a, ImVec2 b) const;
 
+  // The legend's rows above the data area (legend()): their height for `width` pixels; and the
+  // width of its column right of the data area.
+  static float legend_band_height(const std::vector<LegendEntry>& entries, float width);
+  static float legend_column_width(const std::vector<LegendEntry>& entries);
+  // Where a plot keeps its legend outside the data area (by plot id): a band of `size` pixels
+  // above it, or a column of `size` pixels right of it.
+  struct LegendBand {
+    bool right = false;
+    float size = 0;
+  };
+
  private:
   ImDrawList* dl_ = nullptr;
   ImVec2 p0_, p1_;  // inner (data) rectangle
+  ImGuiID id_ = 0;
+  LegendBand band_;  // the band this frame keeps for the legend (size 0: none)
+  ImVec4 legend_in_band(const std::vector<LegendEntry>& entries) const;
+  void keep_band(const std::vector<LegendEntry>& entries) const;
   Axis x_, y_;
   bool hovered_ = false, clicked_ = false;
   // Screen points of what the series drew inside the data area (segments sampled every few

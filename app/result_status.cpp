@@ -18,8 +18,14 @@ bool draw_result_status(AppState& s, const std::string& name, const char* what) 
   const ImVec4 warn(1.0f, 0.8f, 0.3f, 1.0f), bad(1.0f, 0.45f, 0.45f, 1.0f);
   if (r.busy()) {
     auto [done, total] = s.progress(name);
+    double left = -1;  // the job's time left, as the status bar says it
+    for (const JobInfo& j : s.worker.jobs())
+      if (j.key == name && j.running) left = time_left_s(j);
     char ov[160];
-    if (total > 0)
+    if (total > 0 && left >= 0)
+      std::snprintf(ov, sizeof ov, "%s %d/%d, about %s left", what, done, total,
+                    fmt_seconds(left).c_str());
+    else if (total > 0)
       std::snprintf(ov, sizeof ov, "%s %d/%d", what, done, total);
     else
       std::snprintf(ov, sizeof ov, "%s: running (%s)", what, r.estimate_text.c_str());

@@ -658,8 +658,26 @@ void TeachingView::draw_merge_reduce() {
         levels[l], [&](size_t) { return level_colour(static_cast<int>(lv)); },
         [](size_t) { return false; });
   }
-  // The last step's merges: every input token coloured by its sign, the kept ones outlined.
+  // Where the weight went: each token streams in with weight 1, and a merge keeps the smaller
+  // signed class at twice its level's weight, so it gives up the difference of the two classes.
+  // The held weight estimates the stream's (the discrepancy bound), it does not keep it.
   const auto& merges = mr_->merges();
+  {
+    long held_tokens = 0, held_weight = 0, given_up = 0;
+    for (size_t l = 0; l < levels.size(); ++l) {
+      held_tokens += static_cast<long>(levels[l].size());
+      held_weight += static_cast<long>(levels[l].size()) << l;
+    }
+    for (const auto& m : merges)
+      given_up += (static_cast<long>(m.input.size()) << m.level) -
+                  (static_cast<long>(m.kept.size()) << (m.level + 1));
+    ImGui::TextWrapped(
+        "streamed %d tokens (weight %d); held %ld tokens of weight %ld. The %zu merges gave up "
+        "%ld of weight: each keeps the smaller signed class at twice the weight, so the "
+        "difference of the two classes leaves; the held weight estimates the stream's.",
+        pushed, pushed, held_tokens, held_weight, merges.size(), given_up);
+  }
+  // The last step's merges: every input token coloured by its sign, the kept ones outlined.
   for (size_t i = mr_->last_step_first_merge(); i < merges.size(); ++i) {
     const auto& m = merges[i];
     ImGui::Text(

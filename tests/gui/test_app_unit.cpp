@@ -766,6 +766,22 @@ TEST(AppFlow, OverridesThatDoNotFitTheNewCaptureAreAdjusted) {
   EXPECT_EQ(s.run_error(0), "");
 }
 
+// A note is about the capture it was said for: opening another one clears it (a note that the
+// focus was not in a capture stayed up across later captures), and the new one says its own.
+TEST(AppFlow, NotesOfACaptureGoWhenAnotherOpens) {
+  AppState s;
+  s.settings.sink_override = 200;
+  s.settings.eval_override = 64;
+  s.request_open(synth_capture(64));
+  ASSERT_TRUE(pump(s, [&] { return s.capture != nullptr; })) << s.load_error;
+  ASSERT_FALSE(s.notes.empty());
+  const uint64_t first = s.capture_id;
+  s.request_open(kSample);  // the overrides, adjusted to 64 tokens, fit the sample
+  ASSERT_TRUE(pump(s, [&] { return s.capture_id != first; })) << s.load_error;
+  EXPECT_TRUE(s.notes.empty()) << s.notes.front();
+  EXPECT_TRUE(s.exact_sides_seen.empty());
+}
+
 // Costs before work: on an 8192-token capture the sweep is estimated above the 3 s limit (its
 // methods' evaluations measured as slow), so it starts and measures itself; it runs past its
 // limit and waits for a Run click with its own estimate. Run starts it, Cancel stops it and it
