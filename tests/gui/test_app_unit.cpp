@@ -824,6 +824,29 @@ TEST(AppFlow, CostlyJobsWaitForRunAndCanBeCancelledAndRerun) {
   EXPECT_GT(s.result(kFocusA).seconds, 0.0);
 }
 
+// Opens the sample and runs frames until its sweep is fresh (at most 60 s): the sweep's first
+// estimate, and whether it was ever held for a Run click on the way.
+struct SweepSeen {
+  bool fresh = false, held = false;
+  double first_estimate = -1;
+};
+SweepSeen sweep_the_sample(AppState& s) {
+  s.request_open(kSample);
+  SweepSeen seen;
+  // The result is looked up each time: it exists once the sweep was first planned.
+  seen.fresh = pump(
+      s,
+      [&] {
+        const Result& sweep = s.result(kSweep);
+        if (seen.first_estimate < 0 && !sweep.want.empty() && sweep.estimate_s > 0)
+          seen.first_estimate = sweep.estimate_s;
+        seen.held = seen.held || (!sweep.held.empty() && sweep.held == sweep.want);
+        return sweep.fresh();
+      },
+      60);
+  return seen;
+}
+
 // An estimate from the prior holds nothing: a job estimated above the limit before anything was
 // measured on this machine starts, and one whose own pace says it is short runs to the end
 // without a Run click (the sample set's evaluation was held at "about 4 s" for 0.3 s of work).
@@ -837,24 +860,11 @@ TEST(AppFlow, AJobEstimatedLongByThePriorRunsWhenItsOwnPaceIsShort) {
   s.settings.sweep.seeds = 1;
   // A focused run measured as very slow makes the unmeasured evaluations' estimate huge.
   s.costs.record("head:uniform", 1, 1.0);
-  s.request_open(kSample);
-  bool held_seen = false;
-  double first_estimate = -1;
-  // The result is looked up each time: it exists once the sweep was first planned.
-  ASSERT_TRUE(pump(
-      s,
-      [&] {
-        const Result& sweep = s.result(kSweep);
-        if (first_estimate < 0 && !sweep.want.empty() && sweep.estimate_s > 0)
-          first_estimate = sweep.estimate_s;
-        held_seen = held_seen || (!sweep.held.empty() && sweep.held == sweep.want);
-        return sweep.fresh();
-      },
-      60))
-      << s.result(kSweep).estimate_text;
+  const SweepSeen seen = sweep_the_sample(s);
+  ASSERT_TRUE(seen.fresh) << s.result(kSweep).estimate_text;
   const Result& sweep = s.result(kSweep);
-  EXPECT_GT(first_estimate, 3.0) << "the prior's estimate should be above the limit";
-  EXPECT_FALSE(held_seen) << "held for a Run click although it took " << sweep.seconds << " s";
+  EXPECT_GT(seen.first_estimate, 3.0) << "the prior's estimate should be above the limit";
+  EXPECT_FALSE(seen.held) << "held for a Run click although it took " << sweep.seconds << " s";
   EXPECT_TRUE(sweep.measured.empty());
 }
 
@@ -870,22 +880,10 @@ TEST(AppFlow, AnEstimateFromMeasuredCostsHoldsNothingThatRunsShort) {
   for (const char* cls : {"eval:uniform", "head:uniform", kExactCostClass})
     s.costs.record(cls, 1, 1.0);
   ASSERT_TRUE(s.costs.measured("eval:uniform"));
-  s.request_open(kSample);
-  bool held_seen = false;
-  double first_estimate = -1;
-  ASSERT_TRUE(pump(
-      s,
-      [&] {
-        const Result& sweep = s.result(kSweep);
-        if (first_estimate < 0 && !sweep.want.empty() && sweep.estimate_s > 0)
-          first_estimate = sweep.estimate_s;
-        held_seen = held_seen || (!sweep.held.empty() && sweep.held == sweep.want);
-        return sweep.fresh();
-      },
-      60))
-      << s.result(kSweep).estimate_text;
-  EXPECT_GT(first_estimate, 3.0) << "the measured costs' estimate should be above the limit";
-  EXPECT_FALSE(held_seen) << "held for a Run click although it took " << s.result(kSweep).seconds
+  const SweepSeen seen = sweep_the_sample(s);
+  ASSERT_TRUE(seen.fresh) << s.result(kSweep).estimate_text;
+  EXPECT_GT(seen.first_estimate, 3.0) << "the measured costs' estimate should be above the limit";
+  EXPECT_FALSE(seen.held) << "held for a Run click although it took " << s.result(kSweep).seconds
                           << " s";
 }
 
