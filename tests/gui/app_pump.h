@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
+#include <string>
 #include <thread>
 
 #include "app/app_state.h"
@@ -24,6 +26,30 @@ bool pump_until(AppState& s, Pred done, int seconds = 20) {
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+}
+
+// A grid job of one method over every (layer, kv head) of `cap`, one seed, nothing in hand:
+// the fields a test then changes are its own.
+inline GridJob one_method_grid_job(std::shared_ptr<CaptureFile> cap, const std::string& method) {
+  const CaptureInfo& ci = cap->info();
+  GridJob job;
+  job.capture = std::move(cap);
+  job.base.ratios = {0.25};
+  job.seeds = 1;
+  job.layers = ci.num_layers;
+  job.heads = ci.kv_heads;
+  job.priority = std::make_shared<GridPriority>();
+  job.slots[0].method = find_method(method);
+  job.slots[0].name = method;
+  for (int l = 0; l < ci.num_layers; ++l)
+    for (int h = 0; h < ci.kv_heads; ++h) {
+      GridJob::Need n;
+      n.layer = l;
+      n.head = h;
+      n.key = std::to_string(l) + ":" + std::to_string(h);  // (GCC 12 warns on "L" + ...)
+      job.needs.push_back(n);
+    }
+  return job;
 }
 
 // Every head of `want` has a fresh cell of `slot` in `g` with eval's figures, bit for bit.

@@ -96,27 +96,10 @@ TEST(AppGridOnADevice, EachLayerOfTheGridIsScoredInOneCallPerSlotAndSeed) {
 TEST(AppGridOnADevice, NoMoreLayersAtOnceThanTheJobAllows) {
   std::shared_ptr<CaptureFile> cap = CaptureFile::open(kSample);
   const CaptureInfo& ci = cap->info();
-  GridJob job;
-  job.capture = cap;
+  GridJob job = kvscope::app::testing::one_method_grid_job(cap, "uniform");
   job.backend = &select_backend("test-batch");
-  job.base.ratios = {0.25};
-  job.seeds = 1;
-  job.layers = ci.num_layers;
-  job.heads = ci.kv_heads;
   job.threads = 4;
   job.layers_at_once = 2;
-  job.priority = std::make_shared<GridPriority>();
-  GridJob::Slot& slot = job.slots[0];
-  slot.method = find_method("uniform");
-  slot.name = "uniform";
-  for (int l = 0; l < ci.num_layers; ++l)
-    for (int h = 0; h < ci.kv_heads; ++h) {
-      GridJob::Need n;
-      n.layer = l;
-      n.head = h;
-      n.key = std::to_string(l) + ":" + std::to_string(h);  // (GCC 12 warns on "L" + ...)
-      job.needs.push_back(n);
-    }
   counting().take_calls();
   counting().take_max_active();
   counting().sleep_ms = 40;  // calls of layers computed at once overlap

@@ -184,27 +184,11 @@ TEST(Worker, AJobsOwnTimeLeftCountsDownUntilItSaysAgain) {
 TEST(Worker, TheGridSaysItsTimeLeftFromTheStart) {
   std::shared_ptr<CaptureFile> cap = CaptureFile::open(kSample);
   const CaptureInfo& ci = cap->info();
-  GridJob job;
-  job.capture = cap;
-  job.base.ratios = {0.25};
+  GridJob job = kvscope::app::testing::one_method_grid_job(cap, "streaming");
   job.base.threads = 1;
-  job.seeds = 1;
-  job.layers = ci.num_layers;
-  job.heads = ci.kv_heads;
   job.threads = 2;
-  job.priority = std::make_shared<GridPriority>();
-  job.slots[0].method = find_method("streaming");
-  job.slots[0].name = "streaming";
   job.pace_prior.warm_s = {1.0, 1.0};
   job.exact_in_hand.assign(static_cast<size_t>(ci.num_layers * ci.kv_heads), 1);
-  for (int l = 0; l < ci.num_layers; ++l)
-    for (int h = 0; h < ci.kv_heads; ++h) {
-      GridJob::Need n;
-      n.layer = l;
-      n.head = h;
-      n.key = std::to_string(l) + ":" + std::to_string(h);  // (GCC 12 warns on "L" + ...)
-      job.needs.push_back(n);
-    }
   JobContext ctx;
   std::vector<double> said;
   run_grid_job(
