@@ -43,17 +43,27 @@ for ((i = 0; i < $(nproc); ++i)); do
 done
 echo "under-load: ${#load_pids[@]} busy loops on $(nproc) cores; logs in $logs"
 
+# One CTest run of `what` (its log under $logs/NAME.log): prints whether it passed and the tests
+# that failed (not those skipped); returns CTest's status.
+ctest_run() {
+  local name=$1 what=$2
+  shift 2
+  local log="$logs/$name.log"
+  if (cd "$build" && ctest "$@" -j 2 --output-on-failure) >"$log" 2>&1; then
+    echo "under-load: $what passed ($(grep -o '[0-9]*% tests passed.*' "$log" || true))"
+  else
+    echo "under-load: $what FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | grep -v '(Skipped)' |
+      tr -s ' ' | tr '\n' ';') log $log"
+    return 1
+  fi
+}
+
 # The whole suite first (what CI runs), each run in its own turn: two CTest processes must never
 # share a build folder (the GUI tests write into one output folder).
 suites_passed=0
 for ((r = 1; r <= suites; ++r)); do
-  log="$logs/ctest_suite_$r.log"
-  if (cd "$build" && ctest -j 2 --output-on-failure --timeout 1200) >"$log" 2>&1; then
+  if ctest_run "ctest_suite_$r" "whole suite run $r" --timeout 1200; then
     suites_passed=$((suites_passed + 1))
-    echo "under-load: whole suite run $r passed ($(grep -o '[0-9]*% tests passed.*' "$log" || true))"
-  else
-    echo "under-load: whole suite run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | grep -v '(Skipped)' | tr -s ' ' |
-      tr '\n' ';') log $log"
   fi
 done
 
@@ -64,13 +74,8 @@ else
 fi
 runs_passed=0
 for ((r = 1; r <= runs; ++r)); do
-  log="$logs/ctest_run_$r.log"
-  if (cd "$build" && ctest "${select[@]}" -j 2 --output-on-failure --timeout 900) >"$log" 2>&1; then
+  if ctest_run "ctest_run_$r" "GUI tests run $r" "${select[@]}" --timeout 900; then
     runs_passed=$((runs_passed + 1))
-    echo "under-load: GUI tests run $r passed ($(grep -o '[0-9]*% tests passed.*' "$log" || true))"
-  else
-    echo "under-load: GUI tests run $r FAILED: $(grep -E '^\s+[0-9]+ - ' "$log" | grep -v '(Skipped)' | tr -s ' ' |
-      tr '\n' ';') log $log"
   fi
 done
 
