@@ -9,6 +9,7 @@
 //
 // CI runs a short walk (KVSCOPE_ORACLE_STEPS, default 8). tools/gui-oracle.sh runs it for minutes
 // with other seeds (KVSCOPE_ORACLE_SEED) for people.
+#include <cmath>
 #include <random>
 
 #include "tests/gui/numbers_oracle.h"
@@ -25,6 +26,7 @@ int env_int(const char* name, int fallback) {
 class Oracle : public NumbersOracle {
  protected:
   Oracle() { out_name_ = "oracle"; }
+  double last_ratio_frac_ = -1;  // where the last keep-ratio drag ended (drag_ratio)
 
   // ---- the walk's steps
   json click_grid_cell(json st) {
@@ -93,7 +95,13 @@ class Oracle : public NumbersOracle {
 
   json drag_ratio(json st) {
     st = show_tab(st, "method");
-    const double frac = std::uniform_real_distribution<double>(0.45, 0.95)(rng_);
+    double frac = std::uniform_real_distribution<double>(0.45, 0.95)(rng_);
+    // Not onto the pixel of the last drag: the ratio there (shown and kept to 4 digits) is the
+    // one it has, and the wait for a change would wait for nothing (seed 3493765230, step 37:
+    // 0.880675 after 0.878075, the same pixel).
+    if (last_ratio_frac_ >= 0 && std::fabs(frac - last_ratio_frac_) < 0.02)
+      frac = frac < 0.7 ? frac + 0.05 : frac - 0.05;
+    last_ratio_frac_ = frac;
     step(std::to_string(steps_) + ": drag the keep ratio to " + std::to_string(frac) +
          " of the slider");
     st = reveal(st, "slider:keep ratio");
