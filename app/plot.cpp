@@ -601,13 +601,15 @@ float Plot::legend_column_width(const std::vector<LegendEntry>& entries) {
 }
 
 // Rows above the data area where they take at most half its height, else a column right of it
-// where it takes at most 40% of its width; neither: the legend stays inside.
+// where it takes at most 40% of its width and its entries fit the data's height; neither: the
+// legend stays inside.
 void Plot::keep_band(const std::vector<LegendEntry>& entries) const {
   const float rows = legend_band_height(entries, p1_.x - p0_.x);
   const float column = legend_column_width(entries);
+  const float column_h = (ImGui::GetTextLineHeight() + 2) * static_cast<float>(entries.size());
   if (p1_.y - p0_.y > 2 * rows)
     legend_bands()[id_] = LegendBand{false, rows};
-  else if (p1_.x - p0_.x > 2.5f * column)
+  else if (p1_.x - p0_.x > 2.5f * column && p1_.y - p0_.y >= column_h)
     legend_bands()[id_] = LegendBand{true, column};
 }
 

@@ -79,7 +79,8 @@ class Plot {
   // the first free place of the other corners, the edges' middles and the centre. Where every
   // place covers data, the plot keeps a band for it outside its data area from the next frame on
   // (rows above the data, or a column right of it on a short plot; by the plot's id, for as long
-  // as the app runs): a legend covers data for one frame at most.
+  // as the app runs), unless the band would take more than half the data area: then it stays
+  // inside, where it covers the fewest drawn points.
   // Returns the box drawn (x0, y0, x1, y1), all zero when the legend was left out.
   ImVec4 legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
   // The corner of the data area with the fewest of these screen points (for the legend).

@@ -1547,6 +1547,51 @@ TEST(Plot, TheLegendGoesWhereNothingIsDrawn) {
   ImGui::DestroyContext();
 }
 
+// A legend with no free place inside its plot covers data in the first frame only: from the next
+// frame on the plot keeps a band for it outside the data area (rows above it here, on a tall and
+// on a short plot), which leaves the data area smaller and the legend over none of it.
+TEST(Plot, ALegendWithNoFreePlaceMovesOutOfTheDataFromTheNextFrame) {
+  [[maybe_unused]] SoftTexture font = soft_init(1000, 700);
+  ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+  const std::vector<Plot::LegendEntry> entries = {{"walk", IM_COL32(100, 180, 255, 255)},
+                                                  {"random signs", IM_COL32(200, 200, 200, 255)}};
+  for (const auto& [id, size] : {std::pair{"##tall", ImVec2(400, 300)},
+                                 std::pair{"##short", ImVec2(700, 140)}}) {
+    ImVec4 box[2];
+    ImVec2 inner_min[2], inner_max[2];
+    int covered[2] = {0, 0};
+    for (int frame = 0; frame < 2; ++frame) {
+      ImGui::NewFrame();
+      ImGui::SetNextWindowPos(ImVec2(0, 0));
+      ImGui::SetNextWindowSize(ImVec2(1000, 700));
+      ImGui::Begin("plots", nullptr, ImGuiWindowFlags_NoDecoration);
+      Plot plot(id, size, "full", Axis{"x", 0, 1}, Axis{"y", 0, 1});
+      std::vector<double> x, y;
+      for (int i = 0; i <= 30; ++i)
+        for (int j = 0; j <= 30; ++j) x.push_back(i / 30.0), y.push_back(j / 30.0);
+      plot.markers(x, y, IM_COL32(255, 255, 255, 255));
+      box[frame] = plot.legend(entries, Plot::Corner::TopRight);
+      // (Inside the box by a pixel: the markers on the data area's top edge are drawn clipped
+      // to it, below a band that ends there.)
+      covered[frame] = plot.drawn_in(ImVec2(box[frame].x + 1, box[frame].y + 1),
+                                     ImVec2(box[frame].z - 1, box[frame].w - 1));
+      inner_min[frame] = plot.inner_min();
+      inner_max[frame] = plot.inner_max();
+      ImGui::End();
+      ImGui::Render();
+    }
+    EXPECT_GT(covered[0], 0) << id << ": the grid of markers leaves no free place";
+    EXPECT_EQ(covered[1], 0) << id;
+    const bool above = box[1].w <= inner_min[1].y + 0.5f;
+    const bool right = box[1].x >= inner_max[1].x - 0.5f;
+    EXPECT_TRUE(above || right) << id << ": the legend is outside the data area";
+    EXPECT_LT((inner_max[1].x - inner_min[1].x) * (inner_max[1].y - inner_min[1].y),
+              (inner_max[0].x - inner_min[0].x) * (inner_max[0].y - inner_min[0].y))
+        << id << ": the band is taken from the data area";
+  }
+  ImGui::DestroyContext();
+}
+
 // After "use temp 0.1, block 256" a still-saturated head must not get the same advice again, and
 // no remedy switches the balancing off (gamma 0 made every p_i 1/2: near uniform's error).
 TEST(WalkAdvice, RemediesChangeTheSettingsAndKeepTheWalkBalancing) {
