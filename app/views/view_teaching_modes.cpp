@@ -671,11 +671,14 @@ void TeachingView::draw_merge_reduce() {
     for (const auto& m : merges)
       given_up += (static_cast<long>(m.input.size()) << m.level) -
                   (static_cast<long>(m.kept.size()) << (m.level + 1));
-    ImGui::TextWrapped(
+    // Wrapped at the left column's edge (the keys' plot is beside it), not the window's.
+    ImGui::PushTextWrapPos(ImGui::GetCursorPos().x + left_w);
+    ImGui::Text(
         "streamed %d tokens (weight %d); held %ld tokens of weight %ld. The %zu merges gave up "
         "%ld of weight: each keeps the smaller signed class at twice the weight, so the "
         "difference of the two classes leaves; the held weight estimates the stream's.",
         pushed, pushed, held_tokens, held_weight, merges.size(), given_up);
+    ImGui::PopTextWrapPos();
   }
   // The last step's merges: every input token coloured by its sign, the kept ones outlined.
   for (size_t i = mr_->last_step_first_merge(); i < merges.size(); ++i) {
