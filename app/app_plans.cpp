@@ -345,8 +345,7 @@ JobPlan AppState::plan_grid() const {
   std::vector<char> in_hand(static_cast<size_t>(ci.num_layers) * ci.kv_heads, 0);
   for (int l = 0; l < ci.num_layers; ++l)
     for (int h = 0; h < ci.kv_heads; ++h)
-      in_hand[static_cast<size_t>(l) * ci.kv_heads + h] =
-          exact_sides_seen.count(exact_side_id(capture_id, w, l, h)) ? 1 : 0;
+      in_hand[static_cast<size_t>(l) * ci.kv_heads + h] = exact_side_in_hand(w, l, h) ? 1 : 0;
   double seconds = 0;
   std::vector<char> costed(in_hand.size(), 0);
   for (const GridJob::Need& n : job->needs) {
@@ -476,12 +475,13 @@ JobPlan AppState::plan_sweep() const {
   // prior, as the plan has one class only.
   const EvalWindow w = window();
   const double nd = static_cast<double>(ci.num_tokens) * ci.head_dim;
-  // The exact sides this session has not built or read yet (the others are in the cache).
+  // The exact sides this session has not built or read yet, nor found on disk (the others are
+  // in the cache).
   double sides_to_build = 0;
   for (int l = 0; l < ci.num_layers; ++l)
     if (!r.focused_layer_only || l == settings.focus.layer)
       for (int kv = 0; kv < ci.kv_heads; ++kv)
-        sides_to_build += exact_sides_seen.count(exact_side_id(capture_id, w, l, kv)) ? 0 : 1;
+        sides_to_build += exact_side_in_hand(w, l, kv) ? 0 : 1;
   double mean_ratio = 0;
   for (double ratio : r.ratios) mean_ratio += ratio / static_cast<double>(r.ratios.size());
   const double units_per_run = nd * (mean_ratio * w.eval * ci.group_size() + 64.0) * heads;
@@ -551,11 +551,23 @@ double exact_units(const CaptureInfo& ci, const EvalWindow& w) {
 std::string AppState::exact_side_id(uint64_t capture, const EvalWindow& w, int layer,
                                     int kv_head) {
   std::string id = std::to_string(capture);
+  id += '|';
+  id += window_side_id(w, layer, kv_head);
+  return id;
+}
+
+std::string AppState::window_side_id(const EvalWindow& w, int layer, int kv_head) {
+  std::string id;
   for (int v : {w.sink, w.eval, layer, kv_head}) {
-    id += '|';
+    if (!id.empty()) id += '|';
     id += std::to_string(v);
   }
   return id;
+}
+
+bool AppState::exact_side_in_hand(const EvalWindow& w, int layer, int kv_head) const {
+  return exact_sides_seen.count(exact_side_id(capture_id, w, layer, kv_head)) ||
+         exact_sides_on_disk.count(window_side_id(w, layer, kv_head));
 }
 
 double head_units(const CaptureInfo& ci, const EvalWindow& w) {

@@ -510,6 +510,7 @@ void AppState::reconcile(const ViewPlanner& plan_views) {
   finish_new_capture();  // may ask to open the capture it made
   finish_open();
   finish_set_open();
+  record_exact_sides();
   resolve_backend();
   fit_settings_to_capture(false);
   // Where the grid job looks first (read by the job before each cell).

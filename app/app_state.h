@@ -37,6 +37,7 @@
 #include "app/grid_cells.h"
 #include "app/new_capture.h"
 #include "app/open_capture.h"
+#include "app/sides_record.h"
 #include "app/worker.h"
 #include "engine/eval/attention_stats.h"
 #include "engine/eval/protocol.h"
@@ -381,7 +382,18 @@ struct AppState {
   // cache holds them, so a grid costs them no build (cold work, CostModel's "exact" class).
   std::set<std::string> exact_sides_seen;
   static std::string exact_side_id(uint64_t capture, const EvalWindow& w, int layer, int kv_head);
+  // The same head and window without the opening's id ("sink|eval|layer|kv_head").
+  static std::string window_side_id(const EvalWindow& w, int layer, int kv_head);
+  // The sides the disk tier held for this capture when the app last had it open, and where
+  // that record is kept ("" when the tier is off): read by the opening job, written by
+  // reconcile() as sides are seen (app/sides_record.h). A grid costs neither these nor the
+  // ones seen a build.
+  std::set<std::string> exact_sides_on_disk;
+  std::string sides_record;
+  bool exact_side_in_hand(const EvalWindow& w, int layer, int kv_head) const;
   std::shared_ptr<GridPriority> grid_priority = std::make_shared<GridPriority>();
+  SidesRecordWriter sides_writer;
+  size_t sides_seen_recorded = 0;  // exact_sides_seen's size when last handed to the writer
   std::array<int, 2> grid_rows_visible{-1, -1};  // rows of the grid drawn on screen last frame
 
   Worker worker;
@@ -494,6 +506,9 @@ struct AppState {
   void finish_new_capture();
   // A set asked for whose opening ended: the set open now, or set_error (app/open_capture.cpp).
   void finish_set_open();
+  // The exact sides seen since the last call, added to this capture's record on disk (in the
+  // background; app/sides_record.h) so that its next opening costs them no build.
+  void record_exact_sides();
   void submit(const std::string& name, Result& r, const JobPlan& p);
   // Each probing job (Result::probing) that has run for a second: held with the time its own
   // progress projects when that is over its limit, left to run otherwise.

@@ -159,8 +159,13 @@ GridValues grid_values(const AppState& s, GridMetric metric, int slot) {
 void draw_grid(AppState& s, const GridValues& gv, const char* id, float max_height) {
   if (gv.layers <= 0 || gv.heads <= 0) return;
   ImGui::PushID(id);
-  const float label_w = 34, bar_w = 84;
   const float lh = ImGui::GetTextLineHeight();
+  // The row labels' and the colour bar's widths follow the text at the UI's scale (fixed pixels
+  // put "L0" under the cells and cut the bar's "rel. error" at 2.5x).
+  char last_row[16];
+  std::snprintf(last_row, sizeof last_row, "L%d", gv.layers - 1);
+  const float label_w = ImGui::CalcTextSize(last_row).x + 0.6f * ImGui::GetFontSize();
+  const float bar_w = colour_bar_width(gv.vmin, gv.vmax, gv.unit);
   ImVec2 avail = ImGui::GetContentRegionAvail();
   float grid_w = std::max(60.0f, avail.x - label_w - bar_w - 8);
   float cell = grid_w / static_cast<float>(gv.heads);

@@ -5,7 +5,9 @@
 #include <filesystem>
 
 #include "app/app_state.h"
+#include "app/sides_record.h"
 #include "engine/eval/capture_set.h"
+#include "engine/eval/reference_cache.h"
 #include "engine/io/capture.h"
 
 namespace kvscope::app {
@@ -21,6 +23,8 @@ std::shared_ptr<const OpenedCapture> open_file(const OpenRequest& request, const
                                                JobContext&, const JobPlan::PartialFn&) {
   auto opened = std::make_shared<OpenedCapture>();
   opened->file = CaptureFile::open(request.path);
+  opened->sides_record = sides_record_file(ReferenceCache::global().stats().disk_dir, request.path);
+  opened->sides_on_disk = read_sides_record(opened->sides_record);
   return opened;
 }
 
@@ -86,6 +90,9 @@ void AppState::finish_open() {
       results.clear();
       grid_cells.clear();
       exact_sides_seen.clear();  // keyed by the previous opening's id
+      sides_seen_recorded = 0;
+      exact_sides_on_disk = opened->sides_on_disk;
+      sides_record = opened->sides_record;
       // Notes were about the previous capture (its focus, its window): this one says its own.
       notes.clear();
       capture = opened->file;
@@ -151,6 +158,15 @@ void AppState::finish_set_open() {
     set_error = error.find(set_request) == std::string::npos ? set_request + ": " + error : error;
   }
   set_request.clear();  // a failed request: the set open (if any) is planned and shown again
+}
+
+void AppState::record_exact_sides() {
+  if (sides_record.empty() || exact_sides_seen.size() == sides_seen_recorded) return;
+  std::set<std::string> all = exact_sides_on_disk;
+  const std::string ours = std::to_string(capture_id) + '|';  // not a late cell of the last one
+  for (const std::string& id : exact_sides_seen)
+    if (id.rfind(ours, 0) == 0) all.insert(id.substr(ours.size()));
+  if (sides_writer.write(sides_record, all)) sides_seen_recorded = exact_sides_seen.size();
 }
 
 }  // namespace kvscope::app

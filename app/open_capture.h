@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -32,6 +33,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OpenRequest, serial, path, from_session)
 // The kOpen job's value: the opened file (not yet the app's capture until finish_open).
 struct OpenedCapture {
   std::shared_ptr<CaptureFile> file;
+  // The record of its exact sides in the reference cache's disk tier, and what it holds
+  // (app/sides_record.h): read here, off the UI thread.
+  std::string sides_record;
+  std::set<std::string> sides_on_disk;
 };
 
 // The key of a request's result (JobPlan::derive's).

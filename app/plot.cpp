@@ -19,6 +19,9 @@ namespace {
 
 // Margins follow the font (UI scale): the left one is fitted to the widest y tick label.
 constexpr float kRightMargin = 12.0f;  // x font / 15
+// A legend's rows above the data leave the data at least this share of its height: the rows
+// hide none of it, where a box inside covering data (the alternative) hides what is under it.
+constexpr float kBandKeepsRows = 0.4f;
 
 }  // namespace
 
@@ -348,9 +351,6 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   size.y = std::max(size.y, least.y);
   ImVec2 o = ImGui::GetCursorScreenPos();
   id_ = ImGui::GetID(id);
-  ImGui::InvisibleButton(id, size);
-  hovered_ = ImGui::IsItemHovered();
-  clicked_ = ImGui::IsItemClicked(ImGuiMouseButton_Left);
   dl_ = ImGui::GetWindowDrawList();
   const float font = ImGui::GetFontSize();
   const float unit = font / 15.0f;
@@ -365,18 +365,26 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
   p0_ = ImVec2(o.x, o.y + top);
   p1_ = ImVec2(o.x + size.x - kRightMargin * unit, o.y + size.y - bottom);
   // The legend's band, when an earlier frame found no place in the data area that covers
-  // nothing (legend()); kept only while the data area keeps at least half its height (rows) or
-  // 60% of its width (a column).
+  // nothing (legend()). Rows take the top of the data area while it keeps kBandKeepsRows of its
+  // height; else the plot grows by them (as it does to min_plot_size: a panel too small for it
+  // scrolls). A column is kept while the data area keeps 60% of its width.
   if (const auto it = legend_bands().find(id_); it != legend_bands().end()) {
     const LegendBand& b = it->second;
-    if (!b.right && p1_.y - p0_.y > 2 * b.size) {
+    if (!b.right) {
       band_ = b;
+      if (b.size > (1 - kBandKeepsRows) * (p1_.y - p0_.y)) {
+        size.y += b.size;
+        p1_.y += b.size;
+      }
       p0_.y += b.size;
-    } else if (b.right && p1_.x - p0_.x > 2.5f * b.size) {
+    } else if (p1_.x - p0_.x > 2.5f * b.size) {
       band_ = b;
       p1_.x -= b.size;
     }
   }
+  ImGui::InvisibleButton(id, size);
+  hovered_ = ImGui::IsItemHovered();
+  clicked_ = ImGui::IsItemClicked(ImGuiMouseButton_Left);
   // y ticks first: the left margin is the widest tick label.
   std::vector<double> y_minor;
   Ticks yt = y_ticks(font, unit, &y_minor);
@@ -578,6 +586,10 @@ namespace {
 float entry_width(const Plot::LegendEntry& e, float u) {
   return 22 * u + ImGui::CalcTextSize(e.label.c_str()).x;
 }
+// The gap between two entries on one row of a band.
+float entry_gap(float u) {
+  return 14 * u;
+}
 }  // namespace
 
 float Plot::legend_band_height(const std::vector<LegendEntry>& entries, float width) {
@@ -586,9 +598,9 @@ float Plot::legend_band_height(const std::vector<LegendEntry>& entries, float wi
   int rows = entries.empty() ? 0 : 1;
   float x = 0;
   for (const LegendEntry& e : entries) {
-    const float w = entry_width(e, u) + 14 * u;
+    const float w = entry_width(e, u);  // the gap only between entries: none at a row's end
     if (x > 0 && x + w > width) ++rows, x = 0;
-    x += w;
+    x += w + entry_gap(u);
   }
   return line * static_cast<float>(rows) + 4 * u;
 }
@@ -600,17 +612,18 @@ float Plot::legend_column_width(const std::vector<LegendEntry>& entries) {
   return w + 10 * u;
 }
 
-// Rows above the data area where they take at most half its height, else a column right of it
-// where it takes at most 40% of its width and its entries fit the data's height; neither: the
-// legend stays inside.
+// Rows above the data area where the data keeps kBandKeepsRows of its height, else a column
+// right of it where it takes at most 40% of its width and its entries fit the data's height,
+// else rows again, the plot growing by them (Plot::Plot).
 void Plot::keep_band(const std::vector<LegendEntry>& entries) const {
   const float rows = legend_band_height(entries, p1_.x - p0_.x);
   const float column = legend_column_width(entries);
   const float column_h = (ImGui::GetTextLineHeight() + 2) * static_cast<float>(entries.size());
-  if (p1_.y - p0_.y > 2 * rows)
-    legend_bands()[id_] = LegendBand{false, rows};
-  else if (p1_.x - p0_.x > 2.5f * column && p1_.y - p0_.y >= column_h)
+  const bool rows_inside = rows <= (1 - kBandKeepsRows) * (p1_.y - p0_.y);
+  if (!rows_inside && p1_.x - p0_.x > 2.5f * column && p1_.y - p0_.y >= column_h)
     legend_bands()[id_] = LegendBand{true, column};
+  else
+    legend_bands()[id_] = LegendBand{false, rows};
 }
 
 ImVec4 Plot::legend_in_band(const std::vector<LegendEntry>& entries) const {
@@ -633,13 +646,23 @@ ImVec4 Plot::legend_in_band(const std::vector<LegendEntry>& entries) const {
     const float top = p0_.y - band_.size;
     box = ImVec4(p0_.x, top, p1_.x, p0_.y);
     float x = p0_.x, y = top + 2 * u;
-    for (const LegendEntry& e : entries) {
-      const float w = entry_width(e, u) + 14 * u;
+    bool shortened = false;
+    for (const LegendEntry& e : entries) {  // as legend_band_height lays them out
+      const float w = entry_width(e, u);
       if (x > p0_.x && x + w > p1_.x) x = p0_.x, y += line;
       dl_->AddRectFilled(ImVec2(x + 2 * u, y + 3 * u), ImVec2(x + 14 * u, y + line - 4 * u),
                          e.colour);
-      dl_->AddText(ImVec2(x + 19 * u, y), IM_COL32(230, 230, 235, 255), e.label.c_str());
-      x += w;
+      // A label wider than the whole row (a narrow plot at a projector's scale) is shortened
+      // with "..."; the band's tooltip gives it whole.
+      const std::string shown = elide(e.label, p1_.x - x - 19 * u);
+      shortened = shortened || shown != e.label;
+      dl_->AddText(ImVec2(x + 19 * u, y), IM_COL32(230, 230, 235, 255), shown.c_str());
+      x += w + entry_gap(u);
+    }
+    if (shortened && ImGui::IsMouseHoveringRect(ImVec2(box.x, box.y), ImVec2(box.z, box.w))) {
+      std::string all;
+      for (const LegendEntry& e : entries) all += (all.empty() ? "" : "\n") + e.label;
+      ImGui::SetTooltip("%s", all.c_str());
     }
   }
   if (g_log_legends && g_legends.size() < 10000) g_legends.push_back({box, 0});
@@ -672,6 +695,11 @@ void Plot::note_drawn(const std::vector<ImVec2>& points) const {
 }
 
 int Plot::drawn_in(ImVec2 a, ImVec2 b) const {
+  // Points are the centres of what was drawn: a marker (radius up to 3 px at scale 1) or a thick
+  // line whose centre lies just outside the rectangle still shows inside it.
+  const float pad = 3 * ImGui::GetFontSize() / 15.0f;
+  a = ImVec2(a.x - pad, a.y - pad);
+  b = ImVec2(b.x + pad, b.y + pad);
   int n = 0;
   for (const ImVec2& p : drawn_) n += p.x >= a.x && p.x <= b.x && p.y >= a.y && p.y <= b.y;
   return n;
@@ -686,9 +714,12 @@ ImVec4 Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) cons
   for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.label.c_str()).x);
   w += 26 * u;
   float h = line * static_cast<float>(entries.size()) + 6;
-  // A legend that would hide half the data (a small plot on a small window) is left out; the
-  // same series are named in the view's larger plots or its text.
-  if (w * h > 0.5f * (p1_.x - p0_.x) * (p1_.y - p0_.y)) return ImVec4(0, 0, 0, 0);
+  // A legend that would hide half the data (a small plot on a small window, a projector's
+  // scale) takes a band outside it from the next frame on.
+  if (w * h > 0.5f * (p1_.x - p0_.x) * (p1_.y - p0_.y)) {
+    keep_band(entries);
+    return ImVec4(0, 0, 0, 0);
+  }
   auto box_at = [&](Corner c) {
     const bool right = c == Corner::TopRight || c == Corner::BottomRight;
     const bool top = c == Corner::TopRight || c == Corner::TopLeft;
@@ -793,11 +824,15 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
   ImGui::Dummy(size);
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const float lh = ImGui::GetTextLineHeight();
-  const float bar_w = 14 * lh / ImGui::GetFontSize();
-  // The title sits a full line above the bar's top value label (which is centred on the top).
-  ImVec2 a(o.x, o.y + lh * 1.5f + 6), b(o.x + bar_w, o.y + size.y - lh / 2);
-  dl->PushClipRect(o, ImVec2(o.x + std::max(size.x, 1.0f), o.y + size.y), true);
-  dl->AddText(o, kColAxisText, label.c_str());
+  const float bar_w = 14 * ImGui::GetFontSize() / 15.0f;
+  // The title (wrapped at spaces to the width) sits half a line above the bar's top value label
+  // (which is centred on the top).
+  const float wrap = std::max(size.x, 1.0f);
+  const float title_h = ImGui::CalcTextSize(label.c_str(), nullptr, false, wrap).y;
+  ImVec2 a(o.x, o.y + std::max(lh, title_h) + lh / 2 + 6), b(o.x + bar_w, o.y + size.y - lh / 2);
+  if (b.y < a.y + 10) b.y = a.y + 10;
+  dl->PushClipRect(o, ImVec2(o.x + wrap, o.y + size.y), true);
+  dl->AddText(ImGui::GetFont(), ImGui::GetFontSize(), o, kColAxisText, label.c_str(), nullptr, wrap);
   dl->PopClipRect();
   const int steps = 48;
   for (int i = 0; i < steps; ++i) {
@@ -820,6 +855,23 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
     dl->AddText(ImVec2(b.x + 6, y - lh / 2), kColAxisText, buf);
   }
   (void)id;
+}
+
+float colour_bar_width(double vmin, double vmax, const std::string& label) {
+  const float u = ImGui::GetFontSize() / 15.0f;
+  float ticks = 0;
+  for (int k = 0; k <= 4; ++k) {  // the labels colour_bar may write ("%.3g")
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", vmin + (vmax - vmin) * k / 4);
+    ticks = std::max(ticks, ImGui::CalcTextSize(buf).x);
+  }
+  float word = 0;
+  for (size_t at = 0; at < label.size();) {
+    const size_t end = std::min(label.find(' ', at), label.size());
+    word = std::max(word, ImGui::CalcTextSize(label.c_str() + at, label.c_str() + end).x);
+    at = end + 1;
+  }
+  return std::max(14 * u + 6 + ticks, word) + 4 * u;
 }
 
 void legend_swatch(ImU32 colour, const char* text) {

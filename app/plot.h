@@ -77,18 +77,18 @@ class Plot {
   // A boxed legend inside the data area, at `corner` unless its box would cover what this plot
   // drew there (lines, markers, bands, bars: every series method notes where it drew): then at
   // the first free place of the other corners, the edges' middles and the centre. Where every
-  // place covers data, the plot keeps a band for it outside its data area from the next frame on
-  // (rows above the data, or a column right of it on a short plot; by the plot's id, for as long
-  // as the app runs), unless the band would take more than half the data area: then it stays
-  // inside, where it covers the fewest drawn points.
-  // Returns the box drawn (x0, y0, x1, y1), all zero when the legend was left out.
+  // place covers data, or the box would take half the data area, the plot keeps a band for it
+  // outside its data area from the next frame on (rows above the data; a column right of it on
+  // a short plot; else rows with the plot grown by them; by the plot's id, for as long as the app
+  // runs). Returns the box drawn (x0, y0, x1, y1), all zero when none was drawn this frame.
   ImVec4 legend(const std::vector<LegendEntry>& entries, Corner corner = Corner::TopRight) const;
   // The corner of the data area with the fewest of these screen points (for the legend).
   Corner emptiest_corner(const std::vector<ImVec2>& points) const;
   // Notes screen points drawn on the plot's draw list directly (arrows, paths), so that the
   // legend avoids them too.
   void note_drawn(const std::vector<ImVec2>& points) const;
-  // How many of the drawn points lie in the screen rectangle [a, b].
+  // How many of the drawn points lie in the screen rectangle [a, b] or within 3 px (at 1x) of
+  // it: points are the centres of markers and thick lines.
   int drawn_in(ImVec2 a, ImVec2 b) const;
 
   // The legend's rows above the data area (legend()): their height for `width` pixels; and the
@@ -139,9 +139,13 @@ HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,
                    const std::function<ImU32(int, int)>& colour,
                    const std::function<std::string(int, int)>& cell_text = {});
 
-// Vertical colour bar with min/max/mid labels; `size` as for Plot.
+// Vertical colour bar with min/max/mid labels; `size` as for Plot. The label is wrapped at
+// spaces to the width (the bar starts below it).
 void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double vmax,
                 const std::string& label);
+// The width colour_bar needs at the current UI scale: the bar and its widest value label, or the
+// label's longest word. (Fixed pixel widths cut "rel. error" to "rel. e" at 2.5x.)
+float colour_bar_width(double vmin, double vmax, const std::string& label);
 
 // Every legend Plot::legend drew since the last clear_legend_log(), with how many of its plot's
 // drawn points its box covers (0 unless every place tried holds data): the layout test counts

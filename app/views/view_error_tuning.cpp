@@ -312,7 +312,7 @@ void ErrorView::draw_grid_panel(const char* id, const Grid2Result& g,
     label_w = std::max(label_w, ImGui::CalcTextSize(b).x);
   }
   label_w += px(8);
-  const float bar_w = px(70);
+  const float bar_w = colour_bar_width(lo, hi, bar_label);
   const float map_w = std::max(px(60), size.x - label_w - bar_w - px(8));
   const float map_h = std::max(px(60), std::min(size.y - 3 * lh - px(16), map_w * 0.9f));
   ImDrawList* dl = ImGui::GetWindowDrawList();

@@ -145,21 +145,28 @@ int WalkView::draw_discrepancy_plot(const char* id, const WalkTrace& t, const Wa
     for (size_t i = 0; i < v->size() && i < xs.size(); ++i)
       if (!log_axis || (*v)[i] > 0) occupied.push_back(plot.to_screen(xs[i], (*v)[i]));
   const Plot::Corner legend_at = plot.emptiest_corner(occupied);
+  // The note sits in a bottom corner the legend does not ask for, and is noted as drawn so that
+  // the legend, wherever it goes, does not cover it.
+  const char* note = "balance holds per direction, not in norm";
+  const ImVec2 ts = ImGui::CalcTextSize(note);
+  const bool note_left = legend_at != Plot::Corner::BottomLeft;
+  const bool show_note = ts.x < plot.inner_max().x - plot.inner_min().x - 12;
+  const ImVec2 note_at(note_left ? plot.inner_min().x + 6 : plot.inner_max().x - ts.x - 6,
+                       plot.inner_max().y - ts.y - 4);
+  if (show_note) {
+    std::vector<ImVec2> note_box;
+    for (float fx = 0; fx <= 1.0f; fx += 0.05f)
+      for (float fy : {0.0f, 0.5f, 1.0f})
+        note_box.emplace_back(note_at.x + fx * ts.x, note_at.y + fy * ts.y);
+    plot.note_drawn(note_box);
+  }
   if (with_legend)
     plot.legend({{"along query " + q + " (walk)", kColQueryLine},
                  {"kernel norm sqrt(s^T K s) (walk)", kColKernelLine},
                  {"random signs, along query (dashed)", kColRandom},
                  {"random signs, kernel norm (dashed)", kColRandomKernel}},
                 legend_at);
-  ImDrawList* dl = plot.draw_list();
-  // The note sits in a bottom corner the legend does not use.
-  const char* note = "balance holds per direction, not in norm";
-  const ImVec2 ts = ImGui::CalcTextSize(note);
-  const bool note_left = legend_at == Plot::Corner::BottomRight;
-  if (ts.x < plot.inner_max().x - plot.inner_min().x - 12)
-    dl->AddText(ImVec2(note_left ? plot.inner_min().x + 6 : plot.inner_max().x - ts.x - 6,
-                       plot.inner_max().y - ts.y - 4),
-                kColAxisText, note);
+  if (show_note) plot.draw_list()->AddText(note_at, kColAxisText, note);
   return plot.hovered() ? plot.nearest_x(x) : -1;
 }
 

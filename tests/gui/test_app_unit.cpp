@@ -3,6 +3,7 @@
 // writer, the software rasteriser, and the input queue (clicks and key chords that arrive
 // between two slow frames, the Open dialog's double-click).
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <stb_image.h>
 
 #define GLFW_INCLUDE_NONE  // key and action codes only
@@ -34,6 +35,7 @@
 #include "app/plot.h"
 #include "app/recent_files.h"
 #include "app/result_status.h"
+#include "app/sides_record.h"
 #include "app/soft_render.h"
 #include "app/token_marks.h"
 #include "engine/eval/reference_cache.h"
@@ -898,6 +900,90 @@ TEST(Costs, AGridSplitsColdBuildsFromWarmScoring) {
   EXPECT_EQ(ReferenceCache::global().stats().misses, built) << "the second grid built a side";
 }
 
+// Reopening a capture reads its exact sides from the reference cache's disk tier: the app keeps a
+// record of the sides it saw beside the tier's files (app/sides_record.h), so the reopened
+// capture's first grid estimate costs no build (it said 25 s for a 13 s grid on a reopened
+// 8192-token capture), and the grid indeed builds none.
+TEST(Costs, AReopenedCaptureCostsNoBuildForTheSidesOnDisk) {
+  const fs::path dir = fs::temp_directory_path() / ("kvscope_sides_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ReferenceCache& cache = ReferenceCache::global();
+  cache.set_disk(dir.string(), size_t{1} << 30);
+  cache.clear();
+  const std::string capture = synth_capture(2048);
+  {
+    AppState s;
+    s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"uniform", {}}};
+    s.settings.ab_enabled = false;
+    s.request_open(capture);
+    ASSERT_TRUE(pump(s, [&] { return fresh(s, kGrid); }, 120)) << s.load_error;
+    const CaptureInfo& ci = s.capture->info();
+    const size_t heads = static_cast<size_t>(ci.num_layers * ci.kv_heads);
+    ASSERT_EQ(s.exact_sides_seen.size(), heads);
+    EXPECT_EQ(s.sides_record, sides_record_file(dir.string(), capture));
+    // The record is written in the background as the cells come in.
+    ASSERT_TRUE(pump(s, [&] { return read_sides_record(s.sides_record).size() == heads; }, 30))
+        << s.sides_record;
+  }
+  cache.clear();  // a new run of the app: only the disk holds the sides
+  const long long missed = cache.stats().misses, read = cache.stats().disk_hits,
+                  written = cache.stats().disk_writes;
+  AppState s;
+  s.settings.method = {MethodChoice{"uniform", {}}, MethodChoice{"uniform", {}}};
+  s.settings.ab_enabled = false;
+  s.costs.record("eval:uniform", 1, 1e-9);
+  s.costs.record(kExactCostClass, 1, 1e-9);
+  s.request_open(capture);
+  ASSERT_TRUE(pump(s, [&] { return s.capture != nullptr; })) << s.load_error;
+  const CaptureInfo& ci = s.capture->info();
+  EXPECT_EQ(s.exact_sides_on_disk.size(), static_cast<size_t>(ci.num_layers * ci.kv_heads));
+  EXPECT_TRUE(s.exact_sides_seen.empty());
+  s.reconcile();
+  const double cells = ci.num_layers * ci.kv_heads *
+                       (find_method("uniform")->depends_on_seed() ? s.grid_seeds() : 1);
+  const double warm = cells * s.costs.per_unit("eval:uniform") * head_units(ci, s.window()) /
+                      std::max(1u, std::thread::hardware_concurrency());
+  EXPECT_NEAR(s.result(kGrid).estimate_s, warm, 1e-9 * warm) << "the sides on disk cost a build";
+  ASSERT_TRUE(pump(s, [&] { return fresh(s, kGrid); }, 120));
+  // Every side the grid missed in memory came from the disk, none was built (a build is written).
+  const ReferenceCacheStats after = cache.stats();
+  EXPECT_EQ(after.disk_writes, written) << "the reopened capture's grid built a side";
+  EXPECT_EQ(after.disk_hits - read, after.misses - missed);
+  EXPECT_GE(after.disk_hits - read, ci.num_layers * ci.kv_heads);
+  cache.set_disk("", 0);
+  fs::remove_all(dir);
+}
+
+// The record of a capture's sides: named by the capture file's path, size and modification time
+// (an edited capture gets a new one); lines that are not four whole numbers joined by '|' are
+// skipped, as a torn or foreign file's are.
+TEST(SidesRecord, NamedByTheFileAndReadLineByLine) {
+  const fs::path dir = fs::temp_directory_path() / ("kvscope_record_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path capture = dir / "c.safetensors";
+  std::ofstream(capture) << "not read";
+  const std::string file = sides_record_file(dir.string(), capture.string());
+  ASSERT_FALSE(file.empty());
+  EXPECT_EQ(fs::path(file).parent_path(), dir);
+  EXPECT_EQ(sides_record_file(dir.string(), capture.string()), file);
+  EXPECT_EQ(sides_record_file("", capture.string()), "") << "the disk tier off: no record";
+  EXPECT_EQ(sides_record_file(dir.string(), (dir / "missing").string()), "");
+  fs::last_write_time(capture, fs::last_write_time(capture) + std::chrono::seconds(5));
+  EXPECT_NE(sides_record_file(dir.string(), capture.string()), file) << "an edited capture";
+  EXPECT_TRUE(read_sides_record(file).empty()) << "no record yet";
+  std::ofstream(file) << "0|128|0|1\n4|256|31|7\n\nx|1|2|3\n1|2|3\n1||2|3\n1|2|3|4|\n|1|2|3\n"
+                      << "12|34|5|6";  // a torn last line still whole here
+  EXPECT_EQ(read_sides_record(file),
+            (std::set<std::string>{"0|128|0|1", "4|256|31|7", "12|34|5|6"}));
+  {
+    SidesRecordWriter writer;
+    EXPECT_TRUE(writer.write(file, {"1|2|3|4", "5|6|7|8"}));
+  }  // the destructor waits for the write
+  EXPECT_EQ(read_sides_record(file), (std::set<std::string>{"1|2|3|4", "5|6|7|8"}));
+  fs::remove_all(dir);
+}
+
 // A sweep's estimate costs each head's exact side once (the reference cache shares it between
 // every method, ratio and seed) and each run its selection and scoring: three seeds of BalanceKV
 // cost less than three times one seed. (Costing every run as a whole head run estimated the
@@ -1571,10 +1657,11 @@ TEST(Plot, ALegendWithNoFreePlaceMovesOutOfTheDataFromTheNextFrame) {
         for (int j = 0; j <= 30; ++j) x.push_back(i / 30.0), y.push_back(j / 30.0);
       plot.markers(x, y, IM_COL32(255, 255, 255, 255));
       box[frame] = plot.legend(entries, Plot::Corner::TopRight);
-      // (Inside the box by a pixel: the markers on the data area's top edge are drawn clipped
-      // to it, below a band that ends there.)
-      covered[frame] = plot.drawn_in(ImVec2(box[frame].x + 1, box[frame].y + 1),
-                                     ImVec2(box[frame].z - 1, box[frame].w - 1));
+      // (Inside the box by 4 px: drawn_in counts points within 3 px of the rectangle, and the
+      // markers on the data area's top edge are drawn clipped to it, below a band that ends
+      // there.)
+      covered[frame] = plot.drawn_in(ImVec2(box[frame].x + 4, box[frame].y + 4),
+                                     ImVec2(box[frame].z - 4, box[frame].w - 4));
       inner_min[frame] = plot.inner_min();
       inner_max[frame] = plot.inner_max();
       ImGui::End();
@@ -1589,6 +1676,44 @@ TEST(Plot, ALegendWithNoFreePlaceMovesOutOfTheDataFromTheNextFrame) {
               (inner_max[0].x - inner_min[0].x) * (inner_max[0].y - inner_min[0].y))
         << id << ": the band is taken from the data area";
   }
+  ImGui::DestroyContext();
+}
+
+// A legend too large for its plot's data area (five long entries on the least plot) is neither
+// left over the data nor left out: from the next frame on the plot grows by a band of rows above
+// its data, which keep their height.
+TEST(Plot, ALegendTooLargeForItsPlotGrowsThePlotByItsBand) {
+  [[maybe_unused]] SoftTexture font = soft_init(1000, 700);
+  ImGui::GetIO().DeltaTime = 1.0f / 60.0f;
+  std::vector<Plot::LegendEntry> entries;
+  for (const char* name : {"random signs, along query (dashed)", "kernel norm sqrt(s^T K s)",
+                           "random signs, kernel norm (dashed)", "along query 479 (walk)",
+                           "the halving cut"})
+    entries.push_back({name, IM_COL32(200, 200, 200, 255)});
+  ImVec4 box[2];
+  ImVec2 inner_min[2], inner_max[2], item[2], item_min[2];
+  for (int frame = 0; frame < 2; ++frame) {
+    ImGui::NewFrame();
+    ImGui::SetNextWindowPos(ImVec2(0, 0));
+    ImGui::SetNextWindowSize(ImVec2(1000, 700));
+    ImGui::Begin("plots", nullptr, ImGuiWindowFlags_NoDecoration);
+    Plot plot("##least", min_plot_size(), "small", Axis{"x", 0, 1}, Axis{"y", 0, 1});
+    item[frame] = ImGui::GetItemRectSize();
+    item_min[frame] = ImGui::GetItemRectMin();
+    plot.line({0, 1}, {0, 1}, IM_COL32(255, 255, 255, 255));
+    box[frame] = plot.legend(entries);
+    inner_min[frame] = plot.inner_min();
+    inner_max[frame] = plot.inner_max();
+    ImGui::End();
+    ImGui::Render();
+  }
+  EXPECT_EQ(box[0].z - box[0].x, 0) << "the box would take half the data area: not drawn inside";
+  ASSERT_GT(box[1].z - box[1].x, 0) << "the second frame draws the legend in its band";
+  EXPECT_LE(box[1].w, inner_min[1].y + 0.5f) << "the band is above the data area";
+  EXPECT_GE(box[1].y, item_min[1].y) << "the band is inside the plot's frame";
+  EXPECT_GT(item[1].y, item[0].y) << "the plot grew by its band";
+  EXPECT_NEAR(inner_max[1].y - inner_min[1].y, inner_max[0].y - inner_min[0].y, 0.5f)
+      << "the data area kept its height";
   ImGui::DestroyContext();
 }
 
