@@ -531,6 +531,7 @@ void AppUi::export_all_json(const std::string& dir) const {
     st["autosave"] = {{"file", autosave_->file().string()},
                       {"writes", autosave_->writes()},
                       {"last_write_s", autosave_->last_write_s()},
+                      {"last_delay_s", autosave_->last_delay_s()},
                       {"held", autosave_->held()}};
   st["backend_active"] = s_.backend_active;
   st["backend_note"] = s_.backend_note;

@@ -117,6 +117,7 @@ std::string Autosave::update(const nlohmann::json& session, double now_s) {
   }
   if (dirty_ && !held_ && !inflight_.valid() && now_s - last_change_s_ >= delay_s_) {
     dirty_ = false;
+    last_delay_s_ = now_s - last_change_s_;
     start_write(last_session_, false);
   }
   return error;

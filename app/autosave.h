@@ -44,6 +44,9 @@ class Autosave {
   bool writing() const { return inflight_.valid(); }
   int writes() const { return writes_; }           // writes finished (good or not)
   double last_write_s() const { return last_s_; }  // wall time of the last finished write
+  // Seconds from the session's last change to the start of the last write, on the clock
+  // update() is given (at least delay_s: the debounce, as the app itself measured it).
+  double last_delay_s() const { return last_delay_s_; }
 
   // What the previous run left. `offer`: it did not quit cleanly and its session passes `check`
   // (AppUi::check_session; a capture that is not there any more is still offered: restoring
@@ -73,6 +76,7 @@ class Autosave {
   std::string last_text_;  // the session last seen (its dump)
   nlohmann::json last_session_;
   double last_change_s_ = 0;
+  double last_delay_s_ = 0;
   bool dirty_ = false;  // last_text_ not written yet
   struct Outcome {
     std::string error;

@@ -141,7 +141,6 @@ TEST_F(TokensWindow, BrushZoomsTheStripAndTheBinsAccountForEveryToken) {
         return tv["zoom"]["first"] == 0 && tv["zoom"]["last"] == n;
       },
       kWaitS, "the zoom to reset");
-  EXPECT_LT(elapsed(), 60);
 }
 
 }  // namespace
