@@ -586,6 +586,7 @@ void AppUi::export_all_json(const std::string& dir) const {
     recent_app_cpu.push_back(app_cpu_ms_[i % kFrameRing]);
   }
   st["frames"] = {{"count", frames_},
+                  {"presented", presented_frames_},
                   {"recent_ms", recent},
                   {"recent_app_ms", recent_app},
                   {"recent_app_cpu_ms", recent_app_cpu}};

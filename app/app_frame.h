@@ -185,6 +185,9 @@ class AppUi {
   // state.json exports how many frames were drawn (a heartbeat) and the last kFrameRing of each.
   static constexpr size_t kFrameRing = 1024;
   void note_frame_time(double ms, double app_ms, double app_cpu_ms);
+  // A frame was rendered and shown; the frame loop skips frames equal to the one on screen
+  // (state.json: frames.presented of frames.count).
+  void note_frame_presented() { ++presented_frames_; }
 
  private:
   void draw_menu();
@@ -238,6 +241,7 @@ class AppUi {
   std::string recent_seen_path_;  // capture path last noted in the recent list
   std::unique_ptr<Autosave> autosave_;
   uint64_t frames_ = 0;             // frames reported by note_frame_time
+  uint64_t presented_frames_ = 0;   // of those, rendered and shown (note_frame_presented)
   std::vector<float> frame_ms_;     // ring: frame i at i % kFrameRing
   std::vector<float> app_ms_;       // the same frames' own work (note_frame_time)
   std::vector<float> app_cpu_ms_;   // ... and its CPU time on the UI thread

@@ -20,6 +20,7 @@
 #include "app/headless.h"
 #include "app/input_queue.h"
 #include "app/memory_stats.h"
+#include "app/point_renderer.h"
 #include "app/recent_files.h"
 #include "app/screenshot.h"
 #include "app/soft_render.h"
@@ -72,25 +73,47 @@ void on_drop(GLFWwindow*, int count, const char** paths) {
   if (g_state && count > 0) g_state->request_open(paths[count - 1]);
 }
 
+// Set when the window system asks for the window's contents again (uncovered, restored): the
+// next frame is presented even when it equals the one presented last.
+bool g_window_exposed = true;
+void on_window_refresh(GLFWwindow*) {
+  g_window_exposed = true;
+}
+
 void on_glfw_error(int code, const char* what) {
   std::fprintf(stderr, "kvscope: GLFW error %d: %s\n", code, what);
 }
 
-// A cheap fingerprint of a frame's geometry. When a frame differs from the previous one without
-// any input (a view playing back a walk, a caret blinking) the loop keeps drawing; when the
-// picture is still, it sleeps until input or a worker result arrives.
+// A cheap fingerprint of a frame's picture: its size, geometry, colours, texture coordinates and
+// textures, and the revision of the point textures (drawn outside the draw data). When a frame
+// differs from the previous one without any input (a view playing back a walk, a caret
+// blinking) the loop keeps drawing; when the picture is still, it sleeps until input or a worker
+// result arrives, and a frame equal to the one on screen is not rendered again.
 uint64_t frame_fingerprint(const ImDrawData* dd) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint64_t>(u);
+  };
+  mix(kvscope::app::points_texture_revision());
   if (!dd) return h;
+  mix((bits(dd->DisplaySize.x) << 32) ^ bits(dd->DisplaySize.y));
+  mix((bits(dd->FramebufferScale.x) << 32) ^ bits(dd->FramebufferScale.y));
   for (int l = 0; l < dd->CmdListsCount; ++l) {
     const ImDrawList* list = dd->CmdLists[l];
     mix(static_cast<uint64_t>(list->VtxBuffer.Size));
     for (const ImDrawVert& v : list->VtxBuffer) {
-      uint32_t x, y;
-      std::memcpy(&x, &v.pos.x, 4);
-      std::memcpy(&y, &v.pos.y, 4);
-      mix((static_cast<uint64_t>(x) << 32) ^ y ^ (static_cast<uint64_t>(v.col) << 17));
+      mix((bits(v.pos.x) << 32) ^ bits(v.pos.y) ^ (static_cast<uint64_t>(v.col) << 17));
+      mix((bits(v.uv.x) << 32) ^ bits(v.uv.y));
+    }
+    for (const ImDrawCmd& cmd : list->CmdBuffer) {
+      mix(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(cmd.TextureId)));
+      mix((static_cast<uint64_t>(cmd.ElemCount) << 32) ^ cmd.IdxOffset ^
+          (uint64_t{cmd.VtxOffset} << 20));
+      mix((bits(cmd.ClipRect.x) << 32) ^ bits(cmd.ClipRect.y));
+      mix((bits(cmd.ClipRect.z) << 32) ^ bits(cmd.ClipRect.w));
     }
   }
   return h;
@@ -349,18 +372,25 @@ class FrameLoop {
   // Renders with GL, writes the PNGs asked for (F10, a --screenshot once ready), swaps.
   void present_and_capture() {
     using namespace kvscope::app;
+    const uint64_t fp = frame_fingerprint(ImGui::GetDrawData());
+    if (fp != last_fingerprint_) last_change_ = Clock::now();
+    last_fingerprint_ = fp;
+    std::vector<AppUi::PngRequest> requests = ui_.take_png_requests();
+    // The picture on screen already: rendering it again would only spend the CPU (a software
+    // rasteriser took about 10% of a core for the idle app's two frames a second).
+    if (!headless_ && requests.empty() && fp == presented_fingerprint_ && !g_window_exposed) return;
+    g_window_exposed = false;
+    presented_fingerprint_ = fp;
+    ui_.note_frame_presented();
     int fw = 0, fh = 0;
     glfwGetFramebufferSize(window_, &fw, &fh);
     glViewport(0, 0, fw, fh);
     glClearColor(0.09f, 0.10f, 0.11f, 1.0f);
     glClear(GL_COLOR_BUFFER_BIT);
     ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
-    const uint64_t fp = frame_fingerprint(ImGui::GetDrawData());
-    if (fp != last_fingerprint_) last_change_ = Clock::now();
-    last_fingerprint_ = fp;
     const ImVec2 scale = ImGui::GetIO().DisplayFramebufferScale;
     std::vector<AppUi::PngRequest> dense;
-    for (const auto& req : ui_.take_png_requests()) {
+    for (const auto& req : requests) {
       if (req.density > 1) {
         dense.push_back(req);  // after this frame is shown
         continue;
@@ -433,6 +463,7 @@ class FrameLoop {
   Clock::time_point last_input_ = t0_;  // the last frame that saw input
   Clock::time_point last_frame_start_ = t0_;
   uint64_t last_fingerprint_ = 0;
+  uint64_t presented_fingerprint_ = 0;  // of the frame on screen
   std::string window_title_path_;
   // Free memory is given back once the app has gone still after activity (app/memory_stats.h).
   bool active_since_trim_ = false;
@@ -477,6 +508,7 @@ int main(int argc, char** argv) {
     FrameLoop loop(window, state, ui, o);
     ui.on_quit = [&loop] { loop.quit(); };
     glfwSetDropCallback(window, on_drop);
+    glfwSetWindowRefreshCallback(window, on_window_refresh);
     try {
       apply_options(state, ui, o.view);
     } catch (const kvscope::InputError& e) {

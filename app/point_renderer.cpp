@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <type_traits>
@@ -169,6 +170,10 @@ struct GpuPoint {
   ImU32 colour;  // R, G, B, A bytes in memory (ImGui's IM_COL32 layout)
 };
 
+// Counts the renders into any point texture: a frame whose geometry is unchanged still shows new
+// content when this moved (see points_texture_revision).
+uint64_t g_points_revision = 0;
+
 }  // namespace
 
 struct PointRenderer::Gl {
@@ -177,6 +182,9 @@ struct PointRenderer::Gl {
   GLint u_canvas = -1;
   int tex_w = 0, tex_h = 0;
   std::vector<GpuPoint> staging;
+  std::vector<GpuPoint> rendered;  // what the texture holds now
+  float rendered_w = 0, rendered_h = 0;
+  ImU32 rendered_clear = 0;
 
   ~Gl() {
     // Only when a context is still current (the app destroys views before the window).
@@ -286,12 +294,22 @@ struct PointRenderer::Gl {
   // window), leaving every piece of GL state it touched as it found it.
   bool render(float canvas_w, float canvas_h, int fb_w, int fb_h, ImU32 clear,
               const std::vector<PointInstance>& points) {
+    const bool resized = fb_w != tex_w || fb_h != tex_h || !fbo;
     if (!ensure_target(fb_w, fb_h)) return false;
     staging.resize(points.size());
     for (size_t i = 0; i < points.size(); ++i) {
       const PointInstance& p = points[i];
       staging[i] = GpuPoint{p.x, p.y, p.radius, static_cast<float>(p.shape), p.colour};
     }
+    // The same points on the same canvas: the texture already holds them. Drawing them again
+    // would cost a software rasteriser (Xvfb, a VM without a GPU) most of an idle app's CPU.
+    if (!resized && canvas_w == rendered_w && canvas_h == rendered_h && clear == rendered_clear &&
+        staging.size() == rendered.size() &&
+        std::memcmp(staging.data(), rendered.data(), staging.size() * sizeof(GpuPoint)) == 0)
+      return true;
+    rendered = staging;
+    rendered_w = canvas_w, rendered_h = canvas_h, rendered_clear = clear;
+    ++g_points_revision;
     GLint prev_fbo = 0, prev_program = 0, prev_vao = 0, prev_vbo = 0, viewport[4];
     api.GetIntegerv(GL_DRAW_FRAMEBUFFER_BINDING, &prev_fbo);
     api.GetIntegerv(GL_CURRENT_PROGRAM, &prev_program);
@@ -347,6 +365,10 @@ struct PointRenderer::Gl {
     return api.GetError() == GL_NO_ERROR;
   }
 };
+
+uint64_t points_texture_revision() {
+  return g_points_revision;
+}
 
 void request_next_frame() {
   using PostFn = void (*)();

@@ -56,6 +56,10 @@ class PointRenderer {
                        const std::vector<PointInstance>& points);
 };
 
+// Moves whenever a PointRenderer drew new content into its texture: the frame loop presents a
+// frame whose draw data is unchanged only when this moved (the texture is not in the draw data).
+uint64_t points_texture_revision();
+
 // Asks the windowed app for another frame right away (glfwPostEmptyEvent, looked up at run time):
 // views that animate on their own (the Walk view's playback) call it every frame while playing,
 // since the app otherwise sleeps until input arrives. A no-op without a GLFW window.

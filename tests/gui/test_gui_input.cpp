@@ -6,7 +6,7 @@
 // ratio slider, change gamma, switch method B twice, check that the grid and the sweep show
 // numbers and no error, export a PNG through the dialog and check it is exactly the view, save a
 // session and reopen it from the menu, open a broken file (the capture stays), and the Open
-// dialog's Escape, Enter and double-click.
+// dialog's Escape, Enter and double-click; last, a still picture is not rendered again.
 //
 // Built for a loaded 2-core CI machine: nothing waits a fixed time for the app; every wait polls
 // the app's state (F9) with a generous limit, and a failure names the step and shows what the
@@ -265,6 +265,22 @@ TEST_F(RealWindow, IssueTwelveFlow) {
   st = wait_for([](const json& s) { return fresh(s, "grid"); }, kComputeWaitS,
                 "the grid of the other sample");
   EXPECT_EQ(st["results"]["grid"]["error"], "") << "step " << step_;
+
+  step("13: a still picture is drawn for ImGui's timers but not rendered and shown again");
+  st = settled();
+  pause_ms(1000);  // the frames after the last change (the loop draws on for 0.25 s)
+  st = state();
+  const uint64_t drawn0 = st["frames"]["count"], shown0 = st["frames"]["presented"];
+  pause_ms(4000);  // about 8 idle frames (one per 0.5 s), fewer on a loaded machine
+  st = state();
+  const uint64_t drawn = st["frames"]["count"].get<uint64_t>() - drawn0;
+  const uint64_t shown = st["frames"]["presented"].get<uint64_t>() - shown0;
+  note(std::to_string(drawn) + " frames drawn in 4 s, " + std::to_string(shown) + " presented");
+  // The F9 / F8 presses that read the state draw a few frames; at most those are shown (the
+  // status line's "wrote ..."): a picture that moves while nothing happens shows up here.
+  EXPECT_LE(shown, 4u) << "step " << step_ << ": " << shown << " of " << drawn
+                       << " idle frames were presented";
+  EXPECT_GE(drawn, shown + 2) << "step " << step_ << ": " << drawn << " frames drawn";
   step("done");
 }
 
