@@ -243,6 +243,7 @@ void save_ui_scale_pref(float scale) {
 AppUi::AppUi(AppState& s) : s_(s), views_(make_views()) {
   rects_.resize(views_.size());
   areas_.resize(views_.size());
+  scroll_max_x_.assign(views_.size(), 0.0f);
   drawn_frames_.assign(views_.size(), 0);
   for (const std::string& v : s.settings.panel_view) show_view(v);
   show_view(s.settings.active_view);
@@ -372,6 +373,12 @@ ScreenRect AppUi::view_area(const std::string& name) const {
   for (size_t i = 0; i < views_.size(); ++i)
     if (name == views_[i]->name()) return areas_[i];
   return {};
+}
+
+float AppUi::view_scroll_max_x(const std::string& name) const {
+  for (size_t i = 0; i < views_.size(); ++i)
+    if (name == views_[i]->name()) return scroll_max_x_[i];
+  return 0;
 }
 
 std::vector<AppUi::PngRequest> AppUi::take_png_requests() {
@@ -867,9 +874,16 @@ void AppUi::draw_view_in_child(size_t i) {
   const ImVec2 wp = ImGui::GetWindowPos(), ws = ImGui::GetWindowSize();
   clear_figure_top();
   set_presenting_view(presenting_);
+  // Text wraps at the view's visible width. ImGui's own default in a window that scrolls
+  // sideways is the scrolled width, which a line too wide once then keeps wide (the Geometry
+  // view's status line cut at 2x, with a scrollbar under the whole view); and a plain Text
+  // longer than the view wraps too instead of running off its edge.
+  ImGui::PushTextWrapPos(ImGui::GetWindowContentRegionMax().x + ImGui::GetScrollX());
   views_[i]->draw(s_);
+  ImGui::PopTextWrapPos();
   set_presenting_view(false);
   areas_[i] = {wp.x, wp.y, wp.x + ws.x, wp.y + ws.y};
+  scroll_max_x_[i] = ImGui::GetScrollMaxX();
   rects_[i] = areas_[i];
   const float top = figure_top();
   if (top > wp.y && top < wp.y + ws.y) rects_[i].y0 = top;

@@ -95,6 +95,8 @@ class AppUi {
   ScreenRect view_rect(const std::string& name) const;
   // The whole area of the view including its toolbar (still without the tab bar).
   ScreenRect view_area(const std::string& name) const;
+  // How far the named view scrolled sideways could go when last drawn (0: it fits its width).
+  float view_scroll_max_x(const std::string& name) const;
 
   // UI scale (for a projector, 1x..2.5x; Ctrl +/- and Ctrl 0). A change takes effect at the
   // next frame: the renderer calls take_font_rebuild() before NewFrame and, when it returns
@@ -221,7 +223,8 @@ class AppUi {
   std::vector<SvgRequest> svg_requests_;
   bool svg_frame_ = false;  // this frame is drawn without anti-aliasing for an SVG
   bool saved_aa_lines_ = true, saved_aa_fill_ = true;
-  std::vector<ScreenRect> areas_;  // per view: the view's whole area
+  std::vector<ScreenRect> areas_;    // per view: the view's whole area
+  std::vector<float> scroll_max_x_;  // per view: ImGui's ScrollMaxX of its child window
   float ui_scale_ = 1.0f;
   bool font_rebuild_ = false;
   float left_w_ = 0;  // <= 0: default

@@ -471,7 +471,12 @@ void AppState::check_probes() {
                                   [&](const JobInfo& j) { return j.key == name && j.running; });
     if (job == jobs.end()) continue;  // still queued: its clock starts when it runs
     const auto now = probe_clock();
-    if (r.probe_start == std::chrono::steady_clock::time_point{}) r.probe_start = now;
+    // From when the job started running, not from when a frame first saw it: a UI thread late
+    // to look (a busy machine, a long frame) saw a third of a 60 s t-SNE done "in a second" and
+    // let it run on as short.
+    if (r.probe_start == std::chrono::steady_clock::time_point{})
+      r.probe_start = now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(job->elapsed_s));
     const double elapsed = std::chrono::duration<double>(now - r.probe_start).count();
     if (elapsed < kProbeSeconds) continue;
     const bool paced = job->total > 0 && job->done > 0;

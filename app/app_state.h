@@ -164,8 +164,8 @@ struct Result {
   double estimate_s = -1;  // expected seconds for `want` (-1: unknown)
   std::string estimate_text;
   // A job whose estimate is above its plan's limit starts anyway and measures itself
-  // (AppState::check_probes): `probing` is its key while it does, from `probe_start` (set when it
-  // is first seen running). When it runs past `probe_limit_s`, or its own progress says it will
+  // (AppState::check_probes): `probing` is its key while it does, from `probe_start` (when it
+  // started running, as the worker reports it). When it runs past `probe_limit_s`, or its own progress says it will
   // take far longer, it is stopped and held with that estimate (`measured` is then its key, and
   // the estimate stays until the key changes); otherwise it runs on.
   std::string probing;

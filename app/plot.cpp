@@ -375,6 +375,7 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
       if (b.size > (1 - kBandKeepsRows) * (p1_.y - p0_.y)) {
         size.y += b.size;
         p1_.y += b.size;
+        band_grew_ = true;
       }
       p0_.y += b.size;
     } else if (p1_.x - p0_.x > 2.5f * b.size) {
@@ -383,6 +384,7 @@ Plot::Plot(const char* id, ImVec2 size, const std::string& title, Axis x, Axis y
     }
   }
   ImGui::InvisibleButton(id, size);
+  log_figure(ImGui::GetItemRectMin(), ImGui::GetItemRectMax());
   hovered_ = ImGui::IsItemHovered();
   clicked_ = ImGui::IsItemClicked(ImGuiMouseButton_Left);
   // y ticks first: the left margin is the widest tick label.
@@ -578,8 +580,16 @@ Plot::Corner Plot::emptiest_corner(const std::vector<ImVec2>& points) const {
 
 namespace {
 std::vector<PlacedLegend> g_legends;  // since clear_legend_log(); the UI thread's only
+std::vector<ImVec4> g_figures;        // the same for figures (log_figure)
 bool g_log_legends = false;           // off until a test asks (clear_legend_log)
 }  // namespace
+
+void log_figure(ImVec2 min, ImVec2 max) {
+  if (g_log_legends && g_figures.size() < 10000) g_figures.push_back({min.x, min.y, max.x, max.y});
+}
+const std::vector<ImVec4>& figure_log() {
+  return g_figures;
+}
 
 namespace {
 // One legend entry's width: its swatch, the gap and its label.
@@ -630,8 +640,8 @@ ImVec4 Plot::legend_in_band(const std::vector<LegendEntry>& entries) const {
   const float line = ImGui::GetTextLineHeight() + 2;
   const float u = ImGui::GetFontSize() / 15.0f;
   // Longer labels or a narrower plot than when it was kept: the next frame keeps what they need.
-  const float need = band_.right ? legend_column_width(entries)
-                                 : legend_band_height(entries, p1_.x - p0_.x);
+  const float need =
+      band_.right ? legend_column_width(entries) : legend_band_height(entries, p1_.x - p0_.x);
   if (need > band_.size + 0.5f) legend_bands()[id_] = LegendBand{band_.right, need};
   ImVec4 box;
   if (band_.right) {
@@ -671,6 +681,7 @@ ImVec4 Plot::legend_in_band(const std::vector<LegendEntry>& entries) const {
 
 void clear_legend_log() {
   g_legends.clear();
+  g_figures.clear();
   g_log_legends = true;
 }
 const std::vector<PlacedLegend>& legend_log() {
@@ -694,54 +705,93 @@ void Plot::note_drawn(const std::vector<ImVec2>& points) const {
   drawn_.insert(drawn_.end(), points.begin(), points.end());
 }
 
+namespace {
+// How many of `points` lie in the screen rectangle [a, b] or within `pad` pixels of it.
+int count_in(const std::vector<ImVec2>& points, ImVec2 a, ImVec2 b, float pad) {
+  int n = 0;
+  for (const ImVec2& p : points)
+    n += p.x >= a.x - pad && p.x <= b.x + pad && p.y >= a.y - pad && p.y <= b.y + pad;
+  return n;
+}
+}  // namespace
+
 int Plot::drawn_in(ImVec2 a, ImVec2 b) const {
   // Points are the centres of what was drawn: a marker (radius up to 3 px at scale 1) or a thick
   // line whose centre lies just outside the rectangle still shows inside it.
-  const float pad = 3 * ImGui::GetFontSize() / 15.0f;
-  a = ImVec2(a.x - pad, a.y - pad);
-  b = ImVec2(b.x + pad, b.y + pad);
-  int n = 0;
-  for (const ImVec2& p : drawn_) n += p.x >= a.x && p.x <= b.x && p.y >= a.y && p.y <= b.y;
-  return n;
+  return count_in(drawn_, a, b, 3 * ImGui::GetFontSize() / 15.0f);
+}
+
+ImVec2 Plot::place_legend(ImVec2 q0, ImVec2 q1, ImVec2 box, Corner corner,
+                          const std::vector<ImVec2>& points, float pad, int* covered) {
+  const float w = box.x, h = box.y;
+  auto box_at = [&](Corner c) {
+    const bool right = c == Corner::TopRight || c == Corner::BottomRight;
+    const bool top = c == Corner::TopRight || c == Corner::TopLeft;
+    return ImVec2(right ? q1.x - w - 6 : q0.x + 6, top ? q0.y + 6 : q1.y - h - 6);
+  };
+  // The asked corner unless its box covers drawn data; then the other corners, then the middles
+  // of the edges and the centre (a curve across the whole width often leaves a free band), the
+  // first place covering nothing, else the one covering the least.
+  ImVec2 a = box_at(corner);
+  *covered = count_in(points, a, ImVec2(a.x + w, a.y + h), pad);
+  std::vector<ImVec2> places;
+  for (Corner c : {Corner::TopRight, Corner::TopLeft, Corner::BottomRight, Corner::BottomLeft})
+    places.push_back(box_at(c));
+  const float xs[3] = {q0.x + 6, (q0.x + q1.x - w) / 2, q1.x - w - 6};
+  const float ys[3] = {q0.y + 6, (q0.y + q1.y - h) / 2, q1.y - h - 6};
+  for (float y : ys)
+    for (float x : xs) places.push_back(ImVec2(x, y));
+  for (const ImVec2& at : places) {
+    if (*covered == 0) break;
+    const int n = count_in(points, at, ImVec2(at.x + w, at.y + h), pad);
+    if (n < *covered) a = at, *covered = n;
+  }
+  return a;
 }
 
 ImVec4 Plot::legend(const std::vector<LegendEntry>& entries, Corner corner) const {
   if (entries.empty()) return ImVec4(0, 0, 0, 0);
-  if (band_.size > 0) return legend_in_band(entries);
   const float line = ImGui::GetTextLineHeight() + 2;
   const float u = ImGui::GetFontSize() / 15.0f;
   float w = 0;
   for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.label.c_str()).x);
   w += 26 * u;
   float h = line * static_cast<float>(entries.size()) + 6;
+  if (band_.size > 0) {
+    // The band stays while the legend would find no free place in the data area without it.
+    // Data that changed since it was kept (a sweep filling in, a walk played on) may leave one:
+    // the legend goes back inside from the next frame on, so what a plot shows does not depend
+    // on the order its data arrived in. The test is on the points mapped to the data area
+    // without the band, with twice the margin, so that the two placements never alternate.
+    ImVec2 q0 = p0_, q1 = p1_;
+    std::vector<ImVec2> points = drawn_;
+    if (band_.right) {
+      q1.x = p1_.x + band_.size;
+      const float k = (q1.x - q0.x) / std::max(1.0f, p1_.x - p0_.x);
+      for (ImVec2& p : points) p.x = p0_.x + (p.x - p0_.x) * k;
+    } else if (band_grew_) {  // the data area had its height: it moves up by the band
+      q0.y -= band_.size, q1.y -= band_.size;
+      for (ImVec2& p : points) p.y -= band_.size;
+    } else {
+      q0.y = p0_.y - band_.size;
+      const float k = (q1.y - q0.y) / std::max(1.0f, p1_.y - p0_.y);
+      for (ImVec2& p : points) p.y = p1_.y - (p1_.y - p.y) * k;
+    }
+    int covered = 1;
+    if (w * h <= 0.5f * (q1.x - q0.x) * (q1.y - q0.y))
+      place_legend(q0, q1, ImVec2(w, h), corner, points, 6 * u, &covered);
+    const ImVec4 box = legend_in_band(entries);
+    if (covered == 0) legend_bands().erase(id_);
+    return box;
+  }
   // A legend that would hide half the data (a small plot on a small window, a projector's
   // scale) takes a band outside it from the next frame on.
   if (w * h > 0.5f * (p1_.x - p0_.x) * (p1_.y - p0_.y)) {
     keep_band(entries);
     return ImVec4(0, 0, 0, 0);
   }
-  auto box_at = [&](Corner c) {
-    const bool right = c == Corner::TopRight || c == Corner::BottomRight;
-    const bool top = c == Corner::TopRight || c == Corner::TopLeft;
-    return ImVec2(right ? p1_.x - w - 6 : p0_.x + 6, top ? p0_.y + 6 : p1_.y - h - 6);
-  };
-  // The asked corner unless its box covers drawn data; then the other corners, then the middles
-  // of the edges and the centre (a curve across the whole width often leaves a free band), the
-  // first place covering nothing, else the one covering the least.
-  ImVec2 a = box_at(corner);
-  int covered = drawn_in(a, ImVec2(a.x + w, a.y + h));
-  std::vector<ImVec2> places;
-  for (Corner c : {Corner::TopRight, Corner::TopLeft, Corner::BottomRight, Corner::BottomLeft})
-    places.push_back(box_at(c));
-  const float xs[3] = {p0_.x + 6, (p0_.x + p1_.x - w) / 2, p1_.x - w - 6};
-  const float ys[3] = {p0_.y + 6, (p0_.y + p1_.y - h) / 2, p1_.y - h - 6};
-  for (float y : ys)
-    for (float x : xs) places.push_back(ImVec2(x, y));
-  for (const ImVec2& at : places) {
-    if (covered == 0) break;
-    const int n = drawn_in(at, ImVec2(at.x + w, at.y + h));
-    if (n < covered) a = at, covered = n;
-  }
+  int covered = 0;
+  const ImVec2 a = place_legend(p0_, p1_, ImVec2(w, h), corner, drawn_, 3 * u, &covered);
   ImVec2 b(a.x + w, a.y + h);
   if (g_log_legends && g_legends.size() < 10000)
     g_legends.push_back({ImVec4(a.x, a.y, b.x, b.y), covered});
@@ -767,6 +817,7 @@ HeatmapHit heatmap(const char* id, ImVec2 size, int rows, int cols,
   if (size.y <= 0) size.y = std::max(40.0f, avail.y + size.y);
   ImVec2 o = ImGui::GetCursorScreenPos();
   ImGui::InvisibleButton(id, size);
+  log_figure(ImGui::GetItemRectMin(), ImGui::GetItemRectMax());
   bool hovered = ImGui::IsItemHovered();
   bool clicked = ImGui::IsItemClicked(ImGuiMouseButton_Left);
   if (rows <= 0 || cols <= 0) return hit;
@@ -832,7 +883,8 @@ void colour_bar(const char* id, ImVec2 size, Colormap map, double vmin, double v
   ImVec2 a(o.x, o.y + std::max(lh, title_h) + lh / 2 + 6), b(o.x + bar_w, o.y + size.y - lh / 2);
   if (b.y < a.y + 10) b.y = a.y + 10;
   dl->PushClipRect(o, ImVec2(o.x + wrap, o.y + size.y), true);
-  dl->AddText(ImGui::GetFont(), ImGui::GetFontSize(), o, kColAxisText, label.c_str(), nullptr, wrap);
+  dl->AddText(ImGui::GetFont(), ImGui::GetFontSize(), o, kColAxisText, label.c_str(), nullptr,
+              wrap);
   dl->PopClipRect();
   const int steps = 48;
   for (int i = 0; i < steps; ++i) {

@@ -107,6 +107,11 @@ class Plot {
   ImVec2 p0_, p1_;  // inner (data) rectangle
   ImGuiID id_ = 0;
   LegendBand band_;  // the band this frame keeps for the legend (size 0: none)
+  bool band_grew_ = false;  // the plot grew by band_ (its data area kept its height)
+  // Where a legend box of size `box` goes in the data area [q0, q1] (see legend()), given what
+  // was drawn there; `covered` gets how many of `points` it covers (within `pad` pixels).
+  static ImVec2 place_legend(ImVec2 q0, ImVec2 q1, ImVec2 box, Corner corner,
+                             const std::vector<ImVec2>& points, float pad, int* covered);
   ImVec4 legend_in_band(const std::vector<LegendEntry>& entries) const;
   void keep_band(const std::vector<LegendEntry>& entries) const;
   Axis x_, y_;
@@ -156,6 +161,11 @@ struct PlacedLegend {
 };
 void clear_legend_log();
 const std::vector<PlacedLegend>& legend_log();
+// The figures drawn since the last clear_legend_log(): every Plot's rectangle, and the other
+// figures' that call log_figure (the Geometry view's maps). The layout test checks that each
+// view's largest figure keeps a readable share of the view at every size and scale.
+void log_figure(ImVec2 min, ImVec2 max);
+const std::vector<ImVec4>& figure_log();
 
 // Small coloured square + text on one line (for legends outside plots).
 void legend_swatch(ImU32 colour, const char* text);

@@ -68,13 +68,21 @@ void GeometryView::draw(AppState& s) {
                        src == ProjectionSource::Values ? "values k-center" : "k-center");
   }
   mark_figure_top();  // figure exports: the maps, the counts and the token strip
-  const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.6f;
+  // The token strip's height (draw_token_strip: a row of tokens and a line under it), and each
+  // item's spacing below it, so that the maps take what is left exactly.
+  const float spacing = ImGui::GetStyle().ItemSpacing.y;
+  const float strip_h =
+      ImGui::GetTextLineHeight() + px(6) + spacing + ImGui::GetTextLineHeightWithSpacing();
   const float counts_h = px(150);
   ImVec2 avail = ImGui::GetContentRegionAvail();
   const float gap = ImGui::GetStyle().ItemSpacing.x;
   const float each_w =
-      std::max(100.0f, (avail.x - gap * (srcs.size() - 1)) / static_cast<float>(srcs.size()));
-  const ImVec2 canvas_size(each_w, std::max(100.0f, avail.y - strip_h - counts_h));
+      std::max(px(100), (avail.x - gap * (srcs.size() - 1)) / static_cast<float>(srcs.size()));
+  // The maps are the figure: in a panel at least 60% of the height (at 2x the counts and the
+  // strip took all but 100 px), what does not fit below them scrolling; presented (F11) the
+  // view has the room for all of it.
+  const float least_h = presenting_view() ? px(160) : std::max(px(160), 0.6f * avail.y);
+  const ImVec2 canvas_size(each_w, std::max(least_h, avail.y - strip_h - counts_h - spacing));
   for (size_t i = 0; i < srcs.size(); ++i) {
     if (i > 0) ImGui::SameLine();
     ImGui::PushID(static_cast<int>(srcs[i]));
@@ -365,10 +373,10 @@ void GeometryView::draw_status(const AppState& s, ProjectionSource src) {
                   f->iteration < 250 ? " (early exaggeration)" : "", f->kl,
                   f->from_cache ? " (cached)" : "", synth);
   }
-  ImGui::TextUnformatted(line);
-  if (!f->done) {
-    ImGui::SameLine();
-    ImGui::ProgressBar(f->total > 0 ? float(f->iteration) / f->total : 0.f, ImVec2(120, 0));
+  ImGui::TextWrapped("%s; points drawn with %s", line,
+                     renderers_[static_cast<int>(src) & 1].path_description().c_str());
+  if (!f->done) {  // its own line: the wrapped text may take the whole width
+    ImGui::ProgressBar(f->total > 0 ? float(f->iteration) / f->total : 0.f, ImVec2(px(120), 0));
   }
 }
 
@@ -411,22 +419,44 @@ void GeometryView::draw_canvas(AppState& s, const GeometryFrame& f, ImVec2 size,
   }
   const ImVec2 p0 = ImGui::GetItemRectMin();
   const ImVec2 p1(p0.x + size.x, p0.y + size.y);
+  log_figure(p0, p1);
   ImDrawList* dl = ImGui::GetWindowDrawList();
   dl->AddRectFilled(p0, p1, kColPlotBg);
   const auto kc_ptr = kcenter_of(s, f.source);
   const KCenterResult* kc = kc_ptr.get();
 
-  // Equal-aspect fit with a margin: distances on screen mean the same in x and y.
+  // The map's frame: its title above the points and the legend in a column at the right or in
+  // rows under the title, whichever leaves the larger square for the (equal-aspect) map, so
+  // that neither text nor legend ever covers a point.
+  const std::vector<LegendEntry> legend = legend_entries(s, f, kc);
+  const float line_h = ImGui::GetTextLineHeight();
+  ImVec2 d0(px(4), line_h + px(8)), d1(size.x - px(4), size.y - px(4));
+  LegendLayout lay = layout_legend(legend, size.x);
+  lay.column = std::min(d1.x - d0.x - lay.column_w - px(6), d1.y - d0.y) >=
+               std::min(d1.x - d0.x, d1.y - d0.y - lay.rows_h - px(4));
+  ImVec2 legend_at;
+  if (lay.column) {
+    legend_at = ImVec2(size.x - lay.column_w - px(6), d0.y);
+    d1.x -= lay.column_w + px(6);
+  } else {
+    legend_at = ImVec2(px(6), d0.y);
+    d0.y += lay.rows_h + px(4);
+  }
+  d1.y = std::max(d1.y, d0.y + 1), d1.x = std::max(d1.x, d0.x + 1);
+  // Equal-aspect fit with a margin (a point's radius): distances on screen mean the same in x
+  // and y.
   float xmin = f.coords.col(0).minCoeff(), xmax = f.coords.col(0).maxCoeff();
   float ymin = f.coords.col(1).minCoeff(), ymax = f.coords.col(1).maxCoeff();
-  const float margin = 14;
+  const float margin = point_px_ + px(5);
   const float span = std::max({xmax - xmin, ymax - ymin, 1e-12f});
-  const float scale = std::min((size.x - 2 * margin) / std::max(xmax - xmin, 1e-12f * span),
-                               (size.y - 2 * margin) / std::max(ymax - ymin, 1e-12f * span));
+  const float data_w = std::max(1.0f, d1.x - d0.x - 2 * margin);
+  const float data_h = std::max(1.0f, d1.y - d0.y - 2 * margin);
+  const float scale = std::min(data_w / std::max(xmax - xmin, 1e-12f * span),
+                               data_h / std::max(ymax - ymin, 1e-12f * span));
   const float cx = 0.5f * (xmin + xmax), cy = 0.5f * (ymin + ymax);
+  const ImVec2 mid(0.5f * (d0.x + d1.x), 0.5f * (d0.y + d1.y));
   auto to_canvas = [&](int i) {
-    return ImVec2(size.x * 0.5f + (f.coords(i, 0) - cx) * scale,
-                  size.y * 0.5f - (f.coords(i, 1) - cy) * scale);
+    return ImVec2(mid.x + (f.coords(i, 0) - cx) * scale, mid.y - (f.coords(i, 1) - cy) * scale);
   };
 
   std::unique_ptr<TokenMarks> marks;
@@ -504,16 +534,15 @@ void GeometryView::draw_canvas(AppState& s, const GeometryFrame& f, ImVec2 size,
 
   if (!stale) handle_mouse(s, f, p0, to_canvas);
   if (hovered_ >= 0 && !dragging_) hover_tooltip(s, f, kc, marks.get(), hovered_);
-  draw_legend(s, f, kc, p0, p1);
-  // The map's title (which row of SubGen's figure it is) and the renderer's path.
+  draw_legend(legend, lay, ImVec2(p0.x + legend_at.x, p0.y + legend_at.y), size.x);
+  // The map's title: which row of SubGen's figure it is.
   const std::string title =
       std::string(f.source == ProjectionSource::Values ? "values" : "keys") +
       (kc && settings_.centres ? "  (green squares: " + std::to_string(kc->fig.centres.size()) +
                                      " greedy k-center centres)"
                                : std::string());
-  dl->AddText(ImVec2(p0.x + 6, p0.y + 4), kColAxisText, title.c_str());
-  dl->AddText(ImVec2(p0.x + 6, p1.y - ImGui::GetTextLineHeight() - 4), kColAxisText,
-              renderers_[canvas_ & 1].path_description().c_str());
+  dl->AddText(ImVec2(p0.x + px(6), p0.y + px(4)), kColAxisText,
+              elide(title, size.x - px(12)).c_str());
 }
 
 template <class ToCanvas>
@@ -590,13 +619,10 @@ void GeometryView::hover_tooltip(const AppState& s, const GeometryFrame& f, cons
   ImGui::EndTooltip();
 }
 
-void GeometryView::draw_legend(const AppState& s, const GeometryFrame& f, const KCenterResult* kc,
-                               ImVec2 p0, ImVec2 p1) {
-  struct Entry {
-    ImU32 colour;
-    std::string text;
-  };
-  std::vector<Entry> entries;
+std::vector<GeometryView::LegendEntry> GeometryView::legend_entries(const AppState& s,
+                                                                    const GeometryFrame& f,
+                                                                    const KCenterResult* kc) const {
+  std::vector<LegendEntry> entries;
   switch (colour_) {
     case ColourBy::Kept:
       entries = {{kColSink, "sink"},
@@ -635,17 +661,45 @@ void GeometryView::draw_legend(const AppState& s, const GeometryFrame& f, const 
   if (f.num_queries > 0) entries.push_back({kColQueryPoint, "query (ring)"});
   if (!s.selected_tokens.empty())
     entries.push_back({kColSelect, std::to_string(s.selected_tokens.size()) + " selected"});
+  return entries;
+}
+
+GeometryView::LegendLayout GeometryView::layout_legend(const std::vector<LegendEntry>& entries,
+                                                       float width) {
+  LegendLayout lay;
+  const float lh = ImGui::GetTextLineHeight() + px(3), mark = px(22), pad = px(8);
+  float text_w = 0, x = pad;
+  int rows = 1;
+  for (const auto& e : entries) {
+    const float w = ImGui::CalcTextSize(e.text.c_str()).x;
+    text_w = std::max(text_w, w);
+    if (x > pad && x + mark + w > width - pad) x = pad, ++rows;  // on to the next row
+    x += mark + w + pad;
+  }
+  lay.column_w = text_w + mark + pad;
+  lay.column_h = lh * entries.size() + px(8);
+  lay.rows_h = rows * lh + px(8);
+  return lay;
+}
+
+void GeometryView::draw_legend(const std::vector<LegendEntry>& entries, const LegendLayout& lay,
+                               ImVec2 at, float canvas_w) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
-  const float lh = ImGui::GetTextLineHeight() + 3;
-  float w = 0;
-  for (const auto& e : entries) w = std::max(w, ImGui::CalcTextSize(e.text.c_str()).x);
-  const ImVec2 a(p1.x - w - 34, p0.y + 6);
-  const ImVec2 b(p1.x - 6, p0.y + 10 + lh * entries.size());
-  dl->AddRectFilled(a, b, IM_COL32(16, 17, 20, 220), 3.0f);
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const ImVec2 c(a.x + 12, a.y + 4 + lh * (i + 0.5f));
-    dl->AddCircleFilled(c, 4.5f, entries[i].colour, 10);
-    dl->AddText(ImVec2(a.x + 22, a.y + 4 + lh * i), kColAxisText, entries[i].text.c_str());
+  const float lh = ImGui::GetTextLineHeight() + px(3), mark = px(22), pad = px(8);
+  const bool column = lay.column;
+  const ImVec2 box =
+      column ? ImVec2(lay.column_w, lay.column_h) : ImVec2(canvas_w - px(12), lay.rows_h);
+  dl->AddRectFilled(at, ImVec2(at.x + box.x, at.y + box.y), IM_COL32(16, 17, 20, 220), px(3));
+  float x = 0, y = px(4);
+  for (const auto& e : entries) {
+    const float w = ImGui::CalcTextSize(e.text.c_str()).x;
+    if (!column && x > 0 && x + mark + w > canvas_w - px(12) - pad) x = 0, y += lh;
+    dl->AddCircleFilled(ImVec2(at.x + x + px(12), at.y + y + lh * 0.5f), px(4.5f), e.colour, 10);
+    dl->AddText(ImVec2(at.x + x + mark, at.y + y), kColAxisText, e.text.c_str());
+    if (column)
+      y += lh;
+    else
+      x += mark + w + pad;
   }
 }
 
@@ -717,7 +771,7 @@ void GeometryView::draw_token_strip(const AppState& s) {
   if (s.run(0)) marks = std::make_unique<TokenMarks>(token_marks(*s.run(0)));
   ImDrawList* dl = ImGui::GetWindowDrawList();
   const float width = ImGui::GetContentRegionAvail().x;
-  const float h = ImGui::GetTextLineHeight() + 6;
+  const float h = ImGui::GetTextLineHeight() + px(6);
   const ImVec2 origin = ImGui::GetCursorScreenPos();
   // Lay out tokens left and right of the centre until the row is full.
   float x_centre = origin.x + width * 0.5f;

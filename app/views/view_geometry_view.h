@@ -167,8 +167,22 @@ class GeometryView final : public View {
   void hover_tooltip(const AppState& s, const GeometryFrame& f, const KCenterResult* kc,
                      const TokenMarks* marks, int i);
 
-  void draw_legend(const AppState& s, const GeometryFrame& f, const KCenterResult* kc, ImVec2 p0,
-                   ImVec2 p1);
+  // The map's legend: what each colour and shape means under the current colouring.
+  struct LegendEntry {
+    ImU32 colour;
+    std::string text;
+  };
+  std::vector<LegendEntry> legend_entries(const AppState& s, const GeometryFrame& f,
+                                          const KCenterResult* kc) const;
+  // Its two shapes: a column at the right of the map, or rows across the canvas's width;
+  // draw_canvas takes the one it uses out of the points' area.
+  struct LegendLayout {
+    float column_w = 0, column_h = 0, rows_h = 0;
+    bool column = true;  // the shape chosen
+  };
+  static LegendLayout layout_legend(const std::vector<LegendEntry>& entries, float width);
+  static void draw_legend(const std::vector<LegendEntry>& entries, const LegendLayout& lay,
+                          ImVec2 at, float canvas_w);
 
   // Clusters found vs n: how many greedy k-center centres cover the first n points within the
   // radius, for keys and values (SubGen's Definition 1: m clusters, sublinear in n), beside a

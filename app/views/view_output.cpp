@@ -160,12 +160,28 @@ class OutputView final : public View {
     }
     if (selected_ < 0 || selected_ >= static_cast<int>(rep->runs.size())) selected_ = 0;
     draw_summary_line(*rep, res.seconds);
-    const float avail = ImGui::GetContentRegionAvail().x;
-    ImGui::BeginChild("##table", ImVec2(avail * 0.42f, 260), false);
+    // The table at the width its columns need and the KL plot beside it; the plot under the
+    // table when the two would not fit side by side (2x and more in a panel). The row takes
+    // 45% of the height left (at least 260 px at 1x), the texts below it the rest.
+    const ImVec2 avail = ImGui::GetContentRegionAvail();
+    const float gap = ImGui::GetStyle().ItemSpacing.x;
+    const float row_h = std::max(px(260), 0.45f * avail.y);
+    const float table_w = std::min(table_width(*rep), avail.x);
+    const bool side_by_side = avail.x - table_w - gap >= min_plot_size().x;
+    const float rows = static_cast<float>(rep->runs.size() + (rep->spec.has_continuation ? 2 : 1));
+    const float table_h = side_by_side
+                              ? row_h
+                              : std::min(row_h, rows * (ImGui::GetTextLineHeight() +
+                                                        2 * ImGui::GetStyle().CellPadding.y) +
+                                                    px(8));
+    ImGui::BeginChild("##table", ImVec2(side_by_side ? table_w : avail.x, table_h), false);
     draw_table(*rep);
     ImGui::EndChild();
-    ImGui::SameLine();
-    ImGui::BeginChild("##kl", ImVec2(0, 260), false);
+    if (side_by_side) ImGui::SameLine();
+    // Under the table, the plot takes what the table leaves of the row (the texts follow).
+    const float kl_h =
+        side_by_side ? row_h : std::min(row_h, avail.y - table_h - ImGui::GetStyle().ItemSpacing.y);
+    ImGui::BeginChild("##kl", ImVec2(0, std::max(kl_h, min_plot_size().y)), false);
     draw_kl_plot(*rep);
     ImGui::EndChild();
     draw_texts(*rep);
@@ -330,13 +346,17 @@ class OutputView final : public View {
         }
       ImGui::EndCombo();
     }
-    toolbar_next(labelled_width(px(300), "checkpoint"));
-    ImGui::SetNextItemWidth(px(300));
+    // Text fields narrower than their usual width when the panel is (fit_width): never wider
+    // than the view.
+    const float checkpoint_w = fit_width(300, "checkpoint");
+    toolbar_next(labelled_width(checkpoint_w, "checkpoint"));
+    ImGui::SetNextItemWidth(checkpoint_w);
     ImGui::InputText("checkpoint##out", checkpoint_, sizeof checkpoint_);
-    toolbar_next(labelled_width(px(260), "tokenizer"));
-    ImGui::SetNextItemWidth(px(260));
+    const float tokenizer_w = fit_width(260, "tokenizer");
+    toolbar_next(labelled_width(tokenizer_w, "tokenizer"));
+    ImGui::SetNextItemWidth(tokenizer_w);
     ImGui::InputText("tokenizer##out", tokenizer_, sizeof tokenizer_);
-    ImGui::SetNextItemWidth(px(360));
+    ImGui::SetNextItemWidth(fit_width(360, "prompt"));
     ImGui::InputText("prompt##out", prompt_, sizeof prompt_);
     auto int_field = [](const char* label, int* v, int lo, int hi) {
       toolbar_next(labelled_width(px(56), label));
@@ -349,13 +369,11 @@ class OutputView final : public View {
     int_field("re-compress every", &recompress_, 0, 4096);
     int_field("seed", &seed_, 0, 1 << 30);
 
-    // Checkboxes flow onto as many lines as the panel needs.
-    const float right = ImGui::GetWindowPos().x + ImGui::GetWindowContentRegionMax().x;
+    // Checkboxes flow onto as many lines as the panel needs (toolbar_next: a SameLine undone
+    // by a NewLine counted the gap after the last box as content, 8 px past the view's edge).
     auto flow = [&](const char* label) {
-      const float w = ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x +
-                      ImGui::CalcTextSize(label).x;
-      ImGui::SameLine();
-      if (ImGui::GetCursorScreenPos().x + w > right) ImGui::NewLine();
+      toolbar_next(ImGui::GetFrameHeight() + ImGui::GetStyle().ItemInnerSpacing.x +
+                   ImGui::CalcTextSize(label).x);
     };
     ImGui::TextUnformatted("methods:");
     for (const Method* m : app_methods()) {
@@ -373,14 +391,15 @@ class OutputView final : public View {
     }
     ImGui::TextUnformatted("ratios:");
     for (size_t i = 0; i < std::size(kRatios); ++i) {
-      ImGui::SameLine();
+      const std::string label = ratio_label(kRatios[i]);
+      flow(label.c_str());
       bool on = ratio_on_[i];
-      if (ImGui::Checkbox(ratio_label(kRatios[i]).c_str(), &on)) ratio_on_[i] = on;
+      if (ImGui::Checkbox(label.c_str(), &on)) ratio_on_[i] = on;
     }
-    ImGui::SameLine();
+    flow("continuation (perplexity):");
     ImGui::Checkbox("continuation (perplexity):", &use_continuation_);
     if (use_continuation_) {
-      ImGui::SameLine();
+      toolbar_next(px(200));  // the field takes the rest of the line: at least 200 px of it
       ImGui::SetNextItemWidth(-1);
       ImGui::InputText("##continuation", continuation_, sizeof continuation_);
     }
@@ -403,23 +422,57 @@ class OutputView final : public View {
 
   void draw_summary_line(const GenerateReport& rep, double seconds) {
     ImGui::TextWrapped(
-        "%s: compressed at N = %d (s = %d sinks, window %d), %d steps, %s; %.1f s",
+        "%s: compressed at N = %d (s = %d sinks, window %d), %d steps, %s",
         llama2c::model_name_from_path(rep.model).c_str(), rep.spec.compress_at, rep.sink,
         rep.window, rep.spec.steps,
         rep.spec.recompress_every > 0
             ? ("re-compressed every " + std::to_string(rep.spec.recompress_every)).c_str()
-            : "compressed once",
-        seconds);
+            : "compressed once");
+    // The time leads the second line: wrapped at the end of the first, ImGui broke "0.1" at
+    // its point.
     ImGui::TextDisabled(
-        "top-1 and KL teacher-forced on the exact run's tokens; text below is free-running greedy");
+        "ran in %.1f s; top-1 and KL teacher-forced on the exact run's tokens; text below is "
+        "free-running greedy",
+        seconds);
+  }
+
+  // The headers and the widest text each column holds (the numbers at their widest).
+  static std::vector<std::pair<const char*, std::string>> table_columns(const GenerateReport& rep) {
+    std::string method = "exact cache", ratio = "1";
+    for (const GenerateRun& r : rep.runs) {
+      if (ImGui::CalcTextSize(r.method.c_str()).x > ImGui::CalcTextSize(method.c_str()).x)
+        method = r.method;
+      const std::string label = ratio_label(r.ratio);
+      if (ImGui::CalcTextSize(label.c_str()).x > ImGui::CalcTextSize(ratio.c_str()).x)
+        ratio = label;
+    }
+    std::vector<std::pair<const char*, std::string>> cols = {{"method", method},
+                                                             {"ratio", ratio},
+                                                             {"top-1 agree", "100.0%"},
+                                                             {"mean KL", "0.0000"},
+                                                             {"diverges at", "step 0000"}};
+    if (rep.spec.has_continuation) cols.push_back({"perplexity", "0000.000"});
+    return cols;
+  }
+
+  // The table's width with every column as wide as its widest text.
+  static float table_width(const GenerateReport& rep) {
+    const ImGuiStyle& st = ImGui::GetStyle();
+    float w = px(4);
+    for (const auto& [header, widest] : table_columns(rep))
+      w += std::max(ImGui::CalcTextSize(header).x, ImGui::CalcTextSize(widest.c_str()).x) +
+           2 * st.CellPadding.x + px(2);
+    return w + st.ScrollbarSize;
   }
 
   void draw_table(const GenerateReport& rep) {
     const bool ppl = rep.spec.has_continuation;
     const int cols = ppl ? 6 : 5;
-    if (!ImGui::BeginTable(
-            "##agreement", cols,
-            ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY))
+    // Columns fit their text (no "meth..." at 2.5x); a table wider than its place scrolls.
+    if (!ImGui::BeginTable("##agreement", cols,
+                           ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg |
+                               ImGuiTableFlags_ScrollY | ImGuiTableFlags_ScrollX |
+                               ImGuiTableFlags_SizingFixedFit))
       return;
     ImGui::TableSetupScrollFreeze(0, 1);
     ImGui::TableSetupColumn("method");

@@ -37,9 +37,13 @@ void TeachingView::draw(AppState& s) {
       ImGui::GetTextLineHeightWithSpacing() * (rows + 1.5f) + ImGui::GetStyle().ScrollbarSize;
   const float plot_h = std::max(px(200), avail.y - table_h);
   const float plane_w = std::max(px(200), std::min(avail.x * 0.55f, plot_h + px(80)));
-  draw_plane(ImVec2(plane_w, plot_h));
-  ImGui::SameLine();
-  draw_prefix_plot(ImVec2(0, plot_h));
+  // The prefix plot beside the plane while it keeps its least width; else under it (2x and
+  // more in a panel): the view scrolls down, never sideways.
+  const bool side_by_side =
+      avail.x - plane_w - ImGui::GetStyle().ItemSpacing.x >= min_plot_size().x;
+  draw_plane(ImVec2(side_by_side ? plane_w : avail.x, plot_h));
+  if (side_by_side) ImGui::SameLine();
+  draw_prefix_plot(ImVec2(0, side_by_side ? plot_h : std::max(min_plot_size().y, 0.6f * plot_h)));
   draw_table();
 }
 

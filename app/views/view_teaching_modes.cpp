@@ -450,7 +450,10 @@ void TeachingView::draw_exp_kernel() {
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float h = std::max(px(220), avail.y - ImGui::GetTextLineHeightWithSpacing() * 1.5f);
   const float plane_w = std::max(px(220), std::min(avail.x * 0.36f, h));
-  const float plot_w = std::max(px(160), (avail.x - plane_w) / 2 - ImGui::GetStyle().ItemSpacing.x);
+  // The two sums beside the plane while they keep their least width, else in a row under it.
+  const float gap = ImGui::GetStyle().ItemSpacing.x;
+  const bool one_row = (avail.x - plane_w) / 2 - gap >= min_plot_size().x;
+  const float plot_w = one_row ? (avail.x - plane_w) / 2 - gap : (avail.x - gap) / 2;
   const int signed_n = ek_pos();
   const auto& keys = ek_->keys();
   const auto& vals = ek_->values();
@@ -519,7 +522,7 @@ void TeachingView::draw_exp_kernel() {
     nlim = std::max({nlim, std::hypot(st.num_walk[0], st.num_walk[1]),
                      std::hypot(st.num_random[0], st.num_random[1])});
   }
-  ImGui::SameLine();
+  if (one_row) ImGui::SameLine();
   {
     Plot plot("##ek_den", ImVec2(plot_w, h), "denominator along q",
               Axis{"step j", 0, std::max(1.0, double(n))},

@@ -95,14 +95,20 @@ void WalkView::draw(AppState& s) {
   const float strip_h = ImGui::GetTextLineHeightWithSpacing() * 2.4f;
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float gap = ImGui::GetStyle().ItemSpacing.x;
-  const float plot_w = std::max(px(160), (avail.x - gap) / 2);
+  // Two columns of two plots; one column of four when two plots side by side would not keep
+  // their least width (2x and more in a panel): the view scrolls down, never sideways.
+  const bool two_columns = (avail.x - gap) / 2 >= min_plot_size().x;
+  const float plot_w = two_columns ? (avail.x - gap) / 2 : avail.x;
   const float plot_h = std::max(px(130), (avail.y - strip_h - ImGui::GetStyle().ItemSpacing.y) / 2);
+  auto next = [&] {
+    if (two_columns) ImGui::SameLine();
+  };
   int hovered = -1;
   draw_path_plot("##walk_path", *b, cur, ImVec2(plot_w, plot_h), "");
-  ImGui::SameLine();
+  next();
   hovered = std::max(hovered, draw_p_plot("##walk_p", *b, cur, ImVec2(plot_w, plot_h), ""));
   hovered = std::max(hovered, draw_partial_plot(*b, cur, ImVec2(plot_w, plot_h)));
-  ImGui::SameLine();
+  next();
   hovered = std::max(
       hovered, draw_discrepancy_plot("##walk_disc", *trace, *b, cur, ImVec2(plot_w, plot_h), ""));
   hover_tooltip(s, *b, hovered);
@@ -594,7 +600,13 @@ void WalkView::draw_side_by_side(AppState& s, const WalkTrace& t, const WalkBloc
   }
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float gap = ImGui::GetStyle().ItemSpacing.x;
-  const float w = std::max(px(160), (avail.x - gap) / 2);
+  // A beside B while both keep a plot's least width; else B under A (2x and more in a panel),
+  // each plot titled with its method: the view scrolls down, never sideways.
+  const bool beside = (avail.x - gap) / 2 >= min_plot_size().x;
+  const float w = beside ? (avail.x - gap) / 2 : avail.x;
+  auto next = [&] {
+    if (beside) ImGui::SameLine();
+  };
   const bool three = avail.y > px(3 * 150);
   const float h =
       std::max(px(120), (avail.y - 2 * ImGui::GetStyle().ItemSpacing.y) / (three ? 3 : 2));
@@ -619,22 +631,22 @@ void WalkView::draw_side_by_side(AppState& s, const WalkTrace& t, const WalkBloc
   if (three) {
     hovered =
         std::max(hovered, draw_p_plot("##cmp_p_a", b, cur, ImVec2(w, h), title(left_name, b)));
-    ImGui::SameLine();
+    next();
     if (ob)
       draw_p_plot("##cmp_p_b", *ob, ocur, ImVec2(w, h), title(right_name, *ob), false);
     else
       placeholder("##cmp_p_b");
   }
-  draw_path_plot("##cmp_path_a", b, cur, ImVec2(w, h), three ? "" : title(left_name, b));
-  ImGui::SameLine();
+  draw_path_plot("##cmp_path_a", b, cur, ImVec2(w, h), three && beside ? "" : title(left_name, b));
+  next();
   if (ob)
-    draw_path_plot("##cmp_path_b", *ob, ocur, ImVec2(w, h), three ? "" : title(right_name, *ob),
-                   false);
+    draw_path_plot("##cmp_path_b", *ob, ocur, ImVec2(w, h),
+                   three && beside ? "" : title(right_name, *ob), false);
   else
     placeholder("##cmp_path_b");
   hovered =
       std::max(hovered, draw_discrepancy_plot("##cmp_disc_a", t, b, cur, ImVec2(w, h), left_name));
-  ImGui::SameLine();
+  next();
   if (ob)
     draw_discrepancy_plot("##cmp_disc_b", *other.trace, *ob, ocur, ImVec2(w, h), right_name, false);
   else

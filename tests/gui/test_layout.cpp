@@ -121,6 +121,32 @@ TEST(Layout, EveryViewFitsTheWindowAtEverySize) {
             std::printf("legend over data: %s at %dx%d scale %.1f%s\n", name.c_str(), c.w, c.h,
                         c.scale, c.presenting ? " presenting" : "");
         }
+        {  // The view's largest figure: its visible height against the view's.
+          const ScreenRect area = ui.view_area(name);
+          float best = 0;
+          for (const ImVec4& f : figure_log()) {
+            if (f.x > area.x1 || f.z < area.x0) continue;
+            best = std::max(best, std::min(f.w, area.y1) - std::max(f.y, area.y0));
+          }
+          const float share = best / (area.y1 - area.y0);
+          std::printf("figure: %s%s at %dx%d scale %.1f%s: %.0f of %.0f px (%.2f), sideways %.0f\n",
+                      name.c_str(), state.is_null() ? "" : "_alt", c.w, c.h, c.scale,
+                      c.presenting ? " presenting" : "", best, area.y1 - area.y0, share,
+                      ui.view_scroll_max_x(name));
+          // Presented (F11, the projector), a view with a figure shows it: at least 28% of the
+          // window's height in sight (the Geometry map had 100 px of 786 at 2x, in a panel).
+          if (c.presenting && !figure_log().empty()) {
+            EXPECT_GE(share, 0.28f) << name << " presenting at " << c.w << "x" << c.h << " scale "
+                                    << c.scale << ": its figure is out of sight";
+          }
+          // Never sideways, presented or in a panel up to 2x (plots that no longer fit side by
+          // side go under each other): at 2.5x in a panel some toolbars still scroll.
+          if (c.presenting || c.scale <= 2.0f) {
+            EXPECT_EQ(ui.view_scroll_max_x(name), 0.0f)
+                << name << " at " << c.w << "x" << c.h << " scale " << c.scale
+                << (c.presenting ? " presenting" : "") << " scrolls sideways";
+          }
+        }
         if (!state.is_null()) {  // back to the default state for the next view and size
           nlohmann::json back = name == "error" ? nlohmann::json{{"mode", "overview"}}
                                                 : nlohmann::json{{"compare", 0}};
