@@ -622,15 +622,17 @@ float Plot::legend_column_width(const std::vector<LegendEntry>& entries) {
   return w + 10 * u;
 }
 
-// Rows above the data area where the data keeps kBandKeepsRows of its height, else a column
-// right of it where it takes at most 40% of its width and its entries fit the data's height,
-// else rows again, the plot growing by them (Plot::Plot).
+// Rows above the data area while they take at most a quarter of its height; else a column right
+// of it where it takes at most 40% of its width and its entries fit the data's height; else rows
+// (inside while the data keep kBandKeepsRows of their height, else the plot grows by them:
+// Plot::Plot). Long labels (the Theory view's fitted slopes) made five rows that took all but
+// 60 px of a wide plot at 2.5x, where a column beside the data fitted.
 void Plot::keep_band(const std::vector<LegendEntry>& entries) const {
   const float rows = legend_band_height(entries, p1_.x - p0_.x);
   const float column = legend_column_width(entries);
   const float column_h = (ImGui::GetTextLineHeight() + 2) * static_cast<float>(entries.size());
-  const bool rows_inside = rows <= (1 - kBandKeepsRows) * (p1_.y - p0_.y);
-  if (!rows_inside && p1_.x - p0_.x > 2.5f * column && p1_.y - p0_.y >= column_h)
+  const bool rows_thin = rows <= 0.25f * (p1_.y - p0_.y);
+  if (!rows_thin && p1_.x - p0_.x > 2.5f * column && p1_.y - p0_.y >= column_h)
     legend_bands()[id_] = LegendBand{true, column};
   else
     legend_bands()[id_] = LegendBand{false, rows};

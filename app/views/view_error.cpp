@@ -44,7 +44,11 @@ void ErrorView::draw(AppState& s) {
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float gap = px(8);
   const ImVec2 least = min_plot_size();
-  const ImVec2 panel_least(least.x + px(40), least.y + 4 * ImGui::GetFrameHeightWithSpacing());
+  // Presented, room beside a plot's data for its legend's column (the sweep's five methods), as
+  // in Theory.
+  const float room = presenting_view() ? 1.6f : 1.0f;
+  const ImVec2 panel_least(room * least.x + px(40),
+                           least.y + 4 * ImGui::GetFrameHeightWithSpacing());
   const bool two_columns = avail.x >= 2 * panel_least.x + gap;
   const float w2 = two_columns ? (avail.x - gap) / 2 : avail.x;
   const float h2 = std::max(panel_least.y, (avail.y - gap) / 2);
@@ -335,7 +339,9 @@ std::vector<ErrorView::SweepSeries> ErrorView::sweep_series(const AppState& s,
 }
 
 void ErrorView::draw_sweep(AppState& s) {
-  draw_sweep_toolbar(s);
+  // Presented, the sweep's settings go (one F11 away): at 2x their three rows took half of the
+  // panel, leaving the curves 100 px.
+  if (!presenting_view()) draw_sweep_toolbar(s);
   if (shows_set(s)) {
     draw_set_sweep(s);
     return;

@@ -207,10 +207,18 @@ class TheoryView final : public View {
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     const float gap = px(8);
     const ImVec2 least = min_plot_size();
-    const ImVec2 panel_least(least.x + px(40), least.y + px(30));
+    // Presented (the projector), a panel holds a plot with room beside its data for a legend
+    // column (five long entries): two columns of narrower panels put the legends in bands over
+    // all but 60 px of the plots at 2.5x. In a panel the four stay in sight together (a figure
+    // export holds what is in sight), the legends in bands where they must be.
+    const float room = presenting_view() ? 1.6f : 1.0f;
+    const ImVec2 panel_least(room * least.x + px(40), least.y + px(30));
     const bool two_columns = avail.x >= 2 * panel_least.x + gap;
     const float w2 = two_columns ? (avail.x - gap) / 2 : avail.x;
-    const float h2 = std::max(panel_least.y, (avail.y - gap) / 2);
+    // Presented in one column each panel takes the height in sight (the view scrolls from one
+    // to the next): half of it left the plots' long legends all but the whole plot at 2.5x.
+    const float h2 = std::max(
+        panel_least.y, two_columns || !presenting_view() ? (avail.y - gap) / 2 : avail.y - gap);
     ImGui::BeginChild("##theory_den", ImVec2(w2, h2), true);
     draw_discrepancy(s, *r, "denominator", stale);
     ImGui::EndChild();
@@ -503,9 +511,13 @@ class TheoryView final : public View {
   }
 
   void draw_table(const TheoryResult& r) {
+    // Wrapped at the child's visible width (it scrolls sideways: ImGui's default there is the
+    // scrolled width, which cut "Student-t" at 2.5x).
+    ImGui::PushTextWrapPos(ImGui::GetWindowContentRegionMax().x + ImGui::GetScrollX());
     ImGui::TextWrapped("%s",
                        "Fitted exponents (least squares on log-log over every seed and head "
                        "point; 95% Student-t interval)");
+    ImGui::PopTextWrapPos();
     if (ImGui::BeginTable(
             "##theory_fits", 4,
             ImGuiTableFlags_Borders | ImGuiTableFlags_RowBg | ImGuiTableFlags_SizingFixedFit)) {
