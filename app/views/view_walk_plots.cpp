@@ -2,6 +2,8 @@
 // and the discrepancy at the query, each marking the cut and the current step. The class is in
 // app/views/view_walk_view.h; the rest of the view is in app/views/view_walk.cpp.
 
+#include <limits>
+
 #include "app/views/view_walk_view.h"
 
 namespace kvscope::app::walk {
@@ -147,12 +149,26 @@ int WalkView::draw_discrepancy_plot(const char* id, const WalkTrace& t, const Wa
   const Plot::Corner legend_at = plot.emptiest_corner(occupied);
   // The note sits in a bottom corner the legend does not ask for, and is noted as drawn so that
   // the legend, wherever it goes, does not cover it.
+  // Of the corners the legend does not ask for, the one whose box covers the fewest curve points
+  // (in a short plot a fixed bottom corner put it on the walk's curve); on a dark box, as a
+  // legend, where every corner covers some.
   const char* note = "balance holds per direction, not in norm";
   const ImVec2 ts = ImGui::CalcTextSize(note);
-  const bool note_left = legend_at != Plot::Corner::BottomLeft;
   const bool show_note = ts.x < plot.inner_max().x - plot.inner_min().x - 12;
-  const ImVec2 note_at(note_left ? plot.inner_min().x + 6 : plot.inner_max().x - ts.x - 6,
-                       plot.inner_max().y - ts.y - 4);
+  const ImVec2 in0 = plot.inner_min(), in1 = plot.inner_max();
+  ImVec2 note_at(in0.x + 6, in1.y - ts.y - 4);
+  int note_covers = std::numeric_limits<int>::max();
+  for (Plot::Corner c : {Plot::Corner::BottomLeft, Plot::Corner::BottomRight, Plot::Corner::TopLeft,
+                         Plot::Corner::TopRight}) {
+    if (c == legend_at) continue;
+    const bool right = c == Plot::Corner::BottomRight || c == Plot::Corner::TopRight;
+    const bool top = c == Plot::Corner::TopLeft || c == Plot::Corner::TopRight;
+    const ImVec2 at(right ? in1.x - ts.x - 6 : in0.x + 6, top ? in0.y + 4 : in1.y - ts.y - 4);
+    int n = 0;
+    for (const ImVec2& p : occupied)
+      n += p.x >= at.x - 3 && p.x <= at.x + ts.x + 3 && p.y >= at.y - 3 && p.y <= at.y + ts.y + 3;
+    if (n < note_covers) note_covers = n, note_at = at;
+  }
   if (show_note) {
     std::vector<ImVec2> note_box;
     for (float fx = 0; fx <= 1.0f; fx += 0.05f)
@@ -166,7 +182,13 @@ int WalkView::draw_discrepancy_plot(const char* id, const WalkTrace& t, const Wa
                  {"random signs, along query (dashed)", kColRandom},
                  {"random signs, kernel norm (dashed)", kColRandomKernel}},
                 legend_at);
-  if (show_note) plot.draw_list()->AddText(note_at, kColAxisText, note);
+  if (show_note) {
+    if (note_covers > 0)
+      plot.draw_list()->AddRectFilled(ImVec2(note_at.x - 3, note_at.y - 1),
+                                      ImVec2(note_at.x + ts.x + 3, note_at.y + ts.y + 1),
+                                      IM_COL32(16, 18, 22, 220));
+    plot.draw_list()->AddText(note_at, kColAxisText, note);
+  }
   return plot.hovered() ? plot.nearest_x(x) : -1;
 }
 
