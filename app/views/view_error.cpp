@@ -256,7 +256,7 @@ void ErrorView::draw_sweep_toolbar(AppState& s) {
     record_item(s, "sweep:ratios");
   }
   toolbar_next(labelled_width(px(90), "seeds"));
-  ImGui::SetNextItemWidth(px(90));
+  ImGui::SetNextItemWidth(fit_width(90, "seeds"));
   ImGui::SliderInt("seeds", &req.seeds, 1, 10);
   // Why a method loses, per token: the share of the middle's harm (each token's exact output
   // change when evicted alone, engine/eval/token_harm.h) that the method dropped.

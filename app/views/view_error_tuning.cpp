@@ -62,10 +62,10 @@ void ErrorView::draw_tuning(AppState& s) {
   ImGui::SameLine();
   values_input("##cv", &col_values_);
   toolbar_next(labelled_width(px(80), "seeds"));
-  ImGui::SetNextItemWidth(px(80));
+  ImGui::SetNextItemWidth(fit_width(80, "seeds"));
   changed |= ImGui::SliderInt("seeds", &tune_seeds_, 1, 10);
   toolbar_next(labelled_width(px(150), "scope"));
-  ImGui::SetNextItemWidth(px(150));
+  ImGui::SetNextItemWidth(fit_width(150, "scope"));
   changed |= ImGui::Combo("scope", &tune_scope_,
                           "focused head\0focused layer\0whole capture\0set: tuning prompts\0");
   if (tune_scope_ == 3 && !s.result(kSetOpen).fresh())

@@ -266,7 +266,7 @@ void GeometryView::draw_controls(AppState& s) {
   if (ImGui::Combo("map", &m, "PCA\0t-SNE\0"))
     settings_.method = m == 0 ? ProjectionMethod::Pca : ProjectionMethod::Tsne;
   toolbar_next(labelled_width(px(100), "points"));
-  ImGui::SetNextItemWidth(px(100));
+  ImGui::SetNextItemWidth(fit_width(100, "points"));
   if (ImGui::BeginCombo("points", kPointsNames[static_cast<int>(settings_.points)])) {
     for (int i = 0; i < 3; ++i) {
       if (ImGui::Selectable(kPointsNames[i], i == static_cast<int>(settings_.points)))
@@ -294,16 +294,16 @@ void GeometryView::draw_controls(AppState& s) {
     settings_.with_queries = false;
   }
   toolbar_next(labelled_width(px(215), "colour"));
-  ImGui::SetNextItemWidth(px(215));
+  ImGui::SetNextItemWidth(fit_width(215, "colour"));
   int c = static_cast<int>(colour_);
   if (ImGui::Combo("colour", &c, kColourNames, 4)) colour_ = static_cast<ColourBy>(c);
   if (settings_.method == ProjectionMethod::Tsne) {
     toolbar_next(labelled_width(px(110), "perplexity"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "perplexity"));
     ImGui::SliderInt("perplexity", &edit_perplexity_, 2, 100);
     if (ImGui::IsItemDeactivatedAfterEdit()) settings_.perplexity = edit_perplexity_;
     toolbar_next(labelled_width(px(110), "iterations"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "iterations"));
     ImGui::SliderInt("iterations", &edit_iterations_, 250, 5000);
     if (ImGui::IsItemDeactivatedAfterEdit()) settings_.iterations = edit_iterations_;
   }
@@ -312,13 +312,13 @@ void GeometryView::draw_controls(AppState& s) {
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Mark the greedy k-center centres (green squares), as SubGen's Figure 1.");
   toolbar_next(labelled_width(px(90), "k"));
-  ImGui::SetNextItemWidth(px(90));
+  ImGui::SetNextItemWidth(fit_width(90, "k"));
   ImGui::SliderInt("k", &edit_clusters_, 2, 32);
   if (ImGui::IsItemDeactivatedAfterEdit()) settings_.clusters = edit_clusters_;
   if (ImGui::IsItemHovered())
     ImGui::SetTooltip("Greedy k-center centres to mark and colour by (SubGen's Figure 1: 16).");
   toolbar_next(labelled_width(px(110), "radius"));
-  ImGui::SetNextItemWidth(px(110));
+  ImGui::SetNextItemWidth(fit_width(110, "radius"));
   ImGui::SliderFloat("radius", &edit_radius_, 0.05f, 2.0f, "%.2f x spread");
   if (ImGui::IsItemDeactivatedAfterEdit()) settings_.radius_factor = edit_radius_;
   if (ImGui::IsItemHovered())
@@ -326,7 +326,7 @@ void GeometryView::draw_controls(AppState& s) {
         "The radius delta of the clusters-vs-n counts, in units of each point set's spread\n"
         "(root mean square distance to its mean), so keys and values are compared alike.");
   toolbar_next(labelled_width(px(80), "point"));
-  ImGui::SetNextItemWidth(px(80));
+  ImGui::SetNextItemWidth(fit_width(80, "point"));
   ImGui::SliderFloat("point", &point_px_, 1.0f, 8.0f, "%.1f px");
   if (!s.selected_tokens.empty()) {
     toolbar_next(ImGui::CalcTextSize("clear selection").x + ImGui::GetStyle().FramePadding.x * 2);

@@ -401,7 +401,7 @@ void draw_eval_protocol(AppState& s) {
     st.grid_seeds = auto_seeds ? 0 : s.grid_seeds();
   if (!auto_seeds) {
     toolbar_next(labelled_width(px(120), "grid seeds"));
-    ImGui::SetNextItemWidth(px(120));
+    ImGui::SetNextItemWidth(fit_width(120, "grid seeds"));
     ImGui::SliderInt("grid seeds", &st.grid_seeds, 1, 10);
   } else {
     ImGui::SameLine();

@@ -244,7 +244,7 @@ void TeachingView::draw_controls() {
   }
   int rule = rule_ == TeachingWalk::Rule::KnownDirection ? 0 : 1;
   toolbar_next(labelled_width(px(220), "rule"));
-  ImGui::SetNextItemWidth(px(220));
+  ImGui::SetNextItemWidth(fit_width(220, "rule"));
   if (ImGui::Combo("rule", &rule, "known direction z (talk)\0self-balancing (ALS walk)\0")) {
     rule_ = rule == 0 ? TeachingWalk::Rule::KnownDirection : TeachingWalk::Rule::SelfBalancing;
     rebuild(signed_count());
@@ -273,7 +273,7 @@ void TeachingView::draw_controls() {
   }
   if (!sb) ImGui::EndDisabled();
   toolbar_next(labelled_width(px(120), "z angle"));
-  ImGui::SetNextItemWidth(px(120));
+  ImGui::SetNextItemWidth(fit_width(120, "z angle"));
   float angle = static_cast<float>(std::atan2(z_[1], z_[0]) * 180.0 / M_PI);
   if (ImGui::SliderFloat("z angle", &angle, -180.0f, 180.0f, "%.0f deg")) {
     z_ = {std::cos(angle * M_PI / 180.0), std::sin(angle * M_PI / 180.0)};

@@ -11,7 +11,7 @@ namespace kvscope::app::teaching {
 
 // The mode picker and the playback speed (shared by every mode).
 void TeachingView::draw_mode_bar(AppState& s) {
-  ImGui::SetNextItemWidth(px(330));
+  ImGui::SetNextItemWidth(fit_width(330, "mode"));
   const char* titles[kNumModes];
   {
     const char* t = kModeTitles;
@@ -40,7 +40,7 @@ void TeachingView::draw_mode_bar(AppState& s) {
         "n.\n"
         "merge and reduce: balancekv-stream's levels filling as tokens stream in.");
   toolbar_next(labelled_width(px(120), "speed"));
-  ImGui::SetNextItemWidth(px(120));
+  ImGui::SetNextItemWidth(fit_width(120, "speed"));
   ImGui::SliderFloat("speed", &speed_, 0.25f, 30.0f, "%.2f steps/s", ImGuiSliderFlags_Logarithmic);
   if (ImGui::IsItemHovered()) ImGui::SetTooltip("Playback speed: steps per second.");
 }
@@ -193,7 +193,7 @@ void TeachingView::draw_mode_controls(AppState& s) {
   if (presenting_view()) return;  // a presentation keeps the playback only
   auto seed_input = [&](uint64_t* seed) {
     toolbar_next(labelled_width(px(90), "seed"));
-    ImGui::SetNextItemWidth(px(90));
+    ImGui::SetNextItemWidth(fit_width(90, "seed"));
     int v = static_cast<int>(*seed);
     if (ImGui::InputInt("seed", &v)) {
       *seed = static_cast<uint64_t>(std::max(0, v));
@@ -205,10 +205,10 @@ void TeachingView::draw_mode_controls(AppState& s) {
   if (mode_ == Mode::ExpKernel) {
     bool changed = seed_input(&ek_seed_);
     toolbar_next(labelled_width(px(110), "tokens"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "tokens"));
     changed |= ImGui::SliderInt("tokens", &ek_n_, 2, kMaxExpKernelN);
     toolbar_next(labelled_width(px(110), "c / max|u|^2"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "c / max|u|^2"));
     float c = static_cast<float>(ek_c_);
     if (ImGui::SliderFloat("c / max|u|^2", &c, 0.05f, 5.0f, "%.2f", ImGuiSliderFlags_Logarithmic))
       ek_c_ = c, changed = true;
@@ -220,14 +220,14 @@ void TeachingView::draw_mode_controls(AppState& s) {
     bool changed = seed_input(&race_seed_);
     int n_log = static_cast<int>(std::lround(std::log2(race_n_max_)));
     toolbar_next(labelled_width(px(110), "n max"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "n max"));
     if (ImGui::SliderInt("n max", &n_log, 6, 14, ("2^%d = " + std::to_string(1 << n_log)).c_str()))
       race_n_max_ = 1 << n_log, changed = true;
     toolbar_next(labelled_width(px(90), "dim"));
-    ImGui::SetNextItemWidth(px(90));
+    ImGui::SetNextItemWidth(fit_width(90, "dim"));
     changed |= ImGui::SliderInt("dim", &race_dim_, 1, 64);
     toolbar_next(labelled_width(px(100), "c"));
-    ImGui::SetNextItemWidth(px(100));
+    ImGui::SetNextItemWidth(fit_width(100, "c"));
     float c = static_cast<float>(race_c_);
     if (ImGui::SliderFloat("c", &c, 0.1f, 100.0f, "%.2f", ImGuiSliderFlags_Logarithmic))
       race_c_ = c, changed = true;
@@ -235,13 +235,13 @@ void TeachingView::draw_mode_controls(AppState& s) {
   } else if (mode_ == Mode::MergeReduce) {
     bool changed = seed_input(&mr_seed_);
     toolbar_next(labelled_width(px(110), "tokens"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "tokens"));
     changed |= ImGui::SliderInt("tokens", &mr_n_, 8, 512);
     toolbar_next(labelled_width(px(110), "budget m"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "budget m"));
     changed |= ImGui::SliderInt("budget m", &mr_budget_, 1, std::max(1, mr_n_ - 1));
     toolbar_next(labelled_width(px(110), "c_scale"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "c_scale"));
     float c = static_cast<float>(mr_c_scale_);
     if (ImGui::SliderFloat("c_scale", &c, 1e-4f, 1.0f, "%.4f", ImGuiSliderFlags_Logarithmic))
       mr_c_scale_ = c, changed = true;

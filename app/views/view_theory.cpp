@@ -303,44 +303,44 @@ class TheoryView final : public View {
       ImGui::EndPopup();
     }
     toolbar_next(labelled_width(px(80), "seeds"));
-    ImGui::SetNextItemWidth(px(80));
+    ImGui::SetNextItemWidth(fit_width(80, "seeds"));
     ImGui::SliderInt("seeds", &c_.seeds, 1, 20);
     record_item(s, "theory:seeds");
     toolbar_next(labelled_width(px(110), "error"));
-    ImGui::SetNextItemWidth(px(110));
+    ImGui::SetNextItemWidth(fit_width(110, "error"));
     const char* err_items[] = {"relative", "Eq. 2 (Frobenius)", "Eq. 3 (operator)"};
     ImGui::Combo("error", &err_measure_, err_items, 3);
     record_item(s, "theory:error measure");
     // Second row: the discrepancy figure's settings.
     toolbar_next(labelled_width(px(120), "discrepancy"));
-    ImGui::SetNextItemWidth(px(120));
+    ImGui::SetNextItemWidth(fit_width(120, "discrepancy"));
     const char* meas_items[] = {"along queries", "kernel norm"};
     ImGui::Combo("discrepancy", &disc_measure_, meas_items, 2);
     record_item(s, "theory:measure");
     toolbar_next(labelled_width(px(100), "sizes"));
-    ImGui::SetNextItemWidth(px(100));
+    ImGui::SetNextItemWidth(fit_width(100, "sizes"));
     const char* size_items[] = {"prefixes", "whole blocks"};
     ImGui::Combo("sizes", &c_.sizes, size_items, 2);
     record_item(s, "theory:sizes");
     toolbar_next(labelled_width(px(80), "largest n"));
-    ImGui::SetNextItemWidth(px(80));
+    ImGui::SetNextItemWidth(fit_width(80, "largest n"));
     const char* n_items[] = {"32", "64", "128", "256", "512", "1024", "2048", "4096"};
     int n_idx = c_.max_n_log - 5;
     if (ImGui::Combo("largest n", &n_idx, n_items, 8)) c_.max_n_log = n_idx + 5;
     record_item(s, "theory:largest n");
     toolbar_next(labelled_width(px(80), "walk seeds"));
-    ImGui::SetNextItemWidth(px(80));
+    ImGui::SetNextItemWidth(fit_width(80, "walk seeds"));
     ImGui::SliderInt("walk seeds", &c_.disc_seeds, 1, 32);
     record_item(s, "theory:walk seeds");
     toolbar_next(labelled_width(px(80), "unsaturated temp"));
-    ImGui::SetNextItemWidth(px(80));
+    ImGui::SetNextItemWidth(fit_width(80, "unsaturated temp"));
     double t = c_.unsat_temp;
     if (ImGui::InputDouble("unsaturated temp", &t, 0, 0, "%.6g",
                            ImGuiInputTextFlags_EnterReturnsTrue))
       c_.unsat_temp = std::clamp(t, 0.0, 10.0);
     record_item(s, "theory:unsat temp");
     toolbar_next(labelled_width(px(80), "gamma"));
-    ImGui::SetNextItemWidth(px(80));
+    ImGui::SetNextItemWidth(fit_width(80, "gamma"));
     double g = c_.unsat_gamma;
     if (ImGui::InputDouble("gamma", &g, 0, 0, "%.6g", ImGuiInputTextFlags_EnterReturnsTrue))
       c_.unsat_gamma = std::clamp(g, 0.0, 100.0);

@@ -395,7 +395,7 @@ void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
   const int blocks = static_cast<int>(blocks_of_round(t).size());
   if (settings) {
     toolbar_next(labelled_width(px(140), "block"));
-    ImGui::SetNextItemWidth(px(140));
+    ImGui::SetNextItemWidth(fit_width(140, "block"));
     if (ImGui::SliderInt("block", &block_, 0, std::max(0, blocks - 1))) step_ = -1;
   }
   const WalkBlockTrace* b = current_block(t);
@@ -411,7 +411,7 @@ void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
   draw_play_bar(nullptr, bar);
   int scrub = step_ < 0 ? len - 1 : step_;
   toolbar_next(labelled_width(px(200), "step"));
-  ImGui::SetNextItemWidth(px(200));
+  ImGui::SetNextItemWidth(fit_width(200, "step"));
   if (ImGui::SliderInt("step", &scrub, 0, std::max(0, len - 1))) step_ = scrub, playing_ = false;
   if (!settings) {
     ImGui::TextWrapped("L%d H%d, %s: round %d, block %d, %d tokens", s.settings.focus.layer,
@@ -419,7 +419,7 @@ void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
     return;
   }
   toolbar_next(labelled_width(px(80), "steps/s"));
-  ImGui::SetNextItemWidth(px(80));
+  ImGui::SetNextItemWidth(fit_width(80, "steps/s"));
   ImGui::SliderFloat("steps/s", &speed_, 1.0f, 120.0f, "%.0f");
   toolbar_next(ImGui::GetFrameHeight() + labelled_width(0, "log scales"));
   ImGui::Checkbox("log scales", &symlog_);
@@ -446,7 +446,7 @@ void WalkView::draw_controls(AppState& s, const WalkTrace& t) {
   if (ImGui::SliderInt("query", &qpos, qlo, std::max(qlo, n - 1))) query_ = qpos;
   if (last) ImGui::EndDisabled();
   toolbar_next(labelled_width(px(210), "compare with"));
-  ImGui::SetNextItemWidth(px(210));
+  ImGui::SetNextItemWidth(fit_width(210, "compare with"));
   const auto& cmp = walk_comparisons();
   if (ImGui::BeginCombo("compare with", cmp[static_cast<size_t>(compare_)].label)) {
     for (size_t i = 0; i < cmp.size(); ++i)
