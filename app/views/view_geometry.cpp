@@ -715,7 +715,10 @@ void GeometryView::draw_counts(const AppState& s, ImVec2 size) {
         c_max = std::max(c_max, kcs.back()->fig.clusters[i]);
       }
   }
-  const float plot_w = std::max(px(260), size.x * 0.45f);
+  // The numbers beside the plot while they keep 160 px (at 1x) of the width; else under it.
+  const float gap = ImGui::GetStyle().ItemSpacing.x;
+  const bool beside = size.x - std::max(px(260), size.x * 0.45f) - gap >= px(160);
+  const float plot_w = beside ? std::max(px(260), size.x * 0.45f) : size.x;
   char title[160];
   std::snprintf(title, sizeof title, "clusters found vs n (radius %.2f x spread)",
                 settings_.radius_factor);
@@ -734,10 +737,11 @@ void GeometryView::draw_counts(const AppState& s, ImVec2 size) {
     legend.push_back({projection_source_name(srcs[i]), col});
   }
   if (!legend.empty()) plot.legend(legend, Plot::Corner::TopLeft);
-  ImGui::SameLine();
+  if (beside) ImGui::SameLine();
   // An explicit width a little inside the view, so wrapped text never reaches its edge.
   ImGui::BeginChild("##geometry_counts_table",
-                    ImVec2(std::max(px(60), ImGui::GetContentRegionAvail().x - px(8)), size.y));
+                    ImVec2(std::max(px(60), ImGui::GetContentRegionAvail().x - px(8)),
+                           beside ? size.y : 4 * ImGui::GetTextLineHeightWithSpacing()));
   ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + ImGui::GetContentRegionAvail().x - px(4));
   for (size_t i = 0; i < srcs.size(); ++i) {
     const auto& kc = kcs[i];
