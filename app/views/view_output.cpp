@@ -346,15 +346,13 @@ class OutputView final : public View {
         }
       ImGui::EndCombo();
     }
-    // Text fields narrower than their usual width when the panel is (fit_width): never wider
-    // than the view.
-    const float checkpoint_w = fit_width(300, "checkpoint");
-    toolbar_next(labelled_width(checkpoint_w, "checkpoint"));
-    ImGui::SetNextItemWidth(checkpoint_w);
+    // Text fields narrower than their usual width when the panel is (fit_width, measured on the
+    // line toolbar_next chose): never wider than the view.
+    toolbar_next(labelled_width(px(300), "checkpoint"));
+    ImGui::SetNextItemWidth(fit_width(300, "checkpoint"));
     ImGui::InputText("checkpoint##out", checkpoint_, sizeof checkpoint_);
-    const float tokenizer_w = fit_width(260, "tokenizer");
-    toolbar_next(labelled_width(tokenizer_w, "tokenizer"));
-    ImGui::SetNextItemWidth(tokenizer_w);
+    toolbar_next(labelled_width(px(260), "tokenizer"));
+    ImGui::SetNextItemWidth(fit_width(260, "tokenizer"));
     ImGui::InputText("tokenizer##out", tokenizer_, sizeof tokenizer_);
     ImGui::SetNextItemWidth(fit_width(360, "prompt"));
     ImGui::InputText("prompt##out", prompt_, sizeof prompt_);
