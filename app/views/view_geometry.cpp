@@ -534,7 +534,7 @@ void GeometryView::draw_canvas(AppState& s, const GeometryFrame& f, ImVec2 size,
 
   if (!stale) handle_mouse(s, f, p0, to_canvas);
   if (hovered_ >= 0 && !dragging_) hover_tooltip(s, f, kc, marks.get(), hovered_);
-  draw_legend(legend, lay, ImVec2(p0.x + legend_at.x, p0.y + legend_at.y), size.x);
+  draw_legend(legend, lay, ImVec2(p0.x + legend_at.x, p0.y + legend_at.y));
   // The map's title: which row of SubGen's figure it is.
   const std::string title =
       std::string(f.source == ProjectionSource::Values ? "values" : "keys") +
@@ -665,41 +665,40 @@ std::vector<GeometryView::LegendEntry> GeometryView::legend_entries(const AppSta
 }
 
 GeometryView::LegendLayout GeometryView::layout_legend(const std::vector<LegendEntry>& entries,
-                                                       float width) {
+                                                       float canvas_w) {
+  // Each entry's place in both shapes, from its box's corner: draw_legend draws what this
+  // measured, so the box always holds its entries.
   LegendLayout lay;
   const float lh = ImGui::GetTextLineHeight() + px(3), mark = px(22), pad = px(8);
-  float text_w = 0, x = pad;
-  int rows = 1;
-  for (const auto& e : entries) {
-    const float w = ImGui::CalcTextSize(e.text.c_str()).x;
+  const float row_w = canvas_w - px(12);  // the rows' box spans the canvas
+  float text_w = 0, x = 0, y = px(4);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const float w = ImGui::CalcTextSize(entries[i].text.c_str()).x;
     text_w = std::max(text_w, w);
-    if (x > pad && x + mark + w > width - pad) x = pad, ++rows;  // on to the next row
+    if (x > 0 && x + mark + w > row_w - pad) x = 0, y += lh;  // on to the next row
+    lay.in_rows.emplace_back(x, y);
+    lay.in_column.emplace_back(0.0f, px(4) + lh * static_cast<float>(i));
     x += mark + w + pad;
   }
   lay.column_w = text_w + mark + pad;
-  lay.column_h = lh * entries.size() + px(8);
-  lay.rows_h = rows * lh + px(8);
+  lay.column_h = lh * static_cast<float>(entries.size()) + px(8);
+  lay.rows_w = row_w;
+  lay.rows_h = y + lh + px(4);
   return lay;
 }
 
 void GeometryView::draw_legend(const std::vector<LegendEntry>& entries, const LegendLayout& lay,
-                               ImVec2 at, float canvas_w) {
+                               ImVec2 at) {
   ImDrawList* dl = ImGui::GetWindowDrawList();
-  const float lh = ImGui::GetTextLineHeight() + px(3), mark = px(22), pad = px(8);
-  const bool column = lay.column;
+  const float lh = ImGui::GetTextLineHeight() + px(3), mark = px(22);
   const ImVec2 box =
-      column ? ImVec2(lay.column_w, lay.column_h) : ImVec2(canvas_w - px(12), lay.rows_h);
+      lay.column ? ImVec2(lay.column_w, lay.column_h) : ImVec2(lay.rows_w, lay.rows_h);
   dl->AddRectFilled(at, ImVec2(at.x + box.x, at.y + box.y), IM_COL32(16, 17, 20, 220), px(3));
-  float x = 0, y = px(4);
-  for (const auto& e : entries) {
-    const float w = ImGui::CalcTextSize(e.text.c_str()).x;
-    if (!column && x > 0 && x + mark + w > canvas_w - px(12) - pad) x = 0, y += lh;
-    dl->AddCircleFilled(ImVec2(at.x + x + px(12), at.y + y + lh * 0.5f), px(4.5f), e.colour, 10);
-    dl->AddText(ImVec2(at.x + x + mark, at.y + y), kColAxisText, e.text.c_str());
-    if (column)
-      y += lh;
-    else
-      x += mark + w + pad;
+  const std::vector<ImVec2>& places = lay.column ? lay.in_column : lay.in_rows;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ImVec2 e(at.x + places[i].x, at.y + places[i].y);
+    dl->AddCircleFilled(ImVec2(e.x + px(12), e.y + lh * 0.5f), px(4.5f), entries[i].colour, 10);
+    dl->AddText(ImVec2(e.x + mark, e.y), kColAxisText, entries[i].text.c_str());
   }
 }
 

@@ -174,15 +174,17 @@ class GeometryView final : public View {
   };
   std::vector<LegendEntry> legend_entries(const AppState& s, const GeometryFrame& f,
                                           const KCenterResult* kc) const;
-  // Its two shapes: a column at the right of the map, or rows across the canvas's width;
-  // draw_canvas takes the one it uses out of the points' area.
+  // Its two shapes: a column at the right of the map, or rows across the canvas's width, each
+  // with its box's size and every entry's place in it; draw_canvas takes the one it uses out of
+  // the points' area.
   struct LegendLayout {
-    float column_w = 0, column_h = 0, rows_h = 0;
+    float column_w = 0, column_h = 0, rows_w = 0, rows_h = 0;
+    std::vector<ImVec2> in_column, in_rows;
     bool column = true;  // the shape chosen
   };
-  static LegendLayout layout_legend(const std::vector<LegendEntry>& entries, float width);
+  static LegendLayout layout_legend(const std::vector<LegendEntry>& entries, float canvas_w);
   static void draw_legend(const std::vector<LegendEntry>& entries, const LegendLayout& lay,
-                          ImVec2 at, float canvas_w);
+                          ImVec2 at);
 
   // Clusters found vs n: how many greedy k-center centres cover the first n points within the
   // radius, for keys and values (SubGen's Definition 1: m clusters, sublinear in n), beside a
